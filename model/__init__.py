@@ -1,0 +1,1 @@
+"""BERT in plain PyTorch."""

@@ -1,0 +1,282 @@
+"""Configuration: one dataclass per concern, loaded from a YAML preset plus `--section.field value` overrides.
+
+A config file has the sections `data`, `model`, `train`, `tracking` (DESIGN.md). Every field can be overridden on
+the command line as `--section.field value`; the value is parsed as YAML, and a scalar given for a list field
+becomes a one-element list. Unknown sections or fields are errors that name them, so a typo never passes
+silently. Relative paths are resolved against the directory the command runs in (`resolve_paths`).
+
+    >>> cfg = load_config(None, ["--train.max_steps", "30", "--data.inputs", "/data/books"])
+    >>> cfg.train.max_steps, cfg.data.inputs
+    (30, ['/data/books'])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad config file, section, field or value; the message names it."""
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+@dataclass
+class DataConfig:
+    """Where the raw text is, how it is tokenized, and how examples are built and masked."""
+
+    inputs: list[str] = field(default_factory=list)
+    """Files or folders (recursively) of .txt/.txt.gz books, .jsonl/.jsonl.gz, .parquet, or a `save_to_disk` dir."""
+    output: str = "data/prepared"
+    """Output directory: manifest.json, vocab.txt, tokenizer.json, shards/*.parquet."""
+    text_column: str = "text"
+    """Column (JSONL key, Parquet column, datasets column) that holds a document's text."""
+    vocab: str | None = None
+    """An existing vocab.txt or tokenizer.json; when null a WordPiece vocabulary is trained on the corpus."""
+    vocab_size: int = 30522
+    """Size of the WordPiece vocabulary to train when `vocab` is null."""
+    lowercase: bool = True
+    """Uncased (BERT-base-uncased style) when true, cased when false."""
+    max_seq_length: int = 128
+    """Maximum tokens per example including [CLS]/[SEP]."""
+    short_seq_prob: float = 0.1
+    """Probability of a shorter target length (Google's algorithm), so the model sees short inputs too."""
+    nsp: bool = True
+    """Next-sentence pairs when true; MLM-only packing of whole sentences when false."""
+    masking: Literal["static", "dynamic"] = "static"
+    """static: masked at preparation (dupe_factor copies); dynamic: masked at load time per epoch."""
+    mask_rate: float = 0.15
+    """Fraction of tokens selected for prediction."""
+    max_predictions_per_seq: int = 20
+    """Cap on masked positions per example."""
+    whole_word_mask: bool = False
+    """Mask WordPiece `##` continuations together with their word."""
+    dupe_factor: int = 1
+    """Static masking: number of copies of each example with different masks."""
+    num_shards: int = 8
+    """Number of Parquet shards (balanced in rows)."""
+    seed: int = 12345
+    """Seed for pair creation and masking; randomness derives from it and document/example identity."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.inputs, (str, Path)):
+            self.inputs = [str(self.inputs)]
+        _check(self.masking in ("static", "dynamic"), f"data.masking {self.masking!r} is not 'static' or 'dynamic'")
+        _check(16 <= self.max_seq_length <= 4096, f"data.max_seq_length {self.max_seq_length} is not in [16, 4096]")
+        _check(0.0 < self.mask_rate < 1.0, f"data.mask_rate {self.mask_rate} is not in (0, 1)")
+        _check(0.0 <= self.short_seq_prob <= 1.0, f"data.short_seq_prob {self.short_seq_prob} is not in [0, 1]")
+        _check(self.max_predictions_per_seq >= 1, f"data.max_predictions_per_seq {self.max_predictions_per_seq} < 1")
+        _check(self.dupe_factor >= 1, f"data.dupe_factor {self.dupe_factor} < 1")
+        _check(self.num_shards >= 1, f"data.num_shards {self.num_shards} < 1")
+        _check(self.vocab_size >= 128, f"data.vocab_size {self.vocab_size} < 128")
+
+
+@dataclass
+class ModelConfig:
+    """Which BertConfig preset to build, with per-field overrides (e.g. `--model.hidden_dropout_prob 0.0`)."""
+
+    preset: str = "tiny"
+    """One of tiny, mini, small, medium, base, large (model.config.PRESETS)."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """BertConfig fields that differ from the preset; vocab_size is taken from the prepared vocabulary."""
+
+
+@dataclass
+class TrainConfig:
+    """Ray Train pretraining: scale, optimisation, checkpoints and fault tolerance."""
+
+    num_workers: int = 1
+    """Ray Train workers (one process each; DDP across them)."""
+    use_gpu: bool = False
+    """One GPU per worker when true (NCCL); CPU with gloo otherwise."""
+    cpus_per_worker: float = 0.5
+    """CPUs reserved per worker; fractional on small machines so Ray Data tasks are not starved."""
+    max_steps: int = 100
+    """Optimizer steps in the whole run (all phases share one step count and LR schedule)."""
+    global_batch_size: int = 32
+    """Examples per optimizer step over all workers (= micro_batch_size * num_workers * accumulation)."""
+    micro_batch_size: int = 32
+    """Examples per forward/backward on one worker."""
+    lr: float = 1e-3
+    warmup_steps: int = 10
+    weight_decay: float = 0.01
+    optimizer: Literal["adamw", "lamb"] = "adamw"
+    schedule: Literal["linear", "polynomial"] = "linear"
+    max_grad_norm: float = 1.0
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    eval_every_steps: int = 50
+    eval_batches: int = 10
+    checkpoint_every_steps: int = 50
+    num_to_keep: int = 2
+    max_failures: int = 0
+    storage_path: str = "runs"
+    """Local path or pyarrow/fsspec URI where Ray Train keeps checkpoints."""
+    run_name: str | None = None
+    """Re-running with the same run name resumes it; null derives one from the config hash."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.num_workers >= 1, f"train.num_workers {self.num_workers} < 1")
+        _check(self.max_steps >= 1, f"train.max_steps {self.max_steps} < 1")
+        _check(self.micro_batch_size >= 1, f"train.micro_batch_size {self.micro_batch_size} < 1")
+        per_step = self.micro_batch_size * self.num_workers
+        _check(
+            self.global_batch_size % per_step == 0,
+            f"train.global_batch_size {self.global_batch_size} is not a multiple of "
+            f"micro_batch_size * num_workers = {per_step}",
+        )
+        _check(self.optimizer in ("adamw", "lamb"), f"train.optimizer {self.optimizer!r} is not adamw or lamb")
+        _check(self.precision in ("fp32", "bf16", "fp16"), f"train.precision {self.precision!r} is not fp32/bf16/fp16")
+        _check(self.lr > 0, f"train.lr {self.lr} must be > 0")
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.num_workers)
+
+
+@dataclass
+class TrackingConfig:
+    """MLflow: experiment, registered model name and the alias moved to each new version."""
+
+    experiment: str = "bert-pretrain"
+    model_name: str = "bert-pretrain"
+    alias: str = "latest-pretrain"
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """`{"train.lr": 0.001, ...}` — what MLflow logs as params."""
+        return flatten(self.to_dict())
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def config_hash(obj: Any) -> str:
+    """Stable sha256 of a JSON-able object (dataclasses are converted)."""
+    if dataclasses.is_dataclass(obj):
+        obj = dataclasses.asdict(obj)
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _is_list_type(tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin is list:
+        return True
+    return any(_is_list_type(a) for a in typing.get_args(tp)) if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)) else False
+
+
+def build_section(cls: type, values: dict[str, Any] | None, section: str) -> Any:
+    """Build dataclass `cls` from a mapping; unknown keys and wrong shapes name `section.field`."""
+    values = dict(values or {})
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if cls is ModelConfig:
+        # `model:` may list BertConfig fields directly beside `preset`; they become overrides.
+        extra = {k: values.pop(k) for k in unknown}
+        values.setdefault("overrides", {})
+        values["overrides"] = {**values["overrides"], **extra}
+        unknown = []
+    _check(not unknown, f"unknown {section} field(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+    for name, value in list(values.items()):
+        if _is_list_type(hints[name]) and value is not None and not isinstance(value, list):
+            values[name] = [value]
+    try:
+        return cls(**values)
+    except TypeError as e:  # e.g. a nested mapping where a scalar belongs
+        raise ConfigError(f"bad {section} section: {e}") from None
+
+
+def parse_overrides(args: list[str]) -> dict[str, dict[str, Any]]:
+    """`["--train.max_steps", "30"]` (or `--train.max_steps=30`) -> `{"train": {"max_steps": 30}}`."""
+    out: dict[str, dict[str, Any]] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        _check(arg.startswith("--") and "." in arg, f"unrecognised argument {arg!r} (expected --section.field value)")
+        if "=" in arg:
+            key, raw = arg[2:].split("=", 1)
+            i += 1
+        else:
+            _check(i + 1 < len(args), f"{arg} needs a value")
+            key, raw = arg[2:], args[i + 1]
+            i += 2
+        section, _, name = key.partition(".")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        if section == "model" and name.startswith("overrides."):
+            out.setdefault("model", {}).setdefault("overrides", {})[name.split(".", 1)[1]] = value
+        else:
+            out.setdefault(section, {})[name] = value
+    return out
+
+
+SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "tracking": TrackingConfig}
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML preset (or the defaults when `path` is None) and apply `--section.field value` overrides."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        _check(p.is_file(), f"config file {path} does not exist")
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        _check(isinstance(raw, dict), f"config file {path} must be a mapping of sections")
+    for section, values in parse_overrides(list(overrides or [])).items():
+        _check(section in SECTIONS, f"unknown config section {section!r}; known: {', '.join(SECTIONS)}")
+        raw.setdefault(section, {})
+        raw[section] = {**(raw[section] or {}), **values}
+    unknown = sorted(set(raw) - set(SECTIONS))
+    _check(not unknown, f"unknown config section(s): {', '.join(unknown)}; known: {', '.join(SECTIONS)}")
+    return Config(**{name: build_section(cls, raw.get(name), name) for name, cls in SECTIONS.items()})
+
+
+def resolve_path(p: str | None, base: str | os.PathLike | None = None) -> str | None:
+    """Absolute local path for a relative one (against `base` or the cwd); URIs (`s3://...`) are kept as they are."""
+    if p is None or "://" in str(p):
+        return p
+    return str((Path(base or os.getcwd()) / os.path.expanduser(str(p))).resolve())
+
+
+def resolve_paths(cfg: Config, base: str | os.PathLike | None = None) -> Config:
+    """Resolve every path field against the directory the command runs in, before work is shipped to Ray."""
+    cfg.data.inputs = [resolve_path(p, base) for p in cfg.data.inputs]  # type: ignore[misc]
+    cfg.data.output = resolve_path(cfg.data.output, base)  # type: ignore[assignment]
+    cfg.data.vocab = resolve_path(cfg.data.vocab, base)
+    cfg.train.storage_path = resolve_path(cfg.train.storage_path, base)  # type: ignore[assignment]
+    return cfg

