@@ -1,0 +1,322 @@
+"""MLflow tracking: the run is created on the driver, rank 0 logs into it, exports are registered with lineage tags.
+
+Everything talks to MLflow through an explicit `MlflowClient(tracking_uri())`, never the fluent global state, so
+the same code works on the driver, in a Ray task and in a Ray Train worker whose working directory differs (the
+default SQLite URI is made absolute for that reason).
+
+Resuming is first-class: `start_run` returns the existing run of the same name, and `RunLogger` never logs a step
+twice for a metric (a worker restarted from a checkpoint at step 40 recomputes steps 41.. that it may already have
+logged before it died; those are dropped, so the run has one value per step).
+
+    >>> run_id = start_run("bert-pretrain", "tiny-abc", {"git_sha": "0123abc"})   # doctest: +SKIP
+    >>> log = RunLogger(run_id); log.log_metrics({"loss": 7.1}, step=1); log.finish("FINISHED")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+
+# MLflow limits: 100 params / 1000 metrics per log_batch call; param values up to 6000 characters.
+_MAX_PARAMS_PER_BATCH = 100
+_MAX_METRICS_PER_BATCH = 1000
+_MAX_PARAM_LEN = 6000
+
+
+class TrackingError(RuntimeError):
+    """The tracking server or registry cannot be used; the message is one line that says why."""
+
+
+def _absolute_store_uri(uri: str) -> str:
+    """Make a local store URI absolute: `sqlite:///mlflow.db` -> `sqlite:////cwd/mlflow.db`, `./mlruns` -> `file:///cwd/mlruns`.
+
+    >>> _absolute_store_uri("http://127.0.0.1:5000")
+    'http://127.0.0.1:5000'
+    """
+    if uri.startswith("sqlite:///"):
+        path = uri[len("sqlite:///"):]
+        if not path.startswith("/") and path != ":memory:":
+            path = str(Path(path).resolve())
+        return f"sqlite:///{path}"
+    if uri.startswith("file:"):
+        path = uri[len("file:"):]
+        path = path[2:] if path.startswith("//") else path
+        return Path(path).resolve().as_uri()
+    if "://" not in uri:  # a bare directory: MLflow's file store
+        return Path(uri).resolve().as_uri()
+    return uri
+
+
+def tracking_uri() -> str:
+    """`MLFLOW_TRACKING_URI` (made absolute when it is a local store) or `sqlite:///<abs cwd>/mlflow.db`."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    return _absolute_store_uri(uri)
+
+
+def check_tracking_server(uri: str | None = None, timeout: float = 5.0) -> None:
+    """Raise `TrackingError` (one line) when an http(s) tracking server does not answer; local stores always pass."""
+    uri = uri or tracking_uri()
+    if not uri.startswith(("http://", "https://")):
+        return
+    url = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - the user's own server
+            if resp.status != 200:
+                raise TrackingError(f"MLflow tracking server {uri} answered HTTP {resp.status} on /health")
+    except urllib.error.HTTPError as e:
+        raise TrackingError(f"MLflow tracking server {uri} answered HTTP {e.code} on /health") from None
+    except (urllib.error.URLError, OSError, TimeoutError) as e:
+        reason = getattr(e, "reason", e)
+        raise TrackingError(f"MLflow tracking server {uri} is unreachable ({reason}); start it or fix MLFLOW_TRACKING_URI") from None
+
+
+def client(uri: str | None = None) -> MlflowClient:
+    uri = uri or tracking_uri()
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def _artifact_location(uri: str, experiment: str) -> str | None:
+    """For a SQLite store, artifacts go beside the database (absolute), not in whatever cwd created the experiment."""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        return (db.parent / "mlartifacts" / experiment).as_uri()
+    return None  # a server decides (mlflow-artifacts:/ proxy or its --default-artifact-root)
+
+
+def experiment_id(name: str, uri: str | None = None) -> str:
+    c = client(uri)
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            c.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    try:
+        return c.create_experiment(name, artifact_location=_artifact_location(c.tracking_uri, name))
+    except MlflowException:  # created concurrently by another process
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def find_run(experiment: str, run_name: str) -> str | None:
+    """The id of the newest run called `run_name` in `experiment`, or None."""
+    c = client()
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    safe = run_name.replace("'", "\\'")
+    runs = c.search_runs(
+        [exp.experiment_id], filter_string=f"attributes.run_name = '{safe}'", order_by=["attributes.start_time DESC"], max_results=1
+    )
+    return runs[0].info.run_id if runs else None
+
+
+def start_run(experiment: str, run_name: str | None, tags: dict[str, Any] | None = None) -> str:
+    """Create the run on the driver, or reopen the existing run of the same name (resume); returns its id."""
+    c = client()
+    exp_id = experiment_id(experiment)
+    run_id = find_run(experiment, run_name) if run_name else None
+    tags = {k: str(v) for k, v in (tags or {}).items()}
+    if run_id is None:
+        run = c.create_run(exp_id, run_name=run_name, tags=tags)
+        return run.info.run_id
+    c.update_run(run_id, status="RUNNING")
+    if tags:
+        c.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+    return run_id
+
+
+def _sample_system() -> dict[str, float]:
+    import psutil
+
+    vm = psutil.virtual_memory()
+    du = psutil.disk_usage(os.getcwd())
+    out = {
+        "system/cpu_utilization_percentage": psutil.cpu_percent(interval=None),
+        "system/system_memory_usage_megabytes": (vm.total - vm.available) / 2**20,
+        "system/system_memory_usage_percentage": vm.percent,
+        "system/disk_usage_percentage": du.percent,
+        "system/process_rss_megabytes": psutil.Process().memory_info().rss / 2**20,
+    }
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            out["system/gpu_0_memory_usage_megabytes"] = torch.cuda.memory_allocated() / 2**20
+    except Exception:  # noqa: BLE001 - system metrics are best effort
+        pass
+    return out
+
+
+class RunLogger:
+    """Logs into one existing run (rank 0 of the Train workers, or the driver). Never logs a metric step twice."""
+
+    def __init__(self, run_id: str, uri: str | None = None, system_metrics_every_s: float | None = None):
+        self.run_id = run_id
+        self.client = client(uri)
+        self._last_step: dict[str, int] = {}
+        self._start_ms = self.client.get_run(run_id).info.start_time or int(time.time() * 1000)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if system_metrics_every_s:
+            self._thread = threading.Thread(target=self._sample_loop, args=(system_metrics_every_s,), daemon=True)
+            self._thread.start()
+
+    # -- params / tags / artifacts ---------------------------------------------------------------------------
+    def log_params(self, flat: dict[str, Any]) -> None:
+        """Log params once; on a resumed run the ones already there (same value) are skipped."""
+        have = self.client.get_run(self.run_id).data.params
+        params = []
+        for k, v in flat.items():
+            s = str(v)[:_MAX_PARAM_LEN]
+            if k in have:
+                continue  # params are immutable in MLflow; a resumed run keeps its first values
+            params.append(Param(k, s))
+        for i in range(0, len(params), _MAX_PARAMS_PER_BATCH):
+            self.client.log_batch(self.run_id, params=params[i : i + _MAX_PARAMS_PER_BATCH])
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        if tags:
+            self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_artifact(self, path: str, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, path, artifact_path)
+
+    # -- metrics ---------------------------------------------------------------------------------------------
+    def _logged_through(self, key: str) -> int:
+        if key not in self._last_step:
+            hist = self.client.get_metric_history(self.run_id, key)
+            self._last_step[key] = max((m.step for m in hist), default=-1)
+        return self._last_step[key]
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Log `metrics` at `step`, dropping keys already logged at this or a later step (a recomputed step)."""
+        ts = int(time.time() * 1000)
+        batch = []
+        for k, v in metrics.items():
+            if v is None or step <= self._logged_through(k):
+                continue
+            batch.append(Metric(k, float(v), ts, int(step)))
+            self._last_step[k] = int(step)
+        for i in range(0, len(batch), _MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=batch[i : i + _MAX_METRICS_PER_BATCH])
+
+    def log_system_metrics(self) -> None:
+        """One psutil sample; its step is seconds since the run started, so restarts never collide."""
+        step = int(time.time() - self._start_ms / 1000)
+        self.log_metrics(_sample_system(), step)
+
+    def _sample_loop(self, every_s: float) -> None:
+        import psutil
+
+        psutil.cpu_percent(interval=None)  # prime: the first call always returns 0.0
+        while not self._stop.wait(every_s):
+            try:
+                self.log_system_metrics()
+            except Exception:  # noqa: BLE001 - a dropped sample must not kill training
+                pass
+
+    def close(self) -> None:
+        """Stop the system-metrics sampler (the run stays open)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def finish(self, status: str = "FINISHED") -> None:
+        """Stop sampling and mark the run FINISHED / FAILED / KILLED."""
+        self.close()
+        self.client.set_terminated(self.run_id, status=status)
+
+
+# -- the model registry ----------------------------------------------------------------------------------------
+def register_hf_model(
+    local_dir: str,
+    name: str,
+    alias: str | None,
+    tags: dict[str, Any],
+    run_id: str,
+    artifact_path: str = "model",
+) -> str:
+    """Log a transformers-format directory as run artifacts, register it as a new version of `name`, move `alias`.
+
+    Returns the new version number as a string.
+    """
+    c = client()
+    if not (Path(local_dir) / "config.json").is_file():
+        raise TrackingError(f"{local_dir} is not a transformers model directory (no config.json)")
+    c.log_artifacts(run_id, local_dir, artifact_path)
+    try:
+        c.get_registered_model(name)
+    except MlflowException:
+        try:
+            c.create_registered_model(name)
+        except MlflowException:  # created concurrently
+            c.get_registered_model(name)
+    source = f"{c.get_run(run_id).info.artifact_uri.rstrip('/')}/{artifact_path}"
+    tags = {k: str(v) for k, v in tags.items()}
+    mv = c.create_model_version(name, source=source, run_id=run_id, tags=tags, await_creation_for=60)
+    if alias:
+        c.set_registered_model_alias(name, alias, mv.version)
+    return str(mv.version)
+
+
+def _parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
+    """`models:/name@alias` -> (name, None, alias); `models:/name/3` -> (name, "3", None).
+
+    >>> _parse_models_uri("models:/bert-pretrain@latest-pretrain")
+    ('bert-pretrain', None, 'latest-pretrain')
+    >>> _parse_models_uri("models:/bert-pretrain/3")
+    ('bert-pretrain', '3', None)
+    """
+    if not uri.startswith("models:/"):
+        raise TrackingError(f"{uri!r} is not a models:/name@alias or models:/name/version URI")
+    rest = uri[len("models:/"):].strip("/")
+    if "@" in rest:
+        name, alias = rest.split("@", 1)
+        return name, None, alias
+    name, _, version = rest.rpartition("/")
+    if not name or not version:
+        raise TrackingError(f"{uri!r} is not a models:/name@alias or models:/name/version URI")
+    return name, version, None
+
+
+def model_version_info(uri: str) -> dict[str, Any]:
+    """{name, version, run_id, tags, source} of a registered version given as `models:/name@alias` or `/version`."""
+    name, version, alias = _parse_models_uri(uri)
+    c = client()
+    try:
+        mv = c.get_model_version_by_alias(name, alias) if alias else c.get_model_version(name, version)
+    except MlflowException as e:
+        raise TrackingError(f"{uri} not found in the registry at {c.tracking_uri}: {e.message.splitlines()[0]}") from None
+    return {"name": mv.name, "version": str(mv.version), "run_id": mv.run_id, "tags": dict(mv.tags), "source": mv.source}
+
+
+def download_model(uri: str, dst: str | None = None) -> str:
+    """Download a registered version's files; returns the local directory that holds config.json."""
+    info = model_version_info(uri)
+    # Always a fresh copy: for a local store MLflow would otherwise hand back the registry's own directory.
+    dst = dst or tempfile.mkdtemp(prefix=f"{info['name']}-v{info['version']}-")
+    Path(dst).mkdir(parents=True, exist_ok=True)
+    local = mlflow.artifacts.download_artifacts(
+        artifact_uri=f"models:/{info['name']}/{info['version']}", dst_path=dst, tracking_uri=tracking_uri()
+    )
+    p = Path(local)
+    if not (p / "config.json").is_file():
+        found = sorted(p.rglob("config.json"))
+        if not found:
+            raise TrackingError(f"{uri} has no config.json in its artifacts ({local})")
+        p = found[0].parent
+    return str(p)
