@@ -1,0 +1,285 @@
+"""Evaluation metrics for fine-tuning: classification, regression, BIO entity spans and SQuAD.
+
+Pure numpy/stdlib functions, each with a worked example; they are checked against hand-computed values (and,
+where installed, scikit-learn/scipy/seqeval-equivalent figures) in tests/test_metrics.py.
+
+- Classification: accuracy, macro-F1 (sklearn's definition: mean F1 over every label seen in gold or
+  predictions), Matthews correlation (multi-class R_K of Gorodkin 2004, as sklearn's `matthews_corrcoef`).
+- Regression: Pearson and Spearman (average ranks for ties).
+- Token classification: entity-level precision/recall/F1 for BIO/IOB2 tags with conlleval's chunking rules
+  (an `I-X` that does not continue an `X` entity starts a new one, as seqeval's default mode), token accuracy.
+- QA: SQuAD's answer normalisation, exact match and token F1 (max over gold answers; an unanswerable question's
+  gold is `[""]`, as the official v2.0 script), n-best span decoding over strided windows with a maximum answer
+  length, and SQuAD v2's no-answer rule (predict "" when null score − best span score > threshold).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import string
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+# ---------------------------------------------------------------------------------------------------------------
+# classification / regression
+
+
+def accuracy(y_true: Sequence[int], y_pred: Sequence[int]) -> float:
+    """Fraction of equal entries. `accuracy([0, 1, 1], [0, 1, 0]) -> 0.666...`"""
+    t, p = np.asarray(y_true), np.asarray(y_pred)
+    return float((t == p).mean()) if len(t) else 0.0
+
+
+def macro_f1(y_true: Sequence[int], y_pred: Sequence[int]) -> float:
+    """Unweighted mean of per-label F1 over labels present in gold or predictions (sklearn's `average="macro"`).
+
+    `macro_f1([0, 0, 1, 2], [0, 1, 1, 2])`: F1(0)=2/3, F1(1)=2/3, F1(2)=1 -> 0.777...
+    """
+    t, p = np.asarray(y_true), np.asarray(y_pred)
+    labels = np.union1d(t, p)
+    f1s = []
+    for lab in labels:
+        tp = float(((t == lab) & (p == lab)).sum())
+        fp = float(((t != lab) & (p == lab)).sum())
+        fn = float(((t == lab) & (p != lab)).sum())
+        f1s.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
+    return float(np.mean(f1s)) if f1s else 0.0
+
+
+def matthews_corrcoef(y_true: Sequence[int], y_pred: Sequence[int]) -> float:
+    """Multi-class Matthews correlation (R_K); 0 when a marginal is constant.
+
+    With confusion matrix C: c = trace, s = n, p_k = column sums, t_k = row sums,
+    MCC = (c·s − Σ p_k t_k) / sqrt((s² − Σ p_k²)(s² − Σ t_k²)).
+    `matthews_corrcoef([1, 1, 0, 0], [1, 0, 0, 0])` = (3·4 − (1·2 + 3·2)) / sqrt((16 − 10)(16 − 8)) = 0.577...
+    """
+    t, p = np.asarray(y_true), np.asarray(y_pred)
+    labels, inv = np.unique(np.concatenate([t, p]), return_inverse=True)
+    ti, pi = inv[: len(t)], inv[len(t) :]
+    k = len(labels)
+    cm = np.zeros((k, k), dtype=np.float64)
+    np.add.at(cm, (ti, pi), 1)
+    t_sum, p_sum = cm.sum(axis=1), cm.sum(axis=0)
+    c, s = np.trace(cm), cm.sum()
+    cov_ytyp = c * s - np.dot(t_sum, p_sum)
+    cov_ypyp = s * s - np.dot(p_sum, p_sum)
+    cov_ytyt = s * s - np.dot(t_sum, t_sum)
+    if cov_ypyp == 0 or cov_ytyt == 0:
+        return 0.0
+    return float(cov_ytyp / np.sqrt(cov_ytyt * cov_ypyp))
+
+
+def _rank(x: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties get their average rank. `_rank([10, 20, 20, 5]) -> [2, 3.5, 3.5, 1]`"""
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x), dtype=np.float64)
+    ranks[order] = np.arange(1, len(x) + 1)
+    vals, inv = np.unique(x, return_inverse=True)
+    sums = np.bincount(inv, weights=ranks)
+    counts = np.bincount(inv)
+    return (sums / counts)[inv]
+
+
+def pearson(x: Sequence[float], y: Sequence[float]) -> float:
+    """Pearson's r; 0 when either side is constant. `pearson([1, 2, 3], [2, 4, 7]) -> 0.9933`"""
+    a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    a, b = a - a.mean(), b - b.mean()
+    den = np.sqrt((a * a).sum() * (b * b).sum())
+    return float((a * b).sum() / den) if den > 0 else 0.0
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rho = Pearson on average ranks. `spearman([1, 2, 3], [1, 9, 4]) -> 0.5`"""
+    return pearson(_rank(np.asarray(x)), _rank(np.asarray(y)))
+
+
+def classification_metrics(y_true: Sequence[int], y_pred: Sequence[int]) -> dict[str, float]:
+    return {
+        "accuracy": accuracy(y_true, y_pred),
+        "macro_f1": macro_f1(y_true, y_pred),
+        "mcc": matthews_corrcoef(y_true, y_pred),
+    }
+
+
+def regression_metrics(y_true: Sequence[float], y_pred: Sequence[float]) -> dict[str, float]:
+    t, p = np.asarray(y_true, dtype=np.float64), np.asarray(y_pred, dtype=np.float64)
+    return {"pearson": pearson(t, p), "spearman": spearman(t, p), "mse": float(((t - p) ** 2).mean())}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# BIO entities
+
+
+def get_entities(tags: Sequence[str]) -> list[tuple[str, int, int]]:
+    """Entity chunks `(type, start, end_inclusive)` from BIO/IOB2 tags, conlleval rules.
+
+    `get_entities(["B-PER", "I-PER", "O", "I-LOC", "B-LOC"]) -> [("PER", 0, 1), ("LOC", 3, 3), ("LOC", 4, 4)]`
+    (the stray `I-LOC` starts an entity, as conlleval/seqeval's default mode).
+    """
+    out: list[tuple[str, int, int]] = []
+    cur_type: str | None = None
+    start = 0
+    for i, tag in enumerate(list(tags) + ["O"]):
+        prefix, _, typ = tag.partition("-") if tag != "O" else ("O", "", "")
+        continues = prefix == "I" and typ == cur_type
+        if cur_type is not None and not continues:
+            out.append((cur_type, start, i - 1))
+            cur_type = None
+        if prefix in ("B", "I") and not continues:
+            cur_type, start = typ, i
+    return out
+
+
+def entity_metrics(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Micro precision/recall/F1 over entity chunks of every sentence, plus token accuracy.
+
+    gold [["B-PER","I-PER","O"]], pred [["B-PER","O","O"]]: chunks {PER 0-1} vs {PER 0-0} -> P=R=F1=0,
+    token accuracy 2/3.
+    """
+    n_gold = n_pred = n_correct = 0
+    tok_ok = tok_all = 0
+    for g, p in zip(gold, pred, strict=True):
+        if len(g) != len(p):
+            raise ValueError(f"sentence has {len(g)} gold tags but {len(p)} predicted")
+        ge, pe = set(get_entities(g)), set(get_entities(p))
+        n_gold += len(ge)
+        n_pred += len(pe)
+        n_correct += len(ge & pe)
+        tok_ok += sum(a == b for a, b in zip(g, p))
+        tok_all += len(g)
+    prec = n_correct / n_pred if n_pred else 0.0
+    rec = n_correct / n_gold if n_gold else 0.0
+    f1 = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
+    return {"precision": prec, "recall": rec, "f1": f1, "token_accuracy": tok_ok / tok_all if tok_all else 0.0}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SQuAD
+
+
+def normalize_answer(s: str) -> str:
+    """SQuAD's normalisation: lower case, drop punctuation and the articles a/an/the, squeeze whitespace.
+
+    `normalize_answer("The  Lord's house!") -> "lords house"`
+    """
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def squad_exact(pred: str, gold: str) -> float:
+    return float(normalize_answer(pred) == normalize_answer(gold))
+
+
+def squad_f1(pred: str, gold: str) -> float:
+    """Token-overlap F1 after normalisation; an empty side scores 1 only against another empty side.
+
+    `squad_f1("the house of Naomi", "Naomi's house")`: {house, of, naomi} vs {naomis, house} -> common 1,
+    P=1/3, R=1/2 -> 0.4
+    """
+    p, g = normalize_answer(pred).split(), normalize_answer(gold).split()
+    if not p or not g:
+        return float(p == g)
+    common = collections.Counter(p) & collections.Counter(g)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    prec, rec = same / len(p), same / len(g)
+    return 2 * prec * rec / (prec + rec)
+
+
+def squad_metrics(predictions: dict[str, str], gold: dict[str, list[str]]) -> dict[str, float]:
+    """Exact match and F1 in percent (as the official scripts), max over gold answers, averaged over questions.
+
+    `gold[qid] == []` (unanswerable) counts as `[""]`. Adds `has_ans_*`/`no_ans_*` breakdowns when both kinds exist.
+    """
+    em: dict[str, float] = {}
+    f1: dict[str, float] = {}
+    for qid, answers in gold.items():
+        answers = [a for a in answers if normalize_answer(a)] or [""]
+        pred = predictions.get(qid, "")
+        em[qid] = max(squad_exact(pred, a) for a in answers)
+        f1[qid] = max(squad_f1(pred, a) for a in answers)
+    n = len(gold)
+    out = {"exact_match": 100.0 * sum(em.values()) / n if n else 0.0, "f1": 100.0 * sum(f1.values()) / n if n else 0.0}
+    has = [q for q, a in gold.items() if any(normalize_answer(x) for x in a)]
+    no = [q for q in gold if q not in set(has)]
+    if has and no:
+        for name, ids in (("has_ans", has), ("no_ans", no)):
+            out[f"{name}_exact"] = 100.0 * sum(em[q] for q in ids) / len(ids)
+            out[f"{name}_f1"] = 100.0 * sum(f1[q] for q in ids) / len(ids)
+    return out
+
+
+def decode_spans(
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    offsets: Sequence[tuple[int, int] | None],
+    context: str,
+    n_best: int = 20,
+    max_answer_length: int = 30,
+) -> tuple[list[dict[str, Any]], float]:
+    """Best spans of one window and its null score (`start[0] + end[0]`, the [CLS] position).
+
+    `offsets[i]` is the (char_start, char_end) of token i in `context`, or None for tokens outside the context
+    (question, [CLS], [SEP], padding). A span needs both ends in the context, end >= start, and at most
+    `max_answer_length` tokens. Candidates are the top `n_best` starts × top `n_best` ends.
+
+        >>> spans, null = decode_spans(np.array([0., 5, 1]), np.array([0., 1, 4]), [None, (0, 4), (5, 9)], "Ruth wept")
+        >>> spans[0]["text"], spans[0]["score"], null
+        ('Ruth wept', 9.0, 0.0)
+    """
+    starts = np.argsort(start_logits)[::-1][:n_best]
+    ends = np.argsort(end_logits)[::-1][:n_best]
+    out = []
+    for s in starts:
+        for e in ends:
+            if s >= len(offsets) or e >= len(offsets) or offsets[s] is None or offsets[e] is None:
+                continue
+            if e < s or e - s + 1 > max_answer_length:
+                continue
+            a, b = offsets[s][0], offsets[e][1]
+            out.append({"text": context[a:b], "score": float(start_logits[s] + end_logits[e]), "start": a, "end": b})
+    out.sort(key=lambda d: d["score"], reverse=True)
+    return out[:n_best], float(start_logits[0] + end_logits[0])
+
+
+def postprocess_qa(
+    windows: Sequence[dict[str, Any]],
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    contexts: dict[str, str],
+    n_best: int = 20,
+    max_answer_length: int = 30,
+    version_2: bool = False,
+    null_score_diff_threshold: float = 0.0,
+) -> dict[str, str]:
+    """Answer text per question id from the logits of all its windows.
+
+    `windows[i]` has `example_id` and `offsets` (see `decode_spans`); `start_logits[i]`/`end_logits[i]` are its
+    logits (L,). The best span over all windows wins. For SQuAD v2 the null score is the minimum over the
+    question's windows (as Google's run_squad.py) and the answer is "" when
+    `null_score - best_span_score > null_score_diff_threshold`; v1.1 always answers with the best span.
+    """
+    best: dict[str, dict[str, Any]] = {}
+    null: dict[str, float] = {}
+    for w, sl, el in zip(windows, start_logits, end_logits, strict=True):
+        qid = w["example_id"]
+        spans, null_score = decode_spans(sl, el, w["offsets"], contexts[qid], n_best, max_answer_length)
+        null[qid] = min(null.get(qid, null_score), null_score)
+        if spans and (qid not in best or spans[0]["score"] > best[qid]["score"]):
+            best[qid] = spans[0]
+    preds: dict[str, str] = {}
+    for qid in contexts:
+        span = best.get(qid)
+        if span is None:
+            preds[qid] = ""
+        elif version_2 and null.get(qid, float("-inf")) - span["score"] > null_score_diff_threshold:
+            preds[qid] = ""
+        else:
+            preds[qid] = span["text"]
+    return preds

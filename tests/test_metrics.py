@@ -1,0 +1,138 @@
+"""Metrics against hand-computed values (and scikit-learn/scipy where they are installed)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pipeline import metrics as M
+
+
+def test_accuracy_macro_f1_hand():
+    t, p = [0, 0, 1, 2], [0, 1, 1, 2]
+    assert M.accuracy(t, p) == 0.75
+    # F1(0) = 2*1/(2+0+1) = 2/3, F1(1) = 2*1/(2+1+0) = 2/3, F1(2) = 1
+    assert M.macro_f1(t, p) == pytest.approx((2 / 3 + 2 / 3 + 1) / 3)
+    # a label only ever predicted counts with F1 0 (sklearn's macro over gold ∪ predicted labels)
+    assert M.macro_f1([0, 0], [0, 1]) == pytest.approx((2 / 3 + 0) / 2)
+
+
+def test_mcc_hand():
+    # binary: TP=1 FN=1 TN=2 FP=0 -> (1*2 - 0*1)/sqrt((1)(2)(2)(3)) = 2/sqrt(12)
+    assert M.matthews_corrcoef([1, 1, 0, 0], [1, 0, 0, 0]) == pytest.approx(2 / math.sqrt(12))
+    assert M.matthews_corrcoef([0, 1, 2], [0, 1, 2]) == pytest.approx(1.0)
+    assert M.matthews_corrcoef([0, 1, 0, 1], [1, 0, 1, 0]) == pytest.approx(-1.0)
+    assert M.matthews_corrcoef([0, 1, 2], [1, 1, 1]) == 0.0  # constant prediction
+    # 3 classes: C = [[2,1,0],[0,1,1],[1,0,2]] (rows gold); c=5, s=8, t=[3,2,3], p=[3,2,3]
+    # (5*8 - 22) / (64 - 22) = 18/42
+    t = [0, 0, 0, 1, 1, 2, 2, 2]
+    p = [0, 0, 1, 1, 2, 0, 2, 2]
+    assert M.matthews_corrcoef(t, p) == pytest.approx(18 / 42)
+
+
+def test_against_sklearn_random():
+    skm = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        t, p = rng.integers(0, 4, 50), rng.integers(0, 4, 50)
+        assert M.matthews_corrcoef(t, p) == pytest.approx(skm.matthews_corrcoef(t, p))
+        assert M.macro_f1(t, p) == pytest.approx(skm.f1_score(t, p, average="macro"))
+
+
+def test_pearson_spearman_hand():
+    # x̄=2, ȳ=13/3: Σdxdy = 5, Σdx²=2, Σdy²=38/3 -> 5/sqrt(76/3)
+    assert M.pearson([1, 2, 3], [2, 4, 7]) == pytest.approx(5 / math.sqrt(76 / 3))
+    assert M.spearman([1, 2, 3], [1, 9, 4]) == pytest.approx(0.5)
+    # ties take the average rank: y ranks [1, 2.5, 2.5, 4]
+    assert M._rank(np.array([10, 20, 20, 5])).tolist() == [2, 3.5, 3.5, 1]
+    assert M.spearman([1, 2, 3, 4], [1, 5, 5, 9]) == pytest.approx(M.pearson([1, 2, 3, 4], [1, 2.5, 2.5, 4]))
+    assert M.pearson([1, 1, 1], [1, 2, 3]) == 0.0
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=40), rng.integers(0, 5, 40).astype(float)
+    assert M.spearman(x, y) == pytest.approx(stats.spearmanr(x, y).statistic)
+    assert M.pearson(x, y) == pytest.approx(stats.pearsonr(x, y).statistic)
+
+
+@pytest.mark.parametrize(
+    "tags, expected",
+    [
+        (["B-PER", "I-PER", "O", "B-LOC"], [("PER", 0, 1), ("LOC", 3, 3)]),
+        (["B-PER", "B-PER", "I-PER"], [("PER", 0, 0), ("PER", 1, 2)]),
+        (["O", "I-LOC", "I-LOC", "O"], [("LOC", 1, 2)]),  # stray I- starts a chunk (conlleval)
+        (["B-PER", "I-LOC"], [("PER", 0, 0), ("LOC", 1, 1)]),  # type change ends the chunk
+        (["B-DEITY", "I-DEITY", "I-DEITY"], [("DEITY", 0, 2)]),
+        ([], []),
+    ],
+)
+def test_get_entities(tags, expected):
+    assert M.get_entities(tags) == expected
+
+
+def test_entity_metrics_hand():
+    gold = [["B-PER", "I-PER", "O", "B-LOC"], ["B-DEITY", "O", "B-PER"]]
+    pred = [["B-PER", "I-PER", "O", "O"], ["B-DEITY", "O", "B-LOC"]]
+    # gold chunks: PER0-1, LOC3, DEITY0, PER2 (4); predicted: PER0-1, DEITY0, LOC2 (3); correct 2
+    m = M.entity_metrics(gold, pred)
+    assert m["precision"] == pytest.approx(2 / 3)
+    assert m["recall"] == pytest.approx(2 / 4)
+    assert m["f1"] == pytest.approx(2 * (2 / 3) * 0.5 / (2 / 3 + 0.5))
+    assert m["token_accuracy"] == pytest.approx(5 / 7)
+    # a boundary error is a miss on both sides
+    m = M.entity_metrics([["B-PER", "I-PER", "O"]], [["B-PER", "O", "O"]])
+    assert (m["precision"], m["recall"], m["f1"]) == (0.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    "s, norm",
+    [("The  Lord's house!", "lords house"), ("an Apple, a day", "apple day"), ("Theatre", "theatre"), ("", "")],
+)
+def test_normalize_answer(s, norm):
+    assert M.normalize_answer(s) == norm
+
+
+def test_squad_em_f1_hand():
+    assert M.squad_exact("the LORD", "Lord.") == 1.0
+    # {house, of, naomi} vs {naomis, house}: 1 common -> P=1/3 R=1/2 F1=0.4
+    assert M.squad_f1("the house of Naomi", "Naomi's house") == pytest.approx(0.4)
+    assert M.squad_f1("", "") == 1.0 and M.squad_f1("Ruth", "") == 0.0
+    gold = {"q1": ["Naomi", "Naomi the widow"], "q2": ["Boaz"], "q3": []}
+    preds = {"q1": "the widow Naomi", "q2": "Ruth", "q3": ""}
+    m = M.squad_metrics(preds, gold)
+    # q1: EM 0; F1 max(2*(1/2*1)/(1.5)=2/3, {widow,naomi} vs {naomi,widow} = 1) = 1; q2: 0/0; q3 (no answer): 1/1
+    assert m["exact_match"] == pytest.approx(100 * 1 / 3)
+    assert m["f1"] == pytest.approx(100 * 2 / 3)
+    assert m["has_ans_f1"] == pytest.approx(50.0) and m["no_ans_exact"] == 100.0
+
+
+def test_decode_spans_n_best_and_max_length():
+    ctx = "Ruth clave unto Naomi"
+    offsets = [None, None, (0, 4), (5, 10), (11, 15), (16, 21), None]
+    start = np.array([1.0, 9.0, 3.0, 0.0, 0.0, 2.5, 0.0])
+    end = np.array([1.0, 0.0, 0.5, 0.0, 0.0, 4.0, 9.0])
+    spans, null = M.decode_spans(start, end, offsets, ctx, n_best=4, max_answer_length=30)
+    # top-4 starts 1,2,5,0 and ends 6,5,0,2; tokens 0, 1 and 6 are outside the context -> spans (2,5) (5,5) (2,2)
+    assert null == 2.0
+    assert [(s["text"], s["score"]) for s in spans] == [("Ruth clave unto Naomi", 7.0), ("Naomi", 6.5), ("Ruth", 3.5)]
+    spans, _ = M.decode_spans(start, end, offsets, ctx, n_best=4, max_answer_length=2)
+    assert [s["text"] for s in spans] == ["Naomi", "Ruth"]  # the 4-token span is too long
+
+
+def test_postprocess_qa_windows_and_null_threshold():
+    ctx = "Ruth clave unto Naomi"
+    # two windows of question q: window 0 covers "Ruth clave", window 1 "unto Naomi"
+    w0 = {"example_id": "q", "offsets": [None, (0, 4), (5, 10), None]}
+    w1 = {"example_id": "q", "offsets": [None, (11, 15), (16, 21), None]}
+    s = np.array([[2.0, 1.0, 0.0, 0.0], [1.0, 0.0, 3.0, 0.0]])
+    e = np.array([[2.0, 1.5, 0.0, 0.0], [1.0, 0.0, 2.0, 0.0]])
+    # window 0: best "Ruth" 2.5, null 4.0; window 1: best "Naomi" 5.0, null 2.0 -> min null 2.0, best span 5.0
+    assert M.postprocess_qa([w0, w1], s, e, {"q": ctx}) == {"q": "Naomi"}
+    assert M.postprocess_qa([w0, w1], s, e, {"q": ctx}, version_2=True) == {"q": "Naomi"}  # 2.0-5.0 < 0
+    assert M.postprocess_qa([w0, w1], s, e, {"q": ctx}, version_2=True, null_score_diff_threshold=-4.0) == {"q": ""}
+    # v2 with a strong [CLS] in every window -> no answer; v1.1 still answers
+    s2, e2 = s.copy(), e.copy()
+    s2[:, 0] = 10.0
+    assert M.postprocess_qa([w0, w1], s2, e2, {"q": ctx}, version_2=True) == {"q": ""}
+    assert M.postprocess_qa([w0, w1], s2, e2, {"q": ctx}, version_2=False) == {"q": "Naomi"}
