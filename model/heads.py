@@ -1,0 +1,279 @@
+"""Task heads on top of BertModel: pretraining (MLM + NSP), sequence/token classification, question answering.
+
+Names and losses follow transformers' `modeling_bert.py` so checkpoints and results carry over. Departures:
+- `BertForPreTraining` takes `masked_lm_positions`/`masked_lm_ids` (B, P), padded with -1, as Google's
+  original does, and gathers the P hidden states BEFORE the MLM transform and the vocabulary decoder. The
+  reference computes (B, L, V) logits and throws away all but ~15% of them; with L=128, P=20 this removes
+  ~84% of the head's FLOPs and its (B, L, V) activation memory.
+- The MLM decoder has no weight of its own: it is `F.linear(h, word_embeddings.weight, cls.predictions.bias)`.
+  Tying is structural, so it survives `load_state_dict`, optimizer steps, DDP, and `safetensors.save_file`
+  (there is no shared tensor to deduplicate). transformers' `cls.predictions.decoder.*` keys are handled in
+  `model/hf.py`.
+- NSP label -1 means "no NSP for this example" (MLM-only packing) and is ignored; losses are means over the
+  valid entries, with counts returned so a training loop can aggregate exactly over micro-batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.bert import BertModel, BertPreTrainedModel, activation
+from model.config import BertConfig
+
+
+@dataclass
+class PreTrainingOutput:
+    loss: torch.Tensor | None
+    """mlm_loss + nsp_loss (nsp_loss is 0 when no example has an NSP label); None without labels."""
+    mlm_loss: torch.Tensor | None
+    """Mean cross-entropy over valid masked positions (0 when there are none)."""
+    nsp_loss: torch.Tensor | None
+    """Mean cross-entropy over examples with next_sentence_label >= 0 (0 when there are none)."""
+    mlm_logits: torch.Tensor
+    """(N, V) at the N valid masked positions in row-major (b, p) order when masked_lm_positions is given;
+    else (B, L, V) at every position (fill-mask inference)."""
+    nsp_logits: torch.Tensor
+    """(B, 2): index 0 = B follows A, 1 = B is random."""
+    mlm_accuracy: torch.Tensor | None = None
+    mlm_correct: torch.Tensor | None = None
+    mlm_count: torch.Tensor | None = None
+    nsp_accuracy: torch.Tensor | None = None
+    nsp_correct: torch.Tensor | None = None
+    nsp_count: torch.Tensor | None = None
+
+
+@dataclass
+class SequenceClassifierOutput:
+    loss: torch.Tensor | None
+    logits: torch.Tensor
+    """(B, num_labels)"""
+
+
+@dataclass
+class TokenClassifierOutput:
+    loss: torch.Tensor | None
+    logits: torch.Tensor
+    """(B, L, num_labels)"""
+
+
+@dataclass
+class QuestionAnsweringOutput:
+    loss: torch.Tensor | None
+    start_logits: torch.Tensor
+    """(B, L)"""
+    end_logits: torch.Tensor
+    """(B, L)"""
+
+
+class BertPredictionHeadTransform(nn.Module):
+    """dense -> activation -> LayerNorm, applied before the tied vocabulary decoder."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.act = activation(cfg.hidden_act)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(h)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """transform, then logits = h @ word_embeddings.T + bias (decoder weight passed in: tied)."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(cfg)
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, h: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.transform(h), decoder_weight, self.bias)  # (..., V)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(cfg)
+        self.seq_relationship = nn.Linear(cfg.hidden_size, 2)
+
+
+def _accuracy(correct: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    return correct.float() / count.clamp(min=1).float()
+
+
+class BertForPreTraining(BertPreTrainedModel):
+    """BERT with the MLM (tied decoder) and NSP heads.
+
+    >>> cfg = BertConfig.from_preset("tiny", vocab_size=50)
+    >>> m = BertForPreTraining(cfg).eval()
+    >>> ids = torch.tensor([[2, 7, 4, 9, 3]])
+    >>> out = m(ids, masked_lm_positions=torch.tensor([[2, -1]]), masked_lm_ids=torch.tensor([[8, -1]]),
+    ...         next_sentence_label=torch.tensor([-1]))
+    >>> tuple(out.mlm_logits.shape), int(out.mlm_count), int(out.nsp_count), float(out.nsp_loss.detach())
+    ((1, 50), 1, 0, 0.0)
+    """
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.config = cfg
+        self.bert = BertModel(cfg)
+        self.cls = BertPreTrainingHeads(cfg)
+        self.init_weights()
+        nn.init.zeros_(self.cls.predictions.bias)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, masked_lm_positions: torch.Tensor | None = None,
+                masked_lm_ids: torch.Tensor | None = None,
+                next_sentence_label: torch.Tensor | None = None) -> PreTrainingOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask)
+        h = out.last_hidden_state  # (B, L, H)
+        B, L, H = h.shape
+        decoder_weight = self.bert.embeddings.word_embeddings.weight  # (V, H), tied
+
+        mlm_loss = mlm_correct = mlm_count = mlm_accuracy = None
+        if masked_lm_positions is not None:
+            pos = masked_lm_positions.long()  # (B, P), -1 = padding
+            valid = pos >= 0
+            if masked_lm_ids is not None:
+                valid = valid & (masked_lm_ids >= 0)
+            flat = (torch.arange(B, device=pos.device)[:, None] * L + pos)[valid]  # (N,) rows of (B*L, H)
+            # The gather first: transform + decoder run on N rows, not B*L.
+            logits = self.cls.predictions(h.reshape(B * L, H).index_select(0, flat), decoder_weight)  # (N, V)
+            if masked_lm_ids is not None:
+                labels = masked_lm_ids[valid].long()  # (N,)
+                n = labels.shape[0]
+                # Sum / max(N, 1): a batch without masked positions gives 0, not NaN.
+                mlm_loss = F.cross_entropy(logits.float(), labels, reduction="sum") / max(n, 1)
+                with torch.no_grad():
+                    mlm_correct = (logits.argmax(-1) == labels).sum()
+                    mlm_count = valid.sum()
+                    mlm_accuracy = _accuracy(mlm_correct, mlm_count)
+        else:
+            if masked_lm_ids is not None:
+                raise ValueError("masked_lm_ids needs masked_lm_positions (B, P); see PreTrainingOutput")
+            logits = self.cls.predictions(h, decoder_weight)  # (B, L, V)
+
+        nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
+        nsp_loss = nsp_correct = nsp_count = nsp_accuracy = None
+        if next_sentence_label is not None:
+            nsl = next_sentence_label.long().reshape(-1)  # (B,), -1 = no NSP
+            nsp_valid = nsl >= 0
+            with torch.no_grad():
+                nsp_count = nsp_valid.sum()
+                nsp_correct = ((nsp_logits.argmax(-1) == nsl) & nsp_valid).sum()
+                nsp_accuracy = _accuracy(nsp_correct, nsp_count)
+            nsp_loss = (F.cross_entropy(nsp_logits.float(), nsl, ignore_index=-1, reduction="sum")
+                        / nsp_count.clamp(min=1))
+
+        if mlm_loss is not None:
+            loss = mlm_loss if nsp_loss is None else mlm_loss + nsp_loss
+        else:
+            loss = nsp_loss
+        return PreTrainingOutput(loss=loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss, mlm_logits=logits,
+                                 nsp_logits=nsp_logits, mlm_accuracy=mlm_accuracy, mlm_correct=mlm_correct,
+                                 mlm_count=mlm_count, nsp_accuracy=nsp_accuracy, nsp_correct=nsp_correct,
+                                 nsp_count=nsp_count)
+
+
+def _classifier_dropout(cfg: BertConfig) -> float:
+    return cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout_prob
+
+
+class BertForSequenceClassification(BertPreTrainedModel):
+    """Pooled [CLS] -> dropout -> linear; single sentences or pairs (token_type_ids), regression if num_labels=1.
+
+    The loss follows transformers: problem_type from the config, else regression (MSE) for one label,
+    cross-entropy for integer labels, BCE-with-logits for float multi-hot labels.
+    """
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.config = cfg
+        self.num_labels = cfg.num_labels
+        self.bert = BertModel(cfg)
+        self.dropout = nn.Dropout(_classifier_dropout(cfg))
+        self.classifier = nn.Linear(cfg.hidden_size, cfg.num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None) -> SequenceClassifierOutput:
+        pooled = self.bert(input_ids, token_type_ids, attention_mask).pooler_output  # (B, H)
+        logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
+        loss = None
+        if labels is not None:
+            problem = self.config.problem_type
+            if problem is None:
+                if self.num_labels == 1:
+                    problem = "regression"
+                elif labels.dtype in (torch.long, torch.int):
+                    problem = "single_label_classification"
+                else:
+                    problem = "multi_label_classification"
+            if problem == "regression":
+                if self.num_labels == 1:
+                    loss = F.mse_loss(logits.float().squeeze(), labels.float().squeeze())
+                else:
+                    loss = F.mse_loss(logits.float(), labels.float())
+            elif problem == "single_label_classification":
+                loss = F.cross_entropy(logits.float().view(-1, self.num_labels), labels.long().view(-1))
+            else:
+                loss = F.binary_cross_entropy_with_logits(logits.float(), labels.to(torch.float32))
+        return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+class BertForTokenClassification(BertPreTrainedModel):
+    """Per-token dropout -> linear; labels (B, L) with -100 ignored. No pooler, as in transformers."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.config = cfg
+        self.num_labels = cfg.num_labels
+        self.bert = BertModel(cfg, add_pooling_layer=False)
+        self.dropout = nn.Dropout(_classifier_dropout(cfg))
+        self.classifier = nn.Linear(cfg.hidden_size, cfg.num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None) -> TokenClassifierOutput:
+        h = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # (B, L, H)
+        logits = self.classifier(self.dropout(h))  # (B, L, num_labels)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().view(-1, self.num_labels), labels.long().view(-1),
+                                   ignore_index=-100)
+        return TokenClassifierOutput(loss=loss, logits=logits)
+
+
+class BertForQuestionAnswering(BertPreTrainedModel):
+    """Extractive QA: per-token start/end logits; loss as transformers (positions clamped to L, ignored there)."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        if cfg.num_labels != 2:
+            raise ValueError(f"num_labels must be 2 (start, end) for question answering, got {cfg.num_labels}")
+        self.config = cfg
+        self.num_labels = cfg.num_labels
+        self.bert = BertModel(cfg, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(cfg.hidden_size, cfg.num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
+                end_positions: torch.Tensor | None = None) -> QuestionAnsweringOutput:
+        h = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # (B, L, H)
+        logits = self.qa_outputs(h)  # (B, L, 2)
+        start_logits, end_logits = logits[..., 0].contiguous(), logits[..., 1].contiguous()  # (B, L) each
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            ignored = start_logits.shape[1]  # positions outside the input are clamped to L and ignored
+            start = start_positions.reshape(-1).long().clamp(0, ignored)
+            end = end_positions.reshape(-1).long().clamp(0, ignored)
+            loss = (F.cross_entropy(start_logits.float(), start, ignore_index=ignored)
+                    + F.cross_entropy(end_logits.float(), end, ignore_index=ignored)) / 2
+        return QuestionAnsweringOutput(loss=loss, start_logits=start_logits, end_logits=end_logits)

@@ -1,0 +1,193 @@
+"""Load and save transformers-format BERT directories (config.json + model.safetensors [+ tokenizer files]).
+
+`load_hf(dir, cls)` reads any transformers BERT checkpoint: safetensors (single file or sharded index) or
+`pytorch_model.bin` via `torch.load(weights_only=True)` (never arbitrary unpickling). It maps the
+base-model prefix both ways (a bare `BertModel` checkpoint such as MiniLM has no `bert.`; a
+`BertFor*` checkpoint loaded into `BertModel` drops it), renames old TF-era `LayerNorm.gamma/beta`, and
+folds transformers' tied `cls.predictions.decoder.*` keys into our structurally tied decoder. What is
+still missing or unexpected is reported by name (`model.load_report`, a logging warning; `strict=True`
+raises). `save_hf` writes exactly the key set transformers 5 itself writes for these classes, so
+`transformers.AutoModel.from_pretrained(dir)` / `BertFor*.from_pretrained(dir)` load it without warnings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from model.bert import BertModel
+from model.config import BertConfig
+from model.heads import (
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
+
+log = logging.getLogger(__name__)
+
+CLASSES: dict[str, type[torch.nn.Module]] = {c.__name__: c for c in (
+    BertModel, BertForPreTraining, BertForSequenceClassification, BertForTokenClassification,
+    BertForQuestionAnswering)}
+
+# Keys transformers may hold that carry no information for us: tied copies and non-persistent buffers.
+_TIED_DECODER_WEIGHT = "cls.predictions.decoder.weight"
+_TIED_DECODER_BIAS = "cls.predictions.decoder.bias"
+_BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Weights of a transformers directory (or a weights file) as a CPU state dict, without unpickling objects."""
+    path = Path(path)
+    if path.is_file():
+        files = [path]
+    elif (path / "model.safetensors").is_file():
+        files = [path / "model.safetensors"]
+    elif (path / "model.safetensors.index.json").is_file():
+        index = json.loads((path / "model.safetensors.index.json").read_text())
+        files = [path / f for f in sorted(set(index["weight_map"].values()))]
+    elif (path / "pytorch_model.bin").is_file():
+        files = [path / "pytorch_model.bin"]
+    else:
+        raise FileNotFoundError(f"{path}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        if f.suffix == ".safetensors":
+            sd.update(load_file(str(f), device="cpu"))
+        else:
+            obj = torch.load(f, map_location="cpu", weights_only=True)
+            if not isinstance(obj, dict):
+                raise ValueError(f"{f}: expected a state dict, got {type(obj).__name__}")
+            sd.update(obj)
+    return sd
+
+
+def convert_state_dict(sd: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Rename a transformers/old/wrapped BERT state dict to `model`'s key names (missing keys stay missing).
+
+    >>> m = BertModel(BertConfig.from_preset("tiny", vocab_size=10, num_hidden_layers=1))
+    >>> sorted(convert_state_dict({"bert.pooler.dense.bias": torch.zeros(128)}, m))
+    ['pooler.dense.bias']
+    """
+    target = model.state_dict()
+    has_prefix = any(k.startswith("bert.") for k in target)
+    out: dict[str, torch.Tensor] = {}
+    for k, v in sd.items():
+        for wrapper in ("module.", "_orig_mod."):  # DDP / torch.compile wrappers
+            k = k.removeprefix(wrapper)
+        if k.endswith(".gamma"):
+            k = k[: -len("gamma")] + "weight"
+        elif k.endswith(".beta"):
+            k = k[: -len("beta")] + "bias"
+        base = k.startswith(("embeddings.", "encoder.", "pooler."))
+        if has_prefix and base:
+            k = "bert." + k
+        elif not has_prefix and k.startswith("bert."):
+            k = k.removeprefix("bert.")
+        out[k] = v
+    # transformers ties decoder.weight to the word embeddings and decoder.bias to cls.predictions.bias; we
+    # keep one copy. An old checkpoint with only decoder.bias still provides the bias.
+    bias = out.pop(_TIED_DECODER_BIAS, None)
+    if bias is not None and "cls.predictions.bias" in target:
+        out.setdefault("cls.predictions.bias", bias)
+    dec = out.pop(_TIED_DECODER_WEIGHT, None)
+    emb_key = "bert.embeddings.word_embeddings.weight" if has_prefix else "embeddings.word_embeddings.weight"
+    if dec is not None and emb_key in out and not torch.equal(dec, out[emb_key]):
+        log.warning("checkpoint's %s differs from %s; this model ties them and keeps the embeddings",
+                    _TIED_DECODER_WEIGHT, emb_key)
+    for k in list(out):
+        if k.endswith(_BUFFERS) and k not in target:
+            del out[k]
+    if isinstance(model, (BertForTokenClassification, BertForQuestionAnswering)):
+        # These heads have no pooler (as in transformers, which ignores a checkpoint's pooler for them too).
+        out = {k: v for k, v in out.items() if not k.startswith("bert.pooler.")}
+    return out
+
+
+def load_hf(path: str | Path, cls: type[torch.nn.Module] = BertModel, *, strict: bool = False,
+            **config_overrides: Any) -> torch.nn.Module:
+    """Build `cls` from a transformers BERT directory; `config_overrides` (e.g. num_labels=6) beat config.json.
+
+    Weights the checkpoint lacks (e.g. a new classifier) keep BERT's initialisation; missing and unexpected
+    names go to `model.load_report` and a warning, or raise ValueError with `strict=True`.
+    """
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file} not found")
+    cfg = BertConfig.from_hf_dict(json.loads(config_file.read_text()), **config_overrides)
+    model = cls(cfg)
+    sd = convert_state_dict(read_state_dict(path), model)
+    target = model.state_dict()
+    missing = sorted(k for k in target if k not in sd)
+    unexpected = sorted(k for k in sd if k not in target)
+    bad_shape = sorted(f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(target[k].shape)}"
+                       for k in sd if k in target and sd[k].shape != target[k].shape)
+    if bad_shape:
+        raise ValueError(f"{path}: shape mismatch for {'; '.join(bad_shape)}")
+    if strict and (missing or unexpected):
+        raise ValueError(f"{path} into {cls.__name__}: missing weights {missing}, unexpected weights {unexpected}")
+    model.load_state_dict({k: v for k, v in sd.items() if k in target}, strict=False)
+    if missing or unexpected:
+        log.warning("%s into %s: newly initialised (missing) %s; unused (unexpected) %s",
+                    path, cls.__name__, missing, unexpected)
+    model.load_report = {"missing": missing, "unexpected": unexpected}
+    return model
+
+
+def save_hf(model: torch.nn.Module, path: str | Path, tokenizer: Any = None) -> Path:
+    """Write a transformers directory: config.json, model.safetensors and, if given, the tokenizer files.
+
+    `tokenizer` is a `tokenizers.Tokenizer` (written as tokenizer.json, plus vocab.txt for WordPiece) or a
+    path to a directory/file holding vocab.txt and/or tokenizer.json (copied).
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model = getattr(model, "module", model)  # DDP wrapper
+    model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
+    name = type(model).__name__
+    if name not in CLASSES:
+        raise TypeError(f"save_hf: {name} is not one of {', '.join(CLASSES)}")
+    config = model.config.to_hf_dict(architectures=[name])
+    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    # Contiguous CPU copies: safetensors refuses views/shared storage, and the decoder is tied structurally
+    # (no duplicate key), so this is exactly transformers' own key set.
+    sd = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    save_file(sd, str(path / "model.safetensors"), metadata={"format": "pt"})
+    if tokenizer is not None:
+        _save_tokenizer(tokenizer, path)
+    return path
+
+
+def _save_tokenizer(tokenizer: Any, path: Path) -> None:
+    if isinstance(tokenizer, (str, Path)):
+        src = Path(tokenizer)
+        if src.is_dir():
+            files = [src / f for f in TOKENIZER_FILES if (src / f).is_file()]
+            if not any(f.name in ("vocab.txt", "tokenizer.json") for f in files):
+                raise FileNotFoundError(f"{src}: no vocab.txt or tokenizer.json")
+        elif src.is_file():
+            files = [src]
+        else:
+            raise FileNotFoundError(f"tokenizer {src} not found")
+        for f in files:
+            if f.resolve() != (path / f.name).resolve():
+                shutil.copyfile(f, path / f.name)
+        return
+    if not hasattr(tokenizer, "to_str"):
+        raise TypeError(f"tokenizer must be a tokenizers.Tokenizer or a path, got {type(tokenizer).__name__}")
+    (path / "tokenizer.json").write_text(tokenizer.to_str())
+    model = json.loads(tokenizer.to_str()).get("model", {})
+    if model.get("type") == "WordPiece":
+        vocab = tokenizer.get_vocab()
+        # vocab.txt lists tokens by id, one a line; ids must be 0..n-1 without gaps for it to mean anything.
+        by_id = sorted(vocab, key=vocab.get)
+        if [vocab[t] for t in by_id] == list(range(len(by_id))):
+            (path / "vocab.txt").write_text("".join(t + "\n" for t in by_id))
