@@ -94,6 +94,32 @@ class ModelConfig:
 
 
 @dataclass
+class PhaseConfig:
+    """One pretraining phase (BERT's recipe: most steps at 128 tokens, the rest at 512), on its own prepared data."""
+
+    max_seq_length: int = 128
+    """Tokens per example in this phase's shards (the data stages run once per phase with it)."""
+    fraction: float | None = None
+    """Share of train.max_steps spent in this phase; the last phase takes what is left when null."""
+    steps: int | None = None
+    """Optimizer steps in this phase (instead of fraction)."""
+    max_predictions_per_seq: int | None = None
+    """Masked positions cap for this phase's data (the paper: 20 at 128, 80 at 512); null keeps data's."""
+    output: str | None = None
+    """Prepared-data directory of this phase; null means `<data.output>-<max_seq_length>`."""
+    micro_batch_size: int | None = None
+    """Per-worker micro-batch in this phase (longer sequences need smaller ones); null keeps train's."""
+    global_batch_size: int | None = None
+    """Examples per optimizer step in this phase; null keeps train's."""
+
+    def __post_init__(self) -> None:
+        _check(16 <= self.max_seq_length <= 4096, f"train.phases max_seq_length {self.max_seq_length} is not in [16, 4096]")
+        _check(self.fraction is None or 0 < self.fraction <= 1, f"train.phases fraction {self.fraction} is not in (0, 1]")
+        _check(self.steps is None or self.steps >= 1, f"train.phases steps {self.steps} < 1")
+        _check(self.fraction is None or self.steps is None, "train.phases: give fraction or steps, not both")
+
+
+@dataclass
 class TrainConfig:
     """Ray Train pretraining: scale, optimisation, checkpoints and fault tolerance."""
 
@@ -103,31 +129,59 @@ class TrainConfig:
     """One GPU per worker when true (NCCL); CPU with gloo otherwise."""
     cpus_per_worker: float = 0.5
     """CPUs reserved per worker; fractional on small machines so Ray Data tasks are not starved."""
+    data_cpus: float | None = None
+    """Cap on the CPUs Ray Data reading may use (ExecutionResources); null lets Ray Data decide."""
     max_steps: int = 100
     """Optimizer steps in the whole run (all phases share one step count and LR schedule)."""
     global_batch_size: int = 32
     """Examples per optimizer step over all workers (= micro_batch_size * num_workers * accumulation)."""
     micro_batch_size: int = 32
     """Examples per forward/backward on one worker."""
+    phases: list[PhaseConfig] = field(default_factory=list)
+    """Empty: one phase on data.output at data.max_seq_length. Else phases run in order on their own data."""
     lr: float = 1e-3
+    """Peak learning rate (reached at the end of warmup)."""
     warmup_steps: int = 10
+    """Linear warmup from 0 to lr over this many optimizer steps."""
     weight_decay: float = 0.01
+    """Decoupled weight decay (not on biases/LayerNorm)."""
     optimizer: Literal["adamw", "lamb"] = "adamw"
+    """adamw, or lamb for large batches (You et al. 2019)."""
     schedule: Literal["linear", "polynomial"] = "linear"
+    """Decay after warmup, to 0 at max_steps."""
+    poly_power: float = 1.0
+    """Power of the polynomial decay (NVIDIA's LAMB recipe uses 0.5)."""
     max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (0 disables clipping)."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """bf16 autocast (GPU or CPU), fp16 autocast with a gradient scaler (GPU), or fp32."""
+    shuffle_buffer_rows: int = 16384
+    """Each worker shuffles its rows in consecutive chunks of this many rows, differently every epoch."""
+    num_eval_shards: int = 1
+    """The last N shards of the prepared data are held out for evaluation (never trained on)."""
     eval_every_steps: int = 50
+    """Evaluate on the held-out shards every N steps (and at the end); 0 disables periodic evaluation."""
     eval_batches: int = 10
+    """Micro-batches per worker in each evaluation (0 = the whole held-out set)."""
+    log_every_steps: int = 1
+    """Log training metrics to MLflow every N optimizer steps."""
     checkpoint_every_steps: int = 50
+    """Report a checkpoint (weights, optimizer, scheduler, scaler, RNGs, data positions) every N steps."""
     num_to_keep: int = 2
+    """Checkpoints Ray Train keeps in storage_path."""
     max_failures: int = 0
+    """Worker failures Ray Train recovers from (restart from the last checkpoint); -1 = unlimited."""
     storage_path: str = "runs"
     """Local path or pyarrow/fsspec URI where Ray Train keeps checkpoints."""
     run_name: str | None = None
     """Re-running with the same run name resumes it; null derives one from the config hash."""
     seed: int = 0
+    """Seeds model init, dropout and dynamic masking; with it, CPU runs are bit-reproducible."""
+    fail_at_step: int | None = None
+    """Fault injection for tests: rank 0 SIGKILLs itself after this step, once per run (first attempt only)."""
 
     def __post_init__(self) -> None:
+        self.phases = [p if isinstance(p, PhaseConfig) else build_section(PhaseConfig, p, "train.phases") for p in self.phases or []]
         _check(self.num_workers >= 1, f"train.num_workers {self.num_workers} < 1")
         _check(self.max_steps >= 1, f"train.max_steps {self.max_steps} < 1")
         _check(self.micro_batch_size >= 1, f"train.micro_batch_size {self.micro_batch_size} < 1")
@@ -137,13 +191,49 @@ class TrainConfig:
             f"train.global_batch_size {self.global_batch_size} is not a multiple of "
             f"micro_batch_size * num_workers = {per_step}",
         )
+        for i, ph in enumerate(self.phases):
+            mb = ph.micro_batch_size or self.micro_batch_size
+            gb = ph.global_batch_size or self.global_batch_size
+            _check(gb % (mb * self.num_workers) == 0,
+                   f"train.phases[{i}] global_batch_size {gb} is not a multiple of micro_batch_size * num_workers = {mb * self.num_workers}")
         _check(self.optimizer in ("adamw", "lamb"), f"train.optimizer {self.optimizer!r} is not adamw or lamb")
+        _check(self.schedule in ("linear", "polynomial"), f"train.schedule {self.schedule!r} is not linear or polynomial")
         _check(self.precision in ("fp32", "bf16", "fp16"), f"train.precision {self.precision!r} is not fp32/bf16/fp16")
         _check(self.lr > 0, f"train.lr {self.lr} must be > 0")
+        _check(0 <= self.warmup_steps <= self.max_steps, f"train.warmup_steps {self.warmup_steps} is not in [0, max_steps]")
+        _check(self.poly_power > 0, f"train.poly_power {self.poly_power} must be > 0")
+        _check(self.cpus_per_worker > 0, f"train.cpus_per_worker {self.cpus_per_worker} must be > 0")
+        _check(self.num_eval_shards >= 0, f"train.num_eval_shards {self.num_eval_shards} < 0")
+        _check(self.checkpoint_every_steps >= 1, f"train.checkpoint_every_steps {self.checkpoint_every_steps} < 1")
+        _check(self.num_to_keep >= 1, f"train.num_to_keep {self.num_to_keep} < 1")
+        _check(self.log_every_steps >= 1, f"train.log_every_steps {self.log_every_steps} < 1")
+        _check(self.shuffle_buffer_rows >= 1, f"train.shuffle_buffer_rows {self.shuffle_buffer_rows} < 1")
+        self.phase_steps()  # validates the phase split
 
     @property
     def accumulation_steps(self) -> int:
         return self.global_batch_size // (self.micro_batch_size * self.num_workers)
+
+    def phase_steps(self) -> list[int]:
+        """Optimizer steps of each phase, summing to max_steps (one phase when `phases` is empty).
+
+        >>> TrainConfig(max_steps=10, phases=[{"fraction": 0.9}, {"max_seq_length": 512}]).phase_steps()
+        [9, 1]
+        """
+        if not self.phases:
+            return [self.max_steps]
+        steps: list[int] = []
+        for i, ph in enumerate(self.phases):
+            if ph.steps is not None:
+                steps.append(ph.steps)
+            elif ph.fraction is not None:
+                steps.append(int(round(ph.fraction * self.max_steps)))
+            else:
+                _check(i == len(self.phases) - 1, f"train.phases[{i}] needs fraction or steps (only the last may omit them)")
+                steps.append(self.max_steps - sum(steps))
+        _check(all(s >= 1 for s in steps) and sum(steps) == self.max_steps,
+               f"train.phases steps {steps} must each be >= 1 and sum to train.max_steps {self.max_steps}")
+        return steps
 
 
 @dataclass
@@ -151,8 +241,13 @@ class TrackingConfig:
     """MLflow: experiment, registered model name and the alias moved to each new version."""
 
     experiment: str = "bert-pretrain"
+    """MLflow experiment the pretraining runs go to."""
     model_name: str = "bert-pretrain"
+    """Registered model that each finished run adds a version to."""
     alias: str = "latest-pretrain"
+    """Alias moved to the new version ("latest" is reserved by MLflow)."""
+    system_metrics_every_s: float = 10.0
+    """psutil sampling period for system metrics on rank 0 (0 disables)."""
 
 
 @dataclass
