@@ -1,0 +1,527 @@
+"""Fine-tuning data: readers for GLUE-style tables, CoNLL tags and SQuAD JSON, and their tokenization.
+
+Readers return plain Python examples and raise `FinetuneDataError` with one line naming the file, the row
+(1-based line number for text files, question id for SQuAD) and the problem. Tokenization uses the checkpoint's
+own `tokenizer.json` (or `vocab.txt`) through `tokenizers`, without padding: the collate function pads each batch
+to its longest row (`pad_batch`).
+
+- Sequence classification: header row with `sentence` (or `sentence1`/`sentence2`) and `label`. String labels get
+  ids in sorted order (numeric order when all are integers) and travel with the model as `id2label`. When every
+  label parses as a number and at least one is not an integer (`3.8`, `5.000`), the task is regression.
+- Token classification: CoNLL (token first column, tag last column, blank line between sentences, `-DOCSTART-`
+  skipped). The label goes on the first WordPiece of each word; other pieces and specials get -100.
+- QA: SQuAD v1.1/v2.0. Contexts longer than the window are split into windows that overlap by `doc_stride`
+  tokens (the `stride` of transformers' run_qa.py); the question is truncated to `max_query_length` tokens.
+  A training window that does not contain the whole answer (or a v2 unanswerable question) points at [CLS].
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+IGNORE_INDEX = -100
+
+
+class FinetuneDataError(ValueError):
+    """Bad fine-tuning data; the message is one line naming file, row and problem."""
+
+
+def _err(path: str | Path, row: int | str | None, problem: str) -> FinetuneDataError:
+    where = f"{path}" if row is None else f"{path}: row {row}"
+    return FinetuneDataError(f"{where}: {problem}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# sequence classification
+
+
+@dataclass
+class TextExample:
+    text_a: str
+    text_b: str | None
+    label: str
+    row: int
+
+
+def _read_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """Rows of a TSV/CSV (header row) or JSONL file as `(line_number, mapping)`."""
+    suffix = path.suffix.lower()
+    if not path.is_file():
+        raise _err(path, None, "file does not exist")
+    text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        raise _err(path, None, "file is empty")
+    rows: list[tuple[int, dict[str, Any]]] = []
+    if suffix == ".jsonl" or suffix == ".json":
+        for i, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise _err(path, i, f"malformed JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise _err(path, i, "malformed row: expected a JSON object")
+            rows.append((i, obj))
+        return rows
+    if suffix not in (".tsv", ".csv", ".txt"):
+        raise _err(path, None, f"unsupported extension {suffix!r} (expected .tsv, .csv or .jsonl)")
+    # GLUE TSVs contain bare quotes inside sentences: no quoting for TSV; standard quoting for CSV.
+    reader = (
+        csv.reader(text.splitlines(), delimiter="\t", quoting=csv.QUOTE_NONE)
+        if suffix != ".csv"
+        else csv.reader(text.splitlines())
+    )
+    header: list[str] | None = None
+    for i, fields in enumerate(reader, start=1):
+        if not fields or all(not f.strip() for f in fields):
+            continue
+        if header is None:
+            header = [f.strip() for f in fields]
+            continue
+        if len(fields) != len(header):
+            raise _err(path, i, f"malformed row: {len(fields)} fields, header has {len(header)}")
+        rows.append((i, dict(zip(header, fields))))
+    if not rows:
+        raise _err(path, None, "file has a header but no rows")
+    return rows
+
+
+def read_classification(path: str | Path, text_columns: list[str] | None = None, label_column: str = "label") -> list[TextExample]:
+    """Examples of a TSV/CSV/JSONL file with `sentence` or `sentence1`/`sentence2` and `label`.
+
+    `text_columns` overrides the detection (one or two names).
+    """
+    path = Path(path)
+    rows = _read_rows(path)
+    first_line, first = rows[0]
+    if text_columns:
+        cols = list(text_columns)
+    elif "sentence1" in first:
+        cols = ["sentence1", "sentence2"]
+    else:
+        cols = ["sentence"]
+    out = []
+    for line, row in rows:
+        missing = [c for c in [*cols, label_column] if c not in row]
+        if missing:
+            raise _err(path, line, f"missing column(s) {', '.join(missing)}; has {', '.join(map(str, row))}")
+        label = row[label_column]
+        if label is None or str(label).strip() == "":
+            raise _err(path, line, f"empty {label_column!r}")
+        a = row[cols[0]]
+        b = row[cols[1]] if len(cols) > 1 else None
+        if not isinstance(a, str) or (b is not None and not isinstance(b, str)):
+            raise _err(path, line, "malformed row: text is not a string")
+        out.append(TextExample(a, b, str(label).strip(), line))
+    return out
+
+
+def _is_number(s: str) -> bool:
+    try:
+        return math.isfinite(float(s))
+    except ValueError:
+        return False
+
+
+def infer_labels(labels: list[str]) -> tuple[str, list[str]]:
+    """`("regression", [])` for non-integer numeric labels, else `("classification", sorted label names)`.
+
+    `infer_labels(["b", "a", "b"]) -> ("classification", ["a", "b"])`;
+    `infer_labels(["10", "2"]) -> ("classification", ["2", "10"])`; `infer_labels(["0.5", "3"]) -> ("regression", [])`
+    """
+    if labels and all(_is_number(x) for x in labels):
+        if any(float(x) != int(float(x)) or "." in x or "e" in x.lower() for x in labels):
+            return "regression", []
+        return "classification", sorted(set(labels), key=lambda x: float(x))
+    return "classification", sorted(set(labels))
+
+
+def label_ids(examples: list[TextExample], problem: str, label2id: dict[str, int], path: str | Path) -> np.ndarray:
+    """Label array: float for regression, ids for classification (unknown label -> error naming the row)."""
+    if problem == "regression":
+        out = []
+        for ex in examples:
+            if not _is_number(ex.label):
+                raise _err(path, ex.row, f"label {ex.label!r} is not a number (regression task)")
+            out.append(float(ex.label))
+        return np.asarray(out, dtype=np.float32)
+    ids = []
+    for ex in examples:
+        if ex.label not in label2id:
+            raise _err(path, ex.row, f"unknown label {ex.label!r} (not in the training labels: {', '.join(label2id)})")
+        ids.append(label2id[ex.label])
+    return np.asarray(ids, dtype=np.int64)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# token classification
+
+
+@dataclass
+class TaggedSentence:
+    words: list[str]
+    tags: list[str]
+    row: int  # line number of the first word
+
+
+def read_conll(path: str | Path) -> list[TaggedSentence]:
+    """Sentences of a CoNLL file: `token ... tag` per line, blank line between sentences.
+
+    Tags must be `O` or `B-X`/`I-X`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise _err(path, None, "file does not exist")
+    text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        raise _err(path, None, "file is empty")
+    out: list[TaggedSentence] = []
+    words: list[str] = []
+    tags: list[str] = []
+    start = 0
+    for i, line in enumerate(text.splitlines() + [""], start=1):
+        parts = line.split()
+        if not parts or parts[0] == "-DOCSTART-":
+            if words:
+                out.append(TaggedSentence(words, tags, start))
+            words, tags = [], []
+            continue
+        if len(parts) < 2:
+            raise _err(path, i, f"malformed row: expected 'token tag', got {line.strip()!r}")
+        tag = parts[-1]
+        if not (tag == "O" or (tag[:2] in ("B-", "I-") and len(tag) > 2)):
+            raise _err(path, i, f"malformed tag {tag!r} (expected O, B-TYPE or I-TYPE)")
+        if not words:
+            start = i
+        words.append(parts[0])
+        tags.append(tag)
+    if not out:
+        raise _err(path, None, "no sentences")
+    return out
+
+
+def tag_labels(sentences: list[TaggedSentence]) -> list[str]:
+    """Label list with `O` first, then entity tags sorted by type then B before I."""
+    tags = {t for s in sentences for t in s.tags} - {"O"}
+    return ["O"] + sorted(tags, key=lambda t: (t[2:], t[0]))
+
+
+def check_tags(sentences: list[TaggedSentence], label2id: dict[str, int], path: str | Path) -> None:
+    for s in sentences:
+        for k, t in enumerate(s.tags):
+            if t not in label2id:
+                raise _err(path, s.row + k, f"unknown label {t!r} (not in the training tags: {', '.join(label2id)})")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# question answering
+
+
+@dataclass
+class QAExample:
+    qid: str
+    question: str
+    context: str
+    answers: list[dict[str, Any]]  # [{"text", "answer_start"}]; empty for unanswerable
+    is_impossible: bool = False
+
+
+def read_squad(path: str | Path) -> tuple[list[QAExample], bool]:
+    """Questions of a SQuAD v1.1/v2.0 JSON file and whether it is v2 (`version` "v2.0" or any `is_impossible`).
+
+    Each answer's `answer_start` must point at its `text` inside the context.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise _err(path, None, "file does not exist")
+    text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        raise _err(path, None, "file is empty")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _err(path, e.lineno, f"malformed JSON ({e.msg})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
+        raise _err(path, None, "missing top-level 'data' list (SQuAD format)")
+    v2 = str(doc.get("version", "")).startswith("v2")
+    out: list[QAExample] = []
+    for a, article in enumerate(doc["data"]):
+        for p, para in enumerate(article.get("paragraphs", []) if isinstance(article, dict) else []):
+            if not isinstance(para, dict) or not isinstance(para.get("context"), str) or "qas" not in para:
+                raise _err(path, f"data[{a}].paragraphs[{p}]", "malformed paragraph: needs 'context' and 'qas'")
+            ctx = para["context"]
+            for q, qa in enumerate(para["qas"]):
+                qid = str(qa.get("id", f"data[{a}].paragraphs[{p}].qas[{q}]"))
+                if not isinstance(qa.get("question"), str):
+                    raise _err(path, qid, "missing 'question'")
+                impossible = bool(qa.get("is_impossible", False))
+                v2 = v2 or impossible
+                answers = qa.get("answers", [])
+                if not isinstance(answers, list) or (not impossible and not answers):
+                    raise _err(path, qid, "answerable question without 'answers'")
+                for ans in answers:
+                    if not isinstance(ans, dict) or "text" not in ans or "answer_start" not in ans:
+                        raise _err(path, qid, "malformed answer: needs 'text' and 'answer_start'")
+                    s = ans["answer_start"]
+                    if not isinstance(s, int) or ctx[s : s + len(ans["text"])] != ans["text"]:
+                        raise _err(path, qid, f"answer {ans['text']!r} is not at answer_start {s} of the context")
+                out.append(QAExample(qid, qa["question"], ctx, [] if impossible else answers, impossible))
+    if not out:
+        raise _err(path, None, "no questions")
+    return out, v2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tokenization
+
+
+def load_tokenizer(path: str | Path):
+    """A `tokenizers.Tokenizer` from a checkpoint dir (tokenizer.json, else vocab.txt) or a file, with padding
+    and truncation off (windowing and padding are done here)."""
+    from tokenizers import Tokenizer
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    p = Path(path)
+    if p.is_dir():
+        if (p / "tokenizer.json").is_file():
+            p = p / "tokenizer.json"
+        elif (p / "vocab.txt").is_file():
+            p = p / "vocab.txt"
+        else:
+            raise FinetuneDataError(f"{path}: no tokenizer.json or vocab.txt")
+    if not p.is_file():
+        raise FinetuneDataError(f"{p}: tokenizer file does not exist")
+    if p.suffix == ".json":
+        tok = Tokenizer.from_file(str(p))
+    else:
+        lower = True
+        cfg = p.parent / "tokenizer_config.json"
+        if cfg.is_file():
+            lower = bool(json.loads(cfg.read_text()).get("do_lower_case", True))
+        tok = BertWordPieceTokenizer(str(p), lowercase=lower)
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+def _special(tok, name: str) -> int:
+    i = tok.token_to_id(name)
+    if i is None:
+        raise FinetuneDataError(f"tokenizer has no {name} token")
+    return i
+
+
+def encode_classification(tok, examples: list[TextExample], max_seq_length: int) -> dict[str, list[list[int]]]:
+    """`input_ids`/`token_type_ids` per example ([CLS] a [SEP] (b [SEP])), longest-first truncation."""
+    tok.enable_truncation(max_seq_length, strategy="longest_first")
+    try:
+        ids, tt = [], []
+        for ex in examples:
+            enc = tok.encode(ex.text_a, ex.text_b) if ex.text_b is not None else tok.encode(ex.text_a)
+            ids.append(enc.ids)
+            tt.append(enc.type_ids)
+    finally:
+        tok.no_truncation()
+    return {"input_ids": ids, "token_type_ids": tt}
+
+
+def encode_tokens(
+    tok, sentences: list[TaggedSentence], label2id: dict[str, int], max_seq_length: int
+) -> dict[str, list[list[int]]]:
+    """WordPiece ids with the word label on each word's first piece, -100 elsewhere; `word_ids` per token.
+
+    Words cut off by `max_seq_length` are absent from the features (they are scored as `O` at evaluation).
+    """
+    tok.enable_truncation(max_seq_length)
+    try:
+        ids, tt, labels, word_ids = [], [], [], []
+        for s in sentences:
+            enc = tok.encode(s.words, is_pretokenized=True)
+            wid = enc.word_ids
+            lab, prev = [], None
+            for w in wid:
+                lab.append(label2id[s.tags[w]] if w is not None and w != prev else IGNORE_INDEX)
+                prev = w
+            ids.append(enc.ids)
+            tt.append(enc.type_ids)
+            labels.append(lab)
+            word_ids.append([-1 if w is None else w for w in wid])
+    finally:
+        tok.no_truncation()
+    return {"input_ids": ids, "token_type_ids": tt, "labels": labels, "word_ids": word_ids}
+
+
+def encode_qa(
+    tok,
+    examples: list[QAExample],
+    max_seq_length: int,
+    doc_stride: int,
+    max_query_length: int = 64,
+) -> tuple[dict[str, list], list[dict[str, Any]]]:
+    """Windows `[CLS] question [SEP] context-piece [SEP]` over each context, overlapping by `doc_stride` tokens.
+
+    Returns features (`input_ids`, `token_type_ids`, `start_positions`, `end_positions`) and one dict per window
+    (`example_id`, `offsets`: (char_start, char_end) per token for context tokens, None elsewhere).
+    Example: a context of 10 tokens, room for 4 per window, doc_stride 2 -> windows start at tokens 0, 2, 4, 6.
+    """
+    cls_id, sep_id = _special(tok, "[CLS]"), _special(tok, "[SEP]")
+    feats: dict[str, list] = {"input_ids": [], "token_type_ids": [], "start_positions": [], "end_positions": []}
+    windows: list[dict[str, Any]] = []
+    for ex in examples:
+        q = tok.encode(ex.question, add_special_tokens=False).ids[:max_query_length]
+        c = tok.encode(ex.context, add_special_tokens=False)
+        room = max_seq_length - len(q) - 3
+        if room <= doc_stride:
+            raise FinetuneDataError(
+                f"max_seq_length {max_seq_length} leaves {room} context tokens per window for question {ex.qid}, "
+                f"not more than doc_stride {doc_stride}"
+            )
+        step = room - doc_stride
+        if ex.answers:
+            a0 = ex.answers[0]
+            a_start, a_end = a0["answer_start"], a0["answer_start"] + len(a0["text"])
+        n = len(c.ids)
+        begin = 0
+        while True:
+            end = min(begin + room, n)
+            ids = [cls_id, *q, sep_id, *c.ids[begin:end], sep_id]
+            tt = [0] * (len(q) + 2) + [1] * (end - begin + 1)
+            off: list[tuple[int, int] | None] = [None] * (len(q) + 2) + list(c.offsets[begin:end]) + [None]
+            sp = ep = 0
+            if ex.answers:
+                # first context token ending after the answer start; last one starting before its end
+                toks = [k for k in range(begin, end) if c.offsets[k][1] > a_start and c.offsets[k][0] < a_end]
+                if toks and c.offsets[toks[0]][0] <= a_start and c.offsets[toks[-1]][1] >= a_end:
+                    sp, ep = toks[0] - begin + len(q) + 2, toks[-1] - begin + len(q) + 2
+            feats["input_ids"].append(ids)
+            feats["token_type_ids"].append(tt)
+            feats["start_positions"].append(sp)
+            feats["end_positions"].append(ep)
+            windows.append({"example_id": ex.qid, "offsets": off})
+            if end >= n:
+                break
+            begin += step
+    return feats, windows
+
+
+def pad_batch(rows: dict[str, list], idx: list[int] | np.ndarray, pad_id: int = 0) -> dict[str, np.ndarray]:
+    """Pad the selected rows of each per-token feature to the batch's longest; add `attention_mask`.
+
+    Per-token features (`input_ids`, `token_type_ids`, `labels` for token tasks) are padded with `pad_id`, 0, -100;
+    scalar features (`labels` for sequences, start/end positions) are stacked.
+
+        >>> b = pad_batch({"input_ids": [[101, 7, 102], [101, 102]], "token_type_ids": [[0, 0, 0], [0, 0]]}, [0, 1])
+        >>> b["input_ids"].tolist(), b["attention_mask"].tolist()
+        ([[101, 7, 102], [101, 102, 0]], [[1, 1, 1], [1, 1, 0]])
+    """
+    seqs = [rows["input_ids"][i] for i in idx]
+    L = max(len(s) for s in seqs)
+    out: dict[str, np.ndarray] = {}
+    for key, values in rows.items():
+        if key == "word_ids":
+            continue
+        sel = [values[i] for i in idx]
+        if isinstance(sel[0], (list, tuple, np.ndarray)):
+            fill = pad_id if key == "input_ids" else (IGNORE_INDEX if key == "labels" else 0)
+            arr = np.full((len(sel), L), fill, dtype=np.int64)
+            for r, s in enumerate(sel):
+                arr[r, : len(s)] = s
+            out[key] = arr
+        else:
+            out[key] = np.asarray(sel)
+    mask = np.zeros((len(seqs), L), dtype=np.int64)
+    for r, s in enumerate(seqs):
+        mask[r, : len(s)] = 1
+    out["attention_mask"] = mask
+    return out
+
+
+@dataclass
+class TaskData:
+    """Tokenized train and eval features plus what evaluation needs to map predictions back to examples."""
+
+    task: str
+    train: dict[str, list]
+    eval: dict[str, list]
+    id2label: dict[int, str] = field(default_factory=dict)
+    problem_type: str = "single_label_classification"
+    eval_tags: list[list[str]] = field(default_factory=list)  # token task: gold tags per eval sentence
+    eval_windows: list[dict[str, Any]] = field(default_factory=list)  # QA: one per eval feature row
+    eval_contexts: dict[str, str] = field(default_factory=dict)  # QA: context per question id
+    eval_answers: dict[str, list[str]] = field(default_factory=dict)  # QA: gold texts per question id
+    version_2: bool = False
+
+    @property
+    def num_labels(self) -> int:
+        return 1 if self.problem_type == "regression" else max(len(self.id2label), 2 if self.task == "question-answering" else 1)
+
+
+def prepare_task(
+    task: str,
+    train_path: str | Path,
+    eval_path: str | Path,
+    tokenizer_path: str | Path,
+    max_seq_length: int = 128,
+    doc_stride: int = 64,
+    max_query_length: int = 64,
+    max_train_examples: int | None = None,
+    max_eval_examples: int | None = None,
+    seed: int = 0,
+) -> TaskData:
+    """Read, validate and tokenize both files for `task`. Subsets (`max_*_examples`) are a seeded random sample
+    of the training file (so a subset keeps every class) and the first rows of the eval file."""
+    tok = load_tokenizer(tokenizer_path)
+    rng = np.random.default_rng(seed)
+
+    def subset(items: list, n: int | None, shuffle: bool) -> list:
+        if n is None or n >= len(items):
+            return items
+        if shuffle:
+            return [items[i] for i in sorted(rng.choice(len(items), n, replace=False))]
+        return items[:n]
+
+    if task == "sequence-classification":
+        tr = subset(read_classification(train_path), max_train_examples, True)
+        ev = subset(read_classification(eval_path), max_eval_examples, False)
+        problem, names = infer_labels([e.label for e in tr])
+        label2id = {n: i for i, n in enumerate(names)}
+        td = TaskData(task, encode_classification(tok, tr, max_seq_length), encode_classification(tok, ev, max_seq_length))
+        td.train["labels"] = label_ids(tr, problem, label2id, train_path).tolist()
+        td.eval["labels"] = label_ids(ev, problem, label2id, eval_path).tolist()
+        if problem == "regression":
+            td.problem_type = "regression"
+        else:
+            td.id2label = dict(enumerate(names))
+        return td
+    if task == "token-classification":
+        tr = subset(read_conll(train_path), max_train_examples, True)
+        ev = subset(read_conll(eval_path), max_eval_examples, False)
+        names = tag_labels(tr)
+        label2id = {n: i for i, n in enumerate(names)}
+        check_tags(ev, label2id, eval_path)
+        td = TaskData(task, encode_tokens(tok, tr, label2id, max_seq_length), encode_tokens(tok, ev, label2id, max_seq_length))
+        td.id2label = dict(enumerate(names))
+        td.eval_tags = [s.tags for s in ev]
+        return td
+    if task == "question-answering":
+        tr, _ = read_squad(train_path)
+        ev, v2 = read_squad(eval_path)
+        tr = subset(tr, max_train_examples, True)
+        ev = subset(ev, max_eval_examples, False)
+        train_feats, _ = encode_qa(tok, tr, max_seq_length, doc_stride, max_query_length)
+        eval_feats, windows = encode_qa(tok, ev, max_seq_length, doc_stride, max_query_length)
+        td = TaskData(task, train_feats, eval_feats, problem_type="question_answering")
+        td.eval_windows = windows
+        td.eval_contexts = {e.qid: e.context for e in ev}
+        td.eval_answers = {e.qid: [a["text"] for a in e.answers] for e in ev}
+        td.version_2 = v2
+        return td
+    raise FinetuneDataError(f"unknown task {task!r} (sequence-classification, token-classification, question-answering)")

@@ -1,0 +1,225 @@
+"""Fine-tuning readers and tokenization: label maps, first-WordPiece labels, QA windows, one-line data errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline import finetune_data as D
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="module")
+def tok(minilm_dir):
+    return D.load_tokenizer(minilm_dir)
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+# -- sequence classification -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        ("t.tsv", 'sentence\tlabel\nAnd Ruth said "Intreat me not"\tb\nNaomi wept\ta\n'),
+        ("t.csv", 'sentence,label\n"And Ruth said ""Intreat me not"""  ,b\nNaomi wept,a\n'),
+        ("t.jsonl", '{"sentence": "And Ruth said \\"Intreat me not\\"", "label": "b"}\n\n{"sentence": "Naomi wept", "label": "a"}\n'),
+    ],
+)
+def test_read_classification_formats(tmp_path, name, text):
+    ex = D.read_classification(write(tmp_path, name, text))
+    assert [e.text_a.strip() for e in ex] == ['And Ruth said "Intreat me not"', "Naomi wept"]
+    assert [e.label for e in ex] == ["b", "a"] and ex[0].text_b is None
+
+
+def test_sentence_pairs_and_label_inference(tmp_path):
+    ex = D.read_classification(write(tmp_path, "p.tsv", "sentence1\tsentence2\tlabel\nA\tB\t3.8\nC\tD\t5.000\n"))
+    assert (ex[0].text_a, ex[0].text_b) == ("A", "B")
+    assert D.infer_labels([e.label for e in ex]) == ("regression", [])
+    assert D.infer_labels(["b", "a", "b"]) == ("classification", ["a", "b"])
+    assert D.infer_labels(["10", "2", "0"]) == ("classification", ["0", "2", "10"])
+
+
+def test_pydocs_task_label_map(shared_dir, minilm_dir):
+    task = shared_dir / "tasks" / "pydocs_topic"
+    td = D.prepare_task(
+        "sequence-classification", task / "train.tsv", task / "dev.tsv", minilm_dir, max_seq_length=64,
+        max_train_examples=120, max_eval_examples=50,
+    )
+    assert td.id2label == dict(enumerate(["c-api", "howto", "library", "reference", "tutorial", "whatsnew"]))
+    assert len(td.train["input_ids"]) == 120 and len(td.eval["labels"]) == 50
+    assert max(len(x) for x in td.train["input_ids"]) == 64
+    # the first dev row is "... ``__slots__`` ..." style text whose label name maps back
+    first = (task / "dev.tsv").read_text().splitlines()[1].split("\t")
+    assert td.id2label[td.eval["labels"][0]] == first[1]
+    # the seeded subset keeps several classes
+    assert len(set(td.train["labels"])) == 6
+
+
+def test_pair_encoding_matches_transformers(tok, minilm_dir):
+    transformers = pytest.importorskip("transformers")
+    ref = transformers.BertTokenizerFast.from_pretrained(str(minilm_dir))
+    ex = [D.TextExample("Naomi said unto Ruth, Go!", "And Ruth clave unto her " * 10, "a", 1)]
+    enc = D.encode_classification(tok, ex, 24)
+    want = ref("Naomi said unto Ruth, Go!", "And Ruth clave unto her " * 10, truncation="longest_first", max_length=24)
+    assert enc["input_ids"][0] == want["input_ids"] and enc["token_type_ids"][0] == want["token_type_ids"]
+
+
+def test_pad_batch():
+    rows = {"input_ids": [[101, 7, 102], [101, 102]], "token_type_ids": [[0, 0, 0], [0, 0]],
+            "labels": [[-100, 3, -100], [-100, -100]]}
+    b = D.pad_batch(rows, [1, 0])
+    assert b["input_ids"].tolist() == [[101, 102, 0], [101, 7, 102]]
+    assert b["labels"].tolist() == [[-100, -100, -100], [-100, 3, -100]]
+    assert b["attention_mask"].tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert D.pad_batch({"input_ids": [[1], [1, 2]], "labels": [4, 5]}, [0, 1])["labels"].tolist() == [4, 5]
+
+
+# -- token classification --------------------------------------------------------------------------------------
+
+
+def test_conll_first_wordpiece_labels(tmp_path, tok):
+    p = write(tmp_path, "a.conll", "-DOCSTART- -X- O\n\nNaomi NNP B-PER\nunto IN O\nBethlehemjudah NNP B-LOC\n\nthe O\nLORD B-DEITY\nGod I-DEITY\n")
+    sents = D.read_conll(p)
+    assert [s.words for s in sents] == [["Naomi", "unto", "Bethlehemjudah"], ["the", "LORD", "God"]]
+    assert sents[0].row == 3 and sents[1].row == 7
+    names = D.tag_labels(sents)
+    assert names == ["O", "B-DEITY", "I-DEITY", "B-LOC", "B-PER"]
+    l2i = {n: i for i, n in enumerate(names)}
+    enc = D.encode_tokens(tok, sents, l2i, 32)
+    # [CLS] naomi unto bethlehem ##ju ##dah [SEP]: label on 'bethlehem' only
+    assert [tok.id_to_token(i) for i in enc["input_ids"][0]] == [
+        "[CLS]", "naomi", "unto", "bethlehem", "##ju", "##dah", "[SEP]"]
+    assert enc["labels"][0] == [-100, l2i["B-PER"], l2i["O"], l2i["B-LOC"], -100, -100, -100]
+    assert enc["word_ids"][0] == [-1, 0, 1, 2, 2, 2, -1]
+    assert enc["labels"][1] == [-100, l2i["O"], l2i["B-DEITY"], l2i["I-DEITY"], -100]
+
+
+def test_bible_fixture_tags(tok):
+    sents = D.read_conll(DATA / "bible_ner_train.conll")
+    tags = {t for s in sents for t in s.tags}
+    assert tags == {"O", "B-PER", "B-LOC", "B-DEITY", "I-DEITY"}
+    words = [w for s in sents for w, t in zip(s.words, s.tags) if t == "B-DEITY"]
+    assert set(words) == {"LORD"}
+
+
+# -- QA ----------------------------------------------------------------------------------------------------------
+
+
+def _squad(qas, context="Naomi had a kinsman of her husband's, a mighty man of wealth, and his name was Boaz.", version=None):
+    doc = {"data": [{"title": "Ruth 2", "paragraphs": [{"context": context, "qas": qas}]}]}
+    if version:
+        doc["version"] = version
+    return json.dumps(doc)
+
+
+def test_read_squad_v1_v2(tmp_path):
+    ctx = "Naomi had a kinsman of her husband's, a mighty man of wealth, and his name was Boaz."
+    v1 = write(tmp_path, "v1.json", _squad([{"id": "a", "question": "who was the kinsman?",
+                                              "answers": [{"text": "Boaz", "answer_start": ctx.index("Boaz")}]}]))
+    ex, v2 = D.read_squad(v1)
+    assert not v2 and ex[0].answers[0]["text"] == "Boaz"
+    p = write(tmp_path, "v2.json", _squad([{"id": "u", "question": "who wept?", "answers": [], "is_impossible": True}]))
+    ex, v2 = D.read_squad(p)
+    assert v2 and ex[0].is_impossible and ex[0].answers == []
+
+
+def test_qa_windows_stride_and_positions(tmp_path, tok):
+    ex, _ = D.read_squad(DATA / "bible_squad_train.json")
+    feats, windows = D.encode_qa(tok, ex[:40], max_seq_length=64, doc_stride=16, max_query_length=24)
+    by_q: dict[str, list[int]] = {}
+    for i, w in enumerate(windows):
+        by_q.setdefault(w["example_id"], []).append(i)
+    assert any(len(v) >= 3 for v in by_q.values())  # long contexts are split
+    exs = {e.qid: e for e in ex[:40]}
+    for qid, idxs in by_q.items():
+        e = exs[qid]
+        found = 0
+        for i in idxs:
+            ids, off = feats["input_ids"][i], windows[i]["offsets"]
+            assert len(ids) <= 64 and ids[0] == tok.token_to_id("[CLS]") and ids[-1] == tok.token_to_id("[SEP]")
+            s, t = feats["start_positions"][i], feats["end_positions"][i]
+            if s:
+                found += 1
+                assert e.context[off[s][0] : off[t][1]] == e.answers[0]["text"]
+        # an answerable question has its answer whole in at least one window; an impossible one in none
+        assert (found > 0) == (not e.is_impossible)
+        # consecutive windows overlap by exactly doc_stride context tokens
+        ctx_offs = [[o for o in windows[i]["offsets"] if o is not None] for i in idxs]
+        for a, b in zip(ctx_offs, ctx_offs[1:]):
+            assert a[-16:] == b[:16]
+        # together the windows cover every context token
+        assert ctx_offs[0][0][0] == 0 and ctx_offs[-1][-1][1] == len(e.context.rstrip())
+
+
+# -- bad data: one line naming file, row and problem ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, text, msg",
+    [
+        ("e.tsv", "", "e.tsv: file is empty"),
+        ("h.tsv", "sentence\tlabel\n", "h.tsv: file has a header but no rows"),
+        ("m.tsv", "text\tlabel\nNaomi wept\ta\n", "m.tsv: row 2: missing column(s) sentence"),
+        ("r.tsv", "sentence\tlabel\nNaomi wept\ta\nRuth\tb\textra\n", "r.tsv: row 3: malformed row: 3 fields, header has 2"),
+        ("j.jsonl", '{"sentence": "a", "label": "x"}\n{"sentence": "b", "label": \n', "j.jsonl: row 2: malformed JSON"),
+        ("l.tsv", "sentence\tlabel\nNaomi wept\t\n", "l.tsv: row 2: empty 'label'"),
+    ],
+)
+def test_classification_bad_data(tmp_path, name, text, msg):
+    with pytest.raises(D.FinetuneDataError) as e:
+        D.read_classification(write(tmp_path, name, text))
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unknown_eval_label(tmp_path, minilm_dir):
+    tr = write(tmp_path, "train.tsv", "sentence\tlabel\nNaomi wept\ta\nRuth clave\tb\n")
+    ev = write(tmp_path, "dev.tsv", "sentence\tlabel\nNaomi wept\ta\nBoaz\tc\n")
+    with pytest.raises(D.FinetuneDataError, match=r"dev.tsv: row 3: unknown label 'c' \(not in the training labels: a, b\)"):
+        D.prepare_task("sequence-classification", tr, ev, minilm_dir)
+
+
+@pytest.mark.parametrize(
+    "text, msg",
+    [
+        ("Naomi B-PER\nwept\n", "row 2: malformed row: expected 'token tag'"),
+        ("Naomi PER\n", "row 1: malformed tag 'PER'"),
+        ("\n\n", "file is empty"),
+    ],
+)
+def test_conll_bad_data(tmp_path, text, msg):
+    with pytest.raises(D.FinetuneDataError, match=msg):
+        D.read_conll(write(tmp_path, "x.conll", text))
+
+
+def test_conll_unknown_eval_tag(tmp_path, minilm_dir):
+    tr = write(tmp_path, "tr.conll", "Naomi B-PER\nwept O\n")
+    ev = write(tmp_path, "ev.conll", "Naomi B-PER\n\nMoab B-LOC\n")
+    with pytest.raises(D.FinetuneDataError, match=r"ev.conll: row 3: unknown label 'B-LOC'"):
+        D.prepare_task("token-classification", tr, ev, minilm_dir)
+
+
+def test_squad_bad_answer_and_missing_data(tmp_path):
+    p = write(tmp_path, "s.json", _squad([{"id": "q7", "question": "who?", "answers": [{"text": "Boaz", "answer_start": 3}]}]))
+    with pytest.raises(D.FinetuneDataError, match=r"s.json: row q7: answer 'Boaz' is not at answer_start 3"):
+        D.read_squad(p)
+    p = write(tmp_path, "n.json", json.dumps({"version": "1.1"}))
+    with pytest.raises(D.FinetuneDataError, match="missing top-level 'data'"):
+        D.read_squad(p)
+    p = write(tmp_path, "b.json", '{"data": [')
+    with pytest.raises(D.FinetuneDataError, match=r"b.json: row 1: malformed JSON"):
+        D.read_squad(p)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(D.FinetuneDataError, match="does not exist"):
+        D.read_classification(tmp_path / "nope.tsv")
