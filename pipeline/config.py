@@ -69,6 +69,16 @@ class DataConfig:
     """Number of Parquet shards (balanced in rows)."""
     seed: int = 12345
     """Seed for pair creation and masking; randomness derives from it and document/example identity."""
+    num_actors: int = 2
+    """Ray Data actors that tokenize and build examples; the output does not depend on it."""
+    random_pool_size: int = 20000
+    """Sentence windows (about max_seq_length tokens each) sampled from the whole corpus for random-next B."""
+    vocab_sample_chars: int = 50_000_000
+    """Characters of text (spread over the input files) a new WordPiece vocabulary is trained on."""
+    chunk_chars: int = 4_000_000
+    """Characters of text per intermediate token chunk: the unit of parallel work, memory and resume."""
+    overwrite: bool = False
+    """Replace an output directory prepared with a different config (otherwise that is an error)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.inputs, (str, Path)):
@@ -81,6 +91,10 @@ class DataConfig:
         _check(self.dupe_factor >= 1, f"data.dupe_factor {self.dupe_factor} < 1")
         _check(self.num_shards >= 1, f"data.num_shards {self.num_shards} < 1")
         _check(self.vocab_size >= 128, f"data.vocab_size {self.vocab_size} < 128")
+        _check(self.num_actors >= 1, f"data.num_actors {self.num_actors} < 1")
+        _check(self.random_pool_size >= 1, f"data.random_pool_size {self.random_pool_size} < 1")
+        _check(self.chunk_chars >= 1, f"data.chunk_chars {self.chunk_chars} < 1")
+        _check(self.vocab_sample_chars >= 1, f"data.vocab_sample_chars {self.vocab_sample_chars} < 1")
 
 
 @dataclass

@@ -171,3 +171,119 @@ def summary_table(results: dict[str, StageResult]) -> str:
     rows += [(r.name, r.status, f"{r.seconds:.1f}", r.key[:12]) for r in results.values()]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows)
+
+
+# ---------------------------------------------------------------------------------------------- the data stages
+
+from pipeline.config import DataConfig  # noqa: E402  (appended section; annotations only)
+
+
+def data_stages(cfg: DataConfig) -> list[Stage]:
+    """vocab -> shards -> validate for one DataConfig (paths already absolute, see config.resolve_paths).
+
+    The shards stage is complete when `output/manifest.json` carries the same config hash (config fields,
+    input fingerprint, given vocabulary) and vocab; an output prepared with a different config is an error
+    unless `cfg.overwrite`. "validate" always runs (checksums) and returns the dict downstream stages use.
+    """
+    from pipeline import shards as data_job
+
+    plan = data_job.plan(cfg)  # lists inputs, checks the output dir: fails fast, before any stage writes
+    vocab = Stage(
+        "vocab",
+        lambda deps: data_job.run_vocab(plan),
+        {"vocab": plan.vocab_key},
+        done=lambda key: data_job.vocab_done(plan),
+        cache=False,
+    )
+    shards = Stage(
+        "shards",
+        lambda deps: data_job.run_shards(plan, deps["vocab"]),
+        {"config_hash": plan.config_hash},
+        deps=("vocab",),
+        done=lambda key: data_job.shards_done(plan),
+        cache=False,
+    )
+    validate = Stage(
+        "validate",
+        lambda deps: data_job.run_validate(plan),
+        {"config_hash": plan.config_hash},
+        deps=("shards",),
+        cache=False,
+    )
+    return [vocab, shards, validate]
+
+
+# ---------------------------------------------------------------------------------------------- the pretraining stages
+
+
+def phase_data_configs(cfg: Config) -> list[DataConfig]:
+    """One DataConfig per training phase: phase i's max_seq_length, masking cap and output directory.
+
+    Phases after the first reuse the first phase's vocabulary, so all phases share one embedding table.
+    """
+    import dataclasses
+
+    from pipeline.config import resolve_path
+
+    if not cfg.train.phases:
+        return [cfg.data]
+    out = []
+    for i, ph in enumerate(cfg.train.phases):
+        changes: dict[str, Any] = {"max_seq_length": ph.max_seq_length,
+                                   "output": resolve_path(ph.output) if ph.output else f"{cfg.data.output}-{ph.max_seq_length}"}
+        if ph.max_predictions_per_seq:
+            changes["max_predictions_per_seq"] = ph.max_predictions_per_seq
+        if i > 0 and cfg.data.vocab is None:
+            changes["vocab"] = f"{out[0].output}/vocab.txt"
+        out.append(dataclasses.replace(cfg.data, **changes))
+    return out
+
+
+def _nested_data_stage(name: str, dcfg: DataConfig, state_dir: str, deps: tuple[str, ...]) -> Stage:
+    """A later phase's data stages, planned when they run (their vocabulary is the first phase's output)."""
+
+    def fn(_deps: dict[str, Any]) -> Any:
+        res = run_graph(data_stages(dcfg), state_dir, remote=False)
+        return res["validate"].result
+
+    return Stage(name, fn, {"data": dcfg}, deps=deps, cache=False)
+
+
+def pretrain_stages(cfg: Config, state_dir: str, *, git_sha: str = "unknown", tracking_uri: str | None = None) -> list[Stage]:
+    """data (per phase) -> train -> evaluate -> register, for a config whose paths are absolute.
+
+    The MLflow run is created in the train stage (the Ray Train driver) under a run name derived from the config
+    hash unless `train.run_name` is set; re-running the same command resumes it from its last checkpoint.
+    """
+    from pipeline import train as pretrain  # stage bodies live beside the loop
+
+    from pipeline.tracking import tracking_uri as default_uri
+
+    uri = tracking_uri or default_uri()  # absolute: the stages run as Ray tasks with another cwd
+    data_cfgs = phase_data_configs(cfg)
+    stages = data_stages(data_cfgs[0])
+    data_deps = ["validate"]
+    for i, dcfg in enumerate(data_cfgs[1:], start=1):
+        stages.append(_nested_data_stage(f"data_phase{i}", dcfg, state_dir, ("validate",)))
+        data_deps.append(f"data_phase{i}")
+    run_name = cfg.train.run_name or pretrain.default_run_name(cfg)
+    key_cfg = {"model": cfg.model, "train": cfg.train, "experiment": cfg.tracking.experiment, "run_name": run_name}
+    train = Stage(
+        "train",
+        lambda deps: pretrain.train_stage(cfg, [deps[d] for d in data_deps], run_name, git_sha, uri),
+        key_cfg,
+        deps=tuple(data_deps),
+    )
+    evaluate = Stage(
+        "evaluate",
+        lambda deps: pretrain.evaluate_stage(cfg, deps["train"], deps[data_deps[-1]], uri),
+        {"eval": "final-held-out"},
+        deps=("train", data_deps[-1]),
+    )
+    register = Stage(
+        "register",
+        lambda deps: pretrain.register_stage(cfg, deps["train"], deps["validate"], git_sha, uri),
+        {"model_name": cfg.tracking.model_name, "alias": cfg.tracking.alias},
+        deps=("train", "evaluate", "validate"),
+    )
+    return [*stages, train, evaluate, register]

@@ -1,0 +1,107 @@
+"""Raw text -> masked-example Parquet shards + manifest (DESIGN.md), as the data part of the stage graph.
+
+    python jobs/prepare_data.py --input ../shared/corpora --output data/prepared --vocab-size 8000
+    python jobs/prepare_data.py --input books/ --input wiki.jsonl.gz --output s3://bucket/prep --vocab vocab.txt
+
+Also accepts `--config FILE` (its `data` section) and `--data.field value` overrides. Runs on the Ray cluster in
+RAY_ADDRESS, or starts a local one. Re-running with the same config and inputs does nothing; an interrupted run
+resumes. Bad input exits 1 with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--input", action="append", default=None, help="file or folder; repeat for several")
+    ap.add_argument("--output", default=None, help="output directory or URI")
+    voc = ap.add_mutually_exclusive_group()
+    voc.add_argument("--vocab", default=None, help="existing vocab.txt or tokenizer.json")
+    voc.add_argument("--vocab-size", type=int, default=None, help="train a WordPiece vocabulary of this size")
+    ap.add_argument("--max-seq-length", type=int, default=None)
+    ap.add_argument("--masking", choices=["static", "dynamic"], default=None)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--config", default=None, help="YAML with a `data` section")
+    ap.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray started when RAY_ADDRESS is unset")
+    return ap.parse_known_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, rest = parse(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from pipeline.config import ConfigError, load_config, resolve_paths
+    from pipeline.shards import DataValidationError, OutputExistsError
+    from pipeline.sources import InputError
+    from pipeline.tokenizer import VocabError
+
+    try:
+        flags = {"inputs": args.input, "output": args.output, "vocab": args.vocab, "vocab_size": args.vocab_size,
+                 "max_seq_length": args.max_seq_length, "masking": args.masking, "seed": args.seed}
+        overrides = list(rest)
+        for k, v in flags.items():
+            if v is not None:
+                overrides += [f"--data.{k}", json.dumps(v)]
+        cfg = resolve_paths(load_config(args.config, overrides))
+        if not cfg.data.inputs:
+            raise InputError("no input given (--input PATH)")
+        return run(cfg.data, args.num_cpus)
+    except (ConfigError, InputError, OutputExistsError, VocabError, DataValidationError) as e:
+        print(f"prepare_data: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("prepare_data: interrupted; re-run the same command to resume", file=sys.stderr)
+        return 130
+
+
+def run(data, num_cpus: int | None) -> int:
+    import ray
+
+    from pipeline.dag import data_stages, run_graph, summary_table
+    from pipeline.sources import InputError
+
+    stages = data_stages(data)  # lists inputs and checks the output before Ray starts
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS"), num_cpus=num_cpus, include_dashboard=False,
+                 configure_logging=False, log_to_driver=True)
+    try:
+        results = run_graph(stages, state_dir=os.path.join(data.output, "_state"), remote=False,
+                            log=lambda m: print(m, flush=True))
+    except InputError:
+        raise
+    except Exception as e:  # a stage's InputError comes back wrapped when stages run as Ray tasks
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, InputError):
+            raise cause from None
+        raise
+    finally:
+        ray.shutdown()
+    v = results["validate"].result
+    shards = results["shards"]
+    print(summary_table(results))
+    s = shards.result
+    rows = [
+        ("documents read / written / rejected", f"{s['documents_read']} / {s['documents_written']} / {s['documents_rejected']}"),
+        ("rejected reasons", ", ".join(f"{k}={n}" for k, n in s["rejected_reasons"].items()) or "-"),
+        ("examples", str(v["examples"])),
+        ("tokens", str(v["tokens"])),
+        ("masked tokens", str(s["masked_tokens"])),
+        ("nsp random fraction", "-" if s["nsp_random_fraction"] is None else f"{s['nsp_random_fraction']:.4f}"),
+        ("shards (rows)", f"{len(v['shards'])} ({', '.join(str(x['rows']) for x in v['shards'])})"),
+        ("config_hash", v["config_hash"][:16]),
+        ("manifest", v["manifest"]),
+    ]
+    w = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k.ljust(w)}  {val}" for k, val in rows))
+    if shards.status == "skipped":
+        print(f"output {data.output} is up to date (config_hash {v['config_hash'][:12]}); nothing to do")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,810 @@
+"""Examples to balanced Parquet shards: schema, the three passes on Ray Data, atomic writes, manifest, validation.
+
+    files ─► [tokenize: actors] ─► token chunks + pool candidates ─► pool (bottom-k) ─►
+            [examples: actors] ─► example chunks ─► [shards: tasks] ─► shards/*.parquet ─► manifest.json
+
+1. tokenize: one Ray Data row per input file; an actor (holding the tokenizer) reads its documents, rejects bad
+   ones with reasons, splits sentences, encodes them (`encode_batch_fast`, no special tokens) and writes token
+   chunks of about `chunk_chars` characters, plus its file's bottom-k random-pool windows, then a done marker.
+2. examples: the global pool is merged (bottom-k of hash(seed, doc_id, window), so it does not depend on the
+   partitioning); one row per token chunk; an actor builds NSP pairs (or MLM-only packs) per document with an
+   RNG from (seed, doc_id, dupe) and masks them (static) with pipeline.masking; writes an example chunk.
+3. shards: example chunks in order form one sequence, cut into `num_shards` contiguous parts whose sizes differ
+   by at most one row; each shard is streamed to a temporary name, then renamed.
+
+Everything intermediate lives under `OUT/_work/<config_hash>/` and every file appears by rename, so a killed run
+resumes at the last finished file or chunk and writes the same bytes. manifest.json is written last and marks
+completion; `_work` is removed after it. Paths are fsspec paths/URIs (local, file://, s3://).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import heapq
+import json
+import os
+import random
+import sys
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.config import DataConfig, config_hash
+from pipeline.examples import (
+    RandomPool,
+    create_instances_from_document,
+    derive_seed,
+    document_windows,
+    pack_sentences,
+    split_sentences,
+)
+from pipeline.masking import MaskingPolicy, example_rng, mask_example
+from pipeline.sources import Document, InputFile, read_documents
+
+SCHEMA = pa.schema(
+    [
+        ("input_ids", pa.list_(pa.int32())),
+        ("token_type_ids", pa.list_(pa.int8())),
+        ("masked_lm_positions", pa.list_(pa.int32())),
+        ("masked_lm_ids", pa.list_(pa.int32())),
+        ("next_sentence_label", pa.int8()),
+        ("num_tokens", pa.int32()),
+        ("example_id", pa.int64()),  # extension: identity for dynamic-masking seeds
+    ]
+)
+MANIFEST_KEYS = (
+    "documents_read",
+    "documents_written",
+    "documents_rejected",
+    "rejected_reasons",
+    "examples",
+    "tokens",
+    "masked_tokens",
+    "nsp_random_fraction",
+    "seconds",
+    "config",
+    "config_hash",
+    "vocab_sha256",
+    "shards",
+)
+TOKEN_SCHEMA = pa.schema([("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32())), ("sent_lens", pa.list_(pa.int32()))])
+POOL_SCHEMA = pa.schema(
+    [("priority", pa.int64()), ("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32())), ("sent_lens", pa.list_(pa.int32()))]
+)
+
+
+class DataValidationError(ValueError):
+    """A prepared dataset that fails its manifest's checks; the message names the file and the problem."""
+
+
+class OutputExistsError(ValueError):
+    """The output directory holds a dataset prepared with a different config."""
+
+
+# ---------------------------------------------------------------------------------------------- filesystem
+
+
+def join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *parts])
+
+
+def _fs(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    return fsspec.core.url_to_fs(path)
+
+
+def exists(path: str) -> bool:
+    fs, p = _fs(path)
+    return fs.exists(p)
+
+
+def read_bytes(path: str) -> bytes:
+    fs, p = _fs(path)
+    with fs.open(p, "rb") as f:
+        return f.read()
+
+
+def read_text(path: str) -> str:
+    return read_bytes(path).decode("utf-8")
+
+
+def _tmp(path: str) -> str:
+    d, _, name = path.rpartition("/")
+    return f"{d}/.{name}.tmp-{uuid.uuid4().hex[:8]}"
+
+
+def _commit(fs: fsspec.AbstractFileSystem, tmp: str, final: str) -> None:
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if "file" in protocols:
+        os.replace(tmp, final)  # atomic on POSIX
+    else:
+        fs.mv(tmp, final)  # object stores: the object appears whole on completion of the copy
+
+
+def write_bytes_atomic(path: str, data: bytes) -> None:
+    """Write to a temporary name beside `path`, then rename: readers see all of it or nothing."""
+    fs, p = _fs(path)
+    fs.makedirs(p.rpartition("/")[0], exist_ok=True)
+    tmp = _tmp(p)
+    with fs.open(tmp, "wb") as f:
+        f.write(data)
+    _commit(fs, tmp, p)
+
+
+def write_parquet_atomic(path: str, table: pa.Table, compression: str = "zstd") -> None:
+    fs, p = _fs(path)
+    fs.makedirs(p.rpartition("/")[0], exist_ok=True)
+    tmp = _tmp(p)
+    with fs.open(tmp, "wb") as f:
+        pq.write_table(table, f, compression=compression)
+    _commit(fs, tmp, p)
+
+
+def sha256_file(path: str) -> str:
+    fs, p = _fs(path)
+    h = hashlib.sha256()
+    with fs.open(p, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_table(path: str, columns: list[str] | None = None) -> pa.Table:
+    fs, p = _fs(path)
+    with fs.open(p, "rb") as f:
+        return pq.read_table(f, columns=columns)
+
+
+# ---------------------------------------------------------------------------------------------- arrow helpers
+
+
+def list_array(rows: list[np.ndarray], dtype: pa.DataType) -> pa.ListArray:
+    """Variable-length rows -> Arrow list array, built from one flat buffer (no per-element Python)."""
+    np_dtype = dtype.to_pandas_dtype()
+    lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum(lens, out=offsets[1:])
+    values = np.concatenate(rows).astype(np_dtype, copy=False) if len(rows) and offsets[-1] else np.zeros(0, np_dtype)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, dtype))
+
+
+def list_rows(col: pa.ChunkedArray | pa.ListArray) -> list[np.ndarray]:
+    """Arrow list column -> list of numpy views (the inverse of `list_array`)."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    offsets = col.offsets.to_numpy()
+    values = col.values.to_numpy(zero_copy_only=False)
+    base = offsets[0]
+    return [values[offsets[i] - base : offsets[i + 1] - base] for i in range(len(col))] if len(col) else []
+
+
+def balanced_ranges(n: int, k: int) -> list[tuple[int, int]]:
+    """k contiguous [start, stop) ranges covering n rows, sizes differing by at most one.
+
+    >>> balanced_ranges(10, 3)
+    [(0, 4), (4, 7), (7, 10)]
+    """
+    bounds = [0]
+    for i in range(k):
+        bounds.append(bounds[-1] + n // k + (i < n % k))
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+# ---------------------------------------------------------------------------------------------- hashing/config
+
+# Fields that change the bytes of the output. num_actors, output and overwrite do not.
+_NOT_HASHED = ("inputs", "output", "num_actors", "overwrite", "vocab")
+
+
+def output_config_hash(cfg: DataConfig, fingerprint: list, vocab_source: str | None) -> str:
+    """Hash of what determines the output: config fields, input fingerprint, the given vocabulary's sha256."""
+    d = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_HASHED}
+    return config_hash({"data": d, "inputs": fingerprint, "vocab": vocab_source, "format": 1})
+
+
+def work_dir(cfg: DataConfig, chash: str) -> str:
+    return join(cfg.output, "_work", chash[:16])
+
+
+# ---------------------------------------------------------------------------------------------- pass 1
+
+
+def tokenize_file(f: InputFile, tok: Any, cfg: DataConfig, work: str) -> dict[str, Any]:
+    """Read, check, split and encode one input file into token chunks and pool candidates; returns its stats.
+
+    Skipped (stats read back) when the file's done marker exists, so a resumed run does not redo it.
+    """
+    done = join(work, "tok", f"f{f.index:06d}.done.json")
+    if exists(done):
+        return json.loads(read_text(done))
+    reasons: Counter[str] = Counter()
+    stats = {"file": f.path, "documents_read": 0, "documents_written": 0, "tokens": 0, "sentences": 0, "chunks": []}
+    pool_heap: list[tuple[int, int, int, list[np.ndarray]]] = []  # max-heap by -priority, size <= pool size
+    batch: list[Document] = []
+    chars = 0
+
+    def flush() -> None:
+        nonlocal batch, chars
+        if not batch:
+            return
+        sents_per_doc = [split_sentences(d.text) for d in batch]
+        flat = [s for ss in sents_per_doc for s in ss]
+        enc = tok.encode_batch_fast(flat, add_special_tokens=False) if flat else []
+        doc_ids, tokens, lens = [], [], []
+        k = 0
+        for d, ss in zip(batch, sents_per_doc):
+            sents = [np.asarray(e.ids, dtype=np.int32) for e in enc[k : k + len(ss)]]
+            k += len(ss)
+            sents = [s for s in sents if len(s)]
+            if not sents:
+                reasons["no_tokens"] += 1
+                continue
+            stats["documents_written"] += 1
+            doc_ids.append(d.doc_id)
+            tokens.append(np.concatenate(sents))
+            lens.append(np.array([len(s) for s in sents], dtype=np.int32))
+            stats["sentences"] += len(sents)
+            stats["tokens"] += int(len(tokens[-1]))
+            for w, win in enumerate(document_windows(sents, cfg.max_seq_length)):
+                prio = derive_seed(cfg.seed, "pool", d.doc_id, w)
+                item = (-prio, d.doc_id, w, win)
+                if len(pool_heap) < cfg.random_pool_size:
+                    heapq.heappush(pool_heap, item)
+                elif -prio > pool_heap[0][0]:
+                    heapq.heapreplace(pool_heap, item)
+        if doc_ids:
+            n = len(stats["chunks"])
+            path = join(work, "tok", f"f{f.index:06d}-c{n:05d}.parquet")
+            table = pa.table(
+                [pa.array(doc_ids, pa.int64()), list_array(tokens, pa.int32()), list_array(lens, pa.int32())],
+                schema=TOKEN_SCHEMA,
+            )
+            write_parquet_atomic(path, table, compression="lz4")
+            stats["chunks"].append({"path": path, "docs": len(doc_ids), "tokens": int(sum(len(t) for t in tokens))})
+        batch, chars = [], 0
+
+    for item in read_documents(f, cfg.text_column):
+        stats["documents_read"] += 1
+        if isinstance(item, Document):
+            batch.append(item)
+            chars += len(item.text)
+            if chars >= cfg.chunk_chars:
+                flush()
+        else:
+            reasons[item.reason] += 1
+    flush()
+    pool = sorted((-p, d, w, win) for p, d, w, win in pool_heap)
+    pool_path = join(work, "tok", f"f{f.index:06d}.pool.parquet")
+    write_parquet_atomic(
+        pool_path,
+        pa.table(
+            [
+                pa.array([p for p, *_ in pool], pa.int64()),
+                pa.array([d for _, d, _, _ in pool], pa.int64()),
+                list_array([np.concatenate(win) for *_, win in pool], pa.int32()),
+                list_array([np.array([len(s) for s in win], np.int32) for *_, win in pool], pa.int32()),
+            ],
+            schema=POOL_SCHEMA,
+        ),
+        compression="lz4",
+    )
+    stats["pool"] = pool_path
+    stats["rejected_reasons"] = dict(sorted(reasons.items()))
+    stats["documents_rejected"] = sum(reasons.values())
+    write_bytes_atomic(done, json.dumps(stats).encode())
+    return stats
+
+
+def _split(tokens: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:
+    ends = np.cumsum(lens)
+    return np.split(tokens, ends[:-1]) if len(lens) else []
+
+
+def merge_pool(pool_paths: list[str], size: int) -> RandomPool:
+    """Global bottom-`size` windows by priority over every file's candidates (partition-independent)."""
+    kept: pa.Table | None = None
+    for p in pool_paths:
+        t = read_table(p)
+        kept = t if kept is None else pa.concat_tables([kept, t])
+        if kept.num_rows > 2 * size:
+            kept = kept.sort_by([("priority", "ascending"), ("doc_id", "ascending")]).slice(0, size)
+    if kept is None or kept.num_rows == 0:
+        return RandomPool.from_windows([])
+    kept = kept.sort_by([("priority", "ascending"), ("doc_id", "ascending")]).slice(0, size)
+    docs = kept.column("doc_id").to_numpy()
+    toks = list_rows(kept.column("tokens"))
+    lens = list_rows(kept.column("sent_lens"))
+    return RandomPool.from_windows([(int(d), _split(t, l)) for d, t, l in zip(docs, toks, lens)])
+
+
+# ---------------------------------------------------------------------------------------------- pass 2
+
+
+def examples_for_chunk(
+    chunk_path: str, pool: RandomPool, cfg: DataConfig, policy: MaskingPolicy, cls_id: int, sep_id: int, out_path: str
+) -> dict[str, Any]:
+    """Build (and, for static masking, mask) the examples of one token chunk; write them; return counts."""
+    meta_path = out_path + ".json"
+    if exists(meta_path):
+        return json.loads(read_text(meta_path))
+    t = read_table(chunk_path)
+    doc_ids = t.column("doc_id").to_numpy()
+    toks = list_rows(t.column("tokens"))
+    lens = list_rows(t.column("sent_lens"))
+    docs = [(int(d), _split(tk, ln)) for d, tk, ln in zip(doc_ids, toks, lens)]
+    dupes = cfg.dupe_factor if cfg.masking == "static" else 1
+    ids, types, positions, labels, nsp, ex_ids = [], [], [], [], [], []
+    for dupe in range(dupes):  # dupe-major, as Google: copies of one document are not adjacent
+        for doc_id, sents in docs:
+            rng = random.Random(derive_seed(cfg.seed, "pairs", doc_id, dupe))
+            if cfg.nsp:
+                insts = create_instances_from_document(
+                    sents, doc_id, pool, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob,
+                    rng=rng, cls_id=cls_id, sep_id=sep_id,
+                )
+            else:
+                insts = pack_sentences(
+                    sents, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob, rng=rng,
+                    cls_id=cls_id, sep_id=sep_id,
+                )
+            for k, inst in enumerate(insts):
+                ex = derive_seed(cfg.seed, "example", doc_id, dupe, k)
+                if cfg.masking == "static":
+                    m, p, l = mask_example(inst.input_ids, policy, example_rng(cfg.seed, 0, ex))
+                else:
+                    m, p, l = inst.input_ids, np.zeros(0, np.int32), np.zeros(0, np.int32)
+                ids.append(m)
+                types.append(inst.token_type_ids)
+                positions.append(p)
+                labels.append(l)
+                nsp.append(inst.next_sentence_label)
+                ex_ids.append(ex)
+    table = pa.table(
+        [
+            list_array(ids, pa.int32()),
+            list_array(types, pa.int8()),
+            list_array(positions, pa.int32()),
+            list_array(labels, pa.int32()),
+            pa.array(np.asarray(nsp, dtype=np.int8), pa.int8()),
+            pa.array(np.fromiter((len(x) for x in ids), np.int32, len(ids)), pa.int32()),
+            pa.array(np.asarray(ex_ids, dtype=np.int64), pa.int64()),
+        ],
+        schema=SCHEMA,
+    )
+    write_parquet_atomic(out_path, table, compression="lz4")
+    nsp_arr = np.asarray(nsp, dtype=np.int8)
+    meta = {
+        "path": out_path,
+        "rows": len(ids),
+        "tokens": int(sum(len(x) for x in ids)),
+        "masked_tokens": int(sum(len(x) for x in positions)),
+        "nsp_random": int((nsp_arr == 1).sum()),
+        "nsp_pairs": int((nsp_arr >= 0).sum()),
+    }
+    write_bytes_atomic(meta_path, json.dumps(meta).encode())
+    return meta
+
+
+# ---------------------------------------------------------------------------------------------- pass 3
+
+
+def write_shard(path: str, parts: list[tuple[str, int, int]]) -> dict[str, Any]:
+    """Stream row slices [(chunk path, start, stop), ...] into one zstd Parquet shard, atomically."""
+    fs, p = _fs(path)
+    fs.makedirs(p.rpartition("/")[0], exist_ok=True)
+    tmp = _tmp(p)
+    rows = 0
+    with fs.open(tmp, "wb") as f, pq.ParquetWriter(f, SCHEMA, compression="zstd") as w:
+        for chunk, a, b in parts:
+            t = read_table(chunk).slice(a, b - a)
+            w.write_table(t)
+            rows += t.num_rows
+    _commit(fs, tmp, p)
+    return {"path": path, "rows": rows, "sha256": sha256_file(path)}
+
+
+def shard_plan(chunks: list[dict[str, Any]], num_shards: int, out_dir: str) -> list[tuple[str, list[tuple[str, int, int]]]]:
+    """Which chunk rows go into which shard: contiguous, balanced to one row."""
+    total = sum(c["rows"] for c in chunks)
+    k = max(1, min(num_shards, total))
+    plan = []
+    starts = np.cumsum([0] + [c["rows"] for c in chunks])
+    for s, (a, b) in enumerate(balanced_ranges(total, k)):
+        parts = []
+        for c, c0, c1 in zip(chunks, starts[:-1], starts[1:]):
+            lo, hi = max(a, c0), min(b, c1)
+            if lo < hi:
+                parts.append((c["path"], int(lo - c0), int(hi - c0)))
+        plan.append((join(out_dir, "shards", f"shard-{s:05d}-of-{k:05d}.parquet"), parts))
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------- Ray wiring
+
+
+def _log(msg: str) -> None:
+    print(f"[data] {msg}", file=sys.stderr, flush=True)
+
+
+class _TokenizeActor:
+    def __init__(self, tokenizer_json: str, cfg: dict, work: str) -> None:
+        from tokenizers import Tokenizer
+
+        os.environ.setdefault("RAYON_NUM_THREADS", "1")  # one thread per actor; the actors are the parallelism
+        self.tok = Tokenizer.from_str(tokenizer_json)
+        self.tok.no_truncation()
+        self.tok.no_padding()
+        self.cfg = DataConfig(**cfg)
+        self.work = work
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = []
+        for i in range(len(batch["path"])):
+            f = InputFile(str(batch["path"][i]), str(batch["kind"][i]), int(batch["index"][i]))  # type: ignore[arg-type]
+            out.append(json.dumps(tokenize_file(f, self.tok, self.cfg, self.work)))
+        return {"stats": np.array(out, dtype=object)}
+
+
+class _ExamplesActor:
+    def __init__(self, pool_ref: Any, cfg: dict, policy: MaskingPolicy, cls_id: int, sep_id: int) -> None:
+        import ray
+
+        self.pool = ray.get(pool_ref[0]) if isinstance(pool_ref, list) else pool_ref
+        self.cfg = DataConfig(**cfg)
+        self.policy = policy
+        self.cls_id, self.sep_id = cls_id, sep_id
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = []
+        for chunk, dest in zip(batch["chunk"], batch["dest"]):
+            meta = examples_for_chunk(str(chunk), self.pool, self.cfg, self.policy, self.cls_id, self.sep_id, str(dest))
+            out.append(json.dumps(meta))
+        return {"meta": np.array(out, dtype=object)}
+
+
+def _shard_task(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    out = [json.dumps(write_shard(str(p), json.loads(str(parts)))) for p, parts in zip(batch["path"], batch["parts"])]
+    return {"result": np.array(out, dtype=object)}
+
+
+def _actor_cpus(num_actors: int) -> float:
+    import ray
+
+    total = ray.cluster_resources().get("CPU", 1.0)
+    return min(1.0, total / max(1, num_actors))
+
+
+def prepare_shards(
+    cfg: DataConfig, files: list[InputFile], skipped: list[str], chash: str, vocab_sha: str, tokenizer_path: str
+) -> dict[str, Any]:
+    """The three passes on the running Ray cluster; writes shards and the manifest; returns the manifest."""
+    import ray
+
+    start = time.perf_counter()
+    work = work_dir(cfg, chash)
+    cfg_dict = dataclasses.asdict(cfg)
+    cpus = _actor_cpus(cfg.num_actors)
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True  # results come back in input order
+
+    _log(f"tokenize: {len(files)} input file(s) on {cfg.num_actors} actor(s)")
+    items = [{"path": f.path, "kind": f.kind, "index": f.index} for f in files]
+    stats_rows = (
+        ray.data.from_items(items, override_num_blocks=max(1, len(items)))
+        .map_batches(
+            _TokenizeActor,
+            fn_constructor_kwargs={"tokenizer_json": read_text(tokenizer_path), "cfg": cfg_dict, "work": work},
+            batch_size=1,
+            concurrency=cfg.num_actors,
+            num_cpus=cpus,
+        )
+        .take_all()
+    )
+    file_stats = sorted((json.loads(r["stats"]) for r in stats_rows), key=lambda s: s["pool"])
+    reasons: Counter[str] = Counter()
+    for s in file_stats:
+        reasons.update(s["rejected_reasons"])
+    docs_read = sum(s["documents_read"] for s in file_stats)
+    docs_written = sum(s["documents_written"] for s in file_stats)
+    if docs_written == 0:
+        detail = ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())) or "no records"
+        raise_input_error(f"no usable document in {len(files)} input file(s) ({docs_read} read: {detail})")
+    chunks = [c for s in file_stats for c in s["chunks"]]
+    _log(f"tokenize: {docs_written}/{docs_read} documents, {sum(s['tokens'] for s in file_stats)} tokens, {len(chunks)} chunks")
+
+    pool = merge_pool([s["pool"] for s in file_stats], cfg.random_pool_size)
+    pool_ref = ray.put(pool)
+    vocab = read_text(join(cfg.output, "vocab.txt")).split("\n")[:-1]
+    policy = MaskingPolicy.from_vocab(
+        vocab, mask_rate=cfg.mask_rate, max_predictions_per_seq=cfg.max_predictions_per_seq, whole_word=cfg.whole_word_mask
+    )
+    cls_id, sep_id = vocab.index("[CLS]"), vocab.index("[SEP]")
+    _log(f"examples: {len(chunks)} chunk(s), random pool of {len(pool)} windows")
+    ex_items = [{"chunk": c["path"], "dest": join(work, "ex", f"e{i:06d}.parquet")} for i, c in enumerate(chunks)]
+    metas = (
+        ray.data.from_items(ex_items, override_num_blocks=max(1, len(ex_items)))
+        .map_batches(
+            _ExamplesActor,
+            fn_constructor_kwargs={"pool_ref": [pool_ref], "cfg": cfg_dict, "policy": policy, "cls_id": cls_id, "sep_id": sep_id},
+            batch_size=1,
+            concurrency=cfg.num_actors,
+            num_cpus=cpus,
+        )
+        .take_all()
+    )
+    ex_chunks = sorted((json.loads(r["meta"]) for r in metas), key=lambda m: m["path"])
+    examples = sum(m["rows"] for m in ex_chunks)
+    if examples == 0:
+        raise_input_error(f"the {docs_written} usable document(s) produced no example")
+
+    plan = shard_plan(ex_chunks, cfg.num_shards, cfg.output)
+    _log(f"shards: {examples} examples into {len(plan)} shard(s)")
+    fs, out_p = _fs(cfg.output)
+    if fs.exists(join(out_p, "shards")):
+        fs.rm(join(out_p, "shards"), recursive=True)  # leftovers of an interrupted run with this config
+    results = (
+        ray.data.from_items([{"path": p, "parts": json.dumps(parts)} for p, parts in plan], override_num_blocks=len(plan))
+        .map_batches(_shard_task, batch_size=1, num_cpus=cpus, concurrency=cfg.num_actors)
+        .take_all()
+    )
+    shards = sorted((json.loads(r["result"]) for r in results), key=lambda s: s["path"])
+    nsp_pairs = sum(m["nsp_pairs"] for m in ex_chunks)
+    manifest = {
+        "documents_read": docs_read,
+        "documents_written": docs_written,
+        "documents_rejected": docs_read - docs_written,
+        "rejected_reasons": dict(sorted(reasons.items())),
+        "examples": examples,
+        "tokens": sum(m["tokens"] for m in ex_chunks),
+        "masked_tokens": sum(m["masked_tokens"] for m in ex_chunks),
+        "nsp_random_fraction": (sum(m["nsp_random"] for m in ex_chunks) / nsp_pairs) if nsp_pairs else None,
+        "seconds": round(time.perf_counter() - start, 3),
+        "config": cfg_dict,
+        "config_hash": chash,
+        "vocab_sha256": vocab_sha,
+        "shards": [{"path": f"shards/{s['path'].rsplit('/', 1)[-1]}", "rows": s["rows"], "sha256": s["sha256"]} for s in shards],
+        "output": cfg.output,
+        "masking": cfg.masking,
+        "vocab_size": len(vocab),
+        "special_token_ids": {t: vocab.index(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")},
+        "input_files": len(files),
+        "files_skipped": skipped,
+        "source_tokens": sum(s["tokens"] for s in file_stats),
+    }
+    if manifest["documents_read"] != manifest["documents_written"] + manifest["documents_rejected"] or sum(
+        reasons.values()
+    ) != manifest["documents_rejected"]:
+        raise AssertionError("document accounting is inconsistent")  # a bug, not bad input
+    write_bytes_atomic(join(cfg.output, "manifest.json"), json.dumps(manifest, indent=2, sort_keys=True).encode())
+    try:
+        fs.rm(join(out_p, "_work"), recursive=True)
+    except FileNotFoundError:
+        pass
+    return manifest
+
+
+def raise_input_error(msg: str) -> None:
+    from pipeline.sources import InputError
+
+    raise InputError(msg)
+
+
+# ---------------------------------------------------------------------------------------------- reader
+
+
+def read_manifest(directory: str) -> dict[str, Any]:
+    """The manifest of a prepared dataset; raises DataValidationError naming what is missing."""
+    path = join(str(directory), "manifest.json")
+    if not exists(path):
+        raise DataValidationError(f"{path} does not exist (not a prepared dataset, or preparation did not finish)")
+    try:
+        m = json.loads(read_text(path))
+    except ValueError as e:
+        raise DataValidationError(f"{path} is not valid JSON: {e}") from None
+    missing = [k for k in MANIFEST_KEYS if k not in m]
+    if missing:
+        raise DataValidationError(f"{path} lacks key(s) {', '.join(missing)}")
+    m["output"] = str(directory)
+    return m
+
+
+def shard_paths(directory: str, manifest: dict[str, Any] | None = None) -> list[str]:
+    manifest = manifest or read_manifest(directory)
+    return [join(str(directory), s["path"]) for s in manifest["shards"]]
+
+
+def validate_output(directory: str, *, checksums: bool = True) -> dict[str, Any]:
+    """Check a prepared dataset: manifest keys, accounting, each shard's schema, rows and sha256, the vocab."""
+    directory = str(directory)
+    m = read_manifest(directory)
+    if m["documents_read"] != m["documents_written"] + m["documents_rejected"]:
+        raise DataValidationError(f"{directory}/manifest.json: documents_read != documents_written + documents_rejected")
+    vocab_path = join(directory, "vocab.txt")
+    if not exists(vocab_path):
+        raise DataValidationError(f"{vocab_path} does not exist")
+    if checksums and hashlib.sha256(read_bytes(vocab_path)).hexdigest() != m["vocab_sha256"]:
+        raise DataValidationError(f"{vocab_path}: sha256 differs from the manifest's vocab_sha256")
+    if not m["shards"]:
+        raise DataValidationError(f"{directory}/manifest.json lists no shard")
+    rows = 0
+    for s in m["shards"]:
+        path = join(directory, s["path"])
+        if not exists(path):
+            raise DataValidationError(f"shard {path} listed in the manifest does not exist")
+        fs, p = _fs(path)
+        with fs.open(p, "rb") as f:
+            md = pq.ParquetFile(f)
+            schema, n = md.schema_arrow, md.metadata.num_rows
+        for field in SCHEMA:
+            if field.name not in schema.names or schema.field(field.name).type != field.type:
+                got = schema.field(field.name).type if field.name in schema.names else "missing"
+                raise DataValidationError(f"shard {path}: column {field.name} is {got}, expected {field.type}")
+        if n != s["rows"]:
+            raise DataValidationError(f"shard {path}: {n} rows, the manifest says {s['rows']}")
+        if checksums and sha256_file(path) != s["sha256"]:
+            raise DataValidationError(f"shard {path}: sha256 differs from the manifest (corrupt or modified)")
+        rows += n
+    if rows != m["examples"]:
+        raise DataValidationError(f"{directory}: shards hold {rows} rows, the manifest says {m['examples']} examples")
+    return m
+
+
+# ---------------------------------------------------------------------------------------------- stage functions
+
+
+@dataclasses.dataclass
+class Plan:
+    """What the data stages need, computed once on the driver: inputs, hashes, the output check."""
+
+    cfg: DataConfig
+    files: list[InputFile]
+    skipped: list[str]
+    vocab_source_sha: str | None
+    config_hash: str
+    vocab_key: str
+
+
+def plan(cfg: DataConfig) -> Plan:
+    """List the inputs, hash the config, and refuse an output prepared with a different config."""
+    from pipeline.sources import InputError, expand_inputs, fingerprint
+
+    files, skipped = expand_inputs(list(cfg.inputs))
+    if not files:
+        raise InputError(f"no readable input file under {', '.join(cfg.inputs)} (skipped: {len(skipped)})")
+    vocab_sha = None
+    if cfg.vocab:
+        if not exists(cfg.vocab):
+            raise InputError(f"vocabulary {cfg.vocab} does not exist")
+        vocab_sha = hashlib.sha256(read_bytes(cfg.vocab)).hexdigest()
+    chash = output_config_hash(cfg, fingerprint(files), vocab_sha)
+    if cfg.vocab:
+        vocab_key = config_hash({"vocab": vocab_sha, "lowercase": cfg.lowercase})
+    else:
+        vocab_key = config_hash(
+            {"train": cfg.vocab_size, "lowercase": cfg.lowercase, "sample": cfg.vocab_sample_chars,
+             "column": cfg.text_column, "inputs": fingerprint(files)}
+        )
+    manifest_path = join(cfg.output, "manifest.json")
+    if exists(manifest_path) and not cfg.overwrite:
+        try:
+            old = json.loads(read_text(manifest_path)).get("config_hash", "?")
+        except ValueError:
+            old = "unreadable"
+        if old != chash:
+            raise OutputExistsError(
+                f"output {cfg.output} holds a dataset prepared with a different config or inputs "
+                f"(config_hash {str(old)[:12]} != {chash[:12]}); choose another --output or pass --data.overwrite true"
+            )
+    return Plan(cfg, files, skipped, vocab_sha, chash, vocab_key)
+
+
+def _vocab_result(cfg: DataConfig, sha: str) -> dict[str, Any]:
+    return {"vocab": join(cfg.output, "vocab.txt"), "tokenizer": join(cfg.output, "tokenizer.json"), "vocab_sha256": sha}
+
+
+def vocab_done(p: Plan) -> dict[str, Any] | None:
+    meta = join(p.cfg.output, "vocab.meta.json")
+    if not (exists(meta) and exists(join(p.cfg.output, "tokenizer.json")) and exists(join(p.cfg.output, "vocab.txt"))):
+        return None
+    m = json.loads(read_text(meta))
+    sha = hashlib.sha256(read_bytes(join(p.cfg.output, "vocab.txt"))).hexdigest()
+    if m.get("key") != p.vocab_key or m.get("vocab_sha256") != sha:
+        return None
+    return _vocab_result(p.cfg, sha)
+
+
+def _sample_texts(p: Plan) -> Any:
+    """Documents for vocabulary training: up to vocab_sample_chars, spread evenly over the input files."""
+    budget = p.cfg.vocab_sample_chars // max(1, len(p.files)) + 1
+    for f in p.files:
+        used = 0
+        for item in read_documents(f, p.cfg.text_column):
+            if isinstance(item, Document):
+                yield item.text[: budget - used]
+                used += len(item.text)
+                if used >= budget:
+                    break
+
+
+def run_vocab(p: Plan) -> dict[str, Any]:
+    """Load the given vocabulary or train one; write vocab.txt + tokenizer.json (+ a key marker) to the output."""
+    from pipeline.tokenizer import load_tokenizer, tokenizer_json, train_wordpiece, vocab_bytes
+
+    cfg = p.cfg
+    fs, out = _fs(cfg.output)
+    if cfg.overwrite:
+        for stale in ("manifest.json", "shards", "_work"):
+            if fs.exists(join(out, stale)):
+                fs.rm(join(out, stale), recursive=True)
+    if cfg.vocab:
+        local = cfg.vocab
+        if "://" in cfg.vocab:  # tokenizers reads local files only
+            import tempfile
+
+            local = os.path.join(tempfile.mkdtemp(), cfg.vocab.rsplit("/", 1)[-1])
+            with open(local, "wb") as fh:
+                fh.write(read_bytes(cfg.vocab))
+        tok = load_tokenizer(local, lowercase=cfg.lowercase)
+        _log(f"vocab: using {cfg.vocab} ({tok.get_vocab_size()} tokens)")
+    else:
+        _log(f"vocab: training a WordPiece vocabulary of {cfg.vocab_size} on up to {cfg.vocab_sample_chars} chars")
+        tok = train_wordpiece(_sample_texts(p), cfg.vocab_size, cfg.lowercase)
+    vb = vocab_bytes(tok)
+    sha = hashlib.sha256(vb).hexdigest()
+    write_bytes_atomic(join(cfg.output, "vocab.txt"), vb)
+    write_bytes_atomic(join(cfg.output, "tokenizer.json"), tokenizer_json(tok).encode())
+    write_bytes_atomic(join(cfg.output, "vocab.meta.json"), json.dumps({"key": p.vocab_key, "vocab_sha256": sha}).encode())
+    return _vocab_result(cfg, sha)
+
+
+def _summary(m: dict[str, Any]) -> dict[str, Any]:
+    keys = ("documents_read", "documents_written", "documents_rejected", "rejected_reasons", "examples", "tokens",
+            "masked_tokens", "nsp_random_fraction", "config_hash", "vocab_sha256", "seconds")
+    return {k: m[k] for k in keys}
+
+
+def shards_done(p: Plan) -> dict[str, Any] | None:
+    path = join(p.cfg.output, "manifest.json")
+    if not exists(path) or not exists(join(p.cfg.output, "vocab.txt")):
+        return None
+    try:
+        m = json.loads(read_text(path))
+    except ValueError:
+        return None
+    sha = hashlib.sha256(read_bytes(join(p.cfg.output, "vocab.txt"))).hexdigest()
+    if m.get("config_hash") != p.config_hash or m.get("vocab_sha256") != sha:
+        return None
+    return _summary(m)
+
+
+def run_shards(p: Plan, vocab: dict[str, Any]) -> dict[str, Any]:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init()
+    m = prepare_shards(p.cfg, p.files, p.skipped, p.config_hash, vocab["vocab_sha256"], vocab["tokenizer"])
+    return _summary(m)
+
+
+def run_validate(p: Plan) -> dict[str, Any]:
+    """Validate the output (schema, rows, sha256) and return what downstream stages consume."""
+    m = validate_output(p.cfg.output)
+    manifest_path = join(p.cfg.output, "manifest.json")
+    return {
+        "output": p.cfg.output,
+        "manifest": manifest_path,
+        "manifest_sha256": hashlib.sha256(read_bytes(manifest_path)).hexdigest(),
+        "vocab": join(p.cfg.output, "vocab.txt"),
+        "vocab_sha256": m["vocab_sha256"],
+        "config_hash": m["config_hash"],
+        "examples": m["examples"],
+        "tokens": m["tokens"],
+        "masking": m["config"]["masking"],
+        "shards": [{"path": join(p.cfg.output, s["path"]), "rows": s["rows"], "sha256": s["sha256"]} for s in m["shards"]],
+    }
