@@ -67,7 +67,10 @@ def run(data, num_cpus: int | None) -> int:
 
     stages = data_stages(data)  # lists inputs and checks the output before Ray starts
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"), num_cpus=num_cpus, include_dashboard=False,
+        # RAY_ADDRESS (set by `ray job submit`) joins that cluster; otherwise a private local one, never whichever
+        # `ray start` cluster happens to run on this machine.
+        address = os.environ.get("RAY_ADDRESS") or "local"
+        ray.init(address=address, num_cpus=num_cpus if address == "local" else None, include_dashboard=False,
                  configure_logging=False, log_to_driver=True)
     try:
         results = run_graph(stages, state_dir=os.path.join(data.output, "_state"), remote=False,

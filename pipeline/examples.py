@@ -27,7 +27,7 @@ import numpy as np
 
 # A sentence ends at . ! ? (plus closing quotes/brackets) followed by space and an upper-case letter, digit or
 # opening quote. Abbreviations ("Mr. Smith") split too; acceptable for BERT pairs, and 100x faster than a model.
-_SENT_END = re.compile(r"(?<=[.!?])[\"'\u201d\u2019)\]]*\s+(?=[\"'\u201c\u2018(\[]?[A-Z0-9])")
+_SENT_END = re.compile(r"([.!?][\"'\u201d\u2019)\]]*)\s+(?=[\"'\u201c\u2018(\[]?[A-Z0-9])")
 _PARA = re.compile(r"\n\s*\n")
 _WS = re.compile(r"\s+")
 
@@ -42,7 +42,8 @@ def split_sentences(text: str) -> list[str]:
     for para in _PARA.split(text):
         para = _WS.sub(" ", para).strip()
         if para:
-            out.extend(s for s in _SENT_END.split(para) if s)
+            # the end punctuation and closing quotes stay with their sentence; \n marks the cut
+            out.extend(s for s in _SENT_END.sub("\\1\n", para).split("\n") if s)
     return out
 
 

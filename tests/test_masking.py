@@ -1,0 +1,128 @@
+"""Masking statistics over >= 100k real tokens (MiniLM's bert-base-uncased vocabulary), determinism, batch API."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.examples import split_sentences
+from pipeline.masking import MaskingPolicy, example_rng, mask_batch, mask_example
+from pipeline.tokenizer import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def vocab(minilm_dir):
+    return (minilm_dir / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
+
+
+@pytest.fixture(scope="module")
+def sequences(minilm_dir, shared_dir):
+    """~150k tokens of real text as [CLS] ... [SEP] ... [SEP] sequences of 128 tokens."""
+    tok = load_tokenizer(minilm_dir / "vocab.txt")
+    text = " ".join((shared_dir / "corpora/books" / n).read_text() for n in ("01_Ge.txt", "02_Exo.txt", "03_Lev.txt"))
+    ids = np.concatenate([e.ids for e in tok.encode_batch(split_sentences(text), add_special_tokens=False)])
+    seqs = []
+    for k in range(0, len(ids) - 125, 125):
+        body = ids[k : k + 125]
+        seqs.append(np.concatenate([[101], body[:60], [102], body[60:], [102]]).astype(np.int32))
+    assert sum(len(s) for s in seqs) >= 100_000
+    return seqs
+
+
+def _mask_all(seqs, policy, seed=1, epoch=0):
+    return [mask_example(s, policy, example_rng(seed, epoch, i)) for i, s in enumerate(seqs)]
+
+
+@pytest.mark.parametrize("whole_word", [False, True])
+def test_masking_statistics(sequences, vocab, whole_word):
+    policy = MaskingPolicy.from_vocab(vocab, whole_word=whole_word)
+    special, cont, _ = policy.tables()
+    out = _mask_all(sequences, policy)
+    total = sum(len(s) for s in sequences)
+    masked = sum(len(p) for _, p, _ in out)
+    assert abs(masked / total - 0.15) <= 0.005, masked / total
+    n_mask = n_same = n_rand = 0
+    for s, (m, pos, lab) in zip(sequences, out):
+        assert len(pos) <= policy.max_predictions_per_seq
+        assert np.all(np.diff(pos) > 0)
+        assert not special[s[pos]].any(), "a special token was masked"
+        np.testing.assert_array_equal(lab, s[pos])
+        untouched = np.setdiff1d(np.arange(len(s)), pos)
+        np.testing.assert_array_equal(m[untouched], s[untouched])
+        n_mask += int((m[pos] == policy.mask_token_id).sum())
+        n_same += int((m[pos] == s[pos]).sum())
+        n_rand += int(((m[pos] != s[pos]) & (m[pos] != policy.mask_token_id)).sum())
+        assert not special[m[pos][m[pos] != policy.mask_token_id]].any(), "a special token was drawn as replacement"
+        if whole_word:  # every word is masked whole: no masked/unmasked boundary inside a word
+            sel = np.zeros(len(s), bool)
+            sel[pos] = True
+            for j in range(1, len(s)):
+                if cont[s[j]] and not special[s[j - 1]]:
+                    assert sel[j] == sel[j - 1], f"word split by the mask at {j}"
+    assert n_mask + n_same + n_rand == masked
+    assert abs(n_mask / masked - 0.8) <= 0.02
+    assert abs(n_same / masked - 0.1) <= 0.02
+    assert abs(n_rand / masked - 0.1) <= 0.02
+
+
+def test_whole_word_groups_are_actually_exercised(sequences, vocab):
+    """The corpus has multi-piece words, so the whole-word test above is not vacuous."""
+    policy = MaskingPolicy.from_vocab(vocab, whole_word=True)
+    _, cont, _ = policy.tables()
+    out = _mask_all(sequences, policy)
+    masked_cont = sum(int(cont[s[p]].sum()) for s, (_, p, _) in zip(sequences, out))
+    assert masked_cont > 100
+
+
+def test_max_predictions_per_seq_is_respected(sequences, vocab):
+    policy = MaskingPolicy.from_vocab(vocab, max_predictions_per_seq=5)
+    out = _mask_all(sequences[:200], policy)
+    assert all(len(p) == 5 for _, p, _ in out)  # round(128 * 0.15) = 19 > 5: the cap binds
+
+
+def test_never_masks_only_special_tokens(vocab):
+    policy = MaskingPolicy.from_vocab(vocab)
+    m, p, l = mask_example(np.array([101, 102, 102], np.int32), policy, example_rng(0, 0, 0))
+    assert len(p) == 0 and m.tolist() == [101, 102, 102]
+
+
+def test_hand_computed_small_case():
+    p = MaskingPolicy(mask_rate=0.5, max_predictions_per_seq=2, whole_word=False, vocab_size=10, mask_token_id=4,
+                      special_ids=(0, 1, 2, 3, 4))
+    ids, pos, lab = mask_example(np.array([2, 7, 8, 3], np.int32), p, np.random.default_rng(0))
+    # two candidates (positions 1, 2), round(4 * 0.5) = 2 to predict: both chosen
+    assert pos.tolist() == [1, 2] and lab.tolist() == [7, 8]
+    assert ids[0] == 2 and ids[3] == 3
+
+
+def test_mask_batch_deterministic_per_example_and_epoch(sequences, vocab):
+    policy = MaskingPolicy.from_vocab(vocab)
+    rows = sequences[:64]
+    ids = np.empty(len(rows), dtype=object)
+    ids[:] = rows
+    batch = {"input_ids": ids, "example_id": np.arange(1000, 1064, dtype=np.int64)}
+    a = mask_batch(batch, policy, seed=3, epoch=0)
+    b = mask_batch(batch, policy, seed=3, epoch=0)
+    c = mask_batch(batch, policy, seed=3, epoch=1)
+    for k in ("input_ids", "masked_lm_positions", "masked_lm_ids"):
+        assert all(np.array_equal(x, y) for x, y in zip(a[k], b[k]))
+    assert sum(not np.array_equal(x, y) for x, y in zip(a["masked_lm_positions"], c["masked_lm_positions"])) > 50
+    # the same example in another batch position (another worker, another batch) gets the same mask
+    perm = np.arange(64)[::-1]
+    ids_r = np.empty(64, dtype=object)
+    ids_r[:] = [rows[i] for i in perm]
+    r = mask_batch({"input_ids": ids_r, "example_id": batch["example_id"][perm]}, policy, seed=3, epoch=0)
+    for j, i in enumerate(perm):
+        assert np.array_equal(r["masked_lm_positions"][j], a["masked_lm_positions"][i])
+    # input is untouched, 2-D batches keep their shape
+    assert np.array_equal(batch["input_ids"][0], rows[0])
+    two_d = mask_batch({"input_ids": np.stack(rows), "example_id": batch["example_id"]}, policy, seed=3, epoch=0)
+    assert two_d["input_ids"].shape == (64, 128)
+    assert np.array_equal(two_d["input_ids"][5], a["input_ids"][5])
+
+
+def test_policy_from_vocab_errors():
+    with pytest.raises(ValueError, match=r"\[MASK\]"):
+        MaskingPolicy.from_vocab(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a"])
+    with pytest.raises(ValueError, match="mask_rate"):
+        MaskingPolicy(mask_rate=1.5)
