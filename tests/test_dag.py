@@ -1,0 +1,170 @@
+"""The data stages on a real local Ray cluster: byte-identical across runs and actor counts, up-to-date skips,
+config protection, validation, statistics of the written shards, dynamic masking at load time, trained vocab."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.config import DataConfig
+from pipeline.dag import Stage, data_stages, run_graph
+from pipeline.masking import MaskingPolicy, mask_batch
+from pipeline.shards import DataValidationError, OutputExistsError, read_manifest, validate_output
+
+pytestmark = pytest.mark.slow
+
+BOOKS = ("08_Ruth.txt", "01_Ge.txt", "41_Mark.txt", "57_Phmn.txt", "31_Obad.txt")
+
+
+@pytest.fixture(scope="module")
+def inputs(shared_dir):
+    return [str(shared_dir / "corpora/books" / b) for b in BOOKS] + [str(shared_dir / "corpora/wiki/pydocs.jsonl.gz")]
+
+
+def _cfg(inputs, out, minilm_dir, **kw):
+    base = dict(inputs=inputs, output=str(out), vocab=str(minilm_dir / "vocab.txt"), num_shards=4,
+                chunk_chars=400_000, num_actors=1)
+    return DataConfig(**{**base, **kw})
+
+
+def _run(cfg, tmp, remote=False, extra=()):
+    logs: list[str] = []
+    res = run_graph(data_stages(cfg) + list(extra), str(tmp / "state"), remote=remote, log=logs.append)
+    return res, logs
+
+
+@pytest.fixture(scope="module")
+def two_runs(ray_local, inputs, minilm_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dag")
+    a, _ = _run(_cfg(inputs, tmp / "a", minilm_dir, num_actors=1), tmp)
+    b, _ = _run(_cfg(inputs, tmp / "b", minilm_dir, num_actors=2), tmp)
+    return tmp, a, b
+
+
+def _bytes(v):
+    return [open(s["path"], "rb").read() for s in v["shards"]]
+
+
+def test_byte_identical_across_one_and_two_actors(two_runs):
+    _, a, b = two_runs
+    va, vb = a["validate"].result, b["validate"].result
+    assert [s["sha256"] for s in va["shards"]] == [s["sha256"] for s in vb["shards"]]
+    assert _bytes(va) == _bytes(vb)
+    assert va["config_hash"] == vb["config_hash"]  # num_actors is not part of the output's identity
+
+
+def test_rerun_is_a_noop_and_says_up_to_date(two_runs, inputs, minilm_dir):
+    tmp, a, _ = two_runs
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp / "a" / "shards").iterdir()}
+    res, logs = _run(_cfg(inputs, tmp / "a", minilm_dir), tmp)
+    assert res["vocab"].status == "skipped" and res["shards"].status == "skipped"
+    assert any("[stage shards] up to date" in line for line in logs)
+    assert before == {p.name: p.stat().st_mtime_ns for p in (tmp / "a" / "shards").iterdir()}
+    assert res["validate"].result == a["validate"].result
+
+
+def test_different_config_never_overwrites_silently(two_runs, inputs, minilm_dir):
+    tmp, a, _ = two_runs
+    with pytest.raises(OutputExistsError, match="different config"):
+        data_stages(_cfg(inputs, tmp / "a", minilm_dir, seed=99))
+    assert validate_output(str(tmp / "a"))["config_hash"] == a["validate"].result["config_hash"]
+
+
+def test_manifest_and_shard_statistics(two_runs):
+    tmp, a, _ = two_runs
+    m = validate_output(str(tmp / "a"))
+    assert m["documents_read"] == m["documents_written"] + m["documents_rejected"] == len(BOOKS) + 483
+    rows = [s["rows"] for s in m["shards"]]
+    assert len(rows) == 4 and max(rows) - min(rows) <= 1 and sum(rows) == m["examples"]
+    policy = MaskingPolicy.from_manifest(str(tmp / "a"))
+    special, _, _ = policy.tables()
+    t = pq.read_table([str(tmp / "a" / s["path"]) for s in m["shards"]][0])
+    for s in m["shards"][1:]:
+        import pyarrow as pa
+
+        t = pa.concat_tables([t, pq.read_table(str(tmp / "a" / s["path"]))])
+    ids = t.column("input_ids").to_pylist()
+    pos = t.column("masked_lm_positions").to_pylist()
+    lab = t.column("masked_lm_ids").to_pylist()
+    nsp = np.array(t.column("next_sentence_label").to_pylist())
+    assert t.column("num_tokens").to_pylist() == [len(x) for x in ids]
+    assert max(len(x) for x in ids) <= 128 and sum(len(x) for x in ids) == m["tokens"] >= 100_000
+    assert abs((nsp == 1).mean() - 0.5) <= 0.03 and set(nsp.tolist()) == {0, 1}
+    assert abs(m["nsp_random_fraction"] - (nsp == 1).mean()) < 1e-9
+    masked = sum(len(p) for p in pos)
+    assert masked == m["masked_tokens"] and abs(masked / m["tokens"] - 0.15) <= 0.005
+    n_mask = sum(int(ids[i][j] == policy.mask_token_id) for i in range(len(ids)) for j in pos[i])
+    assert abs(n_mask / masked - 0.8) <= 0.02
+    assert all(not special[l].any() for l in map(np.asarray, lab) if len(l))
+    assert all(len(p) <= 20 for p in pos)
+    assert len(set(t.column("example_id").to_pylist())) == len(ids)
+
+
+def test_validation_detects_corruption(two_runs, tmp_path):
+    tmp, _, _ = two_runs
+    c = tmp_path / "c"
+    shutil.copytree(tmp / "a", c)
+    shard = sorted((c / "shards").iterdir())[1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DataValidationError, match=rf"shard .*{shard.name}: sha256 differs"):
+        validate_output(str(c))
+    shard.unlink()
+    with pytest.raises(DataValidationError, match="does not exist"):
+        validate_output(str(c))
+    (c / "manifest.json").unlink()
+    with pytest.raises(DataValidationError, match="manifest.json does not exist"):
+        read_manifest(str(c))
+
+
+def test_dynamic_masking_remote_stages_and_downstream_interface(ray_local, shared_dir, minilm_dir, tmp_path):
+    """Stages as Ray tasks, a downstream stage consuming "validate", and load-time masking through Ray Data."""
+    inputs = [str(shared_dir / "corpora/books" / b) for b in ("08_Ruth.txt", "41_Mark.txt")]
+    cfg = _cfg(inputs, tmp_path / "dyn", minilm_dir, masking="dynamic", whole_word_mask=True, num_shards=2)
+    seen = {}
+    consumer = Stage("train", lambda deps: seen.setdefault("v", deps["validate"]) and 1, {}, deps=("validate",))
+    res, _ = _run(cfg, tmp_path, remote=True, extra=[consumer])
+    v = res["train"].result and res["validate"].result
+    for k in ("output", "manifest", "manifest_sha256", "vocab_sha256", "config_hash", "examples", "tokens", "shards"):
+        assert k in v
+    assert [s["rows"] for s in v["shards"]] and all(s["path"].startswith(str(tmp_path)) for s in v["shards"])
+    m = read_manifest(v["output"])
+    assert m["masked_tokens"] == 0 and m["masking"] == "dynamic"
+    policy = MaskingPolicy.from_manifest(m)
+    assert policy.whole_word and policy.mask_token_id == 103 and policy.vocab_size == 30522
+    ds = ray_local.data.read_parquet([s["path"] for s in v["shards"]])
+
+    def masked(epoch):
+        out = []
+        for batch in ds.iter_batches(batch_size=64, batch_format="numpy"):
+            assert all(len(p) == 0 for p in batch["masked_lm_positions"])  # stored unmasked
+            b = mask_batch(batch, policy, seed=cfg.seed, epoch=epoch)
+            out += [(int(e), tuple(p)) for e, p in zip(b["example_id"], b["masked_lm_positions"])]
+        return dict(out)
+
+    e0, e0b, e1 = masked(0), masked(0), masked(1)
+    assert e0 == e0b and sum(e0[k] != e1[k] for k in e0) > 0.9 * len(e0)
+    n_tok = sum(s for s in (len(x) for b in ds.iter_batches(batch_format="numpy") for x in b["input_ids"]))
+    assert abs(sum(len(p) for p in e0.values()) / n_tok - 0.15) < 0.01
+
+
+def test_trained_vocab_and_file_uri_output(ray_local, shared_dir, tmp_path):
+    inputs = [str(shared_dir / "corpora/books" / b) for b in ("08_Ruth.txt", "57_Phmn.txt")]
+    cfg = DataConfig(inputs=inputs, output=f"file://{tmp_path}/tv", vocab=None, vocab_size=800, num_shards=3,
+                     lowercase=False, num_actors=1, max_seq_length=64, nsp=False)
+    res, _ = _run(cfg, tmp_path)
+    vocab = (tmp_path / "tv" / "vocab.txt").read_text().split("\n")[:-1]
+    assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and len(vocab) <= 800 and "Boaz" in vocab
+    assert (tmp_path / "tv" / "tokenizer.json").is_file() and not (tmp_path / "tv" / "_work").exists()
+    m = validate_output(f"file://{tmp_path}/tv")
+    assert m["nsp_random_fraction"] is None and m["vocab_size"] == len(vocab)
+    t = pq.read_table(str(tmp_path / "tv" / m["shards"][0]["path"]))
+    assert set(t.column("next_sentence_label").to_pylist()) == {-1}
+    assert max(t.column("num_tokens").to_pylist()) <= 64
+    again, _ = _run(dataclasses.replace(cfg), tmp_path)
+    assert again["vocab"].status == "skipped" and again["shards"].status == "skipped"
