@@ -146,10 +146,13 @@ class BertForPreTraining(BertPreTrainedModel):
             if masked_lm_ids is not None:
                 labels = masked_lm_ids[valid].long()  # (N,)
                 n = labels.shape[0]
+                # Loss and argmax in fp32: under bf16 autocast cross-entropy upcasts anyway, and CPU argmax
+                # over bf16 is several times slower than over fp32.
+                logits32 = logits.float()
                 # Sum / max(N, 1): a batch without masked positions gives 0, not NaN.
-                mlm_loss = F.cross_entropy(logits.float(), labels, reduction="sum") / max(n, 1)
+                mlm_loss = F.cross_entropy(logits32, labels, reduction="sum") / max(n, 1)
                 with torch.no_grad():
-                    mlm_correct = (logits.argmax(-1) == labels).sum()
+                    mlm_correct = (logits32.argmax(-1) == labels).sum()
                     mlm_count = valid.sum()
                     mlm_accuracy = _accuracy(mlm_correct, mlm_count)
         else:
