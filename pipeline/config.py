@@ -143,6 +143,8 @@ class TrainConfig:
     """One GPU per worker when true (NCCL); CPU with gloo otherwise."""
     cpus_per_worker: float = 0.5
     """CPUs reserved per worker; fractional on small machines so Ray Data tasks are not starved."""
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """How Ray places the workers: PACK fills a node first, SPREAD puts them on different nodes."""
     data_cpus: float | None = None
     """Cap on the CPUs Ray Data reading may use (ExecutionResources); null lets Ray Data decide."""
     max_steps: int = 100
