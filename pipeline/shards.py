@@ -493,7 +493,10 @@ def prepare_shards(
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # results come back in input order
 
-    _log(f"tokenize: {len(files)} input file(s) on {cfg.num_actors} actor(s)")
+    fs, out_p = _fs(cfg.output)
+    done_before = len(fs.glob(join(_fs(work)[1], "tok", "*.done.json")))
+    _log(f"tokenize: {len(files)} input file(s) on {cfg.num_actors} actor(s)"
+         + (f"; resuming, {done_before} already done" if done_before else ""))
     items = [{"path": f.path, "kind": f.kind, "index": f.index} for f in files]
     stats_rows = (
         ray.data.from_items(items, override_num_blocks=max(1, len(items)))
@@ -545,7 +548,6 @@ def prepare_shards(
 
     plan = shard_plan(ex_chunks, cfg.num_shards, cfg.output)
     _log(f"shards: {examples} examples into {len(plan)} shard(s)")
-    fs, out_p = _fs(cfg.output)
     if fs.exists(join(out_p, "shards")):
         fs.rm(join(out_p, "shards"), recursive=True)  # leftovers of an interrupted run with this config
     results = (

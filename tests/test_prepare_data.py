@@ -1,0 +1,112 @@
+"""`jobs/prepare_data.py` as users run it: the full shared corpus end to end on a real local Ray, re-run no-op,
+a killed run resumed to the same bytes, and bad input exiting with one clear line."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def _cmd(repo_root, *args):
+    return [sys.executable, str(repo_root / "jobs" / "prepare_data.py"), *map(str, args)]
+
+
+def _env():
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    env.update(RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1", RAY_USAGE_STATS_ENABLED="0")
+    return env
+
+
+def _run(repo_root, *args, timeout=600):
+    return subprocess.run(_cmd(repo_root, *args), capture_output=True, text=True, env=_env(), timeout=timeout,
+                          cwd=repo_root)
+
+
+def _assert_clean_error(p, pattern):
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("prepare_data: error:") and pattern in last, last
+
+
+def _shard_hashes(out):
+    return [hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((out / "shards").iterdir())]
+
+
+def test_missing_path(repo_root, tmp_path):
+    p = _run(repo_root, "--input", tmp_path / "nope", "--output", tmp_path / "out")
+    _assert_clean_error(p, "does not exist")
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_vocab(repo_root, shared_dir, tmp_path):
+    p = _run(repo_root, "--input", shared_dir / "corpora/books/08_Ruth.txt", "--output", tmp_path / "o",
+             "--vocab", tmp_path / "v.txt")
+    _assert_clean_error(p, "vocabulary")
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_corpus_with_no_usable_document(repo_root, minilm_dir, tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "empty.txt").write_text("   \n")
+    (bad / "bin.txt").write_bytes(bytes(range(256)) * 4)
+    (bad / "w.jsonl").write_text('{"text": null}\n{oops\n')
+    (bad / "t.txt.gz").write_bytes(gzip.compress(b"text " * 10000)[:100])
+    p = _run(repo_root, "--input", bad, "--output", tmp_path / "o", "--vocab", minilm_dir / "vocab.txt")
+    _assert_clean_error(p, "no usable document")
+    assert "5 read" in p.stderr and "binary=1" in p.stderr and "truncated_gzip=1" in p.stderr
+    assert not (tmp_path / "o" / "manifest.json").exists()
+
+
+@pytest.mark.slow
+def test_full_corpus_end_to_end_rerun_and_killed_resume(repo_root, shared_dir, minilm_dir, tmp_path):
+    corpora, vocab = shared_dir / "corpora", minilm_dir / "vocab.txt"
+    common = ["--vocab", vocab, "--data.chunk_chars", "200000", "--num-cpus", "2"]
+    # 1. the whole shared corpus, 2 actors
+    ref = tmp_path / "ref"
+    p = _run(repo_root, "--input", corpora / "books", "--input", corpora / "wiki", "--output", ref, *common,
+             "--data.num_actors", "2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = json.loads((ref / "manifest.json").read_text())
+    assert m["documents_read"] == m["documents_written"] == 549 and m["documents_rejected"] == 0
+    assert m["examples"] > 20_000 and abs(m["nsp_random_fraction"] - 0.5) <= 0.03
+    assert "examples" in p.stdout and "nsp random fraction" in p.stdout and "shards" in p.stdout
+    assert sorted(os.listdir(ref)) == ["manifest.json", "shards", "tokenizer.json", "vocab.meta.json", "vocab.txt"]
+    # 2. re-run: nothing to do
+    t0 = time.perf_counter()
+    p = _run(repo_root, "--input", corpora / "books", "--input", corpora / "wiki", "--output", ref, *common)
+    assert p.returncode == 0 and "is up to date" in p.stdout, p.stderr[-2000:]
+    assert json.loads((ref / "manifest.json").read_text()) == m
+    # 3. a run killed mid-way (1 actor), then resumed: the same bytes as the reference
+    out = tmp_path / "killed"
+    args = ["--input", corpora / "books", "--input", corpora / "wiki", "--output", out, *common, "--data.num_actors", "1"]
+    proc = subprocess.Popen(_cmd(repo_root, *args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=_env(), cwd=repo_root, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if len(list(out.glob("_work/*/tok/*.done.json"))) >= 8:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run finished before it could be killed"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the job and every process it started (its own local Ray)
+        proc.wait()
+    assert not (out / "manifest.json").exists()
+    p = _run(repo_root, *args)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "resuming" in p.stderr
+    assert _shard_hashes(out) == _shard_hashes(ref)
+    assert json.loads((out / "manifest.json").read_text())["config_hash"] == m["config_hash"]
