@@ -1,0 +1,562 @@
+"""Fine-tuning on Ray Train: sequence classification, token classification and extractive QA from a checkpoint.
+
+`run_finetune(cfg, source, task, train, eval)` is the whole job; `jobs/finetune.py` is its command line.
+
+1. Resolve the source (`resolve_source`): `models:/name@alias` / `models:/name/version` (downloaded from the
+   MLflow registry; lineage tags from its version), a local transformers directory, or `scratch:<preset>` (random
+   init; its vocabulary comes from `data.tokenizer`, by default the tokenizer of
+   `models:/bert-pretrain@latest-pretrain` — the model the baseline is compared against — so both see the same
+   WordPieces).
+2. Read, validate and tokenize on the driver (`finetune_data.prepare_task`): bad data fails before any worker
+   starts. Features and the initial weights go to the workers through the object store, so nothing assumes a
+   shared file system.
+3. `train_loop_per_worker`: AdamW (no decay on bias/LayerNorm) with linear warmup/decay, epochs or max steps,
+   evaluation on rank 0 after each epoch, a checkpoint (HF directory) reported only when the epoch is the best so
+   far, so the run's latest checkpoint is the best epoch's model. Rank 0 logs per-step loss and per-epoch eval
+   metrics into the driver's MLflow run.
+4. The driver adds the tokenizer files and registers the best model (HF directory, safetensors) with tags
+   naming the source model version and the pretraining run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import yaml
+
+from pipeline.config import ConfigError, build_section, flatten, parse_overrides, resolve_path
+from pipeline.finetune_data import FinetuneDataError, TaskData, load_tokenizer, pad_batch, prepare_task
+from pipeline import metrics as M
+
+TASKS = ("sequence-classification", "token-classification", "question-answering")
+DEFAULT_SCRATCH_TOKENIZER = "models:/bert-pretrain@latest-pretrain"
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def _coerce_numbers(obj: Any, section: str) -> None:
+    """YAML 1.1 reads `1e-4` (no dot) as a string; turn such strings into the field's float/int."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if not isinstance(v, str):
+            continue
+        kinds = {a for a in (typing.get_args(hints[f.name]) or (hints[f.name],)) if a in (int, float)}
+        for kind in sorted(kinds, key=lambda k: k is float):  # try int before float
+            try:
+                setattr(obj, f.name, kind(v))
+                break
+            except ValueError:
+                continue
+        else:
+            _check(not kinds, f"{section}.{f.name} {v!r} is not a number")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# configuration
+
+
+@dataclass
+class FtDataConfig:
+    """How task files are tokenized and subsetted."""
+
+    max_seq_length: int = 128
+    """Tokens per example (per QA window) including [CLS]/[SEP]; batches are padded to their longest row."""
+    doc_stride: int = 32
+    """QA: context tokens shared by consecutive windows (transformers' run_qa `doc_stride`)."""
+    max_query_length: int = 64
+    """QA: question tokens kept."""
+    max_train_examples: int | None = None
+    """Seeded random subset of the training file (null: all); for quick runs and CI."""
+    max_eval_examples: int | None = None
+    """First N eval examples (null: all)."""
+    tokenizer: str | None = None
+    """scratch:<preset> only: vocab.txt / tokenizer.json / checkpoint dir / models:/ URI; null means
+    models:/bert-pretrain@latest-pretrain so the baseline uses the pretrained model's vocabulary."""
+
+    def __post_init__(self) -> None:
+        _coerce_numbers(self, "data")
+        _check(16 <= self.max_seq_length <= 4096, f"data.max_seq_length {self.max_seq_length} is not in [16, 4096]")
+        _check(self.doc_stride >= 0, f"data.doc_stride {self.doc_stride} < 0")  # QA checks it against the window
+
+
+@dataclass
+class FtModelConfig:
+    """BertConfig fields that differ from the checkpoint's (e.g. `--model.overrides.hidden_dropout_prob 0.0`)."""
+
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FtTrainConfig:
+    """Ray Train scale and optimisation."""
+
+    num_workers: int = 1
+    """Ray Train workers (DDP across them)."""
+    use_gpu: bool = False
+    cpus_per_worker: float = 0.5
+    """CPUs reserved per worker; fractional so a 2-core machine can hold the workers and Ray's own actors."""
+    torch_threads: int | None = None
+    """Intra-op threads per CPU worker; null: this machine's cores divided by num_workers."""
+    epochs: int = 3
+    max_steps: int | None = None
+    """Optimizer steps in total; when set it overrides `epochs` (the last epoch may be partial)."""
+    batch_size: int = 32
+    """Examples per optimizer step on each worker."""
+    eval_batch_size: int = 64
+    lr: float = 5e-5
+    warmup_ratio: float = 0.1
+    """Fraction of the total steps with linear warmup."""
+    weight_decay: float = 0.01
+    schedule: Literal["linear", "polynomial", "constant"] = "linear"
+    max_grad_norm: float = 1.0
+    log_every_steps: int = 1
+    seed: int = 42
+    storage_path: str = "runs"
+    """Where Ray Train keeps the run's checkpoints (local path or URI)."""
+
+    def __post_init__(self) -> None:
+        _coerce_numbers(self, "train")
+        _check(self.num_workers >= 1, f"train.num_workers {self.num_workers} < 1")
+        _check(self.epochs >= 1, f"train.epochs {self.epochs} < 1")
+        _check(self.max_steps is None or self.max_steps >= 1, f"train.max_steps {self.max_steps} < 1")
+        _check(self.batch_size >= 1, f"train.batch_size {self.batch_size} < 1")
+        _check(self.lr > 0, f"train.lr {self.lr} must be > 0")
+        _check(0 <= self.warmup_ratio < 1, f"train.warmup_ratio {self.warmup_ratio} not in [0, 1)")
+
+
+@dataclass
+class FtEvalConfig:
+    """QA decoding."""
+
+    n_best: int = 20
+    max_answer_length: int = 30
+    """In WordPiece tokens."""
+    null_score_diff_threshold: float = 0.0
+    """SQuAD v2: answer "" when null score − best span score exceeds this."""
+
+    def __post_init__(self) -> None:
+        _coerce_numbers(self, "eval")
+
+
+@dataclass
+class FtTrackingConfig:
+    experiment: str = "bert-finetune"
+    model_name: str | None = None
+    """Registered model name; null: `bert-finetune-<task>`."""
+    alias: str | None = "latest-finetune"
+    register: bool = True
+    run_name: str | None = None
+
+
+@dataclass
+class FinetuneConfig:
+    data: FtDataConfig = field(default_factory=FtDataConfig)
+    model: FtModelConfig = field(default_factory=FtModelConfig)
+    train: FtTrainConfig = field(default_factory=FtTrainConfig)
+    eval: FtEvalConfig = field(default_factory=FtEvalConfig)
+    tracking: FtTrackingConfig = field(default_factory=FtTrackingConfig)
+
+    def flat(self) -> dict[str, Any]:
+        return flatten(asdict(self))
+
+
+FT_SECTIONS: dict[str, type] = {
+    "data": FtDataConfig, "model": FtModelConfig, "train": FtTrainConfig, "eval": FtEvalConfig, "tracking": FtTrackingConfig,
+}
+
+
+def load_finetune_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> FinetuneConfig:
+    """YAML (sections data/model/train/eval/tracking) plus `--section.field value` overrides.
+
+    >>> load_finetune_config(None, ["--train.max_steps", "20", "--data.max_seq_length", "64"]).train.max_steps
+    20
+    """
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        _check(p.is_file(), f"config file {path} does not exist")
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        _check(isinstance(raw, dict), f"config file {path} must be a mapping of sections")
+    for section, values in parse_overrides(list(overrides or [])).items():
+        _check(section in FT_SECTIONS, f"unknown config section {section!r}; known: {', '.join(FT_SECTIONS)}")
+        raw[section] = {**(raw.get(section) or {}), **values}
+    unknown = sorted(set(raw) - set(FT_SECTIONS))
+    _check(not unknown, f"unknown config section(s): {', '.join(unknown)}; known: {', '.join(FT_SECTIONS)}")
+    return FinetuneConfig(**{n: build_section(c, raw.get(n), n) for n, c in FT_SECTIONS.items()})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the source checkpoint
+
+
+@dataclass
+class Source:
+    """Where the initial weights and the tokenizer come from, and the lineage tags for MLflow."""
+
+    spec: str
+    model_dir: str | None  # transformers directory, None for scratch
+    preset: str | None  # scratch preset
+    tokenizer_path: str  # dir or file holding vocab.txt/tokenizer.json
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+def _from_registry(uri: str) -> tuple[str, dict[str, str]]:
+    from pipeline.tracking import download_model, model_version_info
+
+    info = model_version_info(uri)
+    local = download_model(f"models:/{info['name']}/{info['version']}")
+    tags = {
+        "source_model": f"models:/{info['name']}/{info['version']}",
+        "source_model_name": info["name"],
+        "source_model_version": info["version"],
+        # the pretraining run: its lineage tag when present, else the run that created the version
+        "pretrain_run_id": info["tags"].get("run_id") or info.get("run_id") or "",
+    }
+    for k in ("config_hash", "data_manifest_sha256", "vocab_sha256", "git_sha"):
+        if k in info["tags"]:
+            tags[f"source_{k}"] = info["tags"][k]
+    return local, tags
+
+
+def resolve_source(spec: str, tokenizer: str | None = None) -> Source:
+    """`models:/...` | local transformers dir | `scratch:<preset>` -> Source (downloads registry versions)."""
+    if spec.startswith("scratch:"):
+        from model import PRESETS
+
+        preset = spec.split(":", 1)[1]
+        _check(preset in PRESETS, f"--model {spec}: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        tok_spec = tokenizer or DEFAULT_SCRATCH_TOKENIZER
+        tags = {"source_model": spec, "scratch_tokenizer": tok_spec}
+        if tok_spec.startswith("models:/"):
+            try:
+                tok_path, tok_tags = _from_registry(tok_spec)
+            except Exception as e:  # noqa: BLE001 - one line for the user
+                raise ConfigError(
+                    f"--model {spec} takes its vocabulary from {tok_spec}, which failed ({str(e).splitlines()[0]}); "
+                    f"pass --data.tokenizer PATH (vocab.txt, tokenizer.json or a checkpoint dir)"
+                ) from None
+            tags["scratch_tokenizer_model"] = tok_tags["source_model"]
+        else:
+            tok_path = resolve_path(tok_spec)
+            _check(Path(tok_path).exists(), f"--data.tokenizer {tok_spec} does not exist")
+        return Source(spec, None, preset, tok_path, tags)
+    if spec.startswith("models:/"):
+        local, tags = _from_registry(spec)
+        return Source(spec, local, None, local, tags)
+    p = Path(spec)
+    _check((p / "config.json").is_file(), f"--model {spec}: not models:/name@alias, models:/name/version, "
+           f"scratch:<preset>, or a directory with config.json")
+    return Source(spec, str(p.resolve()), None, str(p.resolve()), {"source_model": str(p.resolve())})
+
+
+def build_model(source: Source, task: str, td: TaskData, overrides: dict[str, Any], vocab_size: int) -> torch.nn.Module:
+    """The head class for `task` with the source's weights (or random for scratch) and the task's labels."""
+    from model import BertConfig, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+    from model.hf import load_hf
+
+    cls = {
+        "sequence-classification": BertForSequenceClassification,
+        "token-classification": BertForTokenClassification,
+        "question-answering": BertForQuestionAnswering,
+    }[task]
+    head: dict[str, Any] = {"num_labels": td.num_labels, "id2label": td.id2label or None}
+    if task == "sequence-classification":
+        head["problem_type"] = td.problem_type
+    if task == "question-answering":
+        head = {"num_labels": 2, "id2label": None}
+    if source.model_dir is None:
+        cfg = BertConfig.from_preset(source.preset, vocab_size=vocab_size, **head, **overrides)
+        return cls(cfg)
+    model = load_hf(source.model_dir, cls, **head, **overrides)
+    _check(model.config.vocab_size >= vocab_size,
+           f"the tokenizer has {vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}")
+    return model
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# evaluation (pure: model + features -> metrics)
+
+PRIMARY = {"sequence-classification": "accuracy", "token-classification": "f1", "question-answering": "f1"}
+
+
+def primary_metric(task: str, problem_type: str) -> str:
+    return "pearson" if problem_type == "regression" else PRIMARY[task]
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, td: TaskData, cfg: FinetuneConfig, device: torch.device | str = "cpu") -> dict[str, float]:
+    """Eval metrics of `model` on `td.eval` (classification/regression, entities, or SQuAD EM/F1)."""
+    model.eval()
+    n = len(td.eval["input_ids"])
+    bs = cfg.train.eval_batch_size
+    outs: list[Any] = []
+    loss_sum = 0.0
+    for b in range(0, n, bs):
+        idx = list(range(b, min(n, b + bs)))
+        batch = {k: torch.as_tensor(v, device=device) for k, v in pad_batch(td.eval, idx).items()}
+        out = model(**batch)
+        loss_sum += float(out.loss) * len(idx)
+        if td.task == "question-answering":
+            lens = batch["attention_mask"].sum(1).tolist()
+            outs += [(s[:L].float().cpu().numpy(), e[:L].float().cpu().numpy())
+                     for s, e, L in zip(out.start_logits, out.end_logits, lens)]
+        elif td.task == "token-classification":
+            lens = batch["attention_mask"].sum(1).tolist()
+            outs += [row[:L].cpu().numpy() for row, L in zip(out.logits.argmax(-1), lens)]
+        else:
+            outs.append(out.logits.float().cpu().numpy())
+    model.train()
+    res: dict[str, float]
+    if td.task == "sequence-classification":
+        logits = np.concatenate(outs)
+        gold = np.asarray(td.eval["labels"])
+        res = M.regression_metrics(gold, logits[:, 0]) if td.problem_type == "regression" \
+            else M.classification_metrics(gold, logits.argmax(-1))
+    elif td.task == "token-classification":
+        preds = []
+        for pred_ids, wids, gold in zip(outs, td.eval["word_ids"], td.eval_tags):
+            tags = ["O"] * len(gold)  # words cut off by max_seq_length count as O
+            prev = -1
+            for p, w in zip(pred_ids, wids):
+                if w >= 0 and w != prev:
+                    tags[w] = td.id2label[int(p)]
+                prev = w
+            preds.append(tags)
+        res = M.entity_metrics(td.eval_tags, preds)
+    else:
+        starts = [s for s, _ in outs]
+        ends = [e for _, e in outs]
+        preds = M.postprocess_qa(
+            td.eval_windows, starts, ends, td.eval_contexts, cfg.eval.n_best, cfg.eval.max_answer_length,
+            td.version_2, cfg.eval.null_score_diff_threshold,
+        )
+        res = M.squad_metrics(preds, td.eval_answers)
+    res["loss"] = loss_sum / max(n, 1)
+    return res
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the training loop (one Ray Train worker)
+
+
+def steps_per_epoch(n_train: int, world: int, batch_size: int) -> int:
+    """Every rank takes the same number of steps: `n_train // world` rows each, the last batch may be short.
+
+    `steps_per_epoch(100, 2, 32) -> 2` (50 rows per rank: 32 + 18)
+    """
+    return max(1, math.ceil((n_train // world) / batch_size))
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    import ray
+    import ray.train
+    import ray.train.torch
+
+    from model import BertConfig
+    from model.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+    from pipeline.train import lr_lambda, make_optimizer
+    from pipeline.tracking import RunLogger
+
+    cfg: FinetuneConfig = config["cfg"]
+    td: TaskData = ray.get(config["data_ref"]) if "data_ref" in config else config["data"]
+    init = ray.get(config["init_ref"]) if "init_ref" in config else config["init"]
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    t = cfg.train
+    if not t.use_gpu:
+        torch.set_num_threads(t.torch_threads or max(1, (os.cpu_count() or 1) // world))
+    torch.manual_seed(t.seed + rank)
+
+    cls = {c.__name__: c for c in (BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering)}
+    model = cls[init["class"]](BertConfig(**init["config"]))
+    model.load_state_dict(init["state_dict"])
+    model = ray.train.torch.prepare_model(model)  # device + DDP when world > 1
+    raw_model = getattr(model, "module", model)
+    device = ray.train.torch.get_device()
+
+    n_train = len(td.train["input_ids"])
+    per_epoch = steps_per_epoch(n_train, world, t.batch_size)
+    total = t.max_steps or t.epochs * per_epoch
+    epochs = math.ceil(total / per_epoch)
+    warmup = int(t.warmup_ratio * total)
+    opt = make_optimizer(model, "adamw", t.lr, t.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, warmup, total, t.schedule))
+    log = RunLogger(config["run_id"], config["tracking_uri"]) if rank == 0 and config.get("run_id") else None
+    primary = config["primary"]
+    best = (-math.inf, -math.inf)
+    step = 0
+    t0 = time.time()
+    model.train()
+    for epoch in range(1, epochs + 1):
+        # the same permutation on every rank, each takes its stride; equal row counts keep DDP in lockstep
+        perm = np.random.default_rng(t.seed + epoch).permutation(n_train)[: (n_train // world) * world]
+        mine = perm[rank::world]
+        for b in range(0, len(mine), t.batch_size):
+            if step >= total:
+                break
+            batch = {k: torch.as_tensor(v, device=device) for k, v in pad_batch(td.train, mine[b : b + t.batch_size]).items()}
+            loss = model(**batch).loss  # mean over this worker's batch; DDP averages gradients over workers
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_grad_norm)
+            opt.step()
+            sched.step()
+            step += 1
+            if log and (step % t.log_every_steps == 0 or step == total):
+                log.log_metrics({"train/loss": loss.item(), "train/lr": sched.get_last_lr()[0], "train/epoch": epoch}, step)
+            if rank == 0 and (step % 20 == 0 or step == 1):
+                print(f"[finetune] epoch {epoch} step {step}/{total} loss {loss.item():.4f} "
+                      f"({(time.time() - t0) / step:.2f}s/step)", flush=True)
+        metrics: dict[str, float] = {"epoch": epoch, "step": step}
+        checkpoint = None
+        if rank == 0:
+            ev = evaluate(raw_model, td, cfg, device)
+            metrics.update({f"eval_{k}": v for k, v in ev.items()})
+            print(f"[finetune] epoch {epoch} eval " + json.dumps({k: round(v, 4) for k, v in ev.items()}), flush=True)
+            if log:
+                log.log_metrics({f"eval/{k}": v for k, v in ev.items()}, step)
+            score = (ev[primary], -ev["loss"])  # ties on the metric (e.g. F1 0 early on) go to the lower loss
+            if score > best:  # keep only the best epoch's model: report a checkpoint only when it improves
+                best = score
+                tmp = tempfile.mkdtemp(prefix="finetune-ckpt-")
+                from model.hf import save_hf
+
+                save_hf(raw_model, tmp)
+                Path(tmp, "eval_metrics.json").write_text(json.dumps({**ev, "epoch": epoch, "step": step}, indent=1))
+                checkpoint = ray.train.Checkpoint.from_directory(tmp)
+        ray.train.report(metrics, checkpoint=checkpoint)
+        if checkpoint is not None:
+            shutil.rmtree(checkpoint.path, ignore_errors=True)
+        if step >= total:
+            break
+    if log:
+        log.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the driver
+
+
+def _copy_tokenizer(src: str, dst: Path) -> None:
+    p = Path(src)
+    files = [p / f for f in TOKENIZER_FILES if (p / f).is_file()] if p.is_dir() else [p]
+    for f in files:
+        shutil.copyfile(f, dst / f.name)
+
+
+def run_finetune(
+    cfg: FinetuneConfig, source_spec: str, task: str, train_path: str, eval_path: str, output_dir: str | None = None
+) -> dict[str, Any]:
+    """Fine-tune, evaluate, log and register; returns `{"metrics", "model_dir", "registered", "run_id"}`.
+
+    Raises FinetuneDataError / ConfigError / TrackingError with one-line messages for bad input.
+    """
+    import ray
+    import ray.train
+    from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from pipeline import tracking
+
+    _check(task in TASKS, f"--task {task!r} is not one of {', '.join(TASKS)}")
+    uri = tracking.tracking_uri()
+    tracking.check_tracking_server(uri)
+    source = resolve_source(source_spec, cfg.data.tokenizer)
+    d = cfg.data
+    print(f"[finetune] {task} from {source_spec}: reading {train_path} and {eval_path}", flush=True)
+    td = prepare_task(task, train_path, eval_path, source.tokenizer_path, d.max_seq_length, d.doc_stride,
+                      d.max_query_length, d.max_train_examples, d.max_eval_examples, cfg.train.seed)
+    vocab_size = load_tokenizer(source.tokenizer_path).get_vocab_size()
+    print(f"[finetune] {len(td.train['input_ids'])} train / {len(td.eval['input_ids'])} eval features, "
+          f"labels {td.id2label or td.problem_type}", flush=True)
+    torch.manual_seed(cfg.train.seed)  # the new head's initialisation
+    model = build_model(source, task, td, dict(cfg.model.overrides), vocab_size)
+    init = {"class": type(model).__name__, "config": asdict(model.config), "state_dict": model.state_dict()}
+    primary = primary_metric(task, td.problem_type)
+
+    model_name = cfg.tracking.model_name or f"bert-finetune-{task}"
+    run_name = cfg.tracking.run_name or f"{task}-{source_spec.replace('/', '_')}-{uuid.uuid4().hex[:6]}"
+    tags = {**source.tags, "task": task, "train_file": str(Path(train_path).resolve()),
+            "eval_file": str(Path(eval_path).resolve())}
+    run_id = tracking.start_run(cfg.tracking.experiment, run_name, tags)
+    logger = tracking.RunLogger(run_id, uri)
+    status = "FAILED"
+    try:
+        logger.log_params({**cfg.flat(), "task": task, "source": source_spec, "num_train_features": len(td.train["input_ids"]),
+                           "num_eval_features": len(td.eval["input_ids"]), "problem_type": td.problem_type,
+                           "num_labels": td.num_labels})
+        with tempfile.TemporaryDirectory() as tmp:
+            label_map = Path(tmp, "label_map.json")
+            label_map.write_text(json.dumps({"task": task, "problem_type": td.problem_type,
+                                             "id2label": {str(k): v for k, v in td.id2label.items()}}, indent=1))
+            logger.log_artifact(str(label_map))
+
+        started_ray = False
+        if not ray.is_initialized():
+            ray.init(configure_logging=False, log_to_driver=True)
+            started_ray = True
+        try:
+            t = cfg.train
+            train_config = {
+                "cfg": cfg, "data_ref": ray.put(td), "init_ref": ray.put(init), "run_id": run_id,
+                "tracking_uri": uri, "primary": primary,
+            }
+            resources = {"CPU": t.cpus_per_worker} if not t.use_gpu else None
+            trainer = TorchTrainer(
+                train_loop_per_worker,
+                train_loop_config=train_config,
+                scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu, resources_per_worker=resources),
+                run_config=RunConfig(
+                    name=f"finetune-{run_name}",
+                    storage_path=resolve_path(t.storage_path),
+                    checkpoint_config=CheckpointConfig(num_to_keep=1),
+                ),
+            )
+            result = trainer.fit()
+            if result.checkpoint is None:
+                raise RuntimeError("training finished without a checkpoint")
+            out = Path(output_dir or tempfile.mkdtemp(prefix="finetuned-"))
+            out.mkdir(parents=True, exist_ok=True)
+            with result.checkpoint.as_directory() as ck:
+                shutil.copytree(ck, out, dirs_exist_ok=True)
+        finally:
+            if started_ray:
+                ray.shutdown()
+        _copy_tokenizer(source.tokenizer_path, out)
+        best = json.loads((out / "eval_metrics.json").read_text())
+        final = {k: v for k, v in best.items()}
+        logger.log_metrics({f"best/{k}": v for k, v in best.items()}, step=int(best["step"]))
+        registered = None
+        if cfg.tracking.register:
+            version = tracking.register_hf_model(
+                str(out), model_name, cfg.tracking.alias,
+                {**source.tags, "task": task, "run_id": run_id, f"eval_{primary}": f"{best[primary]:.6g}"}, run_id,
+            )
+            registered = f"models:/{model_name}/{version}"
+            logger.set_tags({"registered_model": registered})
+        status = "FINISHED"
+        return {"metrics": final, "model_dir": str(out), "registered": registered, "run_id": run_id}
+    finally:
+        logger.finish(status)

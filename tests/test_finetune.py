@@ -1,0 +1,154 @@
+"""pipeline/finetune.py without Ray: config, source resolution (local dir, registry, scratch), model building,
+and the evaluation bookkeeping (predictions mapped back to labels, words and answer texts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.config import ConfigError
+from pipeline.finetune import (
+    FinetuneConfig,
+    build_model,
+    evaluate,
+    load_finetune_config,
+    resolve_source,
+    steps_per_epoch,
+)
+from pipeline.finetune_data import prepare_task
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="module")
+def mlflow_store(tmp_path_factory):
+    """One real SQLite MLflow store for the module (creating one runs MLflow's migrations: seconds)."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        yield uri
+
+
+def test_config_file_matches_defaults_and_overrides():
+    assert load_finetune_config(REPO / "configs" / "finetune.yaml") == FinetuneConfig()
+    cfg = load_finetune_config(None, ["--train.lr", "1e-4", "--train.max_steps", "7", "--eval.n_best=5",
+                                      "--model.overrides.hidden_dropout_prob", "0.0"])
+    assert cfg.train.lr == 1e-4 and isinstance(cfg.train.lr, float)  # YAML 1.1 reads 1e-4 as a string
+    assert cfg.train.max_steps == 7 and cfg.eval.n_best == 5
+    assert cfg.model.overrides == {"hidden_dropout_prob": 0.0}
+    with pytest.raises(ConfigError, match="unknown train field"):
+        load_finetune_config(None, ["--train.lrr", "1"])
+    with pytest.raises(ConfigError, match="unknown config section 'trian'"):
+        load_finetune_config(None, ["--trian.lr", "1"])
+    with pytest.raises(ConfigError, match="train.lr 'fast' is not a number"):
+        load_finetune_config(None, ["--train.lr", "fast"])
+
+
+@pytest.mark.parametrize("n, world, bs, want", [(100, 1, 32, 4), (100, 2, 32, 2), (64, 2, 32, 1), (5, 4, 32, 1)])
+def test_steps_per_epoch(n, world, bs, want):
+    assert steps_per_epoch(n, world, bs) == want
+
+
+def test_resolve_local_and_scratch(minilm_dir, mlflow_store):
+    src = resolve_source(str(minilm_dir))
+    assert src.model_dir == str(minilm_dir.resolve()) and src.preset is None
+    s = resolve_source("scratch:tiny", str(minilm_dir / "vocab.txt"))
+    assert (s.model_dir, s.preset, s.tokenizer_path) == (None, "tiny", str(minilm_dir / "vocab.txt"))
+    with pytest.raises(ConfigError, match="unknown preset 'huge'"):
+        resolve_source("scratch:huge", str(minilm_dir))
+    # the default scratch vocabulary is the registered pretrained model's; an empty registry says what to pass
+    with pytest.raises(ConfigError, match="pass --data.tokenizer"):
+        resolve_source("scratch:tiny")
+    with pytest.raises(ConfigError, match="directory with config.json"):
+        resolve_source("/nonexistent/model")
+
+
+def test_resolve_registry_lineage(minilm_dir, mlflow_store):
+    from pipeline import tracking
+
+    run_id = tracking.start_run("pretrain-test", "pre", {})
+    v = tracking.register_hf_model(str(minilm_dir), "minilm", "latest-pretrain",
+                                   {"run_id": run_id, "config_hash": "abc"}, run_id)
+    src = resolve_source("models:/minilm@latest-pretrain")
+    assert (Path(src.model_dir) / "model.safetensors").is_file()
+    assert src.tags["source_model"] == f"models:/minilm/{v}"
+    assert src.tags["pretrain_run_id"] == run_id and src.tags["source_config_hash"] == "abc"
+    # scratch baseline borrows the registered model's vocabulary
+    s = resolve_source("scratch:tiny", "models:/minilm@latest-pretrain")
+    assert (Path(s.tokenizer_path) / "vocab.txt").read_text() == (minilm_dir / "vocab.txt").read_text()
+    assert s.tags["scratch_tokenizer_model"] == f"models:/minilm/{v}"
+
+
+@pytest.fixture(scope="module")
+def pydocs_small(shared_dir, minilm_dir):
+    t = shared_dir / "tasks" / "pydocs_topic"
+    return prepare_task("sequence-classification", t / "train.tsv", t / "dev.tsv", minilm_dir, 32,
+                        max_train_examples=12, max_eval_examples=40)
+
+
+def test_build_model_keeps_encoder_and_labels(minilm_dir, pydocs_small):
+    from safetensors.torch import load_file
+
+    m = build_model(resolve_source(str(minilm_dir)), "sequence-classification", pydocs_small, {}, 30522)
+    assert m.config.num_labels == 6 and m.config.id2label[2] == "library"
+    assert m.load_report["missing"] == ["classifier.bias", "classifier.weight"]
+    ref = load_file(str(minilm_dir / "model.safetensors"))
+    assert torch.equal(m.state_dict()["bert.encoder.layer.5.output.dense.weight"], ref["encoder.layer.5.output.dense.weight"])
+    s = build_model(resolve_source("scratch:tiny", str(minilm_dir)), "sequence-classification", pydocs_small, {}, 30522)
+    assert (s.config.hidden_size, s.config.vocab_size, s.config.num_labels) == (128, 30522, 6)
+
+
+def _force(linear: torch.nn.Linear, bias: list[float]) -> None:
+    """Make a head's output the constant `bias` (zero weights), so predictions are known in advance."""
+    with torch.no_grad():
+        linear.weight.zero_()
+        linear.bias.copy_(torch.tensor(bias))
+
+
+def test_evaluate_classification_bookkeeping(minilm_dir, pydocs_small):
+    m = build_model(resolve_source("scratch:tiny", str(minilm_dir)), "sequence-classification", pydocs_small, {}, 30522)
+    _force(m.classifier, [0, 0, 5.0, 0, 0, 0])  # always "library"
+    res = evaluate(m, pydocs_small, FinetuneConfig())
+    gold = np.asarray(pydocs_small.eval["labels"])
+    assert res["accuracy"] == pytest.approx((gold == 2).mean())
+    assert res["mcc"] == 0.0  # a constant prediction has no correlation
+    # macro-F1: only "library" has non-zero F1 = 2p/(p+1) where p is its share; averaged over 6 labels
+    p = (gold == 2).mean()
+    assert res["macro_f1"] == pytest.approx(2 * p / (p + 1) / len(set(gold) | {2}))
+
+
+def test_evaluate_token_bookkeeping(minilm_dir, tmp_path):
+    tr = tmp_path / "tr.conll"
+    tr.write_text("Naomi B-PER\nwent O\nto O\nBethlehemjudah B-LOC\n\nthe O\nLORD B-DEITY\n")
+    ev = tmp_path / "ev.conll"
+    ev.write_text("Naomi B-PER\nand O\nBethlehemjudah B-LOC\n\nthe O\nLORD B-DEITY\nGod O\n")
+    td = prepare_task("token-classification", tr, ev, minilm_dir, 32)
+    m = build_model(resolve_source("scratch:tiny", str(minilm_dir)), "token-classification", td, {}, 30522)
+    names = td.id2label
+    _force(m.classifier, [5.0 if names[i] == "B-PER" else 0.0 for i in range(len(names))])  # every piece B-PER
+    res = evaluate(m, td, FinetuneConfig())
+    # word tags predicted: all B-PER (the 3 pieces of bethlehemjudah map to one word) -> 6 predicted entities,
+    # gold PER/LOC/DEITY = 3, correct 1 (Naomi); token accuracy 1/6
+    assert res["precision"] == pytest.approx(1 / 6) and res["recall"] == pytest.approx(1 / 3)
+    assert res["token_accuracy"] == pytest.approx(1 / 6)
+
+
+def test_evaluate_qa_no_answer_path(minilm_dir):
+    td = prepare_task("question-answering", DATA / "bible_squad_dev.json", DATA / "bible_squad_dev.json", minilm_dir,
+                      96, doc_stride=16, max_train_examples=4, max_eval_examples=30)
+    assert td.version_2 and any(not a for a in td.eval_answers.values())
+    m = build_model(resolve_source("scratch:tiny", str(minilm_dir)), "question-answering", td, {}, 30522)
+    _force(m.qa_outputs, [0.0, 0.0])  # every start/end logit is 0
+    # null score 0 − best span score 0 = 0 is not above the default threshold 0.0: every question gets a span
+    # (the last tokens by tie order; a span like "." normalises to "" and happens to match a no-answer)
+    res = evaluate(m, td, FinetuneConfig())
+    assert res["no_ans_exact"] < 100.0
+    # with the threshold below 0 every question is answered "" and scores the fraction of unanswerable ones
+    res = evaluate(m, td, load_finetune_config(None, ["--eval.null_score_diff_threshold", "-1.0"]))
+    frac_no = np.mean([not a for a in td.eval_answers.values()])
+    assert res["exact_match"] == pytest.approx(100 * frac_no) and res["f1"] == pytest.approx(100 * frac_no)
+    assert res["no_ans_exact"] == 100.0 and res["has_ans_f1"] == 0.0
