@@ -171,6 +171,8 @@ class TrainConfig:
     """Clip the global gradient norm to this (0 disables clipping)."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """bf16 autocast (GPU or CPU), fp16 autocast with a gradient scaler (GPU), or fp32."""
+    materialize_data: bool = False
+    """Read each worker's shards once into the Ray object store (small corpora: epochs then cost nothing to re-read)."""
     shuffle_buffer_rows: int = 16384
     """Each worker shuffles its rows in consecutive chunks of this many rows, differently every epoch."""
     num_eval_shards: int = 1
@@ -216,7 +218,7 @@ class TrainConfig:
         _check(self.schedule in ("linear", "polynomial"), f"train.schedule {self.schedule!r} is not linear or polynomial")
         _check(self.precision in ("fp32", "bf16", "fp16"), f"train.precision {self.precision!r} is not fp32/bf16/fp16")
         _check(self.lr > 0, f"train.lr {self.lr} must be > 0")
-        _check(0 <= self.warmup_steps <= self.max_steps, f"train.warmup_steps {self.warmup_steps} is not in [0, max_steps]")
+        _check(self.warmup_steps >= 0, f"train.warmup_steps {self.warmup_steps} < 0")
         _check(self.poly_power > 0, f"train.poly_power {self.poly_power} must be > 0")
         _check(self.cpus_per_worker > 0, f"train.cpus_per_worker {self.cpus_per_worker} must be > 0")
         _check(self.num_eval_shards >= 0, f"train.num_eval_shards {self.num_eval_shards} < 0")

@@ -75,12 +75,14 @@ class Lamb(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                g = p.grad.float()
+                # Half-precision params keep fp32 moments; fp32/fp64 ones compute in their own dtype.
+                dtype = torch.float32 if p.dtype in (torch.float16, torch.bfloat16) else p.dtype
+                g = p.grad.to(dtype)
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.zeros((), dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, dtype=dtype)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype)
                 state["step"] += 1
                 t = state["step"].item()
                 m, v = state["exp_avg"], state["exp_avg_sq"]
@@ -88,14 +90,14 @@ class Lamb(torch.optim.Optimizer):
                 v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
                 m_hat = m / (1 - beta1**t)
                 v_hat = v / (1 - beta2**t)
-                w = p.float()
+                w = p.to(dtype)
                 update = m_hat / (v_hat.sqrt() + group["eps"])
                 if wd != 0:
                     update = update + wd * w
                     w_norm, u_norm = w.norm(), update.norm()
                     trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
                 else:
-                    trust = torch.ones(())
+                    trust = torch.ones((), dtype=dtype)
                 p.add_((-group["lr"] * trust * update).to(p.dtype))
         return loss
 
@@ -651,15 +653,21 @@ def run_training(cfg, phase_data: list[dict[str, Any]], run_id: str, run_name: s
 
     tc = cfg.train
     plan = data_plan(phase_data, tc, tc.num_workers)
-    datasets = {}
-    for i, p in enumerate(plan):
-        for r, mine in enumerate(p["ranks"]):
-            datasets[f"p{i}_r{r}"] = ray.data.read_parquet(mine["files"], shuffle=None)
-        if p["eval_files"]:
-            datasets[f"p{i}_eval"] = ray.data.read_parquet(p["eval_files"], shuffle=None)
     # preserve_order: each rank's rows arrive in file order, which is what makes resumption exact.
     limits = ExecutionResources(cpu=tc.data_cpus) if tc.data_cpus else ExecutionResources()
     exec_opts = ExecutionOptions(preserve_order=True, resource_limits=limits)
+    ray.data.DataContext.get_current().execution_options = exec_opts  # also for materialize() here
+
+    def read(files: list[str]):
+        ds = ray.data.read_parquet(files, shuffle=None)
+        return ds.materialize() if tc.materialize_data else ds
+
+    datasets = {}
+    for i, p in enumerate(plan):
+        for r, mine in enumerate(p["ranks"]):
+            datasets[f"p{i}_r{r}"] = read(mine["files"])
+        if p["eval_files"]:
+            datasets[f"p{i}_eval"] = read(p["eval_files"])
     fail_marker = None
     if tc.fail_at_step is not None:
         base = tc.storage_path if "://" not in tc.storage_path else os.path.join(os.path.expanduser("~"), ".cache")

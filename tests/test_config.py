@@ -1,0 +1,87 @@
+"""pipeline.config (TrainConfig/PhaseConfig/TrackingConfig/ModelConfig) and the configs/*.yaml presets."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from pipeline.config import ConfigError, PhaseConfig, TrainConfig, load_config
+
+PRESETS = ["tiny", "base", "large"]
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_load_and_every_key_is_commented(repo_root, name):
+    path = repo_root / "configs" / f"{name}.yaml"
+    cfg = load_config(path)
+    assert sum(cfg.train.phase_steps()) == cfg.train.max_steps
+    raw = yaml.safe_load(path.read_text())
+    assert set(raw) == {"data", "model", "train", "tracking"}
+    for line in path.read_text().splitlines():
+        # every `key: value` line (not list items inside a phase) carries a comment saying why
+        if re.match(r"^\s+[a-z_]+:\s*\S", line) or re.match(r"^\s+- [a-z_]+:", line):
+            assert "#" in line, f"{name}.yaml: uncommented key: {line.strip()}"
+
+
+def test_tiny_reads_the_shared_corpora(repo_root):
+    cfg = load_config(repo_root / "configs" / "tiny.yaml")
+    assert cfg.data.inputs == ["../shared/corpora"]
+    assert cfg.train.global_batch_size == cfg.train.micro_batch_size * cfg.train.num_workers * cfg.train.accumulation_steps
+
+
+@pytest.mark.parametrize("name,seq", [("base", [128, 512]), ("large", [128, 512])])
+def test_gpu_presets_have_two_phases_with_one_schedule(repo_root, name, seq):
+    cfg = load_config(repo_root / "configs" / f"{name}.yaml")
+    assert [p.max_seq_length for p in cfg.train.phases] == seq
+    steps = cfg.train.phase_steps()
+    assert steps[0] == round(0.9 * cfg.train.max_steps) and sum(steps) == cfg.train.max_steps
+    assert cfg.train.use_gpu and cfg.train.precision in ("bf16", "fp16")
+
+
+def test_phase_steps_from_fractions_steps_and_remainder():
+    assert TrainConfig(max_steps=100, phases=[{"fraction": 0.7}, {"max_seq_length": 512}]).phase_steps() == [70, 30]
+    assert TrainConfig(max_steps=10, phases=[{"steps": 4}, {"steps": 6, "max_seq_length": 256}]).phase_steps() == [4, 6]
+    assert TrainConfig(max_steps=7).phase_steps() == [7]
+    with pytest.raises(ConfigError, match="sum to train.max_steps 10"):
+        TrainConfig(max_steps=10, phases=[{"steps": 4}, {"steps": 5}])
+    with pytest.raises(ConfigError, match=r"phases\[0\] needs fraction or steps"):
+        TrainConfig(max_steps=10, phases=[{}, {"steps": 5}])
+
+
+def test_phases_parse_from_the_command_line():
+    cfg = load_config(None, ["--train.max_steps", "20", "--train.phases", "[{fraction: 0.5, max_seq_length: 64}, {max_seq_length: 128, micro_batch_size: 8}]"])
+    assert cfg.train.phases == [PhaseConfig(max_seq_length=64, fraction=0.5), PhaseConfig(max_seq_length=128, micro_batch_size=8)]
+    assert cfg.train.phase_steps() == [10, 10]
+    with pytest.raises(ConfigError, match="unknown train.phases field"):
+        load_config(None, ["--train.phases", "[{seq_len: 64}]"])
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        (["--train.global_batch_size", "48", "--train.micro_batch_size", "32"], "train.global_batch_size 48"),
+        (["--train.optimizer", "sgd"], "train.optimizer 'sgd'"),
+        (["--train.schedule", "cosine"], "train.schedule 'cosine'"),
+        (["--train.precision", "fp8"], "train.precision 'fp8'"),
+        (["--train.poly_power", "0"], "train.poly_power 0"),
+        (["--train.checkpoint_every_steps", "0"], "train.checkpoint_every_steps 0"),
+        (["--train.cpus_per_worker", "0"], "train.cpus_per_worker 0"),
+        (["--train.phases", "[{fraction: 2.0}]"], "fraction 2.0"),
+    ],
+)
+def test_bad_values_name_the_field(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, override)
+
+
+def test_phase_batch_sizes_are_checked():
+    with pytest.raises(ConfigError, match=r"train.phases\[1\] global_batch_size 32"):
+        TrainConfig(num_workers=2, micro_batch_size=8, global_batch_size=32,
+                    phases=[{"fraction": 0.5}, {"micro_batch_size": 24}], max_steps=10)
+
+
+def test_model_section_accepts_bertconfig_fields_as_overrides():
+    cfg = load_config(None, ["--model.preset", "mini", "--model.hidden_dropout_prob", "0.0"])
+    assert cfg.model.preset == "mini" and cfg.model.overrides == {"hidden_dropout_prob": 0.0}

@@ -1,0 +1,108 @@
+"""pipeline.tracking against a real MLflow SQLite store: runs, resumable logging, registry, download."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from pipeline import tracking
+
+
+@pytest.fixture()
+def store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return tmp_path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tracking_uri_is_absolute(store, monkeypatch):
+    assert tracking.tracking_uri() == f"sqlite:///{store / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///sub/x.db")
+    assert tracking.tracking_uri() == f"sqlite:///{store / 'sub' / 'x.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert tracking.tracking_uri() == "http://127.0.0.1:5000"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "./mlruns")
+    assert tracking.tracking_uri() == (store / "mlruns").as_uri()
+
+
+def test_unreachable_server_is_one_clear_line():
+    uri = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(tracking.TrackingError) as e:
+        tracking.check_tracking_server(uri, timeout=2)
+    msg = str(e.value)
+    assert "\n" not in msg and uri in msg and "unreachable" in msg
+    tracking.check_tracking_server("sqlite:////nonexistent-dir-is-fine/mlflow.db")  # local stores always pass
+
+
+def test_start_run_reopens_the_run_of_the_same_name(store):
+    a = tracking.start_run("exp", "run-a", {"git_sha": "abc"})
+    b = tracking.start_run("exp", "run-b", {})
+    assert a != b
+    tracking.RunLogger(a).finish("FAILED")
+    assert tracking.start_run("exp", "run-a", {"attempt": 2}) == a
+    run = tracking.client().get_run(a)
+    assert run.info.status == "RUNNING" and run.data.tags["git_sha"] == "abc" and run.data.tags["attempt"] == "2"
+    assert tracking.find_run("exp", "nope") is None and tracking.find_run("missing-exp", "run-a") is None
+
+
+def test_run_logger_never_logs_a_step_twice(store):
+    run_id = tracking.start_run("exp", "r", {})
+    first = tracking.RunLogger(run_id)
+    first.log_params({"train.lr": 0.001, "data.inputs": ["/a", "/b"]})
+    for step in range(1, 6):
+        first.log_metrics({"loss": 10.0 - step, "lr": 0.1 * step}, step)
+    # a restarted worker resumes from a checkpoint at step 3 and recomputes steps 4.. in a new logger
+    second = tracking.RunLogger(run_id)
+    second.log_params({"train.lr": 0.001, "data.inputs": ["/a", "/b"]})  # resumed run: no error, no duplicate
+    for step in range(4, 8):
+        second.log_metrics({"loss": 100.0 + step, "lr": 0.1 * step}, step)
+    c = tracking.client()
+    hist = [(m.step, m.value) for m in c.get_metric_history(run_id, "loss")]
+    assert sorted(hist) == [(1, 9.0), (2, 8.0), (3, 7.0), (4, 6.0), (5, 5.0), (6, 106.0), (7, 107.0)]
+    assert c.get_run(run_id).data.params == {"train.lr": "0.001", "data.inputs": "['/a', '/b']"}
+
+
+def test_system_metrics_are_sampled_with_psutil(store):
+    import psutil
+
+    run_id = tracking.start_run("exp", "sys", {})
+    log = tracking.RunLogger(run_id)
+    log.log_system_metrics()
+    m = tracking.client().get_run(run_id).data.metrics
+    assert 0 <= m["system/cpu_utilization_percentage"] <= 100 * psutil.cpu_count()
+    total_mb = psutil.virtual_memory().total / 2**20
+    assert 0 < m["system/system_memory_usage_megabytes"] < total_mb
+    assert m["system/process_rss_megabytes"] > 10
+
+
+def test_register_download_and_version_info(store, minilm_dir):
+    import shutil
+
+    import transformers
+
+    run_id = tracking.start_run("exp", "reg", {})
+    export = store / "export"
+    shutil.copytree(minilm_dir, export)
+    tags = {"data_manifest_sha256": "d" * 64, "vocab_sha256": "v" * 64, "config_hash": "c" * 64, "git_sha": "g", "run_id": run_id}
+    v1 = tracking.register_hf_model(str(export), "bert-test", "latest-pretrain", tags, run_id)
+    v2 = tracking.register_hf_model(str(export), "bert-test", "latest-pretrain", {**tags, "git_sha": "h"}, run_id)
+    assert (v1, v2) == ("1", "2")
+    info = tracking.model_version_info("models:/bert-test@latest-pretrain")
+    assert info["version"] == "2" and info["run_id"] == run_id and info["tags"] == {**tags, "git_sha": "h"}
+    assert tracking.model_version_info("models:/bert-test/1")["tags"]["git_sha"] == "g"
+    local = tracking.download_model("models:/bert-test@latest-pretrain", str(store / "dl"))
+    assert json.loads((export / "config.json").read_text()) == json.loads(open(f"{local}/config.json").read())
+    model = transformers.AutoModel.from_pretrained(local)
+    assert model.config.hidden_size == 384
+    with pytest.raises(tracking.TrackingError, match="models:/bert-test@nope"):
+        tracking.model_version_info("models:/bert-test@nope")
+    with pytest.raises(tracking.TrackingError, match="not a models:/"):
+        tracking.model_version_info("runs:/x/model")
