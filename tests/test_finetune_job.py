@@ -1,0 +1,173 @@
+"""Fine-tuning end to end on a real local Ray cluster and a real SQLite MLflow store.
+
+Budgets (2 CPU cores, CI): the real MiniLM checkpoint on pydocs_topic with a 960-example seeded training subset,
+max_seq_length 64, one epoch of 30 steps at batch 32, evaluated on the first 400 dev rows; NER and SQuAD v2 on the
+Bible-derived fixtures in tests/data with small subsets. The slow test runs the pretraining job (tiny preset, a
+few steps on the wiki corpus) and fine-tunes from `models:/...@alias` and from `scratch:tiny` with the same budget
+through the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.finetune import load_finetune_config, run_finetune
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A real SQLite MLflow store and a Ray Train storage dir shared by the module's runs."""
+    root = tmp_path_factory.mktemp("ft")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        yield root
+
+
+def _cfg(store: Path, *overrides: str):
+    return load_finetune_config(REPO / "configs" / "finetune.yaml",
+                                ["--train.storage_path", str(store / "runs"), "--train.torch_threads", "2", *overrides])
+
+
+def test_pydocs_topic_from_minilm(ray_local, store, shared_dir, minilm_dir):
+    from mlflow import MlflowClient
+
+    task = shared_dir / "tasks" / "pydocs_topic"
+    cfg = _cfg(store, "--data.max_seq_length", "64", "--data.max_train_examples", "960", "--data.max_eval_examples", "400",
+               "--train.epochs", "1", "--train.batch_size", "32", "--train.lr", "2e-4", "--tracking.model_name", "pydocs-minilm")
+    res = run_finetune(cfg, str(minilm_dir), "sequence-classification", str(task / "train.tsv"), str(task / "dev.tsv"),
+                       str(store / "pydocs-model"))
+    acc = res["metrics"]["accuracy"]
+    print(f"pydocs_topic dev accuracy (MiniLM, 30 steps): {acc:.4f}")
+    assert acc >= 0.6, res["metrics"]  # chance is 1/6
+
+    # MLflow: params, a loss per step, eval metrics, the label map, the registered version and its lineage
+    c = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    run = c.get_run(res["run_id"])
+    assert run.data.params["train.lr"] == "0.0002" and run.data.params["task"] == "sequence-classification"
+    assert len(c.get_metric_history(res["run_id"], "train/loss")) == 30
+    assert c.get_metric_history(res["run_id"], "eval/accuracy")[-1].value == pytest.approx(acc)
+    assert run.data.tags["source_model"] == str(minilm_dir.resolve())
+    label_map = json.loads(Path(c.download_artifacts(res["run_id"], "label_map.json")).read_text())
+    assert label_map["id2label"]["5"] == "whatsnew"
+    mv = c.get_model_version("pydocs-minilm", "1")
+    assert mv.run_id == res["run_id"] and mv.tags["task"] == "sequence-classification"
+
+    # the registered directory is a transformers checkpoint with the label names; its logits match ours
+    transformers = pytest.importorskip("transformers")
+    out = Path(res["model_dir"])
+    assert {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    hf = transformers.BertForSequenceClassification.from_pretrained(str(out)).eval()
+    assert hf.config.id2label[0] == "c-api"
+    tok = transformers.BertTokenizerFast.from_pretrained(str(out))
+    enc = tok(["Use PyArg_ParseTuple to parse arguments.", "What's new in Python 3.11"], padding=True, return_tensors="pt")
+    from model import BertForSequenceClassification
+    from model.hf import load_hf
+
+    ours = load_hf(out, BertForSequenceClassification).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(**enc).logits, hf(**enc).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_token_classification_bible(ray_local, store, minilm_dir):
+    cfg = _cfg(store, "--data.max_seq_length", "48", "--data.max_train_examples", "320", "--data.max_eval_examples", "150",
+               "--train.epochs", "2", "--train.batch_size", "16", "--train.lr", "3e-4", "--tracking.register", "false")
+    res = run_finetune(cfg, str(minilm_dir), "token-classification", str(DATA / "bible_ner_train.conll"),
+                       str(DATA / "bible_ner_dev.conll"))
+    m = res["metrics"]
+    print(f"bible NER entity F1 {m['f1']:.3f} P {m['precision']:.3f} R {m['recall']:.3f} token acc {m['token_accuracy']:.3f}")
+    # predicting O everywhere scores token accuracy ~0.94 and F1 0; the dev names (Jonah, 1 Samuel 11-16) are
+    # partly unseen in training
+    assert m["f1"] >= 0.5 and m["token_accuracy"] > 0.96, m
+
+
+def test_question_answering_bible_v2(ray_local, store, minilm_dir):
+    cfg = _cfg(store, "--data.max_seq_length", "128", "--data.doc_stride", "32", "--data.max_train_examples", "240",
+               "--data.max_eval_examples", "90", "--train.epochs", "2", "--train.batch_size", "16", "--train.lr", "3e-4",
+               "--tracking.register", "false")
+    res = run_finetune(cfg, str(minilm_dir), "question-answering", str(DATA / "bible_squad_train.json"),
+                       str(DATA / "bible_squad_dev.json"))
+    m = res["metrics"]
+    print("bible SQuAD v2: " + json.dumps({k: round(v, 2) for k, v in m.items()}))
+    # always answering "" scores the unanswerable share (~1/3); the model must find names and abstain
+    from pipeline.finetune_data import read_squad
+
+    ex, _ = read_squad(DATA / "bible_squad_dev.json")
+    no_ans_share = 100 * np.mean([e.is_impossible for e in ex[:90]])
+    assert m["f1"] > no_ans_share + 10, m
+    assert m["has_ans_f1"] > 20 and m["no_ans_exact"] > 20, m
+
+
+def _job(*args: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "jobs" / "finetune.py"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.parametrize(
+    "train_text, eval_text, msg",
+    [
+        ("sentence\tlabel\nNaomi wept\ta\nRuth clave\tb\n", "sentence\tlabel\nBoaz\tc\n", "dev.tsv: row 2: unknown label 'c'"),
+        ("text\tlabel\nNaomi wept\ta\n", "sentence\tlabel\nBoaz\ta\n", "train.tsv: row 2: missing column(s) sentence"),
+        ("", "sentence\tlabel\nBoaz\ta\n", "train.tsv: file is empty"),
+    ],
+)
+def test_cli_bad_data_one_line(tmp_path, minilm_dir, train_text, eval_text, msg):
+    (tmp_path / "train.tsv").write_text(train_text)
+    (tmp_path / "dev.tsv").write_text(eval_text)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    p = _job("--model", str(minilm_dir), "--task", "sequence-classification", "--train", "train.tsv", "--eval", "dev.tsv",
+             cwd=tmp_path, env=env)
+    assert p.returncode == 2
+    assert p.stderr.strip().count("\n") == 0 and msg in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.slow
+def test_pretrain_then_finetune_vs_scratch(tmp_path, shared_dir):
+    """The whole path: the pretraining job registers tiny, fine-tuning starts from the alias; scratch:tiny baseline."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONUNBUFFERED": "1"}
+    pre = subprocess.run(
+        [sys.executable, str(REPO / "jobs" / "pretrain.py"), "--config", str(REPO / "configs" / "tiny.yaml"),
+         "--data.inputs", str(shared_dir / "corpora" / "wiki"), "--data.output", str(tmp_path / "data"),
+         "--data.vocab_size", "4000", "--train.max_steps", "40", "--train.eval_every_steps", "40",
+         "--train.checkpoint_every_steps", "40", "--train.storage_path", str(tmp_path / "runs"),
+         "--tracking.model_name", "tiny-e2e", "--tracking.alias", "e2e"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert pre.returncode == 0, pre.stderr[-3000:]
+    last = pre.stdout.strip().splitlines()[-1]
+    assert last.startswith("registered models:/tiny-e2e/"), last
+
+    task = shared_dir / "tasks" / "pydocs_topic"
+    common = ["--task", "sequence-classification", "--train", str(task / "train.tsv"), "--eval", str(task / "dev.tsv"),
+              "--data.max_seq_length", "64", "--data.max_train_examples", "1600", "--data.max_eval_examples", "400",
+              "--train.epochs", "2", "--train.batch_size", "32", "--train.lr", "1e-3",
+              "--train.storage_path", str(tmp_path / "runs")]
+    results = {}
+    for src in ("models:/tiny-e2e@e2e", "scratch:tiny"):
+        extra = ["--data.tokenizer", "models:/tiny-e2e@e2e"] if src.startswith("scratch") else []
+        p = _job("--model", src, *common, *extra, cwd=tmp_path, env=env)
+        assert p.returncode == 0, p.stderr[-3000:]
+        results[src] = json.loads(p.stdout.strip().splitlines()[-1])
+    pre_acc, scratch_acc = results["models:/tiny-e2e@e2e"]["accuracy"], results["scratch:tiny"]["accuracy"]
+    print(f"pydocs_topic accuracy: pretrained tiny {pre_acc:.4f}, scratch tiny {scratch_acc:.4f}")
+    assert pre_acc > 1 / 6 and scratch_acc > 1 / 6
+
+    # the fine-tuned version names its source version and the pretraining run
+    from mlflow import MlflowClient
+
+    c = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    src_mv = c.get_model_version_by_alias("tiny-e2e", "e2e")
+    ft = c.get_model_version("bert-finetune-sequence-classification", "1")
+    assert ft.tags["source_model"] == f"models:/tiny-e2e/{src_mv.version}"
+    assert ft.tags["pretrain_run_id"] == src_mv.tags["run_id"]
