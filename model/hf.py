@@ -111,13 +111,18 @@ def convert_state_dict(sd: dict[str, torch.Tensor], model: torch.nn.Module) -> d
     return out
 
 
-def load_hf(path: str | Path, cls: type[torch.nn.Module] = BertModel, *, strict: bool = False,
+def load_hf(path: str | Path, cls: type[torch.nn.Module] | str = BertModel, *, strict: bool = False,
             **config_overrides: Any) -> torch.nn.Module:
     """Build `cls` from a transformers BERT directory; `config_overrides` (e.g. num_labels=6) beat config.json.
 
-    Weights the checkpoint lacks (e.g. a new classifier) keep BERT's initialisation; missing and unexpected
-    names go to `model.load_report` and a warning, or raise ValueError with `strict=True`.
+    `cls` is one of our classes or its name (e.g. config.json's `architectures[0]`). Weights the checkpoint
+    lacks (e.g. a new classifier) keep BERT's initialisation; missing and unexpected names go to
+    `model.load_report` and a warning, or raise ValueError with `strict=True`.
     """
+    if isinstance(cls, str):
+        if cls not in CLASSES:
+            raise ValueError(f"unknown model class {cls!r}; choose one of {', '.join(CLASSES)}")
+        cls = CLASSES[cls]
     path = Path(path)
     config_file = path / "config.json"
     if not config_file.is_file():

@@ -73,7 +73,7 @@ def test_prefixed_checkpoint_into_bare_model_reports_head_weights(tmp_path):
     pre = BertForPreTraining(tiny_cfg())
     randomise(pre)
     save_hf(pre, tmp_path)
-    bare = load_hf(tmp_path, BertModel)
+    bare = load_hf(tmp_path, "BertModel")
     assert bare.load_report["missing"] == []
     assert "cls.predictions.bias" in bare.load_report["unexpected"]
     assert all(k.startswith("cls.") for k in bare.load_report["unexpected"])
