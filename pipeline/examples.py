@@ -11,6 +11,8 @@ Pure functions over token-id arrays; Ray only wraps them (pipeline/shards.py). D
 - Randomness derives from (seed, doc_id, dupe) (`derive_seed`), so the output does not depend on which worker
   handles which document.
 - `truncate_seq_pair` works on index windows, drawing the same coin flips as Google's list version.
+- A chunk of one sentence is not forced to a random B (Google's does that, which pushes the random fraction
+  above 50% on text with long sentences): the coin decides, and an IsNext lone sentence is cut in two.
 
     >>> split_sentences("It rained. Then it stopped! ok")
     ['It rained.', 'Then it stopped! ok']

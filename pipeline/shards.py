@@ -437,11 +437,13 @@ def _log(msg: str) -> None:
 
 
 class _TokenizeActor:
-    def __init__(self, tokenizer_json: str, cfg: dict, work: str) -> None:
+    """Holds one tokenizer; one input file per call. Constructor arguments are small (paths, config)."""
+
+    def __init__(self, tokenizer_path: str, cfg: dict, work: str) -> None:
+        os.environ.setdefault("RAYON_NUM_THREADS", "1")  # one thread per actor; the actors are the parallelism
         from tokenizers import Tokenizer
 
-        os.environ.setdefault("RAYON_NUM_THREADS", "1")  # one thread per actor; the actors are the parallelism
-        self.tok = Tokenizer.from_str(tokenizer_json)
+        self.tok = Tokenizer.from_str(read_text(tokenizer_path))
         self.tok.no_truncation()
         self.tok.no_padding()
         self.cfg = DataConfig(**cfg)
@@ -456,13 +458,19 @@ class _TokenizeActor:
 
 
 class _ExamplesActor:
-    def __init__(self, pool_ref: Any, cfg: dict, policy: MaskingPolicy, cls_id: int, sep_id: int) -> None:
+    """Holds the random pool (fetched once from the object store) and the masking policy."""
+
+    def __init__(self, pool_ref: list, cfg: dict, vocab_path: str) -> None:
         import ray
 
-        self.pool = ray.get(pool_ref[0]) if isinstance(pool_ref, list) else pool_ref
+        self.pool = ray.get(pool_ref[0])
         self.cfg = DataConfig(**cfg)
-        self.policy = policy
-        self.cls_id, self.sep_id = cls_id, sep_id
+        vocab = read_text(vocab_path).split("\n")[:-1]
+        self.policy = MaskingPolicy.from_vocab(
+            vocab, mask_rate=self.cfg.mask_rate, max_predictions_per_seq=self.cfg.max_predictions_per_seq,
+            whole_word=self.cfg.whole_word_mask,
+        )
+        self.cls_id, self.sep_id = vocab.index("[CLS]"), vocab.index("[SEP]")
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = []
@@ -470,11 +478,6 @@ class _ExamplesActor:
             meta = examples_for_chunk(str(chunk), self.pool, self.cfg, self.policy, self.cls_id, self.sep_id, str(dest))
             out.append(json.dumps(meta))
         return {"meta": np.array(out, dtype=object)}
-
-
-def _shard_task(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    out = [json.dumps(write_shard(str(p), json.loads(str(parts)))) for p, parts in zip(batch["path"], batch["parts"])]
-    return {"result": np.array(out, dtype=object)}
 
 
 def _actor_cpus(num_actors: int) -> float:
@@ -506,9 +509,9 @@ def prepare_shards(
         ray.data.from_items(items, override_num_blocks=max(1, len(items)))
         .map_batches(
             _TokenizeActor,
-            fn_constructor_kwargs={"tokenizer_json": read_text(tokenizer_path), "cfg": cfg_dict, "work": work},
+            fn_constructor_kwargs={"tokenizer_path": tokenizer_path, "cfg": cfg_dict, "work": work},
             batch_size=1,
-            concurrency=cfg.num_actors,
+            compute=ray.data.ActorPoolStrategy(size=cfg.num_actors),
             num_cpus=cpus,
         )
         .take_all()
@@ -528,19 +531,15 @@ def prepare_shards(
     pool = merge_pool([s["pool"] for s in file_stats], cfg.random_pool_size)
     pool_ref = ray.put(pool)
     vocab = read_text(join(cfg.output, "vocab.txt")).split("\n")[:-1]
-    policy = MaskingPolicy.from_vocab(
-        vocab, mask_rate=cfg.mask_rate, max_predictions_per_seq=cfg.max_predictions_per_seq, whole_word=cfg.whole_word_mask
-    )
-    cls_id, sep_id = vocab.index("[CLS]"), vocab.index("[SEP]")
     _log(f"examples: {len(chunks)} chunk(s), random pool of {len(pool)} windows")
     ex_items = [{"chunk": c["path"], "dest": join(work, "ex", f"e{i:06d}.parquet")} for i, c in enumerate(chunks)]
     metas = (
         ray.data.from_items(ex_items, override_num_blocks=max(1, len(ex_items)))
         .map_batches(
             _ExamplesActor,
-            fn_constructor_kwargs={"pool_ref": [pool_ref], "cfg": cfg_dict, "policy": policy, "cls_id": cls_id, "sep_id": sep_id},
+            fn_constructor_kwargs={"pool_ref": [pool_ref], "cfg": cfg_dict, "vocab_path": join(cfg.output, "vocab.txt")},
             batch_size=1,
-            concurrency=cfg.num_actors,
+            compute=ray.data.ActorPoolStrategy(size=cfg.num_actors),
             num_cpus=cpus,
         )
         .take_all()
@@ -554,12 +553,10 @@ def prepare_shards(
     _log(f"shards: {examples} examples into {len(plan)} shard(s)")
     if fs.exists(join(out_p, "shards")):
         fs.rm(join(out_p, "shards"), recursive=True)  # leftovers of an interrupted run with this config
-    results = (
-        ray.data.from_items([{"path": p, "parts": json.dumps(parts)} for p, parts in plan], override_num_blocks=len(plan))
-        .map_batches(_shard_task, batch_size=1, num_cpus=cpus, concurrency=cfg.num_actors)
-        .take_all()
-    )
-    shards = sorted((json.loads(r["result"]) for r in results), key=lambda s: s["path"])
+    # Plain tasks: a few shards do not need Ray Data's streaming machinery.
+    write = ray.remote(num_cpus=cpus, max_retries=2)(write_shard)
+    results = ray.get([write.remote(p, parts) for p, parts in plan])
+    shards = sorted(results, key=lambda s: s["path"])
     nsp_pairs = sum(m["nsp_pairs"] for m in ex_chunks)
     manifest = {
         "documents_read": docs_read,
