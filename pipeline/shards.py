@@ -47,7 +47,7 @@ from pipeline.examples import (
     split_sentences,
 )
 from pipeline.masking import MaskingPolicy, mask_rows
-from pipeline.sources import Document, InputFile, read_documents
+from pipeline.sources import Document, InputError, InputFile, read_documents
 
 SCHEMA = pa.schema(
     [
@@ -524,7 +524,7 @@ def prepare_shards(
     docs_written = sum(s["documents_written"] for s in file_stats)
     if docs_written == 0:
         detail = ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())) or "no records"
-        raise_input_error(f"no usable document in {len(files)} input file(s) ({docs_read} read: {detail})")
+        raise InputError(f"no usable document in {len(files)} input file(s) ({docs_read} read: {detail})")
     chunks = [c for s in file_stats for c in s["chunks"]]
     _log(f"tokenize: {docs_written}/{docs_read} documents, {sum(s['tokens'] for s in file_stats)} tokens, {len(chunks)} chunks")
 
@@ -547,7 +547,7 @@ def prepare_shards(
     ex_chunks = sorted((json.loads(r["meta"]) for r in metas), key=lambda m: m["path"])
     examples = sum(m["rows"] for m in ex_chunks)
     if examples == 0:
-        raise_input_error(f"the {docs_written} usable document(s) produced no example")
+        raise InputError(f"the {docs_written} usable document(s) produced no example")
 
     plan = shard_plan(ex_chunks, cfg.num_shards, cfg.output)
     _log(f"shards: {examples} examples into {len(plan)} shard(s)")
@@ -590,12 +590,6 @@ def prepare_shards(
     except FileNotFoundError:
         pass
     return manifest
-
-
-def raise_input_error(msg: str) -> None:
-    from pipeline.sources import InputError
-
-    raise InputError(msg)
 
 
 # ---------------------------------------------------------------------------------------------- reader
@@ -675,7 +669,7 @@ class Plan:
 
 def plan(cfg: DataConfig) -> Plan:
     """List the inputs, hash the config, and refuse an output prepared with a different config."""
-    from pipeline.sources import InputError, expand_inputs, fingerprint
+    from pipeline.sources import expand_inputs, fingerprint
 
     files, skipped = expand_inputs(list(cfg.inputs))
     if not files:
