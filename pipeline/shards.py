@@ -9,8 +9,9 @@
 2. examples: the global pool is merged (bottom-k of hash(seed, doc_id, window), so it does not depend on the
    partitioning); one row per token chunk; an actor builds NSP pairs (or MLM-only packs) per document with an
    RNG from (seed, doc_id, dupe) and masks them (static) with pipeline.masking; writes an example chunk.
-3. shards: example chunks in order form one sequence, cut into `num_shards` contiguous parts whose sizes differ
-   by at most one row; each shard is streamed to a temporary name, then renamed.
+3. shards: example chunks (each shuffled inside, put in a hashed order) form one sequence, cut into `num_shards`
+   contiguous parts whose sizes differ by at most one row; each shard is streamed to a temporary name, then
+   renamed. Mixing beyond a chunk (~1M tokens) is the loader's job (block order + local shuffle buffer).
 
 Everything intermediate lives under `OUT/_work/<config_hash>/` and every file appears by rename, so a killed run
 resumes at the last finished file or chunk and writes the same bytes. manifest.json is written last and marks
@@ -365,6 +366,11 @@ def examples_for_chunk(
                 types.append(inst.token_type_ids)
                 nsp.append(inst.next_sentence_label)
                 ex_ids.append(derive_seed(cfg.seed, "example", doc_id, dupe, k))
+    # Google shuffles all instances; here each chunk's examples are shuffled (a deterministic permutation keyed
+    # by the chunk's name) and the chunks themselves are put in a hashed order before sharding (prepare_shards).
+    perm = np.random.default_rng(derive_seed(cfg.seed, "shuffle", chunk_path.rsplit("/", 1)[-1])).permutation(len(ids))
+    ids, types = [ids[i] for i in perm], [types[i] for i in perm]
+    nsp, ex_ids = [nsp[i] for i in perm], [ex_ids[i] for i in perm]
     if cfg.masking == "static":  # the same function the loader uses for dynamic masking, at epoch 0
         ids, positions, labels = mask_rows(ids, np.asarray(ex_ids, np.int64), policy, seed=cfg.seed, epoch=0)
     else:
@@ -544,7 +550,11 @@ def prepare_shards(
         )
         .take_all()
     )
-    ex_chunks = sorted((json.loads(r["meta"]) for r in metas), key=lambda m: m["path"])
+    # A hashed chunk order mixes sources across shards (books and wiki do not end up in separate shards).
+    ex_chunks = sorted(
+        (json.loads(r["meta"]) for r in metas),
+        key=lambda m: (derive_seed(cfg.seed, "chunk-order", m["path"].rsplit("/", 1)[-1]), m["path"]),
+    )
     examples = sum(m["rows"] for m in ex_chunks)
     if examples == 0:
         raise InputError(f"the {docs_written} usable document(s) produced no example")
