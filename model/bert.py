@@ -59,12 +59,17 @@ class BertEmbeddings(nn.Module):
         if L > self.position_embeddings.num_embeddings:
             raise ValueError(f"sequence length {L} exceeds max_position_embeddings "
                              f"{self.position_embeddings.num_embeddings}")
+        # Shards store int32 ids and int8 segments; embedding lookups take int32/int64 only.
+        if input_ids.dtype not in (torch.int32, torch.int64):
+            input_ids = input_ids.long()
         x = self.word_embeddings(input_ids)  # (B, L, H)
         # Position rows broadcast over the batch: (L, H) -> no (B, L) index tensor needed.
         x = x + self.position_embeddings.weight[:L]
         if token_type_ids is None:
             x = x + self.token_type_embeddings.weight[0]  # transformers' default: all segment 0
         else:
+            if token_type_ids.dtype not in (torch.int32, torch.int64):
+                token_type_ids = token_type_ids.long()
             x = x + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(x))
 

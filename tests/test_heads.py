@@ -229,3 +229,18 @@ def test_dropout_active_in_training_only():
     assert not torch.equal(model(ids, tt, mask).logits, model(ids, tt, mask).logits)
     model.eval()
     assert torch.equal(model(ids, tt, mask).logits, model(ids, tt, mask).logits)
+
+
+def test_shard_dtypes_are_accepted():
+    """Shards hold int32 ids/positions and int8 segments/labels; results equal the int64 ones."""
+    torch.manual_seed(0)
+    cfg = BertConfig(**CONFIGS["h32"])
+    model = BertForPreTraining(cfg).eval()
+    ids, tt, mask = batch(cfg)
+    pos = torch.tensor([[1, 2], [3, -1], [0, 1]])
+    mlm_ids = torch.where(pos >= 0, torch.tensor(5), -1)
+    nsl = torch.tensor([1, -1, 0])
+    with torch.no_grad():
+        a = model(ids, tt, mask, pos, mlm_ids, nsl)
+        b = model(ids.int(), tt.to(torch.int8), mask.to(torch.int8), pos.int(), mlm_ids.int(), nsl.to(torch.int8))
+    torch.testing.assert_close(b.loss, a.loss, rtol=0, atol=0)
