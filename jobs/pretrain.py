@@ -6,6 +6,8 @@
 Runs on the Ray cluster it finds (RAY_ADDRESS, as under `ray job submit`) or starts an embedded one. The
 tracking server is checked before any work; every path is made absolute before stages are shipped to Ray.
 The last stdout line is `registered models:/<name>/<version>`. Bad input: one line on stderr, exit code 1.
+Ray does not upload `.git` with `--working-dir`, so pass the commit for the `git_sha` registry tag:
+    ray job submit --working-dir . --runtime-env-json "{\"env_vars\": {\"GIT_SHA\": \"$(git rev-parse HEAD)\"}}" -- ...
 """
 
 from __future__ import annotations
@@ -62,12 +64,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     import ray
+    import ray.data
 
     from pipeline.dag import pretrain_stages, run_graph, summary_table
 
     known = (ConfigError, TrackingError, ValueError, FileNotFoundError, OSError)
     try:
         ray.init(configure_logging=False, log_to_driver=True)
+        ray.data.DataContext.get_current().enable_progress_bars = False  # bars would land after the last line
         print(f"tracking: {uri}; cluster: {ray.cluster_resources()}", flush=True)
         state_dir = state_dir_for(cfg.train.storage_path)
         stages = pretrain_stages(cfg, state_dir, git_sha=git_sha(), tracking_uri=uri)

@@ -493,6 +493,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import tempfile
     import time
 
+    import ray.data
     import ray.train
     import ray.train.torch
     import torch.distributed as dist
@@ -501,6 +502,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     cfg, plan = config_from_dict(config["cfg"]), config["plan"]
     tc = cfg.train
+    ray.data.DataContext.get_current().enable_progress_bars = False  # progress is the per-step MLflow metrics
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(max(1, int(tc.cpus_per_worker)))  # fixed thread count: bit-identical CPU math on restart
@@ -522,6 +524,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     else:
         torch.manual_seed(tc.seed * 1000 + rank + 1)  # each rank its own dropout stream
     logger = RunLogger(config["run_id"], config["tracking_uri"], cfg.tracking.system_metrics_every_s) if rank == 0 else None
+    nodes = [ray.get_runtime_context().get_node_id()] * world
+    if world > 1:
+        dist.all_gather_object(nodes, nodes[0])
+    if logger is not None:  # where the workers ran: a multi-node run shows num_nodes > 1
+        logger.set_tags({"world_size": world, "num_nodes": len(set(nodes)), "device": str(device)})
     policies: dict[int, Any] = {}
 
     def rows_to_batch(phase: int, tbl, epoch: int) -> dict[str, torch.Tensor]:
@@ -656,7 +663,9 @@ def run_training(cfg, phase_data: list[dict[str, Any]], run_id: str, run_name: s
     # preserve_order: each rank's rows arrive in file order, which is what makes resumption exact.
     limits = ExecutionResources(cpu=tc.data_cpus) if tc.data_cpus else ExecutionResources()
     exec_opts = ExecutionOptions(preserve_order=True, resource_limits=limits)
-    ray.data.DataContext.get_current().execution_options = exec_opts  # also for materialize() here
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options = exec_opts  # also for materialize() here
+    ctx.enable_progress_bars = False  # the datasets carry this context to the workers: no bars in the job log
 
     def read(files: list[str]):
         ds = ray.data.read_parquet(files, shuffle=None)

@@ -1,0 +1,237 @@
+"""Pretraining throughput and learning, each as a ratio against a reference measured in the same run.
+
+1. Ray Train overhead: tokens/s of `pipeline.train.run_training` (1 worker) / tokens/s of the same loop in plain
+   PyTorch in this process (same model, data order, masking, batch size, thread count). Goal >= 0.9.
+2. Loader headroom: micro-batches/s the Ray Data loader path delivers (read_parquet -> per-rank order ->
+   dynamic masking -> padding) / micro-batches/s the tiny model consumes (forward + backward + step). Goal >= 5.
+3. Learning: held-out MLM accuracy of the tiny preset after a fixed budget (configs/tiny.yaml as shipped, or
+   --learn-steps) / the accuracy of always predicting the most frequent masked token (unigram baseline).
+
+    python bench/train_throughput.py                       # all three on ../shared/corpora (~10 min on 2 cores)
+    python bench/train_throughput.py --skip-learning --steps 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def prepare(work: Path, inputs: list[str], seq: int) -> tuple[object, dict]:
+    from pipeline.config import load_config, resolve_paths
+    from pipeline.dag import data_stages, run_graph
+
+    cfg = resolve_paths(load_config(REPO / "configs" / "tiny.yaml", [
+        "--data.inputs", json.dumps(inputs), "--data.output", str(work / "data"), "--data.max_seq_length", str(seq),
+        "--train.storage_path", str(work / "runs"), "--train.num_workers", "1", "--train.cpus_per_worker", "1",
+        "--train.micro_batch_size", "32", "--train.global_batch_size", "32", "--tracking.system_metrics_every_s", "0",
+    ]))
+    res = run_graph(data_stages(cfg.data), str(work / "state"), remote=False, log=lambda m: None)
+    return cfg, res["validate"].result
+
+
+def ray_train_tokens_per_s(cfg, data: dict, steps: int, skip: int) -> float:
+    import dataclasses
+
+    from pipeline import tracking
+    from pipeline.train import run_training
+
+    tc = dataclasses.replace(cfg.train, max_steps=steps, warmup_steps=2, eval_every_steps=0, checkpoint_every_steps=steps,
+                             run_name=f"bench-{time.time_ns()}")
+    cfg = dataclasses.replace(cfg, train=tc)
+    run_id = tracking.start_run("bench", tc.run_name, {})
+    run_training(cfg, [data], run_id, tc.run_name, tracking.tracking_uri())
+    c = tracking.client()
+    tps = {m.step: m.value for m in c.get_metric_history(run_id, "tokens_per_s")}
+    # total tokens / total time over the measured steps = harmonic mean of per-step rates weighted by tokens
+    return statistics.median(tps[s] for s in range(skip + 1, steps + 1))
+
+
+def _plain_batches(cfg, data: dict):
+    """The exact micro-batches rank 0 of a 1-worker Ray Train run sees, read with pyarrow in this process."""
+    import pyarrow.parquet as pq
+
+    from pipeline.masking import MaskingPolicy, mask_batch
+    from pipeline.train import arrow_rows, collate, data_plan, epoch_micro_batches
+
+    plan = data_plan([data], cfg.train, 1)[0]
+    mine = plan["ranks"][0]
+    policy = MaskingPolicy.from_manifest(data["output"]) if plan["dynamic_masking"] else None
+    epoch = 0
+    while True:
+        tables = (pq.read_table(f) for f in mine["files"])
+        for _, tbl in epoch_micro_batches(tables, skip=mine["skip"], num_rows=mine["rows"], chunk_rows=cfg.train.shuffle_buffer_rows,
+                                          micro_batch_size=plan["micro_batch_size"], seed_key=[cfg.train.seed, 0, epoch, 0]):
+            rows = arrow_rows(tbl)
+            if policy is not None:
+                rows = mask_batch(rows, policy, seed=cfg.train.seed, epoch=epoch)
+            yield collate(rows)
+        epoch += 1
+
+
+def plain_tokens_per_s(cfg, data: dict, steps: int, skip: int) -> tuple[float, float]:
+    """(tokens/s of the plain loop including its data loading, model-only micro-batches/s)."""
+    from pipeline.train import build_model, forward, lr_lambda, make_optimizer, vocab_size_of
+
+    tc = cfg.train
+    torch.set_num_threads(max(1, int(tc.cpus_per_worker)))
+    torch.manual_seed(tc.seed)
+    model = build_model(cfg, vocab_size_of(data["output"])).train()
+    opt = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, 2, steps))
+    rates, model_secs = [], []
+    batches = _plain_batches(cfg, data)
+    for step in range(steps):
+        t0 = time.perf_counter()
+        b = next(batches)
+        t1 = time.perf_counter()
+        out = forward(model, b, torch.device("cpu"), tc.precision)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.max_grad_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        t2 = time.perf_counter()
+        if step >= skip:
+            rates.append(int(b["num_tokens"]) / (t2 - t0))
+            model_secs.append(t2 - t1)
+    return statistics.median(rates), 1.0 / statistics.median(model_secs)
+
+
+def loader_batches_per_s(cfg, data: dict, n: int) -> float:
+    """The Ray Data loader path of a worker (streamed read_parquet, per-rank order, masking, padding)."""
+    import ray
+
+    from pipeline.masking import MaskingPolicy, mask_batch
+    from pipeline.train import arrow_rows, collate, data_plan, epoch_micro_batches
+
+    plan = data_plan([data], cfg.train, 1)[0]
+    mine = plan["ranks"][0]
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True
+    ds = ray.data.read_parquet(mine["files"]).materialize() if cfg.train.materialize_data else ray.data.read_parquet(mine["files"])
+    it = ds.iterator()
+    policy = MaskingPolicy.from_manifest(data["output"]) if plan["dynamic_masking"] else None
+    got, epoch, t0 = 0, 0, None
+    while got < n:
+        tables = it.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2)
+        for _, tbl in epoch_micro_batches(tables, skip=mine["skip"], num_rows=mine["rows"], chunk_rows=cfg.train.shuffle_buffer_rows,
+                                          micro_batch_size=plan["micro_batch_size"], seed_key=[0, 0, epoch, 0]):
+            rows = arrow_rows(tbl)
+            if policy is not None:
+                rows = mask_batch(rows, policy, seed=0, epoch=epoch)
+            collate(rows)
+            if t0 is None:
+                t0 = time.perf_counter()  # from the first batch on: steady state, not start-up
+            got += 1
+            if got >= n:
+                break
+        epoch += 1
+    return (got - 1) / (time.perf_counter() - t0)
+
+
+def unigram_accuracy(data: dict) -> float:
+    """Accuracy of predicting the most frequent training label at every held-out masked position."""
+    import pyarrow.parquet as pq
+
+    from pipeline.masking import MaskingPolicy, mask_batch
+    from pipeline.shards import read_manifest
+    from pipeline.train import arrow_rows, shard_files
+
+    m = read_manifest(data["output"])
+    files = [p for p, _ in shard_files(m, data["output"])]
+    policy = MaskingPolicy.from_manifest(data["output"]) if m["config"]["masking"] == "dynamic" else None
+
+    def labels(path: str) -> list[int]:
+        rows = arrow_rows(pq.read_table(path))
+        if policy is not None:
+            rows = mask_batch(rows, policy, seed=0, epoch=0)
+        return [int(x) for r in rows["masked_lm_ids"] for x in r]
+
+    counts = collections.Counter(x for f in files[:-1] for x in labels(f))
+    top = counts.most_common(1)[0][0]
+    held = labels(files[-1])
+    return sum(x == top for x in held) / max(1, len(held))
+
+
+def learning(work: Path, inputs: list[str], steps: int | None) -> tuple[float, float, str]:
+    """Run the real job (configs/tiny.yaml) and read the final held-out MLM accuracy from MLflow."""
+    import subprocess
+
+    cmd = [sys.executable, str(REPO / "jobs" / "pretrain.py"), "--config", str(REPO / "configs" / "tiny.yaml"),
+           "--data.inputs", json.dumps(inputs), "--data.output", str(work / "learn-data"),
+           "--train.storage_path", str(work / "learn-runs"), "--tracking.model_name", "bench-tiny"]
+    if steps:
+        cmd += ["--train.max_steps", str(steps)]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'learn.db'}"}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-3000:])
+    os.environ["MLFLOW_TRACKING_URI"] = env["MLFLOW_TRACKING_URI"]
+    from pipeline import tracking
+
+    info = tracking.model_version_info("models:/bench-tiny@latest-pretrain")
+    metrics = tracking.client().get_run(info["run_id"]).data.metrics
+    from pipeline.shards import read_manifest  # noqa: F401 - the learn data dir was prepared by the job
+
+    acc = metrics["final_eval_mlm_accuracy"]
+    base = unigram_accuracy({"output": str(work / "learn-data")})
+    return acc, base, " ".join(cmd[1:])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--inputs", nargs="+", default=[str(REPO.parent / "shared" / "corpora")])
+    ap.add_argument("--steps", type=int, default=80, help="optimizer steps per throughput measurement")
+    ap.add_argument("--skip", type=int, default=10, help="warm-up steps left out of the medians")
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--skip-learning", action="store_true")
+    ap.add_argument("--learn-steps", type=int, default=None, help="override configs/tiny.yaml max_steps")
+    ap.add_argument("--work", default=None)
+    args = ap.parse_args()
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench-train-"))
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{work / 'bench.db'}"
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    try:
+        cfg, data = prepare(work, args.inputs, args.seq)
+        print(f"data: {data['output']} ({json.dumps({k: data.get(k) for k in ('examples',) if k in data})})", flush=True)
+        plain_tps, model_bps = plain_tokens_per_s(cfg, data, args.steps, args.skip)
+        ray_tps = ray_train_tokens_per_s(cfg, data, args.steps, args.skip)
+        loader_bps = loader_batches_per_s(cfg, data, 200)
+    finally:
+        ray.shutdown()
+    rows = [
+        ("Ray Train tokens/s / plain PyTorch tokens/s (1 worker, 1 thread)", f"{ray_tps:,.0f} / {plain_tps:,.0f}", ray_tps / plain_tps, ">= 0.9"),
+        ("loader micro-batches/s / tiny model micro-batches/s (B=32)", f"{loader_bps:,.1f} / {model_bps:,.1f}", loader_bps / model_bps, ">= 5"),
+    ]
+    if not args.skip_learning:
+        acc, base, cmd = learning(work, args.inputs, args.learn_steps)
+        rows.append(("tiny held-out MLM accuracy / unigram baseline", f"{acc:.4f} / {base:.4f}", acc / base, "> 1"))
+    w = max(len(r[0]) for r in rows)
+    print(f"\n{'measure'.ljust(w)}  {'values':>22}  {'ratio':>7}  goal")
+    for name, vals, ratio, goal in rows:
+        print(f"{name.ljust(w)}  {vals:>22}  {ratio:7.2f}  {goal}")
+    print(f"\ntorch {torch.__version__}, {os.cpu_count()} CPUs, steps={args.steps} (first {args.skip} left out), seq={args.seq}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,329 @@
+"""End-to-end pretraining on real components: a local Ray cluster with the job server, real data stages on a
+subset of ../shared/corpora, a real MLflow store (SQLite, then a real `mlflow server` on loopback).
+
+One prepared dataset (module fixture) is shared by every test; the first job finds it up to date. Crash/resume
+tests call `pipeline.train.run_training` on the same cluster and compare final weights bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+BOOKS = ["08_Ruth.txt", "31_Obad.txt", "32_Jonah.txt", "34_Nahum.txt", "35_Hab.txt", "36_Zep.txt", "37_Hag.txt"]
+# Small and fast: a tiny vocabulary, 4 shards (1 held out), no dropout noise in the comparison tests.
+DATA_ARGS = ["--data.vocab_size", "600", "--data.num_shards", "4", "--data.num_actors", "1"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A real local Ray cluster with the dashboard (job server), 2 CPUs, in this process."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    port = free_port()
+    # Free ports for the dashboard and its agent: other Ray clusters on this machine must not collide with it.
+    head = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port,
+        "dashboard_agent_listen_port": free_port()})
+    ray.init(address=head.address, configure_logging=False, log_to_driver=False)
+    yield f"http://127.0.0.1:{port}"
+    ray.shutdown()
+    head.shutdown()
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("pretrain")
+
+
+@pytest.fixture(scope="module")
+def prepared(cluster, work, shared_dir):
+    """The real data stages (vocab -> shards -> validate) on a few books, run once for the module."""
+    from pipeline.config import load_config, resolve_paths
+    from pipeline.dag import data_stages, run_graph
+
+    inputs = [str(shared_dir / "corpora" / "books" / b) for b in BOOKS]
+    args = ["--data.inputs", json.dumps(inputs), "--data.output", str(work / "data"), *DATA_ARGS]
+    cfg = resolve_paths(load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml", args))
+    res = run_graph(data_stages(cfg.data), str(work / "state"), remote=False, log=lambda m: None)
+    return {"args": args, "validate": res["validate"].result}
+
+
+def job_args(prepared, work, name: str, *extra: str) -> list[str]:
+    return [
+        "--config", "configs/tiny.yaml", *prepared["args"],
+        "--train.storage_path", str(work / f"runs-{name}"),
+        "--train.max_steps", "24", "--train.warmup_steps", "4", "--train.eval_every_steps", "8",
+        "--train.checkpoint_every_steps", "12", "--train.micro_batch_size", "16", "--train.global_batch_size", "32",
+        "--tracking.system_metrics_every_s", "2", *extra,
+    ]
+
+
+def head_sha(repo_root: Path) -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root, capture_output=True, text=True).stdout.strip()
+
+
+def submit(address: str, repo_root: Path, args: list[str], env: dict[str, str], timeout: float = 400) -> str:
+    """Submit `python jobs/pretrain.py ARGS` through the job server; wait for a terminal state; return the logs."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(address)
+    entry = " ".join([sys.executable, "jobs/pretrain.py", *[f"'{a}'" for a in args]])
+    # Ray does not upload .git with the working dir, so the submitter passes the commit (as the README says).
+    runtime_env = {"working_dir": str(repo_root), "excludes": ["data/", "runs/", "mlruns/", "*.db"],
+                   "env_vars": {"RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "GIT_SHA": head_sha(repo_root), **env}}
+    for _ in range(60):  # the node's dashboard agent takes a few seconds to register after ray.init
+        try:
+            job_id = client.submit_job(entrypoint=entry, runtime_env=runtime_env)
+            break
+        except RuntimeError as e:
+            if "No available agent" not in str(e):
+                raise
+            time.sleep(2)
+    else:
+        pytest.fail("the job server never found an agent to run the job")
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        status = client.get_job_status(job_id)
+        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            break
+        time.sleep(2)
+    else:
+        client.stop_job(job_id)
+    logs = client.get_job_logs(job_id)
+    assert status == JobStatus.SUCCEEDED, f"job {job_id} ended {status}:\n{logs[-5000:]}"
+    return logs
+
+
+def check_registered(logs: str, model_name: str, prepared: dict, repo_root: Path, tmp_path: Path) -> str:
+    """The job's last line, the version's lineage tags and alias, metrics at many steps, a transformers load."""
+    import torch
+    import transformers
+
+    from pipeline import tracking
+
+    last = logs.strip().splitlines()[-1]
+    assert last.startswith(f"registered models:/{model_name}/"), last
+    version = last.rsplit("/", 1)[1]
+    info = tracking.model_version_info(f"models:/{model_name}@latest-pretrain")
+    assert info["version"] == version
+    tags = info["tags"]
+    manifest_path = Path(prepared["validate"]["output"]) / "manifest.json"
+    assert tags["data_manifest_sha256"] == hashlib.sha256(manifest_path.read_bytes()).hexdigest()
+    assert tags["vocab_sha256"] == json.loads(manifest_path.read_text())["vocab_sha256"]
+    assert tags["git_sha"] == head_sha(repo_root) and len(tags["config_hash"]) == 64
+    run_id = tags["run_id"]
+
+    client = tracking.client()
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["registered_model"] == f"models:/{model_name}/{version}"
+    assert run.data.params["train.max_steps"] == "24" and run.data.params["model.preset"] == "tiny"
+    for key in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "lr", "grad_norm", "tokens_per_s", "examples_per_s"):
+        steps = [m.step for m in client.get_metric_history(run_id, key)]
+        assert sorted(steps) == list(range(1, 25)), key  # every step exactly once
+    loss = [m.value for m in sorted(client.get_metric_history(run_id, "mlm_loss"), key=lambda m: m.step)]
+    assert sum(loss[-4:]) / 4 < sum(loss[:4]) / 4 - 0.3, loss  # the MLM loss falls
+    evals = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "eval_mlm_loss"))
+    assert [s for s, _ in evals] == [8, 16, 24] and evals[-1][1] < evals[0][1]
+    assert "final_eval_mlm_accuracy" in run.data.metrics and "system/cpu_utilization_percentage" in run.data.metrics
+    arts = {a.path for a in client.list_artifacts(run_id)} | {a.path for a in client.list_artifacts(run_id, "data")}
+    assert {"config.yaml", "data/manifest.json", "data/vocab.txt", "model"} <= arts
+
+    local = tracking.download_model(f"models:/{model_name}/{version}", str(tmp_path / f"dl-{model_name}"))
+    assert {"config.json", "model.safetensors", "vocab.txt"} <= set(os.listdir(local))
+    assert not any(f.endswith((".bin", ".pt", ".pkl")) for f in os.listdir(local))  # safetensors only
+    hf = transformers.BertForPreTraining.from_pretrained(local).eval()
+    ours = _ours(local)
+    ids = torch.tensor([[2, 17, 45, 4, 88, 3, 61, 90, 3]])
+    tt = torch.tensor([[0, 0, 0, 0, 0, 0, 1, 1, 1]])
+    with torch.no_grad():
+        ref = hf(input_ids=ids, token_type_ids=tt)
+        got = ours(ids, tt)
+    torch.testing.assert_close(got.mlm_logits, ref.prediction_logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got.nsp_logits, ref.seq_relationship_logits, atol=1e-4, rtol=1e-4)
+    return run_id
+
+
+def _ours(local: str):
+    from model import BertForPreTraining
+    from model.hf import load_hf
+
+    return load_hf(local, BertForPreTraining).eval()
+
+
+# ------------------------------------------------------------------------------------------------ through Ray Jobs
+
+
+def test_job_end_to_end_sqlite(cluster, prepared, work, repo_root, tmp_path, monkeypatch):
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    logs = submit(cluster, repo_root, job_args(prepared, work, "sqlite"), {"MLFLOW_TRACKING_URI": uri})
+    assert "[stage shards] up to date" in logs  # the prepared fixture's shards were reused
+    check_registered(logs, "bert-pretrain", prepared, repo_root, tmp_path)
+
+
+@pytest.fixture()
+def mlflow_server(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination", str(tmp_path / "artifacts"),
+         "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    from pipeline.tracking import TrackingError, check_tracking_server
+
+    for _ in range(120):
+        try:
+            check_tracking_server(uri, timeout=1)
+            break
+        except TrackingError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("mlflow server did not come up")
+    yield uri
+    os.killpg(proc.pid, 15)
+    proc.wait(timeout=30)
+
+
+def test_job_end_to_end_mlflow_server(cluster, prepared, work, repo_root, tmp_path, monkeypatch, mlflow_server):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    args = job_args(prepared, work, "server", "--tracking.model_name", "bert-pretrain-srv")
+    logs = submit(cluster, repo_root, args, {"MLFLOW_TRACKING_URI": mlflow_server})
+    run_id = check_registered(logs, "bert-pretrain-srv", prepared, repo_root, tmp_path)
+    from pipeline import tracking
+
+    assert tracking.client().get_run(run_id).info.artifact_uri.startswith("mlflow-artifacts:")  # served by the server
+
+
+def test_unreachable_tracking_server_fails_before_training(repo_root, work, tmp_path):
+    uri = f"http://127.0.0.1:{free_port()}"
+    storage = tmp_path / "runs"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    t = time.time()
+    out = subprocess.run(
+        [sys.executable, "jobs/pretrain.py", "--config", "configs/tiny.yaml", "--train.storage_path", str(storage)],
+        cwd=repo_root, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and uri in lines[0] and "unreachable" in lines[0], out.stderr
+    assert "Traceback" not in out.stderr and not storage.exists() and time.time() - t < 60
+
+
+# ------------------------------------------------------------------------------------------------ fault tolerance
+
+
+def _cfg(prepared, work, name: str, *extra: str):
+    from pipeline.config import load_config, resolve_paths
+
+    args = [*prepared["args"], "--train.storage_path", str(work / "ft-runs"), "--train.run_name", name,
+            "--train.max_steps", "10", "--train.warmup_steps", "2", "--train.micro_batch_size", "8",
+            "--train.global_batch_size", "32", "--train.checkpoint_every_steps", "4", "--train.eval_every_steps", "5",
+            "--train.shuffle_buffer_rows", "24", "--tracking.system_metrics_every_s", "0", *extra]
+    return resolve_paths(load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml", args))
+
+
+def _train(prepared, work, name: str, *extra: str) -> tuple[str, str]:
+    """Run pipeline.train.run_training under MLflow run `name`; returns (sha256 of the final weights, run id)."""
+    from safetensors.torch import load_file
+
+    from pipeline import tracking
+    from pipeline.train import run_training
+
+    cfg = _cfg(prepared, work, name, *extra)
+    run_id = tracking.start_run("ft", name, {})
+    res = run_training(cfg, [prepared["validate"]], run_id, name, tracking.tracking_uri())
+    sd = load_file(os.path.join(res["checkpoint"], "model.safetensors"))
+    digest = hashlib.sha256(b"".join(k.encode() + sd[k].numpy().tobytes() for k in sorted(sd))).hexdigest()
+    return digest, run_id
+
+
+@pytest.fixture(scope="module")
+def ft_store(work):
+    old = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{work / 'ft.db'}"
+    yield
+    if old is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = old
+
+
+@pytest.fixture(scope="module")
+def baseline(cluster, prepared, work, ft_store):
+    """An uninterrupted 2-worker run: 10 steps x 2 accumulation micro-steps, several epochs of the subset."""
+    return _train(prepared, work, "baseline")
+
+
+def _history(run_id: str, key: str) -> list[tuple[int, float]]:
+    from pipeline import tracking
+
+    return sorted((m.step, m.value) for m in tracking.client().get_metric_history(run_id, key))
+
+
+def test_killed_worker_resumes_mid_epoch_bit_identically(baseline, prepared, work):
+    """Rank 0 SIGKILLs itself after step 6; Ray Train restarts the group from the step-4 checkpoint."""
+    plan_rows = prepared["validate"]
+    digest, run_id = _train(prepared, work, "killed", "--train.fail_at_step", "6", "--train.max_failures", "1")
+    assert (work / "ft-runs" / "killed" / "fault_injected").exists()  # the kill really happened
+    assert digest == baseline[0]
+    # one MLflow run, each step logged once, with the uninterrupted run's values
+    assert _history(run_id, "loss") == _history(baseline[1], "loss")
+    assert [s for s, _ in _history(run_id, "loss")] == list(range(1, 11))
+    assert plan_rows["output"]
+
+
+def test_rerunning_an_interrupted_run_resumes_it(baseline, prepared, work):
+    """Without retries the run fails at step 6; the same command again resumes from its step-4 checkpoint."""
+    with pytest.raises(Exception):
+        _train(prepared, work, "rerun", "--train.fail_at_step", "6", "--train.max_failures", "0")
+    digest, run_id = _train(prepared, work, "rerun", "--train.fail_at_step", "6", "--train.max_failures", "0")
+    assert digest == baseline[0]
+    assert _history(run_id, "loss") == _history(baseline[1], "loss")
+
+
+def test_two_node_ddp_matches_single_node(baseline, prepared, work):
+    """Two nodes with 1 CPU each, one worker per node (SPREAD): DDP over gloo across nodes, same weights."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from pipeline import tracking
+
+    ray.shutdown()  # the module's single-node cluster; restarted below for any later test
+    two = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                        "dashboard_agent_listen_port": free_port()})
+    two.add_node(num_cpus=1)
+    try:
+        ray.init(address=two.address, configure_logging=False, log_to_driver=False)
+        two.wait_for_nodes()
+        assert len([n for n in ray.nodes() if n["Alive"]]) == 2
+        digest, run_id = _train(prepared, work, "two-node", "--train.placement_strategy", "SPREAD",
+                                "--train.materialize_data", "true")
+        tags = tracking.client().get_run(run_id).data.tags
+        assert tags["num_nodes"] == "2" and tags["world_size"] == "2"
+        assert digest == baseline[0]
+    finally:
+        ray.shutdown()
+        two.shutdown()
