@@ -176,6 +176,8 @@ def mask_rows(
     lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
     if len(rows) == 0:
         return [], [], []
+    if len(rows) >= 1 << 24:
+        raise ValueError(f"mask_rows takes fewer than 2**24 rows per call, got {len(rows)}")
     flat = np.concatenate(rows).astype(np.int32, copy=False) if lens.sum() else np.zeros(0, np.int32)
     n = len(flat)
     starts = np.zeros(len(rows), dtype=np.int64)
@@ -189,8 +191,9 @@ def mask_rows(
     ntp = np.minimum(policy.max_predictions_per_seq, np.maximum(1, np.rint(lens * policy.mask_rate).astype(np.int64)))
     selected = np.zeros(n, dtype=bool)
     if not policy.whole_word:
-        key = np.where(cand, prio, np.iinfo(np.uint64).max)
-        order = np.lexsort((key, row))  # by row, then random priority
+        # one sort by (row, priority): row in the high 24 bits, 39 random bits below, non-candidates last
+        key = (row.astype(np.uint64) << _U64(40)) | np.where(cand, prio >> _U64(25), _U64((1 << 40) - 1))
+        order = np.argsort(key, kind="stable")
         rank = np.arange(n) - starts[row[order]]
         take = (rank < ntp[row[order]]) & cand[order]
         selected[order[take]] = True

@@ -17,6 +17,20 @@ from pipeline.shards import DataValidationError, OutputExistsError, read_manifes
 
 pytestmark = pytest.mark.slow
 
+@pytest.fixture(scope="module")
+def ray_local():
+    """A private local Ray (2 CPUs) for this module. Unlike conftest's fixture it passes address="local", so it
+    never joins a `ray start` cluster that happens to run on the machine (ray.init() would, and then refuse
+    num_cpus)."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
 BOOKS = ("08_Ruth.txt", "01_Ge.txt", "41_Mark.txt", "57_Phmn.txt", "31_Obad.txt")
 
 
