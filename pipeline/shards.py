@@ -186,6 +186,26 @@ def list_rows(col: pa.ChunkedArray | pa.ListArray) -> list[np.ndarray]:
     return [values[offsets[i] - base : offsets[i + 1] - base] for i in range(len(col))] if len(col) else []
 
 
+def group_consecutive(sizes: list[int], target: int) -> list[list[int]]:
+    """Indices grouped in order, each group closed once its total reaches `target` (the units of Ray work).
+
+    >>> group_consecutive([5, 1, 1, 9, 2], 6)
+    [[0, 1], [2, 3], [4]]
+    """
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    total = 0
+    for i, n in enumerate(sizes):
+        cur.append(i)
+        total += n
+        if total >= target:
+            groups.append(cur)
+            cur, total = [], 0
+    if cur:
+        groups.append(cur)
+    return groups
+
+
 def balanced_ranges(n: int, k: int) -> list[tuple[int, int]]:
     """k contiguous [start, stop) ranges covering n rows, sizes differing by at most one.
 
@@ -333,14 +353,18 @@ def merge_pool(pool_paths: list[str], size: int) -> RandomPool:
 # ---------------------------------------------------------------------------------------------- pass 2
 
 
-def examples_for_chunk(
-    chunk_path: str, pool: RandomPool, cfg: DataConfig, policy: MaskingPolicy, cls_id: int, sep_id: int, out_path: str
+def examples_for_chunks(
+    chunk_paths: list[str], pool: RandomPool, cfg: DataConfig, policy: MaskingPolicy, cls_id: int, sep_id: int,
+    out_path: str,
 ) -> dict[str, Any]:
-    """Build (and, for static masking, mask) the examples of one token chunk; write them; return counts."""
+    """Build (and, for static masking, mask) the examples of some token chunks; write them; return counts.
+
+    Skipped (counts read back) when `out_path` is already complete, so a resumed run does not redo it.
+    """
     meta_path = out_path + ".json"
     if exists(meta_path):
         return json.loads(read_text(meta_path))
-    t = read_table(chunk_path)
+    t = pa.concat_tables([read_table(p) for p in chunk_paths])
     doc_ids = t.column("doc_id").to_numpy()
     toks = list_rows(t.column("tokens"))
     lens = list_rows(t.column("sent_lens"))
@@ -366,9 +390,9 @@ def examples_for_chunk(
                 types.append(inst.token_type_ids)
                 nsp.append(inst.next_sentence_label)
                 ex_ids.append(derive_seed(cfg.seed, "example", doc_id, dupe, k))
-    # Google shuffles all instances; here each chunk's examples are shuffled (a deterministic permutation keyed
-    # by the chunk's name) and the chunks themselves are put in a hashed order before sharding (prepare_shards).
-    perm = np.random.default_rng(derive_seed(cfg.seed, "shuffle", chunk_path.rsplit("/", 1)[-1])).permutation(len(ids))
+    # Google shuffles all instances; here each unit's examples are shuffled (a deterministic permutation keyed
+    # by the unit's name) and the units themselves are put in a hashed order before sharding (prepare_shards).
+    perm = np.random.default_rng(derive_seed(cfg.seed, "shuffle", out_path.rsplit("/", 1)[-1])).permutation(len(ids))
     ids, types = [ids[i] for i in perm], [types[i] for i in perm]
     nsp, ex_ids = [nsp[i] for i in perm], [ex_ids[i] for i in perm]
     if cfg.masking == "static":  # the same function the loader uses for dynamic masking, at epoch 0
@@ -457,9 +481,9 @@ class _TokenizeActor:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = []
-        for i in range(len(batch["path"])):
-            f = InputFile(str(batch["path"][i]), str(batch["kind"][i]), int(batch["index"][i]))  # type: ignore[arg-type]
-            out.append(json.dumps(tokenize_file(f, self.tok, self.cfg, self.work)))
+        for group in batch["files"]:  # several small files per call: fewer Ray round trips
+            stats = [tokenize_file(InputFile(**f), self.tok, self.cfg, self.work) for f in json.loads(str(group))]
+            out.append(json.dumps(stats))
         return {"stats": np.array(out, dtype=object)}
 
 
@@ -480,8 +504,10 @@ class _ExamplesActor:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = []
-        for chunk, dest in zip(batch["chunk"], batch["dest"]):
-            meta = examples_for_chunk(str(chunk), self.pool, self.cfg, self.policy, self.cls_id, self.sep_id, str(dest))
+        for chunks, dest in zip(batch["chunks"], batch["dest"]):
+            meta = examples_for_chunks(
+                json.loads(str(chunks)), self.pool, self.cfg, self.policy, self.cls_id, self.sep_id, str(dest)
+            )
             out.append(json.dumps(meta))
         return {"meta": np.array(out, dtype=object)}
 
@@ -510,7 +536,11 @@ def prepare_shards(
     done_before = len(fs.glob(join(_fs(work)[1], "tok", "*.done.json")))
     _log(f"tokenize: {len(files)} input file(s) on {cfg.num_actors} actor(s)"
          + (f"; resuming, {done_before} already done" if done_before else ""))
-    items = [{"path": f.path, "kind": f.kind, "index": f.index} for f in files]
+    # Groups of whole files, about chunk_chars bytes each but at least 4 groups per actor (balance at the tail).
+    target = max(1, min(cfg.chunk_chars, sum(f.size for f in files) // (4 * cfg.num_actors)))
+    groups = group_consecutive([f.size for f in files], target)
+    items = [{"files": json.dumps([{"path": files[i].path, "kind": files[i].kind, "index": files[i].index} for i in g])}
+             for g in groups]
     stats_rows = (
         ray.data.from_items(items, override_num_blocks=max(1, len(items)))
         .map_batches(
@@ -522,7 +552,7 @@ def prepare_shards(
         )
         .take_all()
     )
-    file_stats = sorted((json.loads(r["stats"]) for r in stats_rows), key=lambda s: s["pool"])
+    file_stats = sorted((s for r in stats_rows for s in json.loads(r["stats"])), key=lambda s: s["pool"])
     reasons: Counter[str] = Counter()
     for s in file_stats:
         reasons.update(s["rejected_reasons"])
@@ -537,8 +567,10 @@ def prepare_shards(
     pool = merge_pool([s["pool"] for s in file_stats], cfg.random_pool_size)
     pool_ref = ray.put(pool)
     vocab = read_text(join(cfg.output, "vocab.txt")).split("\n")[:-1]
-    _log(f"examples: {len(chunks)} chunk(s), random pool of {len(pool)} windows")
-    ex_items = [{"chunk": c["path"], "dest": join(work, "ex", f"e{i:06d}.parquet")} for i, c in enumerate(chunks)]
+    units = group_consecutive([c["tokens"] for c in chunks], max(1, cfg.chunk_chars // 4))  # ~chunk_chars of text
+    _log(f"examples: {len(chunks)} chunk(s) in {len(units)} unit(s), random pool of {len(pool)} windows")
+    ex_items = [{"chunks": json.dumps([chunks[i]["path"] for i in u]), "dest": join(work, "ex", f"e{k:06d}.parquet")}
+                for k, u in enumerate(units)]
     metas = (
         ray.data.from_items(ex_items, override_num_blocks=max(1, len(ex_items)))
         .map_batches(

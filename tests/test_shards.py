@@ -17,7 +17,8 @@ from pipeline.masking import MaskingPolicy
 from pipeline.shards import (
     SCHEMA,
     balanced_ranges,
-    examples_for_chunk,
+    examples_for_chunks,
+    group_consecutive,
     list_array,
     list_rows,
     merge_pool,
@@ -29,6 +30,14 @@ from pipeline.shards import (
 )
 from pipeline.sources import expand_inputs
 from pipeline.tokenizer import load_tokenizer
+
+
+def test_group_consecutive_covers_everything_in_order():
+    sizes = [3, 50, 1, 1, 1, 7, 0, 2]
+    groups = group_consecutive(sizes, 5)
+    assert [i for g in groups for i in g] == list(range(len(sizes)))
+    assert all(sum(sizes[i] for i in g) >= 5 for g in groups[:-1])
+    assert all(sum(sizes[i] for i in g[:-1]) < 5 for g in groups)
 
 
 @pytest.mark.parametrize("n,k", [(10, 3), (7, 7), (1000, 8), (12345, 16), (5, 1)])
@@ -114,16 +123,16 @@ def test_pool_is_bottom_k_whatever_the_partitioning(tokenized):
     assert len(set(a.doc_ids.tolist())) == 3  # windows from every document, not one neighbour
 
 
-def test_examples_for_chunk_is_deterministic(tokenized, minilm_dir, tmp_path):
+def test_examples_for_chunks_is_deterministic(tokenized, minilm_dir, tmp_path):
     cfg, files, tok, work, stats = tokenized
     pool = merge_pool([s["pool"] for s in stats], 50)
     policy = MaskingPolicy.from_vocab(minilm_dir / "vocab.txt")
-    chunk = stats[2]["chunks"][0]["path"]
-    m1 = examples_for_chunk(chunk, pool, cfg, policy, 101, 102, str(tmp_path / "a.parquet"))
-    m2 = examples_for_chunk(chunk, pool, cfg, policy, 101, 102, str(tmp_path / "b.parquet"))
-    assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+    chunk = [stats[0]["chunks"][0]["path"], stats[2]["chunks"][0]["path"]]
+    m1 = examples_for_chunks(chunk, pool, cfg, policy, 101, 102, str(tmp_path / "a" / "e0.parquet"))
+    m2 = examples_for_chunks(chunk, pool, cfg, policy, 101, 102, str(tmp_path / "b" / "e0.parquet"))
+    assert (tmp_path / "a" / "e0.parquet").read_bytes() == (tmp_path / "b" / "e0.parquet").read_bytes()
     assert m1["rows"] == m2["rows"] > 50 and m1["masked_tokens"] > 0
-    t = pq.read_table(tmp_path / "a.parquet")
+    t = pq.read_table(tmp_path / "a" / "e0.parquet")
     assert t.schema == SCHEMA and max(t.column("num_tokens").to_pylist()) <= cfg.max_seq_length
     random.seed(0)  # global random state plays no part
-    assert examples_for_chunk(chunk, pool, cfg, policy, 101, 102, str(tmp_path / "a.parquet")) == m1
+    assert examples_for_chunks(chunk, pool, cfg, policy, 101, 102, str(tmp_path / "a" / "e0.parquet")) == m1
