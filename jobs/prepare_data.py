@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         flags = {"inputs": args.input, "output": args.output, "vocab": args.vocab, "vocab_size": args.vocab_size,
                  "max_seq_length": args.max_seq_length, "masking": args.masking, "seed": args.seed}
         overrides = list(rest)
+        if args.vocab_size is not None:  # training a vocabulary: a config file's `vocab` must not win
+            overrides += ["--data.vocab", "null"]
         for k, v in flags.items():
             if v is not None:
                 overrides += [f"--data.{k}", json.dumps(v)]
