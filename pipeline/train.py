@@ -1,6 +1,18 @@
 """Pretraining on Ray Train: optimizers (AdamW, LAMB), the LR schedule, the data feed, the loop, checkpoints.
 
-Pure pieces first (`lr_lambda`, `make_optimizer`, `Lamb`, `collate`), then the Ray wiring.
+Pure pieces first (`lr_lambda`, `make_optimizer`, `Lamb`, `collate`, `rank_row_ranges`, `epoch_micro_batches`),
+then the loop that runs in every worker (`train_loop_per_worker`), the driver (`run_training`) and the stage
+bodies used by `pipeline.dag.pretrain_stages` (train -> evaluate -> register).
+
+Data order, and why resumption is exact: Ray Data's `streaming_split` hands blocks to whichever worker asks
+first, so it cannot say where a worker was. Instead the driver cuts the training shards (the last
+`train.num_eval_shards` are held out) into one contiguous, equal row range per rank and gives each rank its own
+Ray Dataset (`read_parquet`, `preserve_order`), read with `get_dataset_shard("p<phase>_r<rank>")`. Each epoch a
+rank permutes its rows in chunks of `train.shuffle_buffer_rows` with an RNG seeded by (seed, phase, epoch, rank,
+chunk) and masks them (dynamic masking) as a function of (seed, epoch, example_id). A worker's position is then
+just (phase, epoch, micro-batch index); a checkpoint stores it with the weights, optimizer, scheduler, scaler and
+every RNG state, so a restarted worker skips to exactly the next micro-batch. Departure: shuffling is within a
+rank's range, not global (shards are written in corpus order), which is weaker mixing than a global shuffle.
 """
 
 from __future__ import annotations
@@ -342,6 +354,9 @@ def data_plan(phase_data: list[dict[str, Any]], train_cfg, num_workers: int) -> 
             "accumulation_steps": gb // (mb * num_workers),
             "dynamic_masking": manifest["config"].get("masking") == "dynamic",
             "ranks": [{"files": [train_files[j][0] for j in r["files"]], "skip": r["skip"], "rows": r["rows"]} for r in ranges],
+            "train_files": [p for p, _ in train_files],
+            "train_rows": sum(r for _, r in train_files),
+            "materialized": False,
             "eval_files": [p for p, _ in eval_files],
             "eval_rows": sum(r for _, r in eval_files),
         })
@@ -550,7 +565,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             if start < mine["rows"] // mb:
                 tables = shard.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2)
                 for idx, tbl in epoch_micro_batches(
-                    tables, skip=mine["skip"], num_rows=mine["rows"], chunk_rows=tc.shuffle_buffer_rows,
+                    tables, skip=0 if p["materialized"] else mine["skip"], num_rows=mine["rows"], chunk_rows=tc.shuffle_buffer_rows,
                     micro_batch_size=mb, seed_key=[tc.seed, phase, epoch, rank], start=start,
                 ):
                     yield {"phase": phase, "epoch": epoch, "micro": idx + 1}, rows_to_batch(phase, tbl, epoch)
@@ -667,16 +682,24 @@ def run_training(cfg, phase_data: list[dict[str, Any]], run_id: str, run_name: s
     ctx.execution_options = exec_opts  # also for materialize() here
     ctx.enable_progress_bars = False  # the datasets carry this context to the workers: no bars in the job log
 
-    def read(files: list[str]):
-        ds = ray.data.read_parquet(files, shuffle=None)
-        return ds.materialize() if tc.materialize_data else ds
-
     datasets = {}
     for i, p in enumerate(plan):
-        for r, mine in enumerate(p["ranks"]):
-            datasets[f"p{i}_r{r}"] = read(mine["files"])
-        if p["eval_files"]:
-            datasets[f"p{i}_eval"] = read(p["eval_files"])
+        if tc.materialize_data:
+            # One read of every shard into the object store, cut by row index into each rank's range, the
+            # remainder and the held-out rows (split_at_indices is exact and ordered on materialized data).
+            every = ray.data.read_parquet(p["train_files"] + p["eval_files"], shuffle=None).materialize()
+            per = p["ranks"][0]["rows"]
+            pieces = every.split_at_indices([per * (r + 1) for r in range(len(p["ranks"]))] + [p["train_rows"]])
+            for r in range(len(p["ranks"])):
+                datasets[f"p{i}_r{r}"] = pieces[r]
+            if p["eval_files"]:
+                datasets[f"p{i}_eval"] = pieces[-1]
+            p["materialized"] = True
+        else:
+            for r, mine in enumerate(p["ranks"]):
+                datasets[f"p{i}_r{r}"] = ray.data.read_parquet(mine["files"], shuffle=None)
+            if p["eval_files"]:
+                datasets[f"p{i}_eval"] = ray.data.read_parquet(p["eval_files"], shuffle=None)
     fail_marker = None
     if tc.fail_at_step is not None:
         base = tc.storage_path if "://" not in tc.storage_path else os.path.join(os.path.expanduser("~"), ".cache")

@@ -78,8 +78,14 @@ def job_args(prepared, work, name: str, *extra: str) -> list[str]:
     ]
 
 
+_SHA: dict[str, str] = {}
+
+
 def head_sha(repo_root: Path) -> str:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root, capture_output=True, text=True).stdout.strip()
+    """The commit under test, read once (other commits may land while the module runs)."""
+    if "sha" not in _SHA:
+        _SHA["sha"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root, capture_output=True, text=True).stdout.strip()
+    return _SHA["sha"]
 
 
 def submit(address: str, repo_root: Path, args: list[str], env: dict[str, str], timeout: float = 400) -> str:
@@ -176,9 +182,21 @@ def _ours(local: str):
 def test_job_end_to_end_sqlite(cluster, prepared, work, repo_root, tmp_path, monkeypatch):
     uri = f"sqlite:///{work / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    logs = submit(cluster, repo_root, job_args(prepared, work, "sqlite"), {"MLFLOW_TRACKING_URI": uri})
+    # Two phases in one schedule (as base/large do): steps 1-12 on the fixture's 128-token shards, 13-24 on
+    # 64-token shards that the job prepares itself with phase 1's vocabulary.
+    phases = json.dumps([{"fraction": 0.5, "max_seq_length": 128, "output": prepared["validate"]["output"]},
+                         {"max_seq_length": 64, "max_predictions_per_seq": 10, "output": str(work / "data-64")}])
+    logs = submit(cluster, repo_root, job_args(prepared, work, "sqlite", "--train.phases", phases), {"MLFLOW_TRACKING_URI": uri})
     assert "[stage shards] up to date" in logs  # the prepared fixture's shards were reused
-    check_registered(logs, "bert-pretrain", prepared, repo_root, tmp_path)
+    run_id = check_registered(logs, "bert-pretrain", prepared, repo_root, tmp_path)
+    from pipeline import tracking
+    from pipeline.shards import read_manifest
+
+    phase = dict(_history(run_id, "phase"))
+    assert {s for s, p in phase.items() if p == 0} == set(range(1, 13)) and {s for s, p in phase.items() if p == 1} == set(range(13, 25))
+    short = read_manifest(str(work / "data-64"))
+    assert short["config"]["max_seq_length"] == 64 and short["vocab_sha256"] == prepared["validate"]["vocab_sha256"]
+    assert tracking.client().get_run(run_id).data.params["train.phases"].count("max_seq_length") == 2
 
 
 @pytest.fixture()
@@ -203,7 +221,7 @@ def mlflow_server(tmp_path):
         proc.kill()
         pytest.fail("mlflow server did not come up")
     yield uri
-    os.killpg(proc.pid, 15)
+    os.killpg(proc.pid, 9)  # a throw-away test server: no graceful shutdown to wait for
     proc.wait(timeout=30)
 
 
@@ -239,8 +257,8 @@ def _cfg(prepared, work, name: str, *extra: str):
     from pipeline.config import load_config, resolve_paths
 
     args = [*prepared["args"], "--train.storage_path", str(work / "ft-runs"), "--train.run_name", name,
-            "--train.max_steps", "10", "--train.warmup_steps", "2", "--train.micro_batch_size", "8",
-            "--train.global_batch_size", "32", "--train.checkpoint_every_steps", "4", "--train.eval_every_steps", "5",
+            "--train.max_steps", "8", "--train.warmup_steps", "2", "--train.micro_batch_size", "8",
+            "--train.global_batch_size", "32", "--train.checkpoint_every_steps", "4", "--train.eval_every_steps", "4",
             "--train.shuffle_buffer_rows", "24", "--tracking.system_metrics_every_s", "0", *extra]
     return resolve_paths(load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml", args))
 
@@ -273,7 +291,7 @@ def ft_store(work):
 
 @pytest.fixture(scope="module")
 def baseline(cluster, prepared, work, ft_store):
-    """An uninterrupted 2-worker run: 10 steps x 2 accumulation micro-steps, several epochs of the subset."""
+    """An uninterrupted 2-worker run: 8 steps x 2 accumulation micro-steps, several epochs of the subset."""
     return _train(prepared, work, "baseline")
 
 
@@ -291,7 +309,7 @@ def test_killed_worker_resumes_mid_epoch_bit_identically(baseline, prepared, wor
     assert digest == baseline[0]
     # one MLflow run, each step logged once, with the uninterrupted run's values
     assert _history(run_id, "loss") == _history(baseline[1], "loss")
-    assert [s for s, _ in _history(run_id, "loss")] == list(range(1, 11))
+    assert [s for s, _ in _history(run_id, "loss")] == list(range(1, 9))
     assert plan_rows["output"]
 
 
