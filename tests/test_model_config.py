@@ -96,3 +96,16 @@ def test_from_hf_dict_labels_and_overrides():
 def test_from_hf_dict_rejects_other_architectures(key, value, msg):
     with pytest.raises(ValueError, match=msg):
         BertConfig.from_hf_dict({key: value})
+
+
+def test_docstring_examples_in_model_modules_hold():
+    import doctest
+
+    import model.bert
+    import model.config
+    import model.heads
+    import model.hf
+
+    for module in (model.config, model.bert, model.heads, model.hf):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
