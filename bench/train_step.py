@@ -53,8 +53,9 @@ def make_batch(cfg: BertConfig, batch: int, seq: int, masked: int, device: str, 
     """Pretraining-like data: ~90% of sequences nearly full, ~10% short (Google's short-sequence rate)."""
     g = torch.Generator().manual_seed(seed)
     short = torch.rand(batch, generator=g) < 0.1
-    lengths = torch.where(short, torch.randint(16, seq, (batch,), generator=g),
-                          torch.randint(seq - 8, seq + 1, (batch,), generator=g))
+    lo = max(3, min(16, seq // 2))  # shortest sequence: [CLS] x [SEP] at least
+    lengths = torch.where(short, torch.randint(lo, seq, (batch,), generator=g),
+                          torch.randint(max(lo, seq - 8), seq + 1, (batch,), generator=g))
     ar = torch.arange(seq)
     mask = (ar[None] < lengths[:, None]).long()
     ids = torch.randint(1000, cfg.vocab_size, (batch, seq), generator=g) * mask
@@ -265,7 +266,8 @@ def main() -> None:
     for r in rows:
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
         mem = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "-"
-        print(f"| {r['impl']} | {r['dtype']} | {r['ms']:.0f} | {r['best_ms']:.0f} | {r['tok_s']:.0f} | {r['seq_s']:.1f} | "
+        print(f"| {r['impl']} | {r['dtype']} | {r['ms']:.0f} | {r['best_ms']:.0f} | {r['tok_s']:.0f} | "
+              f"{r['seq_s']:.1f} | "
               f"{r['gflop']:.1f} | {r['tflops']:.3f} | {mfu} | {mem} |")
     if args.mfu:
         for dtype in dtypes:

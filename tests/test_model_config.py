@@ -75,7 +75,8 @@ def test_from_hf_dict_reads_minilm_and_ignores_unknown_keys(minilm_dir):
     d = json.loads((minilm_dir / "config.json").read_text())
     assert "gradient_checkpointing" in d  # an unknown key the loader must skip
     cfg = BertConfig.from_hf_dict(d)
-    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.intermediate_size) == (384, 6, 12, 1536)
+    sizes = (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.intermediate_size)
+    assert sizes == (384, 6, 12, 1536)
 
 
 def test_from_hf_dict_labels_and_overrides():
