@@ -180,6 +180,8 @@ def test_tokenizer_files_are_written(minilm_dir, tmp_path):
     assert (tmp_path / "from_obj" / "vocab.txt").read_text() == (minilm_dir / "vocab.txt").read_text()
     again = tokenizers.Tokenizer.from_file(str(tmp_path / "from_obj" / "tokenizer.json"))
     assert again.encode("Hello world").ids == tok.encode("Hello world").ids
+    auto = transformers.AutoTokenizer.from_pretrained(tmp_path / "from_obj")  # a usable transformers dir
+    assert auto("Hello world")["input_ids"] == [101, 7592, 2088, 102]
     save_hf(model, tmp_path / "from_file", tokenizer=minilm_dir / "vocab.txt")
     assert sorted(p.name for p in (tmp_path / "from_file").iterdir()) == ["config.json", "model.safetensors",
                                                                           "vocab.txt"]
