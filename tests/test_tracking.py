@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 
 import pytest
@@ -11,9 +12,28 @@ from pipeline import tracking
 
 
 @pytest.fixture()
-def store(tmp_path, monkeypatch):
+def cwd(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory):
+    """One SQLite store for the module (creating MLflow's schema costs seconds); tests use their own names."""
+    d = tmp_path_factory.mktemp("mlflow")
+    old = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{d / 'mlflow.db'}"
+    yield d
+    if old is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = old
+
+
+@pytest.fixture()
+def store(store_dir, tmp_path):
+    assert tracking.tracking_uri() == f"sqlite:///{store_dir / 'mlflow.db'}"
     return tmp_path
 
 
@@ -23,14 +43,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_tracking_uri_is_absolute(store, monkeypatch):
-    assert tracking.tracking_uri() == f"sqlite:///{store / 'mlflow.db'}"
+def test_tracking_uri_is_absolute(cwd, monkeypatch):
+    assert tracking.tracking_uri() == f"sqlite:///{cwd / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///sub/x.db")
-    assert tracking.tracking_uri() == f"sqlite:///{store / 'sub' / 'x.db'}"
+    assert tracking.tracking_uri() == f"sqlite:///{cwd / 'sub' / 'x.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     assert tracking.tracking_uri() == "http://127.0.0.1:5000"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "./mlruns")
-    assert tracking.tracking_uri() == (store / "mlruns").as_uri()
+    assert tracking.tracking_uri() == (cwd / "mlruns").as_uri()
 
 
 def test_unreachable_server_is_one_clear_line():
@@ -43,14 +63,14 @@ def test_unreachable_server_is_one_clear_line():
 
 
 def test_start_run_reopens_the_run_of_the_same_name(store):
-    a = tracking.start_run("exp", "run-a", {"git_sha": "abc"})
-    b = tracking.start_run("exp", "run-b", {})
+    a = tracking.start_run("exp-reopen", "run-a", {"git_sha": "abc"})
+    b = tracking.start_run("exp-reopen", "run-b", {})
     assert a != b
     tracking.RunLogger(a).finish("FAILED")
-    assert tracking.start_run("exp", "run-a", {"attempt": 2}) == a
+    assert tracking.start_run("exp-reopen", "run-a", {"attempt": 2}) == a
     run = tracking.client().get_run(a)
     assert run.info.status == "RUNNING" and run.data.tags["git_sha"] == "abc" and run.data.tags["attempt"] == "2"
-    assert tracking.find_run("exp", "nope") is None and tracking.find_run("missing-exp", "run-a") is None
+    assert tracking.find_run("exp-reopen", "nope") is None and tracking.find_run("missing-exp", "run-a") is None
 
 
 def test_run_logger_never_logs_a_step_twice(store):
