@@ -724,7 +724,8 @@ def run_training(cfg, phase_data: list[dict[str, Any]], run_id: str, run_name: s
     if result.error is not None:
         raise result.error
     ckpt = result.checkpoint
-    uri = ckpt.path if "://" not in tc.storage_path else f"{tc.storage_path.split('://', 1)[0]}://{ckpt.path.lstrip('/')}"
+    # A URI storage path gives a path inside its filesystem: s3 "bucket/runs/..." or file "/tmp/runs/...".
+    uri = ckpt.path if "://" not in tc.storage_path else f"{tc.storage_path.split('://', 1)[0]}://{ckpt.path}"
     return {"checkpoint": uri, "metrics": dict(result.metrics or {}), "run_id": run_id, "run_name": run_name}
 
 

@@ -268,12 +268,12 @@ def _train(prepared, work, name: str, *extra: str) -> tuple[str, str]:
     from safetensors.torch import load_file
 
     from pipeline import tracking
-    from pipeline.train import run_training
+    from pipeline.train import local_checkpoint, run_training
 
     cfg = _cfg(prepared, work, name, *extra)
     run_id = tracking.start_run("ft", name, {})
     res = run_training(cfg, [prepared["validate"]], run_id, name, tracking.tracking_uri())
-    sd = load_file(os.path.join(res["checkpoint"], "model.safetensors"))
+    sd = load_file(os.path.join(local_checkpoint(res["checkpoint"]), "model.safetensors"))
     digest = hashlib.sha256(b"".join(k.encode() + sd[k].numpy().tobytes() for k in sorted(sd))).hexdigest()
     return digest, run_id
 
@@ -323,7 +323,8 @@ def test_rerunning_an_interrupted_run_resumes_it(baseline, prepared, work):
 
 
 def test_two_node_ddp_matches_single_node(baseline, prepared, work):
-    """Two nodes with 1 CPU each, one worker per node (SPREAD): DDP over gloo across nodes, same weights."""
+    """Two nodes with 1 CPU each, one worker per node (SPREAD): DDP over gloo across nodes, same weights;
+    checkpoints go to a file:// URI."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -337,8 +338,11 @@ def test_two_node_ddp_matches_single_node(baseline, prepared, work):
         ray.init(address=two.address, configure_logging=False, log_to_driver=False)
         two.wait_for_nodes()
         assert len([n for n in ray.nodes() if n["Alive"]]) == 2
+        # Checkpoints through a URI (pyarrow's file:// filesystem, as s3:// would be on a real cluster).
+        uri = (work / "uri-runs").as_uri()
         digest, run_id = _train(prepared, work, "two-node", "--train.placement_strategy", "SPREAD",
-                                "--train.materialize_data", "true")
+                                "--train.storage_path", uri)
+        assert any((work / "uri-runs" / "two-node").glob("checkpoint_*/model.safetensors"))
         tags = tracking.client().get_run(run_id).data.tags
         assert tags["num_nodes"] == "2" and tags["world_size"] == "2"
         assert digest == baseline[0]
