@@ -348,11 +348,14 @@ def evaluate(model: torch.nn.Module, td: TaskData, cfg: FinetuneConfig, device: 
     else:
         starts = [s for s, _ in outs]
         ends = [e for _, e in outs]
+        details: dict[str, dict[str, Any]] = {}
         preds = M.postprocess_qa(
             td.eval_windows, starts, ends, td.eval_contexts, cfg.eval.n_best, cfg.eval.max_answer_length,
-            td.version_2, cfg.eval.null_score_diff_threshold,
+            td.version_2, cfg.eval.null_score_diff_threshold, details,
         )
         res = M.squad_metrics(preds, td.eval_answers)
+        if td.version_2:  # as the official v2 script: the scores at the best null threshold, and that threshold
+            res.update(M.best_null_threshold(details["span"], details["score_diff"], td.eval_answers))
     res["loss"] = loss_sum / max(n, 1)
     return res
 

@@ -16,6 +16,7 @@ where installed, scikit-learn/scipy/seqeval-equivalent figures) in tests/test_me
 from __future__ import annotations
 
 import collections
+import math
 import re
 import string
 from collections.abc import Sequence
@@ -257,6 +258,7 @@ def postprocess_qa(
     max_answer_length: int = 30,
     version_2: bool = False,
     null_score_diff_threshold: float = 0.0,
+    details: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, str]:
     """Answer text per question id from the logits of all its windows.
 
@@ -264,6 +266,8 @@ def postprocess_qa(
     logits (L,). The best span over all windows wins. For SQuAD v2 the null score is the minimum over the
     question's windows (as Google's run_squad.py) and the answer is "" when
     `null_score - best_span_score > null_score_diff_threshold`; v1.1 always answers with the best span.
+    When `details` is a dict it receives `{"span": {qid: best span text}, "score_diff": {qid: null − best}}`
+    (for `best_null_threshold`).
     """
     best: dict[str, dict[str, Any]] = {}
     null: dict[str, float] = {}
@@ -282,4 +286,38 @@ def postprocess_qa(
             preds[qid] = ""
         else:
             preds[qid] = span["text"]
+    if details is not None:
+        details["span"] = {q: (best[q]["text"] if q in best else "") for q in contexts}
+        details["score_diff"] = {
+            q: (null.get(q, 0.0) - best[q]["score"]) if q in best else float("inf") for q in contexts
+        }
     return preds
+
+
+def best_null_threshold(
+    span_preds: dict[str, str], score_diff: dict[str, float], gold: dict[str, list[str]]
+) -> dict[str, float]:
+    """The official SQuAD v2 script's `best_exact`/`best_f1` and their null-score-diff thresholds.
+
+    Questions sorted by `score_diff` (null − best span) are switched from "" to their best span one by one; the
+    threshold is the diff of the last switched question at the best running score (answer when diff <= it).
+    gold {a: [Ruth], b: [], c: [Boaz]}, spans {a: Ruth, b: Naomi, c: Orpah}, diffs {a: -2, b: 1, c: 3}:
+    all "" scores 1 (b); switching a -> 2 (best, threshold -2); b -> 1; c -> 1 => best_f1 66.7 at -2.
+    """
+    out: dict[str, float] = {}
+    n = len(gold)
+    finite = [d for d in score_diff.values() if math.isfinite(d)]
+    for name, fn in (("exact", squad_exact), ("f1", squad_f1)):
+        has = {q: bool([a for a in gold[q] if normalize_answer(a)]) for q in gold}
+        cur = best = float(sum(not h for h in has.values()))
+        thresh = (min(finite) - 1.0) if finite else 0.0
+        for q in sorted((q for q in gold if math.isfinite(score_diff.get(q, math.inf))), key=lambda q: score_diff[q]):
+            if has[q]:
+                cur += max(fn(span_preds[q], a) for a in gold[q])
+            elif normalize_answer(span_preds[q]):
+                cur -= 1
+            if cur > best:
+                best, thresh = cur, score_diff[q]
+        out[f"best_{name}"] = 100.0 * best / n if n else 0.0
+        out[f"best_{name}_thresh"] = float(thresh)
+    return out

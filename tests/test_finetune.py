@@ -152,3 +152,18 @@ def test_evaluate_qa_no_answer_path(minilm_dir):
     frac_no = np.mean([not a for a in td.eval_answers.values()])
     assert res["exact_match"] == pytest.approx(100 * frac_no) and res["f1"] == pytest.approx(100 * frac_no)
     assert res["no_ans_exact"] == 100.0 and res["has_ans_f1"] == 0.0
+
+
+def test_regression_labels_and_metrics(minilm_dir, tmp_path):
+    tr = tmp_path / "sts.tsv"
+    tr.write_text("sentence1\tsentence2\tlabel\nNaomi wept\tRuth wept\t3.8\nBoaz slept\tthe LORD spake\t0.5\n")
+    ev = tmp_path / "sts_dev.tsv"
+    ev.write_text("sentence1\tsentence2\tlabel\nA man\tA man\t5.0\nMoab\tJudah\t1.0\nRuth\tNaomi\t2.0\n")
+    td = prepare_task("sequence-classification", tr, ev, minilm_dir, 32)
+    assert td.problem_type == "regression" and td.num_labels == 1 and td.eval["labels"] == [5.0, 1.0, 2.0]
+    m = build_model(resolve_source("scratch:tiny", str(minilm_dir)), "sequence-classification", td, {}, 30522)
+    assert m.config.problem_type == "regression"
+    _force(m.classifier, [2.0])  # predicts 2.0 for every pair
+    res = evaluate(m, td, FinetuneConfig())
+    assert res["mse"] == pytest.approx((9 + 1 + 0) / 3) and res["pearson"] == 0.0  # constant prediction
+    assert res["loss"] == pytest.approx(10 / 3)  # the model's own MSE loss agrees

@@ -136,3 +136,29 @@ def test_postprocess_qa_windows_and_null_threshold():
     s2[:, 0] = 10.0
     assert M.postprocess_qa([w0, w1], s2, e2, {"q": ctx}, version_2=True) == {"q": ""}
     assert M.postprocess_qa([w0, w1], s2, e2, {"q": ctx}, version_2=False) == {"q": "Naomi"}
+
+
+def test_best_null_threshold_hand():
+    gold = {"a": ["Ruth"], "b": [], "c": ["Boaz"]}
+    spans = {"a": "Ruth", "b": "Naomi", "c": "Orpah"}
+    diffs = {"a": -2.0, "b": 1.0, "c": 3.0}
+    m = M.best_null_threshold(spans, diffs, gold)
+    # all "" -> 1 (b); +a (F1 1) -> 2 at -2; +b (answered wrongly) -> 1; +c (F1 0) -> 1
+    assert m["best_f1"] == pytest.approx(200 / 3) and m["best_f1_thresh"] == -2.0
+    assert m["best_exact"] == pytest.approx(200 / 3) and m["best_exact_thresh"] == -2.0
+    # applying the threshold through postprocess_qa's rule (answer "" when diff > thresh) gives that score
+    preds = {q: ("" if diffs[q] > m["best_f1_thresh"] else spans[q]) for q in gold}
+    assert M.squad_metrics(preds, gold)["f1"] == pytest.approx(m["best_f1"])
+    # nothing worth answering: the threshold sits below every diff (all "")
+    m = M.best_null_threshold({"a": "x", "b": "y"}, {"a": 0.5, "b": 2.0}, {"a": [], "b": []})
+    assert m["best_f1"] == 100.0 and m["best_f1_thresh"] < 0.5
+
+
+def test_postprocess_qa_details():
+    ctx = "Ruth clave unto Naomi"
+    w = {"example_id": "q", "offsets": [None, (0, 4), (16, 21), None]}
+    s, e = np.array([[3.0, 1.0, 2.0, 0.0]]), np.array([[3.0, 0.0, 2.5, 0.0]])
+    details: dict = {}
+    preds = M.postprocess_qa([w], s, e, {"q": ctx}, version_2=True, details=details)
+    # best span "Naomi" 4.5 (start 2 + end 2); "Ruth clave unto Naomi" 1+2.5=3.5; null 6.0 -> diff 1.5 > 0
+    assert preds == {"q": ""} and details["span"] == {"q": "Naomi"} and details["score_diff"] == {"q": 1.5}
