@@ -171,7 +171,7 @@ def learning(work: Path, inputs: list[str], steps: int | None) -> tuple[float, f
     import subprocess
 
     cmd = [sys.executable, str(REPO / "jobs" / "pretrain.py"), "--config", str(REPO / "configs" / "tiny.yaml"),
-           "--data.inputs", json.dumps(inputs), "--data.output", str(work / "learn-data"),
+           "--data.inputs", json.dumps(inputs), "--data.output", str(work / "data"),  # prepared above: up to date
            "--train.storage_path", str(work / "learn-runs"), "--tracking.model_name", "bench-tiny"]
     if steps:
         cmd += ["--train.max_steps", str(steps)]
@@ -184,10 +184,8 @@ def learning(work: Path, inputs: list[str], steps: int | None) -> tuple[float, f
 
     info = tracking.model_version_info("models:/bench-tiny@latest-pretrain")
     metrics = tracking.client().get_run(info["run_id"]).data.metrics
-    from pipeline.shards import read_manifest  # noqa: F401 - the learn data dir was prepared by the job
-
     acc = metrics["final_eval_mlm_accuracy"]
-    base = unigram_accuracy({"output": str(work / "learn-data")})
+    base = unigram_accuracy({"output": str(work / "data")})
     return acc, base, " ".join(cmd[1:])
 
 
@@ -213,9 +211,15 @@ def main() -> int:
     try:
         cfg, data = prepare(work, args.inputs, args.seq)
         print(f"data: {data['output']} ({json.dumps({k: data.get(k) for k in ('examples',) if k in data})})", flush=True)
-        plain_tps, model_bps = plain_tokens_per_s(cfg, data, args.steps, args.skip)
+        # plain before and after Ray Train, averaged: the machine's load drifts during the run
+        load = [os.getloadavg()[0]]
+        plain_a, model_a = plain_tokens_per_s(cfg, data, args.steps, args.skip)
         ray_tps = ray_train_tokens_per_s(cfg, data, args.steps, args.skip)
+        plain_b, model_b = plain_tokens_per_s(cfg, data, args.steps, args.skip)
+        plain_tps, model_bps = (plain_a + plain_b) / 2, (model_a + model_b) / 2
         loader_bps = loader_batches_per_s(cfg, data, 200)
+        load.append(os.getloadavg()[0])
+        print(f"plain tokens/s before/after: {plain_a:,.0f} / {plain_b:,.0f}; Ray Train: {ray_tps:,.0f}", flush=True)
     finally:
         ray.shutdown()
     rows = [
@@ -229,7 +233,8 @@ def main() -> int:
     print(f"\n{'measure'.ljust(w)}  {'values':>22}  {'ratio':>7}  goal")
     for name, vals, ratio, goal in rows:
         print(f"{name.ljust(w)}  {vals:>22}  {ratio:7.2f}  {goal}")
-    print(f"\ntorch {torch.__version__}, {os.cpu_count()} CPUs, steps={args.steps} (first {args.skip} left out), seq={args.seq}")
+    print(f"\ntorch {torch.__version__}, {os.cpu_count()} CPUs, steps={args.steps} (first {args.skip} left out), seq={args.seq}, "
+          f"1-min load average {load[0]:.1f} -> {load[1]:.1f}")
     return 0
 
 
