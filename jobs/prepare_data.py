@@ -53,12 +53,16 @@ def main(argv: list[str] | None = None) -> int:
         if not cfg.data.inputs:
             raise InputError("no input given (--input PATH)")
         return run(cfg.data, args.num_cpus)
-    except (ConfigError, InputError, OutputExistsError, VocabError, DataValidationError) as e:
+    except (ConfigError, InputError, OutputExistsError, VocabError, DataValidationError, RayStartError) as e:
         print(f"prepare_data: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("prepare_data: interrupted; re-run the same command to resume", file=sys.stderr)
         return 130
+
+
+class RayStartError(RuntimeError):
+    """Ray could not be started or joined; re-running usually helps (the run resumes)."""
 
 
 def run(data, num_cpus: int | None) -> int:
@@ -72,8 +76,11 @@ def run(data, num_cpus: int | None) -> int:
         # RAY_ADDRESS (set by `ray job submit`) joins that cluster; otherwise a private local one, never whichever
         # `ray start` cluster happens to run on this machine.
         address = os.environ.get("RAY_ADDRESS") or "local"
-        ray.init(address=address, num_cpus=num_cpus if address == "local" else None, include_dashboard=False,
-                 configure_logging=False, log_to_driver=True)
+        try:
+            ray.init(address=address, num_cpus=num_cpus if address == "local" else None, include_dashboard=False,
+                     configure_logging=False, log_to_driver=True)
+        except Exception as e:  # e.g. "node timed out during startup" on an overloaded machine
+            raise RayStartError(f"could not start or join Ray ({address}): {str(e).splitlines()[0]}") from None
     try:
         results = run_graph(stages, state_dir=os.path.join(data.output, "_state"), remote=False,
                             log=lambda m: print(m, flush=True))
