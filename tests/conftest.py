@@ -46,6 +46,7 @@ def ray_local():
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True, configure_logging=False)
+    # address="local": always a private cluster, never one a `ray start` elsewhere on the machine left running.
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=True, configure_logging=False)
     yield ray
     ray.shutdown()
