@@ -206,20 +206,22 @@ def mlflow_server(tmp_path):
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination", str(tmp_path / "artifacts"),
          "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "w"), start_new_session=True,
     )
     uri = f"http://127.0.0.1:{port}"
     from pipeline.tracking import TrackingError, check_tracking_server
 
-    for _ in range(120):
+    deadline = time.time() + 240  # a loaded 2-core machine can take minutes to import and migrate
+    while True:
         try:
-            check_tracking_server(uri, timeout=1)
+            check_tracking_server(uri, timeout=2)
             break
         except TrackingError:
+            if proc.poll() is not None or time.time() > deadline:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
+                pytest.fail(f"mlflow server did not come up: {(tmp_path / 'server.log').read_text()[-2000:]}")
             time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("mlflow server did not come up")
     yield uri
     os.killpg(proc.pid, 9)  # a throw-away test server: no graceful shutdown to wait for
     proc.wait(timeout=30)
