@@ -231,7 +231,7 @@ def main() -> None:
     ap.add_argument("--memory-factors", default="1,8", help="corpus repetitions for the peak-memory comparison")
     ap.add_argument("--num-cpus", type=int, default=2)
     ap.add_argument("--skip-hf", action="store_true", help="skip the datasets.map reference")
-    ap.add_argument("--write-results", action="store_true", help="write bench/RESULTS.data.md")
+    ap.add_argument("--write-results", metavar="FILE", help="also write the table and the command to FILE (markdown)")
     ap.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -313,7 +313,7 @@ def main() -> None:
     print(table)
     if a.write_results:
         cmd = "python bench/data_throughput.py " + " ".join(sys.argv[1:])
-        (REPO / "bench" / "RESULTS.data.md").write_text(
+        Path(a.write_results).write_text(
             f"# Data pipeline benchmark\n\nCommand: `{cmd}`  \nMachine: {os.cpu_count()} cores shared with other "
             f"jobs (load varies); run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n\n{table}\n"
         )
