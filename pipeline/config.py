@@ -359,8 +359,11 @@ def parse_overrides(args: list[str]) -> dict[str, dict[str, Any]]:
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "tracking": TrackingConfig}
 
 
-def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> Config:
-    """Read a YAML preset (or the defaults when `path` is None) and apply `--section.field value` overrides."""
+def load_sections(
+    path: str | os.PathLike | None, overrides: list[str] | None, sections: dict[str, type]
+) -> dict[str, Any]:
+    """{section: dataclass instance} from a YAML file (or the defaults when `path` is None) plus
+    `--section.field value` overrides; shared by the pretraining and fine-tuning configs."""
     raw: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -368,15 +371,19 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
         try:
             raw = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+            raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
         _check(isinstance(raw, dict), f"config file {path} must be a mapping of sections")
     for section, values in parse_overrides(list(overrides or [])).items():
-        _check(section in SECTIONS, f"unknown config section {section!r}; known: {', '.join(SECTIONS)}")
-        raw.setdefault(section, {})
-        raw[section] = {**(raw[section] or {}), **values}
-    unknown = sorted(set(raw) - set(SECTIONS))
-    _check(not unknown, f"unknown config section(s): {', '.join(unknown)}; known: {', '.join(SECTIONS)}")
-    return Config(**{name: build_section(cls, raw.get(name), name) for name, cls in SECTIONS.items()})
+        _check(section in sections, f"unknown config section {section!r}; known: {', '.join(sections)}")
+        raw[section] = {**(raw.get(section) or {}), **values}
+    unknown = sorted(set(raw) - set(sections))
+    _check(not unknown, f"unknown config section(s): {', '.join(unknown)}; known: {', '.join(sections)}")
+    return {name: build_section(cls, raw.get(name), name) for name, cls in sections.items()}
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML preset (or the defaults when `path` is None) and apply `--section.field value` overrides."""
+    return Config(**load_sections(path, overrides, SECTIONS))
 
 
 def resolve_path(p: str | None, base: str | os.PathLike | None = None) -> str | None:

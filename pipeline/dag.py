@@ -175,7 +175,7 @@ def summary_table(results: dict[str, StageResult]) -> str:
 
 # ---------------------------------------------------------------------------------------------- the data stages
 
-from pipeline.config import DataConfig  # noqa: E402  (appended section; annotations only)
+from pipeline.config import Config, DataConfig  # noqa: E402  (appended section; annotations only)
 
 
 def data_stages(cfg: DataConfig) -> list[Stage]:

@@ -33,10 +33,9 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-import yaml
 
-from pipeline.config import ConfigError, build_section, flatten, parse_overrides, resolve_path
-from pipeline.finetune_data import FinetuneDataError, TaskData, load_tokenizer, pad_batch, prepare_task
+from pipeline.config import ConfigError, flatten, load_sections, resolve_path
+from pipeline.finetune_data import TaskData, load_tokenizer, pad_batch, prepare_task
 from pipeline import metrics as M
 
 TASKS = ("sequence-classification", "token-classification", "question-answering")
@@ -190,21 +189,7 @@ def load_finetune_config(path: str | os.PathLike | None, overrides: list[str] | 
     >>> load_finetune_config(None, ["--train.max_steps", "20", "--data.max_seq_length", "64"]).train.max_steps
     20
     """
-    raw: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        _check(p.is_file(), f"config file {path} does not exist")
-        try:
-            raw = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
-        _check(isinstance(raw, dict), f"config file {path} must be a mapping of sections")
-    for section, values in parse_overrides(list(overrides or [])).items():
-        _check(section in FT_SECTIONS, f"unknown config section {section!r}; known: {', '.join(FT_SECTIONS)}")
-        raw[section] = {**(raw.get(section) or {}), **values}
-    unknown = sorted(set(raw) - set(FT_SECTIONS))
-    _check(not unknown, f"unknown config section(s): {', '.join(unknown)}; known: {', '.join(FT_SECTIONS)}")
-    return FinetuneConfig(**{n: build_section(c, raw.get(n), n) for n, c in FT_SECTIONS.items()})
+    return FinetuneConfig(**load_sections(path, overrides, FT_SECTIONS))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 from typing import Any, Iterable, Iterator, Literal, Sequence
 
@@ -809,7 +808,6 @@ def train_stage(cfg, phase_data: list[dict[str, Any]], run_name: str, git_sha: s
 def evaluate_stage(cfg, train_result: dict[str, Any], data: dict[str, Any], uri: str) -> dict[str, float]:
     """Evaluate the final weights on the whole held-out set of the last phase; log `final_eval_*` into the run."""
     os.environ["MLFLOW_TRACKING_URI"] = uri
-    import pyarrow.parquet as pq
 
     from pipeline import tracking
 

@@ -85,7 +85,6 @@ def test_full_corpus_end_to_end_rerun_and_killed_resume(repo_root, shared_dir, m
     assert "examples" in p.stdout and "nsp random fraction" in p.stdout and "shards" in p.stdout
     assert sorted(os.listdir(ref)) == ["manifest.json", "shards", "tokenizer.json", "vocab.meta.json", "vocab.txt"]
     # 2. re-run: nothing to do
-    t0 = time.perf_counter()
     p = _run(repo_root, "--input", corpora / "books", "--input", corpora / "wiki", "--output", ref, *common)
     assert p.returncode == 0 and "is up to date" in p.stdout, p.stderr[-2000:]
     assert json.loads((ref / "manifest.json").read_text()) == m
