@@ -38,6 +38,19 @@ def _err(path: str | Path, row: int | str | None, problem: str) -> FinetuneDataE
     return FinetuneDataError(f"{where}: {problem}")
 
 
+def _read_text(path: Path) -> str:
+    """The file's text; one-line errors for a missing, empty or non-UTF-8 file."""
+    if not path.is_file():
+        raise _err(path, None, "file does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise _err(path, None, f"not valid UTF-8 (byte {e.start})") from None
+    if not text.strip():
+        raise _err(path, None, "file is empty")
+    return text
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # sequence classification
 
@@ -53,11 +66,7 @@ class TextExample:
 def _read_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
     """Rows of a TSV/CSV (header row) or JSONL file as `(line_number, mapping)`."""
     suffix = path.suffix.lower()
-    if not path.is_file():
-        raise _err(path, None, "file does not exist")
-    text = path.read_text(encoding="utf-8")
-    if not text.strip():
-        raise _err(path, None, "file is empty")
+    text = _read_text(path)
     rows: list[tuple[int, dict[str, Any]]] = []
     if suffix == ".jsonl" or suffix == ".json":
         for i, line in enumerate(text.splitlines(), start=1):
@@ -178,11 +187,7 @@ def read_conll(path: str | Path) -> list[TaggedSentence]:
     Tags must be `O` or `B-X`/`I-X`.
     """
     path = Path(path)
-    if not path.is_file():
-        raise _err(path, None, "file does not exist")
-    text = path.read_text(encoding="utf-8")
-    if not text.strip():
-        raise _err(path, None, "file is empty")
+    text = _read_text(path)
     out: list[TaggedSentence] = []
     words: list[str] = []
     tags: list[str] = []
@@ -240,11 +245,7 @@ def read_squad(path: str | Path) -> tuple[list[QAExample], bool]:
     Each answer's `answer_start` must point at its `text` inside the context.
     """
     path = Path(path)
-    if not path.is_file():
-        raise _err(path, None, "file does not exist")
-    text = path.read_text(encoding="utf-8")
-    if not text.strip():
-        raise _err(path, None, "file is empty")
+    text = _read_text(path)
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:

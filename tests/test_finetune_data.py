@@ -222,3 +222,12 @@ def test_squad_bad_answer_and_missing_data(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(D.FinetuneDataError, match="does not exist"):
         D.read_classification(tmp_path / "nope.tsv")
+
+
+@pytest.mark.parametrize("name, reader", [("t.tsv", D.read_classification), ("t.conll", D.read_conll),
+                                          ("t.json", D.read_squad)])
+def test_non_utf8_file_is_one_line_error(tmp_path, name, reader):
+    p = tmp_path / name
+    p.write_bytes(b"sentence\tlabel\n\xff\xfe caf\xe9\ta\n")
+    with pytest.raises(D.FinetuneDataError, match=rf"{name}: not valid UTF-8 \(byte 15\)"):
+        reader(p)
