@@ -118,24 +118,43 @@ class RandomPool:
         return int(others[np.searchsorted(others, w) % len(others)])
 
 
+def target_length(room: int, short_seq_prob: float, rng: random.Random) -> int:
+    """Google's target length: the full `room`, or with probability `short_seq_prob` a uniform 2..room, so the
+    model also sees short inputs. One `rng.random()` draw, plus one `randint` when short (order matters for
+    byte-identical output)."""
+    if rng.random() < short_seq_prob:
+        return rng.randint(2, room)
+    return room
+
+
+def group_consecutive(sizes: list[int], target: int) -> list[list[int]]:
+    """Indices grouped in order, each group closed once its total reaches `target` (the last may fall short).
+
+    >>> group_consecutive([5, 1, 1, 9, 2], 6)
+    [[0, 1], [2, 3], [4]]
+    """
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    total = 0
+    for i, n in enumerate(sizes):
+        cur.append(i)
+        total += n
+        if total >= target:
+            groups.append(cur)
+            cur, total = [], 0
+    if cur:
+        groups.append(cur)
+    return groups
+
+
 def document_windows(sentences: list[np.ndarray], window_tokens: int) -> list[list[np.ndarray]]:
     """Consecutive sentences grouped until each group has >= `window_tokens` tokens (last may be shorter).
 
     >>> [len(w) for w in document_windows([np.ones(3), np.ones(3), np.ones(5), np.ones(1)], 5)]
     [2, 1, 1]
     """
-    out: list[list[np.ndarray]] = []
-    cur: list[np.ndarray] = []
-    n = 0
-    for s in sentences:
-        cur.append(s)
-        n += len(s)
-        if n >= window_tokens:
-            out.append(cur)
-            cur, n = [], 0
-    if cur:
-        out.append(cur)
-    return out
+    groups = group_consecutive([len(s) for s in sentences], window_tokens)
+    return [[sentences[i] for i in g] for g in groups]
 
 
 def truncate_seq_pair(len_a: int, len_b: int, max_num_tokens: int, rng: random.Random) -> tuple[int, int, int, int]:
@@ -197,9 +216,7 @@ def create_instances_from_document(
     segment of another document (label 1) and the unused sentences are put back.
     """
     max_num_tokens = max_seq_length - 3
-    target_seq_length = max_num_tokens
-    if rng.random() < short_seq_prob:
-        target_seq_length = rng.randint(2, max_num_tokens)
+    target_seq_length = target_length(max_num_tokens, short_seq_prob, rng)
     instances: list[Instance] = []
     chunk: list[np.ndarray] = []
     length = 0
@@ -267,9 +284,7 @@ def pack_sentences(
     [[1, 5, 6, 2], [1, 7, 8, 9, 2]]
     """
     room = max_seq_length - 2
-    target = room
-    if rng.random() < short_seq_prob:
-        target = rng.randint(2, room)
+    target = target_length(room, short_seq_prob, rng)
     out: list[Instance] = []
     cur: list[np.ndarray] = []
     n = 0

@@ -44,6 +44,7 @@ from pipeline.examples import (
     create_instances_from_document,
     derive_seed,
     document_windows,
+    group_consecutive,
     pack_sentences,
     split_sentences,
 )
@@ -184,26 +185,6 @@ def list_rows(col: pa.ChunkedArray | pa.ListArray) -> list[np.ndarray]:
     values = col.values.to_numpy(zero_copy_only=False)
     base = offsets[0]
     return [values[offsets[i] - base : offsets[i + 1] - base] for i in range(len(col))] if len(col) else []
-
-
-def group_consecutive(sizes: list[int], target: int) -> list[list[int]]:
-    """Indices grouped in order, each group closed once its total reaches `target` (the units of Ray work).
-
-    >>> group_consecutive([5, 1, 1, 9, 2], 6)
-    [[0, 1], [2, 3], [4]]
-    """
-    groups: list[list[int]] = []
-    cur: list[int] = []
-    total = 0
-    for i, n in enumerate(sizes):
-        cur.append(i)
-        total += n
-        if total >= target:
-            groups.append(cur)
-            cur, total = [], 0
-    if cur:
-        groups.append(cur)
-    return groups
 
 
 def balanced_ranges(n: int, k: int) -> list[tuple[int, int]]:
