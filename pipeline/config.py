@@ -106,6 +106,18 @@ class ModelConfig:
     overrides: dict[str, Any] = field(default_factory=dict)
     """BertConfig fields that differ from the preset; vocab_size is taken from the prepared vocabulary."""
 
+    def __post_init__(self) -> None:
+        self.bert_config()  # an unknown preset or a bad override fails here, before any work
+
+    def bert_config(self, **extra: Any):
+        """The BertConfig this section describes (plus `extra`, e.g. the prepared vocab_size)."""
+        from model.config import BertConfig
+
+        try:
+            return BertConfig.from_preset(self.preset, **{**self.overrides, **extra})
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"model: {e}") from None
+
 
 @dataclass
 class PhaseConfig:
@@ -195,14 +207,15 @@ class TrainConfig:
     """Re-running with the same run name resumes it; null derives one from the config hash."""
     seed: int = 0
     """Seeds model init, dropout and dynamic masking; with it, CPU runs are bit-reproducible."""
-    fail_at_step: int | None = None
-    """Fault injection for tests: rank 0 SIGKILLs itself after this step, once per run (first attempt only)."""
 
     def __post_init__(self) -> None:
-        self.phases = [p if isinstance(p, PhaseConfig) else build_section(PhaseConfig, p, "train.phases") for p in self.phases or []]
+        _check(isinstance(self.phases, list), f"train.phases must be a list of phases, got {self.phases!r}")
+        self.phases = [p if isinstance(p, PhaseConfig) else build_section(PhaseConfig, p, f"train.phases[{i}]")
+                       for i, p in enumerate(self.phases or [])]
         _check(self.num_workers >= 1, f"train.num_workers {self.num_workers} < 1")
         _check(self.max_steps >= 1, f"train.max_steps {self.max_steps} < 1")
         _check(self.micro_batch_size >= 1, f"train.micro_batch_size {self.micro_batch_size} < 1")
+        _check(self.global_batch_size >= 1, f"train.global_batch_size {self.global_batch_size} < 1")
         per_step = self.micro_batch_size * self.num_workers
         _check(
             self.global_batch_size % per_step == 0,
@@ -210,6 +223,9 @@ class TrainConfig:
             f"micro_batch_size * num_workers = {per_step}",
         )
         for i, ph in enumerate(self.phases):
+            for name in ("micro_batch_size", "global_batch_size"):
+                v = getattr(ph, name)
+                _check(v is None or v >= 1, f"train.phases[{i}].{name} {v} < 1")
             mb = ph.micro_batch_size or self.micro_batch_size
             gb = ph.global_batch_size or self.global_batch_size
             _check(gb % (mb * self.num_workers) == 0,
@@ -275,6 +291,15 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
+    def __post_init__(self) -> None:
+        # Cross-section checks: sequence lengths must fit the model's position table.
+        max_pos = self.model.bert_config().max_position_embeddings
+        _check(self.data.max_seq_length <= max_pos,
+               f"data.max_seq_length {self.data.max_seq_length} > model max_position_embeddings {max_pos}")
+        for i, ph in enumerate(self.train.phases):
+            _check(ph.max_seq_length <= max_pos,
+                   f"train.phases[{i}].max_seq_length {ph.max_seq_length} > model max_position_embeddings {max_pos}")
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -301,15 +326,80 @@ def config_hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _is_list_type(tp: Any) -> bool:
+_NUMBER = {int: "an integer", float: "a number"}
+
+
+def _number(value: Any, tp: type) -> int | float | None:
+    """`value` (int, float or numeric string) as `tp`; None when it is not one (or not whole, for int)."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    if tp is float:
+        return x
+    if isinstance(value, int):
+        return value
+    return int(x) if x.is_integer() else None
+
+
+def coerce(value: Any, tp: Any, where: str) -> Any:
+    """`value` as type `tp` (a dataclass field's annotation), or a ConfigError that names `where`.
+
+    YAML 1.1 reads `1e-4` as a string, and command-line values arrive as YAML scalars: numbers are converted by
+    the field's type, lists accept a scalar, Literal fields list their choices.
+
+    >>> coerce("1e-4", float, "train.lr"), coerce("3", int | None, "x"), coerce("a", list[str], "data.inputs")
+    (0.0001, 3, ['a'])
+    >>> coerce("abc", float, "train.lr")
+    Traceback (most recent call last):
+    ...
+    pipeline.config.ConfigError: train.lr 'abc' is not a number
+    """
+    args = typing.get_args(tp)
     origin = typing.get_origin(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:
+            return coerce(value, options[0], where)
+        for a in options:  # str | Path and the like: the first that takes it
+            try:
+                return coerce(value, a, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where} {value!r} is not one of the accepted types")
+    if origin is Literal:
+        _check(value in args, f"{where} {value!r} is not one of {', '.join(map(str, args))}")
+        return value
     if origin is list:
-        return True
-    return any(_is_list_type(a) for a in typing.get_args(tp)) if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)) else False
+        items = value if isinstance(value, list) else [value]
+        return [coerce(v, args[0], f"{where}[{i}]") if args else v for i, v in enumerate(items)]
+    if origin is dict or tp is dict:
+        _check(isinstance(value, dict), f"{where} must be a mapping, got {value!r}")
+        return value
+    if tp is bool:
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+            return value.lower() in ("true", "yes", "on", "1")
+        _check(isinstance(value, bool), f"{where} {value!r} is not true or false")
+        return value
+    if tp in (int, float):
+        if isinstance(value, bool) or value is None:
+            raise ConfigError(f"{where} {value!r} is not {_NUMBER[tp]}")
+        num = _number(value, tp)
+        _check(num is not None, f"{where} {value!r} is not {_NUMBER[tp]}")
+        return num
+    if tp is str:
+        _check(value is not None and not isinstance(value, (dict, list)), f"{where} {value!r} is not a string")
+        return str(value)
+    return value
 
 
 def build_section(cls: type, values: dict[str, Any] | None, section: str) -> Any:
-    """Build dataclass `cls` from a mapping; unknown keys and wrong shapes name `section.field`."""
+    """Build dataclass `cls` from a mapping, each value coerced by its field's type; unknown keys, wrong types
+    and a non-mapping section are ConfigErrors that name `section.field`."""
+    _check(values is None or isinstance(values, dict),
+           f"config section {section} must be a mapping of field: value, got {type(values).__name__} {values!r}")
     values = dict(values or {})
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
@@ -322,8 +412,9 @@ def build_section(cls: type, values: dict[str, Any] | None, section: str) -> Any
         unknown = []
     _check(not unknown, f"unknown {section} field(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
     for name, value in list(values.items()):
-        if _is_list_type(hints[name]) and value is not None and not isinstance(value, list):
-            values[name] = [value]
+        if dataclasses.is_dataclass(value) or (name == "phases" and cls is TrainConfig):
+            continue  # nested sections build themselves
+        values[name] = coerce(value, hints[name], f"{section}.{name}")
     try:
         return cls(**values)
     except TypeError as e:  # e.g. a nested mapping where a scalar belongs

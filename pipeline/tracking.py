@@ -123,6 +123,27 @@ def find_run(experiment: str, run_name: str) -> str | None:
     return runs[0].info.run_id if runs else None
 
 
+def run_exists(run_id: str, uri: str | None = None) -> bool:
+    """True when `run_id` is a (not deleted) run of the tracking store at `uri`."""
+    try:
+        return client(uri).get_run(run_id).info.lifecycle_stage != "deleted"
+    except MlflowException:
+        return False
+
+
+def end_attempt_runs(experiment: str, attempt: str, status: str, uri: str | None = None) -> list[str]:
+    """Mark every still-RUNNING run of `experiment` tagged `attempt=<attempt>` as `status` (FAILED / KILLED):
+    a failed or interrupted job never leaves a run looking alive. Returns the run ids it ended."""
+    c = client(uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    runs = c.search_runs([exp.experiment_id], filter_string=f"tags.attempt = '{attempt}' and attributes.status = 'RUNNING'")
+    for r in runs:
+        c.set_terminated(r.info.run_id, status=status)
+    return [r.info.run_id for r in runs]
+
+
 def start_run(experiment: str, run_name: str | None, tags: dict[str, Any] | None = None) -> str:
     """Create the run on the driver, or reopen the existing run of the same name (resume); returns its id."""
     c = client()
@@ -160,12 +181,54 @@ def _sample_system() -> dict[str, float]:
     return out
 
 
+class Progress:
+    """Console progress of a training loop: one plain line about every `every_s` seconds or every `every_steps`
+    steps, whichever comes later, and always the last step.
+
+        step 30/300  loss 7.1234  mlm_acc 0.0512  3,921 tok/s  eta 4m12s
+    """
+
+    def __init__(self, total: int | None, every_steps: int = 1, every_s: float = 10.0, out=None) -> None:
+        self.total, self.every_steps, self.every_s = total, max(1, every_steps), every_s
+        self.out = out
+        self._t0: float | None = None
+        self._s0 = 0
+        self._last_t = 0.0
+        self._last_step = 0
+
+    def update(self, step: int, metrics: dict[str, float]) -> str | None:
+        now = time.monotonic()
+        if self._t0 is None:  # the first step seen by this process (a resumed run starts mid-way)
+            self._t0, self._s0, self._last_t, self._last_step = now, step - 1, now, step - 1
+        due = step - self._last_step >= self.every_steps and now - self._last_t >= self.every_s
+        if not (due or step == self.total):
+            return None
+        self._last_t, self._last_step = now, step
+        line = f"step {step}/{self.total}" if self.total else f"step {step}"
+        for key, label in (("train/loss", "loss"), ("train/mlm_accuracy", "mlm_acc"), ("train/accuracy", "acc")):
+            if key in metrics:
+                line += f"  {label} {metrics[key]:.4f}"
+        if "train/tokens_per_s" in metrics:
+            line += f"  {metrics['train/tokens_per_s']:,.0f} tok/s"
+        done = step - self._s0
+        if self.total and done > 0 and step < self.total:
+            eta = (now - self._t0) / done * (self.total - step)
+            line += f"  eta {int(eta // 60)}m{int(eta % 60):02d}s"
+        import sys
+
+        print(line, file=self.out or sys.stdout, flush=True)
+        return line
+
+
 class RunLogger:
     """Logs into one existing run (rank 0 of the Train workers, or the driver). Never logs a metric step twice."""
 
-    def __init__(self, run_id: str, uri: str | None = None, system_metrics_every_s: float | None = None):
+    def __init__(self, run_id: str, uri: str | None = None, system_metrics_every_s: float | None = None, *,
+                 total_steps: int | None = None, log_every_steps: int = 1, progress_every_s: float = 10.0):
         self.run_id = run_id
         self.client = client(uri)
+        self.progress = Progress(total_steps, log_every_steps, progress_every_s)
+        self.log_every_steps = log_every_steps
         self._last_step: dict[str, int] = {}
         self._start_ms = self.client.get_run(run_id).info.start_time or int(time.time() * 1000)
         self._stop = threading.Event()
@@ -194,6 +257,9 @@ class RunLogger:
     def log_artifact(self, path: str, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, path, artifact_path)
 
+    def log_artifacts(self, directory: str, artifact_path: str | None = None) -> None:
+        self.client.log_artifacts(self.run_id, directory, artifact_path)
+
     # -- metrics ---------------------------------------------------------------------------------------------
     def _logged_through(self, key: str) -> int:
         if key not in self._last_step:
@@ -212,6 +278,13 @@ class RunLogger:
             self._last_step[k] = int(step)
         for i in range(0, len(batch), _MAX_METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=batch[i : i + _MAX_METRICS_PER_BATCH])
+
+    def step(self, step: int, metrics: dict[str, float]) -> None:
+        """A training step's metrics: to MLflow every `log_every_steps` (and the last step), and a console
+        progress line at the `Progress` cadence."""
+        if step % self.log_every_steps == 0 or step == self.progress.total:
+            self.log_metrics(metrics, step)
+        self.progress.update(step, metrics)
 
     def log_system_metrics(self) -> None:
         """One psutil sample; its step is seconds since the run started, so restarts never collide."""
@@ -249,10 +322,10 @@ def register_hf_model(
     tags: dict[str, Any],
     run_id: str,
     artifact_path: str = "model",
+    description: str | None = None,
 ) -> str:
-    """Log a transformers-format directory as run artifacts, register it as a new version of `name`, move `alias`.
-
-    Returns the new version number as a string.
+    """Log a transformers-format directory as run artifacts, register it as a new version of `name` (with a
+    description, if given), move `alias`. Returns the new version number as a string.
     """
     c = client()
     if not (Path(local_dir) / "config.json").is_file():
@@ -267,10 +340,49 @@ def register_hf_model(
             c.get_registered_model(name)
     source = f"{c.get_run(run_id).info.artifact_uri.rstrip('/')}/{artifact_path}"
     tags = {k: str(v) for k, v in tags.items()}
-    mv = c.create_model_version(name, source=source, run_id=run_id, tags=tags, await_creation_for=60)
+    mv = c.create_model_version(name, source=source, run_id=run_id, tags=tags, description=description, await_creation_for=60)
     if alias:
         c.set_registered_model_alias(name, alias, mv.version)
     return str(mv.version)
+
+
+def find_version(name: str, run_id: str, uri: str | None = None) -> str | None:
+    """The newest version of registered model `name` in the store at `uri` whose `run_id` tag is `run_id`."""
+    c = client(uri)
+    try:
+        versions = c.search_model_versions(f"name = '{name}' and tags.run_id = '{run_id}'")
+    except MlflowException:
+        return None
+    return str(max(int(v.version) for v in versions)) if versions else None
+
+
+def write_tokenizer_config(model_dir: str, *, model_max_length: int, lowercase: bool) -> None:
+    """tokenizer_config.json + special_tokens_map.json, so `AutoTokenizer` loads the right class, case and length."""
+    import json
+
+    special = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"}
+    cfg = {"tokenizer_class": "BertTokenizerFast" if (Path(model_dir) / "tokenizer.json").is_file() else "BertTokenizer",
+           "do_lower_case": lowercase, "model_max_length": model_max_length, **special}
+    (Path(model_dir) / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (Path(model_dir) / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+
+
+def version_description(name: str, *, data: dict[str, Any], steps: int, final_eval: dict[str, float], command: str) -> str:
+    """The Markdown a registered version carries: its data, steps, final accuracy, command, how to load it."""
+    acc = ", ".join(f"{k.split('final_', 1)[-1]} {v:.4f}" for k, v in final_eval.items() if k.endswith("accuracy"))
+    return "\n".join([
+        f"BERT pretrained for {steps} steps on {data.get('documents', '?')} documents "
+        f"({data.get('tokens', '?'):,} tokens, {data.get('examples', '?'):,} examples; data manifest sha256 "
+        f"`{str(data.get('manifest_sha256', ''))[:16]}`).",
+        "",
+        f"Final held-out evaluation: {acc or 'n/a'}.",
+        "",
+        f"Produced by: `{command}`",
+        "",
+        "Load it: `mlflow artifacts download -u models:/" + name + "/<version> -d model/` then "
+        "`transformers.AutoModel.from_pretrained('model/')`, or fine-tune it with "
+        f"`python jobs/finetune.py --model models:/{name}/<version> ...`.",
+    ])
 
 
 def _parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:

@@ -18,7 +18,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from pipeline.masking import SPECIAL_TOKENS
+from pipeline.io import read_bytes
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 class VocabError(ValueError):
@@ -53,7 +55,7 @@ def load_tokenizer(path: str | Path, lowercase: bool = True) -> Tokenizer:
             raise VocabError(f"vocabulary {path} is not a tokenizers tokenizer.json: {str(e)[:200]}") from None
     else:
         try:
-            vocab = read_vocab_txt(p)
+            vocab = read_vocab(p)
         except UnicodeDecodeError:
             raise VocabError(f"vocabulary {path} is not UTF-8 text") from None
         tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
@@ -68,8 +70,12 @@ def load_tokenizer(path: str | Path, lowercase: bool = True) -> Tokenizer:
     return tok
 
 
-def read_vocab_txt(path: str | Path) -> list[str]:
-    lines = Path(path).read_text(encoding="utf-8").split("\n")
+def read_vocab(path: str | Path) -> list[str]:
+    """The tokens of a vocab.txt (local path or URI), one per line, in id order: the one vocab reader.
+
+    Raises UnicodeDecodeError for a non-UTF-8 file and FileNotFoundError for a missing one.
+    """
+    lines = read_bytes(str(path)).decode("utf-8").split("\n")
     if lines and lines[-1] == "":
         lines = lines[:-1]
     return lines

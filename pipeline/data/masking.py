@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+from pipeline.data.tokenizer import SPECIAL_TOKENS, read_vocab
 
 
 @dataclass(frozen=True)
@@ -76,9 +76,7 @@ class MaskingPolicy:
     ) -> MaskingPolicy:
         """Policy for a vocabulary (a vocab.txt path or its token list); BERT's special tokens must be in it."""
         if not isinstance(vocab, list):
-            vocab = Path(vocab).read_text(encoding="utf-8").split("\n")
-            if vocab and vocab[-1] == "":
-                vocab = vocab[:-1]
+            vocab = read_vocab(vocab)
         index = {t: i for i, t in enumerate(vocab)}
         missing = [t for t in SPECIAL_TOKENS if t not in index]
         if missing:
@@ -94,33 +92,6 @@ class MaskingPolicy:
             mask_token_id=index["[MASK]"],
             special_ids=special,
             continuation_ids=cont,
-        )
-
-    @classmethod
-    def from_manifest(cls, manifest_or_dir: dict[str, Any] | str | Path) -> MaskingPolicy:
-        """Policy of a prepared dataset: its manifest's data config and the vocab.txt beside it.
-
-        Accepts the output directory, or a manifest dict that carries "output" (as written by shards.py).
-        """
-        if isinstance(manifest_or_dir, dict):
-            manifest = manifest_or_dir
-            directory = manifest.get("output")
-        else:
-            from pipeline.shards import read_manifest
-
-            directory = str(manifest_or_dir)
-            manifest = read_manifest(directory)
-        cfg = manifest["config"]
-        from pipeline.shards import read_text
-
-        vocab = read_text(f"{str(directory).rstrip('/')}/vocab.txt").split("\n")
-        if vocab and vocab[-1] == "":
-            vocab = vocab[:-1]
-        return cls.from_vocab(
-            vocab,
-            mask_rate=cfg["mask_rate"],
-            max_predictions_per_seq=cfg["max_predictions_per_seq"],
-            whole_word=cfg["whole_word_mask"],
         )
 
     def to_json(self) -> str:

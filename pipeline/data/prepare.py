@@ -33,13 +33,26 @@ import uuid
 from collections import Counter
 from typing import Any
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.io import (
+    exists,
+    filesystem,
+    join,
+    read_bytes,
+    read_table,
+    read_text,
+    sha256_file,
+    write_bytes_atomic,
+    write_parquet_atomic,
+)
+
 from pipeline.config import DataConfig, config_hash
-from pipeline.examples import (
+from pipeline.dag import Stage
+from pipeline.data.dataset import SCHEMA, PreparedDataset
+from pipeline.data.examples import (
     RandomPool,
     create_instances_from_document,
     derive_seed,
@@ -48,120 +61,18 @@ from pipeline.examples import (
     pack_sentences,
     split_sentences,
 )
-from pipeline.masking import MaskingPolicy, mask_rows
-from pipeline.sources import Document, InputError, InputFile, read_documents
+from pipeline.data.masking import MaskingPolicy, mask_rows
+from pipeline.data.sources import Document, InputError, InputFile, read_documents
+from pipeline.data.tokenizer import read_vocab
 
-SCHEMA = pa.schema(
-    [
-        ("input_ids", pa.list_(pa.int32())),
-        ("token_type_ids", pa.list_(pa.int8())),
-        ("masked_lm_positions", pa.list_(pa.int32())),
-        ("masked_lm_ids", pa.list_(pa.int32())),
-        ("next_sentence_label", pa.int8()),
-        ("num_tokens", pa.int32()),
-        ("example_id", pa.int64()),  # extension: identity for dynamic-masking seeds
-    ]
-)
-MANIFEST_KEYS = (
-    "documents_read",
-    "documents_written",
-    "documents_rejected",
-    "rejected_reasons",
-    "examples",
-    "tokens",
-    "masked_tokens",
-    "nsp_random_fraction",
-    "seconds",
-    "config",
-    "config_hash",
-    "vocab_sha256",
-    "shards",
-)
 TOKEN_SCHEMA = pa.schema([("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32())), ("sent_lens", pa.list_(pa.int32()))])
 POOL_SCHEMA = pa.schema(
     [("priority", pa.int64()), ("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32())), ("sent_lens", pa.list_(pa.int32()))]
 )
 
 
-class DataValidationError(ValueError):
-    """A prepared dataset that fails its manifest's checks; the message names the file and the problem."""
-
-
 class OutputExistsError(ValueError):
     """The output directory holds a dataset prepared with a different config."""
-
-
-# ---------------------------------------------------------------------------------------------- filesystem
-
-
-def join(base: str, *parts: str) -> str:
-    return "/".join([base.rstrip("/"), *parts])
-
-
-def _fs(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    return fsspec.core.url_to_fs(path)
-
-
-def exists(path: str) -> bool:
-    fs, p = _fs(path)
-    return fs.exists(p)
-
-
-def read_bytes(path: str) -> bytes:
-    fs, p = _fs(path)
-    with fs.open(p, "rb") as f:
-        return f.read()
-
-
-def read_text(path: str) -> str:
-    return read_bytes(path).decode("utf-8")
-
-
-def _tmp(path: str) -> str:
-    d, _, name = path.rpartition("/")
-    return f"{d}/.{name}.tmp-{uuid.uuid4().hex[:8]}"
-
-
-def _commit(fs: fsspec.AbstractFileSystem, tmp: str, final: str) -> None:
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    if "file" in protocols:
-        os.replace(tmp, final)  # atomic on POSIX
-    else:
-        fs.mv(tmp, final)  # object stores: the object appears whole on completion of the copy
-
-
-def write_bytes_atomic(path: str, data: bytes) -> None:
-    """Write to a temporary name beside `path`, then rename: readers see all of it or nothing."""
-    fs, p = _fs(path)
-    fs.makedirs(p.rpartition("/")[0], exist_ok=True)
-    tmp = _tmp(p)
-    with fs.open(tmp, "wb") as f:
-        f.write(data)
-    _commit(fs, tmp, p)
-
-
-def write_parquet_atomic(path: str, table: pa.Table, compression: str = "zstd") -> None:
-    fs, p = _fs(path)
-    fs.makedirs(p.rpartition("/")[0], exist_ok=True)
-    tmp = _tmp(p)
-    with fs.open(tmp, "wb") as f:
-        pq.write_table(table, f, compression=compression)
-    _commit(fs, tmp, p)
-
-
-def sha256_file(path: str) -> str:
-    fs, p = _fs(path)
-    h = hashlib.sha256()
-    with fs.open(p, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def read_table(path: str, columns: list[str] | None = None) -> pa.Table:
-    fs, p = _fs(path)
-    with fs.open(p, "rb") as f:
-        return pq.read_table(f, columns=columns)
 
 
 # ---------------------------------------------------------------------------------------------- arrow helpers
@@ -411,7 +322,7 @@ def examples_for_chunks(
 
 def write_shard(path: str, parts: list[tuple[str, int, int]]) -> dict[str, Any]:
     """Stream row slices [(chunk path, start, stop), ...] into one zstd Parquet shard, atomically."""
-    fs, p = _fs(path)
+    fs, p = filesystem(path)
     fs.makedirs(p.rpartition("/")[0], exist_ok=True)
     tmp = _tmp(p)
     rows = 0
@@ -476,7 +387,7 @@ class _ExamplesActor:
 
         self.pool = ray.get(pool_ref[0])
         self.cfg = DataConfig(**cfg)
-        vocab = read_text(vocab_path).split("\n")[:-1]
+        vocab = read_vocab(vocab_path)
         self.policy = MaskingPolicy.from_vocab(
             vocab, mask_rate=self.cfg.mask_rate, max_predictions_per_seq=self.cfg.max_predictions_per_seq,
             whole_word=self.cfg.whole_word_mask,
@@ -513,8 +424,8 @@ def prepare_shards(
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # results come back in input order
 
-    fs, out_p = _fs(cfg.output)
-    done_before = len(fs.glob(join(_fs(work)[1], "tok", "*.done.json")))
+    fs, out_p = filesystem(cfg.output)
+    done_before = len(fs.glob(join(filesystem(work)[1], "tok", "*.done.json")))
     _log(f"tokenize: {len(files)} input file(s) on {cfg.num_actors} actor(s)"
          + (f"; resuming, {done_before} already done" if done_before else ""))
     # Groups of whole files, about chunk_chars bytes each but at least 4 groups per actor (balance at the tail).
@@ -547,7 +458,7 @@ def prepare_shards(
 
     pool = merge_pool([s["pool"] for s in file_stats], cfg.random_pool_size)
     pool_ref = ray.put(pool)
-    vocab = read_text(join(cfg.output, "vocab.txt")).split("\n")[:-1]
+    vocab = read_vocab(join(cfg.output, "vocab.txt"))
     units = group_consecutive([c["tokens"] for c in chunks], max(1, cfg.chunk_chars // 4))  # ~chunk_chars of text
     _log(f"examples: {len(chunks)} chunk(s) in {len(units)} unit(s), random pool of {len(pool)} windows")
     ex_items = [{"chunks": json.dumps([chunks[i]["path"] for i in u]), "dest": join(work, "ex", f"e{k:06d}.parquet")}
@@ -615,66 +526,6 @@ def prepare_shards(
     return manifest
 
 
-# ---------------------------------------------------------------------------------------------- reader
-
-
-def read_manifest(directory: str) -> dict[str, Any]:
-    """The manifest of a prepared dataset; raises DataValidationError naming what is missing."""
-    path = join(str(directory), "manifest.json")
-    if not exists(path):
-        raise DataValidationError(f"{path} does not exist (not a prepared dataset, or preparation did not finish)")
-    try:
-        m = json.loads(read_text(path))
-    except ValueError as e:
-        raise DataValidationError(f"{path} is not valid JSON: {e}") from None
-    missing = [k for k in MANIFEST_KEYS if k not in m]
-    if missing:
-        raise DataValidationError(f"{path} lacks key(s) {', '.join(missing)}")
-    m["output"] = str(directory)
-    return m
-
-
-def shard_paths(directory: str, manifest: dict[str, Any] | None = None) -> list[str]:
-    manifest = manifest or read_manifest(directory)
-    return [join(str(directory), s["path"]) for s in manifest["shards"]]
-
-
-def validate_output(directory: str, *, checksums: bool = True) -> dict[str, Any]:
-    """Check a prepared dataset: manifest keys, accounting, each shard's schema, rows and sha256, the vocab."""
-    directory = str(directory)
-    m = read_manifest(directory)
-    if m["documents_read"] != m["documents_written"] + m["documents_rejected"]:
-        raise DataValidationError(f"{directory}/manifest.json: documents_read != documents_written + documents_rejected")
-    vocab_path = join(directory, "vocab.txt")
-    if not exists(vocab_path):
-        raise DataValidationError(f"{vocab_path} does not exist")
-    if checksums and hashlib.sha256(read_bytes(vocab_path)).hexdigest() != m["vocab_sha256"]:
-        raise DataValidationError(f"{vocab_path}: sha256 differs from the manifest's vocab_sha256")
-    if not m["shards"]:
-        raise DataValidationError(f"{directory}/manifest.json lists no shard")
-    rows = 0
-    for s in m["shards"]:
-        path = join(directory, s["path"])
-        if not exists(path):
-            raise DataValidationError(f"shard {path} listed in the manifest does not exist")
-        fs, p = _fs(path)
-        with fs.open(p, "rb") as f:
-            md = pq.ParquetFile(f)
-            schema, n = md.schema_arrow, md.metadata.num_rows
-        for field in SCHEMA:
-            if field.name not in schema.names or schema.field(field.name).type != field.type:
-                got = schema.field(field.name).type if field.name in schema.names else "missing"
-                raise DataValidationError(f"shard {path}: column {field.name} is {got}, expected {field.type}")
-        if n != s["rows"]:
-            raise DataValidationError(f"shard {path}: {n} rows, the manifest says {s['rows']}")
-        if checksums and sha256_file(path) != s["sha256"]:
-            raise DataValidationError(f"shard {path}: sha256 differs from the manifest (corrupt or modified)")
-        rows += n
-    if rows != m["examples"]:
-        raise DataValidationError(f"{directory}: shards hold {rows} rows, the manifest says {m['examples']} examples")
-    return m
-
-
 # ---------------------------------------------------------------------------------------------- stage functions
 
 
@@ -692,7 +543,7 @@ class Plan:
 
 def plan(cfg: DataConfig) -> Plan:
     """List the inputs, hash the config, and refuse an output prepared with a different config."""
-    from pipeline.sources import expand_inputs, fingerprint
+    from pipeline.data.sources import expand_inputs, fingerprint
 
     files, skipped = expand_inputs(list(cfg.inputs))
     if not files:
@@ -754,10 +605,10 @@ def _sample_texts(p: Plan) -> Any:
 
 def run_vocab(p: Plan) -> dict[str, Any]:
     """Load the given vocabulary or train one; write vocab.txt + tokenizer.json (+ a key marker) to the output."""
-    from pipeline.tokenizer import load_tokenizer, tokenizer_json, train_wordpiece, vocab_bytes
+    from pipeline.data.tokenizer import load_tokenizer, tokenizer_json, train_wordpiece, vocab_bytes
 
     cfg = p.cfg
-    fs, out = _fs(cfg.output)
+    fs, out = filesystem(cfg.output)
     if cfg.overwrite:
         for stale in ("manifest.json", "shards", "_work"):
             if fs.exists(join(out, stale)):
@@ -812,19 +663,23 @@ def run_shards(p: Plan, vocab: dict[str, Any]) -> dict[str, Any]:
     return _summary(m)
 
 
-def run_validate(p: Plan) -> dict[str, Any]:
-    """Validate the output (schema, rows, sha256) and return what downstream stages consume."""
-    m = validate_output(p.cfg.output)
-    manifest_path = join(p.cfg.output, "manifest.json")
-    return {
-        "output": p.cfg.output,
-        "manifest": manifest_path,
-        "manifest_sha256": hashlib.sha256(read_bytes(manifest_path)).hexdigest(),
-        "vocab": join(p.cfg.output, "vocab.txt"),
-        "vocab_sha256": m["vocab_sha256"],
-        "config_hash": m["config_hash"],
-        "examples": m["examples"],
-        "tokens": m["tokens"],
-        "masking": m["config"]["masking"],
-        "shards": [{"path": join(p.cfg.output, s["path"]), "rows": s["rows"], "sha256": s["sha256"]} for s in m["shards"]],
-    }
+def run_validate(p: Plan) -> PreparedDataset:
+    """Validate the output (schema, rows, sha256): the dataset downstream stages consume."""
+    return PreparedDataset.load(p.cfg.output)
+
+
+def data_stages(cfg: DataConfig, prefix: str = "") -> list[Stage]:
+    """vocab -> shards -> validate for one DataConfig (paths already absolute, see config.resolve_paths).
+
+    Planning lists the inputs and checks the output directory here, before any stage runs. The shards stage is
+    done when `output/manifest.json` carries the same config hash (config fields, input fingerprint, given
+    vocabulary) and the vocabulary it was built with; "validate" always runs (checksums) and returns the
+    `PreparedDataset`. `prefix` names a later phase's stages apart (`phase1/vocab`, ...).
+    """
+    p = plan(cfg)
+    vocab, shards = f"{prefix}vocab", f"{prefix}shards"
+    return [
+        Stage(vocab, lambda deps: run_vocab(p), done=lambda deps: vocab_done(p)),
+        Stage(shards, lambda deps: run_shards(p, deps[vocab]), deps=(vocab,), done=lambda deps: shards_done(p)),
+        Stage(f"{prefix}validate", lambda deps: run_validate(p), deps=(shards,)),
+    ]

@@ -1,0 +1,1 @@
+"""What pretraining and fine-tuning share: optimisation, precision, the train step, checkpoints, the launcher."""

@@ -1,0 +1,105 @@
+"""Checkpoints: weights (safetensors), optimizer/scheduler/scaler, the train state, and per-rank RNG states and
+data positions — everything a restarted worker needs to continue bit-identically.
+
+Layout of one checkpoint directory:
+
+    model.safetensors    weights of the unwrapped model (rank 0)
+    optimizer.pt         optimizer, scheduler and scaler state dicts (rank 0; tensors only, weights_only load)
+    train_state.json     {"step", "vocab_sha256", "run_id", ...}: the driver reads it without torch (rank 0)
+    rank_<r>.pt          this rank's RNG states and data position
+
+`train_state.json` carries the vocabulary's sha256 so that weights are never resumed, exported or registered
+with a vocabulary they were not trained on (`check_vocab`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from pipeline.core.step import Trainable
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint that belongs to other data than the run about to use it; the message says what differs."""
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module inside DDP (or the module itself)."""
+    return getattr(model, "module", model)
+
+
+def rng_state() -> dict[str, Any]:
+    st = {
+        "torch": torch.get_rng_state(),
+        "numpy": json.dumps(np.random.get_state(legacy=False), default=lambda a: a.tolist()),
+        "python": json.dumps(random.getstate()),
+    }
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def set_rng_state(st: dict[str, Any]) -> None:
+    torch.set_rng_state(st["torch"])
+    np.random.set_state(json.loads(st["numpy"]))
+    py = json.loads(st["python"])
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def save_checkpoint(path: str, rank: int, t: Trainable, state: dict[str, Any]) -> None:
+    """Rank 0 writes the shared state; every rank writes its own RNG states and `state["position"]`."""
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    if rank == 0:
+        sd = {k: v.detach().cpu().contiguous().clone() for k, v in unwrap(t.model).state_dict().items()}
+        save_file(sd, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+        torch.save({"optimizer": t.optimizer.state_dict(), "scheduler": t.scheduler.state_dict(),
+                    "scaler": t.scaler.state_dict() if t.scaler is not None else None},
+                   os.path.join(path, "optimizer.pt"))
+        with open(os.path.join(path, "train_state.json"), "w") as f:
+            json.dump({k: v for k, v in state.items() if k != "position"}, f)
+    torch.save({"rng": rng_state(), "position": state.get("position")}, os.path.join(path, f"rank_{rank}.pt"))
+
+
+def load_checkpoint(path: str, rank: int, t: Trainable) -> dict[str, Any]:
+    """Restore everything `save_checkpoint` wrote; returns the train state with this rank's data position."""
+    from safetensors.torch import load_file
+
+    unwrap(t.model).load_state_dict(load_file(os.path.join(path, "model.safetensors")))
+    opt = torch.load(os.path.join(path, "optimizer.pt"), map_location="cpu", weights_only=True)
+    t.optimizer.load_state_dict(opt["optimizer"])
+    t.scheduler.load_state_dict(opt["scheduler"])
+    if t.scaler is not None and opt["scaler"]:
+        t.scaler.load_state_dict(opt["scaler"])
+    state = read_train_state(path)
+    mine = torch.load(os.path.join(path, f"rank_{rank}.pt"), map_location="cpu", weights_only=True)
+    set_rng_state(mine["rng"])
+    state["position"] = mine["position"]
+    return state
+
+
+def read_train_state(path: str) -> dict[str, Any]:
+    """The `train_state.json` of a checkpoint directory (local path or URI)."""
+    from pipeline.io import join, read_json
+
+    return read_json(join(path, "train_state.json"))
+
+
+def check_vocab(state: dict[str, Any], vocab_sha256: str, where: str) -> None:
+    """Refuse (one line) a checkpoint trained with another vocabulary than the data about to be used."""
+    had = state.get("vocab_sha256")
+    if had and had != vocab_sha256:
+        raise CheckpointMismatch(
+            f"checkpoint {where} was trained with vocabulary sha256 {had[:12]}, but the prepared data's vocab.txt "
+            f"is {vocab_sha256[:12]}; its ids would mean other words. Use a new --train.run_name (or storage_path), "
+            f"or prepare the data with the vocabulary it was trained on (--data.vocab)")

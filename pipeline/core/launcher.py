@@ -1,0 +1,194 @@
+"""Ray: connecting (RAY_ADDRESS or a private local cluster), checking resources, and the Ray Train launcher
+(ScalingConfig / RunConfig / FailureConfig around a per-worker loop) shared by pretraining and fine-tuning.
+
+Connecting never joins whatever `ray start` cluster happens to run on the machine: `RAY_ADDRESS` (set by `ray job
+submit`; `auto` joins the machine's running cluster) is used when set, else a private local Ray is started. A
+RAY_ADDRESS whose cluster is gone is reported in one line after a bounded wait instead of retrying forever.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pipeline.config import ConfigError
+
+
+class RayStartError(RuntimeError):
+    """Ray could not be started or joined; the message is one line that says which address and why."""
+
+
+def _gcs_address(address: str) -> str | None:
+    """host:port of the GCS that `address` names, when it can be checked with a TCP connect (else None)."""
+    if address == "auto":
+        try:
+            with open("/tmp/ray/ray_current_cluster") as f:
+                return f.read().strip() or None
+        except OSError:
+            return None
+    if "://" in address:  # ray:// (Ray Client) and others: left to Ray
+        return None
+    return address
+
+
+def _reachable(hostport: str, timeout: float = 5.0) -> bool:
+    host, _, port = hostport.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
+    """`ray.init` on RAY_ADDRESS when set, else on a new private local cluster; returns the address used."""
+    import ray
+
+    if ray.is_initialized():
+        return "already connected"
+    address = os.environ.get("RAY_ADDRESS") or "local"
+    if address != "local":
+        gcs = _gcs_address(address)
+        if address == "auto" and gcs is None:
+            raise RayStartError("RAY_ADDRESS=auto but no running Ray cluster was found on this machine (ray start?)")
+        if gcs is not None and not _reachable(gcs):
+            raise RayStartError(f"no Ray cluster answers at {gcs} (RAY_ADDRESS={address}); start it, or unset "
+                                f"RAY_ADDRESS to run on a private local Ray")
+    try:
+        ray.init(address=address, num_cpus=num_cpus if address == "local" else None, include_dashboard=False,
+                 configure_logging=False, log_to_driver=log_to_driver)
+    except Exception as e:  # noqa: BLE001 - e.g. "node timed out during startup" on an overloaded machine
+        raise RayStartError(f"could not start or join Ray ({address}): {str(e).splitlines()[0]}") from None
+    return address
+
+
+def check_resources(section: str, *, use_gpu: bool, num_workers: int, cpus_per_worker: float) -> None:
+    """Fail at once (ConfigError naming the field) when the connected cluster cannot ever hold the workers,
+    rather than waiting forever for resources that do not exist."""
+    import ray
+
+    res = ray.cluster_resources()
+    if use_gpu and res.get("GPU", 0) < 1:
+        raise ConfigError(f"{section}.use_gpu is true but the Ray cluster has no GPU "
+                          f"(resources: {', '.join(f'{k}={v:g}' for k, v in sorted(res.items()) if k in ('CPU', 'GPU'))})")
+    if use_gpu and res.get("GPU", 0) < num_workers:
+        raise ConfigError(f"{section}.num_workers {num_workers} needs {num_workers} GPUs; the cluster has {res.get('GPU', 0):g}")
+    need = num_workers * cpus_per_worker
+    if res.get("CPU", 0) < need:
+        raise ConfigError(f"{section}.num_workers {num_workers} x cpus_per_worker {cpus_per_worker:g} = {need:g} CPUs; "
+                          f"the cluster has {res.get('CPU', 0):g}")
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How many workers, on what, placed how, recovering from how many failures."""
+
+    num_workers: int = 1
+    use_gpu: bool = False
+    cpus_per_worker: float = 0.5
+    placement_strategy: str = "PACK"
+    max_failures: int = 0
+    num_to_keep: int = 2
+
+
+def fit(loop: Callable[[dict[str, Any]], None], config: dict[str, Any], *, name: str, storage_path: str, scale: Scale,
+        datasets: dict[str, Any] | None = None, dataset_config: Any = None):
+    """Run `loop(config)` on `scale.num_workers` Ray Train workers (DDP set up by Ray); a run of the same
+    `name` in `storage_path` is resumed from its latest checkpoint. Returns Ray's Result; raises its error."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    resources = {"CPU": scale.cpus_per_worker, **({"GPU": 1} if scale.use_gpu else {})}
+    kwargs: dict[str, Any] = {"datasets": datasets} if datasets else {}
+    if dataset_config is not None:
+        kwargs["dataset_config"] = dataset_config
+    trainer = TorchTrainer(
+        loop,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=scale.num_workers, use_gpu=scale.use_gpu,
+                                     resources_per_worker=resources, placement_strategy=scale.placement_strategy),
+        run_config=RunConfig(name=name, storage_path=storage_path,
+                             failure_config=FailureConfig(max_failures=scale.max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=scale.num_to_keep)),
+        **kwargs,
+    )
+    result = trainer.fit()
+    if result.error is not None:
+        raise result.error
+    return result
+
+
+def checkpoint_uri(result, storage_path: str) -> str:
+    """The final checkpoint of a Result as a path or URI (a URI storage path gives a path inside its filesystem)."""
+    path = result.checkpoint.path
+    return path if "://" not in storage_path else f"{storage_path.split('://', 1)[0]}://{path}"
+
+
+def latest_checkpoint(storage_path: str, name: str) -> tuple[str, dict[str, Any]] | None:
+    """(path, train_state) of the newest checkpoint (highest step) of run `name` in storage, or None."""
+    from pipeline.io import filesystem, join, read_json
+
+    run_dir = join(storage_path, name)
+    fs, p = filesystem(run_dir)
+    best: tuple[int, str, dict[str, Any]] | None = None
+    for d in fs.glob(join(p, "checkpoint_*", "train_state.json")):
+        ckpt = d.rsplit("/", 1)[0]
+        uri = ckpt if "://" not in storage_path else f"{storage_path.split('://', 1)[0]}://{ckpt}"
+        try:
+            state = read_json(join(uri, "train_state.json"))
+        except ValueError:
+            continue
+        if best is None or int(state.get("step", -1)) > best[0]:
+            best = (int(state.get("step", -1)), uri, state)
+    return None if best is None else (best[1], best[2])
+
+
+def worker() -> tuple[int, int, Any]:
+    """(rank, world size, torch device) inside a Ray Train worker."""
+    import ray.train
+    import ray.train.torch
+
+    ctx = ray.train.get_context()
+    return ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device()
+
+
+def num_nodes(world: int) -> int:
+    """How many distinct nodes the workers run on (a collective: every rank must call it)."""
+    import ray
+    import torch.distributed as dist
+
+    nodes = [ray.get_runtime_context().get_node_id()] * world
+    if world > 1:
+        dist.all_gather_object(nodes, nodes[0])
+    return len(set(nodes))
+
+
+def prepare_model(model):
+    """Move to the worker's device and wrap in DDP when there are several workers (Ray Train's own)."""
+    import ray.train.torch
+
+    return ray.train.torch.prepare_model(model)
+
+
+def report(metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
+    """Report metrics (and a checkpoint directory, copied into storage by Ray Train) from every rank."""
+    import ray.train
+
+    ckpt = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
+    ray.train.report(metrics, checkpoint=ckpt)
+
+
+def local_copy(uri: str) -> str:
+    """A local directory with the files of a checkpoint (copied when `uri` is remote; the caller removes it)."""
+    if "://" not in uri:
+        return uri
+    import tempfile
+
+    import pyarrow.fs as pafs
+
+    fs, path = pafs.FileSystem.from_uri(uri)
+    dst = tempfile.mkdtemp(prefix="ckpt-")
+    pafs.copy_files(path, dst, source_filesystem=fs)
+    return dst

@@ -1,0 +1,1 @@
+"""Raw text to prepared shards: sources, tokenizer, examples, masking, prepare (passes + Ray), dataset."""

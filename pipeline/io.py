@@ -1,0 +1,117 @@
+"""Storage: fsspec paths and URIs (local, file://, s3://, ...), atomic writes, text/JSON/Parquet reads.
+
+The only module that touches storage. Every write goes to a temporary name beside its target and is renamed
+into place, so a reader sees a whole file or none; every read error names the file.
+
+    >>> import tempfile; d = tempfile.mkdtemp()
+    >>> write_bytes_atomic(join(d, "a", "x.json"), b'{"k": 1}'); read_json(join(d, "a", "x.json"))
+    {'k': 1}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+class StorageError(ValueError):
+    """A file that cannot be read as what it should be; the message names the file."""
+
+
+
+def join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *parts])
+
+
+def filesystem(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    return fsspec.core.url_to_fs(path)
+
+
+def exists(path: str) -> bool:
+    fs, p = filesystem(path)
+    return fs.exists(p)
+
+
+def read_bytes(path: str) -> bytes:
+    fs, p = filesystem(path)
+    with fs.open(p, "rb") as f:
+        return f.read()
+
+
+def read_text(path: str) -> str:
+    return read_bytes(path).decode("utf-8")
+
+
+def _tmp(path: str) -> str:
+    d, _, name = path.rpartition("/")
+    return f"{d}/.{name}.tmp-{uuid.uuid4().hex[:8]}"
+
+
+def _commit(fs: fsspec.AbstractFileSystem, tmp: str, final: str) -> None:
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if "file" in protocols:
+        os.replace(tmp, final)  # atomic on POSIX
+    else:
+        fs.mv(tmp, final)  # object stores: the object appears whole on completion of the copy
+
+
+def write_bytes_atomic(path: str, data: bytes) -> None:
+    """Write to a temporary name beside `path`, then rename: readers see all of it or nothing."""
+    fs, p = filesystem(path)
+    fs.makedirs(p.rpartition("/")[0], exist_ok=True)
+    tmp = _tmp(p)
+    with fs.open(tmp, "wb") as f:
+        f.write(data)
+    _commit(fs, tmp, p)
+
+
+def write_parquet_atomic(path: str, table: pa.Table, compression: str = "zstd") -> None:
+    fs, p = filesystem(path)
+    fs.makedirs(p.rpartition("/")[0], exist_ok=True)
+    tmp = _tmp(p)
+    with fs.open(tmp, "wb") as f:
+        pq.write_table(table, f, compression=compression)
+    _commit(fs, tmp, p)
+
+
+def sha256_file(path: str) -> str:
+    fs, p = filesystem(path)
+    h = hashlib.sha256()
+    with fs.open(p, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_table(path: str, columns: list[str] | None = None) -> pa.Table:
+    """A Parquet file as a table; a truncated or unreadable file is a StorageError that names it."""
+    fs, p = filesystem(path)
+    try:
+        with fs.open(p, "rb") as f:
+            return pq.read_table(f, columns=columns)
+    except FileNotFoundError:
+        raise StorageError(f"{path} does not exist") from None
+    except (pa.ArrowInvalid, OSError) as e:
+        raise StorageError(f"{path} is not a readable Parquet file ({str(e).splitlines()[0]})") from None
+
+
+def read_json(path: str) -> Any:
+    """Parsed JSON of `path`; a StorageError naming the file when it is missing or not JSON."""
+    try:
+        return json.loads(read_text(path))
+    except FileNotFoundError:
+        raise StorageError(f"{path} does not exist") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise StorageError(f"{path} is not valid JSON: {str(e).splitlines()[0]}") from None
+
+
+def is_uri(path: str) -> bool:
+    """True for `scheme://...` paths (object stores, file://), False for plain local paths."""
+    return "://" in str(path)

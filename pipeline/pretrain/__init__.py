@@ -1,0 +1,1 @@
+"""BERT pretraining: loader (rank ranges, epoch order, collate), loop (per worker), job (stages)."""

@@ -1,0 +1,315 @@
+"""The pretraining job as stages: data (per phase) -> train -> evaluate -> register, each skipped only when its
+real output proves it done.
+
+- data: `pipeline.data.prepare.data_stages` (a validated manifest with the same config hash).
+- train: a Ray Train run of this run name in `train.storage_path` whose newest checkpoint is at `max_steps` and
+  whose MLflow run exists in the *current* tracking store. Otherwise Ray Train runs, resuming the run's latest
+  checkpoint when there is one (its vocabulary sha256 must match the data's, or the job refuses in one line).
+- evaluate: always (cheap); it reserves the CPUs (or GPU) it computes on.
+- register: a version of `tracking.model_name` in the *current* store tagged with this training run id.
+
+The run name is `<preset>-<identity>`, the identity a hash of everything the weights depend on: the model and
+training config, each phase's data config hash and the vocabulary sha256 (`run_identity`). The MLflow run is
+created on the driver of the train stage and its id handed to rank 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from pipeline.config import Config, DataConfig, config_hash, resolve_path
+from pipeline.core import launcher
+from pipeline.core.checkpoint import check_vocab
+from pipeline.core.precision import forward  # noqa: F401  (re-exported for benches)
+from pipeline.core.step import evaluate_sums
+from pipeline.dag import Stage
+from pipeline.data.dataset import PreparedDataset
+from pipeline.data.prepare import data_stages
+from pipeline.io import read_bytes
+from pipeline.pretrain.loader import Batches, PhasePlan, arrow_rows, collate  # noqa: F401
+from pipeline.pretrain.loop import NUM_COUNTS, build_model, counts, eval_metrics, train_loop_per_worker
+
+# TrainConfig fields that do not change the weights a run produces (operational settings).
+_NOT_IN_IDENTITY = ("storage_path", "run_name", "max_failures", "num_to_keep", "checkpoint_every_steps",
+                    "log_every_steps", "eval_every_steps", "eval_batches", "data_cpus", "placement_strategy",
+                    "materialize_data", "cpus_per_worker", "use_gpu")
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    checkpoint: str
+    """Path or URI of the final checkpoint."""
+    run_id: str
+    run_name: str
+    step: int
+
+
+def run_identity(cfg: Config, datasets: list[PreparedDataset]) -> str:
+    """Hash of what the weights depend on: model, training settings, each phase's data config and vocabulary."""
+    train = {k: v for k, v in dataclasses.asdict(cfg.train).items() if k not in _NOT_IN_IDENTITY}
+    data = [{"config_hash": d.config_hash, "vocab_sha256": d.vocab_sha256} for d in datasets]
+    return config_hash({"model": cfg.model, "train": train, "data": data})
+
+
+def run_name_for(cfg: Config, datasets: list[PreparedDataset]) -> str:
+    """`train.run_name`, or `<preset>-<first 10 hex of the identity>`: the same command and data resume."""
+    return cfg.train.run_name or f"{cfg.model.preset}-{run_identity(cfg, datasets)[:10]}"
+
+
+def phase_plans(cfg: Config, datasets: list[PreparedDataset]) -> list[PhasePlan]:
+    """One `PhasePlan` per phase (a single phase when `train.phases` is empty)."""
+    tc, plans = cfg.train, []
+    for i, (ds, steps) in enumerate(zip(datasets, tc.phase_steps())):
+        ph = tc.phases[i] if tc.phases else None
+        mb = (ph.micro_batch_size if ph else None) or tc.micro_batch_size
+        gb = (ph.global_batch_size if ph else None) or tc.global_batch_size
+        plans.append(PhasePlan.build(ds, steps=steps, micro_batch_size=mb, global_batch_size=gb, num_workers=tc.num_workers,
+                                     num_eval_shards=tc.num_eval_shards, materialized=tc.materialize_data))
+    return plans
+
+
+def _ray_datasets(plans: list[PhasePlan], materialize: bool) -> dict[str, Any]:
+    """Per phase one ordered Ray Dataset per rank (`p<i>_r<rank>`) and the held-out rows (`p<i>_eval`)."""
+    import ray.data
+
+    out: dict[str, Any] = {}
+    for i, p in enumerate(plans):
+        if materialize:
+            # One read of every shard into the object store, cut by row index into each rank's range, the
+            # remainder and the held-out rows (split_at_indices is exact and ordered on materialized data).
+            every = ray.data.read_parquet(list(p.train_files + p.eval_files), shuffle=None).materialize()
+            per = p.ranks[0].rows
+            pieces = every.split_at_indices([per * (r + 1) for r in range(len(p.ranks))] + [p.train_rows])
+            out.update({f"p{i}_r{r}": pieces[r] for r in range(len(p.ranks))})
+            if p.eval_files:
+                out[f"p{i}_eval"] = pieces[-1]
+        else:
+            out.update({f"p{i}_r{r}": ray.data.read_parquet(list(m.files), shuffle=None) for r, m in enumerate(p.ranks)})
+            if p.eval_files:
+                out[f"p{i}_eval"] = ray.data.read_parquet(list(p.eval_files), shuffle=None)
+    return out
+
+
+def run_training(cfg: Config, datasets: list[PreparedDataset], run_id: str, run_name: str, tracking_uri: str, *,
+                 on_step: Callable[[int, int], None] | None = None) -> TrainResult:
+    """Fit with Ray Train, resuming `run_name` in `train.storage_path` if it exists. `on_step(step, rank)` is a
+    test hook called in every worker after each step (fault injection)."""
+    import ray.data
+    from ray.data import ExecutionOptions, ExecutionResources
+    from ray.train import DataConfig as RayDataConfig
+
+    tc = cfg.train
+    vocab_sha = datasets[0].vocab_sha256
+    if (latest := launcher.latest_checkpoint(tc.storage_path, run_name)) is not None:
+        check_vocab(latest[1], vocab_sha, latest[0])  # refuse before any worker starts
+    plans = phase_plans(cfg, datasets)
+    # preserve_order: each rank's rows arrive in file order, which is what makes resumption exact.
+    limits = ExecutionResources(cpu=tc.data_cpus) if tc.data_cpus else ExecutionResources()
+    exec_opts = ExecutionOptions(preserve_order=True, resource_limits=limits)
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options = exec_opts  # also for materialize() here
+    ctx.enable_progress_bars = False  # the datasets carry this context to the workers: no bars in the job log
+    config = {"cfg": cfg, "plans": plans, "run_id": run_id, "tracking_uri": tracking_uri, "vocab_sha256": vocab_sha,
+              "on_step": on_step}
+    scale = launcher.Scale(tc.num_workers, tc.use_gpu, tc.cpus_per_worker, tc.placement_strategy, tc.max_failures, tc.num_to_keep)
+    result = launcher.fit(train_loop_per_worker, config, name=run_name, storage_path=tc.storage_path, scale=scale,
+                          datasets=_ray_datasets(plans, tc.materialize_data),
+                          dataset_config=RayDataConfig(datasets_to_split=[], execution_options=exec_opts))
+    return TrainResult(launcher.checkpoint_uri(result, tc.storage_path), run_id, run_name, tc.max_steps)
+
+
+def load_trained(cfg: Config, checkpoint: str, vocab_size: int) -> torch.nn.Module:
+    """The final weights from a checkpoint (path or URI), as a plain `BertForPreTraining` in eval mode."""
+    from safetensors.torch import load_file
+
+    local = launcher.local_copy(checkpoint)
+    try:
+        model = build_model(cfg.model, vocab_size)
+        model.load_state_dict(load_file(os.path.join(local, "model.safetensors")))
+    finally:
+        if local != checkpoint:
+            shutil.rmtree(local, ignore_errors=True)
+    return model.eval()
+
+
+# ------------------------------------------------------------------------------------------------- stage bodies
+
+
+def train_done(cfg: Config, datasets: list[PreparedDataset], uri: str) -> TrainResult | None:
+    """The finished run in storage, if its newest checkpoint is at max_steps and its MLflow run is in this store."""
+    from pipeline import tracking
+
+    name = run_name_for(cfg, datasets)
+    latest = launcher.latest_checkpoint(cfg.train.storage_path, name)
+    if latest is None or int(latest[1].get("step", -1)) != cfg.train.max_steps:
+        return None
+    check_vocab(latest[1], datasets[0].vocab_sha256, latest[0])
+    run_id = latest[1].get("run_id")
+    if not run_id or not tracking.run_exists(run_id, uri):
+        return None
+    return TrainResult(latest[0], run_id, name, cfg.train.max_steps)
+
+
+def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri: str, attempt: str) -> TrainResult:
+    """Create (or reopen) the MLflow run on this driver, log params and artifacts, then fit on the workers."""
+    import yaml
+
+    from pipeline import tracking
+
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    run_name = run_name_for(cfg, datasets)
+    first = datasets[0]
+    run_id = tracking.start_run(cfg.tracking.experiment, run_name, {
+        "git_sha": git_sha, "config_hash": config_hash(cfg.to_dict()), "data_manifest_sha256": first.manifest_sha256,
+        "vocab_sha256": first.vocab_sha256, "model_preset": cfg.model.preset, "attempt": attempt})
+    log = tracking.RunLogger(run_id, uri)
+    log.log_params(cfg.flat())
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "config.yaml"), "w") as f:
+            yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+        log.log_artifact(os.path.join(d, "config.yaml"))
+        for i, ds in enumerate(datasets):
+            sub = os.path.join(d, "data" if i == 0 else f"data_phase{i}")
+            os.makedirs(sub)
+            for name in ("manifest.json", "vocab.txt"):
+                with open(os.path.join(sub, name), "wb") as f:
+                    f.write(read_bytes(ds.file(name)))
+            log.log_artifacts(sub, os.path.basename(sub))
+    print(f"[train] MLflow run {run_id} ({run_name}) at {uri}", flush=True)
+    try:
+        return run_training(cfg, datasets, run_id, run_name, uri)
+    except BaseException:
+        log.finish("FAILED")
+        raise
+
+
+def _eval_batches(ds: PreparedDataset, plan: PhasePlan, seed: int):
+    from pipeline.io import read_table
+
+    to_batch = Batches(plan, seed)
+    for path in plan.eval_files or plan.ranks[0].files[-1:]:
+        table = read_table(path)
+        for i in range(0, table.num_rows, plan.micro_batch_size):
+            yield to_batch(table.slice(i, plan.micro_batch_size), 0)
+
+
+def evaluate_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, uri: str) -> dict[str, float]:
+    """Evaluate the final weights on the whole held-out set of the last phase; log `eval/final_*` into the run."""
+    from pipeline import tracking
+
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    tc = cfg.train
+    mb = (tc.phases[-1].micro_batch_size if tc.phases else None) or tc.micro_batch_size
+    plan = PhasePlan.build(ds, steps=1, micro_batch_size=mb, global_batch_size=mb, num_workers=1,
+                           num_eval_shards=tc.num_eval_shards, materialized=False)
+    device = torch.device("cuda" if tc.use_gpu and torch.cuda.is_available() else "cpu")
+    model = load_trained(cfg, trained.checkpoint, ds.vocab_size).to(device)
+    torch.manual_seed(tc.seed)
+    sums = evaluate_sums(model, _eval_batches(ds, plan, tc.seed), counts=counts, size=NUM_COUNTS, device=device,
+                         precision=tc.precision if device.type == "cuda" else "fp32")
+    final = {k.replace("eval/", "eval/final_"): v for k, v in eval_metrics(sums).items()}
+    tracking.RunLogger(trained.run_id, uri).log_metrics(final, step=tc.max_steps)
+    print(f"[evaluate] {json.dumps({k: round(v, 4) for k, v in final.items()})}", flush=True)
+    return final
+
+
+def register_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, git_sha: str, uri: str,
+                   final_eval: dict[str, float], command: str) -> dict[str, str]:
+    """Export the final weights in transformers format, register them with lineage tags, move the alias."""
+    from model.hf import save_hf
+    from pipeline import tracking
+
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    model = load_trained(cfg, trained.checkpoint, ds.vocab_size)
+    with tempfile.TemporaryDirectory() as d:
+        tok = os.path.join(d, "tokenizer")
+        os.makedirs(tok)
+        for name in ("vocab.txt", "tokenizer.json"):
+            try:
+                with open(os.path.join(tok, name), "wb") as f:
+                    f.write(read_bytes(ds.file(name)))
+            except FileNotFoundError:
+                os.remove(os.path.join(tok, name))
+        export = save_hf(model, os.path.join(d, "export"), tokenizer=tok)
+        tracking.write_tokenizer_config(str(export), model_max_length=model.config.max_position_embeddings,
+                                        lowercase=bool(ds.manifest["config"].get("lowercase", True)))
+        tags = {"data_manifest_sha256": ds.manifest_sha256, "vocab_sha256": ds.vocab_sha256,
+                "config_hash": config_hash(cfg.to_dict()), "git_sha": git_sha, "run_id": trained.run_id}
+        description = tracking.version_description(
+            cfg.tracking.model_name, data={"manifest_sha256": ds.manifest_sha256, "documents": ds.manifest["documents_written"],
+                                           "tokens": ds.tokens, "examples": ds.examples},
+            steps=trained.step, final_eval=final_eval, command=command)
+        version = tracking.register_hf_model(str(export), cfg.tracking.model_name, cfg.tracking.alias, tags,
+                                             trained.run_id, description=description)
+    logger = tracking.RunLogger(trained.run_id, uri)
+    logger.set_tags({"registered_model": f"models:/{cfg.tracking.model_name}/{version}"})
+    logger.finish("FINISHED")
+    return {"name": cfg.tracking.model_name, "version": version, "uri": f"models:/{cfg.tracking.model_name}/{version}"}
+
+
+def register_done(cfg: Config, trained: TrainResult, uri: str) -> dict[str, str] | None:
+    """The version of `tracking.model_name` in the current store that this training run registered, if any."""
+    from pipeline import tracking
+
+    version = tracking.find_version(cfg.tracking.model_name, trained.run_id, uri)
+    if version is None:
+        return None
+    if cfg.tracking.alias:  # the alias follows the newest run's version, as a fresh registration would move it
+        tracking.client(uri).set_registered_model_alias(cfg.tracking.model_name, cfg.tracking.alias, version)
+    return {"name": cfg.tracking.model_name, "version": version, "uri": f"models:/{cfg.tracking.model_name}/{version}"}
+
+
+# ------------------------------------------------------------------------------------------------- the graph
+
+
+def phase_data_configs(cfg: Config) -> list[DataConfig]:
+    """One DataConfig per training phase: phase i's max_seq_length, masking cap and output directory.
+
+    Phases after the first reuse the first phase's vocabulary, so all phases share one embedding table.
+    """
+    if not cfg.train.phases:
+        return [cfg.data]
+    out: list[DataConfig] = []
+    for i, ph in enumerate(cfg.train.phases):
+        changes: dict[str, Any] = {"max_seq_length": ph.max_seq_length,
+                                   "output": resolve_path(ph.output) if ph.output else f"{cfg.data.output}-{ph.max_seq_length}"}
+        if ph.max_predictions_per_seq:
+            changes["max_predictions_per_seq"] = ph.max_predictions_per_seq
+        if i > 0 and cfg.data.vocab is None:
+            changes["vocab"] = f"{out[0].output}/vocab.txt"
+        out.append(dataclasses.replace(cfg.data, **changes))
+    return out
+
+
+def _later_phase_stage(name: str, dcfg: DataConfig, deps: tuple[str, ...]) -> Stage:
+    """A later phase's data stages, planned when they run (their vocabulary is the first phase's output)."""
+    from pipeline.dag import run_graph
+
+    return Stage(name, lambda _deps: run_graph(data_stages(dcfg), remote=False)["validate"].result, deps=deps)
+
+
+def pretrain_stages(cfg: Config, *, git_sha: str, tracking_uri: str, attempt: str, command: str) -> list[Stage]:
+    """data (per phase) -> train -> evaluate -> register, for a config whose paths are absolute."""
+    uri = tracking_uri
+    dcfgs = phase_data_configs(cfg)
+    stages = data_stages(dcfgs[0])
+    data = ["validate"] + [f"data_phase{i}" for i in range(1, len(dcfgs))]
+    stages += [_later_phase_stage(f"data_phase{i}", d, ("validate",)) for i, d in enumerate(dcfgs[1:], start=1)]
+    eval_cpus = max(1.0, cfg.train.cpus_per_worker) if not cfg.train.use_gpu else 0.0
+    return [
+        *stages,
+        Stage("train", lambda deps: train_stage(cfg, [deps[d] for d in data], git_sha, uri, attempt), deps=tuple(data),
+              done=lambda deps: train_done(cfg, [deps[d] for d in data], uri)),
+        Stage("evaluate", lambda deps: evaluate_stage(cfg, deps["train"], deps[data[-1]], uri), deps=("train", data[-1]),
+              num_cpus=eval_cpus, num_gpus=1 if cfg.train.use_gpu else 0),
+        Stage("register", lambda deps: register_stage(cfg, deps["train"], deps["validate"], git_sha, uri, deps["evaluate"], command),
+              deps=("train", "evaluate", "validate"), done=lambda deps: register_done(cfg, deps["train"], uri)),
+    ]
