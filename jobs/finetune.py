@@ -6,9 +6,11 @@
 
 --model: models:/name@alias | models:/name/version | a transformers directory | scratch:<preset> (random init;
 its vocabulary is --data.tokenizer, by default the one of models:/bert-pretrain@latest-pretrain).
-Honours MLFLOW_TRACKING_URI (default sqlite:///mlflow.db here) and RAY_ADDRESS (`ray job submit` sets it).
-Progress goes to stdout; the last stdout line is one JSON object of the best epoch's eval metrics. Bad input
-(data, config, source) prints one line on stderr and exits 2, without a traceback.
+Honours MLFLOW_TRACKING_URI (default sqlite:///mlflow.db here) and RAY_ADDRESS (`ray job submit` sets it; unset,
+a private local Ray is started, never a `ray start` cluster found on the machine). Checkpoints go under
+`train.storage_path` (default runs/, relative to the current directory). Progress goes to stdout; the last
+stdout line is one JSON object of the best epoch's eval metrics. Bad input (data, config, source, resources)
+prints one line on stderr and exits 1, without a traceback. Ctrl-C or SIGTERM ends the MLflow run as KILLED.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -28,6 +31,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "false")
 
 
+def _terminate(signum, frame):  # noqa: ARG001 - SIGTERM (ray job stop, kill) unwinds like Ctrl-C: run KILLED
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _usage_error(message: str):
+    """argparse's usage errors as one line and exit code 1 (its own are two lines and exit 2)."""
+    print(f"error: {message} (see --help)", file=sys.stderr)
+    sys.exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="models:/name@alias, models:/name/version, a HF dir, or scratch:<preset>")
@@ -36,22 +49,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval", required=True, help="evaluation file, same format")
     ap.add_argument("--config", default=None, help="YAML with sections data/model/train/eval/tracking")
     ap.add_argument("--output", default=None, help="also keep the fine-tuned HF directory here")
+    ap.error = _usage_error  # type: ignore[method-assign]
     args, overrides = ap.parse_known_args(argv)
 
     from pipeline.config import ConfigError
-    from pipeline.finetune import load_finetune_config, run_finetune
-    from pipeline.finetune_data import FinetuneDataError
+    from pipeline.core.launcher import RayStartError
+    from pipeline.finetune.data import FinetuneDataError
+    from pipeline.finetune.job import load_finetune_config, run_finetune
     from pipeline.tracking import TrackingError
 
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         cfg = load_finetune_config(args.config, overrides)
         for p in (args.train, args.eval):
             if not Path(p).is_file():
-                raise FinetuneDataError(f"{p}: file does not exist")
+                raise FinetuneDataError(f"{p}: file does not exist (relative paths resolve against {os.getcwd()})")
         result = run_finetune(cfg, args.model, args.task, args.train, args.eval, args.output)
-    except (ConfigError, FinetuneDataError, TrackingError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (ConfigError, FinetuneDataError, TrackingError, RayStartError) as e:
+        print(f"error: {e}".splitlines()[0], file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     if result["registered"]:
         print(f"registered {result['registered']} (run {result['run_id']})", flush=True)
     print(json.dumps(result["metrics"], sort_keys=True), flush=True)

@@ -1,4 +1,4 @@
-"""pipeline/finetune.py without Ray: config, source resolution (local dir, registry, scratch), model building,
+"""pipeline/finetune/job.py and loop.py without Ray: config, source resolution (local dir, registry, scratch), model building,
 and the evaluation bookkeeping (predictions mapped back to labels, words and answer texts)."""
 
 from __future__ import annotations
@@ -10,15 +10,9 @@ import pytest
 import torch
 
 from pipeline.config import ConfigError
-from pipeline.finetune import (
-    FinetuneConfig,
-    build_model,
-    evaluate,
-    load_finetune_config,
-    resolve_source,
-    steps_per_epoch,
-)
-from pipeline.finetune_data import prepare_task
+from pipeline.finetune.data import prepare_task
+from pipeline.finetune.job import FinetuneConfig, build_model, evaluate, load_finetune_config, resolve_source
+from pipeline.finetune.loop import steps_per_epoch
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"

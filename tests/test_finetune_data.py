@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import finetune_data as D
+from pipeline.finetune import data as D
 
 DATA = Path(__file__).parent / "data"
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.finetune import load_finetune_config, run_finetune
+from pipeline.finetune.job import load_finetune_config, run_finetune
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline import metrics as M
+from pipeline.finetune import metrics as M
 
 
 def test_accuracy_macro_f1_hand():

@@ -3,40 +3,39 @@
 `run_finetune(cfg, source, task, train, eval)` is the whole job; `jobs/finetune.py` is its command line.
 
 1. Resolve the source (`resolve_source`): `models:/name@alias` / `models:/name/version` (downloaded from the
-   MLflow registry; lineage tags from its version), a local transformers directory, or `scratch:<preset>` (random
-   init; its vocabulary comes from `data.tokenizer`, by default the tokenizer of
-   `models:/bert-pretrain@latest-pretrain` — the model the baseline is compared against — so both see the same
-   WordPieces).
-2. Read, validate and tokenize on the driver (`finetune_data.prepare_task`): bad data fails before any worker
-   starts. Features and the initial weights go to the workers through the object store, so nothing assumes a
-   shared file system.
-3. `train_loop_per_worker`: AdamW (no decay on bias/LayerNorm) with linear warmup/decay, epochs or max steps,
-   evaluation on rank 0 after each epoch, a checkpoint (HF directory) reported only when the epoch is the best so
-   far, so the run's latest checkpoint is the best epoch's model. Rank 0 logs per-step loss and per-epoch eval
-   metrics into the driver's MLflow run.
+   MLflow registry into a temporary directory the job removes; lineage tags from its version), a local
+   transformers directory, or `scratch:<preset>` (random init; its vocabulary comes from `data.tokenizer`, by
+   default the tokenizer of `models:/bert-pretrain@latest-pretrain` — the model the baseline is compared
+   against — so both see the same WordPieces).
+2. Read, validate and tokenize on the driver (`pipeline.finetune.data.prepare_task`): bad data fails before any
+   worker starts. Features and the initial weights go to the workers through the object store, so nothing
+   assumes a shared file system.
+3. `pipeline.finetune.loop.train_loop_per_worker` trains on the shared core (`pipeline.core`: optimizer and
+   schedule, precision, accumulation, checkpoints that resume exactly), evaluates after each epoch and keeps
+   the best epoch's model in every checkpoint under `train.storage_path`.
 4. The driver adds the tokenizer files and registers the best model (HF directory, safetensors) with tags
-   naming the source model version and the pretraining run.
+   naming the source model version and the pretraining run. A failed run ends FAILED, an interrupted one KILLED.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
+import re
 import shutil
 import tempfile
-import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
 import torch
 
 from pipeline.config import ConfigError, flatten, load_sections, resolve_path
-from pipeline.finetune_data import TaskData, load_tokenizer, pad_batch, prepare_task
-from pipeline import metrics as M
+from pipeline.core.precision import Precision, forward
+from pipeline.finetune import metrics as M
+from pipeline.finetune.data import TaskData, load_tokenizer, pad_batch, prepare_task
 
 TASKS = ("sequence-classification", "token-classification", "question-answering")
 DEFAULT_SCRATCH_TOKENIZER = "models:/bert-pretrain@latest-pretrain"
@@ -46,27 +45,6 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "spec
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
-
-
-def _coerce_numbers(obj: Any, section: str) -> None:
-    """YAML 1.1 reads `1e-4` (no dot) as a string; turn such strings into the field's float/int."""
-    import dataclasses
-    import typing
-
-    hints = typing.get_type_hints(type(obj))
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        if not isinstance(v, str):
-            continue
-        kinds = {a for a in (typing.get_args(hints[f.name]) or (hints[f.name],)) if a in (int, float)}
-        for kind in sorted(kinds, key=lambda k: k is float):  # try int before float
-            try:
-                setattr(obj, f.name, kind(v))
-                break
-            except ValueError:
-                continue
-        else:
-            _check(not kinds, f"{section}.{f.name} {v!r} is not a number")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -92,7 +70,6 @@ class FtDataConfig:
     models:/bert-pretrain@latest-pretrain so the baseline uses the pretrained model's vocabulary."""
 
     def __post_init__(self) -> None:
-        _coerce_numbers(self, "data")
         _check(16 <= self.max_seq_length <= 4096, f"data.max_seq_length {self.max_seq_length} is not in [16, 4096]")
         _check(self.doc_stride >= 0, f"data.doc_stride {self.doc_stride} < 0")  # QA checks it against the window
 
@@ -106,11 +83,12 @@ class FtModelConfig:
 
 @dataclass
 class FtTrainConfig:
-    """Ray Train scale and optimisation."""
+    """Ray Train scale, optimisation, precision, checkpoints and fault tolerance."""
 
     num_workers: int = 1
     """Ray Train workers (DDP across them)."""
     use_gpu: bool = False
+    """One GPU per worker when true; the job fails at once (one line) on a cluster without one."""
     cpus_per_worker: float = 0.5
     """CPUs reserved per worker; fractional so a 2-core machine can hold the workers and Ray's own actors."""
     torch_threads: int | None = None
@@ -119,27 +97,49 @@ class FtTrainConfig:
     max_steps: int | None = None
     """Optimizer steps in total; when set it overrides `epochs` (the last epoch may be partial)."""
     batch_size: int = 32
-    """Examples per optimizer step on each worker."""
+    """Examples per forward/backward (micro-batch) on each worker."""
+    accumulation_steps: int = 1
+    """Micro-batches per optimizer step; the global batch is batch_size * num_workers * accumulation_steps."""
     eval_batch_size: int = 64
+    optimizer: Literal["adamw", "lamb"] = "adamw"
     lr: float = 5e-5
     warmup_ratio: float = 0.1
     """Fraction of the total steps with linear warmup."""
     weight_decay: float = 0.01
     schedule: Literal["linear", "polynomial", "constant"] = "linear"
     max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (0 disables clipping)."""
+    precision: Precision = "fp32"
+    """bf16 autocast (GPU or CPU), fp16 autocast with a gradient scaler (GPU), or fp32."""
     log_every_steps: int = 1
+    checkpoint_every_steps: int | None = None
+    """Also checkpoint every N steps within an epoch (null: at the end of each epoch only)."""
+    max_failures: int = 0
+    """Worker failures Ray Train recovers from (restart from the last checkpoint); -1 = unlimited."""
     seed: int = 42
     storage_path: str = "runs"
-    """Where Ray Train keeps the run's checkpoints (local path or URI)."""
+    """Where Ray Train keeps the run's checkpoints (local path, relative to the current directory, or URI)."""
 
     def __post_init__(self) -> None:
-        _coerce_numbers(self, "train")
         _check(self.num_workers >= 1, f"train.num_workers {self.num_workers} < 1")
+        _check(self.cpus_per_worker > 0, f"train.cpus_per_worker {self.cpus_per_worker} must be > 0")
         _check(self.epochs >= 1, f"train.epochs {self.epochs} < 1")
         _check(self.max_steps is None or self.max_steps >= 1, f"train.max_steps {self.max_steps} < 1")
         _check(self.batch_size >= 1, f"train.batch_size {self.batch_size} < 1")
+        _check(self.accumulation_steps >= 1, f"train.accumulation_steps {self.accumulation_steps} < 1")
+        _check(self.eval_batch_size >= 1, f"train.eval_batch_size {self.eval_batch_size} < 1")
         _check(self.lr > 0, f"train.lr {self.lr} must be > 0")
         _check(0 <= self.warmup_ratio < 1, f"train.warmup_ratio {self.warmup_ratio} not in [0, 1)")
+        _check(self.max_grad_norm >= 0, f"train.max_grad_norm {self.max_grad_norm} < 0")
+        _check(self.log_every_steps >= 1, f"train.log_every_steps {self.log_every_steps} < 1")
+        _check(self.checkpoint_every_steps is None or self.checkpoint_every_steps >= 1,
+               f"train.checkpoint_every_steps {self.checkpoint_every_steps} < 1")
+        _check(self.max_failures >= -1, f"train.max_failures {self.max_failures} < -1")
+
+    @property
+    def global_batch_size(self) -> int:
+        """Examples per optimizer step over all workers."""
+        return self.batch_size * self.num_workers * self.accumulation_steps
 
 
 @dataclass
@@ -153,7 +153,8 @@ class FtEvalConfig:
     """SQuAD v2: answer "" when null score − best span score exceeds this."""
 
     def __post_init__(self) -> None:
-        _coerce_numbers(self, "eval")
+        _check(self.n_best >= 1, f"eval.n_best {self.n_best} < 1")
+        _check(self.max_answer_length >= 1, f"eval.max_answer_length {self.max_answer_length} < 1")
 
 
 @dataclass
@@ -207,11 +208,12 @@ class Source:
     tags: dict[str, str] = field(default_factory=dict)
 
 
-def _from_registry(uri: str) -> tuple[str, dict[str, str]]:
+def _from_registry(uri: str, download_dir: str | None) -> tuple[str, dict[str, str]]:
     from pipeline.tracking import download_model, model_version_info
 
     info = model_version_info(uri)
-    local = download_model(f"models:/{info['name']}/{info['version']}")
+    dst = os.path.join(download_dir, f"{info['name']}-v{info['version']}") if download_dir else None
+    local = download_model(f"models:/{info['name']}/{info['version']}", dst)
     tags = {
         "source_model": f"models:/{info['name']}/{info['version']}",
         "source_model_name": info["name"],
@@ -225,8 +227,9 @@ def _from_registry(uri: str) -> tuple[str, dict[str, str]]:
     return local, tags
 
 
-def resolve_source(spec: str, tokenizer: str | None = None) -> Source:
-    """`models:/...` | local transformers dir | `scratch:<preset>` -> Source (downloads registry versions)."""
+def resolve_source(spec: str, tokenizer: str | None = None, download_dir: str | None = None) -> Source:
+    """`models:/...` | local transformers dir | `scratch:<preset>` -> Source. Registry versions are downloaded
+    into `download_dir` (the caller removes it), or a new temporary directory when it is None."""
     if spec.startswith("scratch:"):
         from model import PRESETS
 
@@ -236,7 +239,7 @@ def resolve_source(spec: str, tokenizer: str | None = None) -> Source:
         tags = {"source_model": spec, "scratch_tokenizer": tok_spec}
         if tok_spec.startswith("models:/"):
             try:
-                tok_path, tok_tags = _from_registry(tok_spec)
+                tok_path, tok_tags = _from_registry(tok_spec, download_dir)
             except Exception as e:  # noqa: BLE001 - one line for the user
                 raise ConfigError(
                     f"--model {spec} takes its vocabulary from {tok_spec}, which failed ({str(e).splitlines()[0]}); "
@@ -248,7 +251,7 @@ def resolve_source(spec: str, tokenizer: str | None = None) -> Source:
             _check(Path(tok_path).exists(), f"--data.tokenizer {tok_spec} does not exist")
         return Source(spec, None, preset, tok_path, tags)
     if spec.startswith("models:/"):
-        local, tags = _from_registry(spec)
+        local, tags = _from_registry(spec, download_dir)
         return Source(spec, local, None, local, tags)
     p = Path(spec)
     _check((p / "config.json").is_file(), f"--model {spec}: not models:/name@alias, models:/name/version, "
@@ -293,15 +296,18 @@ def primary_metric(task: str, problem_type: str) -> str:
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, td: TaskData, cfg: FinetuneConfig, device: torch.device | str = "cpu") -> dict[str, float]:
     """Eval metrics of `model` on `td.eval` (classification/regression, entities, or SQuAD EM/F1)."""
+    was_training = model.training
     model.eval()
     n = len(td.eval["input_ids"])
     bs = cfg.train.eval_batch_size
+    device = torch.device(device)
+    precision = cfg.train.precision if device.type == "cuda" else "fp32"  # CPU evaluation stays exact
     outs: list[Any] = []
     loss_sum = 0.0
     for b in range(0, n, bs):
         idx = list(range(b, min(n, b + bs)))
-        batch = {k: torch.as_tensor(v, device=device) for k, v in pad_batch(td.eval, idx).items()}
-        out = model(**batch)
+        batch = {k: torch.as_tensor(v) for k, v in pad_batch(td.eval, idx).items()}
+        out = forward(model, batch, device, precision)
         loss_sum += float(out.loss) * len(idx)
         if td.task == "question-answering":
             lens = batch["attention_mask"].sum(1).tolist()
@@ -312,7 +318,7 @@ def evaluate(model: torch.nn.Module, td: TaskData, cfg: FinetuneConfig, device: 
             outs += [row[:L].cpu().numpy() for row, L in zip(out.logits.argmax(-1), lens)]
         else:
             outs.append(out.logits.float().cpu().numpy())
-    model.train()
+    model.train(was_training)
     res: dict[str, float]
     if td.task == "sequence-classification":
         logits = np.concatenate(outs)
@@ -346,104 +352,6 @@ def evaluate(model: torch.nn.Module, td: TaskData, cfg: FinetuneConfig, device: 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the training loop (one Ray Train worker)
-
-
-def steps_per_epoch(n_train: int, world: int, batch_size: int) -> int:
-    """Every rank takes the same number of steps: `n_train // world` rows each, the last batch may be short.
-
-    `steps_per_epoch(100, 2, 32) -> 2` (50 rows per rank: 32 + 18)
-    """
-    return max(1, math.ceil((n_train // world) / batch_size))
-
-
-def train_loop_per_worker(config: dict[str, Any]) -> None:
-    import ray
-    import ray.train
-    import ray.train.torch
-
-    from model import BertConfig
-    from model.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
-    from pipeline.train import lr_lambda, make_optimizer
-    from pipeline.tracking import RunLogger
-
-    cfg: FinetuneConfig = config["cfg"]
-    td: TaskData = ray.get(config["data_ref"]) if "data_ref" in config else config["data"]
-    init = ray.get(config["init_ref"]) if "init_ref" in config else config["init"]
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    t = cfg.train
-    if not t.use_gpu:
-        torch.set_num_threads(t.torch_threads or max(1, (os.cpu_count() or 1) // world))
-    torch.manual_seed(t.seed + rank)
-
-    cls = {c.__name__: c for c in (BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering)}
-    model = cls[init["class"]](BertConfig(**init["config"]))
-    model.load_state_dict(init["state_dict"])
-    model = ray.train.torch.prepare_model(model)  # device + DDP when world > 1
-    raw_model = getattr(model, "module", model)
-    device = ray.train.torch.get_device()
-
-    n_train = len(td.train["input_ids"])
-    per_epoch = steps_per_epoch(n_train, world, t.batch_size)
-    total = t.max_steps or t.epochs * per_epoch
-    epochs = math.ceil(total / per_epoch)
-    warmup = int(t.warmup_ratio * total)
-    opt = make_optimizer(model, "adamw", t.lr, t.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, warmup, total, t.schedule))
-    log = RunLogger(config["run_id"], config["tracking_uri"]) if rank == 0 and config.get("run_id") else None
-    primary = config["primary"]
-    best = (-math.inf, -math.inf)
-    step = 0
-    t0 = time.time()
-    model.train()
-    for epoch in range(1, epochs + 1):
-        # the same permutation on every rank, each takes its stride; equal row counts keep DDP in lockstep
-        perm = np.random.default_rng(t.seed + epoch).permutation(n_train)[: (n_train // world) * world]
-        mine = perm[rank::world]
-        for b in range(0, len(mine), t.batch_size):
-            if step >= total:
-                break
-            batch = {k: torch.as_tensor(v, device=device) for k, v in pad_batch(td.train, mine[b : b + t.batch_size]).items()}
-            loss = model(**batch).loss  # mean over this worker's batch; DDP averages gradients over workers
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_grad_norm)
-            opt.step()
-            sched.step()
-            step += 1
-            if log and (step % t.log_every_steps == 0 or step == total):
-                log.log_metrics({"train/loss": loss.item(), "train/lr": sched.get_last_lr()[0], "train/epoch": epoch}, step)
-            if rank == 0 and (step % 20 == 0 or step == 1):
-                print(f"[finetune] epoch {epoch} step {step}/{total} loss {loss.item():.4f} "
-                      f"({(time.time() - t0) / step:.2f}s/step)", flush=True)
-        metrics: dict[str, float] = {"epoch": epoch, "step": step}
-        checkpoint = None
-        if rank == 0:
-            ev = evaluate(raw_model, td, cfg, device)
-            metrics.update({f"eval_{k}": v for k, v in ev.items()})
-            print(f"[finetune] epoch {epoch} eval " + json.dumps({k: round(v, 4) for k, v in ev.items()}), flush=True)
-            if log:
-                log.log_metrics({f"eval/{k}": v for k, v in ev.items()}, step)
-            score = (ev[primary], -ev["loss"])  # ties on the metric (e.g. F1 0 early on) go to the lower loss
-            if score > best:  # keep only the best epoch's model: report a checkpoint only when it improves
-                best = score
-                tmp = tempfile.mkdtemp(prefix="finetune-ckpt-")
-                from model.hf import save_hf
-
-                save_hf(raw_model, tmp)
-                Path(tmp, "eval_metrics.json").write_text(json.dumps({**ev, "epoch": epoch, "step": step}, indent=1))
-                checkpoint = ray.train.Checkpoint.from_directory(tmp)
-        ray.train.report(metrics, checkpoint=checkpoint)
-        if checkpoint is not None:
-            shutil.rmtree(checkpoint.path, ignore_errors=True)
-        if step >= total:
-            break
-    if log:
-        log.close()
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # the driver
 
 
@@ -454,87 +362,109 @@ def _copy_tokenizer(src: str, dst: Path) -> None:
         shutil.copyfile(f, dst / f.name)
 
 
-def run_finetune(
-    cfg: FinetuneConfig, source_spec: str, task: str, train_path: str, eval_path: str, output_dir: str | None = None
-) -> dict[str, Any]:
-    """Fine-tune, evaluate, log and register; returns `{"metrics", "model_dir", "registered", "run_id"}`.
+_TASK_SHORT = {"sequence-classification": "cls", "token-classification": "tok", "question-answering": "qa"}
 
-    Raises FinetuneDataError / ConfigError / TrackingError with one-line messages for bad input.
+
+def run_name_for(task: str, source: Source) -> str:
+    """`<task>-<source>-<6 hex>`, short and safe as a directory name.
+
+    >>> import re; n = run_name_for("sequence-classification", Source("models:/bert-pretrain@latest", "/tmp/x", None,
+    ...     "/tmp/x", {"source_model_name": "bert-pretrain", "source_model_version": "3"}))
+    >>> re.sub("[0-9a-f]{6}$", "*", n)
+    'cls-bert-pretrain-v3-*'
+    """
+    if "source_model_version" in source.tags:
+        src = f"{source.tags['source_model_name']}-v{source.tags['source_model_version']}"
+    elif source.preset is not None:
+        src = f"scratch-{source.preset}"
+    else:
+        src = Path(source.spec.rstrip("/")).name
+    src = re.sub(r"[^A-Za-z0-9._-]+", "-", src).strip("-")[:40] or "model"
+    return f"{_TASK_SHORT[task]}-{src}-{uuid.uuid4().hex[:6]}"
+
+
+def run_finetune(
+    cfg: FinetuneConfig, source_spec: str, task: str, train_path: str, eval_path: str, output_dir: str | None = None,
+    *, on_step: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Fine-tune, evaluate, log and register; returns `{"metrics", "model_dir", "registered", "run_id", "run_name"}`
+    (`model_dir` is `output_dir`, or None: without it the exported model lives only in the registry).
+
+    Connects to Ray (`launcher.connect`) unless it already is. `on_step(step, rank)` is a test hook called in
+    every worker after each optimizer step (fault injection). Raises FinetuneDataError / ConfigError /
+    TrackingError with one-line messages for bad input; the MLflow run ends FAILED on an error and KILLED on
+    KeyboardInterrupt (jobs/finetune.py turns SIGTERM into one).
     """
     import ray
-    import ray.train
-    from ray.train import CheckpointConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
 
     from pipeline import tracking
+    from pipeline.core import launcher
 
     _check(task in TASKS, f"--task {task!r} is not one of {', '.join(TASKS)}")
+    t = cfg.train
     uri = tracking.tracking_uri()
     tracking.check_tracking_server(uri)
-    source = resolve_source(source_spec, cfg.data.tokenizer)
-    d = cfg.data
+    started_ray = not ray.is_initialized()
+    launcher.connect()
+    work = tempfile.mkdtemp(prefix="finetune-")  # registry downloads and the export; removed in every case
+    try:
+        launcher.check_resources("train", use_gpu=t.use_gpu, num_workers=t.num_workers, cpus_per_worker=t.cpus_per_worker)
+        return _run(cfg, source_spec, task, train_path, eval_path, output_dir, on_step, uri, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if started_ray:
+            ray.shutdown()
+
+
+def _run(cfg: FinetuneConfig, source_spec: str, task: str, train_path: str, eval_path: str, output_dir: str | None,
+         on_step: Callable[[int, int], None] | None, uri: str, work: str) -> dict[str, Any]:
+    import ray
+
+    from pipeline import tracking
+    from pipeline.core import launcher
+    from pipeline.finetune.loop import train_loop_per_worker
+
+    d, t = cfg.data, cfg.train
+    source = resolve_source(source_spec, d.tokenizer, os.path.join(work, "source"))
     print(f"[finetune] {task} from {source_spec}: reading {train_path} and {eval_path}", flush=True)
     td = prepare_task(task, train_path, eval_path, source.tokenizer_path, d.max_seq_length, d.doc_stride,
-                      d.max_query_length, d.max_train_examples, d.max_eval_examples, cfg.train.seed)
+                      d.max_query_length, d.max_train_examples, d.max_eval_examples, t.seed)
     vocab_size = load_tokenizer(source.tokenizer_path).get_vocab_size()
     print(f"[finetune] {len(td.train['input_ids'])} train / {len(td.eval['input_ids'])} eval features, "
           f"labels {td.id2label or td.problem_type}", flush=True)
-    torch.manual_seed(cfg.train.seed)  # the new head's initialisation
+    torch.manual_seed(t.seed)  # the new head's initialisation
     model = build_model(source, task, td, dict(cfg.model.overrides), vocab_size)
     init = {"class": type(model).__name__, "config": asdict(model.config), "state_dict": model.state_dict()}
     primary = primary_metric(task, td.problem_type)
 
     model_name = cfg.tracking.model_name or f"bert-finetune-{task}"
-    run_name = cfg.tracking.run_name or f"{task}-{source_spec.replace('/', '_')}-{uuid.uuid4().hex[:6]}"
+    run_name = cfg.tracking.run_name or run_name_for(task, source)
     tags = {**source.tags, "task": task, "train_file": str(Path(train_path).resolve()),
             "eval_file": str(Path(eval_path).resolve())}
     run_id = tracking.start_run(cfg.tracking.experiment, run_name, tags)
     logger = tracking.RunLogger(run_id, uri)
+    print(f"[finetune] MLflow run {run_id} ({run_name}) at {uri}", flush=True)
     status = "FAILED"
     try:
         logger.log_params({**cfg.flat(), "task": task, "source": source_spec, "num_train_features": len(td.train["input_ids"]),
                            "num_eval_features": len(td.eval["input_ids"]), "problem_type": td.problem_type,
-                           "num_labels": td.num_labels})
-        with tempfile.TemporaryDirectory() as tmp:
-            label_map = Path(tmp, "label_map.json")
-            label_map.write_text(json.dumps({"task": task, "problem_type": td.problem_type,
-                                             "id2label": {str(k): v for k, v in td.id2label.items()}}, indent=1))
-            logger.log_artifact(str(label_map))
+                           "num_labels": td.num_labels, "train.global_batch_size": t.global_batch_size})
+        label_map = Path(work, "label_map.json")
+        label_map.write_text(json.dumps({"task": task, "problem_type": td.problem_type,
+                                         "id2label": {str(k): v for k, v in td.id2label.items()}}, indent=1))
+        logger.log_artifact(str(label_map))
 
-        started_ray = False
-        if not ray.is_initialized():
-            ray.init(configure_logging=False, log_to_driver=True)
-            started_ray = True
-        try:
-            t = cfg.train
-            train_config = {
-                "cfg": cfg, "data_ref": ray.put(td), "init_ref": ray.put(init), "run_id": run_id,
-                "tracking_uri": uri, "primary": primary,
-            }
-            resources = {"CPU": t.cpus_per_worker} if not t.use_gpu else None
-            trainer = TorchTrainer(
-                train_loop_per_worker,
-                train_loop_config=train_config,
-                scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu, resources_per_worker=resources),
-                run_config=RunConfig(
-                    name=f"finetune-{run_name}",
-                    storage_path=resolve_path(t.storage_path),
-                    checkpoint_config=CheckpointConfig(num_to_keep=1),
-                ),
-            )
-            result = trainer.fit()
-            if result.checkpoint is None:
-                raise RuntimeError("training finished without a checkpoint")
-            out = Path(output_dir or tempfile.mkdtemp(prefix="finetuned-"))
-            out.mkdir(parents=True, exist_ok=True)
-            with result.checkpoint.as_directory() as ck:
-                shutil.copytree(ck, out, dirs_exist_ok=True)
-        finally:
-            if started_ray:
-                ray.shutdown()
+        config = {"cfg": cfg, "data_ref": ray.put(td), "init_ref": ray.put(init), "run_id": run_id,
+                  "tracking_uri": uri, "primary": primary, "on_step": on_step}
+        scale = launcher.Scale(t.num_workers, t.use_gpu, t.cpus_per_worker, max_failures=t.max_failures, num_to_keep=1)
+        result = launcher.fit(train_loop_per_worker, config, name=run_name, storage_path=resolve_path(t.storage_path),
+                              scale=scale)
+        out = Path(output_dir or os.path.join(work, "model"))
+        out.mkdir(parents=True, exist_ok=True)
+        with result.checkpoint.as_directory() as ck:
+            shutil.copytree(os.path.join(ck, "best"), out, dirs_exist_ok=True)
         _copy_tokenizer(source.tokenizer_path, out)
         best = json.loads((out / "eval_metrics.json").read_text())
-        final = {k: v for k, v in best.items()}
         logger.log_metrics({f"best/{k}": v for k, v in best.items()}, step=int(best["step"]))
         registered = None
         if cfg.tracking.register:
@@ -545,6 +475,10 @@ def run_finetune(
             registered = f"models:/{model_name}/{version}"
             logger.set_tags({"registered_model": registered})
         status = "FINISHED"
-        return {"metrics": final, "model_dir": str(out), "registered": registered, "run_id": run_id}
+        return {"metrics": best, "model_dir": str(out) if output_dir else None, "registered": registered,
+                "run_id": run_id, "run_name": run_name}
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
     finally:
         logger.finish(status)

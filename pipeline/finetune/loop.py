@@ -1,0 +1,174 @@
+"""The fine-tuning loop that runs in every Ray Train worker, top to bottom: build, resume, step, log, evaluate,
+checkpoint. Optimisation, precision, the step (accumulation, clipping), checkpoints and the launcher are the
+ones pretraining uses (`pipeline.core`); what is fine-tuning's own is the data order (`epoch_micro_batches`),
+the training figures (`counts`, `summarise`) and evaluation on rank 0 after each epoch (`job.evaluate`).
+
+Every checkpoint holds what an exact resume needs (weights, optimizer, scheduler, scaler, RNGs, and the data
+position: epoch and micro-batch index) plus, in `best/`, the best epoch's model as a transformers directory with
+its `eval_metrics.json`; the run's latest checkpoint therefore always carries the model the job registers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from pipeline.core import launcher
+from pipeline.core.checkpoint import load_checkpoint, save_checkpoint, unwrap
+from pipeline.core.optim import make_optimizer
+from pipeline.core.precision import make_scaler
+from pipeline.core.step import Trainable, train_step
+from pipeline.finetune.data import IGNORE_INDEX, TaskData, pad_batch
+
+
+def steps_per_epoch(n_train: int, world: int, batch_size: int, accumulation: int = 1) -> int:
+    """Every rank takes the same number of steps: `n_train // world` rows each in micro-batches of `batch_size`
+    (the last may be short), `accumulation` micro-batches per step (the last step may have fewer).
+
+    `steps_per_epoch(100, 2, 32) -> 2` (50 rows per rank: 32 + 18); `steps_per_epoch(100, 1, 10, 4) -> 3`
+    """
+    return max(1, math.ceil(micro_batches_per_epoch(n_train, world, batch_size) / accumulation))
+
+
+def micro_batches_per_epoch(n_train: int, world: int, batch_size: int) -> int:
+    """Micro-batches per epoch on each rank."""
+    return max(1, math.ceil((n_train // world) / batch_size))
+
+
+def epoch_micro_batches(rows: dict[str, list], epoch: int, rank: int, world: int, batch_size: int, seed: int,
+                        start: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+    """This rank's padded micro-batches of `epoch` from micro-batch `start` on. The permutation is the same on
+    every rank (seeded by seed + epoch) and each rank takes its stride, so a resumed epoch continues exactly."""
+    n = len(rows["input_ids"])
+    perm = np.random.default_rng(seed + epoch).permutation(n)[: (n // world) * world]
+    mine = perm[rank::world]
+    for b in range(start * batch_size, len(mine), batch_size):
+        yield {k: torch.as_tensor(v) for k, v in pad_batch(rows, mine[b : b + batch_size]).items()}
+
+
+def counts(out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(loss_sum, examples, correct, labelled) of one forward, float64: loss summed over examples, and for
+    classification heads the correct argmax predictions among labelled examples (tokens for token tasks)."""
+    n = batch["input_ids"].shape[0]
+    correct = labelled = torch.zeros((), dtype=torch.float64)
+    logits, labels = getattr(out, "logits", None), batch.get("labels")
+    if logits is not None and labels is not None and logits.shape[-1] > 1:  # not regression, not QA
+        labels = labels.to(logits.device)
+        keep = labels != IGNORE_INDEX
+        correct = ((logits.argmax(-1) == labels) & keep).sum().double().cpu()
+        labelled = keep.sum().double().cpu()
+    return torch.stack([out.loss.detach().double().cpu() * n, torch.tensor(float(n), dtype=torch.float64),
+                        correct, labelled])
+
+
+def summarise(c: torch.Tensor) -> dict[str, float]:
+    """Summed counts -> loss (and accuracy where the head classifies)."""
+    out = {"loss": (c[0] / c[1].clamp(min=1)).item()}
+    if c[3] > 0:
+        out["accuracy"] = (c[2] / c[3]).item()
+    return out
+
+
+def build_model(init: dict[str, Any]) -> torch.nn.Module:
+    """The driver's model (class name, config, initial weights) rebuilt in the worker."""
+    from model import BertConfig
+    from model.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+
+    cls = {c.__name__: c for c in (BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering)}
+    model = cls[init["class"]](BertConfig(**init["config"]))
+    model.load_state_dict(init["state_dict"])
+    return model
+
+
+def save_best(model: torch.nn.Module, ev: dict[str, float], epoch: int, step: int, best_dir: str) -> None:
+    """The best epoch's model so far as a transformers directory with its eval metrics."""
+    import json
+
+    from model.hf import save_hf
+
+    shutil.rmtree(best_dir, ignore_errors=True)
+    save_hf(unwrap(model), best_dir)
+    with open(os.path.join(best_dir, "eval_metrics.json"), "w") as f:
+        json.dump({**ev, "epoch": epoch, "step": step}, f, indent=1)
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Fine-tune with DDP; resumes from `ray.train.get_checkpoint()` exactly (weights, optimizer, RNGs, data)."""
+    import ray
+    import ray.train
+
+    from pipeline.finetune.job import evaluate
+    from pipeline.tracking import RunLogger
+
+    cfg, primary = config["cfg"], config["primary"]
+    on_step: Callable[[int, int], None] | None = config.get("on_step")  # test hook: fault injection
+    td: TaskData = ray.get(config["data_ref"])
+    tc = cfg.train
+    rank, world, device = launcher.worker()
+    if not tc.use_gpu:  # a fixed thread count: bit-identical CPU math on restart
+        torch.set_num_threads(tc.torch_threads or max(1, (os.cpu_count() or 1) // world))
+    model = launcher.prepare_model(build_model(ray.get(config["init_ref"])))
+    micro = micro_batches_per_epoch(len(td.train["input_ids"]), world, tc.batch_size)
+    per_epoch = steps_per_epoch(len(td.train["input_ids"]), world, tc.batch_size, tc.accumulation_steps)
+    total = tc.max_steps or tc.epochs * per_epoch
+    optimizer, scheduler = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=int(tc.warmup_ratio * total),
+                                          total_steps=total, schedule=tc.schedule)
+    t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
+    best_dir = os.path.join(tempfile.mkdtemp(prefix="finetune-best-"), "best")
+    state: dict[str, Any] = {"step": 0, "best": None, "position": {"epoch": 1, "micro": 0}}
+    if (ckpt := ray.train.get_checkpoint()) is not None:
+        with ckpt.as_directory() as d:
+            state = load_checkpoint(d, rank, t)
+            if rank == 0 and os.path.isdir(os.path.join(d, "best")):
+                shutil.copytree(os.path.join(d, "best"), best_dir)
+        print(f"[rank {rank}] resumed at step {state['step']} position {state['position']}", flush=True)
+    else:
+        torch.manual_seed(tc.seed * 1000 + rank + 1)  # each rank its own dropout stream
+    log = RunLogger(config["run_id"], config["tracking_uri"], total_steps=total,
+                    log_every_steps=tc.log_every_steps) if rank == 0 and config.get("run_id") else None
+
+    step, (epoch, done) = state["step"], (state["position"]["epoch"], state["position"]["micro"])
+    best = tuple(state["best"]) if state["best"] is not None else None
+    model.train()
+    while step < total:
+        batches = epoch_micro_batches(td.train, epoch, rank, world, tc.batch_size, tc.seed, start=done)
+        while step < total and done < micro:
+            k = min(tc.accumulation_steps, micro - done)  # the epoch's last step may have fewer micro-batches
+            stats = train_step(t, batches, accumulation=k, counts=counts, summarise=summarise, device=device,
+                               precision=tc.precision, max_grad_norm=tc.max_grad_norm)
+            step, done = step + 1, done + k
+            if log is not None:
+                log.step(step, {**stats.metrics(), "train/epoch": epoch})
+            end_of_epoch = done == micro or step == total
+            metrics: dict[str, float] = {"step": step, "epoch": epoch, "loss": stats.loss}
+            if end_of_epoch and rank == 0:  # evaluation and the best model on rank 0; the others wait in report
+                ev = evaluate(unwrap(model), td, cfg, device)
+                metrics.update({f"eval/{k}": v for k, v in ev.items()})
+                if log is not None:
+                    log.log_metrics({f"eval/{k}": v for k, v in ev.items()}, step)
+                    print(f"[finetune] epoch {epoch} step {step}/{total} eval "
+                          + "  ".join(f"{k} {v:.4f}" for k, v in ev.items()), flush=True)
+                score = (ev[primary], -ev["loss"])  # ties on the metric (e.g. F1 0 early on) go to the lower loss
+                if best is None or score > best:
+                    best = score
+                    save_best(model, ev, epoch, step, best_dir)
+            position = {"epoch": epoch + 1, "micro": 0} if done == micro else {"epoch": epoch, "micro": done}
+            if end_of_epoch or (tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0):
+                with tempfile.TemporaryDirectory() as d:
+                    save_checkpoint(d, rank, t, {"step": step, "position": position, "best": best,
+                                                 "run_id": config.get("run_id"), "max_steps": total})
+                    if rank == 0 and os.path.isdir(best_dir):
+                        shutil.copytree(best_dir, os.path.join(d, "best"))
+                    launcher.report(metrics, d)
+            if on_step is not None:
+                on_step(step, rank)
+        epoch, done = epoch + 1, 0
+    if log is not None:
+        log.close()
+    shutil.rmtree(os.path.dirname(best_dir), ignore_errors=True)
