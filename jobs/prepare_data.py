@@ -14,6 +14,9 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -33,14 +36,13 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args, rest = parse(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from pipeline.config import ConfigError, load_config, resolve_paths
-    from pipeline.shards import DataValidationError, OutputExistsError
-    from pipeline.sources import InputError
-    from pipeline.tokenizer import VocabError
+    from pipeline.cli import run_job
 
-    try:
+    def body() -> int:
+        from pipeline.config import load_config, resolve_paths
+        from pipeline.data.prepare import check_paths
+
         flags = {"inputs": args.input, "output": args.output, "vocab": args.vocab, "vocab_size": args.vocab_size,
                  "max_seq_length": args.max_seq_length, "masking": args.masking, "seed": args.seed}
         overrides = list(rest)
@@ -50,47 +52,23 @@ def main(argv: list[str] | None = None) -> int:
             if v is not None:
                 overrides += [f"--data.{k}", json.dumps(v)]
         cfg = resolve_paths(load_config(args.config, overrides))
-        if not cfg.data.inputs:
-            raise InputError("no input given (--input PATH)")
+        check_paths(cfg.data)  # before Ray starts
         return run(cfg.data, args.num_cpus)
-    except (ConfigError, InputError, OutputExistsError, VocabError, DataValidationError, RayStartError) as e:
-        print(f"prepare_data: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("prepare_data: interrupted; re-run the same command to resume", file=sys.stderr)
-        return 130
 
-
-class RayStartError(RuntimeError):
-    """Ray could not be started or joined; re-running usually helps (the run resumes)."""
+    return run_job("prepare_data", body)
 
 
 def run(data, num_cpus: int | None) -> int:
     import ray
 
-    from pipeline.dag import data_stages, run_graph, summary_table
-    from pipeline.sources import InputError
+    from pipeline.core import launcher
+    from pipeline.dag import run_graph, summary_table
+    from pipeline.data.prepare import data_stages
 
     stages = data_stages(data)  # lists inputs and checks the output before Ray starts
-    if not ray.is_initialized():
-        # RAY_ADDRESS (set by `ray job submit`) joins that cluster; otherwise a private local one, never whichever
-        # `ray start` cluster happens to run on this machine.
-        address = os.environ.get("RAY_ADDRESS") or "local"
-        try:
-            ray.init(address=address, num_cpus=num_cpus if address == "local" else None, include_dashboard=False,
-                     configure_logging=False, log_to_driver=True)
-        except Exception as e:  # e.g. "node timed out during startup" on an overloaded machine
-            raise RayStartError(f"could not start or join Ray ({address}): {str(e).splitlines()[0]}") from None
+    launcher.connect(num_cpus)
     try:
-        results = run_graph(stages, state_dir=os.path.join(data.output, "_state"), remote=False,
-                            log=lambda m: print(m, flush=True))
-    except InputError:
-        raise
-    except Exception as e:  # a stage's InputError comes back wrapped when stages run as Ray tasks
-        cause = getattr(e, "cause", None)
-        if isinstance(cause, InputError):
-            raise cause from None
-        raise
+        results = run_graph(stages, remote=False, log=lambda m: print(m, flush=True))
     finally:
         ray.shutdown()
     v = results["validate"].result
@@ -100,18 +78,18 @@ def run(data, num_cpus: int | None) -> int:
     rows = [
         ("documents read / written / rejected", f"{s['documents_read']} / {s['documents_written']} / {s['documents_rejected']}"),
         ("rejected reasons", ", ".join(f"{k}={n}" for k, n in s["rejected_reasons"].items()) or "-"),
-        ("examples", str(v["examples"])),
-        ("tokens", str(v["tokens"])),
+        ("examples", str(v.examples)),
+        ("tokens", str(v.tokens)),
         ("masked tokens", str(s["masked_tokens"])),
         ("nsp random fraction", "-" if s["nsp_random_fraction"] is None else f"{s['nsp_random_fraction']:.4f}"),
-        ("shards (rows)", f"{len(v['shards'])} ({', '.join(str(x['rows']) for x in v['shards'])})"),
-        ("config_hash", v["config_hash"][:16]),
-        ("manifest", v["manifest"]),
+        ("shards (rows)", f"{len(v.shards)} ({', '.join(str(r) for _, r in v.shards)})"),
+        ("config_hash", v.config_hash[:16]),
+        ("manifest", v.file("manifest.json")),
     ]
     w = max(len(k) for k, _ in rows)
     print("\n".join(f"{k.ljust(w)}  {val}" for k, val in rows))
     if shards.status == "skipped":
-        print(f"output {data.output} is up to date (config_hash {v['config_hash'][:12]}); nothing to do")
+        print(f"output {data.output} is up to date (config_hash {v.config_hash[:12]}); nothing to do")
     return 0
 
 

@@ -3,9 +3,10 @@
     python jobs/pretrain.py --config configs/tiny.yaml [--section.field value ...]
     ray job submit --working-dir . -- python jobs/pretrain.py --config configs/base.yaml
 
-Runs on the Ray cluster it finds (RAY_ADDRESS, as under `ray job submit`) or starts an embedded one. The
-tracking server is checked before any work; every path is made absolute before stages are shipped to Ray.
-The last stdout line is `registered models:/<name>/<version>`. Bad input: one line on stderr, exit code 1.
+Runs on the Ray cluster in RAY_ADDRESS (as under `ray job submit`; `auto` joins a running `ray start` cluster) or
+starts a private local one. Config values, input paths, the tracking server and the cluster's resources are checked
+before any work; every path is made absolute before stages are shipped to Ray. The last stdout line is
+`registered models:/<name>/<version>`. Bad input: one line on stderr, exit code 1.
 Ray does not upload `.git` with `--working-dir`, so pass the commit for the `git_sha` registry tag:
     ray job submit --working-dir . --runtime-env-json "{\"env_vars\": {\"GIT_SHA\": \"$(git rev-parse HEAD)\"}}" -- ...
 """
@@ -14,8 +15,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
+import uuid
+from pathlib import Path
+
+# `python jobs/pretrain.py` puts jobs/ on sys.path, not the project; a plain checkout (`ray job submit
+# --working-dir .`) should work without an install.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def git_sha() -> str:
@@ -30,64 +38,58 @@ def git_sha() -> str:
         return "unknown"
 
 
-def state_dir_for(storage_path: str) -> str:
-    """Where stage completion records live: beside the checkpoints when local, else in the user's cache."""
-    if "://" in storage_path:
-        return os.path.join(os.path.expanduser("~"), ".cache", "bert-pipeline", "stages")
-    return os.path.join(storage_path, "_stages")
-
-
-def _root_cause(e: BaseException) -> BaseException:
-    """A stage's own exception out of Ray's wrappers (RayTaskError keeps it as .cause)."""
-    seen = 0
-    while seen < 10 and getattr(e, "cause", None) is not None and e.cause is not e:
-        e = e.cause
-        seen += 1
-    return e
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", help="YAML preset (configs/tiny.yaml, base.yaml, large.yaml)")
     args, overrides = parser.parse_known_args(argv)
+    from pipeline.cli import run_job
 
-    from pipeline.config import ConfigError, load_config, resolve_paths
-    from pipeline.tracking import TrackingError, check_tracking_server, tracking_uri
+    attempt = uuid.uuid4().hex[:12]
+    state: dict = {}
 
-    try:
+    def abort(status: str) -> None:  # a failed or interrupted attempt never leaves its MLflow run RUNNING
+        if "cfg" in state:
+            from pipeline import tracking
+
+            try:
+                tracking.end_attempt_runs(state["cfg"].tracking.experiment, attempt, status, state["uri"])
+            except Exception:  # noqa: BLE001 - the original error matters more
+                pass
+
+    def body() -> int:
+        from pipeline.config import load_config, resolve_paths
+        from pipeline.core import launcher
+        from pipeline.data.prepare import check_paths
+        from pipeline.tracking import check_tracking_server, tracking_uri
+
         cfg = resolve_paths(load_config(args.config, overrides))
+        check_paths(cfg.data)
         uri = tracking_uri()
         os.environ["MLFLOW_TRACKING_URI"] = uri  # absolute, for everything this process starts
         check_tracking_server(uri)
-    except (ConfigError, TrackingError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        state.update(cfg=cfg, uri=uri)
+        import ray
+        import ray.data
 
-    import ray
-    import ray.data
+        from pipeline.dag import run_graph, summary_table
+        from pipeline.pretrain.job import pretrain_stages
 
-    from pipeline.dag import pretrain_stages, run_graph, summary_table
-
-    known = (ConfigError, TrackingError, ValueError, FileNotFoundError, OSError)
-    try:
-        ray.init(configure_logging=False, log_to_driver=True)
-        ray.data.DataContext.get_current().enable_progress_bars = False  # bars would land after the last line
-        print(f"tracking: {uri}; cluster: {ray.cluster_resources()}", flush=True)
-        state_dir = state_dir_for(cfg.train.storage_path)
-        stages = pretrain_stages(cfg, state_dir, git_sha=git_sha(), tracking_uri=uri)
-        results = run_graph(stages, state_dir, remote=True)
-    except Exception as e:  # noqa: BLE001 - one clear line for known input errors, traceback for bugs
-        cause = _root_cause(e)
-        if isinstance(cause, known) or type(cause).__name__ in ("InputError", "DataValidationError", "OutputExistsError"):
-            print(f"error: {type(cause).__name__}: {cause}".splitlines()[0], file=sys.stderr)
-            return 1
-        raise
-    finally:
-        if ray.is_initialized():
+        address = launcher.connect()
+        try:
+            launcher.check_resources("train", use_gpu=cfg.train.use_gpu, num_workers=cfg.train.num_workers,
+                                     cpus_per_worker=cfg.train.cpus_per_worker)
+            ray.data.DataContext.get_current().enable_progress_bars = False  # bars would land after the last line
+            print(f"tracking: {uri}; ray: {address} {ray.cluster_resources()}", flush=True)
+            command = "python jobs/pretrain.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+            stages = pretrain_stages(cfg, git_sha=git_sha(), tracking_uri=uri, attempt=attempt, command=command)
+            results = run_graph(stages, remote=True)
+        finally:
             ray.shutdown()
-    print(summary_table(results))
-    print(f"registered {results['register'].result['uri']}", flush=True)
-    return 0
+        print(summary_table(results))
+        print(f"registered {results['register'].result['uri']}", flush=True)
+        return 0
+
+    return run_job("pretrain", body, on_abort=abort)
 
 
 if __name__ == "__main__":

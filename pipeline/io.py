@@ -49,12 +49,12 @@ def read_text(path: str) -> str:
     return read_bytes(path).decode("utf-8")
 
 
-def _tmp(path: str) -> str:
+def temp_name(path: str) -> str:
     d, _, name = path.rpartition("/")
     return f"{d}/.{name}.tmp-{uuid.uuid4().hex[:8]}"
 
 
-def _commit(fs: fsspec.AbstractFileSystem, tmp: str, final: str) -> None:
+def commit(fs: fsspec.AbstractFileSystem, tmp: str, final: str) -> None:
     protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
     if "file" in protocols:
         os.replace(tmp, final)  # atomic on POSIX
@@ -66,19 +66,19 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
     """Write to a temporary name beside `path`, then rename: readers see all of it or nothing."""
     fs, p = filesystem(path)
     fs.makedirs(p.rpartition("/")[0], exist_ok=True)
-    tmp = _tmp(p)
+    tmp = temp_name(p)
     with fs.open(tmp, "wb") as f:
         f.write(data)
-    _commit(fs, tmp, p)
+    commit(fs, tmp, p)
 
 
 def write_parquet_atomic(path: str, table: pa.Table, compression: str = "zstd") -> None:
     fs, p = filesystem(path)
     fs.makedirs(p.rpartition("/")[0], exist_ok=True)
-    tmp = _tmp(p)
+    tmp = temp_name(p)
     with fs.open(tmp, "wb") as f:
         pq.write_table(table, f, compression=compression)
-    _commit(fs, tmp, p)
+    commit(fs, tmp, p)
 
 
 def sha256_file(path: str) -> str:

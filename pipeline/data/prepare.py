@@ -29,7 +29,6 @@ import os
 import random
 import sys
 import time
-import uuid
 from collections import Counter
 from typing import Any
 
@@ -45,6 +44,8 @@ from pipeline.io import (
     read_table,
     read_text,
     sha256_file,
+    temp_name,
+    commit,
     write_bytes_atomic,
     write_parquet_atomic,
 )
@@ -324,14 +325,14 @@ def write_shard(path: str, parts: list[tuple[str, int, int]]) -> dict[str, Any]:
     """Stream row slices [(chunk path, start, stop), ...] into one zstd Parquet shard, atomically."""
     fs, p = filesystem(path)
     fs.makedirs(p.rpartition("/")[0], exist_ok=True)
-    tmp = _tmp(p)
+    tmp = temp_name(p)
     rows = 0
     with fs.open(tmp, "wb") as f, pq.ParquetWriter(f, SCHEMA, compression="zstd") as w:
         for chunk, a, b in parts:
             t = read_table(chunk).slice(a, b - a)
             w.write_table(t)
             rows += t.num_rows
-    _commit(fs, tmp, p)
+    commit(fs, tmp, p)
     return {"path": path, "rows": rows, "sha256": sha256_file(path)}
 
 
@@ -666,6 +667,19 @@ def run_shards(p: Plan, vocab: dict[str, Any]) -> dict[str, Any]:
 def run_validate(p: Plan) -> PreparedDataset:
     """Validate the output (schema, rows, sha256): the dataset downstream stages consume."""
     return PreparedDataset.load(p.cfg.output)
+
+
+def check_paths(cfg: DataConfig) -> None:
+    """Every input (and a given vocabulary) exists: checked on the driver before Ray starts."""
+    import os
+
+    _check_given = [("data.inputs", p) for p in cfg.inputs] + ([("data.vocab", cfg.vocab)] if cfg.vocab else [])
+    if not cfg.inputs:
+        raise InputError("data.inputs is empty: give at least one file or folder (--data.inputs PATH)")
+    for field_name, path in _check_given:
+        if not exists(path):
+            raise InputError(f"{field_name}: {path} does not exist (relative paths resolve against the current "
+                             f"directory, {os.getcwd()})")
 
 
 def data_stages(cfg: DataConfig, prefix: str = "") -> list[Stage]:

@@ -28,13 +28,12 @@ import torch
 from pipeline.config import Config, DataConfig, config_hash, resolve_path
 from pipeline.core import launcher
 from pipeline.core.checkpoint import check_vocab
-from pipeline.core.precision import forward  # noqa: F401  (re-exported for benches)
 from pipeline.core.step import evaluate_sums
 from pipeline.dag import Stage
 from pipeline.data.dataset import PreparedDataset
 from pipeline.data.prepare import data_stages
 from pipeline.io import read_bytes
-from pipeline.pretrain.loader import Batches, PhasePlan, arrow_rows, collate  # noqa: F401
+from pipeline.pretrain.loader import Batches, PhasePlan
 from pipeline.pretrain.loop import NUM_COUNTS, build_model, counts, eval_metrics, train_loop_per_worker
 
 # TrainConfig fields that do not change the weights a run produces (operational settings).
