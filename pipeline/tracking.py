@@ -64,18 +64,44 @@ def tracking_uri() -> str:
     return _absolute_store_uri(uri)
 
 
+def _basic_auth_header() -> dict[str, str]:
+    """`Authorization: Basic ...` from MLFLOW_TRACKING_USERNAME/PASSWORD, as MLflow's own client sends it; {} if unset."""
+    import base64
+
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if not user and not password:
+        return {}
+    token = base64.b64encode(f"{user or ''}:{password or ''}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
 def check_tracking_server(uri: str | None = None, timeout: float = 5.0) -> None:
-    """Raise `TrackingError` (one line) when an http(s) tracking server does not answer; local stores always pass."""
+    """Raise `TrackingError` (one line) when an http(s) tracking server does not answer or refuses this job's
+    credentials (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD); local stores always pass.
+
+    An authenticated read (`experiments/search`, one result) is the probe: `/health` answers without credentials
+    even on a basic-auth server. The message names the server and the problem, never the password.
+    """
     uri = uri or tracking_uri()
     if not uri.startswith(("http://", "https://")):
         return
-    url = uri.rstrip("/") + "/health"
+    path = "/api/2.0/mlflow/experiments/search"
+    url = f"{uri.rstrip('/')}{path}?max_results=1"
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+    req = urllib.request.Request(url, headers=_basic_auth_header())
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - the user's own server
-            if resp.status != 200:
-                raise TrackingError(f"MLflow tracking server {uri} answered HTTP {resp.status} on /health")
+        with urllib.request.urlopen(req, timeout=timeout):  # noqa: S310 - the user's own server
+            return
     except urllib.error.HTTPError as e:
-        raise TrackingError(f"MLflow tracking server {uri} answered HTTP {e.code} on /health") from None
+        if e.code == 401:
+            problem = (f"rejected the credentials of user {user!r} (HTTP 401); check MLFLOW_TRACKING_USERNAME and "
+                       "MLFLOW_TRACKING_PASSWORD") if user or os.environ.get("MLFLOW_TRACKING_PASSWORD") else (
+                       "requires a login (HTTP 401); set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD")
+        elif e.code == 403:
+            problem = f"refused user {user!r} (HTTP 403): no permission to read experiments"
+        else:
+            problem = f"answered HTTP {e.code} on {path}"
+        raise TrackingError(f"MLflow tracking server {uri} {problem}") from None
     except (urllib.error.URLError, OSError, TimeoutError) as e:
         reason = getattr(e, "reason", e)
         raise TrackingError(f"MLflow tracking server {uri} is unreachable ({reason}); start it or fix MLFLOW_TRACKING_URI") from None
