@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     state: dict = {}
 
     def abort(status: str) -> None:  # a failed or interrupted attempt never leaves its MLflow run RUNNING
-        if "cfg" in state:
+        if state.get("started"):
             from pipeline import tracking
 
             try:
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tracking: {uri}; ray: {address} {ray.cluster_resources()}", flush=True)
             command = "python jobs/pretrain.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
             stages = pretrain_stages(cfg, git_sha=git_sha(), tracking_uri=uri, attempt=attempt, command=command)
+            state["started"] = True
             results = run_graph(stages, remote=True)
         finally:
             ray.shutdown()

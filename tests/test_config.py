@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import yaml
 
 from pipeline.config import ConfigError, PhaseConfig, TrainConfig, load_config
+
+REPO = Path(__file__).resolve().parents[1]
 
 PRESETS = ["tiny", "base", "large"]
 
@@ -85,3 +88,49 @@ def test_phase_batch_sizes_are_checked():
 def test_model_section_accepts_bertconfig_fields_as_overrides():
     cfg = load_config(None, ["--model.preset", "mini", "--model.hidden_dropout_prob", "0.0"])
     assert cfg.model.preset == "mini" and cfg.model.overrides == {"hidden_dropout_prob": 0.0}
+
+
+# ------------------------------------------------------------------------------------------ errors, before any work
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--train.global_batch_size", "0"], "train.global_batch_size 0 < 1"),
+    (["--train.micro_batch_size", "-1"], "train.micro_batch_size -1 < 1"),
+    (["--train.global_batch_size", "48", "--train.micro_batch_size", "32"], "train.global_batch_size 48 is not a multiple"),
+    (["--train.phases", "[{max_seq_length: 64, micro_batch_size: 0}]"], r"train.phases\[0\].micro_batch_size 0 < 1"),
+    (["--model.preset", "huge"], "model: unknown preset 'huge'"),
+    (["--model.num_attention_heads", "3"], "model: hidden_size 128 is not divisible by num_attention_heads 3"),
+    (["--data.max_seq_length", "1024"], "data.max_seq_length 1024 > model max_position_embeddings 512"),
+    (["--train.phases", "[{max_seq_length: 1024}]"], r"train.phases\[0\].max_seq_length 1024 > model max_position_embeddings 512"),
+    (["--model.max_position_embeddings", "64"], "data.max_seq_length 128 > model max_position_embeddings 64"),
+    (["--train.lr", "abc"], "train.lr 'abc' is not a number"),
+    (["--train.max_steps", "1.5"], "train.max_steps 1.5 is not an integer"),
+    (["--train.use_gpu", "maybe"], "train.use_gpu 'maybe' is not true or false"),
+    (["--train.precision", "fp8"], "train.precision 'fp8' is not one of fp32, bf16, fp16"),
+    (["--data.masking", "sometimes"], "data.masking 'sometimes' is not one of static, dynamic"),
+])
+def test_bad_values_name_the_section_and_field(args, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(REPO / "configs" / "tiny.yaml", args)
+
+
+def test_yaml_1_1_numbers_are_coerced_by_field_type(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  lr: 1e-4\n  max_steps: '30'\n  use_gpu: 'false'\ndata:\n  inputs: /data/books\n")
+    cfg = load_config(p, ["--train.warmup_steps", "1e1", "--train.weight_decay", "1e-2"])
+    assert cfg.train.lr == 1e-4 and isinstance(cfg.train.lr, float)
+    assert cfg.train.max_steps == 30 and cfg.train.warmup_steps == 10 and cfg.train.weight_decay == 0.01
+    assert cfg.train.use_gpu is False and cfg.data.inputs == ["/data/books"]
+
+
+@pytest.mark.parametrize("text,message", [
+    ("train: 5\n", "config section train must be a mapping"),
+    ("train:\n  - lr\n", "config section train must be a mapping"),
+    ("train:\n  phases: {max_seq_length: 64}\n", "train.phases must be a list"),
+    ("- a\n- b\n", "must be a mapping of sections"),
+])
+def test_non_mapping_sections_are_named(tmp_path, text, message):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(p)

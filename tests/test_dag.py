@@ -11,9 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import DataConfig
-from pipeline.dag import Stage, data_stages, run_graph
-from pipeline.masking import MaskingPolicy, mask_batch
-from pipeline.shards import DataValidationError, OutputExistsError, read_manifest, validate_output
+from pipeline.dag import Stage, run_graph
+from pipeline.data.dataset import DataValidationError, PreparedDataset, read_manifest, validate_output
+from pipeline.data.masking import mask_batch
+from pipeline.data.prepare import OutputExistsError, data_stages
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +55,7 @@ def _cfg(inputs, out, minilm_dir, **kw):
 
 def _run(cfg, tmp, remote=False, extra=()):
     logs: list[str] = []
-    res = run_graph(data_stages(cfg) + list(extra), str(tmp / "state"), remote=remote, log=logs.append)
+    res = run_graph(data_stages(cfg) + list(extra), remote=remote, log=logs.append)
     return res, logs
 
 
@@ -67,15 +68,15 @@ def two_runs(ray_local, inputs, minilm_dir, tmp_path_factory):
 
 
 def _bytes(v):
-    return [open(s["path"], "rb").read() for s in v["shards"]]
+    return [open(path, "rb").read() for path, _ in v.shards]
 
 
 def test_byte_identical_across_one_and_two_actors(two_runs):
     _, a, b = two_runs
     va, vb = a["validate"].result, b["validate"].result
-    assert [s["sha256"] for s in va["shards"]] == [s["sha256"] for s in vb["shards"]]
+    assert [s["sha256"] for s in va.manifest["shards"]] == [s["sha256"] for s in vb.manifest["shards"]]
     assert _bytes(va) == _bytes(vb)
-    assert va["config_hash"] == vb["config_hash"]  # num_actors is not part of the output's identity
+    assert va.config_hash == vb.config_hash  # num_actors is not part of the output's identity
 
 
 def test_rerun_is_a_noop_and_says_up_to_date(two_runs, inputs, minilm_dir):
@@ -85,14 +86,14 @@ def test_rerun_is_a_noop_and_says_up_to_date(two_runs, inputs, minilm_dir):
     assert res["vocab"].status == "skipped" and res["shards"].status == "skipped"
     assert any("[stage shards] up to date" in line for line in logs)
     assert before == {p.name: p.stat().st_mtime_ns for p in (tmp / "a" / "shards").iterdir()}
-    assert res["validate"].result == a["validate"].result
+    assert res["validate"].result.manifest_sha256 == a["validate"].result.manifest_sha256
 
 
 def test_different_config_never_overwrites_silently(two_runs, inputs, minilm_dir):
     tmp, a, _ = two_runs
     with pytest.raises(OutputExistsError, match="different config"):
         data_stages(_cfg(inputs, tmp / "a", minilm_dir, seed=99))
-    assert validate_output(str(tmp / "a"))["config_hash"] == a["validate"].result["config_hash"]
+    assert validate_output(str(tmp / "a"))["config_hash"] == a["validate"].result.config_hash
 
 
 def test_manifest_and_shard_statistics(two_runs):
@@ -101,7 +102,7 @@ def test_manifest_and_shard_statistics(two_runs):
     assert m["documents_read"] == m["documents_written"] + m["documents_rejected"] == len(BOOKS) + WIKI_RECORDS
     rows = [s["rows"] for s in m["shards"]]
     assert len(rows) == 4 and max(rows) - min(rows) <= 1 and sum(rows) == m["examples"]
-    policy = MaskingPolicy.from_manifest(str(tmp / "a"))
+    policy = PreparedDataset.load(str(tmp / "a")).policy()
     special, _, _ = policy.tables()
     t = pq.read_table([str(tmp / "a" / s["path"]) for s in m["shards"]][0])
     for s in m["shards"][1:]:
@@ -148,17 +149,17 @@ def test_dynamic_masking_remote_stages_and_downstream_interface(ray_local, share
     inputs = [str(shared_dir / "corpora/books" / b) for b in ("08_Ruth.txt", "41_Mark.txt")]
     cfg = _cfg(inputs, tmp_path / "dyn", minilm_dir, masking="dynamic", whole_word_mask=True, num_shards=2)
     seen = {}
-    consumer = Stage("train", lambda deps: seen.setdefault("v", deps["validate"]) and 1, {}, deps=("validate",))
+    consumer = Stage("train", lambda deps: deps["validate"].examples, deps=("validate",))
     res, _ = _run(cfg, tmp_path, remote=True, extra=[consumer])
-    v = res["train"].result and res["validate"].result
-    for k in ("output", "manifest", "manifest_sha256", "vocab_sha256", "config_hash", "examples", "tokens", "shards"):
-        assert k in v
-    assert [s["rows"] for s in v["shards"]] and all(s["path"].startswith(str(tmp_path)) for s in v["shards"])
-    m = read_manifest(v["output"])
+    v = res["validate"].result
+    assert isinstance(v, PreparedDataset) and res["train"].result == v.examples > 0
+    assert len(v.manifest_sha256) == 64 and len(v.vocab_sha256) == 64 and v.tokens > 0 and v.dynamic_masking
+    assert [r for _, r in v.shards] and all(p.startswith(str(tmp_path)) for p, _ in v.shards)
+    m = read_manifest(v.output)
     assert m["masked_tokens"] == 0 and m["masking"] == "dynamic"
-    policy = MaskingPolicy.from_manifest(m)
+    policy = v.policy()
     assert policy.whole_word and policy.mask_token_id == 103 and policy.vocab_size == 30522
-    ds = ray_local.data.read_parquet([s["path"] for s in v["shards"]])
+    ds = ray_local.data.read_parquet([p for p, _ in v.shards])
 
     def masked(epoch):
         out, n_tok = {}, 0
@@ -195,3 +196,32 @@ def test_trained_vocab_and_file_uri_output(ray_local, shared_dir, tmp_path):
     assert max(t.column("num_tokens").to_pylist()) <= 64
     again, _ = _run(dataclasses.replace(cfg), tmp_path)
     assert again["vocab"].status == "skipped" and again["shards"].status == "skipped"
+
+
+def test_manifest_shard_paths_stay_inside_the_output(two_runs, tmp_path):
+    """A manifest may only describe its own directory: absolute, URI and ../ shard paths are refused."""
+    import json
+
+    tmp, _, _ = two_runs
+    c = tmp_path / "escape"
+    shutil.copytree(tmp / "a", c)
+    m = json.loads((c / "manifest.json").read_text())
+    for bad in ("../elsewhere/x.parquet", "/etc/passwd", "s3://bucket/x.parquet", "shards/../../x.parquet"):
+        m["shards"][0]["path"] = bad
+        (c / "manifest.json").write_text(json.dumps(m))
+        with pytest.raises(DataValidationError, match="is not a relative path inside"):
+            read_manifest(str(c))
+
+
+def test_truncated_shard_is_one_line_naming_the_file(two_runs, tmp_path):
+    from pipeline.io import StorageError, read_table
+
+    tmp, _, _ = two_runs
+    c = tmp_path / "trunc"
+    shutil.copytree(tmp / "a", c)
+    shard = sorted((c / "shards").iterdir())[0]
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(DataValidationError, match=rf"shard .*{shard.name} is not a readable Parquet file"):
+        validate_output(str(c), checksums=False)
+    with pytest.raises(StorageError, match=rf"{shard.name} is not a readable Parquet file"):
+        read_table(str(shard))

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from pipeline.examples import (
+from pipeline.data.examples import (
     RandomPool,
     create_instances_from_document,
     derive_seed,
@@ -16,7 +16,7 @@ from pipeline.examples import (
     split_sentences,
     truncate_seq_pair,
 )
-from pipeline.tokenizer import load_tokenizer
+from pipeline.data.tokenizer import load_tokenizer
 
 CLS, SEP = 101, 102
 STRIDE = 1_000_000  # document d's k-th token has id (d + 1) * STRIDE + k: provenance is readable from the ids

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.examples import split_sentences
-from pipeline.masking import MaskingPolicy, mask_batch, mask_example, mask_rows
-from pipeline.tokenizer import load_tokenizer
+from pipeline.data.examples import split_sentences
+from pipeline.data.masking import MaskingPolicy, mask_batch, mask_example, mask_rows
+from pipeline.data.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

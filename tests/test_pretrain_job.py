@@ -2,7 +2,7 @@
 subset of ../shared/corpora, a real MLflow store (SQLite, then a real `mlflow server` on loopback).
 
 One prepared dataset (module fixture) is shared by every test; the first job finds it up to date. Crash/resume
-tests call `pipeline.train.run_training` on the same cluster and compare final weights bit for bit.
+tests call `pipeline.pretrain.job.run_training` on the same cluster and compare final weights bit for bit.
 """
 
 from __future__ import annotations
@@ -59,12 +59,13 @@ def work(tmp_path_factory):
 def prepared(cluster, work, shared_dir):
     """The real data stages (vocab -> shards -> validate) on a few books, run once for the module."""
     from pipeline.config import load_config, resolve_paths
-    from pipeline.dag import data_stages, run_graph
+    from pipeline.dag import run_graph
+    from pipeline.data.prepare import data_stages
 
     inputs = [str(shared_dir / "corpora" / "books" / b) for b in BOOKS]
     args = ["--data.inputs", json.dumps(inputs), "--data.output", str(work / "data"), *DATA_ARGS]
     cfg = resolve_paths(load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml", args))
-    res = run_graph(data_stages(cfg.data), str(work / "state"), remote=False, log=lambda m: None)
+    res = run_graph(data_stages(cfg.data), remote=False, log=lambda m: None)
     return {"args": args, "validate": res["validate"].result}
 
 
@@ -133,7 +134,7 @@ def check_registered(logs: str, model_name: str, prepared: dict, repo_root: Path
     info = tracking.model_version_info(f"models:/{model_name}@latest-pretrain")
     assert info["version"] == version
     tags = info["tags"]
-    manifest_path = Path(prepared["validate"]["output"]) / "manifest.json"
+    manifest_path = Path(prepared["validate"].output) / "manifest.json"
     assert tags["data_manifest_sha256"] == hashlib.sha256(manifest_path.read_bytes()).hexdigest()
     assert tags["vocab_sha256"] == json.loads(manifest_path.read_text())["vocab_sha256"]
     assert tags["git_sha"] == head_sha(repo_root) and len(tags["config_hash"]) == 64
@@ -144,18 +145,22 @@ def check_registered(logs: str, model_name: str, prepared: dict, repo_root: Path
     assert run.info.status == "FINISHED" and run.data.tags["registered_model"] == f"models:/{model_name}/{version}"
     assert run.data.params["train.max_steps"] == "24" and run.data.params["model.preset"] == "tiny"
     for key in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "lr", "grad_norm", "tokens_per_s", "examples_per_s"):
-        steps = [m.step for m in client.get_metric_history(run_id, key)]
+        steps = [m.step for m in client.get_metric_history(run_id, f"train/{key}")]
         assert sorted(steps) == list(range(1, 25)), key  # every step exactly once
-    loss = [m.value for m in sorted(client.get_metric_history(run_id, "mlm_loss"), key=lambda m: m.step)]
+    loss = [m.value for m in sorted(client.get_metric_history(run_id, "train/mlm_loss"), key=lambda m: m.step)]
     assert sum(loss[-4:]) / 4 < sum(loss[:4]) / 4 - 0.3, loss  # the MLM loss falls
-    evals = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "eval_mlm_loss"))
+    evals = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "eval/mlm_loss"))
     assert [s for s, _ in evals] == [8, 16, 24] and evals[-1][1] < evals[0][1]
-    assert "final_eval_mlm_accuracy" in run.data.metrics and "system/cpu_utilization_percentage" in run.data.metrics
+    assert "eval/final_mlm_accuracy" in run.data.metrics and "system/cpu_utilization_percentage" in run.data.metrics
+    assert not any("/" not in k for k in run.data.metrics), sorted(run.data.metrics)  # every metric in a group
+    mv = client.get_model_version(model_name, version)
+    assert f"{prepared['validate'].examples:,} examples" in mv.description and "jobs/pretrain.py" in mv.description
     arts = {a.path for a in client.list_artifacts(run_id)} | {a.path for a in client.list_artifacts(run_id, "data")}
     assert {"config.yaml", "data/manifest.json", "data/vocab.txt", "model"} <= arts
 
     local = tracking.download_model(f"models:/{model_name}/{version}", str(tmp_path / f"dl-{model_name}"))
-    assert {"config.json", "model.safetensors", "vocab.txt"} <= set(os.listdir(local))
+    assert {"config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json"} <= set(os.listdir(local))
+    assert transformers.AutoTokenizer.from_pretrained(local).model_max_length == 512
     assert not any(f.endswith((".bin", ".pt", ".pkl")) for f in os.listdir(local))  # safetensors only
     hf = transformers.BertForPreTraining.from_pretrained(local).eval()
     ours = _ours(local)
@@ -184,18 +189,18 @@ def test_job_end_to_end_sqlite(cluster, prepared, work, repo_root, tmp_path, mon
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     # Two phases in one schedule (as base/large do): steps 1-12 on the fixture's 128-token shards, 13-24 on
     # 64-token shards that the job prepares itself with phase 1's vocabulary.
-    phases = json.dumps([{"fraction": 0.5, "max_seq_length": 128, "output": prepared["validate"]["output"]},
+    phases = json.dumps([{"fraction": 0.5, "max_seq_length": 128, "output": prepared["validate"].output},
                          {"max_seq_length": 64, "max_predictions_per_seq": 10, "output": str(work / "data-64")}])
     logs = submit(cluster, repo_root, job_args(prepared, work, "sqlite", "--train.phases", phases), {"MLFLOW_TRACKING_URI": uri})
     assert "[stage shards] up to date" in logs  # the prepared fixture's shards were reused
     run_id = check_registered(logs, "bert-pretrain", prepared, repo_root, tmp_path)
     from pipeline import tracking
-    from pipeline.shards import read_manifest
+    from pipeline.data.dataset import read_manifest
 
-    phase = dict(_history(run_id, "phase"))
+    phase = dict(_history(run_id, "train/phase"))
     assert {s for s, p in phase.items() if p == 0} == set(range(1, 13)) and {s for s, p in phase.items() if p == 1} == set(range(13, 25))
     short = read_manifest(str(work / "data-64"))
-    assert short["config"]["max_seq_length"] == 64 and short["vocab_sha256"] == prepared["validate"]["vocab_sha256"]
+    assert short["config"]["max_seq_length"] == 64 and short["vocab_sha256"] == prepared["validate"].vocab_sha256
     assert tracking.client().get_run(run_id).data.params["train.phases"].count("max_seq_length") == 2
 
 
@@ -225,6 +230,24 @@ def mlflow_server(tmp_path):
     yield uri
     os.killpg(proc.pid, 9)  # a throw-away test server: no graceful shutdown to wait for
     proc.wait(timeout=30)
+
+
+def test_stage_truth_comes_from_the_current_tracking_store(cluster, prepared, work, repo_root, tmp_path, monkeypatch):
+    """The same command against a second, empty store registers there (it used to print a version that store did
+    not have); against the first store again, every stage is found done by its real output and skipped."""
+    from pipeline import tracking
+
+    args = job_args(prepared, work, "stores", "--train.max_steps", "4", "--tracking.model_name", "bert-stores")
+    for store, expect in (("a", "running"), ("b", "running"), ("a", "up to date")):
+        uri = f"sqlite:///{tmp_path / store}.db"
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        logs = submit(cluster, repo_root, args, {"MLFLOW_TRACKING_URI": uri})
+        assert logs.strip().splitlines()[-1] == "registered models:/bert-stores/1", logs[-3000:]
+        assert f"[stage register] {expect}" in logs
+        info = tracking.model_version_info("models:/bert-stores@latest-pretrain")
+        assert info["version"] == "1" and tracking.run_exists(info["tags"]["run_id"])  # its run is in this store
+        assert tracking.client().get_run(info["tags"]["run_id"]).info.status == "FINISHED"
+    assert "[stage train] up to date" in logs and "[stage shards] up to date" in logs
 
 
 def test_job_end_to_end_mlflow_server(cluster, prepared, work, repo_root, tmp_path, monkeypatch, mlflow_server):
@@ -265,17 +288,36 @@ def _cfg(prepared, work, name: str, *extra: str):
     return resolve_paths(load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml", args))
 
 
-def _train(prepared, work, name: str, *extra: str) -> tuple[str, str]:
-    """Run pipeline.train.run_training under MLflow run `name`; returns (sha256 of the final weights, run id)."""
+def fail_once_at(step: int, marker: Path):
+    """A test-only step hook: rank 0 SIGKILLs itself after `step`, once per run (the restarted attempt goes on).
+    Defined as a closure so that Ray pickles it by value into the workers."""
+
+    def hook(s: int, rank: int) -> None:
+        import os
+        import signal
+
+        if s == step and rank == 0 and not marker.exists():
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+            print(f"[rank 0] fault injection: SIGKILL at step {s}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
+def _train(prepared, work, name: str, *extra: str, fail_at: int | None = None, data=None) -> tuple[str, str]:
+    """Run pipeline.pretrain.job.run_training under MLflow run `name`; returns (sha256 of the final weights, run id)."""
     from safetensors.torch import load_file
 
     from pipeline import tracking
-    from pipeline.train import local_checkpoint, run_training
+    from pipeline.core.launcher import local_copy
+    from pipeline.pretrain.job import run_training
 
     cfg = _cfg(prepared, work, name, *extra)
     run_id = tracking.start_run("ft", name, {})
-    res = run_training(cfg, [prepared["validate"]], run_id, name, tracking.tracking_uri())
-    sd = load_file(os.path.join(local_checkpoint(res["checkpoint"]), "model.safetensors"))
+    hook = fail_once_at(fail_at, work / "faults" / name) if fail_at else None
+    res = run_training(cfg, [data or prepared["validate"]], run_id, name, tracking.tracking_uri(), on_step=hook)
+    sd = load_file(os.path.join(local_copy(res.checkpoint), "model.safetensors"))
     digest = hashlib.sha256(b"".join(k.encode() + sd[k].numpy().tobytes() for k in sorted(sd))).hexdigest()
     return digest, run_id
 
@@ -306,22 +348,40 @@ def _history(run_id: str, key: str) -> list[tuple[int, float]]:
 def test_killed_worker_resumes_mid_epoch_bit_identically(baseline, prepared, work):
     """Rank 0 SIGKILLs itself after step 6; Ray Train restarts the group from the step-4 checkpoint."""
     plan_rows = prepared["validate"]
-    digest, run_id = _train(prepared, work, "killed", "--train.fail_at_step", "6", "--train.max_failures", "1")
-    assert (work / "ft-runs" / "killed" / "fault_injected").exists()  # the kill really happened
+    digest, run_id = _train(prepared, work, "killed", "--train.max_failures", "1", fail_at=6)
+    assert (work / "faults" / "killed").exists()  # the kill really happened
     assert digest == baseline[0]
     # one MLflow run, each step logged once, with the uninterrupted run's values
-    assert _history(run_id, "loss") == _history(baseline[1], "loss")
-    assert [s for s, _ in _history(run_id, "loss")] == list(range(1, 9))
-    assert plan_rows["output"]
+    assert _history(run_id, "train/loss") == _history(baseline[1], "train/loss")
+    assert [s for s, _ in _history(run_id, "train/loss")] == list(range(1, 9))
+    assert plan_rows.output
 
 
 def test_rerunning_an_interrupted_run_resumes_it(baseline, prepared, work):
     """Without retries the run fails at step 6; the same command again resumes from its step-4 checkpoint."""
     with pytest.raises(Exception):
-        _train(prepared, work, "rerun", "--train.fail_at_step", "6", "--train.max_failures", "0")
-    digest, run_id = _train(prepared, work, "rerun", "--train.fail_at_step", "6", "--train.max_failures", "0")
+        _train(prepared, work, "rerun", "--train.max_failures", "0", fail_at=6)
+    digest, run_id = _train(prepared, work, "rerun", "--train.max_failures", "0", fail_at=6)
     assert digest == baseline[0]
-    assert _history(run_id, "loss") == _history(baseline[1], "loss")
+    assert _history(run_id, "train/loss") == _history(baseline[1], "train/loss")
+
+
+def test_resuming_with_another_vocabulary_is_refused(baseline, prepared, work, minilm_dir):
+    """Killed after a checkpoint, then the data directory is rebuilt with another vocabulary (a trained one can
+    come out different): resuming is refused in one line that names the vocabulary, before any worker starts."""
+    from pipeline.config import DataConfig
+    from pipeline.core.checkpoint import CheckpointMismatch
+    from pipeline.dag import run_graph
+    from pipeline.data.prepare import data_stages
+
+    with pytest.raises(Exception):
+        _train(prepared, work, "vocabswap", "--train.max_failures", "0", fail_at=6)
+    old = prepared["validate"]
+    cfg = DataConfig(**{**old.manifest["config"], "output": str(work / "data-vocabswap"), "vocab": str(minilm_dir / "vocab.txt")})
+    rebuilt = run_graph(data_stages(cfg), remote=False, log=lambda m: None)["validate"].result
+    assert rebuilt.vocab_sha256 != old.vocab_sha256
+    with pytest.raises(CheckpointMismatch, match=rf"trained with vocabulary sha256 {old.vocab_sha256[:12]}.*{rebuilt.vocab_sha256[:12]}"):
+        _train(prepared, work, "vocabswap", data=rebuilt)
 
 
 def test_two_node_ddp_matches_single_node(baseline, prepared, work):

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.sources import Document, InputError, Rejected, expand_inputs, read_documents
+from pipeline.data.sources import Document, InputError, Rejected, expand_inputs, read_documents
 
 
 def _read_all(paths, column="text"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.tokenizer import VocabError, load_tokenizer, train_wordpiece, vocab_list
+from pipeline.data.tokenizer import VocabError, load_tokenizer, train_wordpiece, vocab_list
 
 SENTENCES = [
     "In the beginning God created the heaven and the earth.",

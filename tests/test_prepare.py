@@ -13,23 +13,22 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import DataConfig
-from pipeline.masking import MaskingPolicy
-from pipeline.shards import (
-    SCHEMA,
+from pipeline.data.masking import MaskingPolicy
+from pipeline.data.dataset import SCHEMA
+from pipeline.data.examples import group_consecutive
+from pipeline.data.prepare import (
     balanced_ranges,
     examples_for_chunks,
-    group_consecutive,
     list_array,
     list_rows,
     merge_pool,
     shard_plan,
     tokenize_file,
-    write_bytes_atomic,
-    write_parquet_atomic,
     write_shard,
 )
-from pipeline.sources import expand_inputs
-from pipeline.tokenizer import load_tokenizer
+from pipeline.io import write_bytes_atomic, write_parquet_atomic
+from pipeline.data.sources import expand_inputs
+from pipeline.data.tokenizer import load_tokenizer
 
 
 def test_group_consecutive_covers_everything_in_order():

@@ -1,4 +1,5 @@
-"""pipeline.train: LR schedule and optimizers against references, batching, deterministic data order, checkpoints."""
+"""pipeline.core (LR schedule and optimizers against references, checkpoints, the shared train step) and
+pipeline.pretrain.loader (batching, deterministic data order)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,10 @@ import pyarrow as pa
 import pytest
 import torch
 
-from pipeline.train import (
-    Lamb,
-    collate,
-    epoch_micro_batches,
-    load_checkpoint,
-    lr_lambda,
-    make_optimizer,
-    rank_row_ranges,
-    save_checkpoint,
-)
+from pipeline.core.checkpoint import load_checkpoint, save_checkpoint
+from pipeline.core.optim import Lamb, lr_lambda, make_optimizer
+from pipeline.core.step import Trainable
+from pipeline.pretrain.loader import collate, epoch_micro_batches, rank_row_ranges
 
 
 @pytest.mark.parametrize("warmup,total", [(0, 10), (3, 10), (10, 100)])
@@ -66,7 +61,7 @@ def test_make_optimizer_excludes_bias_and_layernorm_from_decay(name, cls):
     from model import BertConfig, BertForPreTraining
 
     model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
-    opt = make_optimizer(model, name, 1e-3, 0.01)
+    opt, _ = make_optimizer(model, name, 1e-3, 0.01, warmup_steps=0, total_steps=10)
     assert isinstance(opt, cls)
     by_id = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
     names = dict(model.named_parameters())
@@ -75,7 +70,7 @@ def test_make_optimizer_excludes_bias_and_layernorm_from_decay(name, cls):
         no_decay = n.endswith("bias") or "LayerNorm" in n
         assert by_id[id(p)] == (0.0 if no_decay else 0.01), n
     with pytest.raises(ValueError, match="sgd"):
-        make_optimizer(model, "sgd", 1e-3, 0.0)
+        make_optimizer(model, "sgd", 1e-3, 0.0, warmup_steps=0, total_steps=10)
 
 
 def test_collate_pads_to_longest_in_batch():
@@ -134,8 +129,7 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_rngs(tmp_path):
 
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
-    opt = make_optimizer(model, "adamw", 1e-3, 0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, 2, 10))
+    opt, sched = make_optimizer(model, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10)
     ids = torch.randint(5, 64, (2, 8))
     model(ids, masked_lm_positions=torch.tensor([[1], [2]]), masked_lm_ids=ids[:, 1:2],
           next_sentence_label=torch.tensor([0, 1])).loss.backward()
@@ -143,14 +137,13 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_rngs(tmp_path):
     sched.step()
     np.random.seed(3)
     random.seed(4)
-    save_checkpoint(str(tmp_path), 0, model, opt, sched, None, {"step": 1, "position": {"phase": 0, "epoch": 2, "micro": 5}})
+    save_checkpoint(str(tmp_path), 0, Trainable(model, opt, sched), {"step": 1, "position": {"phase": 0, "epoch": 2, "micro": 5}})
     expect = (torch.rand(3), np.random.rand(), random.random())
 
     torch.manual_seed(99)
     fresh = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
-    opt2 = make_optimizer(fresh, "adamw", 1e-3, 0.01)
-    sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: lr_lambda(s, 2, 10))
-    state = load_checkpoint(str(tmp_path), 0, fresh, opt2, sched2, None)
+    opt2, sched2 = make_optimizer(fresh, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10)
+    state = load_checkpoint(str(tmp_path), 0, Trainable(fresh, opt2, sched2))
     assert state == {"step": 1, "position": {"phase": 0, "epoch": 2, "micro": 5}}
     assert (torch.rand(3), np.random.rand(), random.random()) == (pytest.approx(expect[0]), expect[1], expect[2])
     for (n, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):

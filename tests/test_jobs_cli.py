@@ -1,0 +1,69 @@
+"""The command-line convention of every job, tried as a user would: bad input is exit code 1 with one line on
+stderr naming the field or file, found before Ray starts (or right after connecting, for cluster resources)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+JOBS = ("jobs/pretrain.py", "jobs/prepare_data.py")
+
+
+def _run(repo_root, *args, env=None, timeout=180):
+    env = {**os.environ, **(env or {})}
+    env.pop("RAY_ADDRESS", None) if env.get("RAY_ADDRESS") is None else None
+    t = time.time()
+    p = subprocess.run([sys.executable, *map(str, args)], cwd=repo_root, env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    return p, time.time() - t
+
+
+def _one_line(p) -> str:
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(lines) == 1 and "Traceback" not in p.stderr, (p.returncode, p.stderr[-3000:])
+    return lines[0]
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--train.lr", "abc"], "train.lr 'abc' is not a number"),
+    (["--train.global_batch_size", "0"], "train.global_batch_size 0 < 1"),
+    (["--model.preset", "huge"], "unknown preset 'huge'"),
+    (["--data.max_seq_length", "1024"], "data.max_seq_length 1024 > model max_position_embeddings"),
+    (["--data.inputs", "no/such/books"], "data.inputs: {cwd}/no/such/books does not exist (relative paths resolve against the current directory"),
+])
+def test_pretrain_bad_input_is_one_line_within_seconds(repo_root, tmp_path, args, expect):
+    p, secs = _run(repo_root, "jobs/pretrain.py", "--config", "configs/tiny.yaml",
+                   "--train.storage_path", tmp_path / "runs", *args, env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
+    assert expect.format(cwd=repo_root) in _one_line(p)
+    assert secs < 30 and not (tmp_path / "runs").exists()  # nothing started, nothing written
+
+
+def test_prepare_data_missing_input_is_one_line(repo_root, tmp_path):
+    p, _ = _run(repo_root, "jobs/prepare_data.py", "--input", "missing.txt", "--output", tmp_path / "out")
+    assert f"{repo_root}/missing.txt does not exist" in _one_line(p) and not (tmp_path / "out").exists()
+
+
+def test_a_dead_ray_address_is_one_line_not_a_hang(repo_root, tmp_path, shared_dir):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    p, secs = _run(repo_root, "jobs/pretrain.py", "--config", "configs/tiny.yaml", "--data.inputs",
+                   shared_dir / "corpora/books/08_Ruth.txt", "--data.output", tmp_path / "d",
+                   env={"RAY_ADDRESS": f"127.0.0.1:{port}", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
+    assert f"no Ray cluster answers at 127.0.0.1:{port}" in _one_line(p) and secs < 60
+
+
+@pytest.mark.slow
+def test_use_gpu_on_a_cluster_without_gpu_fails_at_once(repo_root, tmp_path, shared_dir):
+    """Checked against ray.cluster_resources() right after connecting: never a wait for a GPU that is not there."""
+    p, secs = _run(repo_root, "jobs/pretrain.py", "--config", "configs/tiny.yaml", "--train.use_gpu", "true",
+                   "--data.inputs", shared_dir / "corpora/books/08_Ruth.txt", "--data.output", tmp_path / "d",
+                   "--train.storage_path", tmp_path / "runs", env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
+    line = _one_line(p)
+    assert "train.use_gpu is true but the Ray cluster has no GPU" in line and secs < 120
+    assert not (tmp_path / "d").exists() and not (tmp_path / "runs").exists()
