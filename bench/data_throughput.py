@@ -40,7 +40,7 @@ def minilm_vocab() -> Path:
 
 
 def corpus_texts(root: Path) -> list[str]:
-    from pipeline.sources import Document, expand_inputs, read_documents
+    from pipeline.data.sources import Document, expand_inputs, read_documents
 
     files, _ = expand_inputs([str(root)])
     return [d.text for f in files for d in read_documents(f) if isinstance(d, Document)]
@@ -57,7 +57,7 @@ def reference_encode(paras_file: str, vocab: Path, threads: int) -> dict:
     """Raw encode_batch over paragraphs in a child with RAYON_NUM_THREADS=threads: tokens, wall and CPU seconds."""
     code = (
         "import json,sys,time\n"
-        "from pipeline.tokenizer import load_tokenizer\n"
+        "from pipeline.data.tokenizer import load_tokenizer\n"
         f"tok=load_tokenizer({str(vocab)!r})\n"
         "paras=json.load(open(sys.argv[1]))\n"
         "t=time.perf_counter();c=time.process_time();n=0\n"
@@ -159,14 +159,15 @@ def child_pipeline(corpus: str, out: str, vocab: str, num_cpus: int) -> None:
     import ray
 
     from pipeline.config import DataConfig
-    from pipeline.dag import data_stages, run_graph
+    from pipeline.dag import run_graph
+    from pipeline.data.prepare import data_stages
 
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     cfg = DataConfig(inputs=[corpus], output=out, vocab=vocab, num_actors=num_cpus)
     cpu = TreeCPU(os.getpid())  # the driver, Ray's daemons and every worker it starts
     cpu.start()
     t = time.perf_counter()
-    res = run_graph(data_stages(cfg), os.path.join(out, "_state"), remote=False, log=lambda m: None)
+    res = run_graph(data_stages(cfg), remote=False, log=lambda m: None)
     secs = time.perf_counter() - t
     cpu_secs = cpu.seconds()
     m = json.loads(Path(out, "manifest.json").read_text())
@@ -244,7 +245,7 @@ def main() -> None:
 
     vocab = minilm_vocab()
     texts = corpus_texts(SHARED / "corpora")
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(vocab)
     corpus_tokens = sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))

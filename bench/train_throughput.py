@@ -1,6 +1,6 @@
 """Pretraining throughput and learning, each as a ratio against a reference measured in the same run.
 
-1. Ray Train overhead: tokens/s of `pipeline.train.run_training` (1 worker) / tokens/s of the same loop in plain
+1. Ray Train overhead: tokens/s of `pipeline.pretrain.job.run_training` (1 worker) / tokens/s of the same loop in plain
    PyTorch in this process (same model, data order, masking, batch size, thread count). Goal >= 0.9.
 2. Loader headroom: micro-batches/s the Ray Data loader path delivers (read_parquet -> per-rank order ->
    dynamic masking -> padding) / micro-batches/s the tiny model consumes (forward + backward + step). Goal >= 5.
@@ -30,22 +30,23 @@ REPO = Path(__file__).resolve().parents[1]
 
 def prepare(work: Path, inputs: list[str], seq: int) -> tuple[object, dict]:
     from pipeline.config import load_config, resolve_paths
-    from pipeline.dag import data_stages, run_graph
+    from pipeline.dag import run_graph
+    from pipeline.data.prepare import data_stages
 
     cfg = resolve_paths(load_config(REPO / "configs" / "tiny.yaml", [
         "--data.inputs", json.dumps(inputs), "--data.output", str(work / "data"), "--data.max_seq_length", str(seq),
         "--train.storage_path", str(work / "runs"), "--train.num_workers", "1", "--train.cpus_per_worker", "1",
         "--train.micro_batch_size", "32", "--train.global_batch_size", "32", "--tracking.system_metrics_every_s", "0",
     ]))
-    res = run_graph(data_stages(cfg.data), str(work / "state"), remote=False, log=lambda m: None)
+    res = run_graph(data_stages(cfg.data), remote=False, log=lambda m: None)
     return cfg, res["validate"].result
 
 
-def ray_train_tokens_per_s(cfg, data: dict, steps: int, skip: int) -> float:
+def ray_train_tokens_per_s(cfg, data, steps: int, skip: int) -> float:
     import dataclasses
 
     from pipeline import tracking
-    from pipeline.train import run_training
+    from pipeline.pretrain.job import run_training
 
     tc = dataclasses.replace(cfg.train, max_steps=steps, warmup_steps=2, eval_every_steps=0, checkpoint_every_steps=steps,
                              run_name=f"bench-{time.time_ns()}")
@@ -53,43 +54,45 @@ def ray_train_tokens_per_s(cfg, data: dict, steps: int, skip: int) -> float:
     run_id = tracking.start_run("bench", tc.run_name, {})
     run_training(cfg, [data], run_id, tc.run_name, tracking.tracking_uri())
     c = tracking.client()
-    tps = {m.step: m.value for m in c.get_metric_history(run_id, "tokens_per_s")}
+    tps = {m.step: m.value for m in c.get_metric_history(run_id, "train/tokens_per_s")}
     # total tokens / total time over the measured steps = harmonic mean of per-step rates weighted by tokens
     return statistics.median(tps[s] for s in range(skip + 1, steps + 1))
 
 
-def _plain_batches(cfg, data: dict):
+def _plan(cfg, data):
+    from pipeline.pretrain.job import phase_plans
+
+    return phase_plans(cfg, [data])[0]
+
+
+def _plain_batches(cfg, data):
     """The exact micro-batches rank 0 of a 1-worker Ray Train run sees, read with pyarrow in this process."""
     import pyarrow.parquet as pq
 
-    from pipeline.masking import MaskingPolicy, mask_batch
-    from pipeline.train import arrow_rows, collate, data_plan, epoch_micro_batches
+    from pipeline.pretrain.loader import Batches, epoch_micro_batches
 
-    plan = data_plan([data], cfg.train, 1)[0]
-    mine = plan["ranks"][0]
-    policy = MaskingPolicy.from_manifest(data["output"]) if plan["dynamic_masking"] else None
+    plan = _plan(cfg, data)
+    mine, to_batch = plan.ranks[0], Batches(plan, cfg.train.seed)
     epoch = 0
     while True:
-        tables = (pq.read_table(f) for f in mine["files"])
-        for _, tbl in epoch_micro_batches(tables, skip=mine["skip"], num_rows=mine["rows"], chunk_rows=cfg.train.shuffle_buffer_rows,
-                                          micro_batch_size=plan["micro_batch_size"], seed_key=[cfg.train.seed, 0, epoch, 0]):
-            rows = arrow_rows(tbl)
-            if policy is not None:
-                rows = mask_batch(rows, policy, seed=cfg.train.seed, epoch=epoch)
-            yield collate(rows)
+        tables = (pq.read_table(f) for f in mine.files)
+        for _, tbl in epoch_micro_batches(tables, skip=mine.skip, num_rows=mine.rows, chunk_rows=cfg.train.shuffle_buffer_rows,
+                                          micro_batch_size=plan.micro_batch_size, seed_key=[cfg.train.seed, 0, epoch, 0]):
+            yield to_batch(tbl, epoch)
         epoch += 1
 
 
-def plain_tokens_per_s(cfg, data: dict, steps: int, skip: int) -> tuple[float, float]:
+def plain_tokens_per_s(cfg, data, steps: int, skip: int) -> tuple[float, float]:
     """(tokens/s of the plain loop including its data loading, model-only micro-batches/s)."""
-    from pipeline.train import build_model, forward, lr_lambda, make_optimizer, vocab_size_of
+    from pipeline.core.optim import make_optimizer
+    from pipeline.core.precision import forward
+    from pipeline.pretrain.loop import build_model
 
     tc = cfg.train
     torch.set_num_threads(max(1, int(tc.cpus_per_worker)))
     torch.manual_seed(tc.seed)
-    model = build_model(cfg, vocab_size_of(data["output"])).train()
-    opt = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, 2, steps))
+    model = build_model(cfg.model, data.vocab_size).train()
+    opt, sched = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=2, total_steps=steps)
     rates, model_secs = [], []
     batches = _plain_batches(cfg, data)
     for step in range(steps):
@@ -109,29 +112,24 @@ def plain_tokens_per_s(cfg, data: dict, steps: int, skip: int) -> tuple[float, f
     return statistics.median(rates), 1.0 / statistics.median(model_secs)
 
 
-def loader_batches_per_s(cfg, data: dict, n: int) -> float:
+def loader_batches_per_s(cfg, data, n: int) -> float:
     """The Ray Data loader path of a worker (streamed read_parquet, per-rank order, masking, padding)."""
     import ray
 
-    from pipeline.masking import MaskingPolicy, mask_batch
-    from pipeline.train import arrow_rows, collate, data_plan, epoch_micro_batches
+    from pipeline.pretrain.loader import Batches, epoch_micro_batches
 
-    plan = data_plan([data], cfg.train, 1)[0]
-    mine = plan["ranks"][0]
+    plan = _plan(cfg, data)
+    mine, to_batch = plan.ranks[0], Batches(plan, 0)
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
-    ds = ray.data.read_parquet(mine["files"]).materialize() if cfg.train.materialize_data else ray.data.read_parquet(mine["files"])
+    ds = ray.data.read_parquet(list(mine.files)).materialize() if cfg.train.materialize_data else ray.data.read_parquet(list(mine.files))
     it = ds.iterator()
-    policy = MaskingPolicy.from_manifest(data["output"]) if plan["dynamic_masking"] else None
     got, epoch, t0 = 0, 0, None
     while got < n:
         tables = it.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2)
-        for _, tbl in epoch_micro_batches(tables, skip=mine["skip"], num_rows=mine["rows"], chunk_rows=cfg.train.shuffle_buffer_rows,
-                                          micro_batch_size=plan["micro_batch_size"], seed_key=[0, 0, epoch, 0]):
-            rows = arrow_rows(tbl)
-            if policy is not None:
-                rows = mask_batch(rows, policy, seed=0, epoch=epoch)
-            collate(rows)
+        for _, tbl in epoch_micro_batches(tables, skip=mine.skip, num_rows=mine.rows, chunk_rows=cfg.train.shuffle_buffer_rows,
+                                          micro_batch_size=plan.micro_batch_size, seed_key=[0, 0, epoch, 0]):
+            to_batch(tbl, epoch)
             if t0 is None:
                 t0 = time.perf_counter()  # from the first batch on: steady state, not start-up
             got += 1
@@ -141,17 +139,17 @@ def loader_batches_per_s(cfg, data: dict, n: int) -> float:
     return (got - 1) / (time.perf_counter() - t0)
 
 
-def unigram_accuracy(data: dict) -> float:
+def unigram_accuracy(output: str) -> float:
     """Accuracy of predicting the most frequent training label at every held-out masked position."""
     import pyarrow.parquet as pq
 
-    from pipeline.masking import MaskingPolicy, mask_batch
-    from pipeline.shards import read_manifest
-    from pipeline.train import arrow_rows, shard_files
+    from pipeline.data.dataset import PreparedDataset
+    from pipeline.data.masking import mask_batch
+    from pipeline.pretrain.loader import arrow_rows
 
-    m = read_manifest(data["output"])
-    files = [p for p, _ in shard_files(m, data["output"])]
-    policy = MaskingPolicy.from_manifest(data["output"]) if m["config"]["masking"] == "dynamic" else None
+    ds = PreparedDataset.load(output, validate=False)
+    files = [p for p, _ in ds.shards]
+    policy = ds.policy() if ds.dynamic_masking else None
 
     def labels(path: str) -> list[int]:
         rows = arrow_rows(pq.read_table(path))
@@ -183,8 +181,8 @@ def learning(work: Path, inputs: list[str], steps: int | None) -> tuple[float, f
 
     info = tracking.model_version_info("models:/bench-tiny@latest-pretrain")
     metrics = tracking.client().get_run(info["run_id"]).data.metrics
-    acc = metrics["final_eval_mlm_accuracy"]
-    base = unigram_accuracy({"output": str(work / "data")})
+    acc = metrics["eval/final_mlm_accuracy"]
+    base = unigram_accuracy(str(work / "data"))
     return acc, base, " ".join(cmd[1:])
 
 
