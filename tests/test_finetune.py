@@ -3,6 +3,10 @@ and the evaluation bookkeeping (predictions mapped back to labels, words and ans
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +16,7 @@ import torch
 from pipeline.config import ConfigError
 from pipeline.finetune.data import prepare_task
 from pipeline.finetune.job import FinetuneConfig, build_model, evaluate, load_finetune_config, resolve_source
-from pipeline.finetune.loop import steps_per_epoch
+from pipeline.finetune.loop import counts, epoch_micro_batches, steps_per_epoch, summarise
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
@@ -40,6 +44,81 @@ def test_config_file_matches_defaults_and_overrides():
         load_finetune_config(None, ["--trian.lr", "1"])
     with pytest.raises(ConfigError, match="train.lr 'fast' is not a number"):
         load_finetune_config(None, ["--train.lr", "fast"])
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--train.precision", "fp8"], "train.precision 'fp8' is not one of fp32, bf16, fp16"),
+    (["--train.accumulation_steps", "0"], "train.accumulation_steps 0 < 1"),
+    (["--train.batch_size", "0"], "train.batch_size 0 < 1"),
+    (["--train.max_failures", "x"], "train.max_failures 'x' is not an integer"),
+    (["--train.use_gpu", "maybe"], "train.use_gpu 'maybe' is not true or false"),
+])
+def test_config_errors_name_the_field(args, msg):
+    with pytest.raises(ConfigError, match=re.escape(msg)):
+        load_finetune_config(None, args)
+
+
+def test_config_non_mapping_section(tmp_path):
+    (tmp_path / "ft.yaml").write_text("train: 3\n")
+    with pytest.raises(ConfigError, match="config section train must be a mapping"):
+        load_finetune_config(tmp_path / "ft.yaml")
+
+
+def test_precision_and_accumulation_fields():
+    cfg = load_finetune_config(None, ["--train.precision", "bf16", "--train.accumulation_steps", "4",
+                                      "--train.num_workers", "2", "--train.batch_size", "8", "--train.max_failures", "1"])
+    assert (cfg.train.precision, cfg.train.global_batch_size, cfg.train.max_failures) == ("bf16", 64, 1)
+
+
+@pytest.mark.parametrize("value, ok", [("1e-4", True), ("abc", False)])
+def test_cli_lr_value(tmp_path, value, ok):
+    """`--train.lr 1e-4` (a string to YAML 1.1) is a float; `abc` is one line on stderr naming train.lr, exit 1,
+    before any data, Ray or MLflow work (the model does not exist, so an accepted config fails on --model)."""
+    for name in ("train.tsv", "dev.tsv"):
+        (tmp_path / name).write_text("sentence\tlabel\nNaomi wept\ta\n")
+    p = subprocess.run([sys.executable, str(REPO / "jobs" / "finetune.py"), "--model", str(tmp_path / "nomodel"),
+                        "--task", "sequence-classification", "--train", "train.tsv", "--eval", "dev.tsv",
+                        "--train.lr", value], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    assert p.returncode == 1 and p.stderr.strip().count("\n") == 0 and "Traceback" not in p.stderr, p.stderr
+    if ok:
+        assert "--model" in p.stderr and "train.lr" not in p.stderr, p.stderr
+    else:
+        assert p.stderr.strip() == "error: train.lr 'abc' is not a number", p.stderr
+    assert not (tmp_path / "mlflow.db").exists() or ok
+
+
+def test_cli_usage_error_is_one_line_exit_1(tmp_path):
+    p = subprocess.run([sys.executable, str(REPO / "jobs" / "finetune.py"), "--task", "nonsense"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and p.stderr.strip().count("\n") == 0 and "--task" in p.stderr, p.stderr
+
+
+def test_epoch_micro_batches_resume_and_rank_split():
+    rows = {"input_ids": [[101, i, 102] for i in range(10)], "labels": list(range(10))}
+    whole = [b["labels"].tolist() for b in epoch_micro_batches(rows, 2, 0, 2, 2, seed=7)]
+    other = [b["labels"].tolist() for b in epoch_micro_batches(rows, 2, 1, 2, 2, seed=7)]
+    assert [len(b) for b in whole] == [2, 2, 1] and [len(b) for b in other] == [2, 2, 1]  # 5 rows per rank
+    assert not set(sum(whole, [])) & set(sum(other, []))  # ranks take disjoint strides of one permutation
+    assert [b["labels"].tolist() for b in epoch_micro_batches(rows, 2, 0, 2, 2, seed=7, start=1)] == whole[1:]
+    assert [b["labels"].tolist() for b in epoch_micro_batches(rows, 3, 0, 2, 2, seed=7)] != whole  # new epoch order
+
+
+def test_counts_and_summarise_classification_and_tokens():
+    from types import SimpleNamespace
+
+    # sequence classification: 3 examples, 2 correct
+    out = SimpleNamespace(loss=torch.tensor(0.5), logits=torch.tensor([[2.0, 0.0], [0.0, 1.0], [3.0, 0.0]]))
+    c = counts(out, {"input_ids": torch.zeros(3, 4), "labels": torch.tensor([0, 1, 1])})
+    assert c.tolist() == [1.5, 3.0, 2.0, 3.0]
+    # token classification: the -100 positions are not counted; accumulated sums give the exact mean
+    out2 = SimpleNamespace(loss=torch.tensor(1.0), logits=torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]]))
+    c2 = counts(out2, {"input_ids": torch.zeros(1, 3), "labels": torch.tensor([[0, -100, 1]])})
+    assert c2.tolist() == [1.0, 1.0, 1.0, 2.0]
+    assert summarise(c + c2) == {"loss": pytest.approx(2.5 / 4), "accuracy": pytest.approx(3 / 5)}
+    # regression and QA heads: loss only
+    reg = SimpleNamespace(loss=torch.tensor(2.0), logits=torch.zeros(2, 1))
+    assert summarise(counts(reg, {"input_ids": torch.zeros(2, 3), "labels": torch.zeros(2)})) == {"loss": 2.0}
 
 
 @pytest.mark.parametrize("n, world, bs, want", [(100, 1, 32, 4), (100, 2, 32, 2), (64, 2, 32, 1), (5, 4, 32, 1)])

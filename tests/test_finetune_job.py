@@ -57,6 +57,10 @@ def test_pydocs_topic_from_minilm(ray_local, store, shared_dir, minilm_dir):
     run = c.get_run(res["run_id"])
     assert run.data.params["train.lr"] == "0.0003" and run.data.params["task"] == "sequence-classification"
     assert len(c.get_metric_history(res["run_id"], "train/loss")) == 75
+    for key in ("train/lr", "train/grad_norm", "train/tokens_per_s", "train/accuracy"):  # the names pretraining uses
+        assert len(c.get_metric_history(res["run_id"], key)) == 75, key
+    assert run.info.status == "FINISHED" and "models:" not in res["run_name"] and len(res["run_name"]) <= 60
+    assert (store / "runs" / res["run_name"]).is_dir()  # checkpoints under train.storage_path
     assert c.get_metric_history(res["run_id"], "eval/accuracy")[-1].value == pytest.approx(acc)
     assert run.data.tags["source_model"] == str(minilm_dir.resolve())
     label_map = json.loads(Path(c.download_artifacts(res["run_id"], "label_map.json")).read_text())
@@ -139,8 +143,89 @@ def test_cli_bad_data_one_line(tmp_path, minilm_dir, train_text, eval_text, msg)
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     p = _job("--model", str(minilm_dir), "--task", "sequence-classification", "--train", "train.tsv", "--eval", "dev.tsv",
              cwd=tmp_path, env=env)
-    assert p.returncode == 2
+    assert p.returncode == 1
     assert p.stderr.strip().count("\n") == 0 and msg in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not list(tmp_path.glob("runs")), "bad data must fail before any training work"
+
+
+def test_cli_use_gpu_without_gpu_is_one_line(tmp_path, minilm_dir):
+    """On a cluster without a GPU, `--train.use_gpu true` fails right after connecting instead of waiting forever."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\nNaomi wept\ta\nRuth clave\tb\n")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "RAY_ADDRESS": "local"}
+    p = _job("--model", str(minilm_dir), "--task", "sequence-classification", "--train", "train.tsv", "--eval", "train.tsv",
+             "--train.use_gpu", "true", cwd=tmp_path, env=env)
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines()[-1].startswith("error: train.use_gpu is true but the Ray cluster has no GPU"), p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def _weights(model_dir: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(model_dir) / "model.safetensors"))
+
+
+def _history(run_id: str, key: str) -> list[tuple[int, float]]:
+    from mlflow import MlflowClient
+
+    return sorted((m.step, m.value) for m in MlflowClient(os.environ["MLFLOW_TRACKING_URI"]).get_metric_history(run_id, key))
+
+
+@pytest.mark.slow
+def test_interrupted_run_resumes_bit_identically(ray_local, store, shared_dir, minilm_dir, tmp_path):
+    """Two DDP workers, 2 accumulation micro-steps, checkpoints every 2 steps: a worker failure after step 5
+    (checkpoint at step 4, mid epoch 2) is recovered by Ray Train from that checkpoint, and the run ends with
+    the same best model, eval metrics and per-step training metrics as an uninterrupted run."""
+    task = shared_dir / "tasks" / "pydocs_topic"
+
+    def finetune(name: str, *extra: str, on_step=None) -> dict:
+        # 48 rows: 24 per rank, 6 micro-batches of 4, 3 steps per epoch, 6 steps in all
+        cfg = _cfg(store, "--data.max_seq_length", "32", "--data.max_train_examples", "48", "--data.max_eval_examples", "24",
+                   "--data.tokenizer", str(minilm_dir / "vocab.txt"), "--train.epochs", "2", "--train.num_workers", "2",
+                   "--train.torch_threads", "1", "--train.batch_size", "4", "--train.accumulation_steps", "2",
+                   "--train.checkpoint_every_steps", "2", "--train.lr", "1e-3", "--tracking.register", "false",
+                   "--tracking.run_name", name, *extra)
+        return run_finetune(cfg, "scratch:tiny", "sequence-classification", str(task / "train.tsv"), str(task / "dev.tsv"),
+                            str(tmp_path / name), on_step=on_step)
+
+    marker, steps_seen = tmp_path / "fault_injected", tmp_path / "steps_seen"
+
+    def fail_once_after_step_5(step: int, rank: int) -> None:  # pickled by value into the workers
+        if rank == 0:
+            with open(steps_seen, "a") as f:
+                f.write(f"{step}\n")
+        if step == 5 and rank == 0 and not marker.exists():
+            marker.write_text("injected")
+            raise RuntimeError("injected worker failure after step 5")
+
+    base = finetune("ft-baseline")
+    resumed = finetune("ft-resumed", "--train.max_failures", "1", on_step=fail_once_after_step_5)
+    assert marker.exists()  # the failure really happened
+    # and the restarted workers went on from the step-4 checkpoint (not from the start)
+    assert steps_seen.read_text().split() == ["1", "2", "3", "4", "5", "5", "6"]
+    assert resumed["metrics"] == base["metrics"]
+    w0, w1 = _weights(base["model_dir"]), _weights(resumed["model_dir"])
+    assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)
+    for key in ("train/loss", "train/lr", "train/grad_norm", "train/accuracy", "eval/accuracy", "eval/loss"):
+        assert _history(resumed["run_id"], key) == _history(base["run_id"], key), key
+    assert [s for s, _ in _history(resumed["run_id"], "train/loss")] == [1, 2, 3, 4, 5, 6]  # each step once
+    # checkpoints live under train.storage_path, in a directory named by the (short) run name
+    assert list((store / "runs" / "ft-resumed").glob("checkpoint_*/best/model.safetensors"))
+
+    # a failure that is not recovered ends the MLflow run FAILED, never left RUNNING
+    def always_fail(step: int, rank: int) -> None:
+        raise RuntimeError("injected failure")
+
+    with pytest.raises(Exception, match="injected failure"):
+        finetune("ft-failed", on_step=always_fail)
+    from mlflow import MlflowClient
+
+    from pipeline import tracking
+
+    failed = tracking.find_run("bert-finetune", "ft-failed")
+    assert MlflowClient(os.environ["MLFLOW_TRACKING_URI"]).get_run(failed).info.status == "FAILED"
 
 
 @pytest.mark.slow

@@ -401,38 +401,44 @@ def run_finetune(
     from pipeline.core import launcher
 
     _check(task in TASKS, f"--task {task!r} is not one of {', '.join(TASKS)}")
-    t = cfg.train
+    d, t = cfg.data, cfg.train
     uri = tracking.tracking_uri()
     tracking.check_tracking_server(uri)
-    started_ray = not ray.is_initialized()
-    launcher.connect()
     work = tempfile.mkdtemp(prefix="finetune-")  # registry downloads and the export; removed in every case
     try:
-        launcher.check_resources("train", use_gpu=t.use_gpu, num_workers=t.num_workers, cpus_per_worker=t.cpus_per_worker)
-        return _run(cfg, source_spec, task, train_path, eval_path, output_dir, on_step, uri, work)
+        # every input is checked here, on the driver, before Ray starts: source, data, then the cluster
+        source = resolve_source(source_spec, d.tokenizer, os.path.join(work, "source"))
+        print(f"[finetune] {task} from {source_spec}: reading {train_path} and {eval_path}", flush=True)
+        td = prepare_task(task, train_path, eval_path, source.tokenizer_path, d.max_seq_length, d.doc_stride,
+                          d.max_query_length, d.max_train_examples, d.max_eval_examples, t.seed)
+        print(f"[finetune] {len(td.train['input_ids'])} train / {len(td.eval['input_ids'])} eval features, "
+              f"labels {td.id2label or td.problem_type}", flush=True)
+        started_ray = not ray.is_initialized()
+        launcher.connect()
+        try:
+            launcher.check_resources("train", use_gpu=t.use_gpu, num_workers=t.num_workers,
+                                     cpus_per_worker=t.cpus_per_worker)
+            return _train_and_register(cfg, source, td, task, train_path, eval_path, output_dir, on_step, uri, work)
+        finally:
+            if started_ray:
+                ray.shutdown()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        if started_ray:
-            ray.shutdown()
 
 
-def _run(cfg: FinetuneConfig, source_spec: str, task: str, train_path: str, eval_path: str, output_dir: str | None,
-         on_step: Callable[[int, int], None] | None, uri: str, work: str) -> dict[str, Any]:
+def _train_and_register(cfg: FinetuneConfig, source: Source, td: TaskData, task: str, train_path: str, eval_path: str,
+                        output_dir: str | None, on_step: Callable[[int, int], None] | None, uri: str,
+                        work: str) -> dict[str, Any]:
+    """The MLflow run around Ray Train: params, label map, fit, the best model exported and registered."""
     import ray
 
     from pipeline import tracking
     from pipeline.core import launcher
     from pipeline.finetune.loop import train_loop_per_worker
 
-    d, t = cfg.data, cfg.train
-    source = resolve_source(source_spec, d.tokenizer, os.path.join(work, "source"))
-    print(f"[finetune] {task} from {source_spec}: reading {train_path} and {eval_path}", flush=True)
-    td = prepare_task(task, train_path, eval_path, source.tokenizer_path, d.max_seq_length, d.doc_stride,
-                      d.max_query_length, d.max_train_examples, d.max_eval_examples, t.seed)
-    vocab_size = load_tokenizer(source.tokenizer_path).get_vocab_size()
-    print(f"[finetune] {len(td.train['input_ids'])} train / {len(td.eval['input_ids'])} eval features, "
-          f"labels {td.id2label or td.problem_type}", flush=True)
+    t = cfg.train
     torch.manual_seed(t.seed)  # the new head's initialisation
+    vocab_size = load_tokenizer(source.tokenizer_path).get_vocab_size()
     model = build_model(source, task, td, dict(cfg.model.overrides), vocab_size)
     init = {"class": type(model).__name__, "config": asdict(model.config), "state_dict": model.state_dict()}
     primary = primary_metric(task, td.problem_type)
@@ -446,7 +452,7 @@ def _run(cfg: FinetuneConfig, source_spec: str, task: str, train_path: str, eval
     print(f"[finetune] MLflow run {run_id} ({run_name}) at {uri}", flush=True)
     status = "FAILED"
     try:
-        logger.log_params({**cfg.flat(), "task": task, "source": source_spec, "num_train_features": len(td.train["input_ids"]),
+        logger.log_params({**cfg.flat(), "task": task, "source": source.spec, "num_train_features": len(td.train["input_ids"]),
                            "num_eval_features": len(td.eval["input_ids"]), "problem_type": td.problem_type,
                            "num_labels": td.num_labels, "train.global_batch_size": t.global_batch_size})
         label_map = Path(work, "label_map.json")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import sys
 import tempfile
 from typing import Any, Callable, Iterator
 
@@ -25,6 +26,13 @@ from pipeline.core.optim import make_optimizer
 from pipeline.core.precision import make_scaler
 from pipeline.core.step import Trainable, train_step
 from pipeline.finetune.data import IGNORE_INDEX, TaskData, pad_batch
+
+
+def say(line: str) -> None:
+    """A console line from a worker, printed once. Ray Train's print patch sends `print()` both to the worker's
+    stdout (when something has wrapped `sys.stdout`, as here) and to its logger on stderr, and Ray forwards both
+    streams to the driver: every line appeared twice. A write to the real stdout bypasses the patch."""
+    print(line, file=sys.__stdout__, flush=True)
 
 
 def steps_per_epoch(n_train: int, world: int, batch_size: int, accumulation: int = 1) -> int:
@@ -127,11 +135,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             state = load_checkpoint(d, rank, t)
             if rank == 0 and os.path.isdir(os.path.join(d, "best")):
                 shutil.copytree(os.path.join(d, "best"), best_dir)
-        print(f"[rank {rank}] resumed at step {state['step']} position {state['position']}", flush=True)
+        say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
     else:
         torch.manual_seed(tc.seed * 1000 + rank + 1)  # each rank its own dropout stream
     log = RunLogger(config["run_id"], config["tracking_uri"], total_steps=total,
                     log_every_steps=tc.log_every_steps) if rank == 0 and config.get("run_id") else None
+    if log is not None:
+        log.progress.out = sys.__stdout__  # progress lines once (see `say`)
 
     step, (epoch, done) = state["step"], (state["position"]["epoch"], state["position"]["micro"])
     best = tuple(state["best"]) if state["best"] is not None else None
@@ -152,8 +162,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 metrics.update({f"eval/{k}": v for k, v in ev.items()})
                 if log is not None:
                     log.log_metrics({f"eval/{k}": v for k, v in ev.items()}, step)
-                    print(f"[finetune] epoch {epoch} step {step}/{total} eval "
-                          + "  ".join(f"{k} {v:.4f}" for k, v in ev.items()), flush=True)
+                    say(f"[finetune] epoch {epoch} step {step}/{total} eval " + "  ".join(f"{k} {v:.4f}" for k, v in ev.items()))
                 score = (ev[primary], -ev["loss"])  # ties on the metric (e.g. F1 0 early on) go to the lower loss
                 if best is None or score > best:
                     best = score
