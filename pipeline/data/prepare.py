@@ -412,20 +412,11 @@ def _actor_cpus(num_actors: int) -> float:
     return min(1.0, total / max(1, num_actors))
 
 
-def prepare_shards(
-    cfg: DataConfig, files: list[InputFile], skipped: list[str], chash: str, vocab_sha: str, tokenizer_path: str
-) -> dict[str, Any]:
-    """The three passes on the running Ray cluster; writes shards and the manifest; returns the manifest."""
+def _tokenize_pass(cfg: DataConfig, files: list[InputFile], work: str, tokenizer_path: str, cpus: float) -> list[dict[str, Any]]:
+    """Pass 1 on an actor pool: one row per group of whole input files; returns each file's stats (pool order)."""
     import ray
 
-    start = time.perf_counter()
-    work = work_dir(cfg, chash)
-    cfg_dict = dataclasses.asdict(cfg)
-    cpus = _actor_cpus(cfg.num_actors)
-    ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = True  # results come back in input order
-
-    fs, out_p = filesystem(cfg.output)
+    fs, _ = filesystem(cfg.output)
     done_before = len(fs.glob(join(filesystem(work)[1], "tok", "*.done.json")))
     _log(f"tokenize: {len(files)} input file(s) on {cfg.num_actors} actor(s)"
          + (f"; resuming, {done_before} already done" if done_before else ""))
@@ -438,14 +429,57 @@ def prepare_shards(
         ray.data.from_items(items, override_num_blocks=max(1, len(items)))
         .map_batches(
             _TokenizeActor,
-            fn_constructor_kwargs={"tokenizer_path": tokenizer_path, "cfg": cfg_dict, "work": work},
+            fn_constructor_kwargs={"tokenizer_path": tokenizer_path, "cfg": dataclasses.asdict(cfg), "work": work},
             batch_size=1,
             compute=ray.data.ActorPoolStrategy(size=cfg.num_actors),
             num_cpus=cpus,
         )
         .take_all()
     )
-    file_stats = sorted((s for r in stats_rows for s in json.loads(r["stats"])), key=lambda s: s["pool"])
+    return sorted((s for r in stats_rows for s in json.loads(r["stats"])), key=lambda s: s["pool"])
+
+
+def _examples_pass(cfg: DataConfig, chunks: list[dict[str, Any]], pool: RandomPool, work: str, cpus: float) -> list[dict[str, Any]]:
+    """Pass 2 on an actor pool: NSP pairs / packs + static masks per unit of token chunks; returns the example
+    chunks' metadata in a hashed order that mixes sources across shards."""
+    import ray
+
+    units = group_consecutive([c["tokens"] for c in chunks], max(1, cfg.chunk_chars // 4))  # ~chunk_chars of text
+    _log(f"examples: {len(chunks)} chunk(s) in {len(units)} unit(s), random pool of {len(pool)} windows")
+    ex_items = [{"chunks": json.dumps([chunks[i]["path"] for i in u]), "dest": join(work, "ex", f"e{k:06d}.parquet")}
+                for k, u in enumerate(units)]
+    metas = (
+        ray.data.from_items(ex_items, override_num_blocks=max(1, len(ex_items)))
+        .map_batches(
+            _ExamplesActor,
+            fn_constructor_kwargs={"pool_ref": [ray.put(pool)], "cfg": dataclasses.asdict(cfg),
+                                   "vocab_path": join(cfg.output, "vocab.txt")},
+            batch_size=1,
+            compute=ray.data.ActorPoolStrategy(size=cfg.num_actors),
+            num_cpus=cpus,
+        )
+        .take_all()
+    )
+    return sorted(
+        (json.loads(r["meta"]) for r in metas),
+        key=lambda m: (derive_seed(cfg.seed, "chunk-order", m["path"].rsplit("/", 1)[-1]), m["path"]),
+    )
+
+
+def prepare_shards(
+    cfg: DataConfig, files: list[InputFile], skipped: list[str], chash: str, vocab_sha: str, tokenizer_path: str
+) -> dict[str, Any]:
+    """The three passes on the running Ray cluster; writes shards and the manifest; returns the manifest."""
+    import ray
+
+    start = time.perf_counter()
+    work = work_dir(cfg, chash)
+    cfg_dict = dataclasses.asdict(cfg)
+    cpus = _actor_cpus(cfg.num_actors)
+    ray.data.DataContext.get_current().execution_options.preserve_order = True  # results come back in input order
+    fs, out_p = filesystem(cfg.output)
+
+    file_stats = _tokenize_pass(cfg, files, work, tokenizer_path, cpus)
     reasons: Counter[str] = Counter()
     for s in file_stats:
         reasons.update(s["rejected_reasons"])
@@ -458,28 +492,8 @@ def prepare_shards(
     _log(f"tokenize: {docs_written}/{docs_read} documents, {sum(s['tokens'] for s in file_stats)} tokens, {len(chunks)} chunks")
 
     pool = merge_pool([s["pool"] for s in file_stats], cfg.random_pool_size)
-    pool_ref = ray.put(pool)
     vocab = read_vocab(join(cfg.output, "vocab.txt"))
-    units = group_consecutive([c["tokens"] for c in chunks], max(1, cfg.chunk_chars // 4))  # ~chunk_chars of text
-    _log(f"examples: {len(chunks)} chunk(s) in {len(units)} unit(s), random pool of {len(pool)} windows")
-    ex_items = [{"chunks": json.dumps([chunks[i]["path"] for i in u]), "dest": join(work, "ex", f"e{k:06d}.parquet")}
-                for k, u in enumerate(units)]
-    metas = (
-        ray.data.from_items(ex_items, override_num_blocks=max(1, len(ex_items)))
-        .map_batches(
-            _ExamplesActor,
-            fn_constructor_kwargs={"pool_ref": [pool_ref], "cfg": cfg_dict, "vocab_path": join(cfg.output, "vocab.txt")},
-            batch_size=1,
-            compute=ray.data.ActorPoolStrategy(size=cfg.num_actors),
-            num_cpus=cpus,
-        )
-        .take_all()
-    )
-    # A hashed chunk order mixes sources across shards (books and wiki do not end up in separate shards).
-    ex_chunks = sorted(
-        (json.loads(r["meta"]) for r in metas),
-        key=lambda m: (derive_seed(cfg.seed, "chunk-order", m["path"].rsplit("/", 1)[-1]), m["path"]),
-    )
+    ex_chunks = _examples_pass(cfg, chunks, pool, work, cpus)
     examples = sum(m["rows"] for m in ex_chunks)
     if examples == 0:
         raise InputError(f"the {docs_written} usable document(s) produced no example")
