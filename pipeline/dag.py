@@ -36,6 +36,8 @@ class Stage:
     num_cpus: float = 0
     """CPUs the stage's Ray task holds while it runs."""
     num_gpus: float = 0
+    describe: Callable[[Any], str] | None = None
+    """The result's key figures for the console line that ends the stage (documents, examples, accuracy...)."""
 
 
 @dataclass
@@ -82,9 +84,12 @@ def run_graph(stages: list[Stage], *, remote: bool = True, log: Callable[[str], 
     if remote:
         import ray
 
+    def figures(s: Stage, res: Any) -> str:
+        return f": {s.describe(res)}" if s.describe is not None else ""
+
     def finish(s: Stage, start: float, res: Any) -> None:
         results[s.name] = StageResult(s.name, "ran", time.perf_counter() - start, res)
-        log(f"[stage {s.name}] done in {results[s.name].seconds:.1f}s")
+        log(f"[stage {s.name}] done in {results[s.name].seconds:.1f}s{figures(s, res)}")
 
     def launch_ready() -> None:
         progressed = True
@@ -95,7 +100,7 @@ def run_graph(stages: list[Stage], *, remote: bool = True, log: Callable[[str], 
                 inputs = {d: results[d].result for d in s.deps}
                 res = s.done(inputs) if s.done is not None else None
                 if res is not None:
-                    log(f"[stage {s.name}] up to date, skipped")
+                    log(f"[stage {s.name}] up to date, skipped{figures(s, res)}")
                     results[s.name] = StageResult(s.name, "skipped", 0.0, res)
                     progressed = True
                     continue

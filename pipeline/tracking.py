@@ -225,7 +225,7 @@ class Progress:
     def update(self, step: int, metrics: dict[str, float]) -> str | None:
         now = time.monotonic()
         if self._t0 is None:  # the first step seen by this process (a resumed run starts mid-way)
-            self._t0, self._s0, self._last_t, self._last_step = now, step - 1, now, step - 1
+            self._t0, self._s0, self._last_t, self._last_step = now, step, now, step - 1
         due = step - self._last_step >= self.every_steps and now - self._last_t >= self.every_s
         if not (due or step == self.total):
             return None

@@ -126,3 +126,25 @@ def test_register_download_and_version_info(store, minilm_dir):
         tracking.model_version_info("models:/bert-test@nope")
     with pytest.raises(tracking.TrackingError, match="not a models:/"):
         tracking.model_version_info("runs:/x/model")
+
+
+def test_progress_prints_at_a_steady_cadence_and_always_the_last_step(monkeypatch):
+    """Every `every_steps` steps but not more often than every `every_s` seconds, and the final step."""
+    import io
+
+    from pipeline import tracking
+
+    clock = [100.0]
+    monkeypatch.setattr(tracking.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    p = tracking.Progress(total=30, every_steps=5, every_s=10.0, out=out)
+    printed = []
+    for step in range(1, 31):
+        clock[0] += 3.0  # 3 s per step: every 5 steps is 15 s, later than 10 s
+        line = p.update(step, {"train/loss": 7.0 - step / 10, "train/mlm_accuracy": 0.01 * step, "train/tokens_per_s": 1234.5})
+        if line:
+            printed.append(step)
+    assert printed == [5, 10, 15, 20, 25, 30]
+    lines = out.getvalue().splitlines()
+    assert lines[-1] == "step 30/30  loss 4.0000  mlm_acc 0.3000  1,234 tok/s"
+    assert lines[0].startswith("step 5/30  loss 6.5000  mlm_acc 0.0500  1,234 tok/s  eta 1m15s")

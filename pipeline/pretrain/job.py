@@ -306,9 +306,13 @@ def pretrain_stages(cfg: Config, *, git_sha: str, tracking_uri: str, attempt: st
     return [
         *stages,
         Stage("train", lambda deps: train_stage(cfg, [deps[d] for d in data], git_sha, uri, attempt), deps=tuple(data),
-              done=lambda deps: train_done(cfg, [deps[d] for d in data], uri)),
+              done=lambda deps: train_done(cfg, [deps[d] for d in data], uri),
+              describe=lambda r: f"{r.run_name} at step {r.step}, MLflow run {r.run_id}"),
         Stage("evaluate", lambda deps: evaluate_stage(cfg, deps["train"], deps[data[-1]], uri), deps=("train", data[-1]),
-              num_cpus=eval_cpus, num_gpus=1 if cfg.train.use_gpu else 0),
+              num_cpus=eval_cpus, num_gpus=1 if cfg.train.use_gpu else 0,
+              describe=lambda r: ", ".join(f"{k.split('final_')[-1]} {r[k]:.4f}" for k in
+                                           ("eval/final_loss", "eval/final_mlm_accuracy", "eval/final_nsp_accuracy"))),
         Stage("register", lambda deps: register_stage(cfg, deps["train"], deps["validate"], git_sha, uri, deps["evaluate"], command),
-              deps=("train", "evaluate", "validate"), done=lambda deps: register_done(cfg, deps["train"], uri)),
+              deps=("train", "evaluate", "validate"), done=lambda deps: register_done(cfg, deps["train"], uri),
+              describe=lambda r: r["uri"]),
     ]
