@@ -109,3 +109,18 @@ def test_full_corpus_end_to_end_rerun_and_killed_resume(repo_root, shared_dir, m
     assert "resuming" in p.stderr
     assert _shard_hashes(out) == _shard_hashes(ref)
     assert json.loads((out / "manifest.json").read_text())["config_hash"] == m["config_hash"]
+
+
+@pytest.mark.slow
+def test_trained_vocab_and_shards_identical_in_independent_runs(repo_root, shared_dir, tmp_path):
+    """Two separate jobs (each its own Ray, its own hash seeds) training a vocabulary: the same bytes."""
+    books = shared_dir / "corpora/books"
+    outs = [tmp_path / "a", tmp_path / "b"]
+    for out in outs:
+        p = _run(repo_root, "--input", books / "08_Ruth.txt", "--input", books / "31_Obad.txt", "--input",
+                 books / "57_Phmn.txt", "--output", out, "--vocab-size", "1500", "--num-cpus", "2")
+        assert p.returncode == 0, p.stderr[-3000:]
+    a, b = outs
+    for name in ("vocab.txt", "tokenizer.json", "vocab.meta.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    assert _shard_hashes(a) == _shard_hashes(b) and len(_shard_hashes(a)) >= 1

@@ -605,8 +605,19 @@ def vocab_done(p: Plan) -> dict[str, Any] | None:
     return _vocab_result(p.cfg, sha)
 
 
+class _Sample:
+    """The vocabulary-training sample, re-iterable (the trainer reads it twice) without holding it in memory."""
+
+    def __init__(self, p: Plan) -> None:
+        self.p = p
+
+    def __iter__(self) -> Any:
+        return _sample_texts(self.p)
+
+
 def _sample_texts(p: Plan) -> Any:
-    """Documents for vocabulary training: up to vocab_sample_chars, spread evenly over the input files."""
+    """Documents for vocabulary training: up to vocab_sample_chars, spread evenly over the input files, in
+    file order (sorted paths) and record order, so the sample is a function of the inputs."""
     budget = p.cfg.vocab_sample_chars // max(1, len(p.files)) + 1
     for f in p.files:
         used = 0
@@ -640,7 +651,7 @@ def run_vocab(p: Plan) -> dict[str, Any]:
         _log(f"vocab: using {cfg.vocab} ({tok.get_vocab_size()} tokens)")
     else:
         _log(f"vocab: training a WordPiece vocabulary of {cfg.vocab_size} on up to {cfg.vocab_sample_chars} chars")
-        tok = train_wordpiece(_sample_texts(p), cfg.vocab_size, cfg.lowercase)
+        tok = train_wordpiece(_Sample(p), cfg.vocab_size, cfg.lowercase)
     vb = vocab_bytes(tok)
     sha = hashlib.sha256(vb).hexdigest()
     write_bytes_atomic(join(cfg.output, "vocab.txt"), vb)
