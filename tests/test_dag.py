@@ -225,3 +225,30 @@ def test_truncated_shard_is_one_line_naming_the_file(two_runs, tmp_path):
         validate_output(str(c), checksums=False)
     with pytest.raises(StorageError, match=rf"{shard.name} is not a readable Parquet file"):
         read_table(str(shard))
+
+
+def test_partial_work_from_another_vocabulary_is_never_resumed(ray_local, shared_dir, minilm_dir, tmp_path):
+    """The issue-10 scenario: a killed run left token chunks of vocabulary A, vocab.meta.json was deleted, and
+    the re-run has vocabulary B. The chunks of A are discarded; the shards equal a clean run's, byte for byte."""
+    from pipeline.data.prepare import plan, tokenize_file, work_dir
+    from pipeline.data.sources import expand_inputs
+    from pipeline.data.tokenizer import load_tokenizer
+    from pipeline.io import sha256_file
+
+    inputs = [str(shared_dir / "corpora/books" / b) for b in ("08_Ruth.txt", "57_Phmn.txt")]
+    cfg = lambda out: DataConfig(inputs=inputs, output=str(out), vocab=None, vocab_size=800, num_shards=2,
+                                 num_actors=1, chunk_chars=50_000)
+    clean, _ = _run(cfg(tmp_path / "clean"), tmp_path)
+    dirty = tmp_path / "dirty"
+    p = plan(cfg(dirty))
+    dirty.mkdir()
+    for name in ("vocab.txt", "tokenizer.json"):  # vocabulary A, and no vocab.meta.json
+        shutil.copy(minilm_dir / name, dirty / name)
+    stale = work_dir(p.cfg, p.config_hash, sha256_file(str(dirty / "vocab.txt")))
+    files, _ = expand_inputs(inputs)
+    tokenize_file(files[0], load_tokenizer(minilm_dir / "vocab.txt"), p.cfg, stale)  # A's ids, marked done
+    res, _ = _run(cfg(dirty), tmp_path)
+    assert res["vocab"].status == "ran"
+    assert (dirty / "vocab.txt").read_bytes() == (tmp_path / "clean" / "vocab.txt").read_bytes()
+    assert _bytes(res["validate"].result) == _bytes(clean["validate"].result)
+    assert not (dirty / "_work").exists()

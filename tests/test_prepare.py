@@ -135,3 +135,40 @@ def test_examples_for_chunks_is_deterministic(tokenized, minilm_dir, tmp_path):
     assert t.schema == SCHEMA and max(t.column("num_tokens").to_pylist()) <= cfg.max_seq_length
     random.seed(0)  # global random state plays no part
     assert examples_for_chunks(chunk, pool, cfg, policy, 101, 102, str(tmp_path / "a" / "e0.parquet")) == m1
+
+
+def test_vocabularies_never_mix(shared_dir, minilm_dir, tmp_path):
+    """A vocabulary stage result holds only when vocab.txt, tokenizer.json and vocab.meta.json agree; partial
+    work is keyed by the vocabulary and work from another one is discarded; a mismatched pair is refused."""
+    from pipeline.data.prepare import discard_other_work, plan, run_vocab, vocab_done, work_dir
+    from pipeline.data.tokenizer import VocabError, check_pair
+
+    out = tmp_path / "out"
+    book = str(shared_dir / "corpora/books/08_Ruth.txt")
+    p = plan(DataConfig(inputs=[book], output=str(out), vocab=None, vocab_size=300))
+    v = run_vocab(p)
+    assert vocab_done(p) == v
+    # tokenizer.json of another vocabulary beside this vocab.txt (the meta still names vocab.txt): not done
+    good_tj = (out / "tokenizer.json").read_bytes()
+    (out / "tokenizer.json").write_bytes((minilm_dir / "tokenizer.json").read_bytes())
+    assert vocab_done(p) is None
+    with pytest.raises(VocabError, match=r"tokenizer.json holds a vocabulary with sha256 .* not that of"):
+        check_pair(str(out / "vocab.txt"), str(out / "tokenizer.json"), v["vocab_sha256"])
+    (out / "tokenizer.json").write_bytes(good_tj)
+    assert check_pair(str(out / "vocab.txt"), str(out / "tokenizer.json"), v["vocab_sha256"]).get_vocab_size() == 300
+    # a deleted meta: the stage runs again (and rewrites all three files)
+    (out / "vocab.meta.json").unlink()
+    assert vocab_done(p) is None
+    assert run_vocab(p) == v and vocab_done(p) == v
+    # vocab.txt swapped under the preparation: refused by name
+    (out / "vocab.txt").write_bytes((minilm_dir / "vocab.txt").read_bytes())
+    with pytest.raises(VocabError, match=r"vocab.txt has sha256 .* the vocabulary changed"):
+        check_pair(str(out / "vocab.txt"), str(out / "tokenizer.json"), v["vocab_sha256"])
+    # partial work is keyed by the vocabulary; work of another (or another config) is removed, ours kept
+    mine = work_dir(p.cfg, p.config_hash, v["vocab_sha256"])
+    other = work_dir(p.cfg, p.config_hash, "0" * 64)
+    assert mine != other
+    for d in (mine, other):
+        write_bytes_atomic(d + "/tok/f000000.done.json", b"{}")
+    assert discard_other_work(str(out), mine) == [other.rsplit("/", 1)[-1]]
+    assert sorted(x.name for x in (out / "_work").iterdir()) == [mine.rsplit("/", 1)[-1]]

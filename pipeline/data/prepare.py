@@ -13,8 +13,11 @@
    contiguous parts whose sizes differ by at most one row; each shard is streamed to a temporary name, then
    renamed. Mixing beyond a chunk (~1M tokens) is the loader's job (block order + local shuffle buffer).
 
-Everything intermediate lives under `OUT/_work/<config_hash>/` and every file appears by rename, so a killed run
-resumes at the last finished file or chunk and writes the same bytes. manifest.json is written last and marks
+Everything intermediate lives under `OUT/_work/<config_hash>-<vocab sha256>/` and every file appears by rename, so a
+killed run resumes at the last finished file or chunk and writes the same bytes. The work directory is keyed by
+the vocabulary too, and every actor checks `tokenizer.json` and `vocab.txt` against that sha256 before it
+encodes (`tokenizer.check_pair`): partial work from another vocabulary (or config) is discarded, never resumed,
+so ids from two vocabularies never mix. manifest.json is written last and marks
 completion; `_work` is removed after it. Paths are fsspec paths/URIs (local, file://, s3://).
 """
 
@@ -64,7 +67,7 @@ from pipeline.data.examples import (
 )
 from pipeline.data.masking import MaskingPolicy, mask_rows
 from pipeline.data.sources import Document, InputError, InputFile, read_documents
-from pipeline.data.tokenizer import read_vocab
+from pipeline.data.tokenizer import VocabError, check_pair, read_vocab, sha256_bytes
 
 TOKEN_SCHEMA = pa.schema([("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32())), ("sent_lens", pa.list_(pa.int32()))])
 POOL_SCHEMA = pa.schema(
@@ -123,8 +126,9 @@ def output_config_hash(cfg: DataConfig, fingerprint: list, vocab_source: str | N
     return config_hash({"data": d, "inputs": fingerprint, "vocab": vocab_source, "format": 1})
 
 
-def work_dir(cfg: DataConfig, chash: str) -> str:
-    return join(cfg.output, "_work", chash[:16])
+def work_dir(cfg: DataConfig, chash: str, vocab_sha: str) -> str:
+    """Where the passes keep their partial work: one directory per (config, vocabulary)."""
+    return join(cfg.output, "_work", f"{chash[:16]}-{vocab_sha[:16]}")
 
 
 # ---------------------------------------------------------------------------------------------- pass 1
@@ -224,6 +228,24 @@ def tokenize_file(f: InputFile, tok: Any, cfg: DataConfig, work: str) -> dict[st
 def _split(tokens: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:
     ends = np.cumsum(lens)
     return np.split(tokens, ends[:-1]) if len(lens) else []
+
+
+def discard_other_work(output: str, keep: str) -> list[str]:
+    """Remove partial work under `output/_work` that is not `keep` (another config or vocabulary): it can never
+    be resumed into this dataset. Returns the names removed."""
+    fs, root = filesystem(join(output, "_work"))
+    if not fs.exists(root):
+        return []
+    keep_name = keep.rstrip("/").rsplit("/", 1)[-1]
+    gone = []
+    for entry in sorted(fs.ls(root, detail=False)):
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        if name != keep_name:
+            fs.rm(entry, recursive=True)
+            gone.append(name)
+    if gone:
+        _log(f"discarded partial work from another config or vocabulary: {', '.join(gone)}")
+    return gone
 
 
 def merge_pool(pool_paths: list[str], size: int) -> RandomPool:
@@ -362,14 +384,10 @@ def _log(msg: str) -> None:
 class _TokenizeActor:
     """Holds one tokenizer; one input file per call. Constructor arguments are small (paths, config)."""
 
-    def __init__(self, tokenizer_path: str, cfg: dict, work: str) -> None:
+    def __init__(self, tokenizer_path: str, cfg: dict, work: str, vocab_sha: str) -> None:
         os.environ.setdefault("RAYON_NUM_THREADS", "1")  # one thread per actor; the actors are the parallelism
-        from tokenizers import Tokenizer
-
-        self.tok = Tokenizer.from_str(read_text(tokenizer_path))
-        self.tok.no_truncation()
-        self.tok.no_padding()
         self.cfg = DataConfig(**cfg)
+        self.tok = check_pair(join(self.cfg.output, "vocab.txt"), tokenizer_path, vocab_sha)
         self.work = work
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -383,11 +401,13 @@ class _TokenizeActor:
 class _ExamplesActor:
     """Holds the random pool (fetched once from the object store) and the masking policy."""
 
-    def __init__(self, pool_ref: list, cfg: dict, vocab_path: str) -> None:
+    def __init__(self, pool_ref: list, cfg: dict, vocab_path: str, vocab_sha: str) -> None:
         import ray
 
         self.pool = ray.get(pool_ref[0])
         self.cfg = DataConfig(**cfg)
+        if sha256_bytes(read_bytes(vocab_path)) != vocab_sha:
+            raise VocabError(f"{vocab_path} changed during the preparation; run it again")
         vocab = read_vocab(vocab_path)
         self.policy = MaskingPolicy.from_vocab(
             vocab, mask_rate=self.cfg.mask_rate, max_predictions_per_seq=self.cfg.max_predictions_per_seq,
@@ -412,7 +432,9 @@ def _actor_cpus(num_actors: int) -> float:
     return min(1.0, total / max(1, num_actors))
 
 
-def _tokenize_pass(cfg: DataConfig, files: list[InputFile], work: str, tokenizer_path: str, cpus: float) -> list[dict[str, Any]]:
+def _tokenize_pass(
+    cfg: DataConfig, files: list[InputFile], work: str, tokenizer_path: str, vocab_sha: str, cpus: float
+) -> list[dict[str, Any]]:
     """Pass 1 on an actor pool: one row per group of whole input files; returns each file's stats (pool order)."""
     import ray
 
@@ -429,7 +451,8 @@ def _tokenize_pass(cfg: DataConfig, files: list[InputFile], work: str, tokenizer
         ray.data.from_items(items, override_num_blocks=max(1, len(items)))
         .map_batches(
             _TokenizeActor,
-            fn_constructor_kwargs={"tokenizer_path": tokenizer_path, "cfg": dataclasses.asdict(cfg), "work": work},
+            fn_constructor_kwargs={"tokenizer_path": tokenizer_path, "cfg": dataclasses.asdict(cfg), "work": work,
+                                   "vocab_sha": vocab_sha},
             batch_size=1,
             compute=ray.data.ActorPoolStrategy(size=cfg.num_actors),
             num_cpus=cpus,
@@ -439,7 +462,9 @@ def _tokenize_pass(cfg: DataConfig, files: list[InputFile], work: str, tokenizer
     return sorted((s for r in stats_rows for s in json.loads(r["stats"])), key=lambda s: s["pool"])
 
 
-def _examples_pass(cfg: DataConfig, chunks: list[dict[str, Any]], pool: RandomPool, work: str, cpus: float) -> list[dict[str, Any]]:
+def _examples_pass(
+    cfg: DataConfig, chunks: list[dict[str, Any]], pool: RandomPool, work: str, vocab_sha: str, cpus: float
+) -> list[dict[str, Any]]:
     """Pass 2 on an actor pool: NSP pairs / packs + static masks per unit of token chunks; returns the example
     chunks' metadata in a hashed order that mixes sources across shards."""
     import ray
@@ -453,7 +478,7 @@ def _examples_pass(cfg: DataConfig, chunks: list[dict[str, Any]], pool: RandomPo
         .map_batches(
             _ExamplesActor,
             fn_constructor_kwargs={"pool_ref": [ray.put(pool)], "cfg": dataclasses.asdict(cfg),
-                                   "vocab_path": join(cfg.output, "vocab.txt")},
+                                   "vocab_path": join(cfg.output, "vocab.txt"), "vocab_sha": vocab_sha},
             batch_size=1,
             compute=ray.data.ActorPoolStrategy(size=cfg.num_actors),
             num_cpus=cpus,
@@ -473,13 +498,15 @@ def prepare_shards(
     import ray
 
     start = time.perf_counter()
-    work = work_dir(cfg, chash)
+    work = work_dir(cfg, chash, vocab_sha)
     cfg_dict = dataclasses.asdict(cfg)
     cpus = _actor_cpus(cfg.num_actors)
     ray.data.DataContext.get_current().execution_options.preserve_order = True  # results come back in input order
     fs, out_p = filesystem(cfg.output)
+    check_pair(join(cfg.output, "vocab.txt"), tokenizer_path, vocab_sha)  # one line on the driver, before actors
+    discard_other_work(cfg.output, work)
 
-    file_stats = _tokenize_pass(cfg, files, work, tokenizer_path, cpus)
+    file_stats = _tokenize_pass(cfg, files, work, tokenizer_path, vocab_sha, cpus)
     reasons: Counter[str] = Counter()
     for s in file_stats:
         reasons.update(s["rejected_reasons"])
@@ -493,7 +520,7 @@ def prepare_shards(
 
     pool = merge_pool([s["pool"] for s in file_stats], cfg.random_pool_size)
     vocab = read_vocab(join(cfg.output, "vocab.txt"))
-    ex_chunks = _examples_pass(cfg, chunks, pool, work, cpus)
+    ex_chunks = _examples_pass(cfg, chunks, pool, work, vocab_sha, cpus)
     examples = sum(m["rows"] for m in ex_chunks)
     if examples == 0:
         raise InputError(f"the {docs_written} usable document(s) produced no example")
@@ -595,12 +622,18 @@ def _vocab_result(cfg: DataConfig, sha: str) -> dict[str, Any]:
 
 
 def vocab_done(p: Plan) -> dict[str, Any] | None:
+    """The vocabulary result when vocab.txt, tokenizer.json and vocab.meta.json agree with each other and with
+    this plan's vocabulary key; otherwise None and the stage runs again (it rewrites all three)."""
     meta = join(p.cfg.output, "vocab.meta.json")
     if not (exists(meta) and exists(join(p.cfg.output, "tokenizer.json")) and exists(join(p.cfg.output, "vocab.txt"))):
         return None
-    m = json.loads(read_text(meta))
-    sha = hashlib.sha256(read_bytes(join(p.cfg.output, "vocab.txt"))).hexdigest()
-    if m.get("key") != p.vocab_key or m.get("vocab_sha256") != sha:
+    try:
+        m = json.loads(read_text(meta))
+    except ValueError:
+        return None
+    sha = sha256_bytes(read_bytes(join(p.cfg.output, "vocab.txt")))
+    tok_sha = sha256_bytes(read_bytes(join(p.cfg.output, "tokenizer.json")))
+    if m.get("key") != p.vocab_key or m.get("vocab_sha256") != sha or m.get("tokenizer_sha256") != tok_sha:
         return None
     return _vocab_result(p.cfg, sha)
 
@@ -655,8 +688,10 @@ def run_vocab(p: Plan) -> dict[str, Any]:
     vb = vocab_bytes(tok)
     sha = hashlib.sha256(vb).hexdigest()
     write_bytes_atomic(join(cfg.output, "vocab.txt"), vb)
-    write_bytes_atomic(join(cfg.output, "tokenizer.json"), tokenizer_json(tok).encode())
-    write_bytes_atomic(join(cfg.output, "vocab.meta.json"), json.dumps({"key": p.vocab_key, "vocab_sha256": sha}).encode())
+    tj = tokenizer_json(tok).encode()
+    write_bytes_atomic(join(cfg.output, "tokenizer.json"), tj)
+    meta = {"key": p.vocab_key, "vocab_sha256": sha, "tokenizer_sha256": sha256_bytes(tj)}
+    write_bytes_atomic(join(cfg.output, "vocab.meta.json"), json.dumps(meta).encode())
     return _vocab_result(cfg, sha)
 
 

@@ -177,6 +177,29 @@ def vocab_bytes(tok: Tokenizer) -> bytes:
     return ("\n".join(vocab_list(tok)) + "\n").encode("utf-8")
 
 
+def check_pair(vocab_txt: str, tokenizer_json_path: str, vocab_sha256: str) -> Tokenizer:
+    """The tokenizer of `tokenizer_json_path`, after checking that it and `vocab_txt` both hold the vocabulary
+    whose sha256 is `vocab_sha256`: token ids from two vocabularies must never meet in one dataset.
+
+    Raises VocabError naming the file that does not match.
+    """
+    got = sha256_bytes(read_bytes(vocab_txt))
+    if got != vocab_sha256:
+        raise VocabError(f"{vocab_txt} has sha256 {got[:12]}, expected {vocab_sha256[:12]}: the vocabulary changed "
+                         "under this preparation; run it again")
+    try:
+        tok = Tokenizer.from_str(read_bytes(tokenizer_json_path).decode("utf-8"))
+    except Exception as e:  # tokenizers raises plain Exception subclasses
+        raise VocabError(f"{tokenizer_json_path} is not a tokenizers tokenizer.json: {str(e)[:200]}") from None
+    got = sha256_bytes(vocab_bytes(tok))
+    if got != vocab_sha256:
+        raise VocabError(f"{tokenizer_json_path} holds a vocabulary with sha256 {got[:12]}, not that of "
+                         f"{vocab_txt} ({vocab_sha256[:12]}); run the preparation again")
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
 def sha256_bytes(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
 
