@@ -75,12 +75,14 @@ def _basic_auth_header() -> dict[str, str]:
     return {"Authorization": f"Basic {token}"}
 
 
-def check_tracking_server(uri: str | None = None, timeout: float = 5.0) -> None:
+def check_tracking_server(uri: str | None = None, timeout: float = 30.0) -> None:
     """Raise `TrackingError` (one line) when an http(s) tracking server does not answer or refuses this job's
     credentials (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD); local stores always pass.
 
     An authenticated read (`experiments/search`, one result) is the probe: `/health` answers without credentials
-    even on a basic-auth server. The message names the server and the problem, never the password.
+    even on a basic-auth server. The message names the server and the problem, never the password. The timeout is
+    generous because the server hashes the password on every request (slow on a busy head); a refused connection
+    still fails at once.
     """
     uri = uri or tracking_uri()
     if not uri.startswith(("http://", "https://")):
