@@ -79,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
             launcher.check_resources("train", use_gpu=cfg.train.use_gpu, num_workers=cfg.train.num_workers,
                                      cpus_per_worker=cfg.train.cpus_per_worker)
             ray.data.DataContext.get_current().enable_progress_bars = False  # bars would land after the last line
-            print(f"tracking: {uri}; ray: {address} {ray.cluster_resources()}", flush=True)
+            res = ray.cluster_resources()
+            print(f"tracking: {uri}; ray: {address} ({res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU); "
+                  f"Ray's logs: {launcher.session_log_dir()}", flush=True)
             command = "python jobs/pretrain.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
             stages = pretrain_stages(cfg, git_sha=git_sha(), tracking_uri=uri, attempt=attempt, command=command)
             state["started"] = True

@@ -244,7 +244,9 @@ class Progress:
             line += f"  eta {int(eta // 60)}m{int(eta % 60):02d}s"
         import sys
 
-        print(line, file=self.out or sys.stdout, flush=True)
+        # The real stdout: in a Ray Train worker `print` to sys.stdout is patched to go to stdout *and* the
+        # worker's logger (stderr), and Ray forwards both, so every line would appear twice.
+        print(line, file=self.out or sys.__stdout__, flush=True)
         return line
 
 

@@ -67,3 +67,37 @@ def test_use_gpu_on_a_cluster_without_gpu_fails_at_once(repo_root, tmp_path, sha
     line = _one_line(p)
     assert "train.use_gpu is true but the Ray cluster has no GPU" in line and secs < 120
     assert not (tmp_path / "d").exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_mlflow_run_as_killed(repo_root, tmp_path, shared_dir):
+    """An interrupted attempt never leaves its MLflow run RUNNING: SIGTERM mid-training ends it KILLED, exit 130."""
+    import signal
+
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    env.pop("RAY_ADDRESS", None)
+    books = [str(shared_dir / "corpora/books" / b) for b in ("08_Ruth.txt", "32_Jonah.txt")]
+    proc = subprocess.Popen(
+        [sys.executable, "jobs/pretrain.py", "--config", "configs/tiny.yaml", "--data.inputs", repr(books).replace("'", '"'),
+         "--data.output", str(tmp_path / "d"), "--data.vocab_size", "600", "--data.num_shards", "3", "--data.num_actors", "1",
+         "--train.storage_path", str(tmp_path / "runs"), "--train.max_steps", "100000", "--train.micro_batch_size", "8",
+         "--train.global_batch_size", "8"],
+        cwd=repo_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = MlflowClient(uri)
+    deadline, run = time.time() + 300, None
+    while time.time() < deadline and proc.poll() is None:
+        exp = (tmp_path / "m.db").exists() and client.get_experiment_by_name("bert-pretrain")
+        runs = client.search_runs([exp.experiment_id]) if exp else []
+        if runs and client.get_metric_history(runs[0].info.run_id, "train/loss"):
+            run = runs[0]
+            break
+        time.sleep(2)
+    assert run is not None and run.info.status == "RUNNING", proc.communicate(timeout=60)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "pretrain: interrupted" in err.strip().splitlines()[-1]
+    assert client.get_run(run.info.run_id).info.status == "KILLED"

@@ -57,11 +57,24 @@ def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
             raise RayStartError(f"no Ray cluster answers at {gcs} (RAY_ADDRESS={address}); start it, or unset "
                                 f"RAY_ADDRESS to run on a private local Ray")
     try:
+        # Workers log Ray's own INFO chatter (Train checkpoints, Data executions) only to the session's log
+        # files; the console keeps our progress lines, warnings and errors.
         ray.init(address=address, num_cpus=num_cpus if address == "local" else None, include_dashboard=False,
-                 configure_logging=False, log_to_driver=log_to_driver)
+                 configure_logging=False, log_to_driver=log_to_driver,
+                 logging_config=ray.LoggingConfig(encoding="TEXT", log_level="WARNING"))
     except Exception as e:  # noqa: BLE001 - e.g. "node timed out during startup" on an overloaded machine
         raise RayStartError(f"could not start or join Ray ({address}): {str(e).splitlines()[0]}") from None
     return address
+
+
+def session_log_dir() -> str:
+    """The connected Ray session's log directory (where Ray's own logs go), for the job to name once."""
+    import ray
+
+    try:
+        return str(ray._private.worker._global_node.get_logs_dir_path())  # noqa: SLF001 - no public accessor
+    except AttributeError:  # joined a remote cluster: its logs are on its nodes
+        return "on the cluster's nodes (/tmp/ray/session_latest/logs)"
 
 
 def check_resources(section: str, *, use_gpu: bool, num_workers: int, cpus_per_worker: float) -> None:
