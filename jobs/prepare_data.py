@@ -5,7 +5,8 @@
 
 Also accepts `--config FILE` (its `data` section) and `--data.field value` overrides. Runs on the Ray cluster in
 RAY_ADDRESS, or starts a local one. Re-running with the same config and inputs does nothing; an interrupted run
-resumes. Bad input exits 1 with one line on stderr.
+resumes. Bad input exits 1 with one line on stderr. One writer per output directory: a second preparation into
+the same local directory exits 1 at once, naming the holder (pipeline.io.output_lock; no lock on s3:// etc.).
 """
 
 from __future__ import annotations
@@ -64,13 +65,15 @@ def run(data, num_cpus: int | None) -> int:
     from pipeline.core import launcher
     from pipeline.dag import run_graph, summary_table
     from pipeline.data.prepare import data_stages
+    from pipeline.io import output_lock
 
-    stages = data_stages(data)  # lists inputs and checks the output before Ray starts
-    launcher.connect(num_cpus)
-    try:
-        results = run_graph(stages, remote=False, log=lambda m: print(m, flush=True))
-    finally:
-        ray.shutdown()
+    with output_lock(data.output):  # held by this process for the whole run; fails before Ray starts
+        stages = data_stages(data)  # lists inputs and checks the output before Ray starts
+        launcher.connect(num_cpus)
+        try:
+            results = run_graph(stages, remote=False, log=lambda m: print(m, flush=True))
+        finally:
+            ray.shutdown()
     v = results["validate"].result
     shards = results["shards"]
     print(summary_table(results))

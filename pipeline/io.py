@@ -10,10 +10,14 @@ into place, so a reader sees a whole file or none; every read error names the fi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import socket
+import sys
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import fsspec
@@ -115,3 +119,67 @@ def read_json(path: str) -> Any:
 def is_uri(path: str) -> bool:
     """True for `scheme://...` paths (object stores, file://), False for plain local paths."""
     return "://" in str(path)
+
+
+class OutputLockedError(StorageError):
+    """Another process is writing the same output directory; the message names the directory and the holder."""
+
+
+_HELD: dict[str, list] = {}  # lock file -> [fd, depth]: re-entrant within one process (flock is per open file)
+
+
+@contextlib.contextmanager
+def output_lock(directory: str) -> Iterator[None]:
+    """One writer per output directory: an advisory, non-blocking `fcntl.flock` on `DIR/.lock`.
+
+    A second writer (another process, on this host or another host sharing a POSIX filesystem that supports
+    flock, e.g. a local disk; NFS only where the server maps flock to fcntl locks) fails at once with
+    OutputLockedError naming the directory and the holder (pid@host). Re-entrant within one process. The lock
+    file holds the holder's pid and host and is removed on release; the kernel drops the lock when the holder
+    dies, so a killed run never leaves a stale lock. On a URI other than file:// (s3://, gs://, ...) there is
+    no lock: object stores have no atomic create-if-absent across fsspec backends, so this is a documented
+    no-op that says so on stderr; run one preparation per output URI.
+    """
+    fs, p = filesystem(directory)
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if "file" not in protocols and "local" not in protocols:
+        print(f"[io] no lock on {directory}: {protocols[0]}:// has no advisory locks; run one writer per output",
+              file=sys.stderr, flush=True)
+        yield
+        return
+    import fcntl
+
+    os.makedirs(p, exist_ok=True)
+    path = os.path.realpath(os.path.join(p, ".lock"))
+    if path in _HELD:
+        _HELD[path][1] += 1
+        try:
+            yield
+        finally:
+            _HELD[path][1] -= 1
+        return
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode("utf-8", "replace").strip() or "a process that has not written its name yet"
+            os.close(fd)
+            raise OutputLockedError(f"output {directory} is being written by another preparation ({holder}); "
+                                    "wait for it to finish or choose another output") from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder removed the file between our open and flock: lock the new one
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
+    _HELD[path] = [fd, 1]
+    try:
+        yield
+    finally:
+        del _HELD[path]
+        os.unlink(path)  # before unlocking: a waiter that opened this file sees it gone and retries
+        os.close(fd)

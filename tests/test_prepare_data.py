@@ -124,3 +124,34 @@ def test_trained_vocab_and_shards_identical_in_independent_runs(repo_root, share
     for name in ("vocab.txt", "tokenizer.json", "vocab.meta.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     assert _shard_hashes(a) == _shard_hashes(b) and len(_shard_hashes(a)) >= 1
+
+
+@pytest.mark.slow
+def test_second_concurrent_preparation_fails_at_once(repo_root, shared_dir, minilm_dir, tmp_path):
+    """Two real jobs on one output: the second exits 1 at once with one line naming the directory and the first
+    job's pid; the first finishes a complete, valid dataset with nothing half-written beside it."""
+    from pipeline.data.dataset import validate_output
+
+    out = tmp_path / "out"
+    args = ["--input", shared_dir / "corpora/books/08_Ruth.txt", "--input", shared_dir / "corpora/books/41_Mark.txt",
+            "--output", out, "--vocab", minilm_dir / "vocab.txt", "--num-cpus", "2"]
+    first = subprocess.Popen(_cmd(repo_root, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=_env(), cwd=repo_root)
+    try:
+        deadline = time.time() + 120
+        while not ((out / ".lock").is_file() and (out / ".lock").read_text()):  # the first holds the lock
+            assert first.poll() is None and time.time() < deadline, first.communicate()
+            time.sleep(0.05)
+        t0 = time.time()
+        second = _run(repo_root, *args)
+        took = time.time() - t0
+        _assert_clean_error(second, f"output {out} is being written by another preparation (pid {first.pid} on ")
+        assert len(second.stderr.strip().splitlines()) == 1 and took < 60, (took, second.stderr)
+        stdout, stderr = first.communicate(timeout=600)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, stderr[-3000:]
+    assert sorted(os.listdir(out)) == ["manifest.json", "shards", "tokenizer.json", "vocab.meta.json", "vocab.txt"]
+    assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
+    assert validate_output(str(out))["documents_written"] == 2

@@ -43,6 +43,7 @@ from pipeline.io import (
     exists,
     filesystem,
     join,
+    output_lock,
     read_bytes,
     read_table,
     read_text,
@@ -663,7 +664,13 @@ def _sample_texts(p: Plan) -> Any:
 
 
 def run_vocab(p: Plan) -> dict[str, Any]:
-    """Load the given vocabulary or train one; write vocab.txt + tokenizer.json (+ a key marker) to the output."""
+    """Load the given vocabulary or train one; write vocab.txt + tokenizer.json (+ a key marker) to the output,
+    holding the output's writer lock (a second writer fails at once, see `pipeline.io.output_lock`)."""
+    with output_lock(p.cfg.output):
+        return _run_vocab(p)
+
+
+def _run_vocab(p: Plan) -> dict[str, Any]:
     from pipeline.data.tokenizer import load_tokenizer, tokenizer_json, train_wordpiece, vocab_bytes
 
     cfg = p.cfg
@@ -716,11 +723,13 @@ def shards_done(p: Plan) -> dict[str, Any] | None:
 
 
 def run_shards(p: Plan, vocab: dict[str, Any]) -> dict[str, Any]:
+    """The three passes, holding the output's writer lock."""
     import ray
 
-    if not ray.is_initialized():
-        ray.init()
-    m = prepare_shards(p.cfg, p.files, p.skipped, p.config_hash, vocab["vocab_sha256"], vocab["tokenizer"])
+    with output_lock(p.cfg.output):
+        if not ray.is_initialized():
+            ray.init()
+        m = prepare_shards(p.cfg, p.files, p.skipped, p.config_hash, vocab["vocab_sha256"], vocab["tokenizer"])
     return _summary(m)
 
 
