@@ -77,6 +77,9 @@ class DataConfig:
     """Characters of text (spread over the input files) a new WordPiece vocabulary is trained on."""
     chunk_chars: int = 4_000_000
     """Characters of text per intermediate token chunk: the unit of parallel work, memory and resume."""
+    max_document_chars: int = 1_000_000
+    """Longer documents (a .txt book is one) are cut into pieces of at most this many characters at paragraph or
+    sentence boundaries before tokenization, so memory does not grow with a document (pipeline/data/examples.py)."""
     overwrite: bool = False
     """Replace an output directory prepared with a different config (otherwise that is an error)."""
 
@@ -95,6 +98,7 @@ class DataConfig:
         _check(self.random_pool_size >= 1, f"data.random_pool_size {self.random_pool_size} < 1")
         _check(self.chunk_chars >= 1, f"data.chunk_chars {self.chunk_chars} < 1")
         _check(self.vocab_sample_chars >= 1, f"data.vocab_sample_chars {self.vocab_sample_chars} < 1")
+        _check(self.max_document_chars >= 1000, f"data.max_document_chars {self.max_document_chars} < 1000")
 
 
 @dataclass
