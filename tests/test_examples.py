@@ -144,3 +144,58 @@ def test_pack_sentences_keeps_every_token_in_order(documents):
     for x in out[:-1]:
         k += len(x.input_ids) - 2
         assert k in starts or any(len(s) > 62 for s in doc)
+
+
+@pytest.mark.parametrize("max_chars", [1000, 5000, 40_000])
+def test_split_document_covers_the_text_at_paragraph_boundaries(shared_dir, max_chars):
+    from pipeline.data.examples import split_document
+
+    text = (shared_dir / "corpora/books/08_Ruth.txt").read_text()
+    pieces = list(split_document(text, max_chars))
+    assert "".join(pieces) == text and len(pieces) >= len(text) // max_chars
+    assert all(len(p) <= max_chars for p in pieces)
+    # after a blank line where the window's second half has one (chapters here are ~4k chars), else a sentence
+    assert all(p.endswith("\n\n") or p.rstrip(" ").rstrip("\"'\u201d\u2019)]")[-1] in ".?!" for p in pieces[:-1])
+    if max_chars >= 10_000:
+        assert all(p.endswith("\n\n") for p in pieces[:-1])
+    # the sentences of the pieces are the sentences of the document
+    assert [s for p in pieces for s in split_sentences(p)] == split_sentences(text)
+
+
+def test_split_document_falls_back_to_sentences_then_whitespace_then_a_hard_cut():
+    from pipeline.data.examples import split_document
+
+    one_para = "Alpha beta gamma. " * 200  # no blank line: cut after a sentence end
+    pieces = list(split_document(one_para, 1000))
+    assert "".join(pieces) == one_para and all(p.endswith(". ") for p in pieces[:-1])
+    assert [s for p in pieces for s in split_sentences(p)] == split_sentences(one_para)
+    words = "word " * 1000  # no sentence end: after whitespace
+    assert all(p.endswith(" ") for p in list(split_document(words, 1000))[:-1])
+    assert [len(p) for p in split_document("x" * 2500, 1000)] == [1000, 1000, 500]
+    assert list(split_document("short", 1000)) == ["short"]
+
+
+def test_long_document_is_tokenized_in_pieces_with_every_token(shared_dir, minilm_dir, tmp_path):
+    """A book cut into 20k-character pieces: one document written, several pieces, the same tokens in the same
+    order as the uncut book (cuts fall between paragraphs), bounded chunks."""
+    import pyarrow.parquet as pq
+
+    from pipeline.config import DataConfig
+    from pipeline.data.prepare import tokenize_file
+    from pipeline.data.sources import expand_inputs
+    from pipeline.data.tokenizer import load_tokenizer
+
+    files, _ = expand_inputs([str(shared_dir / "corpora/books/41_Mark.txt")])
+    tok = load_tokenizer(minilm_dir / "vocab.txt")
+    whole = tokenize_file(files[0], tok, DataConfig(chunk_chars=10**9), str(tmp_path / "whole"))
+    cut = tokenize_file(files[0], tok, DataConfig(chunk_chars=50_000, max_document_chars=20_000), str(tmp_path / "cut"))
+    assert whole["documents_written"] == cut["documents_written"] == 1 and whole["pieces"] == 1
+    assert cut["pieces"] >= 4 and len(cut["chunks"]) >= 2 and cut["tokens"] == whole["tokens"]
+    assert cut["sentences"] == whole["sentences"]
+
+    def ids(stats):
+        return [t for c in stats["chunks"] for row in pq.read_table(c["path"]).column("tokens").to_pylist() for t in row]
+
+    assert ids(cut) == ids(whole)
+    doc_ids = [d for c in cut["chunks"] for d in pq.read_table(c["path"]).column("doc_id").to_pylist()]
+    assert doc_ids[0] == files[0].index << 32 and len(set(doc_ids)) == len(doc_ids) == cut["pieces"]

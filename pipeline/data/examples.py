@@ -13,6 +13,15 @@ Pure functions over token-id arrays; Ray only wraps them (pipeline/shards.py). D
 - `truncate_seq_pair` works on index windows, drawing the same coin flips as Google's list version.
 - A chunk of one sentence is not forced to a random B (Google's does that, which pushes the random fraction
   above 50% on text with long sentences): the coin decides, and an IsNext lone sentence is cut in two.
+- Long documents are cut into pieces (`split_document`, at most `data.max_document_chars` characters, 1M by
+  default) before tokenization, so memory is bounded per piece, not per document (a .txt book is one
+  document). Cuts fall after a blank line (paragraph) where the second half of the window has one, else after a
+  sentence end, else after whitespace; the pieces together are the whole text. Each piece is a document of its
+  own (`piece_id`; the first piece keeps the document's id, so documents under the bound are unchanged). Google's
+  pair semantics hold inside each piece. What changes at a boundary: the last sentence of a piece never gets
+  the piece's following sentence as an IsNext B (one lost pair per ~1M characters), a random B may come from
+  another piece of the same document (still not the next segment), and with a whitespace cut (a paragraph
+  without a sentence end over half a million characters) one sentence is split in two.
 
     >>> split_sentences("It rained. Then it stopped! ok")
     ['It rained.', 'Then it stopped! ok']
@@ -23,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +57,41 @@ def split_sentences(text: str) -> list[str]:
             # the end punctuation and closing quotes stay with their sentence; \n marks the cut
             out.extend(s for s in _SENT_END.sub("\\1\n", para).split("\n") if s)
     return out
+
+
+def split_document(text: str, max_chars: int) -> Iterator[str]:
+    """Contiguous pieces of at most `max_chars` characters that together are `text`, cut after a paragraph
+    break in the second half of each window, else after a sentence end, else after whitespace, else hard.
+
+    >>> list(split_document("One. Two.\\n\\nThree four. Five six.", 16))
+    ['One. Two.\\n\\n', 'Three four. ', 'Five six.']
+    """
+    a, n = 0, len(text)
+    while n - a > max_chars:
+        window = text[a : a + max_chars]
+        half = max_chars // 2
+        cut = 0
+        for pattern in (_PARA, _SENT_END, _WS):
+            last = None
+            for last in pattern.finditer(window, half):
+                pass
+            if last is not None and last.end() < len(window):
+                cut = last.end()
+                break
+        cut = cut or max_chars
+        yield text[a : a + cut]
+        a += cut
+    yield text[a:]
+
+
+def piece_id(doc_id: int, k: int) -> int:
+    """The document id of piece `k` of document `doc_id`: the document's own for the first piece, else a 62-bit
+    hash with bit 62 set (source ids are `file index << 32 | record`, below 2**62).
+
+    >>> piece_id(5, 0), piece_id(5, 1) >= 2**62, piece_id(5, 1) != piece_id(5, 2)
+    (5, True, True)
+    """
+    return doc_id if k == 0 else (1 << 62) | (derive_seed("piece", doc_id, k) >> 1)
 
 
 def derive_seed(*parts: int | str) -> int:

@@ -64,6 +64,8 @@ from pipeline.data.examples import (
     document_windows,
     group_consecutive,
     pack_sentences,
+    piece_id,
+    split_document,
     split_sentences,
 )
 from pipeline.data.masking import MaskingPolicy, mask_rows
@@ -144,16 +146,18 @@ def tokenize_file(f: InputFile, tok: Any, cfg: DataConfig, work: str) -> dict[st
     if exists(done):
         return json.loads(read_text(done))
     reasons: Counter[str] = Counter()
-    stats = {"file": f.path, "documents_read": 0, "documents_written": 0, "tokens": 0, "sentences": 0, "chunks": []}
+    stats = {"file": f.path, "documents_read": 0, "documents_written": 0, "pieces": 0, "tokens": 0, "sentences": 0,
+             "chunks": []}
     pool_heap: list[tuple[int, int, int, list[np.ndarray]]] = []  # max-heap by -priority, size <= pool size
-    batch: list[Document] = []
+    batch: list[tuple[Document, bool]] = []  # (piece, is the document's last piece)
     chars = 0
+    doc_has_tokens = False  # of the document whose pieces are being flushed
 
     def flush() -> None:
-        nonlocal batch, chars
+        nonlocal batch, chars, doc_has_tokens
         if not batch:
             return
-        sents_per_doc = [split_sentences(d.text) for d in batch]
+        sents_per_doc = [split_sentences(d.text) for d, _ in batch]
         flat = [s for ss in sents_per_doc for s in ss]
         enc = [e.ids for e in tok.encode_batch_fast(flat, add_special_tokens=False)] if flat else []
         sent_lens = np.fromiter(map(len, enc), dtype=np.int32, count=len(enc))
@@ -161,16 +165,22 @@ def tokenize_file(f: InputFile, tok: Any, cfg: DataConfig, work: str) -> dict[st
         sent_ends = np.cumsum(sent_lens)
         doc_ids, tokens, lens = [], [], []
         k = 0
-        for d, ss in zip(batch, sents_per_doc):
+        for (d, last), ss in zip(batch, sents_per_doc):
             dl = sent_lens[k : k + len(ss)]
             lo = int(sent_ends[k - 1]) if k else 0
             hi = int(sent_ends[k + len(ss) - 1]) if len(ss) else lo
             k += len(ss)
             dl = dl[dl > 0]
+            doc_has_tokens |= len(dl) > 0
+            if last:  # a document counts once, written when any of its pieces has tokens
+                if doc_has_tokens:
+                    stats["documents_written"] += 1
+                else:
+                    reasons["no_tokens"] += 1
+                doc_has_tokens = False
             if len(dl) == 0:
-                reasons["no_tokens"] += 1
                 continue
-            stats["documents_written"] += 1
+            stats["pieces"] += 1
             doc_ids.append(d.doc_id)
             tokens.append(all_ids[lo:hi])
             lens.append(dl)
@@ -178,11 +188,9 @@ def tokenize_file(f: InputFile, tok: Any, cfg: DataConfig, work: str) -> dict[st
             stats["tokens"] += hi - lo
             for w, win in enumerate(document_windows(_split(all_ids[lo:hi], dl), cfg.max_seq_length)):
                 prio = derive_seed(cfg.seed, "pool", d.doc_id, w)
-                item = (-prio, d.doc_id, w, win)
-                if len(pool_heap) < cfg.random_pool_size:
-                    heapq.heappush(pool_heap, item)
-                elif -prio > pool_heap[0][0]:
-                    heapq.heapreplace(pool_heap, item)
+                if len(pool_heap) < cfg.random_pool_size or -prio > pool_heap[0][0]:
+                    item = (-prio, d.doc_id, w, [s.copy() for s in win])  # copies: views would pin the chunk
+                    (heapq.heappush if len(pool_heap) < cfg.random_pool_size else heapq.heapreplace)(pool_heap, item)
         if doc_ids:
             n = len(stats["chunks"])
             path = join(work, "tok", f"f{f.index:06d}-c{n:05d}.parquet")
@@ -197,10 +205,18 @@ def tokenize_file(f: InputFile, tok: Any, cfg: DataConfig, work: str) -> dict[st
     for item in read_documents(f, cfg.text_column):
         stats["documents_read"] += 1
         if isinstance(item, Document):
-            batch.append(item)
-            chars += len(item.text)
-            if chars >= cfg.chunk_chars:
-                flush()
+            pieces = split_document(item.text, cfg.max_document_chars)
+            piece = next(pieces)
+            for k in itertools.count():  # one piece ahead, to know which is last
+                following = next(pieces, None)
+                batch.append((Document(piece_id(item.doc_id, k), item.source, piece), following is None))
+                chars += len(piece)
+                if chars >= cfg.chunk_chars:
+                    flush()
+                if following is None:
+                    break
+                piece = following
+            del item, piece, pieces  # the whole text is not kept while the next document is read
         else:
             reasons[item.reason] += 1
     flush()
@@ -556,6 +572,7 @@ def prepare_shards(
         "input_files": len(files),
         "files_skipped": skipped,
         "source_tokens": sum(s["tokens"] for s in file_stats),
+        "document_pieces": sum(s.get("pieces", 0) for s in file_stats),
     }
     if manifest["documents_read"] != manifest["documents_written"] + manifest["documents_rejected"] or sum(
         reasons.values()

@@ -174,6 +174,7 @@ def _read_txt(f: InputFile) -> Iterator[Document | Rejected]:
         yield Rejected(f.path, 0, "truncated_gzip" if isinstance(e, EOFError) else "unreadable")
         return
     text, reason = decode_text(data)
+    del data  # a book can be 100s of MB: keep the text only, not its bytes too, while it is being consumed
     reason = reason or check_text(text)  # type: ignore[arg-type]
     yield Rejected(f.path, 0, reason) if reason else Document(doc_id, f.path, text)  # type: ignore[arg-type]
 
