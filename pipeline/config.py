@@ -80,6 +80,9 @@ class DataConfig:
     max_document_chars: int = 1_000_000
     """Longer documents (a .txt book is one) are cut into pieces of at most this many characters at paragraph or
     sentence boundaries before tokenization, so memory does not grow with a document (pipeline/data/examples.py)."""
+    local_max_bytes: int = 32 * 2**20
+    """Inputs of at most this many bytes (on disk) are prepared in the job's own process, without Ray actors,
+    where their fixed cost would dominate; 0: always on Ray. The output does not depend on it."""
     overwrite: bool = False
     """Replace an output directory prepared with a different config (otherwise that is an error)."""
 
@@ -99,6 +102,7 @@ class DataConfig:
         _check(self.chunk_chars >= 1, f"data.chunk_chars {self.chunk_chars} < 1")
         _check(self.vocab_sample_chars >= 1, f"data.vocab_sample_chars {self.vocab_sample_chars} < 1")
         _check(self.max_document_chars >= 1000, f"data.max_document_chars {self.max_document_chars} < 1000")
+        _check(self.local_max_bytes >= 0, f"data.local_max_bytes {self.local_max_bytes} < 0")
 
 
 @dataclass
