@@ -84,7 +84,7 @@ def test_sigterm_ends_the_mlflow_run_as_killed(repo_root, tmp_path, shared_dir):
         [sys.executable, "jobs/pretrain.py", "--config", "configs/tiny.yaml", "--data.inputs", repr(books).replace("'", '"'),
          "--data.output", str(tmp_path / "d"), "--data.vocab_size", "600", "--data.num_shards", "3", "--data.num_actors", "1",
          "--train.storage_path", str(tmp_path / "runs"), "--train.max_steps", "100000", "--train.micro_batch_size", "8",
-         "--train.global_batch_size", "8"],
+         "--train.global_batch_size", "16"],
         cwd=repo_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     client = MlflowClient(uri)
     deadline, run = time.time() + 300, None

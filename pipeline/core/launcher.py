@@ -42,6 +42,20 @@ def _reachable(hostport: str, timeout: float = 5.0) -> bool:
         return False
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def task_env() -> dict[str, str]:
+    """Environment for the job's Ray tasks: RAY_ADDRESS names *this* cluster, so that Ray's own state queries
+    inside them (Ray Train's placement-group cleaner) never pick another cluster running on the same machine."""
+    import ray
+
+    return {"RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+
+
 def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
     """`ray.init` on RAY_ADDRESS when set, else on a new private local cluster; returns the address used."""
     import ray
@@ -59,9 +73,12 @@ def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
     try:
         # Workers log Ray's own INFO chatter (Train checkpoints, Data executions) only to the session's log
         # files; the console keeps our progress lines, warnings and errors.
-        ray.init(address=address, num_cpus=num_cpus if address == "local" else None, include_dashboard=False,
-                 configure_logging=False, log_to_driver=log_to_driver,
-                 logging_config=ray.LoggingConfig(encoding="TEXT", log_level="WARNING"))
+        # A local cluster gets a loopback-only dashboard on a free port: Ray Train's placement-group cleaner
+        # watches the run through the state API, which the dashboard serves (without it, it warns every second).
+        local = {"num_cpus": num_cpus, "include_dashboard": True, "dashboard_host": "127.0.0.1",
+                 "dashboard_port": _free_port()} if address == "local" else {"include_dashboard": False}
+        ray.init(address=address, configure_logging=False, log_to_driver=log_to_driver,
+                 logging_config=ray.LoggingConfig(encoding="TEXT", log_level="WARNING"), **local)
     except Exception as e:  # noqa: BLE001 - e.g. "node timed out during startup" on an overloaded machine
         raise RayStartError(f"could not start or join Ray ({address}): {str(e).splitlines()[0]}") from None
     return address
