@@ -199,10 +199,11 @@ def pretrained(tracking_server, repo_root, shared_dir, tmp_path_factory):
     work = tmp_path_factory.mktemp("pretrain")
     inputs = json.dumps([str(shared_dir / "corpora" / "books" / b) for b in BOOKS])
     out = subprocess.run(
-        [sys.executable, "jobs/pretrain.py", "--config", "configs/tiny.yaml", "--data.inputs", inputs,
+        [sys.executable, str(repo_root / "jobs" / "pretrain.py"), "--config", str(repo_root / "configs" / "tiny.yaml"),
+         "--data.inputs", inputs,
          "--data.output", str(work / "data"), "--train.storage_path", str(work / "runs"),
          "--data.vocab_size", "600", "--data.num_shards", "4", "--data.num_actors", "1", "--train.max_steps", "4",
-         "--train.micro_batch_size", "8", "--train.global_batch_size", "8"],
+         "--train.micro_batch_size", "8", "--train.global_batch_size", "8", "--train.num_workers", "1"],
         cwd=work, env=job_env(tracking_server["uri"]), capture_output=True, text=True, timeout=900,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
