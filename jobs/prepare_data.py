@@ -4,7 +4,8 @@
     python jobs/prepare_data.py --input books/ --input wiki.jsonl.gz --output s3://bucket/prep --vocab vocab.txt
 
 Also accepts `--config FILE` (its `data` section) and `--data.field value` overrides. Runs on the Ray cluster in
-RAY_ADDRESS, or starts a local one. Re-running with the same config and inputs does nothing; an interrupted run
+RAY_ADDRESS, or starts a local one; inputs up to data.local_max_bytes (32 MiB) are prepared in this process
+without Ray, where its fixed cost would dominate. Re-running with the same config and inputs does nothing; an interrupted run
 resumes. Bad input exits 1 with one line on stderr. One writer per output directory: a second preparation into
 the same local directory exits 1 at once, naming the holder (pipeline.io.output_lock; no lock on s3:// etc.).
 """
@@ -64,12 +65,13 @@ def run(data, num_cpus: int | None) -> int:
 
     from pipeline.core import launcher
     from pipeline.dag import run_graph, summary_table
-    from pipeline.data.prepare import data_stages
+    from pipeline.data.prepare import data_stages, needs_ray
     from pipeline.io import output_lock
 
     with output_lock(data.output):  # held by this process for the whole run; fails before Ray starts
         stages = data_stages(data)  # lists inputs and checks the output before Ray starts
-        launcher.connect(num_cpus)
+        if needs_ray(data):  # small inputs (data.local_max_bytes) are prepared in this process, Ray never starts
+            launcher.connect(num_cpus)
         try:
             results = run_graph(stages, remote=False, log=lambda m: print(m, flush=True))
         finally:

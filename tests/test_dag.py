@@ -49,7 +49,7 @@ def inputs(shared_dir, tmp_path_factory):
 
 def _cfg(inputs, out, minilm_dir, **kw):
     base = dict(inputs=inputs, output=str(out), vocab=str(minilm_dir / "vocab.txt"), num_shards=4,
-                chunk_chars=200_000, num_actors=1)
+                chunk_chars=200_000, num_actors=1, local_max_bytes=0)  # on Ray unless a test says otherwise
     return DataConfig(**{**base, **kw})
 
 
@@ -69,6 +69,13 @@ def two_runs(ray_local, inputs, minilm_dir, tmp_path_factory):
 
 def _bytes(v):
     return [open(path, "rb").read() for path, _ in v.shards]
+
+
+def test_in_process_preparation_is_byte_identical_to_ray(two_runs, inputs, minilm_dir):
+    """Small inputs run in the calling process (no actors); the same shards as on Ray."""
+    tmp, a, _ = two_runs
+    here, logs = _run(_cfg(inputs, tmp / "here", minilm_dir, local_max_bytes=10**9), tmp)
+    assert _bytes(here["validate"].result) == _bytes(a["validate"].result)
 
 
 def test_byte_identical_across_one_and_two_actors(two_runs):

@@ -88,9 +88,10 @@ def test_full_corpus_end_to_end_rerun_and_killed_resume(repo_root, shared_dir, m
     p = _run(repo_root, "--input", corpora / "books", "--input", corpora / "wiki", "--output", ref, *common)
     assert p.returncode == 0 and "is up to date" in p.stdout, p.stderr[-2000:]
     assert json.loads((ref / "manifest.json").read_text()) == m
-    # 3. a run killed mid-way (1 actor), then resumed: the same bytes as the reference
+    # 3. a run on Ray (1 actor) killed mid-way, then resumed: the same bytes as the reference (in-process: small)
     out = tmp_path / "killed"
-    args = ["--input", corpora / "books", "--input", corpora / "wiki", "--output", out, *common, "--data.num_actors", "1"]
+    args = ["--input", corpora / "books", "--input", corpora / "wiki", "--output", out, *common, "--data.num_actors", "1",
+            "--data.local_max_bytes", "0"]
     proc = subprocess.Popen(_cmd(repo_root, *args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=_env(), cwd=repo_root, start_new_session=True)
     try:
@@ -134,7 +135,8 @@ def test_second_concurrent_preparation_fails_at_once(repo_root, shared_dir, mini
 
     out = tmp_path / "out"
     args = ["--input", shared_dir / "corpora/books/08_Ruth.txt", "--input", shared_dir / "corpora/books/41_Mark.txt",
-            "--output", out, "--vocab", minilm_dir / "vocab.txt", "--num-cpus", "2"]
+            "--output", out, "--vocab", minilm_dir / "vocab.txt", "--num-cpus", "2",
+            "--data.local_max_bytes", "0"]  # on Ray: the first job lasts long enough for the second to meet it
     first = subprocess.Popen(_cmd(repo_root, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=_env(), cwd=repo_root)
     try:

@@ -120,7 +120,7 @@ def balanced_ranges(n: int, k: int) -> list[tuple[int, int]]:
 # ---------------------------------------------------------------------------------------------- hashing/config
 
 # Fields that change the bytes of the output. num_actors, output and overwrite do not.
-_NOT_HASHED = ("inputs", "output", "num_actors", "overwrite", "vocab")
+_NOT_HASHED = ("inputs", "output", "num_actors", "overwrite", "vocab", "local_max_bytes")
 
 
 def output_config_hash(cfg: DataConfig, fingerprint: list, vocab_source: str | None) -> str:
@@ -486,10 +486,7 @@ def _examples_pass(
     chunks' metadata in a hashed order that mixes sources across shards."""
     import ray
 
-    units = group_consecutive([c["tokens"] for c in chunks], max(1, cfg.chunk_chars // 4))  # ~chunk_chars of text
-    _log(f"examples: {len(chunks)} chunk(s) in {len(units)} unit(s), random pool of {len(pool)} windows")
-    ex_items = [{"chunks": json.dumps([chunks[i]["path"] for i in u]), "dest": join(work, "ex", f"e{k:06d}.parquet")}
-                for k, u in enumerate(units)]
+    ex_items = _example_units(cfg, chunks, pool, work)
     metas = (
         ray.data.from_items(ex_items, override_num_blocks=max(1, len(ex_items)))
         .map_batches(
@@ -502,28 +499,80 @@ def _examples_pass(
         )
         .take_all()
     )
-    return sorted(
-        (json.loads(r["meta"]) for r in metas),
-        key=lambda m: (derive_seed(cfg.seed, "chunk-order", m["path"].rsplit("/", 1)[-1]), m["path"]),
-    )
+    return _in_chunk_order(cfg, [json.loads(r["meta"]) for r in metas])
+
+
+def _example_units(cfg: DataConfig, chunks: list[dict[str, Any]], pool: RandomPool, work: str) -> list[dict[str, str]]:
+    """Pass 2's units of work: consecutive token chunks of ~chunk_chars of text, each with its output path."""
+    units = group_consecutive([c["tokens"] for c in chunks], max(1, cfg.chunk_chars // 4))
+    _log(f"examples: {len(chunks)} chunk(s) in {len(units)} unit(s), random pool of {len(pool)} windows")
+    return [{"chunks": json.dumps([chunks[i]["path"] for i in u]), "dest": join(work, "ex", f"e{k:06d}.parquet")}
+            for k, u in enumerate(units)]
+
+
+def _in_chunk_order(cfg: DataConfig, metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Example chunks in a hashed order, which mixes sources across shards (books and wiki not apart)."""
+    return sorted(metas, key=lambda m: (derive_seed(cfg.seed, "chunk-order", m["path"].rsplit("/", 1)[-1]), m["path"]))
+
+
+def runs_in_process(cfg: DataConfig, files: list[InputFile]) -> bool:
+    """Small inputs are prepared in the calling process: Ray's processes, actor pools and object transfers cost
+    more than the work itself (tens of CPU-seconds), while tokenization still uses every core through the
+    tokenizer's own threads. The same pure functions run in the same order, so the bytes are the same."""
+    return sum(f.size for f in files) <= cfg.local_max_bytes
+
+
+def needs_ray(cfg: DataConfig) -> bool:
+    """Whether preparing `cfg` starts Ray work (the job connects to Ray only then)."""
+    from pipeline.data.sources import expand_inputs
+
+    return not runs_in_process(cfg, expand_inputs(list(cfg.inputs))[0])
+
+
+def _passes_in_process(
+    cfg: DataConfig, files: list[InputFile], work: str, tokenizer_path: str, vocab_sha: str
+) -> tuple[list[dict[str, Any]], Any]:
+    """Pass 1 here (the tokenizer on all cores); returns the file stats and a function that runs pass 2 here."""
+    fs, _ = filesystem(cfg.output)
+    done_before = len(fs.glob(join(filesystem(work)[1], "tok", "*.done.json")))
+    _log(f"tokenize: {len(files)} input file(s) in this process ({sum(f.size for f in files)} bytes <= "
+         f"data.local_max_bytes)" + (f"; resuming, {done_before} already done" if done_before else ""))
+    tok = check_pair(join(cfg.output, "vocab.txt"), tokenizer_path, vocab_sha)
+    stats = sorted((tokenize_file(f, tok, cfg, work) for f in files), key=lambda s: s["pool"])
+
+    def examples(chunks: list[dict[str, Any]], pool: RandomPool) -> list[dict[str, Any]]:
+        vocab = read_vocab(join(cfg.output, "vocab.txt"))
+        policy = MaskingPolicy.from_vocab(vocab, mask_rate=cfg.mask_rate, max_predictions_per_seq=cfg.max_predictions_per_seq,
+                                          whole_word=cfg.whole_word_mask)
+        cls_id, sep_id = vocab.index("[CLS]"), vocab.index("[SEP]")
+        metas = [examples_for_chunks(json.loads(u["chunks"]), pool, cfg, policy, cls_id, sep_id, u["dest"])
+                 for u in _example_units(cfg, chunks, pool, work)]
+        return _in_chunk_order(cfg, metas)
+
+    return stats, examples
 
 
 def prepare_shards(
     cfg: DataConfig, files: list[InputFile], skipped: list[str], chash: str, vocab_sha: str, tokenizer_path: str
 ) -> dict[str, Any]:
-    """The three passes on the running Ray cluster; writes shards and the manifest; returns the manifest."""
-    import ray
-
+    """The three passes, on the running Ray cluster or (small inputs, `runs_in_process`) in this process; writes
+    shards and the manifest; returns the manifest."""
     start = time.perf_counter()
     work = work_dir(cfg, chash, vocab_sha)
     cfg_dict = dataclasses.asdict(cfg)
-    cpus = _actor_cpus(cfg.num_actors)
-    ray.data.DataContext.get_current().execution_options.preserve_order = True  # results come back in input order
     fs, out_p = filesystem(cfg.output)
     check_pair(join(cfg.output, "vocab.txt"), tokenizer_path, vocab_sha)  # one line on the driver, before actors
     discard_other_work(cfg.output, work)
 
-    file_stats = _tokenize_pass(cfg, files, work, tokenizer_path, vocab_sha, cpus)
+    if runs_in_process(cfg, files):
+        file_stats, examples_here = _passes_in_process(cfg, files, work, tokenizer_path, vocab_sha)
+    else:
+        import ray
+
+        cpus = _actor_cpus(cfg.num_actors)
+        ray.data.DataContext.get_current().execution_options.preserve_order = True  # results in input order
+        file_stats = _tokenize_pass(cfg, files, work, tokenizer_path, vocab_sha, cpus)
+        examples_here = None
     reasons: Counter[str] = Counter()
     for s in file_stats:
         reasons.update(s["rejected_reasons"])
@@ -537,7 +586,10 @@ def prepare_shards(
 
     pool = merge_pool([s["pool"] for s in file_stats], cfg.random_pool_size)
     vocab = read_vocab(join(cfg.output, "vocab.txt"))
-    ex_chunks = _examples_pass(cfg, chunks, pool, work, vocab_sha, cpus)
+    if examples_here is not None:
+        ex_chunks = examples_here(chunks, pool)
+    else:
+        ex_chunks = _examples_pass(cfg, chunks, pool, work, vocab_sha, cpus)
     examples = sum(m["rows"] for m in ex_chunks)
     if examples == 0:
         raise InputError(f"the {docs_written} usable document(s) produced no example")
@@ -546,9 +598,11 @@ def prepare_shards(
     _log(f"shards: {examples} examples into {len(plan)} shard(s)")
     if fs.exists(join(out_p, "shards")):
         fs.rm(join(out_p, "shards"), recursive=True)  # leftovers of an interrupted run with this config
-    # Plain tasks: a few shards do not need Ray Data's streaming machinery.
-    write = ray.remote(num_cpus=cpus, max_retries=2)(write_shard)
-    results = ray.get([write.remote(p, parts) for p, parts in plan])
+    if examples_here is not None:
+        results = [write_shard(p, parts) for p, parts in plan]
+    else:  # plain tasks: a few shards do not need Ray Data's streaming machinery
+        write = ray.remote(num_cpus=cpus, max_retries=2)(write_shard)
+        results = ray.get([write.remote(p, parts) for p, parts in plan])
     shards = sorted(results, key=lambda s: s["path"])
     nsp_pairs = sum(m["nsp_pairs"] for m in ex_chunks)
     manifest = {
@@ -744,7 +798,7 @@ def run_shards(p: Plan, vocab: dict[str, Any]) -> dict[str, Any]:
     import ray
 
     with output_lock(p.cfg.output):
-        if not ray.is_initialized():
+        if not ray.is_initialized() and not runs_in_process(p.cfg, p.files):
             ray.init()
         m = prepare_shards(p.cfg, p.files, p.skipped, p.config_hash, vocab["vocab_sha256"], vocab["tokenizer"])
     return _summary(m)
@@ -759,7 +813,7 @@ def check_paths(cfg: DataConfig) -> None:
     """Every input (and a given vocabulary) exists: checked on the driver before Ray starts."""
     import os
 
-    _check_given = [("data.inputs", p) for p in cfg.inputs] + ([("data.vocab", cfg.vocab)] if cfg.vocab else [])
+    _check_given = [("data.inputs", p) for p in cfg.inputs] + ([("data.vocab: vocabulary", cfg.vocab)] if cfg.vocab else [])
     if not cfg.inputs:
         raise InputError("data.inputs is empty: give at least one file or folder (--data.inputs PATH)")
     for field_name, path in _check_given:
