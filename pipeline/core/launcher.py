@@ -9,6 +9,7 @@ RAY_ADDRESS whose cluster is gone is reported in one line after a bounded wait i
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -77,8 +78,11 @@ def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
         # watches the run through the state API, which the dashboard serves (without it, it warns every second).
         local = {"num_cpus": num_cpus, "include_dashboard": True, "dashboard_host": "127.0.0.1",
                  "dashboard_port": _free_port()} if address == "local" else {"include_dashboard": False}
+        handler = signal.getsignal(signal.SIGTERM)
         ray.init(address=address, configure_logging=False, log_to_driver=log_to_driver,
                  logging_config=ray.LoggingConfig(encoding="TEXT", log_level="WARNING"), **local)
+        if callable(handler):  # Ray's core worker installs its own (it aborts the process): keep the job's
+            signal.signal(signal.SIGTERM, handler)
     except Exception as e:  # noqa: BLE001 - e.g. "node timed out during startup" on an overloaded machine
         raise RayStartError(f"could not start or join Ray ({address}): {str(e).splitlines()[0]}") from None
     return address
