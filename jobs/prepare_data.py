@@ -61,8 +61,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(data, num_cpus: int | None) -> int:
-    import ray
-
     from pipeline.core import launcher
     from pipeline.dag import run_graph, summary_table
     from pipeline.data.prepare import data_stages, needs_ray
@@ -75,7 +73,8 @@ def run(data, num_cpus: int | None) -> int:
         try:
             results = run_graph(stages, remote=False, log=lambda m: print(m, flush=True))
         finally:
-            ray.shutdown()
+            if "ray" in sys.modules:  # not imported at all when the data was prepared in this process
+                sys.modules["ray"].shutdown()
     v = results["validate"].result
     shards = results["shards"]
     print(summary_table(results))

@@ -795,11 +795,12 @@ def shards_done(p: Plan) -> dict[str, Any] | None:
 
 def run_shards(p: Plan, vocab: dict[str, Any]) -> dict[str, Any]:
     """The three passes, holding the output's writer lock."""
-    import ray
-
     with output_lock(p.cfg.output):
-        if not ray.is_initialized() and not runs_in_process(p.cfg, p.files):
-            ray.init()
+        if not runs_in_process(p.cfg, p.files):
+            import ray
+
+            if not ray.is_initialized():
+                ray.init()
         m = prepare_shards(p.cfg, p.files, p.skipped, p.config_hash, vocab["vocab_sha256"], vocab["tokenizer"])
     return _summary(m)
 
