@@ -122,15 +122,23 @@ def _artifact_location(uri: str, experiment: str) -> str | None:
     return None  # a server decides (mlflow-artifacts:/ proxy or its --default-artifact-root)
 
 
+# MLflow 3's UI opens an experiment on its GenAI view (traces, an assistant) unless the experiment's kind says
+# otherwise; "custom_model_development" is the model-training view (runs, charts, registered models).
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
 def experiment_id(name: str, uri: str | None = None) -> str:
+    """The id of experiment `name` (created, or restored when deleted), marked as a model-training experiment."""
     c = client(uri)
     exp = c.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             c.restore_experiment(exp.experiment_id)
+        if exp.tags.get("mlflow.experimentKind") != EXPERIMENT_KIND["mlflow.experimentKind"]:
+            c.set_experiment_tag(exp.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
         return exp.experiment_id
     try:
-        return c.create_experiment(name, artifact_location=_artifact_location(c.tracking_uri, name))
+        return c.create_experiment(name, artifact_location=_artifact_location(c.tracking_uri, name), tags=EXPERIMENT_KIND)
     except MlflowException:  # created concurrently by another process
         exp = c.get_experiment_by_name(name)
         if exp is None:

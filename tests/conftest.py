@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,3 +54,38 @@ def ray_local():
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=True, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def mlflow_server(tmp_path):
+    """A real `mlflow server` on a free loopback port (SQLite store, artifacts under tmp_path); its URI."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination", str(tmp_path / "artifacts"),
+         "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "w"), start_new_session=True,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    from pipeline.tracking import TrackingError, check_tracking_server
+
+    deadline = time.time() + 240  # a loaded 2-core machine can take minutes to import and migrate
+    while True:
+        try:
+            check_tracking_server(uri, timeout=2)
+            break
+        except TrackingError:
+            if proc.poll() is not None or time.time() > deadline:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
+                pytest.fail(f"mlflow server did not come up: {(tmp_path / 'server.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+    yield uri
+    os.killpg(proc.pid, 9)  # a throw-away test server: no graceful shutdown to wait for
+    proc.wait(timeout=30)

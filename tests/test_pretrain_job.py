@@ -204,34 +204,6 @@ def test_job_end_to_end_sqlite(cluster, prepared, work, repo_root, tmp_path, mon
     assert tracking.client().get_run(run_id).data.params["train.phases"].count("max_seq_length") == 2
 
 
-@pytest.fixture()
-def mlflow_server(tmp_path):
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination", str(tmp_path / "artifacts"),
-         "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "w"), start_new_session=True,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    from pipeline.tracking import TrackingError, check_tracking_server
-
-    deadline = time.time() + 240  # a loaded 2-core machine can take minutes to import and migrate
-    while True:
-        try:
-            check_tracking_server(uri, timeout=2)
-            break
-        except TrackingError:
-            if proc.poll() is not None or time.time() > deadline:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, 9)
-                pytest.fail(f"mlflow server did not come up: {(tmp_path / 'server.log').read_text()[-2000:]}")
-            time.sleep(0.5)
-    yield uri
-    os.killpg(proc.pid, 9)  # a throw-away test server: no graceful shutdown to wait for
-    proc.wait(timeout=30)
-
-
 def test_stage_truth_comes_from_the_current_tracking_store(cluster, prepared, work, repo_root, tmp_path, monkeypatch):
     """The same command against a second, empty store registers there (it used to print a version that store did
     not have); against the first store again, every stage is found done by its real output and skipped."""
