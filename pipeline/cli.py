@@ -47,6 +47,9 @@ def run_job(name: str, body: Callable[[], int], *, extra_errors: tuple[type[Base
     """Run `body()`; map user errors to one stderr line + exit 1, Ctrl-C/SIGTERM to exit 130. `on_abort(status)`
     runs first on either path (status "FAILED" or "KILLED"), e.g. to end the job's MLflow runs."""
     signal.signal(signal.SIGTERM, _terminate)
+    import logging
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # its INFO chatter (DB migrations, waits) is not progress
     try:
         return body()
     except KeyboardInterrupt:

@@ -131,7 +131,7 @@ def fit(loop: Callable[[dict[str, Any]], None], config: dict[str, Any], *, name:
         datasets: dict[str, Any] | None = None, dataset_config: Any = None):
     """Run `loop(config)` on `scale.num_workers` Ray Train workers (DDP set up by Ray); a run of the same
     `name` in `storage_path` is resumed from its latest checkpoint. Returns Ray's Result; raises its error."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     resources = {"CPU": scale.cpus_per_worker, **({"GPU": 1} if scale.use_gpu else {})}
@@ -145,7 +145,9 @@ def fit(loop: Callable[[dict[str, Any]], None], config: dict[str, Any], *, name:
                                      resources_per_worker=resources, placement_strategy=scale.placement_strategy),
         run_config=RunConfig(name=name, storage_path=storage_path,
                              failure_config=FailureConfig(max_failures=scale.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=scale.num_to_keep)),
+                             checkpoint_config=CheckpointConfig(num_to_keep=scale.num_to_keep),
+                             # Ray Train's INFO (worker group start, checkpoints, reports) to its log files only
+                             logging_config=LoggingConfig(log_level="WARNING")),
         **kwargs,
     )
     result = trainer.fit()
@@ -177,6 +179,19 @@ def latest_checkpoint(storage_path: str, name: str) -> tuple[str, dict[str, Any]
         if best is None or int(state.get("step", -1)) > best[0]:
             best = (int(state.get("step", -1)), uri, state)
     return None if best is None else (best[1], best[2])
+
+
+def quiet_ray_data() -> None:
+    """Ray Data's INFO lines (execution plans, "Dataset ... finished") to its session log file only, in this
+    process: its console handler shows warnings and errors. Progress bars off: the job prints its own progress."""
+    import logging
+
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    for h in logging.getLogger("ray.data").handlers:
+        if not isinstance(h, logging.FileHandler) and "File" not in type(h).__name__:
+            h.setLevel(logging.WARNING)
 
 
 def worker() -> tuple[int, int, Any]:

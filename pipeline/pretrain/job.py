@@ -113,9 +113,8 @@ def run_training(cfg: Config, datasets: list[PreparedDataset], run_id: str, run_
     # preserve_order: each rank's rows arrive in file order, which is what makes resumption exact.
     limits = ExecutionResources(cpu=tc.data_cpus) if tc.data_cpus else ExecutionResources()
     exec_opts = ExecutionOptions(preserve_order=True, resource_limits=limits)
-    ctx = ray.data.DataContext.get_current()
-    ctx.execution_options = exec_opts  # also for materialize() here
-    ctx.enable_progress_bars = False  # the datasets carry this context to the workers: no bars in the job log
+    launcher.quiet_ray_data()  # the datasets carry this context to the workers: no bars in the job log
+    ray.data.DataContext.get_current().execution_options = exec_opts  # also for materialize() here
     config = {"cfg": cfg, "plans": plans, "run_id": run_id, "tracking_uri": tracking_uri, "vocab_sha256": vocab_sha,
               "on_step": on_step}
     scale = launcher.Scale(tc.num_workers, tc.use_gpu, tc.cpus_per_worker, tc.placement_strategy, tc.max_failures, tc.num_to_keep)

@@ -102,6 +102,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     cfg, plans, vocab_sha = config["cfg"], config["plans"], config["vocab_sha256"]
     on_step: Callable[[int, int], None] | None = config.get("on_step")  # test hook: fault injection
     tc = cfg.train
+    launcher.quiet_ray_data()
     rank, world, device = launcher.worker()
     torch.set_num_threads(max(1, int(tc.cpus_per_worker)))  # fixed thread count: bit-identical CPU math on restart
     torch.manual_seed(tc.seed)  # identical initial weights on every rank (DDP also broadcasts rank 0's)
