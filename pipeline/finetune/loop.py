@@ -128,56 +128,57 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     optimizer, scheduler = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=int(tc.warmup_ratio * total),
                                           total_steps=total, schedule=tc.schedule)
     t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
-    best_dir = os.path.join(tempfile.mkdtemp(prefix="finetune-best-"), "best")
-    state: dict[str, Any] = {"step": 0, "best": None, "position": {"epoch": 1, "micro": 0}}
-    if (ckpt := ray.train.get_checkpoint()) is not None:
-        with ckpt.as_directory() as d:
-            state = load_checkpoint(d, rank, t)
-            if rank == 0 and os.path.isdir(os.path.join(d, "best")):
-                shutil.copytree(os.path.join(d, "best"), best_dir)
-        say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
-    else:
-        torch.manual_seed(tc.seed * 1000 + rank + 1)  # each rank its own dropout stream
-    log = RunLogger(config["run_id"], config["tracking_uri"], total_steps=total,
-                    log_every_steps=tc.log_every_steps) if rank == 0 and config.get("run_id") else None
-    if log is not None:
-        log.progress.out = sys.__stdout__  # progress lines once (see `say`)
+    # rank 0 keeps the best epoch's model here between checkpoints; removed also when the attempt fails
+    with tempfile.TemporaryDirectory(prefix="finetune-best-") as scratch:
+        best_dir = os.path.join(scratch, "best")
+        state: dict[str, Any] = {"step": 0, "best": None, "position": {"epoch": 1, "micro": 0}}
+        if (ckpt := ray.train.get_checkpoint()) is not None:
+            with ckpt.as_directory() as d:
+                state = load_checkpoint(d, rank, t)
+                if rank == 0 and os.path.isdir(os.path.join(d, "best")):
+                    shutil.copytree(os.path.join(d, "best"), best_dir)
+            say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
+        else:
+            torch.manual_seed(tc.seed * 1000 + rank + 1)  # each rank its own dropout stream
+        log = RunLogger(config["run_id"], config["tracking_uri"], total_steps=total,
+                        log_every_steps=tc.log_every_steps) if rank == 0 and config.get("run_id") else None
+        if log is not None:
+            log.progress.out = sys.__stdout__  # progress lines once (see `say`)
 
-    step, (epoch, done) = state["step"], (state["position"]["epoch"], state["position"]["micro"])
-    best = tuple(state["best"]) if state["best"] is not None else None
-    model.train()
-    while step < total:
-        batches = epoch_micro_batches(td.train, epoch, rank, world, tc.batch_size, tc.seed, start=done)
-        while step < total and done < micro:
-            k = min(tc.accumulation_steps, micro - done)  # the epoch's last step may have fewer micro-batches
-            stats = train_step(t, batches, accumulation=k, counts=counts, summarise=summarise, device=device,
-                               precision=tc.precision, max_grad_norm=tc.max_grad_norm)
-            step, done = step + 1, done + k
-            if log is not None:
-                log.step(step, {**stats.metrics(), "train/epoch": epoch})
-            end_of_epoch = done == micro or step == total
-            metrics: dict[str, float] = {"step": step, "epoch": epoch, "loss": stats.loss}
-            if end_of_epoch and rank == 0:  # evaluation and the best model on rank 0; the others wait in report
-                ev = evaluate(unwrap(model), td, cfg, device)
-                metrics.update({f"eval/{k}": v for k, v in ev.items()})
+        step, (epoch, done) = state["step"], (state["position"]["epoch"], state["position"]["micro"])
+        best = tuple(state["best"]) if state["best"] is not None else None
+        model.train()
+        while step < total:
+            batches = epoch_micro_batches(td.train, epoch, rank, world, tc.batch_size, tc.seed, start=done)
+            while step < total and done < micro:
+                k = min(tc.accumulation_steps, micro - done)  # the epoch's last step may have fewer micro-batches
+                stats = train_step(t, batches, accumulation=k, counts=counts, summarise=summarise, device=device,
+                                   precision=tc.precision, max_grad_norm=tc.max_grad_norm)
+                step, done = step + 1, done + k
                 if log is not None:
-                    log.log_metrics({f"eval/{k}": v for k, v in ev.items()}, step)
-                    say(f"[finetune] epoch {epoch} step {step}/{total} eval " + "  ".join(f"{k} {v:.4f}" for k, v in ev.items()))
-                score = (ev[primary], -ev["loss"])  # ties on the metric (e.g. F1 0 early on) go to the lower loss
-                if best is None or score > best:
-                    best = score
-                    save_best(model, ev, epoch, step, best_dir)
-            position = {"epoch": epoch + 1, "micro": 0} if done == micro else {"epoch": epoch, "micro": done}
-            if end_of_epoch or (tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0):
-                with tempfile.TemporaryDirectory() as d:
-                    save_checkpoint(d, rank, t, {"step": step, "position": position, "best": best,
-                                                 "run_id": config.get("run_id"), "max_steps": total})
-                    if rank == 0 and os.path.isdir(best_dir):
-                        shutil.copytree(best_dir, os.path.join(d, "best"))
-                    launcher.report(metrics, d)
-            if on_step is not None:
-                on_step(step, rank)
-        epoch, done = epoch + 1, 0
-    if log is not None:
-        log.close()
-    shutil.rmtree(os.path.dirname(best_dir), ignore_errors=True)
+                    log.step(step, {**stats.metrics(), "train/epoch": epoch})
+                end_of_epoch = done == micro or step == total
+                metrics: dict[str, float] = {"step": step, "epoch": epoch, "loss": stats.loss}
+                if end_of_epoch and rank == 0:  # evaluation and the best model on rank 0; the others wait in report
+                    ev = evaluate(unwrap(model), td, cfg, device)
+                    metrics.update({f"eval/{k}": v for k, v in ev.items()})
+                    if log is not None:
+                        log.log_metrics({f"eval/{k}": v for k, v in ev.items()}, step)
+                        say(f"[finetune] epoch {epoch} step {step}/{total} eval " + "  ".join(f"{k} {v:.4f}" for k, v in ev.items()))
+                    score = (ev[primary], -ev["loss"])  # ties on the metric (e.g. F1 0 early on) go to the lower loss
+                    if best is None or score > best:
+                        best = score
+                        save_best(model, ev, epoch, step, best_dir)
+                position = {"epoch": epoch + 1, "micro": 0} if done == micro else {"epoch": epoch, "micro": done}
+                if end_of_epoch or (tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0):
+                    with tempfile.TemporaryDirectory() as d:
+                        save_checkpoint(d, rank, t, {"step": step, "position": position, "best": best,
+                                                     "run_id": config.get("run_id"), "max_steps": total})
+                        if rank == 0 and os.path.isdir(best_dir):
+                            shutil.copytree(best_dir, os.path.join(d, "best"))
+                        launcher.report(metrics, d)
+                if on_step is not None:
+                    on_step(step, rank)
+            epoch, done = epoch + 1, 0
+        if log is not None:
+            log.close()
