@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             command = "python jobs/pretrain.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
             stages = pretrain_stages(cfg, git_sha=git_sha(), tracking_uri=uri, attempt=attempt, command=command)
             state["started"] = True
-            results = run_graph(stages, remote=True, env=launcher.task_env())
+            results = run_graph(stages, remote=True)
         finally:
             ray.shutdown()
         print(summary_table(results))

@@ -74,10 +74,9 @@ def topological_order(stages: list[Stage]) -> list[Stage]:
     return order
 
 
-def run_graph(stages: list[Stage], *, remote: bool = True, log: Callable[[str], None] = print,
-              env: dict[str, str] | None = None) -> dict[str, StageResult]:
+def run_graph(stages: list[Stage], *, remote: bool = True, log: Callable[[str], None] = print) -> dict[str, StageResult]:
     """Run the graph; returns {name: StageResult} in topological order. A failing stage raises; nothing
-    downstream of it runs. `env`: environment variables of the stages' Ray tasks."""
+    downstream of it runs."""
     order = topological_order(stages)
     results: dict[str, StageResult] = {}
     pending: dict[Any, tuple[Stage, float]] = {}  # ray ref -> (stage, start)
@@ -108,8 +107,7 @@ def run_graph(stages: list[Stage], *, remote: bool = True, log: Callable[[str], 
                 log(f"[stage {s.name}] running")
                 start = time.perf_counter()
                 if remote:
-                    task = ray.remote(num_cpus=s.num_cpus, num_gpus=s.num_gpus, max_retries=0,
-                                      runtime_env={"env_vars": env} if env else None)(s.fn)
+                    task = ray.remote(num_cpus=s.num_cpus, num_gpus=s.num_gpus, max_retries=0)(s.fn)
                     pending[task.remote(inputs)] = (s, start)
                 else:
                     finish(s, start, s.fn(inputs))

@@ -15,7 +15,8 @@ import torch
 
 from pipeline.config import ConfigError
 from pipeline.finetune.data import prepare_task
-from pipeline.finetune.job import FinetuneConfig, build_model, evaluate, load_finetune_config, resolve_source
+from pipeline.finetune.job import FinetuneConfig, build_model, load_finetune_config, resolve_source
+from pipeline.finetune.metrics import evaluate
 from pipeline.finetune.loop import counts, epoch_micro_batches, steps_per_epoch, summarise
 
 REPO = Path(__file__).resolve().parents[1]

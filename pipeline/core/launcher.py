@@ -8,6 +8,7 @@ RAY_ADDRESS whose cluster is gone is reported in one line after a bounded wait i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -49,12 +50,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def task_env() -> dict[str, str]:
-    """Environment for the job's Ray tasks: RAY_ADDRESS names *this* cluster, so that Ray's own state queries
-    inside them (Ray Train's placement-group cleaner) never pick another cluster running on the same machine."""
-    import ray
+@contextlib.contextmanager
+def _own_address(local: bool):
+    """While a local cluster starts: its GCS on a port chosen here and RAY_ADDRESS naming it, so that every Ray
+    process it spawns inherits its own address. Ray's state queries inside workers (Ray Train's placement-group
+    cleaner) would otherwise fail with "Found multiple active Ray instances" when other clusters run on the
+    machine. The driver's own environment is restored afterwards."""
+    if not local:
+        yield
+        return
+    from ray._private.services import get_node_ip_address
 
-    return {"RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    port = _free_port()
+    saved = {k: os.environ.get(k) for k in ("RAY_ADDRESS", "RAY_GCS_SERVER_PORT")}
+    os.environ.update(RAY_GCS_SERVER_PORT=str(port), RAY_ADDRESS=f"{get_node_ip_address()}:{port}")
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
@@ -79,8 +96,9 @@ def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
         local = {"num_cpus": num_cpus, "include_dashboard": True, "dashboard_host": "127.0.0.1",
                  "dashboard_port": _free_port()} if address == "local" else {"include_dashboard": False}
         handler = signal.getsignal(signal.SIGTERM)
-        ray.init(address=address, configure_logging=False, log_to_driver=log_to_driver,
-                 logging_config=ray.LoggingConfig(encoding="TEXT", log_level="WARNING"), **local)
+        with _own_address(address == "local"):
+            ray.init(address=address, configure_logging=False, log_to_driver=log_to_driver,
+                     logging_config=ray.LoggingConfig(encoding="TEXT", log_level="WARNING"), **local)
         if callable(handler):  # Ray's core worker installs its own (it aborts the process): keep the job's
             signal.signal(signal.SIGTERM, handler)
     except Exception as e:  # noqa: BLE001 - e.g. "node timed out during startup" on an overloaded machine
@@ -179,6 +197,15 @@ def latest_checkpoint(storage_path: str, name: str) -> tuple[str, dict[str, Any]
         if best is None or int(state.get("step", -1)) > best[0]:
             best = (int(state.get("step", -1)), uri, state)
     return None if best is None else (best[1], best[2])
+
+
+def say(line: str) -> None:
+    """A console line from a Ray Train worker, printed once. Ray Train's print patch sends `print()` both to the
+    worker's stdout and to its logger on stderr, and Ray forwards both streams: every line would appear twice.
+    A write to the real stdout bypasses the patch."""
+    import sys
+
+    print(line, file=sys.__stdout__, flush=True)
 
 
 def quiet_ray_data() -> None:

@@ -1,7 +1,7 @@
 """The fine-tuning loop that runs in every Ray Train worker, top to bottom: build, resume, step, log, evaluate,
 checkpoint. Optimisation, precision, the step (accumulation, clipping), checkpoints and the launcher are the
 ones pretraining uses (`pipeline.core`); what is fine-tuning's own is the data order (`epoch_micro_batches`),
-the training figures (`counts`, `summarise`) and evaluation on rank 0 after each epoch (`job.evaluate`).
+the training figures (`counts`, `summarise`) and evaluation on rank 0 after each epoch (`metrics.evaluate`).
 
 Every checkpoint holds what an exact resume needs (weights, optimizer, scheduler, scaler, RNGs, and the data
 position: epoch and micro-batch index) plus, in `best/`, the best epoch's model as a transformers directory with
@@ -10,10 +10,10 @@ its `eval_metrics.json`; the run's latest checkpoint therefore always carries th
 
 from __future__ import annotations
 
+import copy
+import json
 import math
 import os
-import shutil
-import sys
 import tempfile
 from typing import Any, Callable, Iterator
 
@@ -26,13 +26,7 @@ from pipeline.core.optim import make_optimizer
 from pipeline.core.precision import make_scaler
 from pipeline.core.step import Trainable, train_step
 from pipeline.finetune.data import IGNORE_INDEX, TaskData, pad_batch
-
-
-def say(line: str) -> None:
-    """A console line from a worker, printed once. Ray Train's print patch sends `print()` both to the worker's
-    stdout (when something has wrapped `sys.stdout`, as here) and to its logger on stderr, and Ray forwards both
-    streams to the driver: every line appeared twice. A write to the real stdout bypasses the patch."""
-    print(line, file=sys.__stdout__, flush=True)
+from pipeline.finetune.metrics import evaluate
 
 
 def steps_per_epoch(n_train: int, world: int, batch_size: int, accumulation: int = 1) -> int:
@@ -94,16 +88,34 @@ def build_model(init: dict[str, Any]) -> torch.nn.Module:
     return model
 
 
-def save_best(model: torch.nn.Module, ev: dict[str, float], epoch: int, step: int, best_dir: str) -> None:
-    """The best epoch's model so far as a transformers directory with its eval metrics."""
-    import json
+class BestModel:
+    """Rank 0's best epoch so far: a CPU copy of the model in memory (nothing in /tmp to leave behind when a
+    worker dies), written into every checkpoint as `best/` (a transformers directory + eval_metrics.json)."""
 
-    from model.hf import save_hf
+    def __init__(self) -> None:
+        self.model: torch.nn.Module | None = None
+        self.info: dict[str, float] = {}
 
-    shutil.rmtree(best_dir, ignore_errors=True)
-    save_hf(unwrap(model), best_dir)
-    with open(os.path.join(best_dir, "eval_metrics.json"), "w") as f:
-        json.dump({**ev, "epoch": epoch, "step": step}, f, indent=1)
+    def update(self, model: torch.nn.Module, ev: dict[str, float], epoch: int, step: int) -> None:
+        self.model = copy.deepcopy(unwrap(model)).cpu()
+        self.info = {**ev, "epoch": epoch, "step": step}
+
+    def load(self, checkpoint_dir: str, cls: type) -> None:
+        from model.hf import load_hf
+
+        best = os.path.join(checkpoint_dir, "best")
+        if os.path.isdir(best):
+            self.model = load_hf(best, cls)
+            with open(os.path.join(best, "eval_metrics.json")) as f:
+                self.info = json.load(f)
+
+    def write(self, checkpoint_dir: str) -> None:
+        from model.hf import save_hf
+
+        if self.model is not None:
+            best = save_hf(self.model, os.path.join(checkpoint_dir, "best"))
+            with open(os.path.join(best, "eval_metrics.json"), "w") as f:
+                json.dump(self.info, f, indent=1)
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -111,7 +123,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import ray
     import ray.train
 
-    from pipeline.finetune.job import evaluate
     from pipeline.tracking import RunLogger
 
     cfg, primary = config["cfg"], config["primary"]
@@ -128,57 +139,53 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     optimizer, scheduler = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=int(tc.warmup_ratio * total),
                                           total_steps=total, schedule=tc.schedule)
     t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
-    # rank 0 keeps the best epoch's model here between checkpoints; removed also when the attempt fails
-    with tempfile.TemporaryDirectory(prefix="finetune-best-") as scratch:
-        best_dir = os.path.join(scratch, "best")
-        state: dict[str, Any] = {"step": 0, "best": None, "position": {"epoch": 1, "micro": 0}}
-        if (ckpt := ray.train.get_checkpoint()) is not None:
-            with ckpt.as_directory() as d:
-                state = load_checkpoint(d, rank, t)
-                if rank == 0 and os.path.isdir(os.path.join(d, "best")):
-                    shutil.copytree(os.path.join(d, "best"), best_dir)
-            say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
-        else:
-            torch.manual_seed(tc.seed * 1000 + rank + 1)  # each rank its own dropout stream
-        log = RunLogger(config["run_id"], config["tracking_uri"], total_steps=total,
-                        log_every_steps=tc.log_every_steps) if rank == 0 and config.get("run_id") else None
-        if log is not None:
-            log.progress.out = sys.__stdout__  # progress lines once (see `say`)
+    best_model = BestModel()
+    state: dict[str, Any] = {"step": 0, "best": None, "position": {"epoch": 1, "micro": 0}}
+    if (ckpt := ray.train.get_checkpoint()) is not None:
+        with ckpt.as_directory() as d:
+            if rank == 0:  # first: building the copy draws from the RNGs that load_checkpoint then restores
+                best_model.load(d, type(unwrap(model)))
+            state = load_checkpoint(d, rank, t)
+        launcher.say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
+    else:
+        torch.manual_seed(tc.seed * 1000 + rank + 1)  # each rank its own dropout stream
+    log = RunLogger(config["run_id"], config["tracking_uri"], total_steps=total,
+                    log_every_steps=tc.log_every_steps) if rank == 0 and config.get("run_id") else None
 
-        step, (epoch, done) = state["step"], (state["position"]["epoch"], state["position"]["micro"])
-        best = tuple(state["best"]) if state["best"] is not None else None
-        model.train()
-        while step < total:
-            batches = epoch_micro_batches(td.train, epoch, rank, world, tc.batch_size, tc.seed, start=done)
-            while step < total and done < micro:
-                k = min(tc.accumulation_steps, micro - done)  # the epoch's last step may have fewer micro-batches
-                stats = train_step(t, batches, accumulation=k, counts=counts, summarise=summarise, device=device,
-                                   precision=tc.precision, max_grad_norm=tc.max_grad_norm)
-                step, done = step + 1, done + k
+    step, (epoch, done) = state["step"], (state["position"]["epoch"], state["position"]["micro"])
+    best = tuple(state["best"]) if state["best"] is not None else None
+    model.train()
+    while step < total:
+        batches = epoch_micro_batches(td.train, epoch, rank, world, tc.batch_size, tc.seed, start=done)
+        while step < total and done < micro:
+            k = min(tc.accumulation_steps, micro - done)  # the epoch's last step may have fewer micro-batches
+            stats = train_step(t, batches, accumulation=k, counts=counts, summarise=summarise, device=device,
+                               precision=tc.precision, max_grad_norm=tc.max_grad_norm)
+            step, done = step + 1, done + k
+            if log is not None:
+                log.step(step, {**stats.metrics(), "train/epoch": epoch})
+            end_of_epoch = done == micro or step == total
+            metrics: dict[str, float] = {"step": step, "epoch": epoch, "loss": stats.loss}
+            if end_of_epoch and rank == 0:  # evaluation and the best model on rank 0; the others wait in report
+                ev = evaluate(unwrap(model), td, cfg, device)
+                metrics.update({f"eval/{k}": v for k, v in ev.items()})
                 if log is not None:
-                    log.step(step, {**stats.metrics(), "train/epoch": epoch})
-                end_of_epoch = done == micro or step == total
-                metrics: dict[str, float] = {"step": step, "epoch": epoch, "loss": stats.loss}
-                if end_of_epoch and rank == 0:  # evaluation and the best model on rank 0; the others wait in report
-                    ev = evaluate(unwrap(model), td, cfg, device)
-                    metrics.update({f"eval/{k}": v for k, v in ev.items()})
-                    if log is not None:
-                        log.log_metrics({f"eval/{k}": v for k, v in ev.items()}, step)
-                        say(f"[finetune] epoch {epoch} step {step}/{total} eval " + "  ".join(f"{k} {v:.4f}" for k, v in ev.items()))
-                    score = (ev[primary], -ev["loss"])  # ties on the metric (e.g. F1 0 early on) go to the lower loss
-                    if best is None or score > best:
-                        best = score
-                        save_best(model, ev, epoch, step, best_dir)
-                position = {"epoch": epoch + 1, "micro": 0} if done == micro else {"epoch": epoch, "micro": done}
-                if end_of_epoch or (tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0):
-                    with tempfile.TemporaryDirectory() as d:
-                        save_checkpoint(d, rank, t, {"step": step, "position": position, "best": best,
-                                                     "run_id": config.get("run_id"), "max_steps": total})
-                        if rank == 0 and os.path.isdir(best_dir):
-                            shutil.copytree(best_dir, os.path.join(d, "best"))
-                        launcher.report(metrics, d)
-                if on_step is not None:
-                    on_step(step, rank)
-            epoch, done = epoch + 1, 0
-        if log is not None:
-            log.close()
+                    log.log_metrics({f"eval/{k}": v for k, v in ev.items()}, step)
+                    launcher.say(f"[finetune] epoch {epoch} step {step}/{total} eval " + "  ".join(f"{k} {v:.4f}" for k, v in ev.items()))
+                score = (ev[primary], -ev["loss"])  # ties on the metric (e.g. F1 0 early on) go to the lower loss
+                if best is None or score > best:
+                    best = score
+                    best_model.update(model, ev, epoch, step)
+            position = {"epoch": epoch + 1, "micro": 0} if done == micro else {"epoch": epoch, "micro": done}
+            if end_of_epoch or (tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0):
+                with tempfile.TemporaryDirectory() as d:
+                    save_checkpoint(d, rank, t, {"step": step, "position": position, "best": best,
+                                                 "run_id": config.get("run_id"), "max_steps": total})
+                    if rank == 0:
+                        best_model.write(d)
+                    launcher.report(metrics, d)
+            if on_step is not None:
+                on_step(step, rank)
+        epoch, done = epoch + 1, 0
+    if log is not None:
+        log.close()
