@@ -220,26 +220,27 @@ def tokenize_file(f: InputFile, tok: Any, cfg: DataConfig, work: str) -> dict[st
         else:
             reasons[item.reason] += 1
     flush()
-    pool = sorted((-p, d, w, win) for p, d, w, win in pool_heap)
-    pool_path = join(work, "tok", f"f{f.index:06d}.pool.parquet")
-    write_parquet_atomic(
-        pool_path,
-        pa.table(
-            [
-                pa.array([p for p, *_ in pool], pa.int64()),
-                pa.array([d for _, d, _, _ in pool], pa.int64()),
-                list_array([np.concatenate(win) for *_, win in pool], pa.int32()),
-                list_array([np.array([len(s) for s in win], np.int32) for *_, win in pool], pa.int32()),
-            ],
-            schema=POOL_SCHEMA,
-        ),
-        compression="lz4",
-    )
-    stats["pool"] = pool_path
+    stats["pool"] = _write_pool(join(work, "tok", f"f{f.index:06d}.pool.parquet"), pool_heap)
     stats["rejected_reasons"] = dict(sorted(reasons.items()))
     stats["documents_rejected"] = sum(reasons.values())
     write_bytes_atomic(done, json.dumps(stats).encode())
     return stats
+
+
+def _write_pool(path: str, pool_heap: list[tuple[int, int, int, list[np.ndarray]]]) -> str:
+    """A file's random-pool candidates (a max-heap of (-priority, doc_id, window, sentences)), by priority."""
+    pool = sorted((-p, d, w, win) for p, d, w, win in pool_heap)
+    table = pa.table(
+        [
+            pa.array([p for p, *_ in pool], pa.int64()),
+            pa.array([d for _, d, _, _ in pool], pa.int64()),
+            list_array([np.concatenate(win) for *_, win in pool], pa.int32()),
+            list_array([np.array([len(s) for s in win], np.int32) for *_, win in pool], pa.int32()),
+        ],
+        schema=POOL_SCHEMA,
+    )
+    write_parquet_atomic(path, table, compression="lz4")
+    return path
 
 
 def _split(tokens: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:
@@ -569,7 +570,10 @@ def prepare_shards(
     else:
         import ray
 
+        from pipeline.core.launcher import quiet_ray_data
+
         cpus = _actor_cpus(cfg.num_actors)
+        quiet_ray_data()  # the "[data]" lines are this stage's progress
         ray.data.DataContext.get_current().execution_options.preserve_order = True  # results in input order
         file_stats = _tokenize_pass(cfg, files, work, tokenizer_path, vocab_sha, cpus)
         examples_here = None
@@ -834,7 +838,11 @@ def data_stages(cfg: DataConfig, prefix: str = "") -> list[Stage]:
     p = plan(cfg)
     vocab, shards = f"{prefix}vocab", f"{prefix}shards"
     return [
-        Stage(vocab, lambda deps: run_vocab(p), done=lambda deps: vocab_done(p)),
-        Stage(shards, lambda deps: run_shards(p, deps[vocab]), deps=(vocab,), done=lambda deps: shards_done(p)),
-        Stage(f"{prefix}validate", lambda deps: run_validate(p), deps=(shards,)),
+        Stage(vocab, lambda deps: run_vocab(p), done=lambda deps: vocab_done(p),
+              describe=lambda r: f"vocab_sha256 {r['vocab_sha256'][:12]}"),
+        Stage(shards, lambda deps: run_shards(p, deps[vocab]), deps=(vocab,), done=lambda deps: shards_done(p),
+              describe=lambda r: (f"documents read/written/rejected {r['documents_read']}/{r['documents_written']}/"
+                                  f"{r['documents_rejected']}, {r['examples']:,} examples, {r['tokens']:,} tokens")),
+        Stage(f"{prefix}validate", lambda deps: run_validate(p), deps=(shards,),
+              describe=lambda d: f"{len(d.shards)} shards checked, {d.output}"),
     ]
