@@ -18,6 +18,9 @@ from typing import Any, Callable
 from pipeline.config import ConfigError
 
 
+RAY_DATA_LOGGING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_data_logging.yaml")
+
+
 class RayStartError(RuntimeError):
     """Ray could not be started or joined; the message is one line that says which address and why."""
 
@@ -53,7 +56,7 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def _own_address(local: bool):
     """While a local cluster starts: its GCS on a port chosen here and RAY_ADDRESS naming it, so that every Ray
-    process it spawns inherits its own address. Ray's state queries inside workers (Ray Train's placement-group
+    process it spawns inherits its own address (and Ray Data's logging config: INFO to its log file only). Ray's state queries inside workers (Ray Train's placement-group
     cleaner) would otherwise fail with "Found multiple active Ray instances" when other clusters run on the
     machine. The driver's own environment is restored afterwards."""
     if not local:
@@ -62,8 +65,10 @@ def _own_address(local: bool):
     from ray._private.services import get_node_ip_address
 
     port = _free_port()
-    saved = {k: os.environ.get(k) for k in ("RAY_ADDRESS", "RAY_GCS_SERVER_PORT")}
-    os.environ.update(RAY_GCS_SERVER_PORT=str(port), RAY_ADDRESS=f"{get_node_ip_address()}:{port}")
+    env = {"RAY_GCS_SERVER_PORT": str(port), "RAY_ADDRESS": f"{get_node_ip_address()}:{port}",
+           "RAY_DATA_LOGGING_CONFIG": os.environ.get("RAY_DATA_LOGGING_CONFIG") or RAY_DATA_LOGGING}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         yield
     finally:
@@ -209,16 +214,25 @@ def say(line: str) -> None:
 
 
 def quiet_ray_data() -> None:
-    """Ray Data's INFO lines (execution plans, "Dataset ... finished") to its session log file only, in this
-    process: its console handler shows warnings and errors. Progress bars off: the job prints its own progress."""
+    """In this process: Ray Data's and Ray Train's INFO chatter (execution plans, "Dataset ... finished",
+    "Reporting training result ...") to their session log files only, and progress bars off (the job prints its
+    own progress). Warnings and errors still reach the console."""
     import logging
 
     import ray.data
+    from ray.util.debug import log_once
 
     ray.data.DataContext.get_current().enable_progress_bars = False
+    log_once("ray_data_progress_manager_disabled")  # the notice that bars are off, which we turned off ourselves
     for h in logging.getLogger("ray.data").handlers:
         if not isinstance(h, logging.FileHandler) and "File" not in type(h).__name__:
             h.setLevel(logging.WARNING)
+    try:  # Ray Train V2 logs each report under its module's file path, not under "ray.train"
+        from ray.train.v2._internal.execution import context as train_context
+
+        logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
+    except ImportError:
+        pass
 
 
 def worker() -> tuple[int, int, Any]:
