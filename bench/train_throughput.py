@@ -204,10 +204,10 @@ def main() -> int:
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{work / 'bench.db'}"
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
     try:
         cfg, data = prepare(work, args.inputs, args.seq)
-        print(f"data: {data['output']} ({json.dumps({k: data.get(k) for k in ('examples',) if k in data})})", flush=True)
+        print(f"data: {data.output} ({data.examples} examples, {data.tokens} tokens)", flush=True)
         # plain before and after Ray Train, averaged: the machine's load drifts during the run
         load = [os.getloadavg()[0]]
         plain_a, model_a = plain_tokens_per_s(cfg, data, args.steps, args.skip)

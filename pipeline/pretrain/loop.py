@@ -115,7 +115,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         with ckpt.as_directory() as d:
             state = load_checkpoint(d, rank, t)
         check_vocab(state, vocab_sha, ckpt.path)
-        print(f"[rank {rank}] resumed at step {state['step']} position {state['position']}", flush=True)
+        launcher.say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
     else:
         torch.manual_seed(tc.seed * 1000 + rank + 1)  # each rank its own dropout stream
     nodes = launcher.num_nodes(world)  # a collective: every rank takes part
