@@ -1,0 +1,261 @@
+"""pipeline.data.prepare's stages (vocab -> shards -> validate) on a real local Ray cluster: byte-identical across runs and actor counts, up-to-date skips,
+config protection, validation, statistics of the written shards, dynamic masking at load time, trained vocab."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.config import DataConfig
+from pipeline.dag import Stage, run_graph
+from pipeline.data.dataset import DataValidationError, PreparedDataset, read_manifest, validate_output
+from pipeline.data.masking import mask_batch
+from pipeline.data.prepare import OutputExistsError, data_stages
+
+pytestmark = pytest.mark.slow
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A private local Ray (2 CPUs) for this module. Unlike conftest's fixture it passes address="local", so it
+    never joins a `ray start` cluster that happens to run on the machine (ray.init() would, and then refuse
+    num_cpus)."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+BOOKS = ("08_Ruth.txt", "01_Ge.txt", "02_Exo.txt", "41_Mark.txt", "57_Phmn.txt", "31_Obad.txt")
+WIKI_RECORDS = 60
+
+
+@pytest.fixture(scope="module")
+def inputs(shared_dir, tmp_path_factory):
+    """Six books and the first 60 wiki articles (a .jsonl.gz): ~250k tokens, small enough for CI."""
+    import gzip
+
+    wiki = tmp_path_factory.mktemp("wiki") / "pydocs60.jsonl.gz"
+    with gzip.open(shared_dir / "corpora/wiki/pydocs.jsonl.gz", "rt") as src, gzip.open(wiki, "wt") as dst:
+        dst.writelines(line for _, line in zip(range(WIKI_RECORDS), src))
+    return [str(shared_dir / "corpora/books" / b) for b in BOOKS] + [str(wiki)]
+
+
+def _cfg(inputs, out, minilm_dir, **kw):
+    base = dict(inputs=inputs, output=str(out), vocab=str(minilm_dir / "vocab.txt"), num_shards=4,
+                chunk_chars=200_000, num_actors=1, local_max_bytes=0)  # on Ray unless a test says otherwise
+    return DataConfig(**{**base, **kw})
+
+
+def _run(cfg, tmp, remote=False, extra=()):
+    logs: list[str] = []
+    res = run_graph(data_stages(cfg) + list(extra), remote=remote, log=logs.append)
+    return res, logs
+
+
+@pytest.fixture(scope="module")
+def two_runs(ray_local, inputs, minilm_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dag")
+    a, _ = _run(_cfg(inputs, tmp / "a", minilm_dir, num_actors=1), tmp)
+    b, _ = _run(_cfg(inputs, tmp / "b", minilm_dir, num_actors=2), tmp)
+    return tmp, a, b
+
+
+def _bytes(v):
+    return [open(path, "rb").read() for path, _ in v.shards]
+
+
+def test_in_process_preparation_is_byte_identical_to_ray(two_runs, inputs, minilm_dir):
+    """Small inputs run in the calling process (no actors); the same shards as on Ray."""
+    tmp, a, _ = two_runs
+    here, logs = _run(_cfg(inputs, tmp / "here", minilm_dir, local_max_bytes=10**9), tmp)
+    assert _bytes(here["validate"].result) == _bytes(a["validate"].result)
+
+
+def test_byte_identical_across_one_and_two_actors(two_runs):
+    _, a, b = two_runs
+    va, vb = a["validate"].result, b["validate"].result
+    assert [s["sha256"] for s in va.manifest["shards"]] == [s["sha256"] for s in vb.manifest["shards"]]
+    assert _bytes(va) == _bytes(vb)
+    assert va.config_hash == vb.config_hash  # num_actors is not part of the output's identity
+
+
+def test_rerun_is_a_noop_and_says_up_to_date(two_runs, inputs, minilm_dir):
+    tmp, a, _ = two_runs
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp / "a" / "shards").iterdir()}
+    res, logs = _run(_cfg(inputs, tmp / "a", minilm_dir), tmp)
+    assert res["vocab"].status == "skipped" and res["shards"].status == "skipped"
+    assert any("[stage shards] up to date" in line for line in logs)
+    assert before == {p.name: p.stat().st_mtime_ns for p in (tmp / "a" / "shards").iterdir()}
+    assert res["validate"].result.manifest_sha256 == a["validate"].result.manifest_sha256
+
+
+def test_different_config_never_overwrites_silently(two_runs, inputs, minilm_dir):
+    tmp, a, _ = two_runs
+    with pytest.raises(OutputExistsError, match="different config"):
+        data_stages(_cfg(inputs, tmp / "a", minilm_dir, seed=99))
+    assert validate_output(str(tmp / "a"))["config_hash"] == a["validate"].result.config_hash
+
+
+def test_manifest_and_shard_statistics(two_runs):
+    tmp, a, _ = two_runs
+    m = validate_output(str(tmp / "a"))
+    assert m["documents_read"] == m["documents_written"] + m["documents_rejected"] == len(BOOKS) + WIKI_RECORDS
+    rows = [s["rows"] for s in m["shards"]]
+    assert len(rows) == 4 and max(rows) - min(rows) <= 1 and sum(rows) == m["examples"]
+    policy = PreparedDataset.load(str(tmp / "a")).policy()
+    special, _, _ = policy.tables()
+    t = pq.read_table([str(tmp / "a" / s["path"]) for s in m["shards"]][0])
+    for s in m["shards"][1:]:
+        import pyarrow as pa
+
+        t = pa.concat_tables([t, pq.read_table(str(tmp / "a" / s["path"]))])
+    ids = t.column("input_ids").to_pylist()
+    pos = t.column("masked_lm_positions").to_pylist()
+    lab = t.column("masked_lm_ids").to_pylist()
+    nsp = np.array(t.column("next_sentence_label").to_pylist())
+    assert t.column("num_tokens").to_pylist() == [len(x) for x in ids]
+    assert max(len(x) for x in ids) <= 128 and sum(len(x) for x in ids) == m["tokens"] >= 100_000
+    assert abs((nsp == 1).mean() - 0.5) <= 0.03 and set(nsp.tolist()) == {0, 1}
+    assert abs(m["nsp_random_fraction"] - (nsp == 1).mean()) < 1e-9
+    masked = sum(len(p) for p in pos)
+    assert masked == m["masked_tokens"] and abs(masked / m["tokens"] - 0.15) <= 0.005
+    n_mask = sum(int(ids[i][j] == policy.mask_token_id) for i in range(len(ids)) for j in pos[i])
+    assert abs(n_mask / masked - 0.8) <= 0.02
+    assert all(not special[l].any() for l in map(np.asarray, lab) if len(l))
+    assert all(len(p) <= 20 for p in pos)
+    assert len(set(t.column("example_id").to_pylist())) == len(ids)
+
+
+def test_validation_detects_corruption(two_runs, tmp_path):
+    tmp, _, _ = two_runs
+    c = tmp_path / "c"
+    shutil.copytree(tmp / "a", c)
+    shard = sorted((c / "shards").iterdir())[1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DataValidationError, match=rf"shard .*{shard.name}: sha256 differs"):
+        validate_output(str(c))
+    shard.unlink()
+    with pytest.raises(DataValidationError, match="does not exist"):
+        validate_output(str(c))
+    (c / "manifest.json").unlink()
+    with pytest.raises(DataValidationError, match="manifest.json does not exist"):
+        read_manifest(str(c))
+
+
+def test_dynamic_masking_remote_stages_and_downstream_interface(ray_local, shared_dir, minilm_dir, tmp_path):
+    """Stages as Ray tasks, a downstream stage consuming "validate", and load-time masking through Ray Data."""
+    inputs = [str(shared_dir / "corpora/books" / b) for b in ("08_Ruth.txt", "41_Mark.txt")]
+    cfg = _cfg(inputs, tmp_path / "dyn", minilm_dir, masking="dynamic", whole_word_mask=True, num_shards=2)
+    seen = {}
+    consumer = Stage("train", lambda deps: deps["validate"].examples, deps=("validate",))
+    res, _ = _run(cfg, tmp_path, remote=True, extra=[consumer])
+    v = res["validate"].result
+    assert isinstance(v, PreparedDataset) and res["train"].result == v.examples > 0
+    assert len(v.manifest_sha256) == 64 and len(v.vocab_sha256) == 64 and v.tokens > 0 and v.dynamic_masking
+    assert [r for _, r in v.shards] and all(p.startswith(str(tmp_path)) for p, _ in v.shards)
+    m = read_manifest(v.output)
+    assert m["masked_tokens"] == 0 and m["masking"] == "dynamic"
+    policy = v.policy()
+    assert policy.whole_word and policy.mask_token_id == 103 and policy.vocab_size == 30522
+    ds = ray_local.data.read_parquet([p for p, _ in v.shards])
+
+    def masked(epoch):
+        out, n_tok = {}, 0
+        for batch in ds.iter_batches(batch_size=64, batch_format="numpy"):
+            assert all(len(p) == 0 for p in batch["masked_lm_positions"])  # stored unmasked
+            b = mask_batch(batch, policy, seed=cfg.seed, epoch=epoch)
+            out.update((int(e), tuple(p)) for e, p in zip(b["example_id"], b["masked_lm_positions"]))
+            n_tok += sum(len(x) for x in batch["input_ids"])
+        return out, n_tok
+
+    (e0, n_tok), (e1, _) = masked(0), masked(1)
+    assert sum(e0[k] != e1[k] for k in e0) > 0.9 * len(e0)  # a fresh mask each epoch
+    assert abs(sum(len(p) for p in e0.values()) / n_tok - 0.15) < 0.01
+    # epoch 0 again, in other batches (another batch size): the same masks, example by example
+    again = {}
+    for batch in ds.iter_batches(batch_size=17, batch_format="numpy"):
+        b = mask_batch(batch, policy, seed=cfg.seed, epoch=0)
+        again.update((int(e), tuple(p)) for e, p in zip(b["example_id"], b["masked_lm_positions"]))
+    assert again == e0
+
+
+def test_trained_vocab_and_file_uri_output(ray_local, shared_dir, tmp_path):
+    inputs = [str(shared_dir / "corpora/books" / b) for b in ("08_Ruth.txt", "57_Phmn.txt")]
+    cfg = DataConfig(inputs=inputs, output=f"file://{tmp_path}/tv", vocab=None, vocab_size=800, num_shards=3,
+                     lowercase=False, num_actors=1, max_seq_length=64, nsp=False)
+    res, _ = _run(cfg, tmp_path)
+    vocab = (tmp_path / "tv" / "vocab.txt").read_text().split("\n")[:-1]
+    assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and len(vocab) <= 800 and "Boaz" in vocab
+    assert (tmp_path / "tv" / "tokenizer.json").is_file() and not (tmp_path / "tv" / "_work").exists()
+    m = validate_output(f"file://{tmp_path}/tv")
+    assert m["nsp_random_fraction"] is None and m["vocab_size"] == len(vocab)
+    t = pq.read_table(str(tmp_path / "tv" / m["shards"][0]["path"]))
+    assert set(t.column("next_sentence_label").to_pylist()) == {-1}
+    assert max(t.column("num_tokens").to_pylist()) <= 64
+    again, _ = _run(dataclasses.replace(cfg), tmp_path)
+    assert again["vocab"].status == "skipped" and again["shards"].status == "skipped"
+
+
+def test_manifest_shard_paths_stay_inside_the_output(two_runs, tmp_path):
+    """A manifest may only describe its own directory: absolute, URI and ../ shard paths are refused."""
+    import json
+
+    tmp, _, _ = two_runs
+    c = tmp_path / "escape"
+    shutil.copytree(tmp / "a", c)
+    m = json.loads((c / "manifest.json").read_text())
+    for bad in ("../elsewhere/x.parquet", "/etc/passwd", "s3://bucket/x.parquet", "shards/../../x.parquet"):
+        m["shards"][0]["path"] = bad
+        (c / "manifest.json").write_text(json.dumps(m))
+        with pytest.raises(DataValidationError, match="is not a relative path inside"):
+            read_manifest(str(c))
+
+
+def test_truncated_shard_is_one_line_naming_the_file(two_runs, tmp_path):
+    from pipeline.io import StorageError, read_table
+
+    tmp, _, _ = two_runs
+    c = tmp_path / "trunc"
+    shutil.copytree(tmp / "a", c)
+    shard = sorted((c / "shards").iterdir())[0]
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(DataValidationError, match=rf"shard .*{shard.name} is not a readable Parquet file"):
+        validate_output(str(c), checksums=False)
+    with pytest.raises(StorageError, match=rf"{shard.name} is not a readable Parquet file"):
+        read_table(str(shard))
+
+
+def test_partial_work_from_another_vocabulary_is_never_resumed(ray_local, shared_dir, minilm_dir, tmp_path):
+    """The issue-10 scenario: a killed run left token chunks of vocabulary A, vocab.meta.json was deleted, and
+    the re-run has vocabulary B. The chunks of A are discarded; the shards equal a clean run's, byte for byte."""
+    from pipeline.data.prepare import plan, tokenize_file, work_dir
+    from pipeline.data.sources import expand_inputs
+    from pipeline.data.tokenizer import load_tokenizer
+    from pipeline.io import sha256_file
+
+    inputs = [str(shared_dir / "corpora/books" / b) for b in ("08_Ruth.txt", "57_Phmn.txt")]
+    cfg = lambda out: DataConfig(inputs=inputs, output=str(out), vocab=None, vocab_size=800, num_shards=2,
+                                 num_actors=1, chunk_chars=50_000)
+    clean, _ = _run(cfg(tmp_path / "clean"), tmp_path)
+    dirty = tmp_path / "dirty"
+    p = plan(cfg(dirty))
+    dirty.mkdir()
+    for name in ("vocab.txt", "tokenizer.json"):  # vocabulary A, and no vocab.meta.json
+        shutil.copy(minilm_dir / name, dirty / name)
+    stale = work_dir(p.cfg, p.config_hash, sha256_file(str(dirty / "vocab.txt")))
+    files, _ = expand_inputs(inputs)
+    tokenize_file(files[0], load_tokenizer(minilm_dir / "vocab.txt"), p.cfg, stale)  # A's ids, marked done
+    res, _ = _run(cfg(dirty), tmp_path)
+    assert res["vocab"].status == "ran"
+    assert (dirty / "vocab.txt").read_bytes() == (tmp_path / "clean" / "vocab.txt").read_bytes()
+    assert _bytes(res["validate"].result) == _bytes(clean["validate"].result)
+    assert not (dirty / "_work").exists()
