@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -289,7 +290,10 @@ def _train(prepared, work, name: str, *extra: str, fail_at: int | None = None, d
     run_id = tracking.start_run("ft", name, {})
     hook = fail_once_at(fail_at, work / "faults" / name) if fail_at else None
     res = run_training(cfg, [data or prepared["validate"]], run_id, name, tracking.tracking_uri(), on_step=hook)
-    sd = load_file(os.path.join(local_copy(res.checkpoint), "model.safetensors"))
+    local = local_copy(res.checkpoint)
+    sd = load_file(os.path.join(local, "model.safetensors"))
+    if local != res.checkpoint:  # a copy of a URI checkpoint: nothing left behind in /tmp
+        shutil.rmtree(local)
     digest = hashlib.sha256(b"".join(k.encode() + sd[k].numpy().tobytes() for k in sorted(sd))).hexdigest()
     return digest, run_id
 
