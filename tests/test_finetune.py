@@ -141,18 +141,18 @@ def test_resolve_local_and_scratch(minilm_dir, mlflow_store):
         resolve_source("/nonexistent/model")
 
 
-def test_resolve_registry_lineage(minilm_dir, mlflow_store):
+def test_resolve_registry_lineage(minilm_dir, mlflow_store, tmp_path):
     from pipeline import tracking
 
     run_id = tracking.start_run("pretrain-test", "pre", {})
     v = tracking.register_hf_model(str(minilm_dir), "minilm", "latest-pretrain",
                                    {"run_id": run_id, "config_hash": "abc"}, run_id)
-    src = resolve_source("models:/minilm@latest-pretrain")
+    src = resolve_source("models:/minilm@latest-pretrain", download_dir=str(tmp_path / "a"))
     assert (Path(src.model_dir) / "model.safetensors").is_file()
     assert src.tags["source_model"] == f"models:/minilm/{v}"
     assert src.tags["pretrain_run_id"] == run_id and src.tags["source_config_hash"] == "abc"
     # scratch baseline borrows the registered model's vocabulary
-    s = resolve_source("scratch:tiny", "models:/minilm@latest-pretrain")
+    s = resolve_source("scratch:tiny", "models:/minilm@latest-pretrain", download_dir=str(tmp_path / "b"))
     assert (Path(s.tokenizer_path) / "vocab.txt").read_text() == (minilm_dir / "vocab.txt").read_text()
     assert s.tags["scratch_tokenizer_model"] == f"models:/minilm/{v}"
 
