@@ -85,6 +85,19 @@ class TreeSampler(threading.Thread):
             self.stop.wait(self.interval)
 
 
+def run_sampled(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> tuple[subprocess.Popen, str, float, TreeSampler]:
+    """Run `cmd` to completion while sampling its process tree's memory: (process, output, wall seconds, sampler)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sampler = TreeSampler(proc.pid)
+    sampler.start()
+    log = proc.communicate()[0]
+    wall = time.perf_counter() - t0
+    sampler.stop.set()
+    sampler.join()
+    return proc, log, wall, sampler
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mb", type=float, default=100.0, help="size of the one document in MB")
@@ -105,14 +118,7 @@ def main() -> int:
     env.pop("RAY_ADDRESS", None)
     print(f"document: {doc} ({doc.stat().st_size / 1e6:.1f} MB, {reps} x {len(unit) / 1e6:.2f}M chars)", flush=True)
     print("command:", " ".join(cmd), flush=True)
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sampler = TreeSampler(proc.pid)
-    sampler.start()
-    log = proc.communicate()[0]
-    wall = time.perf_counter() - t0
-    sampler.stop.set()
-    sampler.join()
+    proc, log, wall, sampler = run_sampled(cmd, env)
     if proc.returncode != 0:
         print(log[-4000:])
         return 1

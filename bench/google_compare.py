@@ -29,14 +29,12 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from big_document_memory import GIB, REPO, SHARED, TreeSampler, minilm_vocab  # noqa: E402
+from big_document_memory import GIB, REPO, SHARED, minilm_vocab, run_sampled  # noqa: E402
 
 TF_STANDIN = '''
 """Stand-in for the few TensorFlow 1.x calls Google's create_pretraining_data.py makes (bench only)."""
@@ -146,14 +144,7 @@ def google_input(path: Path) -> int:
 
 def timed(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sampler = TreeSampler(proc.pid)
-    sampler.start()
-    log = proc.communicate()[0]
-    wall = time.perf_counter() - t0
-    sampler.stop.set()
-    sampler.join()
+    proc, log, wall, sampler = run_sampled(cmd, env, cwd)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{log[-3000:]}")
