@@ -350,14 +350,24 @@ def _number(value: Any, tp: type) -> int | float | None:
     return int(x) if x.is_integer() else None
 
 
+def _describe(tp: Any) -> str:
+    """What a value of type `tp` is, for an error message: `a number`, `auto`, `a list`."""
+    if typing.get_origin(tp) is Literal:
+        return " or ".join(map(str, typing.get_args(tp)))
+    return _NUMBER.get(tp) or f"a {getattr(typing.get_origin(tp) or tp, '__name__', tp)}"
+
+
 def coerce(value: Any, tp: Any, where: str) -> Any:
     """`value` as type `tp` (a dataclass field's annotation), or a ConfigError that names `where`.
 
     YAML 1.1 reads `1e-4` as a string, and command-line values arrive as YAML scalars: numbers are converted by
-    the field's type, lists accept a scalar, Literal fields list their choices.
+    the field's type, lists accept a scalar (and a list of numbers a comma-separated string: `--tune.lr 1e-4,3e-4`),
+    Literal fields list their choices, and a value no member of a union takes names what each accepts.
 
     >>> coerce("1e-4", float, "train.lr"), coerce("3", int | None, "x"), coerce("a", list[str], "data.inputs")
     (0.0001, 3, ['a'])
+    >>> coerce("1e-4,3e-4", list[float], "tune.lr"), coerce("auto", float | Literal["auto"], "train.lr")
+    ([0.0001, 0.0003], 'auto')
     >>> coerce("abc", float, "train.lr")
     Traceback (most recent call last):
     ...
@@ -376,11 +386,13 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
                 return coerce(value, a, where)
             except ConfigError:
                 continue
-        raise ConfigError(f"{where} {value!r} is not one of the accepted types")
+        raise ConfigError(f"{where} {value!r} is not {' or '.join(map(_describe, options))}")
     if origin is Literal:
         _check(value in args, f"{where} {value!r} is not one of {', '.join(map(str, args))}")
         return value
     if origin is list:
+        if isinstance(value, str) and args and args[0] in (int, float):  # numbers never hold a comma
+            value = [v.strip() for v in value.split(",")]
         items = value if isinstance(value, list) else [value]
         return [coerce(v, args[0], f"{where}[{i}]") if args else v for i, v in enumerate(items)]
     if origin is dict or tp is dict:

@@ -3,6 +3,7 @@ and the evaluation bookkeeping (predictions mapped back to labels, words and ans
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -15,7 +16,7 @@ import torch
 
 from pipeline.config import ConfigError
 from pipeline.finetune.data import prepare_task
-from pipeline.finetune.job import FinetuneConfig, build_model, load_finetune_config, resolve_source
+from pipeline.finetune.job import FinetuneConfig, build_model, load_finetune_config, resolve_lr, resolve_source
 from pipeline.finetune.metrics import evaluate
 from pipeline.finetune.loop import counts, epoch_micro_batches, steps_per_epoch, summarise
 
@@ -71,22 +72,83 @@ def test_precision_and_accumulation_fields():
     assert (cfg.train.precision, cfg.train.global_batch_size, cfg.train.max_failures) == ("bf16", 64, 1)
 
 
-@pytest.mark.parametrize("value, ok", [("1e-4", True), ("abc", False)])
-def test_cli_lr_value(tmp_path, value, ok):
-    """`--train.lr 1e-4` (a string to YAML 1.1) is a float; `abc` is one line on stderr naming train.lr, exit 1,
-    before any data, Ray or MLflow work (the model does not exist, so an accepted config fails on --model)."""
+@pytest.mark.parametrize("field, value, error", [
+    ("train.lr", "1e-4", None),
+    ("train.lr", "abc", "train.lr 'abc' is not a number or auto"),
+    ("tune.lr", "1e-4,3e-4", None),
+    ("tune.lr", "1e-4,abc", "tune.lr[1] 'abc' is not a number"),
+    ("tune.lr", "0", "tune.lr 0 must be > 0"),
+    ("tune.lr", "-1e-3", "tune.lr -0.001 must be > 0"),
+])
+def test_cli_lr_value(tmp_path, field, value, error):
+    """`--train.lr 1e-4` (a string to YAML 1.1) is a float, `--tune.lr 1e-4,3e-4` a list of them; a bad value is one
+    line on stderr naming the field, exit 1, before any data, Ray or MLflow work (the model does not exist, so an
+    accepted config fails on --model)."""
     for name in ("train.tsv", "dev.tsv"):
         (tmp_path / name).write_text("sentence\tlabel\nNaomi wept\ta\n")
     p = subprocess.run([sys.executable, str(REPO / "jobs" / "finetune.py"), "--model", str(tmp_path / "nomodel"),
                         "--task", "sequence-classification", "--train", "train.tsv", "--eval", "dev.tsv",
-                        "--train.lr", value], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                        f"--{field}", value], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
     assert p.returncode == 1 and p.stderr.strip().count("\n") == 0 and "Traceback" not in p.stderr, p.stderr
-    if ok:
-        assert "--model" in p.stderr and "train.lr" not in p.stderr, p.stderr
+    if error is None:
+        assert "--model" in p.stderr and field not in p.stderr, p.stderr
     else:
-        assert p.stderr.strip() == "error: train.lr 'abc' is not a number", p.stderr
-    assert not (tmp_path / "mlflow.db").exists() or ok
+        assert p.stderr.strip() == f"error: {error}", p.stderr
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs").exists()
+
+
+def test_tune_lr_from_cli_and_yaml(tmp_path):
+    """`tune.lr` takes a comma list on the command line and a YAML list (YAML 1.1 strings like 1e-4 included);
+    null or an empty list means no sweep."""
+    assert load_finetune_config(None, ["--tune.lr", "1e-4, 3e-4,1e-3"]).tune.lr == [1e-4, 3e-4, 1e-3]
+    assert load_finetune_config(None, ["--tune.lr", "[1e-4, 0.003]"]).tune.lr == [1e-4, 3e-3]
+    assert load_finetune_config(None, ["--tune.lr", "0.001"]).tune.lr == [1e-3]
+    (tmp_path / "ft.yaml").write_text("tune:\n  lr: [1e-4, 3e-4]\n  max_concurrent_trials: 2\n")
+    cfg = load_finetune_config(tmp_path / "ft.yaml")
+    assert cfg.tune.lr == [1e-4, 3e-4] and all(isinstance(x, float) for x in cfg.tune.lr)
+    assert cfg.tune.max_concurrent_trials == 2
+    (tmp_path / "none.yaml").write_text("tune:\n  lr: []\n")
+    assert not load_finetune_config(tmp_path / "none.yaml").tune.lr
+    assert load_finetune_config(REPO / "configs" / "finetune.yaml").tune.lr is None  # default: no sweep
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--tune.lr", "abc"], "tune.lr[0] 'abc' is not a number"),
+    (["--tune.lr", "1e-4,,3e-4"], "tune.lr[1] '' is not a number"),
+    (["--tune.lr", "1e-4,nan"], "tune.lr nan must be > 0"),
+    (["--tune.lr", "1e-3,1e-3"], "tune.lr [0.001, 0.001] lists an LR twice"),
+    (["--tune.max_concurrent_trials", "0"], "tune.max_concurrent_trials 0 < 1"),
+    (["--train.lr", "0"], "train.lr 0.0 must be > 0"),
+    (["--train.lr", "-3e-4"], "train.lr -0.0003 must be > 0"),
+])
+def test_lr_errors_name_the_field(args, msg):
+    with pytest.raises(ConfigError, match=re.escape(msg)):
+        load_finetune_config(None, args)
+
+
+@pytest.mark.parametrize("preset, lr", [("tiny", 3e-4), ("mini", 3e-4), ("small", 1e-4), ("medium", 1e-4),
+                                        ("base", 5e-5), ("large", 5e-5)])
+def test_auto_lr_by_model_size(preset, lr):
+    """`train.lr: auto` (the default) gives BERT-base's 5e-5 only to base/large; a given LR always wins."""
+    from model import BertConfig
+
+    hidden = BertConfig.from_preset(preset).hidden_size
+    assert load_finetune_config(REPO / "configs" / "finetune.yaml").train.lr == "auto"
+    got, why = resolve_lr("auto", hidden)
+    assert got == lr and why.startswith(f"auto: hidden size {hidden}")
+    assert resolve_lr(2e-5, hidden) == (2e-5, "train.lr")
+    assert resolve_lr("auto", 384)[0] == 1e-4  # MiniLM-L6-H384
+
+
+def test_pick_best_trial():
+    """The best trial as the loop picks the best epoch: the metric first, then the lower loss; NaN ranks last."""
+    from pipeline.finetune.sweep import pick_best
+
+    trials = [{"eval/accuracy": 0.40, "eval/loss": 1.1}, {"eval/accuracy": 0.55, "eval/loss": 1.5},
+              {"eval/accuracy": 0.55, "eval/loss": 1.2}, {"eval/accuracy": math.nan, "eval/loss": math.nan}]
+    assert pick_best(trials, "accuracy") == 2
+    assert pick_best([{"eval/f1": math.nan, "eval/loss": 0.1}, {"eval/f1": 0.0, "eval/loss": 3.0}], "f1") == 1
 
 
 def test_cli_usage_error_is_one_line_exit_1(tmp_path):

@@ -65,10 +65,16 @@ def _own_address(local: bool):
     from ray._private.services import get_node_ip_address
 
     port = _free_port()
-    env = {"RAY_GCS_SERVER_PORT": str(port), "RAY_ADDRESS": f"{get_node_ip_address()}:{port}",
-           "RAY_DATA_LOGGING_CONFIG": os.environ.get("RAY_DATA_LOGGING_CONFIG") or RAY_DATA_LOGGING}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    with environ(RAY_GCS_SERVER_PORT=str(port), RAY_ADDRESS=f"{get_node_ip_address()}:{port}",
+                 RAY_DATA_LOGGING_CONFIG=os.environ.get("RAY_DATA_LOGGING_CONFIG") or RAY_DATA_LOGGING):
+        yield
+
+
+@contextlib.contextmanager
+def environ(**values: str):
+    """Environment variables set while the block runs; the previous values (or their absence) restored after."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
         yield
     finally:
@@ -227,6 +233,13 @@ def quiet_ray_data() -> None:
     for h in logging.getLogger("ray.data").handlers:
         if not isinstance(h, logging.FileHandler) and "File" not in type(h).__name__:
             h.setLevel(logging.WARNING)
+    quiet_ray_train()
+
+
+def quiet_ray_train() -> None:
+    """In this process (a Train worker): Ray Train's "Reporting training result ..." INFO line off the console."""
+    import logging
+
     try:  # Ray Train V2 logs each report under its module's file path, not under "ray.train"
         from ray.train.v2._internal.execution import context as train_context
 

@@ -20,12 +20,13 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
 import tempfile
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -101,7 +102,8 @@ class FtTrainConfig:
     """Micro-batches per optimizer step; the global batch is batch_size * num_workers * accumulation_steps."""
     eval_batch_size: int = 64
     optimizer: Literal["adamw", "lamb"] = "adamw"
-    lr: float = 5e-5
+    lr: float | Literal["auto"] = "auto"
+    """Peak LR; `auto` picks it by the model's hidden size (`AUTO_LR`); a number wins."""
     warmup_ratio: float = 0.1
     """Fraction of the total steps with linear warmup."""
     weight_decay: float = 0.01
@@ -127,7 +129,7 @@ class FtTrainConfig:
         _check(self.batch_size >= 1, f"train.batch_size {self.batch_size} < 1")
         _check(self.accumulation_steps >= 1, f"train.accumulation_steps {self.accumulation_steps} < 1")
         _check(self.eval_batch_size >= 1, f"train.eval_batch_size {self.eval_batch_size} < 1")
-        _check(self.lr > 0, f"train.lr {self.lr} must be > 0")
+        _check(self.lr == "auto" or 0 < self.lr < math.inf, f"train.lr {self.lr} must be > 0")
         _check(0 <= self.warmup_ratio < 1, f"train.warmup_ratio {self.warmup_ratio} not in [0, 1)")
         _check(self.max_grad_norm >= 0, f"train.max_grad_norm {self.max_grad_norm} < 0")
         _check(self.log_every_steps >= 1, f"train.log_every_steps {self.log_every_steps} < 1")
@@ -157,6 +159,22 @@ class FtEvalConfig:
 
 
 @dataclass
+class FtTuneConfig:
+    """An LR sweep with Ray Tune (`pipeline.finetune.sweep`); no LRs = one run at train.lr."""
+
+    lr: list[float] | None = None
+    """Peak LRs to try, one trial each (`--tune.lr 1e-4,3e-4,1e-3`); the best trial's model is registered."""
+    max_concurrent_trials: int = 1
+    """Trials at once; 1 keeps a small machine's cores for one trial's workers."""
+
+    def __post_init__(self) -> None:
+        for x in self.lr or []:
+            _check(0 < x < math.inf, f"tune.lr {x:g} must be > 0")
+        _check(len(set(self.lr or [])) == len(self.lr or []), f"tune.lr {self.lr} lists an LR twice")
+        _check(self.max_concurrent_trials >= 1, f"tune.max_concurrent_trials {self.max_concurrent_trials} < 1")
+
+
+@dataclass
 class FtTrackingConfig:
     experiment: str = "bert-finetune"
     model_name: str | None = None
@@ -173,6 +191,7 @@ class FinetuneConfig:
     train: FtTrainConfig = field(default_factory=FtTrainConfig)
     eval: FtEvalConfig = field(default_factory=FtEvalConfig)
     tracking: FtTrackingConfig = field(default_factory=FtTrackingConfig)
+    tune: FtTuneConfig = field(default_factory=FtTuneConfig)
 
     def flat(self) -> dict[str, Any]:
         return flatten(asdict(self))
@@ -180,11 +199,31 @@ class FinetuneConfig:
 
 FT_SECTIONS: dict[str, type] = {
     "data": FtDataConfig, "model": FtModelConfig, "train": FtTrainConfig, "eval": FtEvalConfig, "tracking": FtTrackingConfig,
+    "tune": FtTuneConfig,
 }
+
+# `train.lr: auto`: the peak LR by hidden size, the largest key <= the model's. BERT-base's 5e-5 (Devlin et al.) is
+# for base/large only: a tiny model fine-tuned at 5e-5 stays near chance (bench/RESULTS.md, "Longer pretraining":
+# pretrained tiny did best at 3e-4, scratch at 1e-3). The lead refines the small-model value from a study.
+AUTO_LR: dict[int, float] = {0: 3e-4, 384: 1e-4, 768: 5e-5}
+
+
+def resolve_lr(lr: float | str, hidden_size: int) -> tuple[float, str]:
+    """(LR, why) for `train.lr`: a number as given, `auto` from `AUTO_LR` by the model's hidden size.
+
+    >>> resolve_lr("auto", 128), resolve_lr("auto", 384)[0], resolve_lr("auto", 1024)[0], resolve_lr(1e-3, 128)
+    ((0.0003, 'auto: hidden size 128 < 384'), 0.0001, 5e-05, (0.001, 'train.lr'))
+    """
+    if lr != "auto":
+        return float(lr), "train.lr"
+    keys = sorted(AUTO_LR)
+    i = max(j for j, k in enumerate(keys) if k <= hidden_size)
+    band = f">= {keys[i]}" if i == len(keys) - 1 else (f"< {keys[1]}" if i == 0 else f"in [{keys[i]}, {keys[i + 1]})")
+    return AUTO_LR[keys[i]], f"auto: hidden size {hidden_size} {band}"
 
 
 def load_finetune_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> FinetuneConfig:
-    """YAML (sections data/model/train/eval/tracking) plus `--section.field value` overrides.
+    """YAML (sections data/model/train/eval/tracking/tune) plus `--section.field value` overrides.
 
     >>> load_finetune_config(None, ["--train.max_steps", "20", "--data.max_seq_length", "64"]).train.max_steps
     20
@@ -356,62 +395,131 @@ def run_finetune(
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _train_and_register(cfg: FinetuneConfig, source: Source, td: TaskData, task: str, train_path: str, eval_path: str,
-                        output_dir: str | None, on_step: Callable[[int, int], None] | None, uri: str,
-                        work: str) -> dict[str, Any]:
-    """The MLflow run around Ray Train: params, label map, fit, the best model exported and registered."""
-    import ray
+def with_lr(cfg: FinetuneConfig, lr: float) -> FinetuneConfig:
+    """A copy of `cfg` training at peak LR `lr` (a resolved `auto`, or one trial of a sweep)."""
+    return replace(cfg, train=replace(cfg.train, lr=lr))
 
-    from pipeline import tracking
+
+def fit_run(cfg: FinetuneConfig, shared: dict[str, Any], run_id: str, name: str):
+    """One Ray Train run of `train_loop_per_worker` at `cfg` (checkpoints in `train.storage_path`/`name`), rank 0
+    logging into MLflow run `run_id`; `shared` is the loop config every run of the job shares (object refs to the
+    task data and the initial weights, the tracking URI, the primary metric, the test hook). A single run and
+    every Tune trial of a sweep train through this. Returns Ray's Result."""
     from pipeline.core import launcher
     from pipeline.finetune.loop import train_loop_per_worker
 
     t = cfg.train
-    torch.manual_seed(t.seed)  # the new head's initialisation
+    scale = launcher.Scale(t.num_workers, t.use_gpu, t.cpus_per_worker, max_failures=t.max_failures, num_to_keep=1)
+    return launcher.fit(train_loop_per_worker, {**shared, "cfg": cfg, "run_id": run_id}, name=name,
+                        storage_path=resolve_path(t.storage_path), scale=scale)
+
+
+def best_metrics(checkpoint) -> dict[str, float]:
+    """The best epoch's eval metrics (and its epoch and step) that a run's final checkpoint carries in `best/`."""
+    with checkpoint.as_directory() as d:
+        return json.loads(Path(d, "best", "eval_metrics.json").read_text())
+
+
+@dataclass
+class Job:
+    """What the runs of one fine-tuning job share on the driver: a single run, or every trial of a sweep."""
+
+    cfg: FinetuneConfig
+    source: Source
+    task: str
+    td: TaskData
+    primary: str
+    """The eval metric that picks the best epoch (and the best trial)."""
+    tags: dict[str, str]
+    """Every run's MLflow tags: the source's lineage, the task and its files."""
+    shared: dict[str, Any]
+    """The loop config every Ray Train run shares (see `fit_run`)."""
+    work: str
+    """The job's temporary directory (removed at the end)."""
+    output_dir: str | None = None
+
+    def params(self, cfg: FinetuneConfig) -> dict[str, Any]:
+        """The MLflow params of a run at `cfg`."""
+        td = self.td
+        return {**cfg.flat(), "task": self.task, "source": self.source.spec, "num_train_features": len(td.train["input_ids"]),
+                "num_eval_features": len(td.eval["input_ids"]), "problem_type": td.problem_type,
+                "num_labels": td.num_labels, "train.global_batch_size": cfg.train.global_batch_size}
+
+    def log_inputs(self, logger, cfg: FinetuneConfig, extra: dict[str, Any]) -> None:
+        """Params (plus `extra`) and the label map of a run that trains."""
+        logger.log_params({**self.params(cfg), **extra})
+        label_map = Path(self.work, "label_map.json")
+        label_map.write_text(json.dumps({"task": self.task, "problem_type": self.td.problem_type,
+                                         "id2label": {str(k): v for k, v in self.td.id2label.items()}}, indent=1))
+        logger.log_artifact(str(label_map))
+
+    def export(self, checkpoint) -> tuple[dict[str, float], Path]:
+        """The best epoch's model out of a run's final checkpoint, with the tokenizer: (its eval metrics, directory)."""
+        out = Path(self.output_dir or os.path.join(self.work, "model"))
+        out.mkdir(parents=True, exist_ok=True)
+        with checkpoint.as_directory() as ck:
+            shutil.copytree(os.path.join(ck, "best"), out, dirs_exist_ok=True)
+        _copy_tokenizer(self.source.tokenizer_path, out)
+        return json.loads((out / "eval_metrics.json").read_text()), out
+
+    def register(self, out: Path, best: dict[str, float], run_id: str, logger, tags: dict[str, str] | None = None) -> str | None:
+        """Register `out` as a new version made by run `run_id` (lineage tags, alias); None when registering is off."""
+        from pipeline import tracking
+
+        tr = self.cfg.tracking
+        if not tr.register:
+            return None
+        name = tr.model_name or f"bert-finetune-{self.task}"
+        version = tracking.register_hf_model(
+            str(out), name, tr.alias, {**self.source.tags, "task": self.task, "run_id": run_id,
+                                       f"eval_{self.primary}": f"{best[self.primary]:.6g}", **(tags or {})}, run_id)
+        logger.set_tags({"registered_model": f"models:/{name}/{version}"})
+        return f"models:/{name}/{version}"
+
+
+def _train_and_register(cfg: FinetuneConfig, source: Source, td: TaskData, task: str, train_path: str, eval_path: str,
+                        output_dir: str | None, on_step: Callable[[int, int], None] | None, uri: str,
+                        work: str) -> dict[str, Any]:
+    """The initial model, then one run at `train.lr` (resolved when `auto`) or a Ray Tune sweep over `tune.lr`."""
+    import ray
+
+    torch.manual_seed(cfg.train.seed)  # the new head's initialisation
     vocab_size = load_tokenizer(source.tokenizer_path).get_vocab_size()
     model = build_model(source, task, td, dict(cfg.model.overrides), vocab_size)
     init = {"class": type(model).__name__, "config": asdict(model.config), "state_dict": model.state_dict()}
     primary = primary_metric(task, td.problem_type)
-
-    model_name = cfg.tracking.model_name or f"bert-finetune-{task}"
-    run_name = cfg.tracking.run_name or run_name_for(task, source)
     tags = {**source.tags, "task": task, "train_file": str(Path(train_path).resolve()),
             "eval_file": str(Path(eval_path).resolve())}
-    run_id = tracking.start_run(cfg.tracking.experiment, run_name, tags)
-    logger = tracking.RunLogger(run_id, uri)
-    print(f"[finetune] MLflow run {run_id} ({run_name}) at {uri}", flush=True)
+    shared = {"data_ref": ray.put(td), "init_ref": ray.put(init), "tracking_uri": uri, "primary": primary, "on_step": on_step}
+    job = Job(cfg, source, task, td, primary, tags, shared, work, output_dir)
+    run_name = cfg.tracking.run_name or run_name_for(task, source)
+    if cfg.tune.lr:
+        from pipeline.finetune.sweep import run_sweep
+
+        print(f"[finetune] LR from a Ray Tune sweep over tune.lr {', '.join(f'{x:g}' for x in cfg.tune.lr)}", flush=True)
+        return run_sweep(job, run_name)
+    lr, why = resolve_lr(cfg.train.lr, model.config.hidden_size)
+    print(f"[finetune] LR {lr:g} ({why})", flush=True)
+    job.cfg = with_lr(cfg, lr)
+    return _single_run(job, run_name, why)
+
+
+def _single_run(job: Job, run_name: str, lr_source: str) -> dict[str, Any]:
+    """The MLflow run around one Ray Train run: params, label map, fit, the best model exported and registered."""
+    from pipeline import tracking
+
+    run_id = tracking.start_run(job.cfg.tracking.experiment, run_name, job.tags)
+    logger = tracking.RunLogger(run_id, job.shared["tracking_uri"])
+    print(f"[finetune] MLflow run {run_id} ({run_name}) at {job.shared['tracking_uri']}", flush=True)
     status = "FAILED"
     try:
-        logger.log_params({**cfg.flat(), "task": task, "source": source.spec, "num_train_features": len(td.train["input_ids"]),
-                           "num_eval_features": len(td.eval["input_ids"]), "problem_type": td.problem_type,
-                           "num_labels": td.num_labels, "train.global_batch_size": t.global_batch_size})
-        label_map = Path(work, "label_map.json")
-        label_map.write_text(json.dumps({"task": task, "problem_type": td.problem_type,
-                                         "id2label": {str(k): v for k, v in td.id2label.items()}}, indent=1))
-        logger.log_artifact(str(label_map))
-
-        config = {"cfg": cfg, "data_ref": ray.put(td), "init_ref": ray.put(init), "run_id": run_id,
-                  "tracking_uri": uri, "primary": primary, "on_step": on_step}
-        scale = launcher.Scale(t.num_workers, t.use_gpu, t.cpus_per_worker, max_failures=t.max_failures, num_to_keep=1)
-        result = launcher.fit(train_loop_per_worker, config, name=run_name, storage_path=resolve_path(t.storage_path),
-                              scale=scale)
-        out = Path(output_dir or os.path.join(work, "model"))
-        out.mkdir(parents=True, exist_ok=True)
-        with result.checkpoint.as_directory() as ck:
-            shutil.copytree(os.path.join(ck, "best"), out, dirs_exist_ok=True)
-        _copy_tokenizer(source.tokenizer_path, out)
-        best = json.loads((out / "eval_metrics.json").read_text())
+        job.log_inputs(logger, job.cfg, {"train.lr_source": lr_source})
+        result = fit_run(job.cfg, job.shared, run_id, run_name)
+        best, out = job.export(result.checkpoint)
         logger.log_metrics({f"best/{k}": v for k, v in best.items()}, step=int(best["step"]))
-        registered = None
-        if cfg.tracking.register:
-            version = tracking.register_hf_model(
-                str(out), model_name, cfg.tracking.alias,
-                {**source.tags, "task": task, "run_id": run_id, f"eval_{primary}": f"{best[primary]:.6g}"}, run_id,
-            )
-            registered = f"models:/{model_name}/{version}"
-            logger.set_tags({"registered_model": registered})
+        registered = job.register(out, best, run_id, logger)
         status = "FINISHED"
-        return {"metrics": best, "model_dir": str(out) if output_dir else None, "registered": registered,
+        return {"metrics": best, "model_dir": str(out) if job.output_dir else None, "registered": registered,
                 "run_id": run_id, "run_name": run_name}
     except KeyboardInterrupt:
         status = "KILLED"

@@ -129,6 +129,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     on_step: Callable[[int, int], None] | None = config.get("on_step")  # test hook: fault injection
     td: TaskData = ray.get(config["data_ref"])
     tc = cfg.train
+    launcher.quiet_ray_train()  # Ray Train's per-report INFO line to its log file only
     rank, world, device = launcher.worker()
     if not tc.use_gpu:  # a fixed thread count: bit-identical CPU math on restart
         torch.set_num_threads(tc.torch_threads or max(1, (os.cpu_count() or 1) // world))
