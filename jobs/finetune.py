@@ -6,6 +6,8 @@
 
 --model: models:/name@alias | models:/name/version | a transformers directory | scratch:<preset> (random init;
 its vocabulary is --data.tokenizer, by default the one of models:/bert-pretrain@latest-pretrain).
+The LR is train.lr (default `auto`: chosen by the model's hidden size); `--tune.lr 1e-4,3e-4,1e-3` instead runs a
+Ray Tune sweep, one trial per LR, and registers only the best trial's model (MLflow: one parent run, a child per LR).
 Honours MLFLOW_TRACKING_URI (default sqlite:///mlflow.db here) and RAY_ADDRESS (`ray job submit` sets it; unset,
 a private local Ray is started, never a `ray start` cluster found on the machine). Checkpoints go under
 `train.storage_path` (default runs/, relative to the current directory). Progress goes to stdout; the last

@@ -4,7 +4,8 @@ Budgets (2 CPU cores, CI): the real MiniLM checkpoint on pydocs_topic with a 240
 max_seq_length 64, one epoch of 75 steps at batch 32 (LR 3e-4), evaluated on the first 400 dev rows; NER (on two
 DDP workers) and QA on the Bible-derived fixtures in tests/data with small subsets. The slow test runs the
 pretraining job (tiny preset, 30 steps on the wiki corpus) and fine-tunes from `models:/...@alias` and from
-`scratch:tiny` with the same budget (one epoch of the full train set, 113 steps) through the command line.
+`scratch:tiny` with the same budget (one epoch of the full train set, 113 steps) through the command line. The
+slow LR-sweep test runs `--tune.lr` with two trials of 4 steps each on `scratch:tiny` (64 train, 32 eval rows).
 """
 
 from __future__ import annotations
@@ -276,3 +277,52 @@ def test_pretrain_then_finetune_vs_scratch(tmp_path, shared_dir):
     ft = c.get_model_version("bert-finetune-sequence-classification", "1")
     assert ft.tags["source_model"] == f"models:/tiny-e2e/{src_mv.version}"
     assert ft.tags["pretrain_run_id"] == src_mv.tags["run_id"]
+
+
+@pytest.mark.slow
+def test_tune_lr_sweep_registers_the_best_trial(tmp_path, shared_dir, minilm_dir):
+    """`--tune.lr 1e-4,3e-3` through the command line: Ray Tune runs a trial per LR (each the job's Ray Train run),
+    MLflow holds one parent run and a child run per LR, and the one registered version is the best trial's (the
+    higher eval accuracy of the two children, ties to the lower eval loss, as the loop picks epochs)."""
+    from mlflow import MlflowClient
+
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONUNBUFFERED": "1",
+           "RAY_ADDRESS": "local"}
+    task = shared_dir / "tasks" / "pydocs_topic"
+    p = _job("--model", "scratch:tiny", "--task", "sequence-classification", "--train", str(task / "train.tsv"),
+             "--eval", str(task / "dev.tsv"), "--data.tokenizer", str(minilm_dir / "vocab.txt"),
+             "--data.max_seq_length", "32", "--data.max_train_examples", "64", "--data.max_eval_examples", "32",
+             "--train.batch_size", "16", "--train.max_steps", "4", "--tune.lr", "1e-4,3e-3",
+             "--tracking.model_name", "tune-e2e", cwd=tmp_path, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.strip().splitlines()
+    metrics = json.loads(lines[-1])  # the stdout contract: the last line is the (best trial's) eval metrics
+    assert lines[-2].startswith("registered models:/tune-e2e/1 (run "), lines[-2]
+    # one line per trial start and end and one naming the best; none of Tune's own tables or banners
+    assert sum(line.startswith("[tune] trial ") for line in lines) == 4 and lines[-3].startswith("[tune] best: lr ")
+    assert not any(s in p.stdout for s in ("Trial status", "View detailed results", "Configuration for experiment"))
+
+    c = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    runs = c.search_runs([c.get_experiment_by_name("bert-finetune").experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(runs) == 3 and len(parents) == 1, [r.info.run_name for r in runs]
+    parent = parents[0]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(float(r.data.params["train.lr"]) for r in children) == [1e-4, 3e-3]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert parent.data.params["tune.lr"] == "[0.0001, 0.003]" and "train.lr" not in parent.data.params
+    for r in children:  # each trial trained with the Ray Train loop, rank 0 logging into its child run
+        assert [m.step for m in c.get_metric_history(r.info.run_id, "train/loss")] == [1, 2, 3, 4]
+        assert (tmp_path / "runs" / r.info.run_name).is_dir()  # its checkpoints under train.storage_path
+    assert (tmp_path / "runs" / parent.info.run_name).is_dir()  # Tune's experiment directory too
+
+    best = max(children, key=lambda r: (r.data.metrics["best/accuracy"], -r.data.metrics["best/loss"]))
+    (mv,) = c.search_model_versions("name = 'tune-e2e'")  # exactly one version: the other trial registers nothing
+    assert lines[-2] == f"registered models:/tune-e2e/{mv.version} (run {best.info.run_id})"
+    assert mv.run_id == best.info.run_id and mv.tags["run_id"] == best.info.run_id
+    assert mv.tags["tune_parent_run_id"] == parent.info.run_id and mv.tags["task"] == "sequence-classification"
+    assert c.get_model_version_by_alias("tune-e2e", "latest-finetune").version == mv.version
+    assert parent.data.tags["tune_best_run_id"] == best.info.run_id
+    assert float(parent.data.tags["tune_best_lr"]) == parent.data.metrics["tune/best_lr"] == float(best.data.params["train.lr"])
+    assert metrics["accuracy"] == pytest.approx(best.data.metrics["best/accuracy"])
+    assert parent.data.metrics["best/accuracy"] == pytest.approx(metrics["accuracy"])
