@@ -151,6 +151,16 @@ def test_pick_best_trial():
     assert pick_best([{"eval/f1": math.nan, "eval/loss": 0.1}, {"eval/f1": 0.0, "eval/loss": 3.0}], "f1") == 1
 
 
+def test_sweep_refuses_trials_that_never_fit():
+    """A trial is its own small actor plus its Train workers; one that can never be placed fails in one line
+    instead of Tune waiting for it forever."""
+    from pipeline.finetune.sweep import check_trial_resources
+
+    check_trial_resources(2, 0.5, 2.0)
+    with pytest.raises(ConfigError, match=r"^tune.lr: a trial needs train.num_workers 2 x train.cpus_per_worker 1 .* = 2.05 CPUs; the cluster has 2$"):
+        check_trial_resources(2, 1.0, 2.0)
+
+
 def test_cli_usage_error_is_one_line_exit_1(tmp_path):
     p = subprocess.run([sys.executable, str(REPO / "jobs" / "finetune.py"), "--task", "nonsense"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)

@@ -361,7 +361,8 @@ def run_finetune(
     *, on_step: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune, evaluate, log and register; returns `{"metrics", "model_dir", "registered", "run_id", "run_name"}`
-    (`model_dir` is `output_dir`, or None: without it the exported model lives only in the registry).
+    (`model_dir` is `output_dir`, or None: without it the exported model lives only in the registry). With
+    `tune.lr` set these describe the best trial (its child run), plus `parent_run_id` and `lr`.
 
     Connects to Ray (`launcher.connect`) unless it already is. `on_step(step, rank)` is a test hook called in
     every worker after each optimizer step (fault injection). Raises FinetuneDataError / ConfigError /

@@ -19,13 +19,14 @@ each trial's Ray Train checkpoints `train.storage_path`/<child name>.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import ray.tune
 from ray.train import Checkpoint
 
 from pipeline import tracking
-from pipeline.config import resolve_path
+from pipeline.config import ConfigError, resolve_path
 from pipeline.core import launcher
 from pipeline.finetune.job import Job, best_metrics, fit_run, with_lr
 
@@ -94,8 +95,6 @@ class _TrialLines(ray.tune.Callback):
 
 def _tune(job: Job, run_name: str, children: dict[float, tuple[str, str]]) -> ray.tune.ResultGrid:
     """Tune's grid over the children's LRs; raises the first trial's error, if any."""
-    from dataclasses import replace
-
     cfg = job.cfg
     storage = resolve_path(cfg.train.storage_path)  # absolute: a trial runs in its own working directory
     base = {"cfg": replace(cfg, train=replace(cfg.train, storage_path=storage)), "shared": job.shared, "children": children}
@@ -138,10 +137,27 @@ def _end_open(children: dict[float, tuple[str, str]], status: str, uri: str) -> 
             c.set_terminated(run_id, status=status)
 
 
+def check_trial_resources(num_workers: int, cpus_per_worker: float, cluster_cpus: float) -> None:
+    """A ConfigError (one line) when one trial (its actor plus its Train workers) can never be placed: Tune would
+    wait for it forever.
+
+    >>> check_trial_resources(2, 1.0, 2.0)
+    Traceback (most recent call last):
+    ...
+    pipeline.config.ConfigError: tune.lr: a trial needs train.num_workers 2 x train.cpus_per_worker 1 + 0.05 (the trial's own actor) = 2.05 CPUs; the cluster has 2
+    """
+    need = num_workers * cpus_per_worker + TRIAL_CPUS
+    if cluster_cpus < need:
+        raise ConfigError(f"tune.lr: a trial needs train.num_workers {num_workers} x train.cpus_per_worker "
+                          f"{cpus_per_worker:g} + {TRIAL_CPUS:g} (the trial's own actor) = {need:g} CPUs; "
+                          f"the cluster has {cluster_cpus:g}")
+
+
 def run_sweep(job: Job, run_name: str) -> dict[str, Any]:
     """The parent run around Tune's sweep; the best trial exported and registered. Returns run_finetune's dict for
     the best trial (its child run) plus `parent_run_id` and `lr`."""
     cfg, uri = job.cfg, job.shared["tracking_uri"]
+    check_trial_resources(cfg.train.num_workers, cfg.train.cpus_per_worker, ray.cluster_resources().get("CPU", 0))
     parent_id = tracking.start_run(cfg.tracking.experiment, run_name, job.tags)
     parent = tracking.RunLogger(parent_id, uri)
     print(f"[tune] MLflow parent run {parent_id} ({run_name}) at {uri}: {len(cfg.tune.lr or [])} trials, "
