@@ -259,3 +259,66 @@ def test_partial_work_from_another_vocabulary_is_never_resumed(ray_local, shared
     assert (dirty / "vocab.txt").read_bytes() == (tmp_path / "clean" / "vocab.txt").read_bytes()
     assert _bytes(res["validate"].result) == _bytes(clean["validate"].result)
     assert not (dirty / "_work").exists()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, minilm_dir, repo_root, tmp_path):
+    """`jobs/prepare_data.py` on Ray (local_max_bytes 0) against a two-node cluster (1 CPU each): the Ray state API
+    shows the tokenize and examples actors' calls and the shard tasks ran on both nodes; vocab.txt, the shards
+    and the manifest's checksums are byte-identical to the same command on a single-node local Ray.
+
+    Ray Data hands work to the first actor that is ready; on this small input one actor could finish every unit
+    before the other (on the worker node) has started, so the job waits for its whole pool here
+    (RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S). Placement (SPREAD) and one unit in flight per actor are the job's."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from ray.cluster_utils import Cluster
+    from ray.util.state import list_nodes, list_tasks
+
+    def prepare(out, env):
+        # chunk_chars 100k: several example units, so the examples pass has work for both actors too
+        cmd = [sys.executable, "jobs/prepare_data.py", *[a for p in inputs for a in ("--input", p)],
+               "--output", str(out), "--vocab", str(minilm_dir / "vocab.txt"), "--num-cpus", "2",
+               "--data.local_max_bytes", "0", "--data.num_actors", "2", "--data.num_shards", "4",
+               "--data.chunk_chars", "100000"]
+        env = {**env, "RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S": "120"}
+        r = subprocess.run(cmd, cwd=repo_root, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "on 2 actor(s)" in r.stderr  # the Ray path, not the in-process one
+        return json.loads((out / "manifest.json").read_text())
+
+    dashboard = _free_port()
+    two = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": dashboard,
+        "dashboard_agent_listen_port": _free_port()})  # the dashboard serves the state API
+    try:
+        two.add_node(num_cpus=1)
+        two.wait_for_nodes()
+        multi = prepare(tmp_path / "two", {**os.environ, "RAY_ADDRESS": two.address})
+        state = f"http://127.0.0.1:{dashboard}"
+        nodes = {n.node_id for n in list_nodes(address=state) if n.state == "ALIVE"}
+        tasks = list_tasks(address=state, filters=[("state", "=", "FINISHED")], limit=10_000, raise_on_missing_output=False)
+    finally:
+        two.shutdown()
+    assert len(nodes) == 2
+    ran_on = {kind: {t.node_id for t in tasks if t.name in names} for kind, names in {
+        "tokenize": ("MapWorker(MapBatches(_TokenizeActor)).submit",),
+        "examples": ("MapWorker(MapBatches(_ExamplesActor)).submit",),
+        "shards": ("write_shard",)}.items()}
+    assert ran_on == {"tokenize": nodes, "examples": nodes, "shards": nodes}, (ran_on, nodes)
+
+    single = prepare(tmp_path / "one", {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    assert (tmp_path / "two" / "vocab.txt").read_bytes() == (tmp_path / "one" / "vocab.txt").read_bytes()
+    assert multi["shards"] == single["shards"] and multi["config_hash"] == single["config_hash"]
+    for s in single["shards"]:
+        assert (tmp_path / "two" / s["path"]).read_bytes() == (tmp_path / "one" / s["path"]).read_bytes()

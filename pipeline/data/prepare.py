@@ -19,6 +19,9 @@ the vocabulary too, and every actor checks `tokenizer.json` and `vocab.txt` agai
 encodes (`tokenizer.check_pair`): partial work from another vocabulary (or config) is discarded, never resumed,
 so ids from two vocabularies never mix. manifest.json is written last and marks
 completion; `_work` is removed after it. Paths are fsspec paths/URIs (local, file://, s3://).
+
+On a multi-node cluster the actors and the shard tasks spread over the nodes (SPREAD), so inputs, output and
+`_work` must be on storage every node reaches (a shared mount or a URI); the bytes do not depend on placement.
 """
 
 from __future__ import annotations
@@ -443,6 +446,15 @@ class _ExamplesActor:
         return {"meta": np.array(out, dtype=object)}
 
 
+def _pool(num_actors: int) -> Any:
+    """A fixed pool of `num_actors` actors, one unit of work in flight per actor. Units are coarse (whole files,
+    ~1M tokens), so queueing several on one actor (Ray Data's default) can leave the others idle: 3 example units
+    all went to one of two actors in a two-node run. Ray Data places the actors SPREAD over the nodes."""
+    import ray
+
+    return ray.data.ActorPoolStrategy(size=num_actors, max_tasks_in_flight_per_actor=1)
+
+
 def _actor_cpus(num_actors: int) -> float:
     import ray
 
@@ -472,7 +484,7 @@ def _tokenize_pass(
             fn_constructor_kwargs={"tokenizer_path": tokenizer_path, "cfg": dataclasses.asdict(cfg), "work": work,
                                    "vocab_sha": vocab_sha},
             batch_size=1,
-            compute=ray.data.ActorPoolStrategy(size=cfg.num_actors),
+            compute=_pool(cfg.num_actors),
             num_cpus=cpus,
         )
         .take_all()
@@ -495,7 +507,7 @@ def _examples_pass(
             fn_constructor_kwargs={"pool_ref": [ray.put(pool)], "cfg": dataclasses.asdict(cfg),
                                    "vocab_path": join(cfg.output, "vocab.txt"), "vocab_sha": vocab_sha},
             batch_size=1,
-            compute=ray.data.ActorPoolStrategy(size=cfg.num_actors),
+            compute=_pool(cfg.num_actors),
             num_cpus=cpus,
         )
         .take_all()
@@ -605,7 +617,9 @@ def prepare_shards(
     if examples_here is not None:
         results = [write_shard(p, parts) for p, parts in plan]
     else:  # plain tasks: a few shards do not need Ray Data's streaming machinery
-        write = ray.remote(num_cpus=cpus, max_retries=2)(write_shard)
+        # SPREAD over the cluster's nodes, like Ray Data's actors (its default): plain tasks would otherwise fill
+        # the driver's node first. Which node writes a shard never changes its bytes (two-node test).
+        write = ray.remote(num_cpus=cpus, max_retries=2, scheduling_strategy="SPREAD")(write_shard)
         results = ray.get([write.remote(p, parts) for p, parts in plan])
     shards = sorted(results, key=lambda s: s["path"])
     nsp_pairs = sum(m["nsp_pairs"] for m in ex_chunks)
