@@ -57,13 +57,19 @@ def unit_tokens(unit: str, vocab: Path) -> int:
 
 
 class TreeSampler(threading.Thread):
-    """Peak RSS of the largest process and of the whole tree under `pid`, every `interval` seconds."""
+    """Peak RSS of the largest process and of the whole tree under `pid`, every `interval` seconds; and the tree's
+    CPU-seconds (each process's last reading: one that exits loses at most its last `interval`)."""
 
     def __init__(self, pid: int, interval: float = 0.2) -> None:
         super().__init__(daemon=True)
         self.root, self.interval = psutil.Process(pid), interval
         self.peak_one, self.peak_sum, self.peak_name = 0, 0, ""
+        self.cpu: dict[int, float] = {}  # pid -> user + system seconds
         self.stop = threading.Event()
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self.cpu.values())
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -75,6 +81,8 @@ class TreeSampler(threading.Thread):
             for p in procs:
                 try:
                     rss = p.memory_info().rss
+                    t = p.cpu_times()
+                    self.cpu[p.pid] = t.user + t.system
                     name = " ".join(p.cmdline()[:3])[-80:] or p.name()
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
