@@ -127,7 +127,7 @@ def test_lr_errors_name_the_field(args, msg):
         load_finetune_config(None, args)
 
 
-@pytest.mark.parametrize("preset, lr", [("tiny", 3e-4), ("mini", 3e-4), ("small", 1e-4), ("medium", 1e-4),
+@pytest.mark.parametrize("preset, lr", [("tiny", 1e-3), ("mini", 3e-4), ("small", 1e-4), ("medium", 1e-4),
                                         ("base", 5e-5), ("large", 5e-5)])
 def test_auto_lr_by_model_size(preset, lr):
     """`train.lr: auto` (the default) gives BERT-base's 5e-5 only to base/large; a given LR always wins."""

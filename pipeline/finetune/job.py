@@ -209,14 +209,17 @@ FT_SECTIONS: dict[str, type] = {
 # `train.lr: auto`: the peak LR by hidden size, the largest key <= the model's. BERT-base's 5e-5 (Devlin et al.) is
 # for base/large only: a tiny model fine-tuned at 5e-5 stays near chance (bench/RESULTS.md, "Longer pretraining":
 # pretrained tiny did best at 3e-4, scratch at 1e-3). The lead refines the small-model value from a study.
-AUTO_LR: dict[int, float] = {0: 3e-4, 384: 1e-4, 768: 5e-5}
+AUTO_LR: dict[int, float] = {0: 1e-3, 256: 3e-4, 384: 1e-4, 768: 5e-5}
+"""Lower bound of the hidden size -> fine-tuning LR. tiny (128): 1e-3 was the best of 1e-4..3e-3 for every source in
+bench/recipe_study.py (3 seeds each); mini (256): 3e-4; MiniLM-L6-H384: 1e-4 and 3e-4 tie (0.75); base/large:
+Devlin et al.'s 2e-5..5e-5."""
 
 
 def resolve_lr(lr: float | str, hidden_size: int) -> tuple[float, str]:
     """(LR, why) for `train.lr`: a number as given, `auto` from `AUTO_LR` by the model's hidden size.
 
     >>> resolve_lr("auto", 128), resolve_lr("auto", 384)[0], resolve_lr("auto", 1024)[0], resolve_lr(1e-3, 128)
-    ((0.0003, 'auto: hidden size 128 < 384'), 0.0001, 5e-05, (0.001, 'train.lr'))
+    ((0.001, 'auto: hidden size 128 < 256'), 0.0001, 5e-05, (0.001, 'train.lr'))
     """
     if lr != "auto":
         return float(lr), "train.lr"
