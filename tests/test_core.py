@@ -150,3 +150,19 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_rngs(tmp_path):
         assert torch.equal(a, b), n
     assert sched2.last_epoch == 1 and opt2.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
     assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "rank_0.pt").is_file()
+
+
+def test_docstring_examples_in_pipeline_modules_hold():
+    """Every `>>>` example in pipeline/ is run (the model/ ones are in test_model_config.py)."""
+    import doctest
+    import importlib
+    import pkgutil
+
+    import pipeline
+
+    attempted = 0
+    for info in pkgutil.walk_packages(pipeline.__path__, "pipeline."):
+        result = doctest.testmod(importlib.import_module(info.name), optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0, info.name
+        attempted += result.attempted
+    assert attempted >= 40

@@ -13,7 +13,7 @@ text_not_string, truncated_gzip, unreadable).
     >>> expand_inputs(["/no/such/dir"])
     Traceback (most recent call last):
     ...
-    pipeline.sources.InputError: input path /no/such/dir does not exist
+    pipeline.data.sources.InputError: input path /no/such/dir does not exist
 """
 
 from __future__ import annotations

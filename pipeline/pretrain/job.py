@@ -310,7 +310,7 @@ def pretrain_stages(cfg: Config, *, git_sha: str, tracking_uri: str, attempt: st
         Stage("evaluate", lambda deps: evaluate_stage(cfg, deps["train"], deps[data[-1]], uri), deps=("train", data[-1]),
               num_cpus=eval_cpus, num_gpus=1 if cfg.train.use_gpu else 0,
               describe=lambda r: ", ".join(f"{k.split('final_')[-1]} {r[k]:.4f}" for k in
-                                           ("eval/final_loss", "eval/final_mlm_accuracy", "eval/final_nsp_accuracy"))),
+                                           ("eval/final_loss", "eval/final_mlm_accuracy", "eval/final_nsp_accuracy") if k in r)),
         Stage("register", lambda deps: register_stage(cfg, deps["train"], deps["validate"], git_sha, uri, deps["evaluate"], command),
               deps=("train", "evaluate", "validate"), done=lambda deps: register_done(cfg, deps["train"], uri),
               describe=lambda r: r["uri"]),

@@ -32,11 +32,20 @@ def counts(out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def summarise(c: torch.Tensor) -> dict[str, float]:
-    """Summed counts -> loss (MLM + NSP), mlm_loss, nsp_loss, mlm_accuracy, nsp_accuracy."""
+    """Summed counts -> loss (MLM + NSP), mlm_loss, mlm_accuracy and, when the batches had next-sentence labels
+    (`data.nsp`), nsp_loss and nsp_accuracy: MLM-only data has none, and a 0 would read as a model that fails NSP.
+
+    >>> summarise(torch.tensor([6.0, 1, 4, 0, 0, 0], dtype=torch.float64))
+    {'loss': 1.5, 'mlm_loss': 1.5, 'mlm_accuracy': 0.25}
+    >>> summarise(torch.tensor([6.0, 1, 3, 1.4, 1, 2]))["nsp_accuracy"]
+    0.5
+    """
     mlm_loss = (c[0] / c[2].clamp(min=1)).item()
-    nsp_loss = (c[3] / c[5].clamp(min=1)).item()
-    return {"loss": mlm_loss + nsp_loss, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss,
-            "mlm_accuracy": (c[1] / c[2].clamp(min=1)).item(), "nsp_accuracy": (c[4] / c[5].clamp(min=1)).item()}
+    out = {"loss": mlm_loss, "mlm_loss": mlm_loss, "mlm_accuracy": (c[1] / c[2].clamp(min=1)).item()}
+    if c[5] > 0:
+        nsp_loss = (c[3] / c[5]).item()
+        out.update({"loss": mlm_loss + nsp_loss, "nsp_loss": nsp_loss, "nsp_accuracy": (c[4] / c[5]).item()})
+    return out
 
 
 def eval_metrics(c: torch.Tensor) -> dict[str, float]:
