@@ -278,7 +278,7 @@ def main() -> None:
             (f"raw encode_batch ({a.num_cpus} threads), before / after",
              f"{refs[0]:,.0f} / {refs[1]:,.0f} tok/s ({ref1['seconds']:.1f} / {ref2['seconds']:.1f} s)"),
             (f"pipeline end-to-end ({a.num_cpus} CPUs)", f"{ours_tps:,.0f} tok/s ({ours['seconds']:.1f} s)"),
-            ("wall ratio pipeline / encode_batch (goal >= 0.6)", f"{ours_tps / ref_tps:.2f}"),
+            ("wall ratio pipeline / encode_batch (goal >= 0.8)", f"{ours_tps / ref_tps:.2f}"),
             ("CPU-seconds: encode_batch / pipeline", f"{ref_cpu:.1f} / {ours['cpu_seconds']:.1f}"),
             ("CPU ratio (tokens per CPU-s) pipeline / encode_batch",
              f"{(ours['source_tokens'] / ours['cpu_seconds']) / (ref_n / ref_cpu):.2f}"),
