@@ -4,7 +4,8 @@
     python bench/data_scale.py --factors 1,2 --ray-factors 1 --memory-factor 2 --write-results /tmp/scale.md
 
 Each point is one run of the README's data preparation with the main job's settings (`--config
-configs/tiny.yaml`: an 8k WordPiece vocabulary trained on the input, dynamic masking, 4 shards) on an input of
+configs/tiny.yaml`, copied once at the start so every point has the same: an 8k WordPiece vocabulary trained on
+the input, dynamic masking, 4 shards) on an input of
 N copies of ../shared/corpora (every file copied N times under distinct names into a temporary directory, so each
 copy's documents are distinct documents), into a fresh output, as a child process with a fresh local Ray when
 it needs one. Measured: the child's wall time (start-up, vocabulary, passes, validation: what a user waits for),
@@ -23,6 +24,7 @@ the temporary directory (RAY_TMPDIR), which is removed at the end.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -54,11 +56,11 @@ def stage_seconds(log: str) -> dict[str, float]:
     return {m[1]: float(m[3]) for m in re.finditer(r"^(vocab|shards|validate)\s+(ran|skipped)\s+([\d.]+)", log, re.M)}
 
 
-def run_point(work: Path, factor: int, force_ray: bool, num_cpus: int, env: dict[str, str]) -> dict:
-    """One preparation of `factor` x the corpus (built here, removed after); its figures."""
+def run_point(work: Path, config: Path, factor: int, force_ray: bool, num_cpus: int, env: dict[str, str]) -> dict:
+    """One preparation of `factor` x the corpus (built here, removed after) with `config`; its figures."""
     corpus, out = work / f"corpus{factor}", work / f"out{factor}{'-ray' if force_ray else ''}"
     size = build_corpus(corpus, factor)
-    cmd = [sys.executable, str(REPO / "jobs/prepare_data.py"), "--config", str(REPO / "configs/tiny.yaml"),
+    cmd = [sys.executable, str(REPO / "jobs/prepare_data.py"), "--config", str(config),
            "--data.inputs", str(corpus), "--data.output", str(out), "--num-cpus", str(num_cpus)]
     if force_ray:
         cmd += ["--data.local_max_bytes", "0"]
@@ -92,6 +94,10 @@ def main() -> int:
     plan.sort()
 
     work = Path(tempfile.mkdtemp(prefix="data_scale_"))
+    # One snapshot of the main job's config for every point: the file may be edited while the curve runs.
+    config = work / "tiny.yaml"
+    shutil.copyfile(REPO / "configs/tiny.yaml", config)
+    config_sha = hashlib.sha256(config.read_bytes()).hexdigest()[:12]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": str(work)}
     env.pop("RAY_ADDRESS", None)  # a private local Ray per run, never a cluster running on the machine
     points: list[dict] = []
@@ -99,7 +105,7 @@ def main() -> int:
     load0 = os.getloadavg()[0]
     try:
         for f, force in plan:
-            p = run_point(work, f, force, a.num_cpus, env)
+            p = run_point(work, config, f, force, a.num_cpus, env)
             points.append(p)
             print(f"{f}x{' (forced Ray)' if force else ''}: {p['path']}, {p['tokens']:,} tokens in {p['wall']:.1f} s "
                   f"= {p['tokens'] / p['wall']:,.0f} tok/s, {p['cpu']:.1f} CPU-s, peak tree {p['peak_tree'] / GIB:.2f} GiB, "
@@ -141,6 +147,7 @@ def main() -> int:
         r = mem["peak_tree"] / base["peak_tree"]
         lines.append(f"peak RSS tree {a.memory_factor}x ({mem['path']}) ÷ 1x ({base['path']}): {r:.2f} "
                      f"(goal <= 1.5: {'met' if r <= 1.5 else 'NOT met'})")
+    lines.append(f"configs/tiny.yaml as of the start (sha256 {config_sha}) for every point")
     lines.append(f"1-min load average {load0:.1f} at the start, {load1:.1f} at the end; {os.cpu_count()} cores")
     table = "\n".join(rows)
     print(table)
