@@ -116,7 +116,8 @@ def main() -> None:
             for lr, acc in trial_accuracies(out, uri).items():
                 grid[label].setdefault(lr, []).append(acc)
 
-    print(f"\npretraining: {registered}, {pretrain_s:.0f}s (incl. data preparation)")
+    took = "reused" if pretrain_s != pretrain_s else f"{pretrain_s:.0f}s (incl. data preparation)"  # NaN: reused
+    print(f"\npretraining: {registered}, {took}")
     print(f"fine-tuning: {a.epochs} epochs, batch {a.batch_size}, max_seq_length {a.max_seq_length}, train subset "
           f"{a.max_train_examples}, seeds {seeds}; best epoch's dev accuracy (846 examples, chance 1/6 = 0.167)\n")
     print("| source | best LR | accuracy at it (mean ± sd) | per seed | mean at each LR |")
