@@ -3,9 +3,10 @@
 The only module that touches storage. Every write goes to a temporary name beside its target and is renamed
 into place, so a reader sees a whole file or none; every read error names the file.
 
-    >>> import tempfile; d = tempfile.mkdtemp()
+    >>> import tempfile; tmp = tempfile.TemporaryDirectory(); d = tmp.name
     >>> write_bytes_atomic(join(d, "a", "x.json"), b'{"k": 1}'); read_json(join(d, "a", "x.json"))
     {'k': 1}
+    >>> tmp.cleanup()
 """
 
 from __future__ import annotations

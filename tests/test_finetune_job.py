@@ -64,7 +64,7 @@ def test_pydocs_topic_from_minilm(ray_local, store, shared_dir, minilm_dir):
     assert (store / "runs" / res["run_name"]).is_dir()  # checkpoints under train.storage_path
     assert c.get_metric_history(res["run_id"], "eval/accuracy")[-1].value == pytest.approx(acc)
     assert run.data.tags["source_model"] == str(minilm_dir.resolve())
-    label_map = json.loads(Path(c.download_artifacts(res["run_id"], "label_map.json")).read_text())
+    label_map = json.loads(Path(c.download_artifacts(res["run_id"], "label_map.json", str(store))).read_text())
     assert label_map["id2label"]["5"] == "whatsnew"
     mv = c.get_model_version("pydocs-minilm", "1")
     assert mv.run_id == res["run_id"] and mv.tags["task"] == "sequence-classification"
