@@ -23,14 +23,13 @@ set, steps 3-4 become a Ray Tune sweep (`pipeline.finetune.sweep`): one trial pe
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 import shutil
 import tempfile
 import uuid
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -40,10 +39,10 @@ from pipeline.config import ConfigError, flatten, load_sections, resolve_path
 from pipeline.core.precision import Precision
 from pipeline.finetune.metrics import primary_metric
 from pipeline.finetune.data import TaskData, load_tokenizer, prepare_task
+from pipeline.finetune.runs import Job, fit_run, with_lr
 
 TASKS = ("sequence-classification", "token-classification", "question-answering")
 DEFAULT_SCRATCH_TOKENIZER = "models:/bert-pretrain@latest-pretrain"
-TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -330,13 +329,6 @@ def build_model(source: Source, task: str, td: TaskData, overrides: dict[str, An
 # ---------------------------------------------------------------------------------------------------------------
 # evaluation (pure: model + features -> metrics)
 
-def _copy_tokenizer(src: str, dst: Path) -> None:
-    p = Path(src)
-    files = [p / f for f in TOKENIZER_FILES if (p / f).is_file()] if p.is_dir() else [p]
-    for f in files:
-        shutil.copyfile(f, dst / f.name)
-
-
 _TASK_SHORT = {"sequence-classification": "cls", "token-classification": "tok", "question-answering": "qa"}
 
 
@@ -400,88 +392,6 @@ def run_finetune(
                 ray.shutdown()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def with_lr(cfg: FinetuneConfig, lr: float) -> FinetuneConfig:
-    """A copy of `cfg` training at peak LR `lr` (a resolved `auto`, or one trial of a sweep)."""
-    return replace(cfg, train=replace(cfg.train, lr=lr))
-
-
-def fit_run(cfg: FinetuneConfig, shared: dict[str, Any], run_id: str, name: str):
-    """One Ray Train run of `train_loop_per_worker` at `cfg` (checkpoints in `train.storage_path`/`name`), rank 0
-    logging into MLflow run `run_id`; `shared` is the loop config every run of the job shares (object refs to the
-    task data and the initial weights, the tracking URI, the primary metric, the test hook). A single run and
-    every Tune trial of a sweep train through this. Returns Ray's Result."""
-    from pipeline.core import launcher
-    from pipeline.finetune.loop import train_loop_per_worker
-
-    t = cfg.train
-    scale = launcher.Scale(t.num_workers, t.use_gpu, t.cpus_per_worker, max_failures=t.max_failures, num_to_keep=1)
-    return launcher.fit(train_loop_per_worker, {**shared, "cfg": cfg, "run_id": run_id}, name=name,
-                        storage_path=resolve_path(t.storage_path), scale=scale)
-
-
-def best_metrics(checkpoint) -> dict[str, float]:
-    """The best epoch's eval metrics (and its epoch and step) that a run's final checkpoint carries in `best/`."""
-    with checkpoint.as_directory() as d:
-        return json.loads(Path(d, "best", "eval_metrics.json").read_text())
-
-
-@dataclass
-class Job:
-    """What the runs of one fine-tuning job share on the driver: a single run, or every trial of a sweep."""
-
-    cfg: FinetuneConfig
-    source: Source
-    task: str
-    td: TaskData
-    primary: str
-    """The eval metric that picks the best epoch (and the best trial)."""
-    tags: dict[str, str]
-    """Every run's MLflow tags: the source's lineage, the task and its files."""
-    shared: dict[str, Any]
-    """The loop config every Ray Train run shares (see `fit_run`)."""
-    work: str
-    """The job's temporary directory (removed at the end)."""
-    output_dir: str | None = None
-
-    def params(self, cfg: FinetuneConfig) -> dict[str, Any]:
-        """The MLflow params of a run at `cfg`."""
-        td = self.td
-        return {**cfg.flat(), "task": self.task, "source": self.source.spec, "num_train_features": len(td.train["input_ids"]),
-                "num_eval_features": len(td.eval["input_ids"]), "problem_type": td.problem_type,
-                "num_labels": td.num_labels, "train.global_batch_size": cfg.train.global_batch_size}
-
-    def log_inputs(self, logger, cfg: FinetuneConfig, extra: dict[str, Any]) -> None:
-        """Params (plus `extra`) and the label map of a run that trains."""
-        logger.log_params({**self.params(cfg), **extra})
-        label_map = Path(self.work, "label_map.json")
-        label_map.write_text(json.dumps({"task": self.task, "problem_type": self.td.problem_type,
-                                         "id2label": {str(k): v for k, v in self.td.id2label.items()}}, indent=1))
-        logger.log_artifact(str(label_map))
-
-    def export(self, checkpoint) -> tuple[dict[str, float], Path]:
-        """The best epoch's model out of a run's final checkpoint, with the tokenizer: (its eval metrics, directory)."""
-        out = Path(self.output_dir or os.path.join(self.work, "model"))
-        out.mkdir(parents=True, exist_ok=True)
-        with checkpoint.as_directory() as ck:
-            shutil.copytree(os.path.join(ck, "best"), out, dirs_exist_ok=True)
-        _copy_tokenizer(self.source.tokenizer_path, out)
-        return json.loads((out / "eval_metrics.json").read_text()), out
-
-    def register(self, out: Path, best: dict[str, float], run_id: str, logger, tags: dict[str, str] | None = None) -> str | None:
-        """Register `out` as a new version made by run `run_id` (lineage tags, alias); None when registering is off."""
-        from pipeline import tracking
-
-        tr = self.cfg.tracking
-        if not tr.register:
-            return None
-        name = tr.model_name or f"bert-finetune-{self.task}"
-        version = tracking.register_hf_model(
-            str(out), name, tr.alias, {**self.source.tags, "task": self.task, "run_id": run_id,
-                                       f"eval_{self.primary}": f"{best[self.primary]:.6g}", **(tags or {})}, run_id)
-        logger.set_tags({"registered_model": f"models:/{name}/{version}"})
-        return f"models:/{name}/{version}"
 
 
 def _train_and_register(cfg: FinetuneConfig, source: Source, td: TaskData, task: str, train_path: str, eval_path: str,

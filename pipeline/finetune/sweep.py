@@ -28,7 +28,7 @@ from ray.train import Checkpoint
 from pipeline import tracking
 from pipeline.config import ConfigError, resolve_path
 from pipeline.core import launcher
-from pipeline.finetune.job import Job, best_metrics, fit_run, with_lr
+from pipeline.finetune.runs import Job, best_metrics, fit_run, with_lr
 
 TRIAL_CPUS = 0.05
 """CPUs of a trial's own actor, which only waits on its Ray Train run (whose workers hold train.cpus_per_worker)."""
