@@ -1,20 +1,35 @@
-"""BERT in plain PyTorch: config, encoder, task heads, and transformers-format load/save (model.hf)."""
+"""BERT in plain PyTorch: config, encoder, task heads, and transformers-format load/save (model.hf).
 
-from model.bert import BertModel
-from model.config import PRESETS, BertConfig
-from model.heads import (
-    BertForPreTraining,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-)
+The names below load on first use (PEP 562), so `model.config` (plain dataclasses) can be imported without
+torch: the data jobs read model presets and would otherwise pay torch's ~1.2 s import for nothing
+(tests/test_data_stages.py checks that preparing data imports neither torch nor pandas).
+"""
 
-__all__ = [
-    "PRESETS",
-    "BertConfig",
-    "BertForPreTraining",
-    "BertForQuestionAnswering",
-    "BertForSequenceClassification",
-    "BertForTokenClassification",
-    "BertModel",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "PRESETS": "model.config",
+    "BertConfig": "model.config",
+    "BertModel": "model.bert",
+    "BertForPreTraining": "model.heads",
+    "BertForQuestionAnswering": "model.heads",
+    "BertForSequenceClassification": "model.heads",
+    "BertForTokenClassification": "model.heads",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'model' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -100,7 +100,7 @@ def read_table(path: str, columns: list[str] | None = None) -> pa.Table:
     fs, p = filesystem(path)
     try:
         with fs.open(p, "rb") as f:
-            return pq.read_table(f, columns=columns)
+            return pq.ParquetFile(f).read(columns=columns)  # not pq.read_table: its dataset layer imports pandas
     except FileNotFoundError:
         raise StorageError(f"{path} does not exist") from None
     except (pa.ArrowInvalid, OSError) as e:

@@ -71,11 +71,18 @@ def _bytes(v):
     return [open(path, "rb").read() for path, _ in v.shards]
 
 
-def test_in_process_preparation_is_byte_identical_to_ray(two_runs, inputs, minilm_dir):
-    """Small inputs run in the calling process (no actors); the same shards as on Ray."""
+@pytest.mark.parametrize("workers", [1, 2])
+def test_local_preparation_is_byte_identical_to_ray(two_runs, inputs, minilm_dir, monkeypatch, capfd, workers):
+    """Inputs up to data.local_max_bytes run without Ray: in the calling process, or on spawned local worker
+    processes (one per LOCAL_WORKER_BYTES of input, here forced to two); the same shards as on Ray."""
+    import pipeline.data.prepare as prepare
+
     tmp, a, _ = two_runs
-    here, logs = _run(_cfg(inputs, tmp / "here", minilm_dir, local_max_bytes=10**9), tmp)
+    monkeypatch.setattr(prepare, "LOCAL_WORKER_BYTES", 1 if workers == 2 else 10**12)
+    here, logs = _run(_cfg(inputs, tmp / f"here{workers}", minilm_dir, local_max_bytes=10**9, num_actors=2), tmp)
     assert _bytes(here["validate"].result) == _bytes(a["validate"].result)
+    where = "on 2 local worker processes" if workers == 2 else "in this process"
+    assert f"input file(s) {where}" in capfd.readouterr().err
 
 
 def test_byte_identical_across_one_and_two_actors(two_runs):

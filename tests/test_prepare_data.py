@@ -157,3 +157,22 @@ def test_second_concurrent_preparation_fails_at_once(repo_root, shared_dir, mini
     assert sorted(os.listdir(out)) == ["manifest.json", "shards", "tokenizer.json", "vocab.meta.json", "vocab.txt"]
     assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
     assert validate_output(str(out))["documents_written"] == 2
+
+
+def test_a_local_preparation_imports_neither_ray_nor_torch_nor_pandas(repo_root, shared_dir, minilm_dir, tmp_path):
+    """What a small preparation pays at start-up: the job on one book, run through runpy in a fresh
+    interpreter, then the modules it loaded. torch (~1.2 s, via model/__init__) and pandas (~0.2 s, via
+    pyarrow's pa.array, pq.read_table and to_numpy) once were; ray is not needed without Ray work."""
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['prepare_data.py', '--input', {str(shared_dir / 'corpora/books/08_Ruth.txt')!r}, "
+        f"'--output', {str(tmp_path / 'out')!r}, '--vocab', {str(minilm_dir / 'vocab.txt')!r}]\n"
+        "try:\n    runpy.run_path('jobs/prepare_data.py', run_name='__main__')\n"
+        "except SystemExit as e:\n    assert not e.code, e.code\n"
+        "print('LOADED', sorted(m for m in ('ray', 'torch', 'pandas', 'mlflow') if m in sys.modules))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), cwd=repo_root,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "LOADED []" in p.stdout, p.stdout[-500:]
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["examples"] > 0

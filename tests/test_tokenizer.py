@@ -5,9 +5,17 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from pipeline.data.tokenizer import VocabError, continuation_chars, load_tokenizer, train_wordpiece, vocab_list
+from pipeline.data.tokenizer import (
+    SentenceEncoder,
+    VocabError,
+    continuation_chars,
+    load_tokenizer,
+    train_wordpiece,
+    vocab_list,
+)
 
 SENTENCES = [
     "In the beginning God created the heaven and the earth.",
@@ -85,3 +93,73 @@ def test_trained_vocab_canonical_order(shared_dir):
     assert vocab[5 : 5 + len(singles)] == sorted(singles)
     assert vocab[5 + len(singles) : 5 + len(singles) + len(conts)] == sorted(conts)
     assert set(conts) == {"##" + c for c in continuation_chars(text)}
+
+
+def _reference(tok, sentences):
+    enc = tok.encode_batch_fast(sentences, add_special_tokens=False)
+    return [i for e in enc for i in e.ids], [len(e.ids) for e in enc]
+
+
+def _assert_same(enc, sentences):
+    ids, lens = enc.encode(sentences)
+    ref_ids, ref_lens = _reference(enc.tokenizer, sentences)
+    assert lens.tolist() == ref_lens
+    assert ids.tolist() == ref_ids
+    assert ids.dtype == lens.dtype == np.int32
+
+
+def test_sentence_encoder_equals_the_tokenizer_on_the_shared_corpora(shared_dir, minilm_dir):
+    """The regex path gives the tokenizer's ids for every sentence of the shared corpora (2.3M tokens), and
+    carries nearly all of them (the non-ASCII ones go to the tokenizer)."""
+    from pipeline.data.examples import split_sentences
+    from pipeline.data.sources import Document, expand_inputs, read_documents
+
+    files, _ = expand_inputs([str(shared_dir / "corpora/books"), str(shared_dir / "corpora/wiki")])
+    enc = SentenceEncoder(load_tokenizer(minilm_dir / "vocab.txt"))
+    assert enc.fast
+    total = 0
+    for f in files:
+        sentences = [s for d in read_documents(f, "text") if isinstance(d, Document) for s in split_sentences(d.text)]
+        _assert_same(enc, sentences)
+        total += len(sentences)
+    assert enc.sentences["regex"] + enc.sentences["tokenizer"] == total > 60_000
+    assert 0 < enc.sentences["tokenizer"] < 0.01 * total  # 263 sentences with non-ASCII text
+
+
+ADVERSARIAL = [
+    "", " ", "   \t ", "a", "A.B,c", "x" * 99, "y" * 100, "z" * 101 + " ok", "Mr. Smith's 3.5kg (approx.)!",
+    "tab\tsep\rcarriage", "line\nbreak", "ctrl\x01in\x7fside\x0bvt\x0cff\x1cfs\x1dgs", "\x00nul", "~`^|\\{}[]<>@#$%&*+=",
+    "[MASK] and [CLS] and [cls] and [Mask]", "naïve café", "日本語 text", "İstanbul ΣΑΣ", "emoji 🙂 ok", "\u00a0nbsp",
+    "e\u0301 combining", "zero\u200bwidth", "UPPER lower MiXeD 123abc ABC123",
+]
+
+
+@pytest.mark.parametrize("which", ["vocab.txt", "tokenizer.json", "trained-cased", "not-bert"])
+def test_sentence_encoder_equals_the_tokenizer_on_adversarial_text(minilm_dir, which):
+    """Control characters, whitespace kinds, a newline inside a sentence, words around WordPiece's 100-character
+    limit, added tokens' text, non-ASCII in the same batch; a cased vocabulary; and a tokenizer whose pipeline is
+    not BERT's (everything goes to the tokenizer). Then 300 random batches over the same characters."""
+    import random
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    if which == "trained-cased":
+        tok = train_wordpiece(ADVERSARIAL * 5 + SENTENCES * 5, vocab_size=300, lowercase=False)
+    elif which == "not-bert":
+        tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(["[UNK]", "a", "b", "##b", "."])}, unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    else:
+        tok = load_tokenizer(minilm_dir / which)
+    enc = SentenceEncoder(tok)
+    assert enc.fast == (which != "not-bert")
+    _assert_same(enc, ADVERSARIAL)
+    _assert_same(enc, [s for s in ADVERSARIAL if s.isascii() and "\n" not in s])  # the all-regex branch
+    every = sorted(set("".join(ADVERSARIAL + SENTENCES)))
+    ascii_only = [c for c in every if c.isascii()]
+    rng = random.Random(0)
+    for k in range(300):  # every other batch ASCII only, so the regex path gets whole batches too
+        alphabet = ascii_only if k % 2 else every
+        batch = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(rng.randint(1, 8))]
+        _assert_same(enc, batch)
+    if enc.fast:
+        assert enc.sentences["regex"] > 500

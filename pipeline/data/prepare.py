@@ -73,7 +73,7 @@ from pipeline.data.examples import (
 )
 from pipeline.data.masking import MaskingPolicy, mask_rows
 from pipeline.data.sources import Document, InputError, InputFile, read_documents
-from pipeline.data.tokenizer import VocabError, check_pair, read_vocab, sha256_bytes
+from pipeline.data.tokenizer import SentenceEncoder, VocabError, check_pair, read_vocab, sha256_bytes
 
 TOKEN_SCHEMA = pa.schema([("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32())), ("sent_lens", pa.list_(pa.int32()))])
 POOL_SCHEMA = pa.schema(
@@ -88,22 +88,49 @@ class OutputExistsError(ValueError):
 # ---------------------------------------------------------------------------------------------- arrow helpers
 
 
+_NP_DTYPES = {pa.int8(): np.int8, pa.int32(): np.int32, pa.int64(): np.int64}
+
+
+def arrow(values: Any, dtype: pa.DataType) -> pa.Array:
+    """A numpy array (or list) as an Arrow array of `dtype`, zero-copy from one buffer. Not `pa.array`: that asks
+    pandas whether the input is a pandas object, which imports pandas (0.2 s) into every worker.
+
+    >>> arrow([1, 2, 3], pa.int8()).to_pylist()
+    [1, 2, 3]
+    """
+    a = np.ascontiguousarray(values, dtype=_NP_DTYPES[dtype])
+    return pa.Array.from_buffers(dtype, len(a), [None, pa.py_buffer(a)])
+
+
+def numpy_of(a: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A null-free primitive Arrow array as a read-only numpy view (`to_numpy` would import pandas).
+
+    >>> numpy_of(arrow([1, 2, 3, 4], pa.int32()).slice(1, 2)).tolist()
+    [2, 3]
+    """
+    if isinstance(a, pa.ChunkedArray):
+        a = a.combine_chunks()
+    if a.null_count:
+        raise ValueError("numpy_of: the array has nulls")
+    return np.frombuffer(a.buffers()[1], dtype=_NP_DTYPES[a.type])[a.offset : a.offset + len(a)]
+
+
 def list_array(rows: list[np.ndarray], dtype: pa.DataType) -> pa.ListArray:
     """Variable-length rows -> Arrow list array, built from one flat buffer (no per-element Python)."""
-    np_dtype = dtype.to_pandas_dtype()
+    np_dtype = _NP_DTYPES[dtype]  # not dtype.to_pandas_dtype(): that imports pandas (0.2 s)
     lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
     offsets = np.zeros(len(rows) + 1, dtype=np.int32)
     np.cumsum(lens, out=offsets[1:])
     values = np.concatenate(rows).astype(np_dtype, copy=False) if len(rows) and offsets[-1] else np.zeros(0, np_dtype)
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, dtype))
+    return pa.ListArray.from_arrays(arrow(offsets, pa.int32()), arrow(values, dtype))
 
 
 def list_rows(col: pa.ChunkedArray | pa.ListArray) -> list[np.ndarray]:
     """Arrow list column -> list of numpy views (the inverse of `list_array`)."""
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
-    offsets = col.offsets.to_numpy()
-    values = col.values.to_numpy(zero_copy_only=False)
+    offsets = numpy_of(col.offsets)
+    values = numpy_of(col.values)
     base = offsets[0]
     return [values[offsets[i] - base : offsets[i + 1] - base] for i in range(len(col))] if len(col) else []
 
@@ -140,14 +167,17 @@ def work_dir(cfg: DataConfig, chash: str, vocab_sha: str) -> str:
 # ---------------------------------------------------------------------------------------------- pass 1
 
 
-def tokenize_file(f: InputFile, tok: Any, cfg: DataConfig, work: str) -> dict[str, Any]:
+def tokenize_file(f: InputFile, tok: SentenceEncoder | Any, cfg: DataConfig, work: str) -> dict[str, Any]:
     """Read, check, split and encode one input file into token chunks and pool candidates; returns its stats.
+    `tok` is a SentenceEncoder (its word cache lasts across files) or a `tokenizers.Tokenizer`.
 
     Skipped (stats read back) when the file's done marker exists, so a resumed run does not redo it.
     """
     done = join(work, "tok", f"f{f.index:06d}.done.json")
     if exists(done):
         return json.loads(read_text(done))
+    if not isinstance(tok, SentenceEncoder):
+        tok = SentenceEncoder(tok)
     reasons: Counter[str] = Counter()
     stats = {"file": f.path, "documents_read": 0, "documents_written": 0, "pieces": 0, "tokens": 0, "sentences": 0,
              "chunks": []}
@@ -162,9 +192,7 @@ def tokenize_file(f: InputFile, tok: Any, cfg: DataConfig, work: str) -> dict[st
             return
         sents_per_doc = [split_sentences(d.text) for d, _ in batch]
         flat = [s for ss in sents_per_doc for s in ss]
-        enc = [e.ids for e in tok.encode_batch_fast(flat, add_special_tokens=False)] if flat else []
-        sent_lens = np.fromiter(map(len, enc), dtype=np.int32, count=len(enc))
-        all_ids = np.fromiter(itertools.chain.from_iterable(enc), dtype=np.int32, count=int(sent_lens.sum()))
+        all_ids, sent_lens = tok.encode(flat)
         sent_ends = np.cumsum(sent_lens)
         doc_ids, tokens, lens = [], [], []
         k = 0
@@ -198,7 +226,7 @@ def tokenize_file(f: InputFile, tok: Any, cfg: DataConfig, work: str) -> dict[st
             n = len(stats["chunks"])
             path = join(work, "tok", f"f{f.index:06d}-c{n:05d}.parquet")
             table = pa.table(
-                [pa.array(doc_ids, pa.int64()), list_array(tokens, pa.int32()), list_array(lens, pa.int32())],
+                [arrow(doc_ids, pa.int64()), list_array(tokens, pa.int32()), list_array(lens, pa.int32())],
                 schema=TOKEN_SCHEMA,
             )
             write_parquet_atomic(path, table, compression="lz4")
@@ -235,8 +263,8 @@ def _write_pool(path: str, pool_heap: list[tuple[int, int, int, list[np.ndarray]
     pool = sorted((-p, d, w, win) for p, d, w, win in pool_heap)
     table = pa.table(
         [
-            pa.array([p for p, *_ in pool], pa.int64()),
-            pa.array([d for _, d, _, _ in pool], pa.int64()),
+            arrow([p for p, *_ in pool], pa.int64()),
+            arrow([d for _, d, _, _ in pool], pa.int64()),
             list_array([np.concatenate(win) for *_, win in pool], pa.int32()),
             list_array([np.array([len(s) for s in win], np.int32) for *_, win in pool], pa.int32()),
         ],
@@ -247,8 +275,9 @@ def _write_pool(path: str, pool_heap: list[tuple[int, int, int, list[np.ndarray]
 
 
 def _split(tokens: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:
-    ends = np.cumsum(lens)
-    return np.split(tokens, ends[:-1]) if len(lens) else []
+    """Views of `tokens`, one per length (slices: np.split costs ~20x more per piece)."""
+    ends = np.cumsum(lens).tolist()
+    return [tokens[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
 
 def discard_other_work(output: str, keep: str) -> list[str]:
@@ -280,10 +309,11 @@ def merge_pool(pool_paths: list[str], size: int) -> RandomPool:
     if kept is None or kept.num_rows == 0:
         return RandomPool.from_windows([])
     kept = kept.sort_by([("priority", "ascending"), ("doc_id", "ascending")]).slice(0, size)
-    docs = kept.column("doc_id").to_numpy()
-    toks = list_rows(kept.column("tokens"))
-    lens = list_rows(kept.column("sent_lens"))
-    return RandomPool.from_windows([(int(d), _split(t, l)) for d, t, l in zip(docs, toks, lens)])
+    lens = kept.column("sent_lens").combine_chunks()  # flatten() and value_lengths() respect the slice
+    sent_ends = np.cumsum(numpy_of(lens.flatten()), dtype=np.int64)
+    win_starts = np.concatenate([[0], np.cumsum(numpy_of(lens.value_lengths()), dtype=np.int64)])
+    tokens = numpy_of(kept.column("tokens").combine_chunks().flatten()).astype(np.int32)
+    return RandomPool(numpy_of(kept.column("doc_id")).astype(np.int64), win_starts, sent_ends, tokens)
 
 
 # ---------------------------------------------------------------------------------------------- pass 2
@@ -301,7 +331,7 @@ def examples_for_chunks(
     if exists(meta_path):
         return json.loads(read_text(meta_path))
     t = pa.concat_tables([read_table(p) for p in chunk_paths])
-    doc_ids = t.column("doc_id").to_numpy()
+    doc_ids = numpy_of(t.column("doc_id"))
     toks = list_rows(t.column("tokens"))
     lens = list_rows(t.column("sent_lens"))
     docs = [(int(d), _split(tk, ln)) for d, tk, ln in zip(doc_ids, toks, lens)]
@@ -341,9 +371,9 @@ def examples_for_chunks(
             list_array(types, pa.int8()),
             list_array(positions, pa.int32()),
             list_array(labels, pa.int32()),
-            pa.array(np.asarray(nsp, dtype=np.int8), pa.int8()),
-            pa.array(np.fromiter((len(x) for x in ids), np.int32, len(ids)), pa.int32()),
-            pa.array(np.asarray(ex_ids, dtype=np.int64), pa.int64()),
+            arrow(nsp, pa.int8()),
+            arrow(np.fromiter((len(x) for x in ids), np.int32, len(ids)), pa.int32()),
+            arrow(ex_ids, pa.int64()),
         ],
         schema=SCHEMA,
     )
@@ -402,33 +432,16 @@ def _log(msg: str) -> None:
     print(f"[data] {msg}", file=sys.stderr, flush=True)
 
 
-class _TokenizeActor:
-    """Holds one tokenizer; one input file per call. Constructor arguments are small (paths, config)."""
+class PassWorker:
+    """What one process needs for passes 1 and 2: the checked tokenizer (its word cache lasts across calls), the
+    config, the masking policy. A local worker process or a Ray actor holds one; small arguments only."""
 
     def __init__(self, tokenizer_path: str, cfg: dict, work: str, vocab_sha: str) -> None:
-        os.environ.setdefault("RAYON_NUM_THREADS", "1")  # one thread per actor; the actors are the parallelism
+        os.environ.setdefault("RAYON_NUM_THREADS", "1")  # one thread per worker; the workers are the parallelism
         self.cfg = DataConfig(**cfg)
-        self.tok = check_pair(join(self.cfg.output, "vocab.txt"), tokenizer_path, vocab_sha)
         self.work = work
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = []
-        for group in batch["files"]:  # several small files per call: fewer Ray round trips
-            stats = [tokenize_file(InputFile(**f), self.tok, self.cfg, self.work) for f in json.loads(str(group))]
-            out.append(json.dumps(stats))
-        return {"stats": np.array(out, dtype=object)}
-
-
-class _ExamplesActor:
-    """Holds the random pool (fetched once from the object store) and the masking policy."""
-
-    def __init__(self, pool_ref: list, cfg: dict, vocab_path: str, vocab_sha: str) -> None:
-        import ray
-
-        self.pool = ray.get(pool_ref[0])
-        self.cfg = DataConfig(**cfg)
-        if sha256_bytes(read_bytes(vocab_path)) != vocab_sha:
-            raise VocabError(f"{vocab_path} changed during the preparation; run it again")
+        vocab_path = join(self.cfg.output, "vocab.txt")
+        self.tok = SentenceEncoder(check_pair(vocab_path, tokenizer_path, vocab_sha))  # both files vs the sha256
         vocab = read_vocab(vocab_path)
         self.policy = MaskingPolicy.from_vocab(
             vocab, mask_rate=self.cfg.mask_rate, max_predictions_per_seq=self.cfg.max_predictions_per_seq,
@@ -436,13 +449,35 @@ class _ExamplesActor:
         )
         self.cls_id, self.sep_id = vocab.index("[CLS]"), vocab.index("[SEP]")
 
+    def tokenize(self, f: InputFile) -> dict[str, Any]:
+        return tokenize_file(f, self.tok, self.cfg, self.work)
+
+    def examples(self, chunks: list[str], pool: RandomPool, dest: str) -> dict[str, Any]:
+        return examples_for_chunks(chunks, pool, self.cfg, self.policy, self.cls_id, self.sep_id, dest)
+
+
+class _TokenizeActor:
+    """Pass 1 on Ray Data: a PassWorker; several small input files per call (fewer Ray round trips)."""
+
+    def __init__(self, **kw: Any) -> None:
+        self.w = PassWorker(**kw)
+
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = []
-        for chunks, dest in zip(batch["chunks"], batch["dest"]):
-            meta = examples_for_chunks(
-                json.loads(str(chunks)), self.pool, self.cfg, self.policy, self.cls_id, self.sep_id, str(dest)
-            )
-            out.append(json.dumps(meta))
+        out = [json.dumps([self.w.tokenize(InputFile(**f)) for f in json.loads(str(group))]) for group in batch["files"]]
+        return {"stats": np.array(out, dtype=object)}
+
+
+class _ExamplesActor:
+    """Pass 2 on Ray Data: a PassWorker and the random pool (fetched once from the object store)."""
+
+    def __init__(self, pool_ref: list, **kw: Any) -> None:
+        import ray
+
+        self.w = PassWorker(**kw)
+        self.pool = ray.get(pool_ref[0])
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = [json.dumps(self.w.examples(json.loads(str(c)), self.pool, str(d))) for c, d in zip(batch["chunks"], batch["dest"])]
         return {"meta": np.array(out, dtype=object)}
 
 
@@ -493,7 +528,8 @@ def _tokenize_pass(
 
 
 def _examples_pass(
-    cfg: DataConfig, chunks: list[dict[str, Any]], pool: RandomPool, work: str, vocab_sha: str, cpus: float
+    cfg: DataConfig, chunks: list[dict[str, Any]], pool: RandomPool, work: str, tokenizer_path: str, vocab_sha: str,
+    cpus: float,
 ) -> list[dict[str, Any]]:
     """Pass 2 on an actor pool: NSP pairs / packs + static masks per unit of token chunks; returns the example
     chunks' metadata in a hashed order that mixes sources across shards."""
@@ -504,8 +540,8 @@ def _examples_pass(
         ray.data.from_items(ex_items, override_num_blocks=max(1, len(ex_items)))
         .map_batches(
             _ExamplesActor,
-            fn_constructor_kwargs={"pool_ref": [ray.put(pool)], "cfg": dataclasses.asdict(cfg),
-                                   "vocab_path": join(cfg.output, "vocab.txt"), "vocab_sha": vocab_sha},
+            fn_constructor_kwargs={"pool_ref": [ray.put(pool)], "tokenizer_path": tokenizer_path,
+                                   "cfg": dataclasses.asdict(cfg), "work": work, "vocab_sha": vocab_sha},
             batch_size=1,
             compute=_pool(cfg.num_actors),
             num_cpus=cpus,
@@ -519,8 +555,8 @@ def _example_units(cfg: DataConfig, chunks: list[dict[str, Any]], pool: RandomPo
     """Pass 2's units of work: consecutive token chunks of ~chunk_chars of text, each with its output path."""
     units = group_consecutive([c["tokens"] for c in chunks], max(1, cfg.chunk_chars // 4))
     _log(f"examples: {len(chunks)} chunk(s) in {len(units)} unit(s), random pool of {len(pool)} windows")
-    return [{"chunks": json.dumps([chunks[i]["path"] for i in u]), "dest": join(work, "ex", f"e{k:06d}.parquet")}
-            for k, u in enumerate(units)]
+    return [{"chunks": json.dumps([chunks[i]["path"] for i in u]), "dest": join(work, "ex", f"e{k:06d}.parquet"),
+             "tokens": sum(chunks[i]["tokens"] for i in u)} for k, u in enumerate(units)]
 
 
 def _in_chunk_order(cfg: DataConfig, metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -542,43 +578,110 @@ def needs_ray(cfg: DataConfig) -> bool:
     return not runs_in_process(cfg, expand_inputs(list(cfg.inputs))[0])
 
 
-def _passes_in_process(
-    cfg: DataConfig, files: list[InputFile], work: str, tokenizer_path: str, vocab_sha: str
-) -> tuple[list[dict[str, Any]], Any]:
-    """Pass 1 here (the tokenizer on all cores); returns the file stats and a function that runs pass 2 here."""
-    fs, _ = filesystem(cfg.output)
-    done_before = len(fs.glob(join(filesystem(work)[1], "tok", "*.done.json")))
-    _log(f"tokenize: {len(files)} input file(s) in this process ({sum(f.size for f in files)} bytes <= "
-         f"data.local_max_bytes)" + (f"; resuming, {done_before} already done" if done_before else ""))
-    tok = check_pair(join(cfg.output, "vocab.txt"), tokenizer_path, vocab_sha)
-    stats = sorted((tokenize_file(f, tok, cfg, work) for f in files), key=lambda s: s["pool"])
+# Bytes of input per local worker process: a worker costs ~0.4 CPU-s to start (interpreter, imports, tokenizer)
+# and prepares ~1.4 MB per CPU-second here, so a second one pays off from about 2 MiB.
+LOCAL_WORKER_BYTES = 2 * 2**20
 
-    def examples(chunks: list[dict[str, Any]], pool: RandomPool) -> list[dict[str, Any]]:
-        vocab = read_vocab(join(cfg.output, "vocab.txt"))
-        policy = MaskingPolicy.from_vocab(vocab, mask_rate=cfg.mask_rate, max_predictions_per_seq=cfg.max_predictions_per_seq,
-                                          whole_word=cfg.whole_word_mask)
-        cls_id, sep_id = vocab.index("[CLS]"), vocab.index("[SEP]")
-        metas = [examples_for_chunks(json.loads(u["chunks"]), pool, cfg, policy, cls_id, sep_id, u["dest"])
-                 for u in _example_units(cfg, chunks, pool, work)]
-        return _in_chunk_order(cfg, metas)
 
-    return stats, examples
+def _text_bytes(f: InputFile) -> float:
+    """About how much text a file holds, for scheduling only: compressed files hold ~3x their size."""
+    return f.size * (3 if f.path.endswith((".gz", ".bz2", ".xz", ".zst")) else 1)
+
+
+def local_workers(cfg: DataConfig, files: list[InputFile]) -> int:
+    """Processes for a preparation on this machine: data.num_actors, at most the cores, and one per
+    LOCAL_WORKER_BYTES of input (a small corpus is prepared in the job's own process, no worker started).
+
+    >>> local_workers(DataConfig(num_actors=8), [InputFile("a", "text", 0, size=5 * 2**20)]) <= 3
+    True
+    """
+    return max(1, min(cfg.num_actors, os.cpu_count() or 1, -(-sum(f.size for f in files) // LOCAL_WORKER_BYTES)))
+
+
+_WORKER: PassWorker | None = None  # in a local worker process
+
+
+def _start_worker(*args: Any) -> None:
+    global _WORKER
+    _WORKER = PassWorker(*args)
+
+
+def _in_worker(method: str, *args: Any) -> Any:
+    return getattr(_WORKER, method)(*args)
+
+
+class _Local:
+    """The passes on this machine, without Ray: in this process, or on `n` spawned worker processes (spawn, not
+    fork: the job may itself run inside a Ray worker, whose threads a fork would copy mid-flight). Results come
+    back in submission order, so the bytes equal the Ray path's (tests/test_data_stages.py)."""
+
+    def __init__(self, n: int, worker_args: tuple) -> None:
+        self.n = n
+        if n == 1:
+            self.here: PassWorker | None = PassWorker(*worker_args)
+            self.pool = None
+        else:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self.here = None
+            self.pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"),
+                                            initializer=_start_worker, initargs=worker_args)
+
+    def where(self) -> str:
+        return "in this process" if self.n == 1 else f"on {self.n} local worker processes"
+
+    def map(self, method: str, calls: list[tuple], cost: list[float] | None = None) -> list[Any]:
+        """`method(*call)` for each call, results in call order; on workers, the costliest calls go first (a big
+        file started last would run alone at the end)."""
+        if self.pool is None:
+            return [getattr(self.here, method)(*a) for a in calls]
+        order = sorted(range(len(calls)), key=lambda i: -cost[i]) if cost else range(len(calls))
+        futures = {i: self.pool.submit(_in_worker, method, *calls[i]) for i in order}
+        return [futures[i].result() for i in range(len(calls))]
+
+    def shards(self, plan: list[tuple[str, list[tuple[str, int, int]]]]) -> list[dict[str, Any]]:
+        if self.pool is None:
+            return [write_shard(path, parts) for path, parts in plan]
+        futures = [self.pool.submit(write_shard, path, parts) for path, parts in plan]
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
 
 
 def prepare_shards(
     cfg: DataConfig, files: list[InputFile], skipped: list[str], chash: str, vocab_sha: str, tokenizer_path: str
 ) -> dict[str, Any]:
-    """The three passes, on the running Ray cluster or (small inputs, `runs_in_process`) in this process; writes
-    shards and the manifest; returns the manifest."""
+    """The three passes, on the running Ray cluster or (inputs up to data.local_max_bytes, `runs_in_process`) on
+    this machine without Ray (`_Local`); writes shards and the manifest; returns the manifest."""
     start = time.perf_counter()
     work = work_dir(cfg, chash, vocab_sha)
-    cfg_dict = dataclasses.asdict(cfg)
-    fs, out_p = filesystem(cfg.output)
     check_pair(join(cfg.output, "vocab.txt"), tokenizer_path, vocab_sha)  # one line on the driver, before actors
     discard_other_work(cfg.output, work)
 
-    if runs_in_process(cfg, files):
-        file_stats, examples_here = _passes_in_process(cfg, files, work, tokenizer_path, vocab_sha)
+    worker_args = (tokenizer_path, dataclasses.asdict(cfg), work, vocab_sha)
+    local = _Local(local_workers(cfg, files), worker_args) if runs_in_process(cfg, files) else None
+    try:
+        return _three_passes(cfg, files, skipped, chash, vocab_sha, tokenizer_path, work, local, start)
+    finally:
+        if local is not None:
+            local.close()
+
+
+def _three_passes(
+    cfg: DataConfig, files: list[InputFile], skipped: list[str], chash: str, vocab_sha: str, tokenizer_path: str,
+    work: str, local: _Local | None, start: float,
+) -> dict[str, Any]:
+    cfg_dict = dataclasses.asdict(cfg)
+    fs, out_p = filesystem(cfg.output)
+    if local is not None:
+        done_before = len(fs.glob(join(filesystem(work)[1], "tok", "*.done.json")))
+        _log(f"tokenize: {len(files)} input file(s) {local.where()} ({sum(f.size for f in files)} bytes <= "
+             f"data.local_max_bytes)" + (f"; resuming, {done_before} already done" if done_before else ""))
+        file_stats = sorted(local.map("tokenize", [(f,) for f in files], [_text_bytes(f) for f in files]),
+                            key=lambda s: s["pool"])
     else:
         import ray
 
@@ -588,7 +691,6 @@ def prepare_shards(
         quiet_ray_data()  # the "[data]" lines are this stage's progress
         ray.data.DataContext.get_current().execution_options.preserve_order = True  # results in input order
         file_stats = _tokenize_pass(cfg, files, work, tokenizer_path, vocab_sha, cpus)
-        examples_here = None
     reasons: Counter[str] = Counter()
     for s in file_stats:
         reasons.update(s["rejected_reasons"])
@@ -602,10 +704,12 @@ def prepare_shards(
 
     pool = merge_pool([s["pool"] for s in file_stats], cfg.random_pool_size)
     vocab = read_vocab(join(cfg.output, "vocab.txt"))
-    if examples_here is not None:
-        ex_chunks = examples_here(chunks, pool)
+    if local is not None:
+        units = _example_units(cfg, chunks, pool, work)
+        calls = [(json.loads(u["chunks"]), pool, u["dest"]) for u in units]
+        ex_chunks = _in_chunk_order(cfg, local.map("examples", calls, [u["tokens"] for u in units]))
     else:
-        ex_chunks = _examples_pass(cfg, chunks, pool, work, vocab_sha, cpus)
+        ex_chunks = _examples_pass(cfg, chunks, pool, work, tokenizer_path, vocab_sha, cpus)
     examples = sum(m["rows"] for m in ex_chunks)
     if examples == 0:
         raise InputError(f"the {docs_written} usable document(s) produced no example")
@@ -614,8 +718,8 @@ def prepare_shards(
     _log(f"shards: {examples} examples into {len(plan)} shard(s)")
     if fs.exists(join(out_p, "shards")):
         fs.rm(join(out_p, "shards"), recursive=True)  # leftovers of an interrupted run with this config
-    if examples_here is not None:
-        results = [write_shard(p, parts) for p, parts in plan]
+    if local is not None:
+        results = local.shards(plan)
     else:  # plain tasks: a few shards do not need Ray Data's streaming machinery
         # SPREAD over the cluster's nodes, like Ray Data's actors (its default): plain tasks would otherwise fill
         # the driver's node first. Which node writes a shard never changes its bytes (two-node test).

@@ -19,7 +19,9 @@ characters, `##` characters, merges in the order they were made).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import re
 import string
 import unicodedata
 from collections.abc import Iterable
@@ -78,6 +80,121 @@ def load_tokenizer(path: str | Path, lowercase: bool = True) -> Tokenizer:
     tok.no_truncation()
     tok.no_padding()
     return tok
+
+
+class SentenceEncoder:
+    """Token ids of many sentences at once, as `encode_batch_fast(..., add_special_tokens=False)` gives them,
+    about 4x cheaper on ASCII text.
+
+    BERT's normalizer and pre-tokenizer cut text into words that WordPiece encodes one at a time, so a word's
+    ids never depend on its neighbours. For an ASCII sentence the cut is a regex: control characters
+    dropped, letters and digits form words, every other printable character is a word of its own, [ \\t\\r]
+    separate (and upper case is lowered when the normalizer lowercases). Each distinct word is encoded once by
+    the tokenizer itself (the cache) and the ids are gathered with numpy. Everything the regex does not cover
+    goes to the tokenizer as before: sentences with non-ASCII characters, a newline, or an added token's text
+    (an added token is matched before normalization), and every sentence of a tokenizer that is not BERT's
+    `BertNormalizer(clean_text) + BertPreTokenizer + WordPiece`. tests/test_tokenizer.py holds the two equal
+    over the shared corpora and over adversarial strings.
+
+    >>> tok = train_wordpiece(["the cat sat on the mat."] * 10, vocab_size=128, lowercase=True)
+    >>> sentences = ["The cat.", "", "THE m\\x01at sat", "cät"]  # the last one goes to the tokenizer
+    >>> ids, lens = SentenceEncoder(tok).encode(sentences)
+    >>> lens.tolist(), tok.decode(ids.tolist())
+    ([3, 0, 3, 1], 'the cat. the mat sat cat')
+    >>> ids.tolist() == [i for e in tok.encode_batch_fast(sentences, add_special_tokens=False) for i in e.ids]
+    True
+    """
+
+    _CTRL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # Cc: removed by clean_text
+    _MAX_CACHE = 2_000_000  # distinct words kept; the cache starts again beyond it
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self.tokenizer = tok
+        spec = json.loads(tok.to_str())
+        norm, pre, model = spec.get("normalizer") or {}, spec.get("pre_tokenizer") or {}, spec.get("model") or {}
+        self.fast = (norm.get("type") == "BertNormalizer" and norm.get("clean_text") is True
+                     and pre.get("type") == "BertPreTokenizer" and model.get("type") == "WordPiece")
+        self.lowercase = bool(norm.get("lowercase"))
+        self.added = sorted({t.content for t in tok.get_added_tokens_decoder().values()})
+        punct = re.escape("".join(c for c in map(chr, range(33, 127)) if not c.isalnum()))
+        self._words = re.compile(r"[A-Za-z0-9]+|[" + punct + r"]|\n")
+        self.sentences = {"regex": 0, "tokenizer": 0}  # how many went which way (tests read it)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.index: dict[str, int] = {"\n": 0}  # "\n" separates sentences: no ids
+        self.wlen = np.zeros(1, np.int64)
+        self.woff = np.zeros(2, np.int64)
+        self.flat = np.zeros(0, np.int32)
+
+    def _slow(self, sentences: list[str], count: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        self.sentences["tokenizer"] += len(sentences) if count else 0
+        enc = [e.ids for e in self.tokenizer.encode_batch_fast(sentences, add_special_tokens=False)] if sentences else []
+        lens = np.fromiter(map(len, enc), dtype=np.int32, count=len(enc))
+        ids = np.fromiter(itertools.chain.from_iterable(enc), dtype=np.int32, count=int(lens.sum()))
+        return ids, lens
+
+    def _plain(self, s: str) -> bool:
+        return s.isascii() and "\n" not in s and not any(a in s or a in s.lower() for a in self.added)
+
+    def encode(self, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, lens): every sentence's ids back to back (int32) and each sentence's count (int32)."""
+        if not self.fast:
+            return self._slow(sentences)
+        text = "\n".join(sentences)
+        if text.isascii() and text.count("\n") == len(sentences) - 1 and not any(a in text or a in text.lower() for a in self.added):
+            return self._cut(text)
+        plain = [self._plain(s) for s in sentences]
+        ids_p, lens_p = self._cut("\n".join(s for s, ok in zip(sentences, plain) if ok)) if any(plain) else (
+            np.zeros(0, np.int32), np.zeros(0, np.int32))
+        ids_s, lens_s = self._slow([s for s, ok in zip(sentences, plain) if not ok])
+        order = np.asarray(plain, bool)
+        lens = np.empty(len(sentences), np.int32)
+        lens[order], lens[~order] = lens_p, lens_s
+        sources = np.where(order, 0, 1)  # reassemble in sentence order: take each sentence's run from its side
+        starts = np.zeros(len(sentences), np.int64)
+        starts[order] = np.concatenate([[0], np.cumsum(lens_p)[:-1]]) if len(lens_p) else []
+        starts[~order] = (np.concatenate([[0], np.cumsum(lens_s)[:-1]]) + len(ids_p)) if len(lens_s) else []
+        both = np.concatenate([ids_p, ids_s])
+        return _gather(both, starts, lens.astype(np.int64)), lens
+
+    def _cut(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """The fast path over ASCII sentences joined by "\\n"."""
+        if self.lowercase:
+            text = text.lower()
+        if self._CTRL.search(text):
+            text = self._CTRL.sub("", text)
+        if len(self.index) > self._MAX_CACHE:
+            self._reset()
+        index, n0 = self.index, len(self.index)
+        setdefault = index.setdefault
+        wid = np.fromiter([setdefault(w, len(index)) for w in self._words.findall(text)], np.int64)
+        self.sentences["regex"] += text.count("\n") + 1
+        if len(index) > n0:  # encode the new words, each on its own (what the pre-tokenizer hands WordPiece)
+            new = list(itertools.islice(index, n0, None))
+            ids, lens = self._slow(new, count=False)
+            self.wlen = np.concatenate([self.wlen, lens.astype(np.int64)])
+            self.woff = np.concatenate([self.woff, self.woff[-1] + np.cumsum(lens, dtype=np.int64)])
+            self.flat = np.concatenate([self.flat, ids])
+        counts = self.wlen[wid]
+        ends = np.cumsum(counts)
+        ids = _gather(self.flat, self.woff[wid], counts)
+        cuts = np.flatnonzero(wid == 0)  # the separators
+        bounds = np.concatenate([[0], ends[cuts], [len(ids)]]) if len(ends) else np.zeros(len(cuts) + 2, np.int64)
+        return ids, np.diff(bounds).astype(np.int32)
+
+
+def _gather(flat: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """flat[starts[0]:starts[0]+counts[0]] + flat[starts[1]:...] + ..., without a Python loop.
+
+    >>> _gather(np.arange(10), np.array([7, 0, 3]), np.array([2, 0, 3])).tolist()
+    [7, 8, 3, 4, 5]
+    """
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, flat.dtype)
+    run_starts = np.cumsum(counts) - counts  # where each run begins in the output
+    return flat[np.repeat(starts - run_starts, counts) + np.arange(total)]
 
 
 def read_vocab(path: str | Path) -> list[str]:
