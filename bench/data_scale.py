@@ -15,8 +15,8 @@ moves less with other jobs' load than wall time does), and the peak RSS of the c
 (big_document_memory.run_sampled). Goals: tokens/s at 1x, 4x, 16x within +-15% of each other; peak tree
 memory at 8x <= 1.5x that at 1x.
 
-Inputs up to data.local_max_bytes (32 MiB) are prepared in the job's process, larger ones on Ray, so the
-default command changes path along the curve; the table names each point's path, and `--ray-factors` adds
+Inputs up to data.local_max_bytes (1 GiB) are prepared without Ray (in the job's process, or on local worker
+processes from 2 MiB up), larger ones on Ray; the table names each point's path, and `--ray-factors` adds
 points forced onto Ray (`--data.local_max_bytes 0`) so both paths are on the curve. Ray's session files go to
 the temporary directory (RAY_TMPDIR), which is removed at the end.
 """
@@ -72,8 +72,8 @@ def run_point(work: Path, config: Path, factor: int, force_ray: bool, num_cpus: 
     finally:
         shutil.rmtree(corpus, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
-    on_ray = "input file(s) on " in log  # "[data] tokenize: N input file(s) on K actor(s)" vs "... in this process"
-    return {"factor": factor, "bytes": size, "path": "Ray" if on_ray else "in-process", "forced": force_ray,
+    on_ray = re.search(r"input file\(s\) on \d+ actor\(s\)", log)  # vs "in this process" / "on N local worker ..."
+    return {"factor": factor, "bytes": size, "path": "Ray" if on_ray else "local", "forced": force_ray,
             "wall": wall, "tokens": m["source_tokens"], "examples": m["examples"], "stages": stage_seconds(log),
             "cpu": sampler.cpu_seconds, "peak_tree": sampler.peak_sum, "peak_one": sampler.peak_one}
 

@@ -6,8 +6,9 @@
 1. reference: raw `tokenizers.Tokenizer.encode_batch` tokens/s over the same text (paragraphs, batches of 4096),
    with the same number of threads as the pipeline has CPUs; run before and after the pipeline (shared machine).
    Also tokens per CPU-second of each whole process tree, which load from other jobs disturbs less.
-2. ours: `jobs/prepare_data` stages (raw text in -> shards + manifest on disk) in a child process whose Ray
-   is started before the clock starts; tokens = tokens of the input text.
+2. ours: `jobs/prepare_data` stages (raw text in -> shards + manifest on disk) in a child process, with the
+   default settings (up to data.local_max_bytes: local worker processes, no Ray); with `--ray-too` also on Ray
+   (`local_max_bytes 0`; Ray is started before the clock starts); tokens = tokens of the input text.
 3. the common alternative: `datasets.map` with BertTokenizerFast (num_proc = CPUs), grouping into
    max_seq_length blocks, `DataCollatorForLanguageModeling` masking in a batched map, `to_parquet`.
 4. peak memory (sum of PSS over the child and every process it starts, sampled every 0.2 s) of a whole
@@ -153,17 +154,19 @@ def run_child(args: list[str]) -> tuple[dict, int]:
     return json.loads(out.strip().splitlines()[-1]), peak[0]
 
 
-def child_pipeline(corpus: str, out: str, vocab: str, num_cpus: int) -> None:
-    """Child mode: start Ray, then time the data stages from raw text to validated shards."""
+def child_pipeline(corpus: str, out: str, vocab: str, num_cpus: int, local_max_bytes: int | None) -> None:
+    """Child mode: start Ray if the input goes to Ray, then time the data stages from raw text to validated shards."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    import ray
-
     from pipeline.config import DataConfig
     from pipeline.dag import run_graph
-    from pipeline.data.prepare import data_stages
+    from pipeline.data.prepare import data_stages, needs_ray
 
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
-    cfg = DataConfig(inputs=[corpus], output=out, vocab=vocab, num_actors=num_cpus)
+    extra = {} if local_max_bytes is None else {"local_max_bytes": local_max_bytes}
+    cfg = DataConfig(inputs=[corpus], output=out, vocab=vocab, num_actors=num_cpus, **extra)
+    if needs_ray(cfg):
+        import ray
+
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     cpu = TreeCPU(os.getpid())  # the driver, Ray's daemons and every worker it starts
     cpu.start()
     t = time.perf_counter()
@@ -171,9 +174,11 @@ def child_pipeline(corpus: str, out: str, vocab: str, num_cpus: int) -> None:
     secs = time.perf_counter() - t
     cpu_secs = cpu.seconds()
     m = json.loads(Path(out, "manifest.json").read_text())
-    ray.shutdown()
+    if needs_ray(cfg):
+        ray.shutdown()
     print(json.dumps({"seconds": secs, "cpu_seconds": cpu_secs, "source_tokens": m["source_tokens"],
-                      "examples": m["examples"], "tokens": m["tokens"], "status": res["shards"].status}))
+                      "examples": m["examples"], "tokens": m["tokens"], "status": res["shards"].status,
+                      "path": "Ray" if needs_ray(cfg) else "local"}))
 
 
 def child_hf(corpus: str, out: str, model_dir: str, num_cpus: int, max_len: int) -> None:
@@ -232,13 +237,15 @@ def main() -> None:
     ap.add_argument("--memory-factors", default="1,8", help="corpus repetitions for the peak-memory comparison")
     ap.add_argument("--num-cpus", type=int, default=2)
     ap.add_argument("--skip-hf", action="store_true", help="skip the datasets.map reference")
+    ap.add_argument("--ray-too", action="store_true",
+                    help="also run the pipeline on Ray (--data.local_max_bytes 0) at the throughput size")
     ap.add_argument("--write-results", metavar="FILE", help="also write the table and the command to FILE (markdown)")
     ap.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         kind, *rest = a.child
         if kind == "pipeline":
-            child_pipeline(rest[0], rest[1], rest[2], int(rest[3]))
+            child_pipeline(rest[0], rest[1], rest[2], int(rest[3]), None if rest[4] == "default" else int(rest[4]))
         else:
             child_hf(rest[0], rest[1], rest[2], int(rest[3]), int(rest[4]))
         return
@@ -263,7 +270,8 @@ def main() -> None:
         # mean; the CPU-seconds ratio (tokens per CPU-second of the whole process tree) is less load-sensitive.
         ref1 = reference_encode(paras_file, vocab, a.num_cpus)
         print(f"reference encode_batch: {ref1['source_tokens']} tokens in {ref1['seconds']:.1f}s")
-        ours, peak_big = run_child([*me, "pipeline", str(big), str(work / "out_big"), str(vocab), str(a.num_cpus)])
+        ours, peak_big = run_child([*me, "pipeline", str(big), str(work / "out_big"), str(vocab), str(a.num_cpus),
+                                    "default"])
         print(f"pipeline: {ours['source_tokens']} tokens in {ours['seconds']:.1f}s, peak {peak_big / 2**20:.0f} MiB")
         ref2 = reference_encode(paras_file, vocab, a.num_cpus)
         print(f"reference encode_batch again: {ref2['seconds']:.1f}s")
@@ -272,18 +280,30 @@ def main() -> None:
         ref_cpu = (ref1["cpu_seconds"] + ref2["cpu_seconds"]) / 2
         ours_tps = ours["source_tokens"] / ours["seconds"]
         ref_n = ref1["source_tokens"]
+        ref_tpc = ref_n / ref_cpu
         rows += [
             ("corpus tokens (1x)", f"{corpus_tokens:,}"),
             (f"throughput run ({factor}x)", f"{ours['source_tokens']:,} tokens, {ours['examples']:,} examples"),
             (f"raw encode_batch ({a.num_cpus} threads), before / after",
              f"{refs[0]:,.0f} / {refs[1]:,.0f} tok/s ({ref1['seconds']:.1f} / {ref2['seconds']:.1f} s)"),
-            (f"pipeline end-to-end ({a.num_cpus} CPUs)", f"{ours_tps:,.0f} tok/s ({ours['seconds']:.1f} s)"),
+            (f"pipeline end-to-end ({a.num_cpus} CPUs, {ours['path']})", f"{ours_tps:,.0f} tok/s ({ours['seconds']:.1f} s)"),
             ("wall ratio pipeline / encode_batch (goal >= 0.8)", f"{ours_tps / ref_tps:.2f}"),
             ("CPU-seconds: encode_batch / pipeline", f"{ref_cpu:.1f} / {ours['cpu_seconds']:.1f}"),
             ("CPU ratio (tokens per CPU-s) pipeline / encode_batch",
-             f"{(ours['source_tokens'] / ours['cpu_seconds']) / (ref_n / ref_cpu):.2f}"),
+             f"{(ours['source_tokens'] / ours['cpu_seconds']) / ref_tpc:.2f}"),
         ]
         shutil.rmtree(work / "out_big", ignore_errors=True)
+        if a.ray_too:
+            ray_run, _ = run_child([*me, "pipeline", str(big), str(work / "out_ray"), str(vocab), str(a.num_cpus), "0"])
+            print(f"pipeline on Ray: {ray_run['seconds']:.1f}s, {ray_run['cpu_seconds']:.1f} CPU-s")
+            rows += [
+                ("on Ray (--data.local_max_bytes 0): wall, CPU-s",
+                 f"{ray_run['seconds']:.1f} s, {ray_run['cpu_seconds']:.1f} CPU-s (Ray started before the clock)"),
+                ("on Ray: wall ratio / CPU ratio vs encode_batch",
+                 f"{ray_run['source_tokens'] / ray_run['seconds'] / ref_tps:.2f} / "
+                 f"{ray_run['source_tokens'] / ray_run['cpu_seconds'] / ref_tpc:.2f}"),
+            ]
+            shutil.rmtree(work / "out_ray", ignore_errors=True)
         if not a.skip_hf:
             hf, _ = run_child([*me, "hf", str(big), str(work / "hf"), str(vocab.parent), str(a.num_cpus), "128"])
             hf_tps = hf["source_tokens"] / hf["seconds"]
@@ -299,7 +319,8 @@ def main() -> None:
         peaks = {}
         for f in mem_factors:
             c = build_corpus(work / f"corpus_m{f}", f)
-            _, peaks[f] = run_child([*me, "pipeline", str(c), str(work / f"out_m{f}"), str(vocab), str(a.num_cpus)])
+            _, peaks[f] = run_child([*me, "pipeline", str(c), str(work / f"out_m{f}"), str(vocab), str(a.num_cpus),
+                                     "default"])
             print(f"peak memory at {f}x: {peaks[f] / 2**20:.0f} MiB")
             rows.append((f"peak memory (PSS, whole run) at {f}x", f"{peaks[f] / 2**20:,.0f} MiB"))
             shutil.rmtree(c, ignore_errors=True)

@@ -17,7 +17,8 @@ that dominate its time are Google's own, unchanged.
 
 Each tool runs as a child process, back to back, `--runs` times (alternating order); wall time, CPU-seconds
 (getrusage of the waited-for child tree) and the peak RSS of the largest process (psutil, every 0.2 s) are
-printed with both tools' example statistics. Ours runs in-process for this input (<= data.local_max_bytes);
+printed with both tools' example statistics. Ours runs without Ray for this input (<= data.local_max_bytes: the
+job's process and its two local worker processes, whose CPU the waited-for tree includes);
 `--ray-too` adds a run on Ray (`--data.local_max_bytes 0`), whose CPU-seconds are a lower bound: Ray's
 worker processes are not children that the job waits for, so getrusage misses part of them.
 """

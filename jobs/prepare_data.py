@@ -3,11 +3,12 @@
     python jobs/prepare_data.py --input ../shared/corpora --output data/prepared --vocab-size 8000
     python jobs/prepare_data.py --input books/ --input wiki.jsonl.gz --output s3://bucket/prep --vocab vocab.txt
 
-Also accepts `--config FILE` (its `data` section) and `--data.field value` overrides. Runs on the Ray cluster in
-RAY_ADDRESS, or starts a local one; inputs up to data.local_max_bytes (32 MiB) are prepared in this process
-without Ray, where its fixed cost would dominate. Re-running with the same config and inputs does nothing; an interrupted run
-resumes. Bad input exits 1 with one line on stderr. One writer per output directory: a second preparation into
-the same local directory exits 1 at once, naming the holder (pipeline.io.output_lock; no lock on s3:// etc.).
+Also accepts `--config FILE` (its `data` section) and `--data.field value` overrides. Inputs up to
+data.local_max_bytes (1 GiB) are prepared on this machine without Ray (in this process, or on local worker
+processes from 2 MiB up); larger ones on the Ray cluster in RAY_ADDRESS, or a local one it starts. Re-running
+with the same config and inputs does nothing; an interrupted run resumes. Bad input exits 1 with one line on
+stderr. One writer per output directory: a second preparation into the same local directory exits 1 at once,
+naming the holder (pipeline.io.output_lock; no lock on s3:// etc.).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def run(data, num_cpus: int | None) -> int:
 
     with output_lock(data.output):  # held by this process for the whole run; fails before Ray starts
         stages = data_stages(data)  # lists inputs and checks the output before Ray starts
-        if needs_ray(data):  # small inputs (data.local_max_bytes) are prepared in this process, Ray never starts
+        if needs_ray(data):  # inputs up to data.local_max_bytes are prepared without Ray, which never starts
             launcher.connect(num_cpus)
         try:
             results = run_graph(stages, remote=False, log=lambda m: print(m, flush=True))

@@ -70,7 +70,8 @@ class DataConfig:
     seed: int = 12345
     """Seed for pair creation and masking; randomness derives from it and document/example identity."""
     num_actors: int = 2
-    """Ray Data actors that tokenize and build examples; the output does not depend on it."""
+    """Processes that tokenize and build examples: Ray Data actors, or local worker processes (at most the cores,
+    and one per 2 MiB of input) when the input is prepared without Ray; the output does not depend on it."""
     random_pool_size: int = 20000
     """Sentence windows (about max_seq_length tokens each) sampled from the whole corpus for random-next B."""
     vocab_sample_chars: int = 50_000_000
@@ -80,9 +81,11 @@ class DataConfig:
     max_document_chars: int = 1_000_000
     """Longer documents (a .txt book is one) are cut into pieces of at most this many characters at paragraph or
     sentence boundaries before tokenization, so memory does not grow with a document (pipeline/data/examples.py)."""
-    local_max_bytes: int = 32 * 2**20
-    """Inputs of at most this many bytes (on disk) are prepared in the job's own process, without Ray actors,
-    where their fixed cost would dominate; 0: always on Ray. The output does not depend on it."""
+    local_max_bytes: int = 2**30
+    """Inputs of at most this many bytes (on disk, 1 GiB by default) are prepared on the job's own machine without
+    Ray: in its process, or on up to num_actors local worker processes. Ray's processes, actors and transfers
+    cost tens of CPU-seconds and only pay off across nodes; larger inputs go to Ray (multi-node), and 0 sends
+    every input there. The output does not depend on it."""
     overwrite: bool = False
     """Replace an output directory prepared with a different config (otherwise that is an error)."""
 

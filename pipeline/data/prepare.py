@@ -26,6 +26,7 @@ On a multi-node cluster the actors and the shard tasks spread over the nodes (SP
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import heapq
@@ -35,7 +36,9 @@ import os
 import random
 import sys
 import time
+import types
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -299,16 +302,23 @@ def discard_other_work(output: str, keep: str) -> list[str]:
 
 
 def merge_pool(pool_paths: list[str], size: int) -> RandomPool:
-    """Global bottom-`size` windows by priority over every file's candidates (partition-independent)."""
-    kept: pa.Table | None = None
-    for p in pool_paths:
-        t = read_table(p)
-        kept = t if kept is None else pa.concat_tables([kept, t])
-        if kept.num_rows > 2 * size:
-            kept = kept.sort_by([("priority", "ascending"), ("doc_id", "ascending")]).slice(0, size)
-    if kept is None or kept.num_rows == 0:
+    """Global bottom-`size` windows by (priority, doc_id) over every file's candidates (partition-independent).
+
+    The keys of all candidates are read first (16 bytes a window), then only the chosen windows' tokens, one
+    file at a time: memory stays near `size` windows however many files there are."""
+    keys = [read_table(p, columns=["priority", "doc_id"]) for p in pool_paths]
+    if not sum(k.num_rows for k in keys):
         return RandomPool.from_windows([])
-    kept = kept.sort_by([("priority", "ascending"), ("doc_id", "ascending")]).slice(0, size)
+    prio = np.concatenate([numpy_of(k.column("priority")) for k in keys])
+    docs = np.concatenate([numpy_of(k.column("doc_id")) for k in keys])
+    src = np.repeat(np.arange(len(keys)), [k.num_rows for k in keys])
+    row = np.concatenate([np.arange(k.num_rows) for k in keys])
+    chosen = np.lexsort((docs, prio))[:size]
+    parts = []
+    for i in np.unique(src[chosen]):
+        rows = np.sort(row[chosen][src[chosen] == i])
+        parts.append(read_table(pool_paths[i]).take(arrow(rows, pa.int64())).combine_chunks())
+    kept = pa.concat_tables(parts).sort_by([("priority", "ascending"), ("doc_id", "ascending")])
     lens = kept.column("sent_lens").combine_chunks()  # flatten() and value_lengths() respect the slice
     sent_ends = np.cumsum(numpy_of(lens.flatten()), dtype=np.int64)
     win_starts = np.concatenate([[0], np.cumsum(numpy_of(lens.value_lengths()), dtype=np.int64)])
@@ -595,7 +605,8 @@ def local_workers(cfg: DataConfig, files: list[InputFile]) -> int:
     >>> local_workers(DataConfig(num_actors=8), [InputFile("a", "text", 0, size=5 * 2**20)]) <= 3
     True
     """
-    return max(1, min(cfg.num_actors, os.cpu_count() or 1, -(-sum(f.size for f in files) // LOCAL_WORKER_BYTES)))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cfg.num_actors, cores, -(-sum(f.size for f in files) // LOCAL_WORKER_BYTES)))
 
 
 _WORKER: PassWorker | None = None  # in a local worker process
@@ -607,7 +618,27 @@ def _start_worker(*args: Any) -> None:
 
 
 def _in_worker(method: str, *args: Any) -> Any:
-    return getattr(_WORKER, method)(*args)
+    try:
+        return getattr(_WORKER, method)(*args)
+    finally:
+        pa.default_memory_pool().release_unused()  # between tasks: Arrow's allocator keeps freed pages otherwise
+
+
+def _started() -> None:
+    """A no-op task: submitting one per worker starts them all (ProcessPoolExecutor spawns in `submit`)."""
+
+
+@contextlib.contextmanager
+def _without_main() -> Iterator[None]:
+    """Spawned processes re-run the parent's __main__ script (as __mp_main__) before they work: a caller's script
+    without an `if __name__ == "__main__"` guard would prepare again in every worker, and a main read from stdin
+    cannot be re-run at all. The workers need only this module, so their start sees a bare __main__."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 class _Local:
@@ -627,6 +658,9 @@ class _Local:
             self.here = None
             self.pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"),
                                             initializer=_start_worker, initargs=worker_args)
+            with _without_main():  # all n start here, and load the tokenizer while this process plans
+                for _ in range(n):
+                    self.pool.submit(_started)
 
     def where(self) -> str:
         return "in this process" if self.n == 1 else f"on {self.n} local worker processes"
@@ -703,6 +737,7 @@ def _three_passes(
     _log(f"tokenize: {docs_written}/{docs_read} documents, {sum(s['tokens'] for s in file_stats)} tokens, {len(chunks)} chunks")
 
     pool = merge_pool([s["pool"] for s in file_stats], cfg.random_pool_size)
+    pa.default_memory_pool().release_unused()  # Arrow's allocator keeps freed pages otherwise (~250 MB at 8x)
     vocab = read_vocab(join(cfg.output, "vocab.txt"))
     if local is not None:
         units = _example_units(cfg, chunks, pool, work)
