@@ -4,7 +4,10 @@ config protection, validation, statistics of the written shards, dynamic masking
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -329,3 +332,32 @@ def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, minilm_dir, 
     assert multi["shards"] == single["shards"] and multi["config_hash"] == single["config_hash"]
     for s in single["shards"]:
         assert (tmp_path / "two" / s["path"]).read_bytes() == (tmp_path / "one" / s["path"]).read_bytes()
+
+
+def test_local_workers_do_not_rerun_the_callers_script(inputs, minilm_dir, tmp_path):
+    """Spawned processes normally re-run the parent's __main__ first: a user's script without an
+    `if __name__ == "__main__"` guard would start the preparation again in every worker. Here such a script
+    prepares on two local workers once, and a script read from stdin (which cannot be re-run) works too."""
+    script = (
+        "import pipeline.data.prepare as prepare\n"
+        "from pipeline.config import DataConfig\n"
+        "from pipeline.dag import run_graph\n"
+        "prepare.LOCAL_WORKER_BYTES = 1\n"
+        "print('SCRIPT RAN', flush=True)\n"
+        f"cfg = DataConfig(inputs={inputs!r}, output=OUT, vocab={str(minilm_dir / 'vocab.txt')!r}, num_actors=2,\n"
+        "                 chunk_chars=200_000, num_shards=4)\n"
+        "print(run_graph(prepare.data_stages(cfg), remote=False, log=lambda m: None)['shards'].result['examples'])\n"
+    )
+    for how in ("file", "stdin"):
+        code = script.replace("OUT", repr(str(tmp_path / f"out-{how}")))
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        if how == "file":
+            (tmp_path / "unguarded.py").write_text(code)
+            p = subprocess.run([sys.executable, str(tmp_path / "unguarded.py")], capture_output=True, text=True,
+                               env=env, timeout=300)
+        else:
+            p = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, env=env, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert p.stdout.count("SCRIPT RAN") == 1, p.stdout
+        assert "on 2 local worker processes" in p.stderr
+        assert int(p.stdout.strip().splitlines()[-1]) > 1000
