@@ -4,7 +4,7 @@
             [examples: actors] ─► example chunks ─► [shards: tasks] ─► shards/*.parquet ─► manifest.json
 
 1. tokenize: one Ray Data row per input file; an actor (holding the tokenizer) reads its documents, rejects bad
-   ones with reasons, splits sentences, encodes them (`encode_batch_fast`, no special tokens) and writes token
+   ones with reasons, splits sentences, encodes them (`SentenceEncoder`: the tokenizer's ids, no special tokens) and writes token
    chunks of about `chunk_chars` characters, plus its file's bottom-k random-pool windows, then a done marker.
 2. examples: the global pool is merged (bottom-k of hash(seed, doc_id, window), so it does not depend on the
    partitioning); one row per token chunk; an actor builds NSP pairs (or MLM-only packs) per document with an
@@ -12,6 +12,9 @@
 3. shards: example chunks (each shuffled inside, put in a hashed order) form one sequence, cut into `num_shards`
    contiguous parts whose sizes differ by at most one row; each shard is streamed to a temporary name, then
    renamed. Mixing beyond a chunk (~1M tokens) is the loader's job (block order + local shuffle buffer).
+
+Inputs up to `data.local_max_bytes` (1 GiB) run the same functions, in the same units, without Ray (`_Local`):
+in the calling process, or on spawned local worker processes that each hold a `PassWorker` like an actor does.
 
 Everything intermediate lives under `OUT/_work/<config_hash>-<vocab sha256>/` and every file appears by rename, so a
 killed run resumes at the last finished file or chunk and writes the same bytes. The work directory is keyed by
@@ -76,7 +79,7 @@ from pipeline.data.examples import (
 )
 from pipeline.data.masking import MaskingPolicy, mask_rows
 from pipeline.data.sources import Document, InputError, InputFile, read_documents
-from pipeline.data.tokenizer import SentenceEncoder, VocabError, check_pair, read_vocab, sha256_bytes
+from pipeline.data.tokenizer import SentenceEncoder, check_pair, read_vocab, sha256_bytes
 
 TOKEN_SCHEMA = pa.schema([("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32())), ("sent_lens", pa.list_(pa.int32()))])
 POOL_SCHEMA = pa.schema(
@@ -319,7 +322,7 @@ def merge_pool(pool_paths: list[str], size: int) -> RandomPool:
         rows = np.sort(row[chosen][src[chosen] == i])
         parts.append(read_table(pool_paths[i]).take(arrow(rows, pa.int64())).combine_chunks())
     kept = pa.concat_tables(parts).sort_by([("priority", "ascending"), ("doc_id", "ascending")])
-    lens = kept.column("sent_lens").combine_chunks()  # flatten() and value_lengths() respect the slice
+    lens = kept.column("sent_lens").combine_chunks()
     sent_ends = np.cumsum(numpy_of(lens.flatten()), dtype=np.int64)
     win_starts = np.concatenate([[0], np.cumsum(numpy_of(lens.value_lengths()), dtype=np.int64)])
     tokens = numpy_of(kept.column("tokens").combine_chunks().flatten()).astype(np.int32)

@@ -151,8 +151,7 @@ class SentenceEncoder:
         order = np.asarray(plain, bool)
         lens = np.empty(len(sentences), np.int32)
         lens[order], lens[~order] = lens_p, lens_s
-        sources = np.where(order, 0, 1)  # reassemble in sentence order: take each sentence's run from its side
-        starts = np.zeros(len(sentences), np.int64)
+        starts = np.zeros(len(sentences), np.int64)  # where each sentence's run starts in `both`, in sentence order
         starts[order] = np.concatenate([[0], np.cumsum(lens_p)[:-1]]) if len(lens_p) else []
         starts[~order] = (np.concatenate([[0], np.cumsum(lens_s)[:-1]]) + len(ids_p)) if len(lens_s) else []
         both = np.concatenate([ids_p, ids_s])
