@@ -163,3 +163,8 @@ def test_sentence_encoder_equals_the_tokenizer_on_adversarial_text(minilm_dir, w
         _assert_same(enc, batch)
     if enc.fast:
         assert enc.sentences["regex"] > 500
+        assert len(enc.index) > 1000  # the random batches' distinct words
+        enc._MAX_CACHE = 20  # a cache that starts again on every batch gives the same ids
+        for _ in range(3):
+            _assert_same(enc, ADVERSARIAL + SENTENCES)
+        assert len(enc.index) < 200  # one batch's words

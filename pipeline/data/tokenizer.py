@@ -106,7 +106,7 @@ class SentenceEncoder:
     """
 
     _CTRL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # Cc: removed by clean_text
-    _MAX_CACHE = 2_000_000  # distinct words kept; the cache starts again beyond it
+    _MAX_CACHE = 500_000  # distinct words kept (~75 MB); the cache starts again beyond it
 
     def __init__(self, tok: Tokenizer) -> None:
         self.tokenizer = tok
