@@ -468,6 +468,9 @@ class PassWorker:
     def examples(self, chunks: list[str], pool: RandomPool, dest: str) -> dict[str, Any]:
         return examples_for_chunks(chunks, pool, self.cfg, self.policy, self.cls_id, self.sep_id, dest)
 
+    def shard(self, path: str, parts: list[tuple[str, int, int]]) -> dict[str, Any]:
+        return write_shard(path, parts)
+
 
 class _TokenizeActor:
     """Pass 1 on Ray Data: a PassWorker; several small input files per call (fewer Ray round trips)."""
@@ -677,12 +680,6 @@ class _Local:
         futures = {i: self.pool.submit(_in_worker, method, *calls[i]) for i in order}
         return [futures[i].result() for i in range(len(calls))]
 
-    def shards(self, plan: list[tuple[str, list[tuple[str, int, int]]]]) -> list[dict[str, Any]]:
-        if self.pool is None:
-            return [write_shard(path, parts) for path, parts in plan]
-        futures = [self.pool.submit(write_shard, path, parts) for path, parts in plan]
-        return [f.result() for f in futures]
-
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
@@ -757,7 +754,7 @@ def _three_passes(
     if fs.exists(join(out_p, "shards")):
         fs.rm(join(out_p, "shards"), recursive=True)  # leftovers of an interrupted run with this config
     if local is not None:
-        results = local.shards(plan)
+        results = local.map("shard", plan)
     else:  # plain tasks: a few shards do not need Ray Data's streaming machinery
         # SPREAD over the cluster's nodes, like Ray Data's actors (its default): plain tasks would otherwise fill
         # the driver's node first. Which node writes a shard never changes its bytes (two-node test).

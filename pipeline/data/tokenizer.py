@@ -135,14 +135,22 @@ class SentenceEncoder:
         return ids, lens
 
     def _plain(self, s: str) -> bool:
-        return s.isascii() and "\n" not in s and not any(a in s or a in s.lower() for a in self.added)
+        return s.isascii() and "\n" not in s and not self._has_added(s)
+
+    def _has_added(self, text: str) -> bool:
+        """Whether an added token's text occurs, as written or lower-cased (a `normalized` added token is matched
+        after the normalizer)."""
+        if not self.added:
+            return False
+        low = text.lower()
+        return any(a in text or a in low for a in self.added)
 
     def encode(self, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(ids, lens): every sentence's ids back to back (int32) and each sentence's count (int32)."""
         if not self.fast:
             return self._slow(sentences)
         text = "\n".join(sentences)
-        if text.isascii() and text.count("\n") == len(sentences) - 1 and not any(a in text or a in text.lower() for a in self.added):
+        if text.isascii() and text.count("\n") == len(sentences) - 1 and not self._has_added(text):
             return self._cut(text)
         plain = [self._plain(s) for s in sentences]
         ids_p, lens_p = self._cut("\n".join(s for s, ok in zip(sentences, plain) if ok)) if any(plain) else (
