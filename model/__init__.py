@@ -2,7 +2,7 @@
 
 The names below load on first use (PEP 562), so `model.config` (plain dataclasses) can be imported without
 torch: the data jobs read model presets and would otherwise pay torch's ~1.2 s import for nothing
-(tests/test_data_stages.py checks that preparing data imports neither torch nor pandas).
+(tests/test_prepare_data.py checks that preparing data imports neither torch nor pandas).
 """
 
 from __future__ import annotations
