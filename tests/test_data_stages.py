@@ -88,6 +88,30 @@ def test_local_preparation_is_byte_identical_to_ray(two_runs, inputs, minilm_dir
     assert f"input file(s) {where}" in capfd.readouterr().err
 
 
+_STATS = ("documents_read", "documents_written", "documents_rejected", "rejected_reasons", "examples", "tokens",
+          "masked_tokens", "source_tokens", "document_pieces", "shards")
+
+
+def test_documents_cut_across_batches_count_once_on_every_path(ray_local, inputs, minilm_dir, tmp_path, monkeypatch,
+                                                               capfd):
+    """Documents cut into pieces (max_document_chars) whose pieces fall into different batches (chunk_chars), the
+    batches encoded on two local workers: the same shards and the same manifest figures (documents, pieces,
+    tokens) as one Ray actor reading each file whole."""
+    import pipeline.data.prepare as prepare
+
+    kw = dict(chunk_chars=100_000, max_document_chars=30_000, num_actors=2)
+    on_ray, _ = _run(_cfg(inputs, tmp_path / "ray", minilm_dir, **kw), tmp_path)
+    monkeypatch.setattr(prepare, "LOCAL_WORKER_BYTES", 1)
+    local, _ = _run(_cfg(inputs, tmp_path / "local", minilm_dir, local_max_bytes=10**9, **kw), tmp_path)
+    assert "batches across the workers" in capfd.readouterr().err
+    a, b = on_ray["validate"].result, local["validate"].result
+    assert _bytes(a) == _bytes(b)
+    assert {k: a.manifest[k] for k in _STATS} == {k: b.manifest[k] for k in _STATS}
+    assert a.manifest["document_pieces"] > a.manifest["documents_written"]  # documents were cut
+    m = a.manifest  # and each cut document still counts once
+    assert m["documents_read"] == m["documents_written"] + m["documents_rejected"] == len(BOOKS) + WIKI_RECORDS
+
+
 def test_byte_identical_across_one_and_two_actors(two_runs):
     _, a, b = two_runs
     va, vb = a["validate"].result, b["validate"].result

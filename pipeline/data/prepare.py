@@ -29,6 +29,7 @@ On a multi-node cluster the actors and the shard tasks spread over the nodes (SP
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -177,70 +178,42 @@ def tokenize_file(f: InputFile, tok: SentenceEncoder | Any, cfg: DataConfig, wor
     """Read, check, split and encode one input file into token chunks and pool candidates; returns its stats.
     `tok` is a SentenceEncoder (its word cache lasts across files) or a `tokenizers.Tokenizer`.
 
-    Skipped (stats read back) when the file's done marker exists, so a resumed run does not redo it.
+    Skipped (stats read back) when the file's done marker exists, so a resumed run does not redo it. The same
+    three steps also run apart, the batches of one big file on several local workers (`_Local.tokenize`).
     """
-    done = join(work, "tok", f"f{f.index:06d}.done.json")
-    if exists(done):
-        return json.loads(read_text(done))
+    if file_done(f, work):
+        return json.loads(read_text(_done_path(f, work)))
     if not isinstance(tok, SentenceEncoder):
         tok = SentenceEncoder(tok)
-    reasons: Counter[str] = Counter()
-    stats = {"file": f.path, "documents_read": 0, "documents_written": 0, "pieces": 0, "tokens": 0, "sentences": 0,
-             "chunks": []}
-    pool_heap: list[tuple[int, int, int, list[np.ndarray]]] = []  # max-heap by -priority, size <= pool size
-    batch: list[tuple[Document, bool]] = []  # (piece, is the document's last piece)
+    merge = FileMerge(f, cfg, work)
+    for b, batch in enumerate(file_batches(f, cfg, merge)):
+        merge.add(encode_pieces(batch, chunk_path(f, work, b), tok, cfg))
+    return merge.finish()
+
+
+def _done_path(f: InputFile, work: str) -> str:
+    return join(work, "tok", f"f{f.index:06d}.done.json")
+
+
+def file_done(f: InputFile, work: str) -> bool:
+    return exists(_done_path(f, work))
+
+
+def chunk_path(f: InputFile, work: str, b: int) -> str:
+    """Batch `b` of file `f`'s token chunk (a batch whose pieces have no token writes none: numbers may skip)."""
+    return join(work, "tok", f"f{f.index:06d}-c{b:05d}.parquet")
+
+
+Batch = list[tuple[Document, bool]]  # (piece, whether it is its document's last piece)
+
+
+def file_batches(f: InputFile, cfg: DataConfig, merge: FileMerge) -> Iterator[Batch]:
+    """The pieces of a file's documents in batches of about `chunk_chars` characters, in order (each batch is one
+    token chunk). Records read and rejected are counted into `merge`."""
+    batch: Batch = []
     chars = 0
-    doc_has_tokens = False  # of the document whose pieces are being flushed
-
-    def flush() -> None:
-        nonlocal batch, chars, doc_has_tokens
-        if not batch:
-            return
-        sents_per_doc = [split_sentences(d.text) for d, _ in batch]
-        flat = [s for ss in sents_per_doc for s in ss]
-        all_ids, sent_lens = tok.encode(flat)
-        sent_ends = np.cumsum(sent_lens)
-        doc_ids, tokens, lens = [], [], []
-        k = 0
-        for (d, last), ss in zip(batch, sents_per_doc):
-            dl = sent_lens[k : k + len(ss)]
-            lo = int(sent_ends[k - 1]) if k else 0
-            hi = int(sent_ends[k + len(ss) - 1]) if len(ss) else lo
-            k += len(ss)
-            dl = dl[dl > 0]
-            doc_has_tokens |= len(dl) > 0
-            if last:  # a document counts once, written when any of its pieces has tokens
-                if doc_has_tokens:
-                    stats["documents_written"] += 1
-                else:
-                    reasons["no_tokens"] += 1
-                doc_has_tokens = False
-            if len(dl) == 0:
-                continue
-            stats["pieces"] += 1
-            doc_ids.append(d.doc_id)
-            tokens.append(all_ids[lo:hi])
-            lens.append(dl)
-            stats["sentences"] += len(dl)
-            stats["tokens"] += hi - lo
-            for w, win in enumerate(document_windows(_split(all_ids[lo:hi], dl), cfg.max_seq_length)):
-                prio = derive_seed(cfg.seed, "pool", d.doc_id, w)
-                if len(pool_heap) < cfg.random_pool_size or -prio > pool_heap[0][0]:
-                    item = (-prio, d.doc_id, w, [s.copy() for s in win])  # copies: views would pin the chunk
-                    (heapq.heappush if len(pool_heap) < cfg.random_pool_size else heapq.heapreplace)(pool_heap, item)
-        if doc_ids:
-            n = len(stats["chunks"])
-            path = join(work, "tok", f"f{f.index:06d}-c{n:05d}.parquet")
-            table = pa.table(
-                [arrow(doc_ids, pa.int64()), list_array(tokens, pa.int32()), list_array(lens, pa.int32())],
-                schema=TOKEN_SCHEMA,
-            )
-            write_parquet_atomic(path, table, compression="lz4")
-            stats["chunks"].append({"path": path, "docs": len(doc_ids), "tokens": int(sum(len(t) for t in tokens))})
-        batch, chars = [], 0
-
     for item in read_documents(f, cfg.text_column):
-        stats["documents_read"] += 1
+        merge.stats["documents_read"] += 1
         if isinstance(item, Document):
             pieces = split_document(item.text, cfg.max_document_chars)
             piece = next(pieces)
@@ -249,19 +222,101 @@ def tokenize_file(f: InputFile, tok: SentenceEncoder | Any, cfg: DataConfig, wor
                 batch.append((Document(piece_id(item.doc_id, k), item.source, piece), following is None))
                 chars += len(piece)
                 if chars >= cfg.chunk_chars:
-                    flush()
+                    yield batch
+                    batch, chars = [], 0
                 if following is None:
                     break
                 piece = following
             del item, piece, pieces  # the whole text is not kept while the next document is read
         else:
-            reasons[item.reason] += 1
-    flush()
-    stats["pool"] = _write_pool(join(work, "tok", f"f{f.index:06d}.pool.parquet"), pool_heap)
-    stats["rejected_reasons"] = dict(sorted(reasons.items()))
-    stats["documents_rejected"] = sum(reasons.values())
-    write_bytes_atomic(done, json.dumps(stats).encode())
-    return stats
+            merge.reasons[item.reason] += 1
+    if batch:
+        yield batch
+
+
+def encode_pieces(batch: Batch, path: str, tok: SentenceEncoder, cfg: DataConfig) -> dict[str, Any]:
+    """Split one batch's pieces into sentences and encode them; write the token chunk to `path` (when any piece
+    has tokens); return per-piece flags, counts and the batch's own bottom-k pool candidates."""
+    sents_per_doc = [split_sentences(d.text) for d, _ in batch]
+    flat = [s for ss in sents_per_doc for s in ss]
+    all_ids, sent_lens = tok.encode(flat)
+    sent_ends = np.cumsum(sent_lens)
+    out: dict[str, Any] = {"flags": [], "pieces": 0, "sentences": 0, "tokens": 0, "chunk": None}
+    heap: list[tuple[int, int, int, list[np.ndarray]]] = []
+    doc_ids, tokens, lens = [], [], []
+    k = 0
+    for (d, last), ss in zip(batch, sents_per_doc):
+        dl = sent_lens[k : k + len(ss)]
+        lo = int(sent_ends[k - 1]) if k else 0
+        hi = int(sent_ends[k + len(ss) - 1]) if len(ss) else lo
+        k += len(ss)
+        dl = dl[dl > 0]
+        out["flags"].append((len(dl) > 0, last))
+        if len(dl) == 0:
+            continue
+        out["pieces"] += 1
+        doc_ids.append(d.doc_id)
+        tokens.append(all_ids[lo:hi])
+        lens.append(dl)
+        out["sentences"] += len(dl)
+        out["tokens"] += hi - lo
+        for w, win in enumerate(document_windows(_split(all_ids[lo:hi], dl), cfg.max_seq_length)):
+            _offer(heap, cfg.random_pool_size, (-derive_seed(cfg.seed, "pool", d.doc_id, w), d.doc_id, w, win))
+    if doc_ids:
+        table = pa.table(
+            [arrow(doc_ids, pa.int64()), list_array(tokens, pa.int32()), list_array(lens, pa.int32())],
+            schema=TOKEN_SCHEMA,
+        )
+        write_parquet_atomic(path, table, compression="lz4")
+        out["chunk"] = {"path": path, "docs": len(doc_ids), "tokens": int(sum(len(t) for t in tokens))}
+    out["pool"] = [(p, d, w, [s.copy() for s in win]) for p, d, w, win in heap]  # copies: views pin the chunk
+    return out
+
+
+def _offer(heap: list, size: int, item: tuple) -> None:
+    """Keep the `size` windows of lowest priority: `heap` is a max-heap by -priority (item[0])."""
+    if len(heap) < size:
+        heapq.heappush(heap, item)
+    elif item[0] > heap[0][0]:
+        heapq.heapreplace(heap, item)
+
+
+class FileMerge:
+    """One file's stats from its batches' results, added in batch order: documents (one counts once, written
+    when any of its pieces has tokens), pieces, tokens, chunks, and the file's bottom-k pool candidates."""
+
+    def __init__(self, f: InputFile, cfg: DataConfig, work: str) -> None:
+        self.f, self.cfg, self.work = f, cfg, work
+        self.stats: dict[str, Any] = {"file": f.path, "documents_read": 0, "documents_written": 0, "pieces": 0,
+                                      "tokens": 0, "sentences": 0, "chunks": []}
+        self.reasons: Counter[str] = Counter()
+        self.heap: list[tuple[int, int, int, list[np.ndarray]]] = []
+        self.doc_has_tokens = False  # of the document whose pieces are being added
+
+    def add(self, r: dict[str, Any]) -> None:
+        for has_tokens, last in r["flags"]:
+            self.doc_has_tokens |= has_tokens
+            if last:
+                if self.doc_has_tokens:
+                    self.stats["documents_written"] += 1
+                else:
+                    self.reasons["no_tokens"] += 1
+                self.doc_has_tokens = False
+        for key in ("pieces", "sentences", "tokens"):
+            self.stats[key] += r[key]
+        if r["chunk"] is not None:
+            self.stats["chunks"].append(r["chunk"])
+        for item in r["pool"]:
+            _offer(self.heap, self.cfg.random_pool_size, item)
+
+    def finish(self) -> dict[str, Any]:
+        """Write the pool candidates and the done marker; the file's stats."""
+        stats = self.stats
+        stats["pool"] = _write_pool(join(self.work, "tok", f"f{self.f.index:06d}.pool.parquet"), self.heap)
+        stats["rejected_reasons"] = dict(sorted(self.reasons.items()))
+        stats["documents_rejected"] = sum(self.reasons.values())
+        write_bytes_atomic(_done_path(self.f, self.work), json.dumps(stats).encode())
+        return stats
 
 
 def _write_pool(path: str, pool_heap: list[tuple[int, int, int, list[np.ndarray]]]) -> str:
@@ -464,6 +519,9 @@ class PassWorker:
 
     def tokenize(self, f: InputFile) -> dict[str, Any]:
         return tokenize_file(f, self.tok, self.cfg, self.work)
+
+    def encode(self, batch: Batch, path: str) -> dict[str, Any]:
+        return encode_pieces(batch, path, self.tok, self.cfg)
 
     def examples(self, chunks: list[str], pool: RandomPool, dest: str) -> dict[str, Any]:
         return examples_for_chunks(chunks, pool, self.cfg, self.policy, self.cls_id, self.sep_id, dest)
@@ -680,6 +738,32 @@ class _Local:
         futures = {i: self.pool.submit(_in_worker, method, *calls[i]) for i in order}
         return [futures[i].result() for i in range(len(calls))]
 
+    def tokenize(self, files: list[InputFile], cfg: DataConfig, work: str) -> list[dict[str, Any]]:
+        """Pass 1; each file's stats, in file order. On workers, a file of more than one batch (`chunk_chars`) is
+        read here and its batches are encoded on the workers, at most 2 per worker in flight (one big file does
+        not keep one worker busy while the others wait); the other files go whole, costliest first, after them.
+        The batches, chunks and stats are the ones `tokenize_file` makes."""
+        cost = [_text_bytes(f) for f in files]
+        if self.pool is None:
+            return self.map("tokenize", [(f,) for f in files])
+        big = [i for i, f in enumerate(files) if cost[i] > cfg.chunk_chars and not file_done(f, work)]
+        stats: dict[int, dict[str, Any]] = {}
+        for i in sorted(big, key=lambda i: -cost[i]):
+            merge = FileMerge(files[i], cfg, work)
+            pending: collections.deque = collections.deque()
+            for b, batch in enumerate(file_batches(files[i], cfg, merge)):
+                if len(pending) >= 2 * self.n:
+                    merge.add(pending.popleft().result())
+                pending.append(self.pool.submit(_in_worker, "encode", batch, chunk_path(files[i], work, b)))
+            while pending:
+                merge.add(pending.popleft().result())
+            stats[i] = merge.finish()
+            _log(f"tokenize: {files[i].path}: {b + 1} batches across the workers")
+        rest = [i for i in range(len(files)) if i not in stats]
+        for i, s in zip(rest, self.map("tokenize", [(files[i],) for i in rest], [cost[i] for i in rest])):
+            stats[i] = s
+        return [stats[i] for i in range(len(files))]
+
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
@@ -714,8 +798,7 @@ def _three_passes(
         done_before = len(fs.glob(join(filesystem(work)[1], "tok", "*.done.json")))
         _log(f"tokenize: {len(files)} input file(s) {local.where()} ({sum(f.size for f in files)} bytes <= "
              f"data.local_max_bytes)" + (f"; resuming, {done_before} already done" if done_before else ""))
-        file_stats = sorted(local.map("tokenize", [(f,) for f in files], [_text_bytes(f) for f in files]),
-                            key=lambda s: s["pool"])
+        file_stats = sorted(local.tokenize(files, cfg, work), key=lambda s: s["pool"])
     else:
         import ray
 
