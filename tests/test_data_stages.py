@@ -99,7 +99,7 @@ def test_documents_cut_across_batches_count_once_on_every_path(ray_local, inputs
     tokens) as one Ray actor reading each file whole."""
     import pipeline.data.prepare as prepare
 
-    kw = dict(chunk_chars=100_000, max_document_chars=30_000, num_actors=2)
+    kw = dict(chunk_chars=60_000, max_document_chars=20_000, num_actors=2)
     on_ray, _ = _run(_cfg(inputs, tmp_path / "ray", minilm_dir, **kw), tmp_path)
     monkeypatch.setattr(prepare, "LOCAL_WORKER_BYTES", 1)
     local, _ = _run(_cfg(inputs, tmp_path / "local", minilm_dir, local_max_bytes=10**9, **kw), tmp_path)

@@ -33,7 +33,6 @@ import collections
 import contextlib
 import dataclasses
 import hashlib
-import heapq
 import itertools
 import json
 import os
@@ -71,7 +70,6 @@ from pipeline.data.examples import (
     RandomPool,
     create_instances_from_document,
     derive_seed,
-    document_windows,
     group_consecutive,
     pack_sentences,
     piece_id,
@@ -80,7 +78,7 @@ from pipeline.data.examples import (
 )
 from pipeline.data.masking import MaskingPolicy, mask_rows
 from pipeline.data.sources import Document, InputError, InputFile, read_documents
-from pipeline.data.tokenizer import SentenceEncoder, check_pair, read_vocab, sha256_bytes
+from pipeline.data.tokenizer import SentenceEncoder, check_pair, gather_runs, read_vocab, sha256_bytes
 
 TOKEN_SCHEMA = pa.schema([("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32())), ("sent_lens", pa.list_(pa.int32()))])
 POOL_SCHEMA = pa.schema(
@@ -242,7 +240,7 @@ def encode_pieces(batch: Batch, path: str, tok: SentenceEncoder, cfg: DataConfig
     all_ids, sent_lens = tok.encode(flat)
     sent_ends = np.cumsum(sent_lens)
     out: dict[str, Any] = {"flags": [], "pieces": 0, "sentences": 0, "tokens": 0, "chunk": None}
-    heap: list[tuple[int, int, int, list[np.ndarray]]] = []
+    prio, docs, wins, n_sents = [], [], [], []  # the pool candidates: every window of every piece
     doc_ids, tokens, lens = [], [], []
     k = 0
     for (d, last), ss in zip(batch, sents_per_doc):
@@ -260,8 +258,11 @@ def encode_pieces(batch: Batch, path: str, tok: SentenceEncoder, cfg: DataConfig
         lens.append(dl)
         out["sentences"] += len(dl)
         out["tokens"] += hi - lo
-        for w, win in enumerate(document_windows(_split(all_ids[lo:hi], dl), cfg.max_seq_length)):
-            _offer(heap, cfg.random_pool_size, (-derive_seed(cfg.seed, "pool", d.doc_id, w), d.doc_id, w, win))
+        for w, g in enumerate(group_consecutive(dl.tolist(), cfg.max_seq_length)):  # document_windows' groups
+            prio.append(derive_seed(cfg.seed, "pool", d.doc_id, w))
+            docs.append(d.doc_id)
+            wins.append(w)
+            n_sents.append(len(g))
     if doc_ids:
         table = pa.table(
             [arrow(doc_ids, pa.int64()), list_array(tokens, pa.int32()), list_array(lens, pa.int32())],
@@ -269,16 +270,12 @@ def encode_pieces(batch: Batch, path: str, tok: SentenceEncoder, cfg: DataConfig
         )
         write_parquet_atomic(path, table, compression="lz4")
         out["chunk"] = {"path": path, "docs": len(doc_ids), "tokens": int(sum(len(t) for t in tokens))}
-    out["pool"] = [(p, d, w, [s.copy() for s in win]) for p, d, w, win in heap]  # copies: views pin the chunk
+    # The windows tile each piece's non-empty sentences in order, so their sentences are those, and their tokens
+    # all of the batch's tokens.
+    cands = PoolCandidates(np.array(prio, np.int64), np.array(docs, np.int64), np.array(wins, np.int64),
+                           np.array(n_sents, np.int64), sent_lens[sent_lens > 0], all_ids)
+    out["pool"] = cands.bottom(cfg.random_pool_size)
     return out
-
-
-def _offer(heap: list, size: int, item: tuple) -> None:
-    """Keep the `size` windows of lowest priority: `heap` is a max-heap by -priority (item[0])."""
-    if len(heap) < size:
-        heapq.heappush(heap, item)
-    elif item[0] > heap[0][0]:
-        heapq.heapreplace(heap, item)
 
 
 class FileMerge:
@@ -290,7 +287,7 @@ class FileMerge:
         self.stats: dict[str, Any] = {"file": f.path, "documents_read": 0, "documents_written": 0, "pieces": 0,
                                       "tokens": 0, "sentences": 0, "chunks": []}
         self.reasons: Counter[str] = Counter()
-        self.heap: list[tuple[int, int, int, list[np.ndarray]]] = []
+        self.pool = PoolCandidates.empty()
         self.doc_has_tokens = False  # of the document whose pieces are being added
 
     def add(self, r: dict[str, Any]) -> None:
@@ -306,28 +303,74 @@ class FileMerge:
             self.stats[key] += r[key]
         if r["chunk"] is not None:
             self.stats["chunks"].append(r["chunk"])
-        for item in r["pool"]:
-            _offer(self.heap, self.cfg.random_pool_size, item)
+        self.pool = PoolCandidates.concat([self.pool, r["pool"]])
+        if len(self.pool) > 2 * self.cfg.random_pool_size:
+            self.pool = self.pool.bottom(self.cfg.random_pool_size)
 
     def finish(self) -> dict[str, Any]:
         """Write the pool candidates and the done marker; the file's stats."""
         stats = self.stats
-        stats["pool"] = _write_pool(join(self.work, "tok", f"f{self.f.index:06d}.pool.parquet"), self.heap)
+        pool = self.pool.bottom(self.cfg.random_pool_size)
+        stats["pool"] = _write_pool(join(self.work, "tok", f"f{self.f.index:06d}.pool.parquet"), pool)
         stats["rejected_reasons"] = dict(sorted(self.reasons.items()))
         stats["documents_rejected"] = sum(self.reasons.values())
         write_bytes_atomic(_done_path(self.f, self.work), json.dumps(stats).encode())
         return stats
 
 
-def _write_pool(path: str, pool_heap: list[tuple[int, int, int, list[np.ndarray]]]) -> str:
-    """A file's random-pool candidates (a max-heap of (-priority, doc_id, window, sentences)), by priority."""
-    pool = sorted((-p, d, w, win) for p, d, w, win in pool_heap)
+@dataclasses.dataclass
+class PoolCandidates:
+    """Random-pool windows, compact (numpy arrays, no object per window): each window's priority, document, index
+    in its document and sentence count; all windows' sentence lengths, and their tokens, back to back."""
+
+    prio: np.ndarray  # (W,) int64
+    doc: np.ndarray  # (W,) int64
+    win: np.ndarray  # (W,) int64
+    n_sents: np.ndarray  # (W,) int64
+    sent_lens: np.ndarray  # (S,) int32
+    tokens: np.ndarray  # (T,) int32
+
+    @classmethod
+    def empty(cls) -> PoolCandidates:
+        z = np.zeros(0, np.int64)
+        return cls(z, z, z, z, np.zeros(0, np.int32), np.zeros(0, np.int32))
+
+    def __len__(self) -> int:
+        return len(self.prio)
+
+    @classmethod
+    def concat(cls, parts: list[PoolCandidates]) -> PoolCandidates:
+        return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in dataclasses.fields(cls)))
+
+    def bottom(self, k: int) -> PoolCandidates:
+        """The `k` windows of lowest (priority, doc, window), in that order, as new arrays.
+
+        >>> c = PoolCandidates(np.array([9, 1, 5]), np.array([0, 0, 1]), np.array([0, 1, 0]), np.array([1, 2, 1]),
+        ...                    np.array([2, 1, 1, 3], np.int32), np.arange(7, dtype=np.int32))
+        >>> b = c.bottom(2); b.prio.tolist(), b.sent_lens.tolist(), b.tokens.tolist()
+        ([1, 5], [1, 1, 3], [2, 3, 4, 5, 6])
+        """
+        order = np.lexsort((self.win, self.doc, self.prio))[:k]
+        sent_start = np.cumsum(self.n_sents) - self.n_sents
+        win_tokens = np.add.reduceat(self.sent_lens.astype(np.int64), sent_start) if len(self) else sent_start
+        tok_start = np.cumsum(win_tokens) - win_tokens
+        return PoolCandidates(
+            self.prio[order], self.doc[order], self.win[order], self.n_sents[order],
+            gather_runs(self.sent_lens, sent_start[order], self.n_sents[order]),
+            gather_runs(self.tokens, tok_start[order], win_tokens[order]),
+        )
+
+
+def _write_pool(path: str, pool: PoolCandidates) -> str:
+    """A file's random-pool candidates, in (priority, doc_id, window) order."""
+    win_tokens = np.add.reduceat(pool.sent_lens.astype(np.int64), np.cumsum(pool.n_sents) - pool.n_sents) if len(pool) else pool.n_sents
     table = pa.table(
         [
-            arrow([p for p, *_ in pool], pa.int64()),
-            arrow([d for _, d, _, _ in pool], pa.int64()),
-            list_array([np.concatenate(win) for *_, win in pool], pa.int32()),
-            list_array([np.array([len(s) for s in win], np.int32) for *_, win in pool], pa.int32()),
+            arrow(pool.prio, pa.int64()),
+            arrow(pool.doc, pa.int64()),
+            pa.ListArray.from_arrays(arrow(np.concatenate([[0], np.cumsum(win_tokens)]), pa.int32()), arrow(pool.tokens, pa.int32())),
+            pa.ListArray.from_arrays(arrow(np.concatenate([[0], np.cumsum(pool.n_sents)]), pa.int32()),
+                                     arrow(pool.sent_lens, pa.int32())),
         ],
         schema=POOL_SCHEMA,
     )
@@ -739,29 +782,38 @@ class _Local:
         return [futures[i].result() for i in range(len(calls))]
 
     def tokenize(self, files: list[InputFile], cfg: DataConfig, work: str) -> list[dict[str, Any]]:
-        """Pass 1; each file's stats, in file order. On workers, a file of more than one batch (`chunk_chars`) is
+        """Pass 1; each file's stats, in file order. On workers, a file of more than two batches (`chunk_chars`) is
         read here and its batches are encoded on the workers, at most 2 per worker in flight (one big file does
         not keep one worker busy while the others wait); the other files go whole, costliest first, after them.
         The batches, chunks and stats are the ones `tokenize_file` makes."""
         cost = [_text_bytes(f) for f in files]
         if self.pool is None:
             return self.map("tokenize", [(f,) for f in files])
-        big = [i for i, f in enumerate(files) if cost[i] > cfg.chunk_chars and not file_done(f, work)]
-        stats: dict[int, dict[str, Any]] = {}
-        for i in sorted(big, key=lambda i: -cost[i]):
-            merge = FileMerge(files[i], cfg, work)
-            pending: collections.deque = collections.deque()
-            for b, batch in enumerate(file_batches(files[i], cfg, merge)):
-                if len(pending) >= 2 * self.n:
-                    merge.add(pending.popleft().result())
-                pending.append(self.pool.submit(_in_worker, "encode", batch, chunk_path(files[i], work, b)))
-            while pending:
-                merge.add(pending.popleft().result())
-            stats[i] = merge.finish()
-            _log(f"tokenize: {files[i].path}: {b + 1} batches across the workers")
-        rest = [i for i in range(len(files)) if i not in stats]
-        for i, s in zip(rest, self.map("tokenize", [(files[i],) for i in rest], [cost[i] for i in rest])):
-            stats[i] = s
+        # Reading a file here delays its first batch by the reading of that batch; from three batches on it pays.
+        big = sorted((i for i, f in enumerate(files) if cost[i] > 2 * cfg.chunk_chars and not file_done(f, work)),
+                     key=lambda i: -cost[i])
+        merges = {i: FileMerge(files[i], cfg, work) for i in big}
+        batches = dict.fromkeys(big, 0)
+        pending: collections.deque = collections.deque()  # (file, future) in submission order
+
+        def merge_oldest() -> None:
+            i, future = pending.popleft()
+            merges[i].add(future.result())  # a file's batches complete into its merge in order
+
+        for i in big:
+            for b, batch in enumerate(file_batches(files[i], cfg, merges[i])):
+                while len(pending) >= 2 * self.n:
+                    merge_oldest()
+                pending.append((i, self.pool.submit(_in_worker, "encode", batch, chunk_path(files[i], work, b))))
+                batches[i] = b + 1
+        small = sorted((i for i in range(len(files)) if i not in merges), key=lambda i: -cost[i])
+        whole = {i: self.pool.submit(_in_worker, "tokenize", files[i]) for i in small}
+        while pending:
+            merge_oldest()
+        stats = {i: merges[i].finish() for i in big}
+        for i in big:
+            _log(f"tokenize: {files[i].path}: {batches[i]} batches across the workers")
+        stats.update((i, f.result()) for i, f in whole.items())
         return [stats[i] for i in range(len(files))]
 
     def close(self) -> None:

@@ -163,7 +163,7 @@ class SentenceEncoder:
         starts[order] = np.concatenate([[0], np.cumsum(lens_p)[:-1]]) if len(lens_p) else []
         starts[~order] = (np.concatenate([[0], np.cumsum(lens_s)[:-1]]) + len(ids_p)) if len(lens_s) else []
         both = np.concatenate([ids_p, ids_s])
-        return _gather(both, starts, lens.astype(np.int64)), lens
+        return gather_runs(both, starts, lens.astype(np.int64)), lens
 
     def _cut(self, text: str) -> tuple[np.ndarray, np.ndarray]:
         """The fast path over ASCII sentences joined by "\\n"."""
@@ -185,16 +185,16 @@ class SentenceEncoder:
             self.flat = np.concatenate([self.flat, ids])
         counts = self.wlen[wid]
         ends = np.cumsum(counts)
-        ids = _gather(self.flat, self.woff[wid], counts)
+        ids = gather_runs(self.flat, self.woff[wid], counts)
         cuts = np.flatnonzero(wid == 0)  # the separators
         bounds = np.concatenate([[0], ends[cuts], [len(ids)]]) if len(ends) else np.zeros(len(cuts) + 2, np.int64)
         return ids, np.diff(bounds).astype(np.int32)
 
 
-def _gather(flat: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+def gather_runs(flat: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """flat[starts[0]:starts[0]+counts[0]] + flat[starts[1]:...] + ..., without a Python loop.
 
-    >>> _gather(np.arange(10), np.array([7, 0, 3]), np.array([2, 0, 3])).tolist()
+    >>> gather_runs(np.arange(10), np.array([7, 0, 3]), np.array([2, 0, 3])).tolist()
     [7, 8, 3, 4, 5]
     """
     total = int(counts.sum())
