@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -181,42 +182,45 @@ def main() -> int:
             raise SystemExit(f"{bert / name} not found: give a checkout of google-research/bert")
 
     tmp = Path(tempfile.mkdtemp(prefix="gcmp-"))
-    (tmp / "tf" / "tensorflow").mkdir(parents=True)
-    (tmp / "tf" / "tensorflow" / "__init__.py").write_text(TF_STANDIN)
-    gin = tmp / "google_input.txt"
-    docs = google_input(gin)
-    vocab = minilm_vocab()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "PYTHONHASHSEED": "0"}
-    env.pop("RAY_ADDRESS", None)
-    genv = {**env, "PYTHONPATH": f"{tmp / 'tf'}{os.pathsep}{bert}"}
-    print(f"input: {docs} documents, {gin.stat().st_size / 1e6:.1f} MB of sentence lines for Google's script", flush=True)
+    try:  # the input, outputs and stand-in live here; nothing is left in /tmp
+        (tmp / "tf" / "tensorflow").mkdir(parents=True)
+        (tmp / "tf" / "tensorflow" / "__init__.py").write_text(TF_STANDIN)
+        gin = tmp / "google_input.txt"
+        docs = google_input(gin)
+        vocab = minilm_vocab()
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "PYTHONHASHSEED": "0"}
+        env.pop("RAY_ADDRESS", None)
+        genv = {**env, "PYTHONPATH": f"{tmp / 'tf'}{os.pathsep}{bert}"}
+        print(f"input: {docs} documents, {gin.stat().st_size / 1e6:.1f} MB of sentence lines for Google's script", flush=True)
 
-    def google(k: int) -> dict:
-        out = tmp / f"g{k}.tfrecord"
-        r = timed([sys.executable, str(bert / "create_pretraining_data.py"), f"--input_file={gin}",
-                   f"--output_file={out}", f"--vocab_file={vocab}", "--do_lower_case=True", "--max_seq_length=128",
-                   "--max_predictions_per_seq=20", "--masked_lm_prob=0.15", "--random_seed=12345", "--dupe_factor=1",
-                   "--short_seq_prob=0.1"], genv)
-        return {**r, "stats": json.loads(Path(str(out) + ".stats.json").read_text())}
+        def google(k: int) -> dict:
+            out = tmp / f"g{k}.tfrecord"
+            r = timed([sys.executable, str(bert / "create_pretraining_data.py"), f"--input_file={gin}",
+                       f"--output_file={out}", f"--vocab_file={vocab}", "--do_lower_case=True", "--max_seq_length=128",
+                       "--max_predictions_per_seq=20", "--masked_lm_prob=0.15", "--random_seed=12345", "--dupe_factor=1",
+                       "--short_seq_prob=0.1"], genv)
+            return {**r, "stats": json.loads(Path(str(out) + ".stats.json").read_text())}
 
-    def ours(k: int, ray: bool = False) -> dict:
-        out = tmp / f"o{k}{'r' if ray else ''}"
-        r = timed([sys.executable, str(REPO / "jobs/prepare_data.py"), "--input", str(SHARED / "corpora/books"),
-                   "--input", str(SHARED / "corpora/wiki"), "--output", str(out), "--vocab", str(vocab),
-                   "--max-seq-length", "128", "--masking", "static", "--seed", "12345", "--num-cpus", "2",
-                   *(["--data.local_max_bytes", "0"] if ray else [])], env, cwd=REPO)
-        return {**r, "stats": our_stats(out)}
+        def ours(k: int, ray: bool = False) -> dict:
+            out = tmp / f"o{k}{'r' if ray else ''}"
+            r = timed([sys.executable, str(REPO / "jobs/prepare_data.py"), "--input", str(SHARED / "corpora/books"),
+                       "--input", str(SHARED / "corpora/wiki"), "--output", str(out), "--vocab", str(vocab),
+                       "--max-seq-length", "128", "--masking", "static", "--seed", "12345", "--num-cpus", "2",
+                       *(["--data.local_max_bytes", "0"] if ray else [])], env, cwd=REPO)
+            return {**r, "stats": our_stats(out)}
 
-    results: dict[str, list[dict]] = {"google": [], "ours": [], "ours (Ray)": []}
-    for k in range(args.runs):
-        order = [("google", google), ("ours", ours)]
-        for name, fn in order if k % 2 == 0 else order[::-1]:
-            results[name].append(fn(k))
-            print(f"run {k} {name}: {results[name][-1]['wall']:.1f} s wall, {results[name][-1]['cpu']:.1f} CPU-s",
-                  flush=True)
-        if args.ray_too:
-            results["ours (Ray)"].append(ours(k, ray=True))
-            print(f"run {k} ours (Ray): {results['ours (Ray)'][-1]['wall']:.1f} s wall", flush=True)
+        results: dict[str, list[dict]] = {"google": [], "ours": [], "ours (Ray)": []}
+        for k in range(args.runs):
+            order = [("google", google), ("ours", ours)]
+            for name, fn in order if k % 2 == 0 else order[::-1]:
+                results[name].append(fn(k))
+                print(f"run {k} {name}: {results[name][-1]['wall']:.1f} s wall, {results[name][-1]['cpu']:.1f} CPU-s",
+                      flush=True)
+            if args.ray_too:
+                results["ours (Ray)"].append(ours(k, ray=True))
+                print(f"run {k} ours (Ray): {results['ours (Ray)'][-1]['wall']:.1f} s wall", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
     print("\n| | wall (median) | CPU-s of its processes | peak RSS, largest process | examples | tokens/example "
           "| masked fraction | NSP random fraction | < 64 tokens | < 128 tokens |")
