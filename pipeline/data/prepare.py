@@ -15,6 +15,8 @@
 
 Inputs up to `data.local_max_bytes` (1 GiB) run the same functions, in the same units, without Ray (`_Local`):
 in the calling process, or on spawned local worker processes that each hold a `PassWorker` like an actor does.
+There, a file of more than two batches is read by the calling process and its batches (the token chunks to be)
+are encoded across the workers; `tokenize_file` runs the same three steps in a row.
 
 Everything intermediate lives under `OUT/_work/<config_hash>-<vocab sha256>/` and every file appears by rename, so a
 killed run resumes at the last finished file or chunk and writes the same bytes. The work directory is keyed by
