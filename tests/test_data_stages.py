@@ -82,10 +82,15 @@ def test_local_preparation_is_byte_identical_to_ray(two_runs, inputs, minilm_dir
 
     tmp, a, _ = two_runs
     monkeypatch.setattr(prepare, "LOCAL_WORKER_BYTES", 1 if workers == 2 else 10**12)
+    monkeypatch.setattr(prepare, "PROGRESS_EVERY_S", 0.0)  # a progress line after every unit but the last
     here, logs = _run(_cfg(inputs, tmp / f"here{workers}", minilm_dir, local_max_bytes=10**9, num_actors=2), tmp)
     assert _bytes(here["validate"].result) == _bytes(a["validate"].result)
     where = "on 2 local worker processes" if workers == 2 else "in this process"
-    assert f"input file(s) {where}" in capfd.readouterr().err
+    err = capfd.readouterr().err
+    assert f"input file(s) {where}" in err
+    n = len(inputs)
+    assert [f"[data] tokenize: {k}/{n} " in err for k in range(1, n + 1)] == [True] * (n - 1) + [False]
+    assert "[data] shard: 1/4 units done" in err
 
 
 _STATS = ("documents_read", "documents_written", "documents_rejected", "rejected_reasons", "examples", "tokens",

@@ -750,6 +750,27 @@ def _without_main() -> Iterator[None]:
         sys.modules["__main__"] = main
 
 
+PROGRESS_EVERY_S = 10.0  # a "[data] <pass>: k/n ..." line at most this often while a local pass runs
+
+
+class _Progress:
+    """Counts a pass's finished units and logs `what: done[/total] unit done (Ns)` at most every PROGRESS_EVERY_S
+    (the pass's own line says when it ends)."""
+
+    def __init__(self, what: str, unit: str, total: int | None = None) -> None:
+        self.what, self.unit, self.total = what, unit, total
+        self.done = 0
+        self.start = self.last = time.monotonic()
+
+    def step(self) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if now - self.last >= PROGRESS_EVERY_S and self.done != self.total:
+            self.last = now
+            of = f"/{self.total}" if self.total is not None else ""
+            _log(f"{self.what}: {self.done}{of} {self.unit} done ({now - self.start:.0f}s)")
+
+
 class _Local:
     """The passes on this machine, without Ray: in this process, or on `n` spawned worker processes (spawn, not
     fork: the job may itself run inside a Ray worker, whose threads a fork would copy mid-flight). Results come
@@ -777,11 +798,18 @@ class _Local:
     def map(self, method: str, calls: list[tuple], cost: list[float] | None = None) -> list[Any]:
         """`method(*call)` for each call, results in call order; on workers, the costliest calls go first (a big
         file started last would run alone at the end)."""
+        progress = _Progress(method, "units", len(calls))
         if self.pool is None:
-            return [getattr(self.here, method)(*a) for a in calls]
-        order = sorted(range(len(calls)), key=lambda i: -cost[i]) if cost else range(len(calls))
-        futures = {i: self.pool.submit(_in_worker, method, *calls[i]) for i in order}
-        return [futures[i].result() for i in range(len(calls))]
+            run = [lambda a=a: getattr(self.here, method)(*a) for a in calls]
+        else:
+            order = sorted(range(len(calls)), key=lambda i: -cost[i]) if cost else range(len(calls))
+            futures = {i: self.pool.submit(_in_worker, method, *calls[i]) for i in order}
+            run = [futures[i].result for i in range(len(calls))]
+        results = []
+        for get in run:
+            results.append(get())
+            progress.step()
+        return results
 
     def tokenize(self, files: list[InputFile], cfg: DataConfig, work: str) -> list[dict[str, Any]]:
         """Pass 1; each file's stats, in file order. On workers, a file of more than two batches (`chunk_chars`) is
@@ -797,10 +825,12 @@ class _Local:
         merges = {i: FileMerge(files[i], cfg, work) for i in big}
         batches = dict.fromkeys(big, 0)
         pending: collections.deque = collections.deque()  # (file, future) in submission order
+        progress = _Progress("tokenize", f"batches of {len(big)} big file(s)")  # how many: known only at the end
 
         def merge_oldest() -> None:
             i, future = pending.popleft()
             merges[i].add(future.result())  # a file's batches complete into its merge in order
+            progress.step()
 
         for i in big:
             for b, batch in enumerate(file_batches(files[i], cfg, merges[i])):
@@ -815,7 +845,10 @@ class _Local:
         stats = {i: merges[i].finish() for i in big}
         for i in big:
             _log(f"tokenize: {files[i].path}: {batches[i]} batches across the workers")
-        stats.update((i, f.result()) for i, f in whole.items())
+        progress = _Progress("tokenize", "whole files", len(whole))
+        for i, future in whole.items():
+            stats[i] = future.result()
+            progress.step()
         return [stats[i] for i in range(len(files))]
 
     def close(self) -> None:
