@@ -163,7 +163,8 @@ def child_pipeline(corpus: str, out: str, vocab: str, num_cpus: int, local_max_b
 
     extra = {} if local_max_bytes is None else {"local_max_bytes": local_max_bytes}
     cfg = DataConfig(inputs=[corpus], output=out, vocab=vocab, num_actors=num_cpus, **extra)
-    if needs_ray(cfg):
+    on_ray = needs_ray(cfg)  # lists the inputs: once
+    if on_ray:
         import ray
 
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
@@ -174,11 +175,11 @@ def child_pipeline(corpus: str, out: str, vocab: str, num_cpus: int, local_max_b
     secs = time.perf_counter() - t
     cpu_secs = cpu.seconds()
     m = json.loads(Path(out, "manifest.json").read_text())
-    if needs_ray(cfg):
+    if on_ray:
         ray.shutdown()
     print(json.dumps({"seconds": secs, "cpu_seconds": cpu_secs, "source_tokens": m["source_tokens"],
                       "examples": m["examples"], "tokens": m["tokens"], "status": res["shards"].status,
-                      "path": "Ray" if needs_ray(cfg) else "local"}))
+                      "path": "Ray" if on_ray else "local"}))
 
 
 def child_hf(corpus: str, out: str, model_dir: str, num_cpus: int, max_len: int) -> None:

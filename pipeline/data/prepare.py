@@ -126,9 +126,18 @@ def list_array(rows: list[np.ndarray], dtype: pa.DataType) -> pa.ListArray:
     """Variable-length rows -> Arrow list array, built from one flat buffer (no per-element Python)."""
     np_dtype = _NP_DTYPES[dtype]  # not dtype.to_pandas_dtype(): that imports pandas (0.2 s)
     lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    values = np.concatenate(rows).astype(np_dtype, copy=False) if len(rows) and lens.sum() else np.zeros(0, np_dtype)
+    return flat_list_array(values, lens, dtype)
+
+
+def flat_list_array(values: np.ndarray, lens: np.ndarray, dtype: pa.DataType) -> pa.ListArray:
+    """Rows given as their values back to back and each row's length -> Arrow list array.
+
+    >>> flat_list_array(np.arange(5), np.array([2, 0, 3]), pa.int32()).to_pylist()
+    [[0, 1], [], [2, 3, 4]]
+    """
+    offsets = np.zeros(len(lens) + 1, dtype=np.int32)
     np.cumsum(lens, out=offsets[1:])
-    values = np.concatenate(rows).astype(np_dtype, copy=False) if len(rows) and offsets[-1] else np.zeros(0, np_dtype)
     return pa.ListArray.from_arrays(arrow(offsets, pa.int32()), arrow(values, dtype))
 
 
@@ -344,6 +353,12 @@ class PoolCandidates:
     def concat(cls, parts: list[PoolCandidates]) -> PoolCandidates:
         return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in dataclasses.fields(cls)))
 
+    def window_tokens(self) -> np.ndarray:
+        """Tokens per window (the sum of its sentences' lengths)."""
+        if not len(self):
+            return np.zeros(0, np.int64)
+        return np.add.reduceat(self.sent_lens.astype(np.int64), np.cumsum(self.n_sents) - self.n_sents)
+
     def bottom(self, k: int) -> PoolCandidates:
         """The `k` windows of lowest (priority, doc, window), in that order, as new arrays.
 
@@ -354,7 +369,7 @@ class PoolCandidates:
         """
         order = np.lexsort((self.win, self.doc, self.prio))[:k]
         sent_start = np.cumsum(self.n_sents) - self.n_sents
-        win_tokens = np.add.reduceat(self.sent_lens.astype(np.int64), sent_start) if len(self) else sent_start
+        win_tokens = self.window_tokens()
         tok_start = np.cumsum(win_tokens) - win_tokens
         return PoolCandidates(
             self.prio[order], self.doc[order], self.win[order], self.n_sents[order],
@@ -365,14 +380,12 @@ class PoolCandidates:
 
 def _write_pool(path: str, pool: PoolCandidates) -> str:
     """A file's random-pool candidates, in (priority, doc_id, window) order."""
-    win_tokens = np.add.reduceat(pool.sent_lens.astype(np.int64), np.cumsum(pool.n_sents) - pool.n_sents) if len(pool) else pool.n_sents
     table = pa.table(
         [
             arrow(pool.prio, pa.int64()),
             arrow(pool.doc, pa.int64()),
-            pa.ListArray.from_arrays(arrow(np.concatenate([[0], np.cumsum(win_tokens)]), pa.int32()), arrow(pool.tokens, pa.int32())),
-            pa.ListArray.from_arrays(arrow(np.concatenate([[0], np.cumsum(pool.n_sents)]), pa.int32()),
-                                     arrow(pool.sent_lens, pa.int32())),
+            flat_list_array(pool.tokens, pool.window_tokens(), pa.int32()),
+            flat_list_array(pool.sent_lens, pool.n_sents, pa.int32()),
         ],
         schema=POOL_SCHEMA,
     )
@@ -417,9 +430,10 @@ def merge_pool(pool_paths: list[str], size: int) -> RandomPool:
     src = np.repeat(np.arange(len(keys)), [k.num_rows for k in keys])
     row = np.concatenate([np.arange(k.num_rows) for k in keys])
     chosen = np.lexsort((docs, prio))[:size]
+    src, row = src[chosen], row[chosen]
     parts = []
-    for i in np.unique(src[chosen]):
-        rows = np.sort(row[chosen][src[chosen] == i])
+    for i in np.unique(src):
+        rows = np.sort(row[src == i])
         parts.append(read_table(pool_paths[i]).take(arrow(rows, pa.int64())).combine_chunks())
     kept = pa.concat_tables(parts).sort_by([("priority", "ascending"), ("doc_id", "ascending")])
     lens = kept.column("sent_lens").combine_chunks()
