@@ -159,7 +159,7 @@ def child_pipeline(corpus: str, out: str, vocab: str, num_cpus: int, local_max_b
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from pipeline.config import DataConfig
     from pipeline.dag import run_graph
-    from pipeline.data.prepare import data_stages, needs_ray
+    from pipeline.data.stages import data_stages, needs_ray
 
     extra = {} if local_max_bytes is None else {"local_max_bytes": local_max_bytes}
     cfg = DataConfig(inputs=[corpus], output=out, vocab=vocab, num_actors=num_cpus, **extra)

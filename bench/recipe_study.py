@@ -8,7 +8,7 @@ tiny model that fine-tunes best on pydocs_topic?
 Every recipe is `configs/tiny.yaml` with the paper's objective (`STUDY_BASE`: NSP, 15% masking; tiny.yaml's own
 defaults are now the study's winner) plus the overrides in RECIPES, at the main job's budget in token slots
 (steps x global batch x sequence length). For each recipe `run`:
-1. prepares the data with the project's own preparation (`pipeline.data.prepare.data_stages`, in this process:
+1. prepares the data with the project's own preparation (`pipeline.data.stages.data_stages`, in this process:
    the shared corpora are below `data.local_max_bytes`), one directory per distinct data config;
 2. pretrains with the project's training core (`pipeline.core`: optimizer and schedule, `train_step`,
    `evaluate_sums`; `pipeline.pretrain.loader`: the same batches, dynamic masks and shuffling) in one process
@@ -114,7 +114,7 @@ def recipe_config(name: str, overrides: dict[str, Any], corpora: str, work: Path
 
 def prepare(cfg) -> Any:
     from pipeline.dag import run_graph
-    from pipeline.data.prepare import data_stages
+    from pipeline.data.stages import data_stages
     from pipeline.io import output_lock
 
     with output_lock(cfg.data.output):

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 def prepare(work: Path, inputs: list[str], seq: int) -> tuple[object, dict]:
     from pipeline.config import load_config, resolve_paths
     from pipeline.dag import run_graph
-    from pipeline.data.prepare import data_stages
+    from pipeline.data.stages import data_stages
 
     cfg = resolve_paths(load_config(REPO / "configs" / "tiny.yaml", [
         "--data.inputs", json.dumps(inputs), "--data.output", str(work / "data"), "--data.max_seq_length", str(seq),

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         from pipeline.config import load_config, resolve_paths
-        from pipeline.data.prepare import check_paths
+        from pipeline.data.stages import check_paths
 
         flags = {"inputs": args.input, "output": args.output, "vocab": args.vocab, "vocab_size": args.vocab_size,
                  "max_seq_length": args.max_seq_length, "masking": args.masking, "seed": args.seed}
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(data, num_cpus: int | None) -> int:
     from pipeline.core import launcher
     from pipeline.dag import run_graph, summary_table
-    from pipeline.data.prepare import data_stages, needs_ray
+    from pipeline.data.stages import data_stages, needs_ray
     from pipeline.io import output_lock
 
     with output_lock(data.output):  # held by this process for the whole run; fails before Ray starts

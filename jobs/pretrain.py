@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         from pipeline.config import load_config, resolve_paths
         from pipeline.core import launcher
-        from pipeline.data.prepare import check_paths
+        from pipeline.data.stages import check_paths
         from pipeline.tracking import check_tracking_server, tracking_uri
 
         cfg = resolve_paths(load_config(args.config, overrides))

@@ -63,7 +63,7 @@ def prepared(cluster, work, shared_dir):
     """The real data stages (vocab -> shards -> validate) on a few books, run once for the module."""
     from pipeline.config import load_config, resolve_paths
     from pipeline.dag import run_graph
-    from pipeline.data.prepare import data_stages
+    from pipeline.data.stages import data_stages
 
     inputs = [str(shared_dir / "corpora" / "books" / b) for b in BOOKS]
     args = ["--data.inputs", json.dumps(inputs), "--data.output", str(work / "data"), *DATA_ARGS]
@@ -350,7 +350,7 @@ def test_resuming_with_another_vocabulary_is_refused(baseline, prepared, work, m
     from pipeline.config import DataConfig
     from pipeline.core.checkpoint import CheckpointMismatch
     from pipeline.dag import run_graph
-    from pipeline.data.prepare import data_stages
+    from pipeline.data.stages import data_stages
 
     with pytest.raises(Exception):
         _train(prepared, work, "vocabswap", "--train.max_failures", "0", fail_at=6)

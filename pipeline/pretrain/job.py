@@ -1,7 +1,7 @@
 """The pretraining job as stages: data (per phase) -> train -> evaluate -> register, each skipped only when its
 real output proves it done.
 
-- data: `pipeline.data.prepare.data_stages` (a validated manifest with the same config hash).
+- data: `pipeline.data.stages.data_stages` (a validated manifest with the same config hash).
 - train: a Ray Train run of this run name in `train.storage_path` whose newest checkpoint is at `max_steps` and
   whose MLflow run exists in the *current* tracking store. Otherwise Ray Train runs, resuming the run's latest
   checkpoint when there is one (its vocabulary sha256 must match the data's, or the job refuses in one line).
@@ -31,7 +31,7 @@ from pipeline.core.checkpoint import check_vocab
 from pipeline.core.step import evaluate_sums
 from pipeline.dag import Stage
 from pipeline.data.dataset import PreparedDataset
-from pipeline.data.prepare import data_stages
+from pipeline.data.stages import data_stages
 from pipeline.io import read_bytes
 from pipeline.pretrain.loader import Batches, PhasePlan
 from pipeline.pretrain.loop import NUM_COUNTS, build_model, counts, eval_metrics, train_loop_per_worker

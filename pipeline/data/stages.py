@@ -1,0 +1,225 @@
+"""The data stages of the job graph: plan -> vocab -> shards -> validate, for one DataConfig.
+
+`plan` lists the inputs, hashes the config and refuses an output prepared with a different one, before any
+stage runs. `vocab` loads the given vocabulary or trains a WordPiece one on a sample of the corpus; `shards`
+runs the three passes (pipeline.data.prepare); `validate` checks the written dataset and returns it. A stage is
+skipped only when its real output proves it done (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Any
+
+from pipeline.config import DataConfig, config_hash
+from pipeline.dag import Stage
+from pipeline.data.dataset import PreparedDataset
+from pipeline.data.prepare import OutputExistsError, output_config_hash, prepare_shards, runs_in_process
+from pipeline.data.progress import log
+from pipeline.data.sources import Document, InputError, InputFile, read_documents
+from pipeline.data.tokenizer import sha256_bytes
+from pipeline.io import exists, filesystem, join, output_lock, read_bytes, read_text, write_bytes_atomic
+
+
+def needs_ray(cfg: DataConfig) -> bool:
+    """Whether preparing `cfg` starts Ray work (the job connects to Ray only then)."""
+    from pipeline.data.sources import expand_inputs
+
+    return not runs_in_process(cfg, expand_inputs(list(cfg.inputs))[0])
+
+
+@dataclasses.dataclass
+class Plan:
+    """What the data stages need, computed once on the driver: inputs, hashes, the output check."""
+
+    cfg: DataConfig
+    files: list[InputFile]
+    skipped: list[str]
+    vocab_source_sha: str | None
+    config_hash: str
+    vocab_key: str
+
+
+def plan(cfg: DataConfig) -> Plan:
+    """List the inputs, hash the config, and refuse an output prepared with a different config."""
+    from pipeline.data.sources import expand_inputs, fingerprint
+
+    files, skipped = expand_inputs(list(cfg.inputs))
+    if not files:
+        raise InputError(f"no readable input file under {', '.join(cfg.inputs)} (skipped: {len(skipped)})")
+    vocab_sha = None
+    if cfg.vocab:
+        if not exists(cfg.vocab):
+            raise InputError(f"vocabulary {cfg.vocab} does not exist")
+        vocab_sha = hashlib.sha256(read_bytes(cfg.vocab)).hexdigest()
+    chash = output_config_hash(cfg, fingerprint(files), vocab_sha)
+    if cfg.vocab:
+        vocab_key = config_hash({"vocab": vocab_sha, "lowercase": cfg.lowercase})
+    else:
+        vocab_key = config_hash(
+            {"train": cfg.vocab_size, "lowercase": cfg.lowercase, "sample": cfg.vocab_sample_chars,
+             "column": cfg.text_column, "inputs": fingerprint(files)}
+        )
+    manifest_path = join(cfg.output, "manifest.json")
+    if exists(manifest_path) and not cfg.overwrite:
+        try:
+            old = json.loads(read_text(manifest_path)).get("config_hash", "?")
+        except ValueError:
+            old = "unreadable"
+        if old != chash:
+            raise OutputExistsError(
+                f"output {cfg.output} holds a dataset prepared with a different config or inputs "
+                f"(config_hash {str(old)[:12]} != {chash[:12]}); choose another --output or pass --data.overwrite true"
+            )
+    return Plan(cfg, files, skipped, vocab_sha, chash, vocab_key)
+
+
+def _vocab_result(cfg: DataConfig, sha: str) -> dict[str, Any]:
+    return {"vocab": join(cfg.output, "vocab.txt"), "tokenizer": join(cfg.output, "tokenizer.json"), "vocab_sha256": sha}
+
+
+def vocab_done(p: Plan) -> dict[str, Any] | None:
+    """The vocabulary result when vocab.txt, tokenizer.json and vocab.meta.json agree with each other and with
+    this plan's vocabulary key; otherwise None and the stage runs again (it rewrites all three)."""
+    meta = join(p.cfg.output, "vocab.meta.json")
+    if not (exists(meta) and exists(join(p.cfg.output, "tokenizer.json")) and exists(join(p.cfg.output, "vocab.txt"))):
+        return None
+    try:
+        m = json.loads(read_text(meta))
+    except ValueError:
+        return None
+    sha = sha256_bytes(read_bytes(join(p.cfg.output, "vocab.txt")))
+    tok_sha = sha256_bytes(read_bytes(join(p.cfg.output, "tokenizer.json")))
+    if m.get("key") != p.vocab_key or m.get("vocab_sha256") != sha or m.get("tokenizer_sha256") != tok_sha:
+        return None
+    return _vocab_result(p.cfg, sha)
+
+
+class _Sample:
+    """The vocabulary-training sample, re-iterable (the trainer reads it twice) without holding it in memory."""
+
+    def __init__(self, p: Plan) -> None:
+        self.p = p
+
+    def __iter__(self) -> Any:
+        return _sample_texts(self.p)
+
+
+def _sample_texts(p: Plan) -> Any:
+    """Documents for vocabulary training: up to vocab_sample_chars, spread evenly over the input files, in
+    file order (sorted paths) and record order, so the sample is a function of the inputs."""
+    budget = p.cfg.vocab_sample_chars // max(1, len(p.files)) + 1
+    for f in p.files:
+        used = 0
+        for item in read_documents(f, p.cfg.text_column):
+            if isinstance(item, Document):
+                yield item.text[: budget - used]
+                used += len(item.text)
+                if used >= budget:
+                    break
+
+
+def run_vocab(p: Plan) -> dict[str, Any]:
+    """Load the given vocabulary or train one; write vocab.txt + tokenizer.json (+ a key marker) to the output,
+    holding the output's writer lock (a second writer fails at once, see `pipeline.io.output_lock`)."""
+    with output_lock(p.cfg.output):
+        return _run_vocab(p)
+
+
+def _run_vocab(p: Plan) -> dict[str, Any]:
+    from pipeline.data.tokenizer import load_tokenizer, tokenizer_json, train_wordpiece, vocab_bytes
+
+    cfg = p.cfg
+    fs, out = filesystem(cfg.output)
+    if cfg.overwrite:
+        for stale in ("manifest.json", "shards", "_work"):
+            if fs.exists(join(out, stale)):
+                fs.rm(join(out, stale), recursive=True)
+    if cfg.vocab:
+        local = cfg.vocab
+        if "://" in cfg.vocab:  # tokenizers reads local files only
+            import tempfile
+
+            local = os.path.join(tempfile.mkdtemp(), cfg.vocab.rsplit("/", 1)[-1])
+            with open(local, "wb") as fh:
+                fh.write(read_bytes(cfg.vocab))
+        tok = load_tokenizer(local, lowercase=cfg.lowercase)
+        log(f"vocab: using {cfg.vocab} ({tok.get_vocab_size()} tokens)")
+    else:
+        log(f"vocab: training a WordPiece vocabulary of {cfg.vocab_size} on up to {cfg.vocab_sample_chars} chars")
+        tok = train_wordpiece(_Sample(p), cfg.vocab_size, cfg.lowercase)
+    vb = vocab_bytes(tok)
+    sha = hashlib.sha256(vb).hexdigest()
+    write_bytes_atomic(join(cfg.output, "vocab.txt"), vb)
+    tj = tokenizer_json(tok).encode()
+    write_bytes_atomic(join(cfg.output, "tokenizer.json"), tj)
+    meta = {"key": p.vocab_key, "vocab_sha256": sha, "tokenizer_sha256": sha256_bytes(tj)}
+    write_bytes_atomic(join(cfg.output, "vocab.meta.json"), json.dumps(meta).encode())
+    return _vocab_result(cfg, sha)
+
+
+def _summary(m: dict[str, Any]) -> dict[str, Any]:
+    keys = ("documents_read", "documents_written", "documents_rejected", "rejected_reasons", "examples", "tokens",
+            "masked_tokens", "nsp_random_fraction", "config_hash", "vocab_sha256", "seconds")
+    return {k: m[k] for k in keys}
+
+
+def shards_done(p: Plan) -> dict[str, Any] | None:
+    path = join(p.cfg.output, "manifest.json")
+    if not exists(path) or not exists(join(p.cfg.output, "vocab.txt")):
+        return None
+    try:
+        m = json.loads(read_text(path))
+    except ValueError:
+        return None
+    sha = hashlib.sha256(read_bytes(join(p.cfg.output, "vocab.txt"))).hexdigest()
+    if m.get("config_hash") != p.config_hash or m.get("vocab_sha256") != sha:
+        return None
+    return _summary(m)
+
+
+def run_shards(p: Plan, vocab: dict[str, Any]) -> dict[str, Any]:
+    """The three passes (pipeline.data.prepare), holding the output's writer lock."""
+    with output_lock(p.cfg.output):
+        m = prepare_shards(p.cfg, p.files, p.skipped, p.config_hash, vocab["vocab_sha256"], vocab["tokenizer"])
+    return _summary(m)
+
+
+def run_validate(p: Plan) -> PreparedDataset:
+    """Validate the output (schema, rows, sha256): the dataset downstream stages consume."""
+    return PreparedDataset.load(p.cfg.output)
+
+
+def check_paths(cfg: DataConfig) -> None:
+    """Every input (and a given vocabulary) exists: checked on the driver before Ray starts."""
+    _check_given = [("data.inputs", p) for p in cfg.inputs] + ([("data.vocab: vocabulary", cfg.vocab)] if cfg.vocab else [])
+    if not cfg.inputs:
+        raise InputError("data.inputs is empty: give at least one file or folder (--data.inputs PATH)")
+    for field_name, path in _check_given:
+        if not exists(path):
+            raise InputError(f"{field_name}: {path} does not exist (relative paths resolve against the current "
+                             f"directory, {os.getcwd()})")
+
+
+def data_stages(cfg: DataConfig, prefix: str = "") -> list[Stage]:
+    """vocab -> shards -> validate for one DataConfig (paths already absolute, see config.resolve_paths).
+
+    Planning lists the inputs and checks the output directory here, before any stage runs. The shards stage is
+    done when `output/manifest.json` carries the same config hash (config fields, input fingerprint, given
+    vocabulary) and the vocabulary it was built with; "validate" always runs (checksums) and returns the
+    `PreparedDataset`. `prefix` names a later phase's stages apart (`phase1/vocab`, ...).
+    """
+    p = plan(cfg)
+    vocab, shards = f"{prefix}vocab", f"{prefix}shards"
+    return [
+        Stage(vocab, lambda deps: run_vocab(p), done=lambda deps: vocab_done(p),
+              describe=lambda r: f"vocab_sha256 {r['vocab_sha256'][:12]}"),
+        Stage(shards, lambda deps: run_shards(p, deps[vocab]), deps=(vocab,), done=lambda deps: shards_done(p),
+              describe=lambda r: (f"documents read/written/rejected {r['documents_read']}/{r['documents_written']}/"
+                                  f"{r['documents_rejected']}, {r['examples']:,} examples, {r['tokens']:,} tokens")),
+        Stage(f"{prefix}validate", lambda deps: run_validate(p), deps=(shards,),
+              describe=lambda d: f"{len(d.shards)} shards checked, {d.output}"),
+    ]
