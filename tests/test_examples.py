@@ -181,7 +181,7 @@ def test_long_document_is_tokenized_in_pieces_with_every_token(shared_dir, minil
     import pyarrow.parquet as pq
 
     from pipeline.config import DataConfig
-    from pipeline.data.prepare import tokenize_file
+    from pipeline.data.passes import tokenize_file
     from pipeline.data.sources import expand_inputs
     from pipeline.data.tokenizer import load_tokenizer
 

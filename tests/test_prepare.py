@@ -1,147 +1,96 @@
-"""Shard-level pieces without Ray: balancing, Arrow round trips, atomic writes on fsspec filesystems, the
-partition-independent random pool, and the per-file / per-chunk passes (resume markers, determinism)."""
+"""The driver and its executors without Ray (pipeline/data/prepare.py, executors.py): the planner's big-file batches
+on local workers give the chunks, pool and stats `tokenize_file` gives; results come back in call order with a
+bounded number in flight; partial work is keyed by the vocabulary."""
 
 from __future__ import annotations
 
-import hashlib
-import random
+import dataclasses
+import json
 
-import fsspec
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import DataConfig
-from pipeline.data.masking import MaskingPolicy
-from pipeline.data.dataset import SCHEMA
-from pipeline.data.examples import group_consecutive
-from pipeline.data.prepare import (
-    balanced_ranges,
-    examples_for_chunks,
-    list_array,
-    list_rows,
-    merge_pool,
-    shard_plan,
-    tokenize_file,
-    write_shard,
-)
-from pipeline.io import write_bytes_atomic, write_parquet_atomic
+from pipeline.data.executors import LocalExecutor
+from pipeline.data.prepare import discard_other_work, tokenize_pass, work_dir
 from pipeline.data.sources import expand_inputs
 from pipeline.data.tokenizer import load_tokenizer
-
-
-def test_group_consecutive_covers_everything_in_order():
-    sizes = [3, 50, 1, 1, 1, 7, 0, 2]
-    groups = group_consecutive(sizes, 5)
-    assert [i for g in groups for i in g] == list(range(len(sizes)))
-    assert all(sum(sizes[i] for i in g) >= 5 for g in groups[:-1])
-    assert all(sum(sizes[i] for i in g[:-1]) < 5 for g in groups)
-
-
-@pytest.mark.parametrize("n,k", [(10, 3), (7, 7), (1000, 8), (12345, 16), (5, 1)])
-def test_balanced_ranges(n, k):
-    r = balanced_ranges(n, k)
-    sizes = [b - a for a, b in r]
-    assert len(r) == k and r[0][0] == 0 and r[-1][1] == n and max(sizes) - min(sizes) <= 1
-    assert all(r[i][1] == r[i + 1][0] for i in range(k - 1))
-
-
-def test_list_array_round_trip():
-    rows = [np.array([1, 2, 3], np.int32), np.zeros(0, np.int32), np.array([7], np.int32)]
-    arr = list_array(rows, pa.int32())
-    assert arr.to_pylist() == [[1, 2, 3], [], [7]]
-    assert [r.tolist() for r in list_rows(arr)] == [[1, 2, 3], [], [7]]
-    assert [r.tolist() for r in list_rows(pa.chunked_array([arr.slice(1, 2)]))] == [[], [7]]
-
-
-def test_atomic_writes_on_memory_filesystem():
-    fs = fsspec.filesystem("memory")
-    write_bytes_atomic("memory://atomic/x.json", b"{}")
-    write_parquet_atomic("memory://atomic/t.parquet", pa.table({"a": [1, 2]}))
-    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls("/atomic", detail=False)) == ["t.parquet", "x.json"]
-    with fs.open("/atomic/t.parquet", "rb") as f:
-        assert pq.read_table(f).column("a").to_pylist() == [1, 2]
-
-
-def test_shard_plan_and_streamed_shards_are_balanced(tmp_path):
-    chunks = []
-    k = 0
-    for i, n in enumerate([5, 0, 17, 3, 40]):
-        rows = [np.arange(k + j, k + j + 4, dtype=np.int32) for j in range(n)]
-        t = pa.table(
-            [list_array(rows, pa.int32()), list_array([np.zeros(4, np.int8)] * n, pa.int8()),
-             list_array([np.zeros(0, np.int32)] * n, pa.int32()), list_array([np.zeros(0, np.int32)] * n, pa.int32()),
-             pa.array([0] * n, pa.int8()), pa.array([4] * n, pa.int32()), pa.array(range(k, k + n), pa.int64())],
-            schema=SCHEMA,
-        )
-        path = str(tmp_path / f"e{i}.parquet")
-        write_parquet_atomic(path, t)
-        chunks.append({"path": path, "rows": n})
-        k += n
-    plan = shard_plan(chunks, 4, str(tmp_path / "out"))
-    results = [write_shard(p, parts) for p, parts in plan]
-    sizes = [r["rows"] for r in results]
-    assert sum(sizes) == 65 and max(sizes) - min(sizes) <= 1
-    got = []
-    for r in results:
-        assert r["sha256"] == hashlib.sha256(open(r["path"], "rb").read()).hexdigest()
-        md = pq.ParquetFile(r["path"])
-        assert md.schema_arrow == SCHEMA and md.metadata.row_group(0).column(0).compression == "ZSTD"
-        got += pq.read_table(r["path"]).column("example_id").to_pylist()
-    assert got == list(range(65))  # contiguous, in order, nothing lost or duplicated
-    assert len(shard_plan(chunks[:1], 8, str(tmp_path / "o2"))) == 5  # never more shards than rows
-    assert not list((tmp_path / "out" / "shards").glob(".*tmp*"))
+from pipeline.io import write_bytes_atomic
 
 
 @pytest.fixture(scope="module")
-def tokenized(minilm_dir, shared_dir, tmp_path_factory):
-    work = str(tmp_path_factory.mktemp("work"))
-    cfg = DataConfig(inputs=[], chunk_chars=20_000, random_pool_size=50)
-    files, _ = expand_inputs([str(shared_dir / "corpora/books" / b) for b in ("08_Ruth.txt", "31_Obad.txt", "41_Mark.txt")])
-    tok = load_tokenizer(minilm_dir / "vocab.txt")
-    return cfg, files, tok, work, [tokenize_file(f, tok, cfg, work) for f in files]
+def prepared_vocab(minilm_dir, tmp_path_factory):
+    """An output directory holding the MiniLM vocabulary pair, as the vocab stage leaves it."""
+    from pipeline.data.tokenizer import sha256_bytes
+
+    out = tmp_path_factory.mktemp("out")
+    for name in ("vocab.txt", "tokenizer.json"):
+        (out / name).write_bytes((minilm_dir / name).read_bytes())
+    return out, sha256_bytes((out / "vocab.txt").read_bytes())
 
 
-def test_tokenize_file_chunks_and_resume_marker(tokenized):
-    cfg, files, tok, work, stats = tokenized
-    assert [s["documents_written"] for s in stats] == [1, 1, 1]
-    assert len(stats[2]["chunks"]) == 1 and stats[2]["tokens"] > 10_000
-    table = pq.read_table(stats[0]["chunks"][0]["path"])
-    assert int(pa.compute.sum(table.column("sent_lens").combine_chunks().flatten()).as_py()) == stats[0]["tokens"]
-    # a second call finds the done marker and does no work (the resume path)
-    assert tokenize_file(files[0], None, cfg, work) == stats[0]
+def _stats_without_paths(stats):
+    return [{k: v for k, v in s.items() if k not in ("chunks", "pool", "file")} | {"chunks": [
+        {k: v for k, v in c.items() if k != "path"} for c in s["chunks"]]} for s in stats]
 
 
-def test_pool_is_bottom_k_whatever_the_partitioning(tokenized):
-    cfg, files, tok, work, stats = tokenized
-    pools = [s["pool"] for s in stats]
-    a = merge_pool(pools, 50)
-    b = merge_pool(list(reversed(pools)), 50)
-    assert len(a) == 50 and a.doc_ids.tolist() == b.doc_ids.tolist() and np.array_equal(a.tokens, b.tokens)
-    assert len(set(a.doc_ids.tolist())) == 3  # windows from every document, not one neighbour
+@pytest.mark.parametrize("workers", [1, 2])
+def test_big_file_batches_on_workers_equal_whole_files(shared_dir, prepared_vocab, tmp_path, capfd, workers):
+    """Two workers: Genesis and Exodus (over two batches each) are read by the driver and their batches encoded
+    on the workers; one worker: every file whole. Chunks, pool files and stats are byte-identical to
+    `tokenize_file` in this process."""
+    from pipeline.data.passes import tokenize_file
+
+    out, sha = prepared_vocab
+    books = [str(shared_dir / "corpora/books" / b) for b in ("01_Ge.txt", "08_Ruth.txt", "02_Exo.txt")]
+    files, _ = expand_inputs(books)
+    cfg = DataConfig(inputs=books, output=str(out), chunk_chars=60_000, max_document_chars=25_000,
+                     random_pool_size=100, num_actors=workers)
+    ref_work = str(tmp_path / "ref")
+    tok = load_tokenizer(out / "vocab.txt")
+    ref = [tokenize_file(f, tok, cfg, ref_work) for f in files]
+    work = str(tmp_path / "work")
+    with LocalExecutor(workers, (str(out / "tokenizer.json"), dataclasses.asdict(cfg), work, sha)) as ex:
+        got = tokenize_pass(ex, files, cfg, work)
+    split = [line for line in capfd.readouterr().err.splitlines() if "batches across the workers" in line]
+    assert [line.split(": ")[1] for line in split] == ([books[0], books[2]] if workers == 2 else [])
+    assert _stats_without_paths(got) == _stats_without_paths(ref)
+    assert ref[0]["pieces"] > ref[0]["documents_written"] and len(ref[0]["chunks"]) >= 3  # Genesis was cut
+    names = sorted(p.name for p in (tmp_path / "ref" / "tok").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "work" / "tok").iterdir())
+    for name in names:
+        a, b = (tmp_path / "ref" / "tok" / name).read_bytes(), (tmp_path / "work" / "tok" / name).read_bytes()
+        if name.endswith(".json"):  # done markers hold their paths
+            a, b = json.loads(a)["tokens"], json.loads(b)["tokens"]
+        assert a == b, name
 
 
-def test_examples_for_chunks_is_deterministic(tokenized, minilm_dir, tmp_path):
-    cfg, files, tok, work, stats = tokenized
-    pool = merge_pool([s["pool"] for s in stats], 50)
-    policy = MaskingPolicy.from_vocab(minilm_dir / "vocab.txt")
-    chunk = [stats[0]["chunks"][0]["path"], stats[2]["chunks"][0]["path"]]
-    m1 = examples_for_chunks(chunk, pool, cfg, policy, 101, 102, str(tmp_path / "a" / "e0.parquet"))
-    m2 = examples_for_chunks(chunk, pool, cfg, policy, 101, 102, str(tmp_path / "b" / "e0.parquet"))
-    assert (tmp_path / "a" / "e0.parquet").read_bytes() == (tmp_path / "b" / "e0.parquet").read_bytes()
-    assert m1["rows"] == m2["rows"] > 50 and m1["masked_tokens"] > 0
-    t = pq.read_table(tmp_path / "a" / "e0.parquet")
-    assert t.schema == SCHEMA and max(t.column("num_tokens").to_pylist()) <= cfg.max_seq_length
-    random.seed(0)  # global random state plays no part
-    assert examples_for_chunks(chunk, pool, cfg, policy, 101, 102, str(tmp_path / "a" / "e0.parquet")) == m1
+def test_local_executor_results_in_call_order_with_bounded_reading(shared_dir, prepared_vocab, tmp_path):
+    """`imap` hands back each call with its result in call order and reads at most per_worker calls per worker
+    ahead of the results (a big file is not read into memory ahead of its encoding)."""
+    out, sha = prepared_vocab
+    cfg = DataConfig(inputs=["x"], output=str(out), num_shards=1)
+    pulled = []
+
+    def calls():
+        for k in range(9):
+            pulled.append(k)
+            yield "shard", (str(tmp_path / f"s{k}.parquet"), []), k
+
+    with LocalExecutor(2, (str(out / "tokenizer.json"), dataclasses.asdict(cfg), str(tmp_path), sha)) as ex:
+        seen = []
+        for call, result in ex.imap(calls()):
+            assert len(pulled) - len(seen) <= ex.per_worker * ex.workers
+            seen.append(call[2])
+            assert result["path"].endswith(f"s{call[2]}.parquet") and result["rows"] == 0
+    assert seen == list(range(9))
 
 
 def test_vocabularies_never_mix(shared_dir, minilm_dir, tmp_path):
     """A vocabulary stage result holds only when vocab.txt, tokenizer.json and vocab.meta.json agree; partial
     work is keyed by the vocabulary and work from another one is discarded; a mismatched pair is refused."""
-    from pipeline.data.prepare import discard_other_work, plan, run_vocab, vocab_done, work_dir
+    from pipeline.data.stages import plan, run_vocab, vocab_done
     from pipeline.data.tokenizer import VocabError, check_pair
+
 
     out = tmp_path / "out"
     book = str(shared_dir / "corpora/books/08_Ruth.txt")
@@ -174,42 +123,3 @@ def test_vocabularies_never_mix(shared_dir, minilm_dir, tmp_path):
     assert sorted(x.name for x in (out / "_work").iterdir()) == [mine.rsplit("/", 1)[-1]]
 
 
-_HOLD = """
-import sys
-from pipeline.io import output_lock
-with output_lock(sys.argv[1]):
-    print("held", flush=True)
-    sys.stdin.read()
-"""
-
-
-def test_output_lock_one_writer_per_directory(repo_root, tmp_path):
-    """A second writer (a real second process) fails at once naming the directory and the holder; the lock is
-    re-entrant in its own process, gone with its holder (even a killed one), and a no-op on object stores."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from pipeline.io import OutputLockedError, output_lock
-
-    out = tmp_path / "out"
-    for kill in (False, True):
-        holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(out)], cwd=repo_root, stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
-        try:
-            assert holder.stdout.readline() == "held\n"
-            with pytest.raises(OutputLockedError, match=rf"output {out} is being written by another preparation "
-                                                        rf"\(pid {holder.pid} on .+\)"):
-                with output_lock(str(out)):
-                    pass
-        finally:
-            holder.send_signal(signal.SIGKILL) if kill else holder.stdin.close()
-            holder.wait()
-        assert (out / ".lock").exists() == kill  # a killed holder leaves the file, but not the lock
-        with output_lock(str(out)):
-            with output_lock(f"file://{out}"):  # re-entrant, and file:// is the same directory
-                assert (out / ".lock").read_text() == f"pid {os.getpid()} on {os.uname().nodename}"
-        assert not (out / ".lock").exists()
-    with output_lock("memory://nolock/out"):
-        pass

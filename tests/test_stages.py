@@ -1,4 +1,4 @@
-"""pipeline.data.prepare's stages (vocab -> shards -> validate) on a real local Ray cluster: byte-identical across runs and actor counts, up-to-date skips,
+"""pipeline.data.stages (vocab -> shards -> validate) on a real local Ray cluster: byte-identical across executors, runs and actor counts, up-to-date skips,
 config protection, validation, statistics of the written shards, dynamic masking at load time, trained vocab."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from pipeline.config import DataConfig
 from pipeline.dag import Stage, run_graph
 from pipeline.data.dataset import DataValidationError, PreparedDataset, read_manifest, validate_output
 from pipeline.data.masking import mask_batch
-from pipeline.data.prepare import OutputExistsError, data_stages
+from pipeline.data.prepare import OutputExistsError
+from pipeline.data.stages import data_stages
 
 pytestmark = pytest.mark.slow
 
@@ -78,18 +79,19 @@ def _bytes(v):
 def test_local_preparation_is_byte_identical_to_ray(two_runs, inputs, minilm_dir, monkeypatch, capfd, workers):
     """Inputs up to data.local_max_bytes run without Ray: in the calling process, or on spawned local worker
     processes (one per LOCAL_WORKER_BYTES of input, here forced to two); the same shards as on Ray."""
-    import pipeline.data.prepare as prepare
+    import pipeline.data.executors as executors
+    import pipeline.data.progress as progress
 
     tmp, a, _ = two_runs
-    monkeypatch.setattr(prepare, "LOCAL_WORKER_BYTES", 1 if workers == 2 else 10**12)
-    monkeypatch.setattr(prepare, "PROGRESS_EVERY_S", 0.0)  # a progress line after every unit but the last
+    monkeypatch.setattr(executors, "LOCAL_WORKER_BYTES", 1 if workers == 2 else 10**12)
+    monkeypatch.setattr(progress, "PROGRESS_EVERY_S", 0.0)  # a progress line after every unit but the last
     here, logs = _run(_cfg(inputs, tmp / f"here{workers}", minilm_dir, local_max_bytes=10**9, num_actors=2), tmp)
     assert _bytes(here["validate"].result) == _bytes(a["validate"].result)
     where = "on 2 local worker processes" if workers == 2 else "in this process"
     err = capfd.readouterr().err
     assert f"input file(s) {where}" in err
-    n = len(inputs)
-    assert [f"[data] tokenize: {k}/{n} " in err for k in range(1, n + 1)] == [True] * (n - 1) + [False]
+    n = len(inputs) - (2 if workers == 2 else 0)  # two files are over two batches: split across the workers
+    assert [f"[data] tokenize: {k}/{n} whole files" in err for k in range(1, n + 1)] == [True] * (n - 1) + [False]
     assert "[data] shard: 1/4 units done" in err
 
 
@@ -102,12 +104,13 @@ def test_documents_cut_across_batches_count_once_on_every_path(ray_local, inputs
     """Documents cut into pieces (max_document_chars) whose pieces fall into different batches (chunk_chars), the
     batches encoded on two local workers: the same shards and the same manifest figures (documents, pieces,
     tokens) as one Ray actor reading each file whole."""
-    import pipeline.data.prepare as prepare
+    import pipeline.data.executors as executors
 
-    kw = dict(chunk_chars=60_000, max_document_chars=20_000, num_actors=2)
-    on_ray, _ = _run(_cfg(inputs, tmp_path / "ray", minilm_dir, **kw), tmp_path)
-    monkeypatch.setattr(prepare, "LOCAL_WORKER_BYTES", 1)
-    local, _ = _run(_cfg(inputs, tmp_path / "local", minilm_dir, local_max_bytes=10**9, **kw), tmp_path)
+    kw = dict(chunk_chars=60_000, max_document_chars=20_000)
+    on_ray, _ = _run(_cfg(inputs, tmp_path / "ray", minilm_dir, num_actors=1, **kw), tmp_path)
+    assert "batches across the workers" not in capfd.readouterr().err
+    monkeypatch.setattr(executors, "LOCAL_WORKER_BYTES", 1)
+    local, _ = _run(_cfg(inputs, tmp_path / "local", minilm_dir, local_max_bytes=10**9, num_actors=2, **kw), tmp_path)
     assert "batches across the workers" in capfd.readouterr().err
     a, b = on_ray["validate"].result, local["validate"].result
     assert _bytes(a) == _bytes(b)
@@ -276,7 +279,9 @@ def test_truncated_shard_is_one_line_naming_the_file(two_runs, tmp_path):
 def test_partial_work_from_another_vocabulary_is_never_resumed(ray_local, shared_dir, minilm_dir, tmp_path):
     """The issue-10 scenario: a killed run left token chunks of vocabulary A, vocab.meta.json was deleted, and
     the re-run has vocabulary B. The chunks of A are discarded; the shards equal a clean run's, byte for byte."""
-    from pipeline.data.prepare import plan, tokenize_file, work_dir
+    from pipeline.data.passes import tokenize_file
+    from pipeline.data.prepare import work_dir
+    from pipeline.data.stages import plan
     from pipeline.data.sources import expand_inputs
     from pipeline.data.tokenizer import load_tokenizer
     from pipeline.io import sha256_file
@@ -310,12 +315,9 @@ def _free_port() -> int:
 
 def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, minilm_dir, repo_root, tmp_path):
     """`jobs/prepare_data.py` on Ray (local_max_bytes 0) against a two-node cluster (1 CPU each): the Ray state API
-    shows the tokenize and examples actors' calls and the shard tasks ran on both nodes; vocab.txt, the shards
-    and the manifest's checksums are byte-identical to the same command on a single-node local Ray.
-
-    Ray Data hands work to the first actor that is ready; on this small input one actor could finish every unit
-    before the other (on the worker node) has started, so the job waits for its whole pool here
-    (RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S). Placement (SPREAD) and one unit in flight per actor are the job's."""
+    shows that the batches of the big files (Genesis, Exodus: over two batches each), the whole small files, the
+    examples units and the shards were each worked on both nodes; vocab.txt, the shards and the manifest's
+    checksums are byte-identical to the same command on a single-node local Ray."""
     import json
     import os
     import subprocess
@@ -330,10 +332,10 @@ def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, minilm_dir, 
                "--output", str(out), "--vocab", str(minilm_dir / "vocab.txt"), "--num-cpus", "2",
                "--data.local_max_bytes", "0", "--data.num_actors", "2", "--data.num_shards", "4",
                "--data.chunk_chars", "100000"]
-        env = {**env, "RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S": "120"}
         r = subprocess.run(cmd, cwd=repo_root, env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
-        assert "on 2 actor(s)" in r.stderr  # the Ray path, not the in-process one
+        assert "on 2 Ray actor(s)" in r.stderr  # the Ray path, not the in-process one
+        assert "01_Ge.txt: 2 batches across the workers" in r.stderr
         return json.loads((out / "manifest.json").read_text())
 
     dashboard = _free_port()
@@ -351,10 +353,9 @@ def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, minilm_dir, 
         two.shutdown()
     assert len(nodes) == 2
     ran_on = {kind: {t.node_id for t in tasks if t.name in names} for kind, names in {
-        "tokenize": ("MapWorker(MapBatches(_TokenizeActor)).submit",),
-        "examples": ("MapWorker(MapBatches(_ExamplesActor)).submit",),
-        "shards": ("write_shard",)}.items()}
-    assert ran_on == {"tokenize": nodes, "examples": nodes, "shards": nodes}, (ran_on, nodes)
+        "encode": ("_RayWorker.encode",), "tokenize": ("_RayWorker.tokenize",),
+        "examples": ("_RayWorker.examples",), "shards": ("_RayWorker.shard",)}.items()}
+    assert ran_on == {"encode": nodes, "tokenize": nodes, "examples": nodes, "shards": nodes}, (ran_on, nodes)
 
     single = prepare(tmp_path / "one", {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     assert (tmp_path / "two" / "vocab.txt").read_bytes() == (tmp_path / "one" / "vocab.txt").read_bytes()
@@ -368,14 +369,15 @@ def test_local_workers_do_not_rerun_the_callers_script(inputs, minilm_dir, tmp_p
     `if __name__ == "__main__"` guard would start the preparation again in every worker. Here such a script
     prepares on two local workers once, and a script read from stdin (which cannot be re-run) works too."""
     script = (
-        "import pipeline.data.prepare as prepare\n"
+        "import pipeline.data.executors as executors\n"
         "from pipeline.config import DataConfig\n"
         "from pipeline.dag import run_graph\n"
-        "prepare.LOCAL_WORKER_BYTES = 1\n"
+        "from pipeline.data.stages import data_stages\n"
+        "executors.LOCAL_WORKER_BYTES = 1\n"
         "print('SCRIPT RAN', flush=True)\n"
         f"cfg = DataConfig(inputs={inputs!r}, output=OUT, vocab={str(minilm_dir / 'vocab.txt')!r}, num_actors=2,\n"
         "                 chunk_chars=200_000, num_shards=4)\n"
-        "print(run_graph(prepare.data_stages(cfg), remote=False, log=lambda m: None)['shards'].result['examples'])\n"
+        "print(run_graph(data_stages(cfg), remote=False, log=lambda m: None)['shards'].result['examples'])\n"
     )
     for how in ("file", "stdin"):
         code = script.replace("OUT", repr(str(tmp_path / f"out-{how}")))
