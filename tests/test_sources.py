@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.data.sources import Document, InputError, Rejected, expand_inputs, read_documents
+from pipeline.data.sources import Document, InputError, Rejected, Skipped, expand_inputs, read_documents
 
 
 def _read_all(paths, column="text"):
@@ -31,14 +31,16 @@ def test_books_folder_recursive_with_gz(tmp_path):
     files, skipped, docs, reasons = _read_all([tmp_path])
     assert [f.kind for f in files] == ["txt", "txt"]
     assert sorted(d.text for d in docs) == ["First book. Two sentences.\n\nPara two.", "Second book."]
-    assert skipped == [str(tmp_path / "notes.md")] and not reasons
+    assert skipped == [Skipped(str(tmp_path / "notes.md"), "unknown format")] and not reasons
     assert len({d.doc_id for d in docs}) == 2
 
 
 def test_shared_corpora_are_read_completely(shared_dir):
-    files, _, docs, reasons = _read_all([shared_dir / "corpora"])
-    assert len(files) == 67 and not reasons
-    assert len(docs) == 66 + 483
+    files, skipped, docs, reasons = _read_all([shared_dir / "corpora"])
+    assert len(files) == 66 + 1 + 1 and not skipped  # books, the pydocs JSON lines, the sample dump
+    assert [f.kind for f in files if not f.path.endswith(".txt")] == ["jsonl", "wiki_xml"]
+    assert len(docs) == 66 + 483 + 4  # the dump's 11 pages: 4 articles, 3 redirects, 4 other namespaces
+    assert reasons == Counter(wiki_redirect=3, wiki_namespace=4)
     wiki = [d for d in docs if d.source.endswith("pydocs.jsonl.gz")]
     assert wiki[0].text.startswith("These documents are generated")
 
