@@ -56,6 +56,7 @@ by `\\n`, which the sentence splitter reads as a space.
 from __future__ import annotations
 
 import bz2
+import html
 import gzip
 import io
 import re
@@ -298,57 +299,140 @@ _LIST = "\x01"  # marks the start of a list item in the rendered text: its line 
 _HEAD = "\x02"  # marks a heading
 
 
-def _render(nodes: Iterable, out: list[str]) -> None:
-    import mwparserfromhell.nodes as N
+def _tokenize(text: str) -> list:
+    """mwparserfromhell's token stream (its C tokenizer, built in the wheels): the parse without the node tree,
+    which costs five times the tokenizing and which the walk below does not need."""
+    from mwparserfromhell.parser import Parser
 
-    for node in nodes:
-        if isinstance(node, N.Text):
-            out.append(node.value)
-        elif isinstance(node, N.Wikilink):
-            title = str(node.title).strip()
-            visible = title.startswith(":")
-            title = title.lstrip(":").strip()
-            if not visible and ":" in title:
-                prefix = title.split(":", 1)[0].strip().lower()
+    return Parser()._tokenizer.tokenize(text, 0, True)  # context 0; skip_style_tags: bold/italic quotes stay text
+
+
+def _names() -> dict[type, int]:
+    from mwparserfromhell.parser import tokens as T
+
+    names = ("Text TemplateOpen TemplateClose ArgumentOpen ArgumentClose CommentStart CommentEnd WikilinkOpen "
+             "WikilinkSeparator WikilinkClose ExternalLinkOpen ExternalLinkSeparator ExternalLinkClose "
+             "HTMLEntityStart HTMLEntityEnd HeadingStart HeadingEnd TagOpenOpen TagCloseOpen TagCloseSelfclose "
+             "TagOpenClose TagCloseClose").split()
+    return {getattr(T, n): k for k, n in enumerate(names)}
+
+
+(TEXT, TPL_OPEN, TPL_CLOSE, ARG_OPEN, ARG_CLOSE, COM_START, COM_END, WL_OPEN, WL_SEP, WL_CLOSE, EL_OPEN, EL_SEP,
+ EL_CLOSE, ENT_START, ENT_END, HEAD_START, HEAD_END, TAG_OPEN, TAG_CLOSE_OPEN, TAG_SELFCLOSE, TAG_OPEN_CLOSE,
+ TAG_CLOSE_CLOSE) = range(22)
+_KIND: dict[type, int] = {}  # token class -> the number above, filled on first use (mwparserfromhell imported late)
+_DROPPED = {TPL_OPEN: (TPL_OPEN, TPL_CLOSE), ARG_OPEN: (ARG_OPEN, ARG_CLOSE), COM_START: (COM_START, COM_END)}
+
+
+def _skip(kinds: list[int], i: int, open_: int, close: int) -> int:
+    """The index after the `close` that balances the `open_` at i."""
+    depth = 0
+    n = len(kinds)
+    while i < n:
+        k = kinds[i]
+        if k == open_:
+            depth += 1
+        elif k == close:
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return i
+
+
+def _walk(toks: list, kinds: list[int], i: int, out: list[str], stop: tuple[int, ...]) -> int:
+    """Render tokens from i into `out` until a token of a kind in `stop` (returned, not consumed) or the end.
+    Every construct consumes its own closing token, so nesting (a link in a file caption) needs no care."""
+    n = len(toks)
+    while i < n:
+        k = kinds[i]
+        if k in stop:
+            return i
+        if k == TEXT:
+            out.append(toks[i]["text"])
+            i += 1
+        elif k in _DROPPED:  # templates, template arguments, comments: dropped whole
+            i = _skip(kinds, i, *_DROPPED[k])
+        elif k == WL_OPEN:
+            title: list[str] = []
+            i = _walk(toks, kinds, i + 1, title, (WL_SEP, WL_CLOSE))
+            label: list[str] | None = None
+            if i < n and kinds[i] == WL_SEP:
+                label = []
+                i = _walk(toks, kinds, i + 1, label, (WL_CLOSE,))
+            i += 1
+            t = "".join(title).strip()
+            if not t.startswith(":") and ":" in t:
+                prefix = t.split(":", 1)[0].strip().lower()
                 if prefix in _HIDDEN_NS or _INTERLANGUAGE.fullmatch(prefix):
                     continue
-            if node.text is not None:
-                _render(node.text.nodes, out)
+            if label is not None:
+                out.extend(label)
             else:
-                out.append(title.lstrip("#"))
-        elif isinstance(node, N.Tag):
-            tag = str(node.tag).strip().lower()
-            if tag in _DROP_TAGS:
-                continue
-            if node.wiki_markup and tag in _LIST_ITEM:
-                out.append("\n" + _LIST)  # `*`, `#`, `;`, `:` at a line start (`;a:b` puts dd mid-line)
-            elif tag in _LIST_TAGS or tag in _LIST_ITEM:  # an HTML list: each item a line of its own
-                out.append("\n" + _LIST if tag in _LIST_ITEM else "\n")
-                if node.contents is not None:
-                    _render(node.contents.nodes, out)
-                out.append("\n")
-            elif tag in ("br", "hr"):
-                out.append("\n")
-            elif node.contents is not None:
-                _render(node.contents.nodes, out)
-        elif isinstance(node, N.Heading):
+                out.append(t.lstrip(":").strip().lstrip("#"))
+        elif k == EL_OPEN:
+            i = _walk(toks, kinds, i + 1, [], (EL_SEP, EL_CLOSE))  # the URL: dropped
+            if i < n and kinds[i] == EL_SEP:
+                i = _walk(toks, kinds, i + 1, out, (EL_CLOSE,))  # the label: kept
+            i += 1
+        elif k == ENT_START:
+            j = i + 1
+            while j < n and kinds[j] != ENT_END:
+                j += 1
+            out.append(_entity(toks[i + 1 : j]))
+            i = j + 1
+        elif k == HEAD_START:
             out.append("\n" + _HEAD)
-            _render(node.title.nodes, out)
+            i = _walk(toks, kinds, i + 1, out, (HEAD_END,)) + 1
             out.append("\n")
-        elif isinstance(node, N.ExternalLink):
-            if node.title is not None:
-                _render(node.title.nodes, out)
-        elif isinstance(node, N.HTMLEntity):
-            out.append(node.normalize())
-        # Template, Argument, Comment: dropped
+        elif k == TAG_OPEN:
+            i = _tag(toks, kinds, i, out)
+        else:  # separators and attribute tokens outside what consumes them: nothing to render
+            i += 1
+    return i
+
+
+def _tag(toks: list, kinds: list[int], i: int, out: list[str]) -> int:
+    """A tag from its TagOpenOpen at i: its name, attributes skipped, its contents rendered or dropped."""
+    markup = toks[i].get("wiki_markup")
+    n = len(toks)
+    tag = toks[i + 1]["text"].strip().lower() if i + 1 < n and kinds[i + 1] == TEXT else ""
+    i = _walk(toks, kinds, i + 1, [], (TAG_CLOSE_OPEN, TAG_SELFCLOSE))  # the name and attributes: not text
+    if i >= n:
+        return i
+    if kinds[i] == TAG_SELFCLOSE:
+        if markup and tag in _LIST_ITEM:
+            out.append("\n" + _LIST)  # `*`, `#`, `;`, `:` at a line start (`;a:b` puts dd mid-line)
+        elif tag in ("br", "hr"):
+            out.append("\n")
+        return i + 1
+    listy = tag in _LIST_ITEM or tag in _LIST_TAGS  # an HTML list: each item a line of its own
+    if listy:
+        out.append("\n" + _LIST if tag in _LIST_ITEM else "\n")
+    i = _walk(toks, kinds, i + 1, [] if tag in _DROP_TAGS else out, (TAG_OPEN_CLOSE,))
+    if listy:
+        out.append("\n")
+    while i < n and kinds[i] != TAG_CLOSE_CLOSE:
+        i += 1
+    return i + 1
+
+
+def _entity(parts: list) -> str:
+    from mwparserfromhell.parser import tokens as T
+
+    s = "".join("#" if isinstance(t, T.HTMLEntityNumeric) else t.get("char", "x") if isinstance(t, T.HTMLEntityHex)
+                else t.get("text", "") for t in parts)
+    return html.unescape(f"&{s};")
 
 
 def wikitext_to_text(wikitext: str, options: WikiOptions = WikiOptions()) -> str:
     """A page's text passages (see the module docstring for what is kept and dropped)."""
-    import mwparserfromhell
-
+    if not _KIND:
+        _KIND.update(_names())
+    toks = _tokenize(wikitext)
+    kinds = [_KIND.get(type(t), -1) for t in toks]
     out: list[str] = []
-    _render(mwparserfromhell.parse(wikitext, skip_style_tags=True).nodes, out)
+    _walk(toks, kinds, 0, out, ())
     text = _QUOTES.sub("", _SWITCH.sub("", "".join(out)))
     paras: list[list[str]] = [[]]
     for line in text.split("\n"):
