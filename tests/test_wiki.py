@@ -164,7 +164,7 @@ def test_rejection_reasons(tmp_path):
         ("Para one\ncontinues.\n\n== Head ==\nPara two.", "Para one\ncontinues.\n\nPara two."),
         ("List:\n* one\n* two [[x]]\n# three\n; term : def\nAfter.", "List:\n\nAfter."),
         ("A [http://example.com label] and http://bare.example.com and [http://x.org].", "A label and and."),
-        ("Heat<!-- hidden --> &amp; light&nbsp;now __NOTOC__", "Heat & light\u00a0now"),
+        ("Heat<!-- hidden --> &amp; light&nbsp;now __NOTOC__", "Heat & light now"),
         ("Born (; {{birth date|1982}}) here. <math>x^2</math>", "Born here."),
     ],
 )

@@ -5,8 +5,9 @@ of the decompressed bytes one at a time (the bytes between `<page>` and `</page>
 XML-escaped, so these tags never occur in it) and each is parsed alone with `xml.etree.ElementTree.fromstring`:
 memory holds one read chunk (1 MiB) plus one page, whatever the dump's size, and a byte range of a multistream
 dump (a fragment: some `<page>` elements, maybe the header before them or `</mediawiki>` after them) needs no
-special case. Measured against `ElementTree.iterparse` with element clearing on the whole file, the same speed
-within noise; the cost of a page is its wikitext, below (see bench/RESULTS.md, "Wikipedia").
+special case. `ElementTree.iterparse` with element clearing reads the same 4,000 pages (14 MiB) in 0.085 s of CPU
+against 0.099 s here: 3% of what the wikitext below costs, so fragments without special cases won (see
+bench/RESULTS.md, "Wikipedia").
 
 Multistream. `*-pages-articles-multistream.xml.bz2` is a concatenation of bz2 streams, each of about 100 pages,
 each decompressing on its own; `*-pages-articles-multistream-index.txt.bz2` beside it lists every page as
@@ -28,9 +29,11 @@ Which pages are documents (the rest are yielded as rejections, so read == writte
   - `wiki_redirect`: a page with `<redirect>`;
   - `wiki_empty`: nothing left after the markup removal below (a stub of templates only, a deleted revision).
 
-Wikitext to text (mwparserfromhell, whose C tokenizer made it the faster of it and wikitextparser on the sample
-pages, 4.3 vs 4.3 ms per 11 pages parsed but wikitextparser's plain_text() keeps tables and list items), the
-BERT paper's rule "extract only the text passages and ignore lists, tables, and headers":
+Wikitext to text: mwparserfromhell's C tokenizer, and a walk over its flat token stream. Its full parse (the
+node tree its Python builder makes) costs about 0.7 ms a page on the sample against 0.13 ms for the tokens, and
+wikitextparser's parse is as slow (4.3 ms for the 11 pages, either library); walking the tokens makes the
+conversion 1.5x WikiExtractor's instead of 0.36x (bench/wiki_compare.py). The rule is the BERT paper's
+"extract only the text passages and ignore lists, tables, and headers":
   kept:    text; the text of internal links (`[[target|text]]` -> text, `[[target]]` -> target) and of
            external links with a label (`[http://x label]` -> label); the content of formatting tags
            (`''`/`'''` quotes are removed, `<b>`, `<i>`, `<span>`, `<sup>`, `<small>`, `<div>`, `<blockquote>`, ...);
@@ -65,7 +68,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import fsspec
+from mwparserfromhell.parser import Parser
+from mwparserfromhell.parser import tokens as T
 
+_TOKENIZER = Parser()._tokenizer  # mwparserfromhell's own choice: the C tokenizer when built (the wheels)
 CHUNK_BYTES = 1 << 20
 """Bytes read (and, compressed, decompressed) at a time."""
 
@@ -290,10 +296,8 @@ _LIST_TAGS = frozenset({"ul", "ol", "dl"})
 _LIST_ITEM = frozenset({"li", "dt", "dd"})
 _HIDDEN_NS = frozenset({"file", "image", "media", "category"})
 _INTERLANGUAGE = re.compile(r"[a-z]{2,3}(-[a-z0-9]+)*|simple")
-_SWITCH = re.compile(r"__[A-Z]+__")
-_QUOTES = re.compile(r"'{2,}")
-_SPACES = re.compile(r"[ \t]+")
-_EMPTY_PARENS = re.compile(r"\s*\(\s*[,;:]?\s*\)")
+_SWITCH_OR_QUOTES = re.compile(r"__[A-Z]+__|'{2,}")  # behaviour switches; bold and italic quotes
+_EMPTY_PARENS = re.compile(r" ?\([ \t]*[,;:]?[ \t]*\)")  # what is left of "(; {{birth date|..}})"
 _SPACE_PUNCT = re.compile(r" +([,.;:!?])")
 _LIST = "\x01"  # marks the start of a list item in the rendered text: its line is dropped (or kept)
 _HEAD = "\x02"  # marks a heading
@@ -302,37 +306,29 @@ _HEAD = "\x02"  # marks a heading
 def _tokenize(text: str) -> list:
     """mwparserfromhell's token stream (its C tokenizer, built in the wheels): the parse without the node tree,
     which costs five times the tokenizing and which the walk below does not need."""
-    from mwparserfromhell.parser import Parser
-
-    return Parser()._tokenizer.tokenize(text, 0, True)  # context 0; skip_style_tags: bold/italic quotes stay text
+    return _TOKENIZER.tokenize(text, 0, True)  # context 0; skip_style_tags: bold/italic quotes stay text
 
 
-def _names() -> dict[type, int]:
-    from mwparserfromhell.parser import tokens as T
-
-    names = ("Text TemplateOpen TemplateClose ArgumentOpen ArgumentClose CommentStart CommentEnd WikilinkOpen "
-             "WikilinkSeparator WikilinkClose ExternalLinkOpen ExternalLinkSeparator ExternalLinkClose "
-             "HTMLEntityStart HTMLEntityEnd HeadingStart HeadingEnd TagOpenOpen TagCloseOpen TagCloseSelfclose "
-             "TagOpenClose TagCloseClose").split()
-    return {getattr(T, n): k for k, n in enumerate(names)}
-
-
-(TEXT, TPL_OPEN, TPL_CLOSE, ARG_OPEN, ARG_CLOSE, COM_START, COM_END, WL_OPEN, WL_SEP, WL_CLOSE, EL_OPEN, EL_SEP,
- EL_CLOSE, ENT_START, ENT_END, HEAD_START, HEAD_END, TAG_OPEN, TAG_CLOSE_OPEN, TAG_SELFCLOSE, TAG_OPEN_CLOSE,
- TAG_CLOSE_CLOSE) = range(22)
-_KIND: dict[type, int] = {}  # token class -> the number above, filled on first use (mwparserfromhell imported late)
-_DROPPED = {TPL_OPEN: (TPL_OPEN, TPL_CLOSE), ARG_OPEN: (ARG_OPEN, ARG_CLOSE), COM_START: (COM_START, COM_END)}
+# Token classes, compared by identity in the walk below.
+TEXT, TPL_OPEN, TPL_CLOSE = T.Text, T.TemplateOpen, T.TemplateClose
+WL_OPEN, WL_SEP, WL_CLOSE = T.WikilinkOpen, T.WikilinkSeparator, T.WikilinkClose
+EL_OPEN, EL_SEP, EL_CLOSE = T.ExternalLinkOpen, T.ExternalLinkSeparator, T.ExternalLinkClose
+ENT_START, ENT_END, HEAD_START, HEAD_END = T.HTMLEntityStart, T.HTMLEntityEnd, T.HeadingStart, T.HeadingEnd
+TAG_OPEN, TAG_CLOSE_OPEN, TAG_SELFCLOSE = T.TagOpenOpen, T.TagCloseOpen, T.TagCloseSelfclose
+TAG_OPEN_CLOSE, TAG_CLOSE_CLOSE = T.TagOpenClose, T.TagCloseClose
+_DROPPED = {TPL_OPEN: (TPL_OPEN, TPL_CLOSE), T.ArgumentOpen: (T.ArgumentOpen, T.ArgumentClose),
+            T.CommentStart: (T.CommentStart, T.CommentEnd)}
 
 
-def _skip(kinds: list[int], i: int, open_: int, close: int) -> int:
+def _skip(toks: list, i: int, open_: type, close: type) -> int:
     """The index after the `close` that balances the `open_` at i."""
     depth = 0
-    n = len(kinds)
+    n = len(toks)
     while i < n:
-        k = kinds[i]
-        if k == open_:
+        k = type(toks[i])
+        if k is open_:
             depth += 1
-        elif k == close:
+        elif k is close:
             depth -= 1
             if depth == 0:
                 return i + 1
@@ -340,26 +336,26 @@ def _skip(kinds: list[int], i: int, open_: int, close: int) -> int:
     return i
 
 
-def _walk(toks: list, kinds: list[int], i: int, out: list[str], stop: tuple[int, ...]) -> int:
+def _walk(toks: list, i: int, out: list[str], stop: tuple[type, ...]) -> int:
     """Render tokens from i into `out` until a token of a kind in `stop` (returned, not consumed) or the end.
     Every construct consumes its own closing token, so nesting (a link in a file caption) needs no care."""
     n = len(toks)
     while i < n:
-        k = kinds[i]
+        k = type(toks[i])
         if k in stop:
             return i
-        if k == TEXT:
+        if k is TEXT:
             out.append(toks[i]["text"])
             i += 1
         elif k in _DROPPED:  # templates, template arguments, comments: dropped whole
-            i = _skip(kinds, i, *_DROPPED[k])
-        elif k == WL_OPEN:
+            i = _skip(toks, i, *_DROPPED[k])
+        elif k is WL_OPEN:
             title: list[str] = []
-            i = _walk(toks, kinds, i + 1, title, (WL_SEP, WL_CLOSE))
+            i = _walk(toks, i + 1, title, (WL_SEP, WL_CLOSE))
             label: list[str] | None = None
-            if i < n and kinds[i] == WL_SEP:
+            if i < n and type(toks[i]) is WL_SEP:
                 label = []
-                i = _walk(toks, kinds, i + 1, label, (WL_CLOSE,))
+                i = _walk(toks, i + 1, label, (WL_CLOSE,))
             i += 1
             t = "".join(title).strip()
             if not t.startswith(":") and ":" in t:
@@ -370,37 +366,37 @@ def _walk(toks: list, kinds: list[int], i: int, out: list[str], stop: tuple[int,
                 out.extend(label)
             else:
                 out.append(t.lstrip(":").strip().lstrip("#"))
-        elif k == EL_OPEN:
-            i = _walk(toks, kinds, i + 1, [], (EL_SEP, EL_CLOSE))  # the URL: dropped
-            if i < n and kinds[i] == EL_SEP:
-                i = _walk(toks, kinds, i + 1, out, (EL_CLOSE,))  # the label: kept
+        elif k is EL_OPEN:
+            i = _walk(toks, i + 1, [], (EL_SEP, EL_CLOSE))  # the URL: dropped
+            if i < n and type(toks[i]) is EL_SEP:
+                i = _walk(toks, i + 1, out, (EL_CLOSE,))  # the label: kept
             i += 1
-        elif k == ENT_START:
+        elif k is ENT_START:
             j = i + 1
-            while j < n and kinds[j] != ENT_END:
+            while j < n and type(toks[j]) is not ENT_END:
                 j += 1
             out.append(_entity(toks[i + 1 : j]))
             i = j + 1
-        elif k == HEAD_START:
+        elif k is HEAD_START:
             out.append("\n" + _HEAD)
-            i = _walk(toks, kinds, i + 1, out, (HEAD_END,)) + 1
+            i = _walk(toks, i + 1, out, (HEAD_END,)) + 1
             out.append("\n")
-        elif k == TAG_OPEN:
-            i = _tag(toks, kinds, i, out)
+        elif k is TAG_OPEN:
+            i = _tag(toks, i, out)
         else:  # separators and attribute tokens outside what consumes them: nothing to render
             i += 1
     return i
 
 
-def _tag(toks: list, kinds: list[int], i: int, out: list[str]) -> int:
+def _tag(toks: list, i: int, out: list[str]) -> int:
     """A tag from its TagOpenOpen at i: its name, attributes skipped, its contents rendered or dropped."""
     markup = toks[i].get("wiki_markup")
     n = len(toks)
-    tag = toks[i + 1]["text"].strip().lower() if i + 1 < n and kinds[i + 1] == TEXT else ""
-    i = _walk(toks, kinds, i + 1, [], (TAG_CLOSE_OPEN, TAG_SELFCLOSE))  # the name and attributes: not text
+    tag = toks[i + 1]["text"].strip().lower() if i + 1 < n and type(toks[i + 1]) is TEXT else ""
+    i = _walk(toks, i + 1, [], (TAG_CLOSE_OPEN, TAG_SELFCLOSE))  # the name and attributes: not text
     if i >= n:
         return i
-    if kinds[i] == TAG_SELFCLOSE:
+    if type(toks[i]) is TAG_SELFCLOSE:
         if markup and tag in _LIST_ITEM:
             out.append("\n" + _LIST)  # `*`, `#`, `;`, `:` at a line start (`;a:b` puts dd mid-line)
         elif tag in ("br", "hr"):
@@ -409,17 +405,15 @@ def _tag(toks: list, kinds: list[int], i: int, out: list[str]) -> int:
     listy = tag in _LIST_ITEM or tag in _LIST_TAGS  # an HTML list: each item a line of its own
     if listy:
         out.append("\n" + _LIST if tag in _LIST_ITEM else "\n")
-    i = _walk(toks, kinds, i + 1, [] if tag in _DROP_TAGS else out, (TAG_OPEN_CLOSE,))
+    i = _walk(toks, i + 1, [] if tag in _DROP_TAGS else out, (TAG_OPEN_CLOSE,))
     if listy:
         out.append("\n")
-    while i < n and kinds[i] != TAG_CLOSE_CLOSE:
+    while i < n and type(toks[i]) is not TAG_CLOSE_CLOSE:
         i += 1
     return i + 1
 
 
 def _entity(parts: list) -> str:
-    from mwparserfromhell.parser import tokens as T
-
     s = "".join("#" if isinstance(t, T.HTMLEntityNumeric) else t.get("char", "x") if isinstance(t, T.HTMLEntityHex)
                 else t.get("text", "") for t in parts)
     return html.unescape(f"&{s};")
@@ -427,16 +421,13 @@ def _entity(parts: list) -> str:
 
 def wikitext_to_text(wikitext: str, options: WikiOptions = WikiOptions()) -> str:
     """A page's text passages (see the module docstring for what is kept and dropped)."""
-    if not _KIND:
-        _KIND.update(_names())
-    toks = _tokenize(wikitext)
-    kinds = [_KIND.get(type(t), -1) for t in toks]
     out: list[str] = []
-    _walk(toks, kinds, 0, out, ())
-    text = _QUOTES.sub("", _SWITCH.sub("", "".join(out)))
+    _walk(_tokenize(wikitext), 0, out, ())
+    text = "".join(out)
+    text = _SPACE_PUNCT.sub(r"\1", _EMPTY_PARENS.sub("", _SWITCH_OR_QUOTES.sub("", text)))
     paras: list[list[str]] = [[]]
     for line in text.split("\n"):
-        line = line.strip()
+        line = " ".join(line.split())  # runs of spaces, tabs, no-break spaces: one space
         kind = line[:1]
         if kind in (_LIST, _HEAD):
             body = line.lstrip(_LIST + _HEAD).strip()
@@ -447,13 +438,7 @@ def wikitext_to_text(wikitext: str, options: WikiOptions = WikiOptions()) -> str
             paras[-1].append(line)
         elif paras[-1]:
             paras.append([])
-    cleaned = []
-    for p in paras:
-        s = "\n".join(p).replace(_LIST, "").replace(_HEAD, "")
-        s = _SPACE_PUNCT.sub(r"\1", _EMPTY_PARENS.sub("", _SPACES.sub(" ", s))).strip()
-        if s:
-            cleaned.append(s)
-    return "\n\n".join(cleaned)
+    return "\n\n".join("\n".join(p) for p in paras if p).replace(_LIST, "").replace(_HEAD, "")
 
 
 def page_text(page: Page, options: WikiOptions = WikiOptions()) -> tuple[str | None, str | None]:
