@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import json
 from collections import Counter
@@ -11,7 +12,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.data.sources import Document, InputError, Rejected, expand_inputs, read_documents
+from pipeline.data.sources import (
+    Document,
+    InputError,
+    Rejected,
+    Skipped,
+    expand_inputs,
+    no_readable_input,
+    read_documents,
+)
 
 
 def _read_all(paths, column="text"):
@@ -31,14 +40,16 @@ def test_books_folder_recursive_with_gz(tmp_path):
     files, skipped, docs, reasons = _read_all([tmp_path])
     assert [f.kind for f in files] == ["txt", "txt"]
     assert sorted(d.text for d in docs) == ["First book. Two sentences.\n\nPara two.", "Second book."]
-    assert skipped == [str(tmp_path / "notes.md")] and not reasons
+    assert skipped == [Skipped(str(tmp_path / "notes.md"), "unknown format")] and not reasons
     assert len({d.doc_id for d in docs}) == 2
 
 
 def test_shared_corpora_are_read_completely(shared_dir):
-    files, _, docs, reasons = _read_all([shared_dir / "corpora"])
-    assert len(files) == 67 and not reasons
-    assert len(docs) == 66 + 483
+    files, skipped, docs, reasons = _read_all([shared_dir / "corpora"])
+    assert len(files) == 66 + 1 + 1 and not skipped  # books, the pydocs JSON lines, the sample dump
+    assert [f.kind for f in files if not f.path.endswith(".txt")] == ["jsonl", "wiki_xml"]
+    assert len(docs) == 66 + 483 + 4  # the dump's 11 pages: 4 articles, 3 redirects, 4 other namespaces
+    assert reasons == Counter(wiki_redirect=3, wiki_namespace=4)
     wiki = [d for d in docs if d.source.endswith("pydocs.jsonl.gz")]
     assert wiki[0].text.startswith("These documents are generated")
 
@@ -127,3 +138,55 @@ def test_fsspec_uris(tmp_path):
 def test_missing_path_is_one_clear_error(tmp_path):
     with pytest.raises(InputError, match=r"input path .*nope does not exist"):
         expand_inputs([str(tmp_path / "nope")])
+
+
+def _wikiext_doc(i, title, body):
+    return f'<doc id="{i}" url="https://en.wikipedia.org/wiki?curid={i}" title="{title}">\n{title}\n\n{body}\n</doc>\n'
+
+
+WIKIEXT_DOCS = [("12", "Anarchism", "Anarchism is a political philosophy.\nHistory.\nIt grew &amp; spread."),
+                ("25", "Autism", "Autism is a condition."), ("39", "Stub", "")]
+
+
+@pytest.mark.parametrize("form", ["doc", "json"])
+@pytest.mark.parametrize("compress", [None, "bz2", "gz"])
+def test_wikiextractor_output_recognised_by_content(tmp_path, form, compress):
+    """WikiExtractor's own layout (text/AA/wiki_00, AB/...; no extension, or .bz2 from --compress) in both of its
+    forms: each file read by content, each document named by its id."""
+    if form == "doc":
+        bodies = ["".join(_wikiext_doc(i, t, b) for i, t, b in WIKIEXT_DOCS[:2]), _wikiext_doc(*WIKIEXT_DOCS[2])]
+    else:
+        bodies = ["".join(json.dumps({"id": i, "url": "u", "title": t, "text": b}) + "\n" for i, t, b in WIKIEXT_DOCS[:2]),
+                  json.dumps({"id": "39", "url": "u", "title": "Stub", "text": ""}) + "\n"]
+    suffix = {"bz2": ".bz2", "gz": ".gz", None: ""}[compress]
+    pack = {"bz2": bz2.compress, "gz": gzip.compress, None: lambda b: b}[compress]
+    for sub, body in zip(["AA", "AB"], bodies):
+        (tmp_path / "text" / sub).mkdir(parents=True)
+        (tmp_path / "text" / sub / f"wiki_00{suffix}").write_bytes(pack(body.encode()))
+    files, skipped, docs, reasons = _read_all([tmp_path / "text"])
+    assert [f.kind for f in files] == ["wikiext" if form == "doc" else "jsonl"] * 2 and not skipped
+    assert [d.name for d in docs] == ["12", "25"] and reasons == Counter(empty=1)
+    assert [d.doc_id for d in docs] == [0, 1]
+    first = "Anarchism is a political philosophy.\nHistory.\nIt grew " + ("& spread." if form == "doc" else "&amp; spread.")
+    assert [d.text for d in docs] == [first, "Autism is a condition."]
+
+
+def test_document_names(tmp_path):
+    (tmp_path / "book.txt").write_text("A book.")
+    (tmp_path / "w.jsonl").write_text(json.dumps({"text": "No id."}) + "\n\n" + json.dumps({"id": 7, "text": "Id."}) + "\n")
+    pq.write_table(pa.table({"text": ["R0.", "R1."]}), tmp_path / "p.parquet")
+    pq.write_table(pa.table({"text": ["R0.", "R1."], "id": ["a", None]}), tmp_path / "q.parquet")
+    _, _, docs, _ = _read_all([tmp_path])
+    assert [d.name for d in docs] == ["book.txt", "p.parquet:0", "p.parquet:1", "a", "q.parquet:1", "w.jsonl:1", "7"]
+    # the ids are as before names existed: file index << 32 | record number
+    assert [d.doc_id for d in docs] == [0, 1 << 32, 1 << 32 | 1, 2 << 32, 2 << 32 | 1, 3 << 32, 3 << 32 | 1]
+
+
+def test_skipped_files_are_named_with_their_reasons(tmp_path):
+    for k in range(7):
+        (tmp_path / f"notes{k}.md").write_text("not a corpus")
+    files, skipped = expand_inputs([str(tmp_path)])
+    assert not files and skipped[0] == Skipped(str(tmp_path / "notes0.md"), "unknown format")
+    msg = str(no_readable_input([str(tmp_path)], skipped))
+    assert msg.startswith(f"no readable input file under {tmp_path} (skipped 7: {tmp_path}/notes0.md (unknown format), ")
+    assert msg.endswith("notes4.md (unknown format), and 2 more)")

