@@ -8,7 +8,7 @@ non-empty line, so there are ~1,200 of them instead of 66) and the first 383 wik
 documents in `planted/*.jsonl` (sorted between books/ and wiki/, so wiki originals come AFTER their copies and
 the keep-first rule keeps the copy): exact copies, copies with other case and whitespace, copies with 1%, 3%,
 5%, 10%, 20% and 40% of their words replaced, one book's paragraphs again under another file name, and the
-other 100 wiki documents, each only once, with the same ~150-word licence paragraph prepended (distinct
+other 100 wiki documents, each only once, with the same 116-word licence paragraph prepended (distinct
 documents sharing boilerplate).
 
 Ground truth: the exact Jaccard of every pair's shingle sets (word 5-grams of the normalised text), all pairs,
