@@ -15,7 +15,7 @@ What counts as a duplicate
 The keep rule (deterministic, partition-free)
     Documents are ordered by `order` = file_index << 32 | record_index (the project's doc_id: sorted input
     files, then document order in a file). A document is dropped iff it duplicates an EARLIER document that is
-    KEPT; its `duplicate_of` is the earliest such kept document and `similarity` their estimated Jaccard. So a
+    KEPT (a verified LSH candidate: see the leaders below); its `duplicate_of` is the earliest such kept document and `similarity` their estimated Jaccard. So a
     dropped document is always within the threshold of the document it is reported against. Transitive chains
     are not followed: with A~B, B~C and A!~C, B is dropped (duplicate of A) and C is kept, because the only
     document C resembles was dropped. (datatrove's union-find would drop C too, against A, which it may barely
@@ -31,7 +31,8 @@ How the resolution runs without all-pairs
        document only meets band b of another): `edges_for_group(orders, sigs, params)` -> verified edges
        earlier -> later member. Inside a group each member is compared with the group's "leaders" (members that
        matched no earlier leader, at most `max_leaders` of them), so a group of near copies costs one
-       comparison per member and a group of unrelated documents at most `max_leaders` per member.
+       comparison per member and a group of unrelated documents at most `max_leaders` per member. (A pair
+       whose earlier member is no leader in any band they share is not an edge; measured recall covers it.)
     3. `resolve(exact, near)` on the driver: edges sorted by (dst, src); one pass in order applies the keep rule.
     Each group's edges depend only on the group's members, never on which partition or worker saw them, and
     `resolve` sorts its input, so any partitioning of the groups gives the same result (tests/test_dedup.py
@@ -43,6 +44,9 @@ The Ray executor (wired in pipeline/data/prepare.py) does, per block / group / a
     flat rows per band:     band_keys(sigs, params)[:, b] for each representative (with its order and signature)
     groupby(band key):      edges_for_group(orders, sigs, params)    -> Edges
     driver:                 resolve(Edges.concat(exact), Edges.concat(near)) -> Duplicates
+The exact-key groupby can emit the representatives directly (each group's min order with its signature) instead
+of an anti-join on the edges. rensa may use Rayon threads for big batches: set RAYON_NUM_THREADS to the actor's
+CPUs.
 Memory is bounded by the signatures (4 * num_perm bytes a document, 512 B at the default) plus the edges.
 
 Defaults (threshold 0.8, num_perm 128, shingle_size 5, bands x rows from `lsh_bands`: 14 x 9 at the default)
