@@ -1,0 +1,436 @@
+"""Exact and near-duplicate documents: normalisation, MinHash signatures, LSH band keys, and the keep-first rule.
+
+Engine-free: every function takes and returns numpy arrays, so the local pass and the Ray Data pass run the same
+code; only the grouping differs (a sort here, `groupby` there).
+
+What counts as a duplicate
+    exact: equal `normalise(text)` (case-folded, whitespace runs collapsed to one space, stripped), compared by a
+    16-byte blake2b of it (`exact_keys`).
+    near: estimated Jaccard similarity >= `threshold` of the sets of word `shingle_size`-grams of the normalised
+    text (a text with fewer words than that is one shingle of all its words). Estimated with MinHash
+    (`signatures`, `num_perm` values per document); candidate pairs come from LSH banding (`band_keys`: `bands`
+    bands of `rows` values) and every candidate is verified against the threshold with the two signatures, so a
+    band collision alone never drops a document.
+
+The keep rule (deterministic, partition-free)
+    Documents are ordered by `order` = file_index << 32 | record_index (the project's doc_id: sorted input
+    files, then document order in a file). A document is dropped iff it duplicates an EARLIER document that is
+    KEPT (a verified LSH candidate: see the leaders below); its `duplicate_of` is the earliest such kept document and `similarity` their estimated Jaccard. So a
+    dropped document is always within the threshold of the document it is reported against. Transitive chains
+    are not followed: with A~B, B~C and A!~C, B is dropped (duplicate of A) and C is kept, because the only
+    document C resembles was dropped. (datatrove's union-find would drop C too, against A, which it may barely
+    resemble: chains of revisions drift, and the issue's goal is that no document is dropped without a kept
+    document near it.) Exact copies are collapsed first: only the first document of each exact group (its
+    representative) takes part in the near step; the others follow it: dropped as `exact` duplicates of it
+    when it is kept, or as `near` duplicates of the document it was dropped for (same signature, same
+    similarity).
+
+How the resolution runs without all-pairs
+    1. group by exact key: `exact_edges_for_group(orders)` -> edges min order -> every other member.
+    2. for the representatives only, group by each band key (band index mixed into the key, so band b of one
+       document only meets band b of another): `edges_for_group(orders, sigs, params)` -> verified edges
+       earlier -> later member. Inside a group each member is compared with the group's "leaders" (members that
+       matched no earlier leader, at most `max_leaders` of them), so a group of near copies costs one
+       comparison per member and a group of unrelated documents at most `max_leaders` per member. (A pair
+       whose earlier member is no leader in any band they share is not an edge; measured recall covers it.)
+    3. `resolve(exact, near)` on the driver: edges sorted by (dst, src); one pass in order applies the keep rule.
+    Each group's edges depend only on the group's members, never on which partition or worker saw them, and
+    `resolve` sorts its input, so any partitioning of the groups gives the same result (tests/test_dedup.py
+    checks random partitions against `dedup_local`). Only orders, keys and signatures travel; never texts.
+
+The Ray executor (wired in pipeline/data/prepare.py) does, per block / group / at the end:
+    map_batches (actors):   orders, texts -> exact_keys(texts), signatures(texts, params)
+    groupby(exact key):     exact_edges_for_group(orders)            -> Edges; representatives = no incoming edge
+    flat rows per band:     band_keys(sigs, params)[:, b] for each representative (with its order and signature)
+    groupby(band key):      edges_for_group(orders, sigs, params)    -> Edges
+    driver:                 resolve(Edges.concat(exact), Edges.concat(near)) -> Duplicates
+The exact-key groupby can emit the representatives directly (each group's min order with its signature) instead
+of an anti-join on the edges. rensa may use Rayon threads for big batches: set RAYON_NUM_THREADS to the actor's
+CPUs.
+Memory is bounded by the signatures (4 * num_perm bytes a document, 512 B at the default) plus the edges.
+
+Defaults (threshold 0.8, num_perm 128, shingle_size 5, bands x rows from `lsh_bands`: 14 x 9 at the default)
+were chosen by bench/dedup_quality.py on the shared corpora with planted copies (bench/RESULTS.md, section
+"Deduplication"): recall of copies with true Jaccard >= 0.9 and documents dropped with no kept document above
+Jaccard 0.5 over a grid of threshold x num_perm.
+
+MinHash implementation: rensa's full-set R-MinHash (`RMinHash.digest_matrix_from_flat_token_hashes`, one call
+per batch, 32-bit slots), fed our own shingle hashes. Measured by bench/dedup_quality.py on the shared corpora
+(66 books + 483 wiki documents, 1.44M shingles, num_perm 128): the sketch itself takes ~0.003 s in rensa, ~0.46 s
+in a vectorised numpy MinHash (multiply-shift hash functions, `np.minimum.reduceat` per document) and ~1 s in
+datasketch 2.0.0 (`update_batch`), so the pass's cost is the normalising and shingle hashing around it. Its
+estimates are as close to the true Jaccard as classical MinHash's (RESULTS.md). Word hashes are blake2b (never
+Python's salted `hash()`), shingle hashes a polynomial of them finished with splitmix64, and rensa's slots are
+seeded by `seed`, so signatures are identical in every process and on every machine, for one rensa algorithm
+version (rensa 0.5 is version 2; the dependency is pinned below 0.6: signatures are never stored across runs).
+
+    >>> normalise("  The  LORD\\n\\tsaid ")
+    'the lord said'
+    >>> p = DedupParams(threshold=0.8, num_perm=128)
+    >>> (p.bands, p.rows)
+    (14, 9)
+    >>> base = " ".join(f"w{i}" for i in range(200))
+    >>> texts = [base, "other " * 50, base.upper(), base.replace("w100", "changed")]
+    >>> sig = signatures(texts, p)
+    >>> sig.shape, sig.dtype.name
+    ((4, 128), 'uint32')
+    >>> d = dedup_local(np.array([0, 1, 2, 3]), texts, p)
+    >>> [(int(o), int(k), kind) for o, k, kind in zip(d.order, d.duplicate_of, d.kind_names())]
+    [(2, 0, 'exact'), (3, 0, 'near')]
+    >>> DedupParams(threshold=1.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: data.dedup_threshold 1.5 is not in (0, 1]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from rensa import RMinHash
+
+Mode = Literal["off", "exact", "near"]
+EXACT, NEAR = 0, 1
+"""Values of `Duplicates.kind`."""
+
+_WS = re.compile(r"\s+")
+_M64 = (1 << 64) - 1
+_SHINGLE_MUL = np.uint64(0x9E3779B97F4A7C15)  # odd: the polynomial over word hashes stays a bijection per step
+
+
+def normalise(text: str) -> str:
+    """Case-folded, whitespace runs collapsed to one space, stripped: the text both dedup kinds compare.
+
+    >>> normalise("Straße\\u00a0 IS\\r\\nhere")
+    'strasse is here'
+    """
+    return _WS.sub(" ", text.casefold()).strip()
+
+
+def exact_keys(texts: Iterable[str]) -> np.ndarray:
+    """(n, 2) uint64: the 16-byte blake2b of each normalised text, as two words (two Arrow columns, no bytes).
+
+    >>> k = exact_keys(["A  b", "a b", "a c"])
+    >>> bool((k[0] == k[1]).all()), bool((k[0] == k[2]).all())
+    (True, False)
+    """
+    digests = b"".join(hashlib.blake2b(normalise(t).encode("utf-8"), digest_size=16).digest() for t in texts)
+    return np.frombuffer(digests, dtype="<u8").reshape(-1, 2).copy()
+
+
+def lsh_bands(threshold: float, num_perm: int, fn_weight: float = 0.9) -> tuple[int, int]:
+    """(bands, rows) with bands * rows <= num_perm minimising the weighted areas under the LSH S-curve
+    P(candidate | J) = 1 - (1 - J**rows)**bands: false positives (J < threshold) weighted 1 - fn_weight, false
+    negatives (J >= threshold) weighted fn_weight. datasketch's `_optimal_param` with weights 0.5/0.5; here false
+    negatives weigh more because every candidate is verified with the signatures, so a false positive costs one
+    comparison while a false negative is a missed duplicate (measured in bench/dedup_quality.py).
+
+    >>> lsh_bands(0.8, 128), lsh_bands(0.8, 128, fn_weight=0.5)
+    ((14, 9), (9, 13))
+    """
+    j = np.linspace(0.0, 1.0, 2001)
+    below, above = j < threshold, j >= threshold
+    best, best_err = (1, 1), float("inf")
+    for b in range(1, num_perm + 1):
+        for r in range(1, num_perm // b + 1):
+            p = 1.0 - (1.0 - j**r) ** b
+            fp = np.trapezoid(p[below], j[below]) if below.sum() > 1 else 0.0
+            fn = np.trapezoid(1.0 - p[above], j[above]) if above.sum() > 1 else 0.0
+            err = (1.0 - fn_weight) * fp + fn_weight * fn
+            if err < best_err - 1e-12:
+                best, best_err = (b, r), err
+    return best
+
+
+@dataclass(frozen=True)
+class DedupParams:
+    """How duplicates are found. Field errors name the config field they come from (`data.dedup_*`)."""
+
+    mode: Mode = "near"
+    """off: keep everything; exact: normalised-text hash only; near: exact, then MinHash + LSH."""
+    threshold: float = 0.8
+    """Estimated Jaccard of the word-shingle sets at or above which a later document is dropped."""
+    num_perm: int = 128
+    """MinHash values per document: estimate error ~ sqrt(J(1-J)/num_perm) (0.035 at J 0.8)."""
+    shingle_size: int = 5
+    """Words per shingle."""
+    seed: int = 0
+    """Seeds the MinHash hash functions; signatures only compare within one seed."""
+    max_leaders: int = 32
+    """Per LSH group, at most this many mutually dissimilar earliest members are compared with each member."""
+    bands: int = field(default=0)
+    """LSH bands; 0 = chosen by `lsh_bands(threshold, num_perm)`."""
+    rows: int = field(default=0)
+    """Signature values per band; 0 = chosen with `bands`."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("off", "exact", "near"):
+            raise ValueError(f"data.dedup {self.mode!r} is not one of off, exact, near")
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"data.dedup_threshold {self.threshold} is not in (0, 1]")
+        if not 16 <= self.num_perm <= 1024:
+            raise ValueError(f"data.dedup_num_perm {self.num_perm} is not in [16, 1024]")
+        if self.shingle_size < 1:
+            raise ValueError(f"data.dedup_shingle_size {self.shingle_size} is not >= 1")
+        if self.max_leaders < 1:
+            raise ValueError(f"data.dedup_max_leaders {self.max_leaders} is not >= 1")
+        if (self.bands == 0) != (self.rows == 0):
+            raise ValueError(f"data.dedup_bands {self.bands} and data.dedup_rows {self.rows}: give both or neither")
+        if self.bands == 0:
+            b, r = lsh_bands(self.threshold, self.num_perm)
+            object.__setattr__(self, "bands", b)
+            object.__setattr__(self, "rows", r)
+        elif self.bands < 1 or self.rows < 1 or self.bands * self.rows > self.num_perm:
+            raise ValueError(
+                f"data.dedup_bands {self.bands} x data.dedup_rows {self.rows} must be >= 1 and fit in "
+                f"data.dedup_num_perm {self.num_perm}"
+            )
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise on uint64 (wrapping arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def shingle_hashes(text: str, shingle_size: int = 5) -> np.ndarray:
+    """uint64 hashes of the word `shingle_size`-grams of `normalise(text)` (one shingle of all words when shorter).
+
+    >>> len(shingle_hashes("a b c d e f", 5)), len(shingle_hashes("a b", 5)), len(shingle_hashes("", 5))
+    (2, 1, 1)
+    >>> bool((shingle_hashes("A  B c d e") == shingle_hashes("a b c d e")).all())
+    True
+    """
+    words = normalise(text).split(" ")
+    unique = dict.fromkeys(words)
+    digests = b"".join(hashlib.blake2b(w.encode("utf-8"), digest_size=8).digest() for w in unique)
+    table = dict(zip(unique, np.frombuffer(digests, dtype="<u8").tolist()))
+    w = np.fromiter((table[x] for x in words), dtype=np.uint64, count=len(words))
+    k = min(shingle_size, len(w))
+    m = len(w) - k + 1
+    acc = w[:m].copy()
+    with np.errstate(over="ignore"):
+        for i in range(1, k):
+            acc = acc * _SHINGLE_MUL + w[i : m + i]
+        return _splitmix(acc + np.uint64(k))  # k mixed in: a 2-word text is not a 5-gram
+
+
+def signatures_of_shingles(shingles: Sequence[np.ndarray], params: DedupParams) -> np.ndarray:
+    """(n, num_perm) uint32 MinHash (rensa's full-set R-MinHash) of each document's shingle hashes (each non-empty).
+
+    One call for the whole batch: the hashes go to rensa as one flat uint64 buffer with row offsets.
+    """
+    if len(shingles) == 0:
+        return np.zeros((0, params.num_perm), dtype=np.uint32)
+    flat = np.ascontiguousarray(np.concatenate(shingles), dtype=np.uint64)
+    offsets = np.zeros(len(shingles) + 1, dtype=np.uint64)
+    np.cumsum([len(x) for x in shingles], out=offsets[1:])
+    matrix = RMinHash.digest_matrix_from_flat_token_hashes(flat, offsets, params.num_perm, params.seed)
+    return np.array(matrix.to_rows(), dtype=np.uint32).reshape(len(shingles), params.num_perm)
+
+
+def signatures(texts: Iterable[str], params: DedupParams) -> np.ndarray:
+    """(n, num_perm) uint32 MinHash signatures of the texts' word shingles; the same on every machine.
+
+    >>> p = DedupParams(num_perm=16)
+    >>> s = signatures(["a b c d e f g", "A B C D E F G", "x y z"], p)
+    >>> bool((s[0] == s[1]).all()), float(similarity(s[0], s[2]))
+    (True, 0.0)
+    """
+    return signatures_of_shingles([shingle_hashes(t, params.shingle_size) for t in texts], params)
+
+
+def similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Estimated Jaccard: the fraction of equal signature values (along the last axis; broadcasts)."""
+    return (np.asarray(a) == np.asarray(b)).mean(axis=-1)
+
+
+def band_keys(sig: np.ndarray, params: DedupParams) -> np.ndarray:
+    """(n, bands) uint64: band b's key mixes its `rows` values with b, so it only meets band b of another doc.
+
+    >>> p = DedupParams(num_perm=16, bands=4, rows=4)
+    >>> s = np.zeros((2, 16), dtype=np.uint32); s[1, 15] = 1
+    >>> k = band_keys(s, p)
+    >>> k.shape, (k[0] == k[1]).tolist(), bool(k[0, 0] != k[0, 1])
+    ((2, 4), [True, True, True, False], True)
+    """
+    n = sig.shape[0]
+    v = sig[:, : params.bands * params.rows].astype(np.uint64).reshape(n, params.bands, params.rows)
+    with np.errstate(over="ignore"):
+        acc = np.broadcast_to(_splitmix(np.arange(params.bands, dtype=np.uint64) + np.uint64(1)), (n, params.bands))
+        for r in range(params.rows):
+            acc = _splitmix(acc * _SHINGLE_MUL + v[:, :, r])
+    return np.ascontiguousarray(acc)
+
+
+@dataclass(frozen=True)
+class Edges:
+    """Candidate duplicate edges: `dst` (later) duplicates `src` (earlier) with estimated Jaccard `similarity`."""
+
+    src: np.ndarray  # (e,) int64 orders
+    dst: np.ndarray  # (e,) int64 orders, dst > src
+    similarity: np.ndarray  # (e,) float32
+
+    @staticmethod
+    def empty() -> Edges:
+        return Edges(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
+
+    @staticmethod
+    def concat(parts: Iterable[Edges]) -> Edges:
+        parts = list(parts)
+        if not parts:
+            return Edges.empty()
+        return Edges(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("src", "dst", "similarity")))
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+def exact_edges_for_group(orders: np.ndarray) -> Edges:
+    """One exact-key group: the earliest member -> every other member, similarity 1.
+
+    >>> e = exact_edges_for_group(np.array([7, 3, 9]))
+    >>> e.src.tolist(), e.dst.tolist(), e.similarity.tolist()
+    ([3, 3], [7, 9], [1.0, 1.0])
+    """
+    orders = np.sort(np.asarray(orders, dtype=np.int64))
+    return Edges(np.full(len(orders) - 1, orders[0]), orders[1:], np.ones(len(orders) - 1, np.float32))
+
+
+def edges_for_group(orders: np.ndarray, sigs: np.ndarray, params: DedupParams) -> Edges:
+    """One LSH band group (same band key): verified edges earlier -> later member with similarity >= threshold.
+
+    Members are taken in order; each is compared with the group's leaders (earlier members that matched no
+    earlier leader, the first `params.max_leaders` of them) and gets an edge from every leader it matches; a
+    member that matches none becomes a leader. Depends only on the group's members, not on their row order.
+
+    >>> p = DedupParams(num_perm=16, bands=4, rows=4)
+    >>> s = np.zeros((3, 16), dtype=np.uint32); s[2, :8] = 1        # 2 shares half its values with 0 and 1
+    >>> e = edges_for_group(np.array([5, 1, 9]), s, p)
+    >>> e.src.tolist(), e.dst.tolist(), e.similarity.tolist()
+    ([1], [5], [1.0])
+    """
+    orders = np.asarray(orders, dtype=np.int64)
+    by_order = np.argsort(orders, kind="stable")
+    orders, sigs = orders[by_order], np.asarray(sigs)[by_order]
+    # The common case, a group of near copies, in one vectorised step: everything against the earliest member.
+    sim0 = similarity(sigs[1:], sigs[0])
+    hit0 = sim0 >= params.threshold
+    src, dst, sims = [np.full(int(hit0.sum()), orders[0])], [orders[1:][hit0]], [sim0[hit0]]
+    leaders = [0]
+    for i in np.flatnonzero(~hit0) + 1:  # members the earliest one did not match
+        if len(leaders) > 1:
+            s = similarity(sigs[leaders[1:]], sigs[i])
+            hit = s >= params.threshold
+        else:
+            hit = np.zeros(0, bool)
+        if hit.any():
+            lead = np.asarray(leaders[1:])[hit]
+            src.append(orders[lead])
+            dst.append(np.full(len(lead), orders[i]))
+            sims.append(s[hit])
+        elif len(leaders) < params.max_leaders:
+            leaders.append(int(i))
+    return Edges(
+        np.concatenate(src).astype(np.int64), np.concatenate(dst).astype(np.int64), np.concatenate(sims).astype(np.float32)
+    )
+
+
+def groups(keys: np.ndarray) -> list[np.ndarray]:
+    """Row indices of each key value shared by two or more rows (keys (n,) or (n, w)), in first-row order.
+
+    >>> [g.tolist() for g in groups(np.array([4, 2, 4, 3, 2, 4]))]
+    [[0, 2, 5], [1, 4]]
+    """
+    keys = np.asarray(keys)
+    if keys.ndim == 1:
+        keys = keys[:, None]
+    if len(keys) == 0:
+        return []
+    idx = np.lexsort(keys.T[::-1])
+    k = keys[idx]
+    new = np.r_[True, (k[1:] != k[:-1]).any(axis=1)]
+    starts = np.flatnonzero(new)
+    ends = np.r_[starts[1:], len(k)]
+    out = [np.sort(idx[s:e]) for s, e in zip(starts, ends) if e - s > 1]
+    return sorted(out, key=lambda g: g[0])
+
+
+@dataclass(frozen=True)
+class Duplicates:
+    """The dropped documents, sorted by order: each a duplicate of the KEPT document `duplicate_of`."""
+
+    order: np.ndarray  # (d,) int64
+    duplicate_of: np.ndarray  # (d,) int64, always a kept document's order
+    kind: np.ndarray  # (d,) int8: EXACT or NEAR
+    similarity: np.ndarray  # (d,) float32: 1 for exact, the estimated Jaccard for near
+
+    def kind_names(self) -> list[str]:
+        return ["exact" if k == EXACT else "near" for k in self.kind]
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def equals(self, other: Duplicates) -> bool:
+        return all(np.array_equal(getattr(self, f), getattr(other, f)) for f in ("order", "duplicate_of", "kind", "similarity"))
+
+
+def resolve(exact: Edges, near: Edges) -> Duplicates:
+    """Apply the keep-first rule to all edges (any order, repeats allowed) -> the dropped documents.
+
+    near edges join representatives (first of each exact group): in increasing dst, a document is dropped iff
+    an edge comes to it from a document not dropped, the earliest such one (src < dst, so it is already
+    decided). exact edges then drop every other member of an exact group: `exact` of its representative when
+    that is kept, else `near` of the document the representative was dropped for.
+
+    >>> near = Edges(np.array([1, 2, 1]), np.array([2, 3, 4]), np.array([0.9, 0.85, 0.95], np.float32))
+    >>> exact = Edges(np.array([2, 1]), np.array([7, 8]), np.ones(2, np.float32))
+    >>> d = resolve(exact, near)
+    >>> d.order.tolist(), d.duplicate_of.tolist(), d.kind_names(), [round(float(s), 2) for s in d.similarity]
+    ([2, 4, 7, 8], [1, 1, 1, 1], ['near', 'near', 'near', 'exact'], [0.9, 0.95, 0.9, 1.0])
+    """
+    dropped: dict[int, tuple[int, float]] = {}
+    by = np.lexsort((near.src, near.dst))  # by dst, then src: the earliest kept source wins
+    for s, d, sim in zip(near.src[by].tolist(), near.dst[by].tolist(), near.similarity[by].tolist()):
+        if d not in dropped and s not in dropped:
+            dropped[d] = (s, sim)
+    rows: dict[int, tuple[int, int, float]] = {d: (s, NEAR, sim) for d, (s, sim) in dropped.items()}
+    for rep, d in zip(exact.src.tolist(), exact.dst.tolist()):
+        rows[d] = (dropped[rep][0], NEAR, dropped[rep][1]) if rep in dropped else (rep, EXACT, 1.0)
+    order = np.array(sorted(rows), dtype=np.int64)
+    vals = [rows[o] for o in order.tolist()]
+    return Duplicates(
+        order,
+        np.array([v[0] for v in vals], dtype=np.int64),
+        np.array([v[1] for v in vals], dtype=np.int8),
+        np.array([v[2] for v in vals], dtype=np.float32),
+    )
+
+
+def find_edges(orders: np.ndarray, exact: np.ndarray, sigs: np.ndarray | None, params: DedupParams) -> tuple[Edges, Edges]:
+    """Local grouping: (exact edges, near edges) for records (orders, exact keys (n, 2), signatures or None)."""
+    orders = np.asarray(orders, dtype=np.int64)
+    exact_edges = Edges.concat(exact_edges_for_group(orders[g]) for g in groups(exact))
+    if params.mode != "near" or sigs is None:
+        return exact_edges, Edges.empty()
+    reps = ~np.isin(orders, exact_edges.dst)
+    r_orders, r_sigs = orders[reps], sigs[reps]
+    keys = band_keys(r_sigs, params)
+    near = [edges_for_group(r_orders[g], r_sigs[g], params) for b in range(params.bands) for g in groups(keys[:, b])]
+    return exact_edges, Edges.concat(near)
+
+
+def dedup_local(orders: np.ndarray, texts: Sequence[str], params: DedupParams) -> Duplicates:
+    """The whole pass in one process: what any partitioning of the same groups gives (see the module docstring)."""
+    if params.mode == "off":
+        return resolve(Edges.empty(), Edges.empty())
+    sigs = signatures(texts, params) if params.mode == "near" else None
+    return resolve(*find_edges(orders, exact_keys(texts), sigs, params))
