@@ -88,10 +88,25 @@ class DataConfig:
     every input there. The output does not depend on it."""
     overwrite: bool = False
     """Replace an output directory prepared with a different config (otherwise that is an error)."""
+    dedup: Literal["off", "exact", "near"] = "near"
+    """Drop duplicate documents before tokenizing, keeping the first in input order: exact (same text after
+    case-folding and whitespace collapsing), near (also MinHash-estimated Jaccard of word 5-grams >=
+    dedup_threshold), or off. Dropped documents are listed in OUT/duplicates.jsonl (pipeline/data/dedup.py)."""
+    dedup_threshold: float = 0.8
+    """Near duplicates: the estimated Jaccard similarity at or above which a later document is dropped."""
+    dedup_num_perm: int = 128
+    """Near duplicates: MinHash values per document (estimate error about 0.035 at Jaccard 0.8)."""
+    wiki_keep_lists: bool = False
+    """MediaWiki dumps: keep list items as text (the BERT paper drops lists, tables and headings)."""
+    wiki_keep_headings: bool = False
+    """MediaWiki dumps: keep section headings as text."""
 
     def __post_init__(self) -> None:
         if isinstance(self.inputs, (str, Path)):
             self.inputs = [str(self.inputs)]
+        _check(self.dedup in ("off", "exact", "near"), f"data.dedup {self.dedup!r} is not one of off, exact, near")
+        _check(0.0 < self.dedup_threshold <= 1.0, f"data.dedup_threshold {self.dedup_threshold} is not in (0, 1]")
+        _check(16 <= self.dedup_num_perm <= 1024, f"data.dedup_num_perm {self.dedup_num_perm} is not in [16, 1024]")
         _check(self.masking in ("static", "dynamic"), f"data.masking {self.masking!r} is not 'static' or 'dynamic'")
         _check(16 <= self.max_seq_length <= 4096, f"data.max_seq_length {self.max_seq_length} is not in [16, 4096]")
         _check(0.0 < self.mask_rate < 1.0, f"data.mask_rate {self.mask_rate} is not in (0, 1)")

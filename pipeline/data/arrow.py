@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-_NP_DTYPES = {pa.int8(): np.int8, pa.int32(): np.int32, pa.int64(): np.int64}
+_NP_DTYPES = {pa.int8(): np.int8, pa.int32(): np.int32, pa.int64(): np.int64, pa.uint64(): np.uint64}
 
 
 def arrow(values: Any, dtype: pa.DataType) -> pa.Array:
@@ -68,3 +68,36 @@ def list_rows(col: pa.ChunkedArray | pa.ListArray) -> list[np.ndarray]:
     values = numpy_of(col.values)
     base = offsets[0]
     return [values[offsets[i] - base : offsets[i + 1] - base] for i in range(len(col))] if len(col) else []
+
+
+def string_array(values: list[str]) -> pa.StringArray:
+    """Python strings -> Arrow string array, from one buffer (not `pa.array`, which imports pandas).
+
+    >>> string_array(["a", "", "ßx"]).to_pylist()
+    ['a', '', 'ßx']
+    """
+    data = [v.encode() for v in values]
+    offsets = np.zeros(len(data) + 1, dtype=np.int32)
+    np.cumsum(np.fromiter(map(len, data), np.int64, len(data)), out=offsets[1:])
+    return pa.StringArray.from_buffers(len(data), pa.py_buffer(offsets), pa.py_buffer(b"".join(data)))
+
+
+def fixed_rows_array(rows: np.ndarray) -> pa.FixedSizeBinaryArray:
+    """A 2-D numpy array -> Arrow fixed-size binary array, one row per value (signatures, keys).
+
+    >>> fixed_rows(fixed_rows_array(np.arange(6, dtype=np.uint32).reshape(3, 2)), np.uint32).tolist()
+    [[0, 1], [2, 3], [4, 5]]
+    """
+    rows = np.ascontiguousarray(rows)
+    width = rows.dtype.itemsize * rows.shape[1]
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(rows), [None, pa.py_buffer(rows)])
+
+
+def fixed_rows(col: pa.Array | pa.ChunkedArray, dtype: Any) -> np.ndarray:
+    """The inverse of `fixed_rows_array`: (rows, width / itemsize) numpy view of a fixed-size binary column."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    dtype = np.dtype(dtype)
+    per_row = col.type.byte_width // dtype.itemsize
+    flat = np.frombuffer(col.buffers()[1], dtype=dtype)
+    return flat[col.offset * per_row : (col.offset + len(col)) * per_row].reshape(len(col), per_row)

@@ -34,7 +34,7 @@ import pyarrow as pa
 from pipeline.config import DataConfig
 from pipeline.data.examples import RandomPool
 from pipeline.data.masking import MaskingPolicy
-from pipeline.data.passes import Batch, encode_pieces, examples_for_chunks, tokenize_file, write_shard
+from pipeline.data.passes import Batch, encode_pieces, examples_for_chunks, sign_unit, tokenize_file, write_shard
 from pipeline.data.progress import Progress
 from pipeline.data.sources import InputFile
 from pipeline.data.tokenizer import SentenceEncoder, check_pair, read_vocab
@@ -61,7 +61,8 @@ class PassWorker:
     config, the masking policy. A local worker process or a Ray actor holds one; small arguments only."""
 
     def __init__(self, tokenizer_path: str, cfg: dict, work: str, vocab_sha: str) -> None:
-        os.environ.setdefault("RAYON_NUM_THREADS", "1")  # one thread per worker; the workers are the parallelism
+        # one thread per worker (tokenizers, rensa); the workers are the parallelism
+        os.environ.setdefault("RAYON_NUM_THREADS", "1")
         self.cfg = DataConfig(**cfg)
         self.work = work
         vocab_path = join(self.cfg.output, "vocab.txt")
@@ -73,11 +74,15 @@ class PassWorker:
         )
         self.cls_id, self.sep_id = vocab.index("[CLS]"), vocab.index("[SEP]")
 
-    # The four units of work: each writes its files by rename and returns small stats.
+    # The units of work: each writes its files by rename and returns small stats.
 
     @_unit
-    def tokenize(self, f: InputFile) -> dict[str, Any]:
-        return tokenize_file(f, self.tok, self.cfg, self.work)
+    def sign(self, f: InputFile, path: str) -> dict[str, Any]:
+        return sign_unit(f, self.cfg, path)
+
+    @_unit
+    def tokenize(self, f: InputFile, dropped: dict[int, str] | None = None) -> dict[str, Any]:
+        return tokenize_file(f, self.tok, self.cfg, self.work, dropped)
 
     @_unit
     def encode(self, batch: Batch, path: str) -> dict[str, Any]:
@@ -103,6 +108,9 @@ class _Executor:
 
     def share(self, value: Any) -> Any:
         return value
+
+    def release(self) -> None:
+        """Give the workers' resources back until the next call (a no-op where nothing is reserved)."""
 
     def map(self, method: str, args: list[tuple], cost: list[float] | None = None) -> list[Any]:
         """`method(*a)` for each `a` in `args`, results in that order; the costliest are submitted first (a big
@@ -227,14 +235,24 @@ class RayExecutor(_Executor):
     looks for its finished result and writes by rename, so a retry never doubles anything."""
 
     def __init__(self, n: int, worker_args: tuple) -> None:
+        self.workers, self.worker_args = n, worker_args
+        self.actors: list[Any] = []
+        self.nodes: list[str] = []
+        self.calls_per_node: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self._start()
+
+    def _start(self) -> None:
         import ray
 
-        self.workers = n
-        cpus = min(1.0, ray.cluster_resources().get("CPU", 1.0) / max(1, n))
+        cpus = min(1.0, ray.cluster_resources().get("CPU", 1.0) / max(1, self.workers))
         actor = ray.remote(num_cpus=cpus, scheduling_strategy="SPREAD", max_restarts=2, max_task_retries=2)(_RayWorker)
-        self.actors = [actor.remote(*worker_args) for _ in range(n)]
+        self.actors = [actor.remote(*self.worker_args) for _ in range(self.workers)]
         self.nodes = ray.get([a.node.remote() for a in self.actors])
-        self.calls_per_node: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+
+    def release(self) -> None:
+        """End the actors, so that other Ray work (the dedup pass's Ray Data grouping) gets their CPUs; the next
+        call starts them again."""
+        self.close()
 
     def where(self) -> str:
         return f"on {self.workers} Ray actor(s) on {len(set(self.nodes))} node(s)"
@@ -247,6 +265,8 @@ class RayExecutor(_Executor):
     def imap(self, calls: Iterable[Call]) -> Iterator[tuple[Call, Any]]:
         import ray
 
+        if not self.actors:
+            self._start()
         calls = iter(calls)
         load = [0] * self.workers
         in_flight: dict[Any, tuple[int, int, Call]] = {}  # ref -> (sequence number, actor, call)
@@ -281,6 +301,7 @@ class RayExecutor(_Executor):
 
         for a in self.actors:
             ray.kill(a)
+        self.actors = []
 
 
 class _RayWorker(PassWorker):

@@ -26,7 +26,7 @@ import itertools
 import json
 import random
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -34,8 +34,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.config import DataConfig
-from pipeline.data.arrow import arrow, list_array, list_rows, numpy_of
+from pipeline.data.arrow import arrow, fixed_rows_array, list_array, list_rows, numpy_of, string_array
 from pipeline.data.dataset import SCHEMA
+from pipeline.data.dedup import DedupParams, exact_keys, signatures
 from pipeline.data.examples import (
     RandomPool,
     create_instances_from_document,
@@ -50,15 +51,68 @@ from pipeline.data.masking import MaskingPolicy, mask_rows
 from pipeline.data.pool import PoolCandidates, write_pool
 from pipeline.data.sources import Document, InputFile, read_documents
 from pipeline.data.tokenizer import SentenceEncoder
+from pipeline.data.wiki import WikiOptions
 from pipeline.io import commit, exists, filesystem, join, read_table, read_text, sha256_file, temp_name, write_bytes_atomic, write_parquet_atomic
 
 TOKEN_SCHEMA = pa.schema([("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32())), ("sent_lens", pa.list_(pa.int32()))])
 
 
+# ---------------------------------------------------------------------------------------------- pass 0: dedup
+
+
+def dedup_params(cfg: DataConfig) -> DedupParams:
+    """The dedup pass's parameters from data.dedup, data.dedup_threshold, data.dedup_num_perm."""
+    return DedupParams(mode=cfg.dedup, threshold=cfg.dedup_threshold, num_perm=cfg.dedup_num_perm)
+
+
+def sign_unit(f: InputFile, cfg: DataConfig, path: str) -> dict[str, Any]:
+    """Pass 0 (dedup): every document of one unit as a compact record, written to `path`: its doc_id (the keep
+    rule's order), its name (for duplicates.jsonl), the 16-byte key of its normalised text and, for near
+    duplicates, its MinHash signature. Texts are read in batches of about `chunk_chars` characters and dropped
+    after, so memory is bounded by the signatures. Skipped when `path` exists (resume)."""
+    if exists(path):
+        return {"path": path}
+    params = dedup_params(cfg)
+    ids: list[int] = []
+    names: list[str] = []
+    keys: list[np.ndarray] = []
+    sigs: list[np.ndarray] = []
+    texts: list[str] = []
+    chars = 0
+
+    def flush() -> None:
+        keys.append(exact_keys(texts))
+        if params.mode == "near":
+            sigs.append(signatures(texts, params))
+        texts.clear()
+
+    for item in read_documents(f, cfg.text_column, wiki_options(cfg)):
+        if isinstance(item, Document):
+            ids.append(item.doc_id)
+            names.append(item.name)
+            texts.append(item.text)
+            chars += len(item.text)
+            if chars >= cfg.chunk_chars:
+                flush()
+                chars = 0
+    if texts or not keys:
+        flush()
+    key = np.concatenate(keys)
+    cols = [arrow(ids, pa.int64()), string_array(names), arrow(key[:, 0], pa.uint64()), arrow(key[:, 1], pa.uint64())]
+    names_ = ["doc_id", "name", "exact_hi", "exact_lo"]
+    if sigs:
+        cols.append(fixed_rows_array(np.concatenate(sigs)))
+        names_.append("sig")
+    write_parquet_atomic(path, pa.table(cols, names=names_), compression="lz4")
+    return {"path": path}
+
+
 # ---------------------------------------------------------------------------------------------- pass 1: tokenize
 
 
-def tokenize_file(f: InputFile, tok: SentenceEncoder | Any, cfg: DataConfig, work: str) -> dict[str, Any]:
+def tokenize_file(
+    f: InputFile, tok: SentenceEncoder | Any, cfg: DataConfig, work: str, dropped: Mapping[int, str] | None = None
+) -> dict[str, Any]:
     """Read, check, split and encode one input file into token chunks and pool candidates; returns its stats.
     `tok` is a SentenceEncoder (its word cache lasts across files) or a `tokenizers.Tokenizer`.
 
@@ -70,13 +124,28 @@ def tokenize_file(f: InputFile, tok: SentenceEncoder | Any, cfg: DataConfig, wor
     if not isinstance(tok, SentenceEncoder):
         tok = SentenceEncoder(tok)
     merge = FileMerge(f, cfg, work)
-    for b, batch in enumerate(file_batches(f, cfg, merge)):
+    for b, batch in enumerate(file_batches(f, cfg, merge, dropped)):
         merge.add(encode_pieces(batch, chunk_path(f, work, b), tok, cfg))
     return merge.finish()
 
 
+def unit_name(f: InputFile) -> str:
+    """A unit's name in the work directory: its file's index, and for a byte range of a file (a multistream
+    dump's streams, `sources.split_units`) the range's offset.
+
+    >>> unit_name(InputFile("a", "txt", 3)), unit_name(InputFile("d", "wiki_multistream", 0, offset=591, length=9))
+    ('f000003', 'f000000-o0000000000591')
+    """
+    return f"f{f.index:06d}" + (f"-o{f.offset:013d}" if f.length else "")
+
+
+def wiki_options(cfg: DataConfig) -> WikiOptions:
+    """What of a dump page's wikitext is kept (data.wiki_keep_lists, data.wiki_keep_headings)."""
+    return WikiOptions(keep_lists=cfg.wiki_keep_lists, keep_headings=cfg.wiki_keep_headings)
+
+
 def done_path(f: InputFile, work: str) -> str:
-    return join(work, "tok", f"f{f.index:06d}.done.json")
+    return join(work, "tok", f"{unit_name(f)}.done.json")
 
 
 def file_done(f: InputFile, work: str) -> bool:
@@ -85,20 +154,25 @@ def file_done(f: InputFile, work: str) -> bool:
 
 def chunk_path(f: InputFile, work: str, b: int) -> str:
     """Batch `b` of file `f`'s token chunk (a batch whose pieces have no token writes none: numbers may skip)."""
-    return join(work, "tok", f"f{f.index:06d}-c{b:05d}.parquet")
+    return join(work, "tok", f"{unit_name(f)}-c{b:05d}.parquet")
 
 
 Batch = list[tuple[Document, bool]]  # (piece, whether it is its document's last piece)
 
 
-def file_batches(f: InputFile, cfg: DataConfig, merge: FileMerge) -> Iterator[Batch]:
+def file_batches(f: InputFile, cfg: DataConfig, merge: FileMerge, dropped: Mapping[int, str] | None = None
+                 ) -> Iterator[Batch]:
     """The pieces of a file's documents in batches of about `chunk_chars` characters, in order (each batch is one
-    token chunk). Records read and rejected are counted into `merge`."""
+    token chunk). Records read and rejected are counted into `merge`; a document in `dropped` (doc_id -> reason,
+    from the dedup pass) is rejected with its reason."""
     batch: Batch = []
     chars = 0
-    for item in read_documents(f, cfg.text_column):
+    dropped = dropped or {}
+    for item in read_documents(f, cfg.text_column, wiki_options(cfg)):
         merge.stats["documents_read"] += 1
-        if isinstance(item, Document):
+        if isinstance(item, Document) and item.doc_id in dropped:
+            merge.reasons[dropped[item.doc_id]] += 1
+        elif isinstance(item, Document):
             pieces = split_document(item.text, cfg.max_document_chars)
             piece = next(pieces)
             for k in itertools.count():  # one piece ahead, to know which is last
@@ -197,7 +271,7 @@ class FileMerge:
         """Write the pool candidates and the done marker; the file's stats."""
         stats = self.stats
         pool = self.pool.bottom(self.cfg.random_pool_size)
-        stats["pool"] = write_pool(join(self.work, "tok", f"f{self.f.index:06d}.pool.parquet"), pool)
+        stats["pool"] = write_pool(join(self.work, "tok", f"{unit_name(self.f)}.pool.parquet"), pool)
         stats["rejected_reasons"] = dict(sorted(self.reasons.items()))
         stats["documents_rejected"] = sum(self.reasons.values())
         write_bytes_atomic(done_path(self.f, self.work), json.dumps(stats).encode())
@@ -205,8 +279,9 @@ class FileMerge:
 
 
 def text_bytes(f: InputFile) -> float:
-    """About how much text a file holds, for scheduling only: compressed files hold ~3x their size."""
-    return f.size * (3 if f.path.endswith((".gz", ".bz2", ".xz", ".zst")) else 1)
+    """About how much text a file (or a unit of one) holds, for scheduling only: compressed files hold ~3x their
+    size."""
+    return (f.length or f.size) * (3 if f.path.endswith((".gz", ".bz2", ".xz", ".zst")) else 1)
 
 
 def split_rows(tokens: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:

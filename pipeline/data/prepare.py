@@ -29,10 +29,13 @@ import time
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from pipeline.config import DataConfig, config_hash
 from pipeline.data.executors import make_executor
+from pipeline.data.dedup import Duplicates, Edges, find_edges, resolve
+from pipeline.data.arrow import fixed_rows, numpy_of
 from pipeline.data.passes import (
     FileMerge,
     chunk_path,
@@ -41,14 +44,16 @@ from pipeline.data.passes import (
     file_batches,
     file_done,
     in_chunk_order,
+    dedup_params,
     shard_plan,
     text_bytes,
+    unit_name,
 )
 from pipeline.data.pool import merge_pool
 from pipeline.data.progress import Progress, log
-from pipeline.data.sources import InputError, InputFile
-from pipeline.data.tokenizer import check_pair, read_vocab
-from pipeline.io import filesystem, join, read_text, write_bytes_atomic
+from pipeline.data.sources import InputError, InputFile, Skipped, split_units
+from pipeline.data.tokenizer import check_pair, read_vocab, sha256_bytes
+from pipeline.io import filesystem, join, read_table, read_text, write_bytes_atomic
 
 
 class OutputExistsError(ValueError):
@@ -95,11 +100,130 @@ def runs_in_process(cfg: DataConfig, files: list[InputFile]) -> bool:
     return sum(f.size for f in files) <= cfg.local_max_bytes
 
 
-def tokenize_pass(ex: Any, files: list[InputFile], cfg: DataConfig, work: str) -> list[dict[str, Any]]:
-    """Pass 1; each file's stats, in file order. With more than one worker, a file of more than two batches is
-    read here and its batches are encoded on the workers as they are read (at most `per_worker` per worker in
-    flight); the other files go whole, costliest first, after them. A file already done is read back. The
-    chunks, pool files and stats are the ones `tokenize_file` makes, whoever encodes which batch."""
+def unit_bytes(cfg: DataConfig) -> int:
+    """Compressed bytes per unit of a multistream dump: about `chunk_chars` characters of text once bz2 (~5x)
+    and the markup (~1.5x) are gone."""
+    return max(1, cfg.chunk_chars // 4)
+
+
+@dataclasses.dataclass
+class DedupResult:
+    """The dedup pass's outcome: the dropped documents and, for duplicates.jsonl, every involved doc's name."""
+
+    dups: Duplicates
+    names: dict[int, str]
+
+    def dropped_by_file(self) -> dict[int, dict[int, str]]:
+        """file index -> {doc_id: rejection reason} (a unit's tokenize call gets its file's part only)."""
+        out: dict[int, dict[int, str]] = {}
+        for o, k in zip(self.dups.order.tolist(), self.dups.kind_names()):
+            out.setdefault(o >> 32, {})[o] = "duplicate" if k == "exact" else "near_duplicate"
+        return out
+
+    def write(self, files: list[InputFile], output: str) -> dict[str, Any]:
+        """OUT/duplicates.jsonl, one line per dropped document in input order; returns the manifest's summary."""
+        path = {f.index: f.path for f in files}
+        lines = []
+        for o, d, k, sim in zip(self.dups.order.tolist(), self.dups.duplicate_of.tolist(), self.dups.kind_names(),
+                                self.dups.similarity.tolist()):
+            lines.append(json.dumps({"source": path[o >> 32], "doc": self.names[o],
+                                     "duplicate_of": {"source": path[d >> 32], "doc": self.names[d]},
+                                     "kind": k, "similarity": round(sim, 4)}) + "\n")
+        data = "".join(lines).encode()
+        write_bytes_atomic(join(output, "duplicates.jsonl"), data)
+        kinds = self.dups.kind_names()
+        return {"path": "duplicates.jsonl", "sha256": sha256_bytes(data), "exact": kinds.count("exact"),
+                "near": kinds.count("near")}
+
+
+def dedup_pass(ex: Any, units: list[InputFile], cfg: DataConfig, work: str, local: bool) -> DedupResult | None:
+    """Pass 0, before tokenizing (data.dedup exact or near; None when off): each unit's documents become compact
+    records on the workers (`sign_unit`: doc_id, name, exact key, MinHash signature); the duplicates are then
+    found on this machine (`find_edges`, a sort) or, on Ray, grouped by Ray Data (`_edges_on_ray`), and the
+    keep-first rule applied here (`resolve`). Texts never leave the workers."""
+    if cfg.dedup == "off":
+        return None
+    params = dedup_params(cfg)
+    paths = [join(work, "dd", f"{unit_name(u)}.parquet") for u in units]
+    log(f"dedup: {cfg.dedup} duplicates of {len(units)} unit(s) {ex.where()}"
+        + (f" (threshold {params.threshold}, {params.num_perm} permutations, {params.bands}x{params.rows} bands)"
+           if params.mode == "near" else ""))
+    ex.map("sign", list(zip(units, paths)), [text_bytes(u) for u in units])
+    tables = [read_table(p, columns=["doc_id", "exact_hi", "exact_lo"]) for p in paths]
+    orders = np.concatenate([numpy_of(t.column("doc_id")) for t in tables])
+    if local:
+        exact = np.stack([np.concatenate([numpy_of(t.column(c)) for t in tables]) for c in ("exact_hi", "exact_lo")], 1)
+        sigs = (np.concatenate([fixed_rows(read_table(p, columns=["sig"]).column("sig"), np.uint32) for p in paths])
+                if params.mode == "near" else None)
+        edges = find_edges(orders, exact, sigs, params)
+    else:
+        ex.release()  # the actors' CPUs, for Ray Data's grouping tasks
+        edges = _edges_on_ray(paths, params)
+    dups = resolve(*edges)
+    wanted = np.union1d(dups.order, dups.duplicate_of)
+    names: dict[int, str] = {}
+    for p in paths:
+        t = read_table(p, columns=["doc_id", "name"])
+        ids = numpy_of(t.column("doc_id"))
+        hit = np.flatnonzero(np.isin(ids, wanted))
+        names.update(zip(ids[hit].tolist(), t.column("name").take(hit).to_pylist()))
+    kinds = dups.kind_names()
+    log(f"dedup: {len(orders)} documents, {kinds.count('exact')} exact and {kinds.count('near')} near duplicates "
+        f"dropped")
+    return DedupResult(dups, names)
+
+
+def _edges_on_ray(paths: list[str], params: Any) -> tuple[Edges, Edges]:
+    """The grouping steps on Ray Data: exact keys grouped (`exact_edges_for_group`), then each representative's
+    band keys grouped (`edges_for_group`); only orders, keys and signatures travel, and only edges come back."""
+    import ray.data
+
+    from pipeline.core.launcher import quiet_ray_data
+    from pipeline.data import dedup
+
+    quiet_ray_data()  # the "[data]" lines are this stage's progress
+    def collect(ds: Any) -> Edges:
+        parts = [Edges(b["src"].astype(np.int64), b["dst"].astype(np.int64), b["similarity"].astype(np.float32))
+                 for b in ds.iter_batches(batch_format="numpy", batch_size=None) if len(b["src"])]
+        return Edges.concat(parts)
+
+    def edges_dict(e: Edges) -> dict[str, np.ndarray]:
+        return {"src": e.src, "dst": e.dst, "similarity": e.similarity}
+
+    records = ray.data.read_parquet(paths, columns=["doc_id", "exact_hi", "exact_lo"]
+                                    + (["sig"] if params.mode == "near" else []))
+    exact = collect(records.groupby(["exact_hi", "exact_lo"]).map_groups(
+        lambda g: edges_dict(dedup.exact_edges_for_group(g["doc_id"])), batch_format="numpy"))
+    if params.mode != "near":
+        return exact, Edges.empty()
+    followers = np.unique(exact.dst)  # members of an exact group other than its first: not in the near step
+
+    def band_rows(b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        keep = ~np.isin(b["doc_id"], followers)
+        orders, sig_bytes = b["doc_id"][keep], b["sig"][keep]
+        sigs = np.frombuffer(b"".join(sig_bytes.tolist()), np.uint32).reshape(len(orders), params.num_perm)
+        keys = dedup.band_keys(sigs, params)  # (n, bands)
+        return {"key": keys.T.ravel(), "doc_id": np.tile(orders, params.bands),
+                "sig": np.tile(sig_bytes, params.bands)}
+
+    def near_group(g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        sigs = np.frombuffer(b"".join(g["sig"].tolist()), np.uint32).reshape(len(g["doc_id"]), params.num_perm)
+        return edges_dict(dedup.edges_for_group(g["doc_id"], sigs, params) if len(g["doc_id"]) > 1 else Edges.empty())
+
+    near = collect(records.map_batches(band_rows, batch_format="numpy").groupby("key").map_groups(
+        near_group, batch_format="numpy"))
+    return exact, near
+
+
+def tokenize_pass(ex: Any, files: list[InputFile], cfg: DataConfig, work: str,
+                  dropped: dict[int, dict[int, str]] | None = None) -> list[dict[str, Any]]:
+    """Pass 1; each unit's stats, in the order of `files` (whole files, or a file's units, `split_units`). With
+    more than one worker, a unit of more than two batches is read here and its batches are encoded on the
+    workers as they are read (at most `per_worker` per worker in flight); the other units go whole, costliest
+    first, after them. A unit already done is read back. The chunks, pool files and stats are the ones
+    `tokenize_file` makes, whoever encodes which batch. `dropped` (file index -> {doc_id: reason}) are the dedup
+    pass's duplicates, rejected with their reason."""
+    dropped = dropped or {}
     cost = [text_bytes(f) for f in files]
     stats: dict[int, dict[str, Any]] = {i: json.loads(read_text(done_path(f, work)))
                                          for i, f in enumerate(files) if file_done(f, work)}
@@ -113,11 +237,11 @@ def tokenize_pass(ex: Any, files: list[InputFile], cfg: DataConfig, work: str) -
 
     def calls():  # (method, args, file); the executor passes the third element back with the result
         for i in big:
-            for b, batch in enumerate(file_batches(files[i], cfg, merges[i])):
+            for b, batch in enumerate(file_batches(files[i], cfg, merges[i], dropped.get(files[i].index))):
                 batches[i] = b + 1
                 yield "encode", (batch, chunk_path(files[i], work, b)), i
         for i in whole:
-            yield "tokenize", (files[i],), i
+            yield "tokenize", (files[i], dropped.get(files[i].index)), i
 
     progress = {"encode": Progress("tokenize", f"batches of {len(big)} big file(s)"),
                 "tokenize": Progress("tokenize", "whole files", len(whole))}
@@ -134,7 +258,7 @@ def tokenize_pass(ex: Any, files: list[InputFile], cfg: DataConfig, work: str) -
 
 
 def prepare_shards(
-    cfg: DataConfig, files: list[InputFile], skipped: list[str], chash: str, vocab_sha: str, tokenizer_path: str
+    cfg: DataConfig, files: list[InputFile], skipped: list[Skipped], chash: str, vocab_sha: str, tokenizer_path: str
 ) -> dict[str, Any]:
     """The three passes, on this machine (inputs up to data.local_max_bytes) or on the Ray cluster; writes
     shards and the manifest; returns the manifest."""
@@ -143,8 +267,12 @@ def prepare_shards(
     check_pair(join(cfg.output, "vocab.txt"), tokenizer_path, vocab_sha)  # one line on the driver, before workers
     discard_other_work(cfg.output, work)
     worker_args = (tokenizer_path, dataclasses.asdict(cfg), work, vocab_sha)
-    with make_executor(cfg, files, worker_args, local=runs_in_process(cfg, files)) as ex:
-        file_stats = sorted(tokenize_pass(ex, files, cfg, work), key=lambda s: s["pool"])
+    units = [u for f in files for u in split_units(f, unit_bytes(cfg))]
+    local = runs_in_process(cfg, files)
+    with make_executor(cfg, files, worker_args, local=local) as ex:
+        dups = dedup_pass(ex, units, cfg, work, local)
+        file_stats = sorted(tokenize_pass(ex, units, cfg, work, dups.dropped_by_file() if dups else None),
+                            key=lambda s: s["pool"])
         reasons: Counter[str] = Counter()
         for s in file_stats:
             reasons.update(s["rejected_reasons"])
@@ -175,6 +303,8 @@ def prepare_shards(
             fs.rm(join(out_p, "shards"), recursive=True)  # leftovers of an interrupted run with this config
         shards = sorted(ex.map("shard", plan), key=lambda s: s["path"])
     manifest = _manifest(cfg, files, skipped, chash, vocab_sha, file_stats, reasons, ex_chunks, shards, start)
+    if dups is not None:
+        manifest["duplicates"] = dups.write(files, cfg.output)
     write_bytes_atomic(join(cfg.output, "manifest.json"), json.dumps(manifest, indent=2, sort_keys=True).encode())
     try:
         fs.rm(join(out_p, "_work"), recursive=True)
@@ -184,7 +314,7 @@ def prepare_shards(
 
 
 def _manifest(
-    cfg: DataConfig, files: list[InputFile], skipped: list[str], chash: str, vocab_sha: str,
+    cfg: DataConfig, files: list[InputFile], skipped: list[Skipped], chash: str, vocab_sha: str,
     file_stats: list[dict[str, Any]], reasons: Counter[str], ex_chunks: list[dict[str, Any]],
     shards: list[dict[str, Any]], start: float,
 ) -> dict[str, Any]:
@@ -212,7 +342,8 @@ def _manifest(
         "vocab_size": len(vocab),
         "special_token_ids": {t: vocab.index(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")},
         "input_files": len(files),
-        "files_skipped": skipped,
+        "files_skipped": [s.path for s in skipped],
+        "skipped_files": [{"path": s.path, "reason": s.reason} for s in skipped],
         "source_tokens": sum(s["tokens"] for s in file_stats),
         "document_pieces": sum(s.get("pieces", 0) for s in file_stats),
     }

@@ -18,8 +18,9 @@ from pipeline.config import DataConfig, config_hash
 from pipeline.dag import Stage
 from pipeline.data.dataset import PreparedDataset
 from pipeline.data.prepare import OutputExistsError, output_config_hash, prepare_shards, runs_in_process
+from pipeline.data.passes import wiki_options
 from pipeline.data.progress import log
-from pipeline.data.sources import Document, InputError, InputFile, read_documents
+from pipeline.data.sources import Document, InputError, InputFile, no_readable_input, read_documents
 from pipeline.data.tokenizer import sha256_bytes
 from pipeline.io import exists, filesystem, join, output_lock, read_bytes, read_text, write_bytes_atomic
 
@@ -49,7 +50,11 @@ def plan(cfg: DataConfig) -> Plan:
 
     files, skipped = expand_inputs(list(cfg.inputs))
     if not files:
-        raise InputError(f"no readable input file under {', '.join(cfg.inputs)} (skipped: {len(skipped)})")
+        raise no_readable_input(list(cfg.inputs), skipped)
+    for sk in skipped[:5]:
+        log(f"skipped {sk.path}: {sk.reason}")
+    if len(skipped) > 5:
+        log(f"skipped {len(skipped) - 5} more file(s) (manifest.json: skipped_files)")
     vocab_sha = None
     if cfg.vocab:
         if not exists(cfg.vocab):
@@ -114,7 +119,7 @@ def _sample_texts(p: Plan) -> Any:
     budget = p.cfg.vocab_sample_chars // max(1, len(p.files)) + 1
     for f in p.files:
         used = 0
-        for item in read_documents(f, p.cfg.text_column):
+        for item in read_documents(f, p.cfg.text_column, wiki_options(p.cfg)):
             if isinstance(item, Document):
                 yield item.text[: budget - used]
                 used += len(item.text)
@@ -164,7 +169,7 @@ def _run_vocab(p: Plan) -> dict[str, Any]:
 def _summary(m: dict[str, Any]) -> dict[str, Any]:
     keys = ("documents_read", "documents_written", "documents_rejected", "rejected_reasons", "examples", "tokens",
             "masked_tokens", "nsp_random_fraction", "config_hash", "vocab_sha256", "seconds")
-    return {k: m[k] for k in keys}
+    return {**{k: m[k] for k in keys}, "duplicates": m.get("duplicates")}
 
 
 def shards_done(p: Plan) -> dict[str, Any] | None:
@@ -204,6 +209,11 @@ def check_paths(cfg: DataConfig) -> None:
                              f"directory, {os.getcwd()})")
 
 
+def _duplicates(r: dict[str, Any]) -> str:
+    d = r.get("duplicates")
+    return f" (duplicates exact/near {d['exact']}/{d['near']})" if d else ""
+
+
 def data_stages(cfg: DataConfig, prefix: str = "") -> list[Stage]:
     """vocab -> shards -> validate for one DataConfig (paths already absolute, see config.resolve_paths).
 
@@ -219,7 +229,8 @@ def data_stages(cfg: DataConfig, prefix: str = "") -> list[Stage]:
               describe=lambda r: f"vocab_sha256 {r['vocab_sha256'][:12]}"),
         Stage(shards, lambda deps: run_shards(p, deps[vocab]), deps=(vocab,), done=lambda deps: shards_done(p),
               describe=lambda r: (f"documents read/written/rejected {r['documents_read']}/{r['documents_written']}/"
-                                  f"{r['documents_rejected']}, {r['examples']:,} examples, {r['tokens']:,} tokens")),
+                                  f"{r['documents_rejected']}" + _duplicates(r) + f", {r['examples']:,} examples, "
+                                  f"{r['tokens']:,} tokens")),
         Stage(f"{prefix}validate", lambda deps: run_validate(p), deps=(shards,),
               describe=lambda d: f"{len(d.shards)} shards checked, {d.output}"),
     ]
