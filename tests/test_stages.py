@@ -4,6 +4,7 @@ config protection, validation, statistics of the written shards, dynamic masking
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 import os
 import shutil
 import subprocess
@@ -38,6 +39,7 @@ def ray_local():
 
 BOOKS = ("08_Ruth.txt", "01_Ge.txt", "02_Exo.txt", "41_Mark.txt", "57_Phmn.txt", "31_Obad.txt")
 WIKI_RECORDS = 60
+ARTICLES = ("7697605", "7697611", "7697612", "7697626")  # the page ids of the shared wikidump sample's articles
 
 
 @pytest.fixture(scope="module")
@@ -313,11 +315,51 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, minilm_dir, repo_root, tmp_path):
-    """`jobs/prepare_data.py` on Ray (local_max_bytes 0) against a two-node cluster (1 CPU each): the Ray state API
-    shows that the batches of the big files (Genesis, Exodus: over two batches each), the whole small files, the
-    examples units and the shards were each worked on both nodes; vocab.txt, the shards and the manifest's
-    checksums are byte-identical to the same command on a single-node local Ray."""
+def _planted(inputs, shared_dir, tmp_path):
+    """The inputs plus planted duplicates: Ruth under another name (exact), Mark in capitals with its spaces
+    doubled (exact after normalising), Mark with 1% of its words changed (near), and a multistream Wikipedia dump
+    (with its index) of the shared sample's pages three times over under new page ids (the copies are exact
+    duplicates of the first, in other streams)."""
+    import bz2
+    import html
+    import random
+    import re
+
+    d = tmp_path / "planted"
+    (d / "dump").mkdir(parents=True)
+    books = shared_dir / "corpora/books"
+    (d / "zz_ruth_again.txt").write_bytes((books / "08_Ruth.txt").read_bytes())
+    mark = (books / "41_Mark.txt").read_text()
+    (d / "zz_mark_shouted.txt").write_text(mark.upper().replace(" ", "  "))
+    words = mark.split(" ")
+    rng = random.Random(0)
+    for i in rng.sample(range(len(words)), len(words) // 100):
+        words[i] = "changed"
+    (d / "zz_mark_edited.txt").write_text(" ".join(words))
+    raw = (shared_dir / "corpora/wikidump/enwiki-sample-pages-articles.xml").read_bytes()
+    starts = [m.start() for m in re.finditer(rb"  <page>", raw)]
+    ends = [m.end() for m in re.finditer(rb"</page>\n", raw)]
+    pages = [raw[a:b] for a, b in zip(starts, ends)]
+    pages = [re.sub(rb"<id>(\d+)</id>", lambda m: b"<id>%d</id>" % (int(m.group(1)) + copy * 10**8), p, count=1)
+             for copy in range(3) for p in pages]
+    streams = [raw[: starts[0]]] + [b"".join(pages[i : i + 4]) for i in range(0, len(pages), 4)] + [raw[ends[-1] :]]
+    blobs = [bz2.compress(x) for x in streams]
+    offsets = [sum(len(b) for b in blobs[:k]) for k in range(len(blobs))]
+    ids = [re.search(rb"<id>(\d+)</id>", p).group(1).decode() for p in pages]
+    titles = [html.unescape(re.search(rb"<title>(.*?)</title>", p).group(1).decode()) for p in pages]
+    index = "".join(f"{offsets[1 + i // 4]}:{ids[i]}:{titles[i]}\n" for i in range(len(pages)))
+    (d / "dump/enwiki-20990101-pages-articles-multistream.xml.bz2").write_bytes(b"".join(blobs))
+    (d / "dump/enwiki-20990101-pages-articles-multistream-index.txt.bz2").write_bytes(bz2.compress(index.encode()))
+    return [*inputs, str(d)]
+
+
+def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, shared_dir, minilm_dir, repo_root, tmp_path):
+    """`jobs/prepare_data.py` on Ray (local_max_bytes 0) against a two-node cluster (1 CPU each), with planted
+    duplicates and a multistream dump: the Ray state API shows that the dedup records, the batches of the big
+    files (Genesis, Exodus: over two batches each), the whole small files and the dump's stream units, the
+    examples units and the shards were each worked on both nodes; the dropped documents (duplicates.jsonl),
+    vocab.txt, the shards and the manifest's checksums are byte-identical to the same command on a single-node
+    local Ray and on local worker processes (no Ray)."""
     import json
     import os
     import re
@@ -327,17 +369,20 @@ def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, minilm_dir, 
     from ray.cluster_utils import Cluster
     from ray.util.state import list_nodes, list_tasks
 
-    def prepare(out, env):
-        # chunk_chars 60k: Genesis and Exodus are over two batches (split across the actors), and there are
-        # several example units, so the examples pass has work for both actors too
-        cmd = [sys.executable, "jobs/prepare_data.py", *[a for p in inputs for a in ("--input", p)],
+    given = _planted(inputs, shared_dir, tmp_path)
+
+    def prepare(out, env, on_ray=True):
+        # chunk_chars 60k: Genesis and Exodus are over two batches (split across the actors), the dump is cut
+        # into several units of ~15 kB of bz2 streams, and there are several example units
+        cmd = [sys.executable, "jobs/prepare_data.py", *[a for p in given for a in ("--input", p)],
                "--output", str(out), "--vocab", str(minilm_dir / "vocab.txt"), "--num-cpus", "2",
-               "--data.local_max_bytes", "0", "--data.num_actors", "2", "--data.num_shards", "4",
-               "--data.chunk_chars", "60000"]
+               "--data.local_max_bytes", "0" if on_ray else str(2**30), "--data.num_actors", "2",
+               "--data.num_shards", "4", "--data.chunk_chars", "60000"]
         r = subprocess.run(cmd, cwd=repo_root, env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
-        assert "on 2 Ray actor(s)" in r.stderr  # the Ray path, not the in-process one
-        assert re.search(r"01_Ge.txt: \d batches across the workers", r.stderr)
+        assert ("on 2 Ray actor(s)" in r.stderr) == on_ray  # locally: in its process (~1.4 MB, one worker)
+        assert bool(re.search(r"01_Ge.txt: \d batches across the workers", r.stderr)) == on_ray
+        assert "skipped " in r.stderr and "index of a multistream dump" in r.stderr
         return json.loads((out / "manifest.json").read_text())
 
     dashboard = _free_port()
@@ -354,16 +399,34 @@ def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, minilm_dir, 
     finally:
         two.shutdown()
     assert len(nodes) == 2
-    ran_on = {kind: {t.node_id for t in tasks if t.name in names} for kind, names in {
-        "encode": ("_RayWorker.encode",), "tokenize": ("_RayWorker.tokenize",),
-        "examples": ("_RayWorker.examples",), "shards": ("_RayWorker.shard",)}.items()}
-    assert ran_on == {"encode": nodes, "tokenize": nodes, "examples": nodes, "shards": nodes}, (ran_on, nodes)
+    passes = ("sign", "encode", "tokenize", "examples", "shard")
+    ran_on = {p: {t.node_id for t in tasks if t.name == f"_RayWorker.{p}"} for p in passes}
+    assert ran_on == dict.fromkeys(passes, nodes), (ran_on, nodes)
 
-    single = prepare(tmp_path / "one", {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
-    assert (tmp_path / "two" / "vocab.txt").read_bytes() == (tmp_path / "one" / "vocab.txt").read_bytes()
-    assert multi["shards"] == single["shards"] and multi["config_hash"] == single["config_hash"]
-    for s in single["shards"]:
-        assert (tmp_path / "two" / s["path"]).read_bytes() == (tmp_path / "one" / s["path"]).read_bytes()
+    # Input order is sorted paths: the planted files (under tmp) come before the shared books, so the planted
+    # Ruth is kept and the shared one dropped; the shouted Mark is the first of its exact group, a near copy of
+    # the edited Mark, and the shared Mark follows it; the dump's second and third copies of its 4 articles go.
+    dups = (tmp_path / "two" / "duplicates.jsonl").read_text().splitlines()
+    got = [(lambda d: (d["source"].rsplit("/", 1)[-1], d["doc"], d["kind"], d["duplicate_of"]["doc"]))(json.loads(x))
+           for x in dups]
+    dump = "enwiki-20990101-pages-articles-multistream.xml.bz2"
+    assert got == [(dump, str(c * 10**8 + int(a)), "exact", a) for c in (1, 2) for a in sorted(ARTICLES)] + [
+        ("zz_mark_shouted.txt", "zz_mark_shouted.txt", "near", "zz_mark_edited.txt"),
+        ("08_Ruth.txt", "08_Ruth.txt", "exact", "zz_ruth_again.txt"),
+        ("41_Mark.txt", "41_Mark.txt", "near", "zz_mark_edited.txt")]
+    kinds = Counter(g[2] for g in got)
+    assert multi["rejected_reasons"]["duplicate"] == kinds["exact"]
+    assert multi["rejected_reasons"]["near_duplicate"] == kinds["near"]
+    assert {s["reason"] for s in multi["skipped_files"]} == {"index of a multistream dump"}
+    for out, on_ray in (("one", True), ("local", False)):
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        other = prepare(tmp_path / out, env, on_ray=on_ray)
+        assert (tmp_path / "two" / "vocab.txt").read_bytes() == (tmp_path / out / "vocab.txt").read_bytes()
+        assert (tmp_path / out / "duplicates.jsonl").read_text().splitlines() == dups
+        assert multi["shards"] == other["shards"] and multi["config_hash"] == other["config_hash"]
+        assert multi["duplicates"] == other["duplicates"]
+        for s in other["shards"]:
+            assert (tmp_path / "two" / s["path"]).read_bytes() == (tmp_path / out / s["path"]).read_bytes()
 
 
 def test_local_workers_do_not_rerun_the_callers_script(inputs, minilm_dir, tmp_path):
