@@ -123,3 +123,99 @@ def test_vocabularies_never_mix(shared_dir, minilm_dir, tmp_path):
     assert sorted(x.name for x in (out / "_work").iterdir()) == [mine.rsplit("/", 1)[-1]]
 
 
+
+
+# Shards of the six books + 60 wiki articles below, as prepared by the code before the dedup pass existed
+# (commit c499024, `data_stages` in this process; sha256 of each shard): dedup off, or near on inputs without
+# duplicates, must still write these bytes.
+TODAYS_SHARDS = ["bfff3b2167e891a778621dca600d559ad1959058b984ddde17f64c88628c246f",
+                 "c7e30b89ad2fe389d1602a621b356c0a2bb34da7f1087f210a73d7b5672c8d1d",
+                 "4fa44d550c713c6067b409efc11a4dbf088bda6f80c50e9cb4aee10d46f47024",
+                 "0d3944feb0db653702777906a46e9dc48d1660b5933f6b1eff3614c49ba75a48"]
+BOOKS = ("08_Ruth.txt", "01_Ge.txt", "02_Exo.txt", "41_Mark.txt", "57_Phmn.txt", "31_Obad.txt")
+
+
+@pytest.fixture(scope="module")
+def corpus(shared_dir, tmp_path_factory):
+    import gzip
+
+    wiki = tmp_path_factory.mktemp("wiki") / "pydocs60.jsonl.gz"
+    with gzip.open(shared_dir / "corpora/wiki/pydocs.jsonl.gz", "rt") as src, gzip.open(wiki, "wt") as dst:
+        dst.writelines(line for _, line in zip(range(60), src))
+    return [str(shared_dir / "corpora/books" / b) for b in BOOKS] + [str(wiki)]
+
+
+def _prepare(inputs, out, minilm_dir, **kw):
+    from pipeline.dag import run_graph
+    from pipeline.data.stages import data_stages
+
+    cfg = DataConfig(inputs=inputs, output=str(out), vocab=str(minilm_dir / "vocab.txt"), num_shards=4,
+                     chunk_chars=60_000, max_document_chars=20_000, num_actors=1, **kw)
+    return run_graph(data_stages(cfg), remote=False, log=lambda m: None)
+
+
+@pytest.mark.parametrize("dedup", ["off", "near"])
+def test_dedup_off_or_nothing_found_writes_todays_shards(corpus, minilm_dir, tmp_path, dedup):
+    res = _prepare(corpus, tmp_path / "out", minilm_dir, dedup=dedup)
+    m = res["validate"].result.manifest
+    assert [s["sha256"] for s in m["shards"]] == TODAYS_SHARDS
+    assert ("duplicates" in m) == (dedup == "near") and (tmp_path / "out" / "duplicates.jsonl").exists() == (dedup == "near")
+    if dedup == "near":
+        assert m["duplicates"]["exact"] == m["duplicates"]["near"] == 0
+        assert (tmp_path / "out" / "duplicates.jsonl").read_bytes() == b""
+
+
+def test_dedup_drops_planted_copies_and_says_so(shared_dir, minilm_dir, tmp_path, capfd):
+    """Ruth under a second name and a case/whitespace variant (exact), Obadiah with a 1% edit (near), a JSONL
+    record repeating another: each dropped one counts as a rejection with its reason, is listed in
+    duplicates.jsonl against the first in input order, and the manifest holds the file's sha256; 'exact' keeps
+    the near copy."""
+    import hashlib
+    import random
+
+    books = shared_dir / "corpora/books"
+    inp = tmp_path / "in"
+    inp.mkdir()
+    ruth, obad = (books / "08_Ruth.txt").read_text(), (books / "31_Obad.txt").read_text()
+    (inp / "a_ruth.txt").write_text(ruth)
+    (inp / "b_obad.txt").write_text(obad)
+    (inp / "c_ruth_copy.txt").write_text(ruth)
+    (inp / "d_ruth_loud.txt").write_text(ruth.upper().replace("\n", "\n\n "))
+    words = obad.split(" ")
+    for i in random.Random(1).sample(range(len(words)), len(words) // 100):
+        words[i] = "edited"
+    (inp / "e_obad_edited.txt").write_text(" ".join(words))
+    mark = (books / "41_Mark.txt").read_text()
+    (inp / "f_records.jsonl").write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in
+                                                 [("m1", mark[:30_000]), ("m2", mark[30_000:]), ("m3", mark[:30_000])]))
+    res = _prepare([str(inp)], tmp_path / "near", minilm_dir, random_pool_size=500)
+    m = res["validate"].result.manifest
+    lines = [json.loads(x) for x in (tmp_path / "near" / "duplicates.jsonl").read_text().splitlines()]
+    short = [(d["source"].rsplit("/", 1)[-1], d["doc"], d["kind"], d["duplicate_of"]["doc"]) for d in lines]
+    assert short == [("c_ruth_copy.txt", "c_ruth_copy.txt", "exact", "a_ruth.txt"),
+                     ("d_ruth_loud.txt", "d_ruth_loud.txt", "exact", "a_ruth.txt"),
+                     ("e_obad_edited.txt", "e_obad_edited.txt", "near", "b_obad.txt"),
+                     ("f_records.jsonl", "m3", "exact", "m1")]
+    assert 0.8 <= lines[2]["similarity"] < 1 and lines[0]["similarity"] == 1.0
+    assert all(d["duplicate_of"]["source"].endswith(("a_ruth.txt", "b_obad.txt", "f_records.jsonl")) for d in lines)
+    assert m["rejected_reasons"] == {"duplicate": 3, "near_duplicate": 1}
+    assert m["documents_read"] == 8 == m["documents_written"] + m["documents_rejected"] and m["documents_written"] == 4
+    data = (tmp_path / "near" / "duplicates.jsonl").read_bytes()
+    assert m["duplicates"] == {"path": "duplicates.jsonl", "sha256": hashlib.sha256(data).hexdigest(), "exact": 3,
+                               "near": 1}
+    assert "3 exact and 1 near duplicates dropped" in capfd.readouterr().err
+    exact = _prepare([str(inp)], tmp_path / "exact", minilm_dir, random_pool_size=500, dedup="exact")
+    assert exact["validate"].result.manifest["rejected_reasons"] == {"duplicate": 3}
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("dedup", "fuzzy", "data.dedup 'fuzzy' is not one of off, exact, near"),
+    ("dedup_threshold", 1.5, "data.dedup_threshold 1.5 is not in (0, 1]"),
+    ("dedup_num_perm", 8, "data.dedup_num_perm 8 is not in [16, 1024]"),
+])
+def test_bad_dedup_values_name_the_field(field, value, message):
+    from pipeline.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        DataConfig(**{field: value})
+    assert str(e.value) == message
