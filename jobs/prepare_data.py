@@ -83,6 +83,8 @@ def run(data, num_cpus: int | None) -> int:
     rows = [
         ("documents read / written / rejected", f"{s['documents_read']} / {s['documents_written']} / {s['documents_rejected']}"),
         ("rejected reasons", ", ".join(f"{k}={n}" for k, n in s["rejected_reasons"].items()) or "-"),
+        ("duplicates dropped (exact / near)", "dedup off" if not s.get("duplicates") else
+         f"{s['duplicates']['exact']} / {s['duplicates']['near']}  ({v.file('duplicates.jsonl')})"),
         ("examples", str(v.examples)),
         ("tokens", str(v.tokens)),
         ("masked tokens", str(s["masked_tokens"])),
