@@ -60,8 +60,9 @@ def run_point(work: Path, config: Path, factor: int, force_ray: bool, num_cpus: 
     """One preparation of `factor` x the corpus (built here, removed after) with `config`; its figures."""
     corpus, out = work / f"corpus{factor}", work / f"out{factor}{'-ray' if force_ray else ''}"
     size = build_corpus(corpus, factor)
+    # dedup off: the copies are exact duplicates of each other, which the default (near) would drop
     cmd = [sys.executable, str(REPO / "jobs/prepare_data.py"), "--config", str(config),
-           "--data.inputs", str(corpus), "--data.output", str(out), "--num-cpus", str(num_cpus)]
+           "--data.inputs", str(corpus), "--data.output", str(out), "--num-cpus", str(num_cpus), "--data.dedup", "off"]
     if force_ray:
         cmd += ["--data.local_max_bytes", "0"]
     try:

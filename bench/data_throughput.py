@@ -162,7 +162,8 @@ def child_pipeline(corpus: str, out: str, vocab: str, num_cpus: int, local_max_b
     from pipeline.data.stages import data_stages, needs_ray
 
     extra = {} if local_max_bytes is None else {"local_max_bytes": local_max_bytes}
-    cfg = DataConfig(inputs=[corpus], output=out, vocab=vocab, num_actors=num_cpus, **extra)
+    # dedup off: the corpus is the shared corpora repeated, whose copies the default (near) would drop
+    cfg = DataConfig(inputs=[corpus], output=out, vocab=vocab, num_actors=num_cpus, dedup="off", **extra)
     on_ray = needs_ray(cfg)  # lists the inputs: once
     if on_ray:
         import ray

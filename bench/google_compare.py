@@ -175,6 +175,8 @@ def main() -> int:
     ap.add_argument("bert_dir", help="a checkout of google-research/bert (create_pretraining_data.py, tokenization.py)")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--ray-too", action="store_true", help="also run ours on Ray (--data.local_max_bytes 0)")
+    ap.add_argument("--dedup", default="near", choices=("off", "exact", "near"),
+                    help="our data.dedup (Google's script removes no duplicates; the shared corpora hold none)")
     args = ap.parse_args()
     bert = Path(args.bert_dir).resolve()
     for name in ("create_pretraining_data.py", "tokenization.py"):
@@ -206,7 +208,7 @@ def main() -> int:
             r = timed([sys.executable, str(REPO / "jobs/prepare_data.py"), "--input", str(SHARED / "corpora/books"),
                        "--input", str(SHARED / "corpora/wiki"), "--output", str(out), "--vocab", str(vocab),
                        "--max-seq-length", "128", "--masking", "static", "--seed", "12345", "--num-cpus", "2",
-                       *(["--data.local_max_bytes", "0"] if ray else [])], env, cwd=REPO)
+                       "--data.dedup", args.dedup, *(["--data.local_max_bytes", "0"] if ray else [])], env, cwd=REPO)
             return {**r, "stats": our_stats(out)}
 
         results: dict[str, list[dict]] = {"google": [], "ours": [], "ours (Ray)": []}

@@ -406,6 +406,8 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
                 continue
         raise ConfigError(f"{where} {value!r} is not {' or '.join(map(_describe, options))}")
     if origin is Literal:
+        if isinstance(value, bool) and ("off" if value is False else "on") in args:
+            value = "off" if value is False else "on"  # YAML 1.1 reads a bare off/on as a boolean
         _check(value in args, f"{where} {value!r} is not one of {', '.join(map(str, args))}")
         return value
     if origin is list:

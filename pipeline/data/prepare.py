@@ -144,6 +144,7 @@ def dedup_pass(ex: Any, units: list[InputFile], cfg: DataConfig, work: str, loca
     if cfg.dedup == "off":
         return None
     params = dedup_params(cfg)
+    start = time.perf_counter()
     paths = [join(work, "dd", f"{unit_name(u)}.parquet") for u in units]
     log(f"dedup: {cfg.dedup} duplicates of {len(units)} unit(s) {ex.where()}"
         + (f" (threshold {params.threshold}, {params.num_perm} permutations, {params.bands}x{params.rows} bands)"
@@ -169,7 +170,7 @@ def dedup_pass(ex: Any, units: list[InputFile], cfg: DataConfig, work: str, loca
         names.update(zip(ids[hit].tolist(), t.column("name").take(hit).to_pylist()))
     kinds = dups.kind_names()
     log(f"dedup: {len(orders)} documents, {kinds.count('exact')} exact and {kinds.count('near')} near duplicates "
-        f"dropped")
+        f"dropped ({time.perf_counter() - start:.1f}s)")
     return DedupResult(dups, names)
 
 
