@@ -85,6 +85,7 @@ version (rensa 0.5 is version 2; the dependency is pinned below 0.6: signatures 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
@@ -119,10 +120,15 @@ def exact_keys(texts: Iterable[str]) -> np.ndarray:
     >>> bool((k[0] == k[1]).all()), bool((k[0] == k[2]).all())
     (True, False)
     """
-    digests = b"".join(hashlib.blake2b(normalise(t).encode("utf-8"), digest_size=16).digest() for t in texts)
+    return _exact_keys_of_normalised(normalise(t) for t in texts)
+
+
+def _exact_keys_of_normalised(norms: Iterable[str]) -> np.ndarray:
+    digests = b"".join(hashlib.blake2b(t.encode("utf-8"), digest_size=16).digest() for t in norms)
     return np.frombuffer(digests, dtype="<u8").reshape(-1, 2).copy()
 
 
+@functools.lru_cache(maxsize=64)  # ~40 ms a call, and every DedupParams asks
 def lsh_bands(threshold: float, num_perm: int, fn_weight: float = 0.9) -> tuple[int, int]:
     """(bands, rows) with bands * rows <= num_perm minimising the weighted areas under the LSH S-curve
     P(candidate | J) = 1 - (1 - J**rows)**bands: false positives (J < threshold) weighted 1 - fn_weight, false
@@ -209,10 +215,22 @@ def shingle_hashes(text: str, shingle_size: int = 5) -> np.ndarray:
     >>> bool((shingle_hashes("A  B c d e") == shingle_hashes("a b c d e")).all())
     True
     """
-    words = normalise(text).split(" ")
-    unique = dict.fromkeys(words)
-    digests = b"".join(hashlib.blake2b(w.encode("utf-8"), digest_size=8).digest() for w in unique)
-    table = dict(zip(unique, np.frombuffer(digests, dtype="<u8").tolist()))
+    return _shingles_of_normalised(normalise(text), shingle_size)
+
+
+_WORD_HASHES: dict[str, int] = {}  # word -> its 8-byte blake2b, across documents (a corpus repeats its words)
+_WORD_CACHE_MAX = 500_000
+
+
+def _shingles_of_normalised(norm: str, shingle_size: int) -> np.ndarray:
+    words = norm.split(" ")
+    table = _WORD_HASHES
+    new = [w for w in dict.fromkeys(words) if w not in table]
+    if len(table) + len(new) > _WORD_CACHE_MAX:
+        table.clear()
+        new = list(dict.fromkeys(words))
+    digests = b"".join(hashlib.blake2b(w.encode("utf-8"), digest_size=8).digest() for w in new)
+    table.update(zip(new, np.frombuffer(digests, dtype="<u8").tolist()))
     w = np.fromiter((table[x] for x in words), dtype=np.uint64, count=len(words))
     k = min(shingle_size, len(w))
     m = len(w) - k + 1
@@ -246,6 +264,16 @@ def signatures(texts: Iterable[str], params: DedupParams) -> np.ndarray:
     (True, 0.0)
     """
     return signatures_of_shingles([shingle_hashes(t, params.shingle_size) for t in texts], params)
+
+
+def records(texts: Sequence[str], params: DedupParams) -> tuple[np.ndarray, np.ndarray | None]:
+    """(exact_keys(texts), signatures(texts, params) or None when params.mode is not near), each text normalised
+    once: what the dedup pass keeps of a batch of documents."""
+    norms = [normalise(t) for t in texts]
+    keys = _exact_keys_of_normalised(norms)
+    if params.mode != "near":
+        return keys, None
+    return keys, signatures_of_shingles([_shingles_of_normalised(n, params.shingle_size) for n in norms], params)
 
 
 def similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from pipeline.config import DataConfig
 from pipeline.data.arrow import arrow, fixed_rows_array, list_array, list_rows, numpy_of, string_array
 from pipeline.data.dataset import SCHEMA
-from pipeline.data.dedup import DedupParams, exact_keys, signatures
+from pipeline.data.dedup import DedupParams, records
 from pipeline.data.examples import (
     RandomPool,
     create_instances_from_document,
@@ -81,9 +81,10 @@ def sign_unit(f: InputFile, cfg: DataConfig, path: str) -> dict[str, Any]:
     chars = 0
 
     def flush() -> None:
-        keys.append(exact_keys(texts))
-        if params.mode == "near":
-            sigs.append(signatures(texts, params))
+        k, sig = records(texts, params)
+        keys.append(k)
+        if sig is not None:
+            sigs.append(sig)
         texts.clear()
 
     for item in read_documents(f, cfg.text_column, wiki_options(cfg)):
