@@ -41,6 +41,7 @@ def _cfg(store: Path, *overrides: str):
                                 ["--train.storage_path", str(store / "runs"), "--train.torch_threads", "2", *overrides])
 
 
+@pytest.mark.slow
 def test_pydocs_topic_from_minilm(ray_local, store, shared_dir, minilm_dir):
     from mlflow import MlflowClient
 
@@ -85,6 +86,7 @@ def test_pydocs_topic_from_minilm(ray_local, store, shared_dir, minilm_dir):
         torch.testing.assert_close(ours(**enc).logits, hf(**enc).logits, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_token_classification_bible_two_workers(ray_local, store, minilm_dir):
     # two DDP workers (gloo), 8 sentences each per step: a global batch of 16
     cfg = _cfg(store, "--data.max_seq_length", "48", "--data.max_train_examples", "320", "--data.max_eval_examples", "150",
@@ -99,6 +101,7 @@ def test_token_classification_bible_two_workers(ray_local, store, minilm_dir):
     assert m["f1"] >= 0.5 and m["token_accuracy"] > 0.96, m
 
 
+@pytest.mark.slow
 def test_question_answering_bible(ray_local, store, minilm_dir, tmp_path):
     """Train on the SQuAD v2-style file (unanswerable questions train the [CLS] target), evaluate on its
     answerable dev questions as a v1.1 file, so the score is the quality of the decoded spans.
