@@ -29,16 +29,19 @@ import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from pipeline.config import DataConfig
+from pipeline.data.arrow import fixed_rows, numpy_of
+from pipeline.data.dedup import DedupParams, Edges, find_edges
 from pipeline.data.examples import RandomPool
 from pipeline.data.masking import MaskingPolicy
 from pipeline.data.passes import Batch, encode_pieces, examples_for_chunks, sign_unit, tokenize_file, write_shard
 from pipeline.data.progress import Progress
 from pipeline.data.sources import InputFile
 from pipeline.data.tokenizer import SentenceEncoder, check_pair, read_vocab
-from pipeline.io import join
+from pipeline.io import join, read_table
 
 Call = tuple  # (PassWorker method, its arguments, anything the caller wants back with the result)
 
@@ -111,6 +114,10 @@ class _Executor:
 
     def release(self) -> None:
         """Give the workers' resources back until the next call (a no-op where nothing is reserved)."""
+
+    def duplicate_edges(self, paths: list[str], params: DedupParams) -> tuple[Edges, Edges]:
+        """The dedup pass's candidate edges (exact, near) from the records `sign` wrote to `paths`."""
+        raise NotImplementedError
 
     def map(self, method: str, args: list[tuple], cost: list[float] | None = None) -> list[Any]:
         """`method(*a)` for each `a` in `args`, results in that order; the costliest are submitted first (a big
@@ -202,6 +209,16 @@ class LocalExecutor(_Executor):
 
     def where(self) -> str:
         return "in this process" if self.pool is None else f"on {self.workers} local worker processes"
+
+    def duplicate_edges(self, paths: list[str], params: DedupParams) -> tuple[Edges, Edges]:
+        """The dedup pass's grouping, here: every record's keys and signature in memory (648 bytes a document at
+        the default), grouped by a sort (`dedup.find_edges`)."""
+        tables = [read_table(p, columns=["doc_id", "exact_hi", "exact_lo"]) for p in paths]
+        orders = np.concatenate([numpy_of(t.column("doc_id")) for t in tables])
+        exact = np.stack([np.concatenate([numpy_of(t.column(c)) for t in tables]) for c in ("exact_hi", "exact_lo")], 1)
+        sigs = (np.concatenate([fixed_rows(read_table(p, columns=["sig"]).column("sig"), np.uint32) for p in paths])
+                if params.mode == "near" else None)
+        return find_edges(orders, exact, sigs, params)
 
     def imap(self, calls: Iterable[Call]) -> Iterator[tuple[Call, Any]]:
         if self.pool is None:
@@ -295,6 +312,50 @@ class RayExecutor(_Executor):
             load[a] -= 1
             ready[seq] = (call, ray.get(ref))
             self.calls_per_node[call[0]][self.nodes[a]] += 1
+
+    def duplicate_edges(self, paths: list[str], params: DedupParams) -> tuple[Edges, Edges]:
+        """The dedup pass's grouping on Ray Data, across the cluster: exact keys grouped (`exact_edges_for_group`),
+        then each representative's band keys grouped (`edges_for_group`); only orders, keys and signatures travel,
+        and only edges come back. The actors are ended first: Ray Data's tasks need their CPUs."""
+        import ray.data
+
+        from pipeline.core.launcher import quiet_ray_data
+        from pipeline.data import dedup
+
+        quiet_ray_data()  # the "[data]" lines are this stage's progress
+        self.release()
+
+        def collect(ds: Any) -> Edges:
+            parts = [Edges(b["src"].astype(np.int64), b["dst"].astype(np.int64), b["similarity"].astype(np.float32))
+                     for b in ds.iter_batches(batch_format="numpy", batch_size=None) if len(b["src"])]
+            return Edges.concat(parts)
+
+        def edges_dict(e: Edges) -> dict[str, np.ndarray]:
+            return {"src": e.src, "dst": e.dst, "similarity": e.similarity}
+
+        records = ray.data.read_parquet(paths, columns=["doc_id", "exact_hi", "exact_lo"]
+                                        + (["sig"] if params.mode == "near" else []))
+        exact = collect(records.groupby(["exact_hi", "exact_lo"]).map_groups(
+            lambda g: edges_dict(dedup.exact_edges_for_group(g["doc_id"])), batch_format="numpy"))
+        if params.mode != "near":
+            return exact, Edges.empty()
+        followers = np.unique(exact.dst)  # members of an exact group other than its first: not in the near step
+
+        def band_rows(b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            keep = ~np.isin(b["doc_id"], followers)
+            orders, sig_bytes = b["doc_id"][keep], b["sig"][keep]
+            sigs = np.frombuffer(b"".join(sig_bytes.tolist()), np.uint32).reshape(len(orders), params.num_perm)
+            keys = dedup.band_keys(sigs, params)  # (n, bands)
+            return {"key": keys.T.ravel(), "doc_id": np.tile(orders, params.bands),
+                    "sig": np.tile(sig_bytes, params.bands)}
+
+        def near_group(g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            sigs = np.frombuffer(b"".join(g["sig"].tolist()), np.uint32).reshape(len(g["doc_id"]), params.num_perm)
+            return edges_dict(dedup.edges_for_group(g["doc_id"], sigs, params) if len(g["doc_id"]) > 1 else Edges.empty())
+
+        near = collect(records.map_batches(band_rows, batch_format="numpy").groupby("key").map_groups(
+            near_group, batch_format="numpy"))
+        return exact, near
 
     def close(self) -> None:
         import ray

@@ -34,8 +34,8 @@ import pyarrow as pa
 
 from pipeline.config import DataConfig, config_hash
 from pipeline.data.executors import make_executor
-from pipeline.data.dedup import Duplicates, Edges, find_edges, resolve
-from pipeline.data.arrow import fixed_rows, numpy_of
+from pipeline.data.arrow import numpy_of
+from pipeline.data.dedup import Duplicates, resolve
 from pipeline.data.passes import (
     FileMerge,
     chunk_path,
@@ -136,11 +136,11 @@ class DedupResult:
                 "near": kinds.count("near")}
 
 
-def dedup_pass(ex: Any, units: list[InputFile], cfg: DataConfig, work: str, local: bool) -> DedupResult | None:
+def dedup_pass(ex: Any, units: list[InputFile], cfg: DataConfig, work: str) -> DedupResult | None:
     """Pass 0, before tokenizing (data.dedup exact or near; None when off): each unit's documents become compact
-    records on the workers (`sign_unit`: doc_id, name, exact key, MinHash signature); the duplicates are then
-    found on this machine (`find_edges`, a sort) or, on Ray, grouped by Ray Data (`_edges_on_ray`), and the
-    keep-first rule applied here (`resolve`). Texts never leave the workers."""
+    records on the workers (`sign_unit`: doc_id, name, exact key, MinHash signature); the executor groups them
+    into candidate edges (`duplicate_edges`: a sort here, Ray Data's groupby on Ray), and the keep-first rule is
+    applied here (`resolve`). Texts never leave the workers."""
     if cfg.dedup == "off":
         return None
     params = dedup_params(cfg)
@@ -150,70 +150,21 @@ def dedup_pass(ex: Any, units: list[InputFile], cfg: DataConfig, work: str, loca
         + (f" (threshold {params.threshold}, {params.num_perm} permutations, {params.bands}x{params.rows} bands)"
            if params.mode == "near" else ""))
     ex.map("sign", list(zip(units, paths)), [text_bytes(u) for u in units])
-    tables = [read_table(p, columns=["doc_id", "exact_hi", "exact_lo"]) for p in paths]
-    orders = np.concatenate([numpy_of(t.column("doc_id")) for t in tables])
-    if local:
-        exact = np.stack([np.concatenate([numpy_of(t.column(c)) for t in tables]) for c in ("exact_hi", "exact_lo")], 1)
-        sigs = (np.concatenate([fixed_rows(read_table(p, columns=["sig"]).column("sig"), np.uint32) for p in paths])
-                if params.mode == "near" else None)
-        edges = find_edges(orders, exact, sigs, params)
-    else:
-        ex.release()  # the actors' CPUs, for Ray Data's grouping tasks
-        edges = _edges_on_ray(paths, params)
+    edges = ex.duplicate_edges(paths, params)
     dups = resolve(*edges)
     wanted = np.union1d(dups.order, dups.duplicate_of)
     names: dict[int, str] = {}
+    docs = 0
     for p in paths:
         t = read_table(p, columns=["doc_id", "name"])
         ids = numpy_of(t.column("doc_id"))
+        docs += len(ids)
         hit = np.flatnonzero(np.isin(ids, wanted))
         names.update(zip(ids[hit].tolist(), t.column("name").take(hit).to_pylist()))
     kinds = dups.kind_names()
-    log(f"dedup: {len(orders)} documents, {kinds.count('exact')} exact and {kinds.count('near')} near duplicates "
+    log(f"dedup: {docs} documents, {kinds.count('exact')} exact and {kinds.count('near')} near duplicates "
         f"dropped ({time.perf_counter() - start:.1f}s)")
     return DedupResult(dups, names)
-
-
-def _edges_on_ray(paths: list[str], params: Any) -> tuple[Edges, Edges]:
-    """The grouping steps on Ray Data: exact keys grouped (`exact_edges_for_group`), then each representative's
-    band keys grouped (`edges_for_group`); only orders, keys and signatures travel, and only edges come back."""
-    import ray.data
-
-    from pipeline.core.launcher import quiet_ray_data
-    from pipeline.data import dedup
-
-    quiet_ray_data()  # the "[data]" lines are this stage's progress
-    def collect(ds: Any) -> Edges:
-        parts = [Edges(b["src"].astype(np.int64), b["dst"].astype(np.int64), b["similarity"].astype(np.float32))
-                 for b in ds.iter_batches(batch_format="numpy", batch_size=None) if len(b["src"])]
-        return Edges.concat(parts)
-
-    def edges_dict(e: Edges) -> dict[str, np.ndarray]:
-        return {"src": e.src, "dst": e.dst, "similarity": e.similarity}
-
-    records = ray.data.read_parquet(paths, columns=["doc_id", "exact_hi", "exact_lo"]
-                                    + (["sig"] if params.mode == "near" else []))
-    exact = collect(records.groupby(["exact_hi", "exact_lo"]).map_groups(
-        lambda g: edges_dict(dedup.exact_edges_for_group(g["doc_id"])), batch_format="numpy"))
-    if params.mode != "near":
-        return exact, Edges.empty()
-    followers = np.unique(exact.dst)  # members of an exact group other than its first: not in the near step
-
-    def band_rows(b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        keep = ~np.isin(b["doc_id"], followers)
-        orders, sig_bytes = b["doc_id"][keep], b["sig"][keep]
-        sigs = np.frombuffer(b"".join(sig_bytes.tolist()), np.uint32).reshape(len(orders), params.num_perm)
-        keys = dedup.band_keys(sigs, params)  # (n, bands)
-        return {"key": keys.T.ravel(), "doc_id": np.tile(orders, params.bands),
-                "sig": np.tile(sig_bytes, params.bands)}
-
-    def near_group(g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        sigs = np.frombuffer(b"".join(g["sig"].tolist()), np.uint32).reshape(len(g["doc_id"]), params.num_perm)
-        return edges_dict(dedup.edges_for_group(g["doc_id"], sigs, params) if len(g["doc_id"]) > 1 else Edges.empty())
-
-    near = collect(records.map_batches(band_rows, batch_format="numpy").groupby("key").map_groups(
-        near_group, batch_format="numpy"))
-    return exact, near
 
 
 def tokenize_pass(ex: Any, files: list[InputFile], cfg: DataConfig, work: str,
@@ -269,9 +220,8 @@ def prepare_shards(
     discard_other_work(cfg.output, work)
     worker_args = (tokenizer_path, dataclasses.asdict(cfg), work, vocab_sha)
     units = [u for f in files for u in split_units(f, unit_bytes(cfg))]
-    local = runs_in_process(cfg, files)
-    with make_executor(cfg, files, worker_args, local=local) as ex:
-        dups = dedup_pass(ex, units, cfg, work, local)
+    with make_executor(cfg, files, worker_args, local=runs_in_process(cfg, files)) as ex:
+        dups = dedup_pass(ex, units, cfg, work)
         file_stats = sorted(tokenize_pass(ex, units, cfg, work, dups.dropped_by_file() if dups else None),
                             key=lambda s: s["pool"])
         reasons: Counter[str] = Counter()
