@@ -4,6 +4,19 @@ A config file has the sections `data`, `model`, `train`, `tracking` (DESIGN.md).
 the command line as `--section.field value`; the value is parsed as YAML, and a scalar given for a list field
 becomes a one-element list. Unknown sections or fields are errors that name them, so a typo never passes
 silently. Relative paths are resolved against the directory the command runs in (`resolve_paths`).
+`BaseTrainConfig` holds the training fields pretraining (`TrainConfig`) and fine-tuning
+(`pipeline.finetune.config`) share.
+
+The command line is jsonargparse's (`config_parser`, `parse_cli`), chosen over tyro because it is built for
+this shape: YAML config files, dotted `--section.field` keys whose values are read as YAML, and help generated from
+the dataclasses with each field's attribute docstring (docstring-parser), type and default; litgpt uses it the
+same way. tyro parses values by type, not as YAML, and has no config files of its own. jsonargparse builds every
+job's parser and `--help` and parses the job's own flags. The `--section.field` values are still coerced here
+(`coerce`, `build_section`, `load_sections`), because jsonargparse's type checks reject what this project's
+syntax has always accepted: a scalar for a list (`--data.inputs /data/books`), a whole number written as a float
+for an int (`--train.warmup_steps 1e1`), a comma list of numbers (`--tune.lr 1e-4,3e-4`). Its errors are also
+several lines (`Parser key "train.lr": Expected a <class 'float'>`), where jobs print one line naming the field
+(`train.lr 'abc' is not a number`).
 
     >>> cfg = load_config(None, ["--train.max_steps", "30", "--data.inputs", "/data/books"])
     >>> cfg.train.max_steps, cfg.data.inputs
