@@ -16,7 +16,7 @@
 4. The driver adds the tokenizer files and registers the best model (HF directory, safetensors) with tags
    naming the source model version and the pretraining run. A failed run ends FAILED, an interrupted one KILLED.
 
-The peak LR is `train.lr`, by default `auto` (`resolve_lr`: by the model's hidden size, `AUTO_LR`). With `tune.lr`
+The peak LR is `train.lr`, by default `auto` (`pipeline.finetune.config.resolve_lr`: by the model's hidden size). With `tune.lr`
 set, steps 3-4 become a Ray Tune sweep (`pipeline.finetune.sweep`): one trial per LR, each through the same
 `fit_run`, and only the best trial's model registered.
 """
