@@ -572,6 +572,7 @@ def config_parser(sections: dict[str, type], description: str | None = None) -> 
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
     parser = ArgumentParser(description=description, exit_on_error=False, conflict_handler="resolve",
+                            usage="%(prog)s [options] [--config FILE] [--section.field VALUE ...]",
                             formatter_class=Formatter, env_prefix=False, default_env=False)
     parser.add_argument("--config", default=None, help="YAML preset (sections: " + ", ".join(sections) + "); "
                         "`--section.field value` overrides it, the value read as YAML")
