@@ -17,7 +17,6 @@ prints one line on stderr and exits 1, without a traceback. Ctrl-C or SIGTERM en
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -38,26 +37,31 @@ def _terminate(signum, frame):  # noqa: ARG001 - SIGTERM (ray job stop, kill) un
 
 
 def _usage_error(message: str):
-    """argparse's usage errors as one line and exit code 1 (its own are two lines and exit 2)."""
+    """Usage errors as one line and exit code 1 (argparse's own are two lines and exit 2)."""
     print(f"error: {message} (see --help)", file=sys.stderr)
     sys.exit(1)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    from pipeline.config import ConfigError, config_parser, parse_cli
+    from pipeline.finetune.config import FT_SECTIONS
+
+    ap = config_parser(FT_SECTIONS, __doc__)  # --help: these flags and every --section.field, documented
     ap.add_argument("--model", required=True, help="models:/name@alias, models:/name/version, a HF dir, or scratch:<preset>")
     ap.add_argument("--task", required=True, choices=["sequence-classification", "token-classification", "question-answering"])
     ap.add_argument("--train", required=True, help="training file (TSV/CSV/JSONL, CoNLL, or SQuAD JSON)")
     ap.add_argument("--eval", required=True, help="evaluation file, same format")
     ap.add_argument("--config", default=None, help="YAML with sections data/model/train/eval/tracking")
     ap.add_argument("--output", default=None, help="also keep the fine-tuned HF directory here")
-    ap.error = _usage_error  # type: ignore[method-assign]
-    args, overrides = ap.parse_known_args(argv)
+    try:
+        args, overrides = parse_cli(ap, sys.argv[1:] if argv is None else argv)
+    except ConfigError as e:
+        _usage_error(str(e))
 
-    from pipeline.config import ConfigError
     from pipeline.core.launcher import RayStartError
     from pipeline.finetune.data import FinetuneDataError
-    from pipeline.finetune.job import load_finetune_config, run_finetune
+    from pipeline.finetune.config import load_finetune_config
+    from pipeline.finetune.job import run_finetune
     from pipeline.tracking import TrackingError
 
     signal.signal(signal.SIGTERM, _terminate)

@@ -13,7 +13,6 @@ naming the holder (pipeline.io.output_lock; no lock on s3:// etc.).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -22,8 +21,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parser():
+    """The job's flags (DESIGN.md) beside the `data` section's `--data.field` overrides, all in --help."""
+    from pipeline.config import DataConfig, config_parser
+
+    ap = config_parser({"data": DataConfig}, __doc__)
     ap.add_argument("--input", action="append", default=None, help="file or folder; repeat for several")
     ap.add_argument("--output", default=None, help="output directory or URI")
     voc = ap.add_mutually_exclusive_group()
@@ -34,17 +36,19 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--config", default=None, help="YAML with a `data` section")
     ap.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray started when RAY_ADDRESS is unset")
-    return ap.parse_known_args(argv)
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, rest = parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from pipeline.cli import run_job
 
     def body() -> int:
-        from pipeline.config import load_config, resolve_paths
+        from pipeline.config import load_config, parse_cli, resolve_paths
         from pipeline.data.stages import check_paths
+
+        args, rest = parse_cli(parser(), argv)
 
         flags = {"inputs": args.input, "output": args.output, "vocab": args.vocab, "vocab_size": args.vocab_size,
                  "max_seq_length": args.max_seq_length, "masking": args.masking, "seed": args.seed}

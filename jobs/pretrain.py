@@ -13,7 +13,6 @@ Ray does not upload `.git` with `--working-dir`, so pass the commit for the `git
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import subprocess
@@ -39,10 +38,11 @@ def git_sha() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", help="YAML preset (configs/tiny.yaml, base.yaml, large.yaml)")
-    args, overrides = parser.parse_known_args(argv)
     from pipeline.cli import run_job
+    from pipeline.config import SECTIONS, config_parser, parse_cli
+
+    parser = config_parser(SECTIONS, __doc__)  # --help: --config and every --section.field, documented
+    argv = sys.argv[1:] if argv is None else argv
 
     attempt = uuid.uuid4().hex[:12]
     state: dict = {}
@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.data.stages import check_paths
         from pipeline.tracking import check_tracking_server, tracking_uri
 
+        args, overrides = parse_cli(parser, argv)
         cfg = resolve_paths(load_config(args.config, overrides))
         check_paths(cfg.data)
         uri = tracking_uri()
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             res = ray.cluster_resources()
             print(f"tracking: {uri}; ray: {address} ({res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU); "
                   f"Ray's logs: {launcher.session_log_dir()}", flush=True)
-            command = "python jobs/pretrain.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+            command = "python jobs/pretrain.py " + " ".join(shlex.quote(a) for a in argv)
             stages = pretrain_stages(cfg, git_sha=git_sha(), tracking_uri=uri, attempt=attempt, command=command)
             state["started"] = True
             results = run_graph(stages, remote=True)

@@ -4,6 +4,19 @@ A config file has the sections `data`, `model`, `train`, `tracking` (DESIGN.md).
 the command line as `--section.field value`; the value is parsed as YAML, and a scalar given for a list field
 becomes a one-element list. Unknown sections or fields are errors that name them, so a typo never passes
 silently. Relative paths are resolved against the directory the command runs in (`resolve_paths`).
+`BaseTrainConfig` holds the training fields pretraining (`TrainConfig`) and fine-tuning
+(`pipeline.finetune.config`) share.
+
+The command line is jsonargparse's (`config_parser`, `parse_cli`), chosen over tyro because it is built for
+this shape: YAML config files, dotted `--section.field` keys whose values are read as YAML, and help generated from
+the dataclasses with each field's attribute docstring (docstring-parser), type and default; litgpt uses it the
+same way. tyro parses values by type, not as YAML, and has no config files of its own. jsonargparse builds every
+job's parser and `--help` and parses the job's own flags. The `--section.field` values are still coerced here
+(`coerce`, `build_section`, `load_sections`), because jsonargparse's type checks reject what this project's
+syntax has always accepted: a scalar for a list (`--data.inputs /data/books`), a whole number written as a float
+for an int (`--train.warmup_steps 1e1`), a comma list of numbers (`--tune.lr 1e-4,3e-4`). Its errors are also
+several lines (`Parser key "train.lr": Expected a <class 'float'>`), where jobs print one line naming the field
+(`train.lr 'abc' is not a number`).
 
     >>> cfg = load_config(None, ["--train.max_steps", "30", "--data.inputs", "/data/books"])
     >>> cfg.train.max_steps, cfg.data.inputs
@@ -12,9 +25,11 @@ silently. Relative paths are resolved against the directory the command runs in 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -172,15 +187,59 @@ class PhaseConfig:
 
 
 @dataclass
-class TrainConfig:
-    """Ray Train pretraining: scale, optimisation, checkpoints and fault tolerance."""
+class BaseTrainConfig:
+    """Ray Train fields shared by pretraining (`TrainConfig`) and fine-tuning (`pipeline.finetune.config`), as litgpt's
+    `TrainArgs` serves both; each subclass adds its own fields and may redefine a default (seed, lr, max_steps)."""
 
     num_workers: int = 1
     """Ray Train workers (one process each; DDP across them)."""
     use_gpu: bool = False
-    """One GPU per worker when true (NCCL); CPU with gloo otherwise."""
+    """One GPU per worker when true (NCCL); CPU with gloo otherwise. Fails at once on a cluster without a GPU."""
     cpus_per_worker: float = 0.5
-    """CPUs reserved per worker; fractional on small machines so Ray Data tasks are not starved."""
+    """CPUs reserved per worker; fractional on small machines so Ray's own tasks and actors are not starved."""
+    max_steps: int | None = None
+    """Optimizer steps in the whole run."""
+    optimizer: Literal["adamw", "lamb"] = "adamw"
+    """adamw, or lamb for large batches (You et al. 2019)."""
+    lr: float = 1e-3
+    """Peak learning rate (reached at the end of warmup)."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay (not on biases/LayerNorm)."""
+    schedule: Literal["linear", "polynomial"] = "linear"
+    """Decay after warmup, to 0 at the last step."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (0 disables clipping)."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """bf16 autocast (GPU or CPU), fp16 autocast with a gradient scaler (GPU), or fp32."""
+    log_every_steps: int = 1
+    """Log training metrics to MLflow every N optimizer steps."""
+    checkpoint_every_steps: int | None = None
+    """Report a checkpoint (weights, optimizer, scheduler, scaler, RNGs, data positions) every N steps."""
+    max_failures: int = 0
+    """Worker failures Ray Train recovers from (restart from the last checkpoint); -1 = unlimited."""
+    seed: int = 0
+    """Seeds model init, dropout and data order; with it, CPU runs are bit-reproducible."""
+    storage_path: str = "runs"
+    """Local path (relative to the current directory) or pyarrow/fsspec URI where Ray Train keeps checkpoints."""
+
+    def __post_init__(self) -> None:
+        _check(self.num_workers >= 1, f"train.num_workers {self.num_workers} < 1")
+        _check(self.cpus_per_worker > 0, f"train.cpus_per_worker {self.cpus_per_worker} must be > 0")
+        _check(self.max_steps is None or self.max_steps >= 1, f"train.max_steps {self.max_steps} < 1")
+        _check(self.optimizer in ("adamw", "lamb"), f"train.optimizer {self.optimizer!r} is not adamw or lamb")
+        _check(self.precision in ("fp32", "bf16", "fp16"), f"train.precision {self.precision!r} is not fp32/bf16/fp16")
+        _check(self.lr == "auto" or 0 < self.lr < math.inf, f"train.lr {self.lr} must be > 0")
+        _check(self.max_grad_norm >= 0, f"train.max_grad_norm {self.max_grad_norm} < 0")
+        _check(self.log_every_steps >= 1, f"train.log_every_steps {self.log_every_steps} < 1")
+        _check(self.checkpoint_every_steps is None or self.checkpoint_every_steps >= 1,
+               f"train.checkpoint_every_steps {self.checkpoint_every_steps} < 1")
+        _check(self.max_failures >= -1, f"train.max_failures {self.max_failures} < -1")
+
+
+@dataclass
+class TrainConfig(BaseTrainConfig):
+    """Ray Train pretraining: scale, optimisation, checkpoints and fault tolerance."""
+
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
     """How Ray places the workers: PACK fills a node first, SPREAD puts them on different nodes."""
     data_cpus: float | None = None
@@ -193,22 +252,12 @@ class TrainConfig:
     """Examples per forward/backward on one worker."""
     phases: list[PhaseConfig] = field(default_factory=list)
     """Empty: one phase on data.output at data.max_seq_length. Else phases run in order on their own data."""
-    lr: float = 1e-3
-    """Peak learning rate (reached at the end of warmup)."""
     warmup_steps: int = 10
     """Linear warmup from 0 to lr over this many optimizer steps."""
-    weight_decay: float = 0.01
-    """Decoupled weight decay (not on biases/LayerNorm)."""
-    optimizer: Literal["adamw", "lamb"] = "adamw"
-    """adamw, or lamb for large batches (You et al. 2019)."""
     schedule: Literal["linear", "polynomial"] = "linear"
     """Decay after warmup, to 0 at max_steps."""
     poly_power: float = 1.0
     """Power of the polynomial decay (NVIDIA's LAMB recipe uses 0.5)."""
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm to this (0 disables clipping)."""
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    """bf16 autocast (GPU or CPU), fp16 autocast with a gradient scaler (GPU), or fp32."""
     materialize_data: bool = False
     """Read each worker's shards once into the Ray object store (small corpora: epochs then cost nothing to re-read)."""
     shuffle_buffer_rows: int = 16384
@@ -219,27 +268,18 @@ class TrainConfig:
     """Evaluate on the held-out shards every N steps (and at the end); 0 disables periodic evaluation."""
     eval_batches: int = 10
     """Micro-batches per worker in each evaluation (0 = the whole held-out set)."""
-    log_every_steps: int = 1
-    """Log training metrics to MLflow every N optimizer steps."""
     checkpoint_every_steps: int = 50
     """Report a checkpoint (weights, optimizer, scheduler, scaler, RNGs, data positions) every N steps."""
     num_to_keep: int = 2
     """Checkpoints Ray Train keeps in storage_path."""
-    max_failures: int = 0
-    """Worker failures Ray Train recovers from (restart from the last checkpoint); -1 = unlimited."""
-    storage_path: str = "runs"
-    """Local path or pyarrow/fsspec URI where Ray Train keeps checkpoints."""
     run_name: str | None = None
     """Re-running with the same run name resumes it; null derives one from the config hash."""
-    seed: int = 0
-    """Seeds model init, dropout and dynamic masking; with it, CPU runs are bit-reproducible."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.phases, list), f"train.phases must be a list of phases, got {self.phases!r}")
         self.phases = [p if isinstance(p, PhaseConfig) else build_section(PhaseConfig, p, f"train.phases[{i}]")
                        for i, p in enumerate(self.phases or [])]
-        _check(self.num_workers >= 1, f"train.num_workers {self.num_workers} < 1")
-        _check(self.max_steps >= 1, f"train.max_steps {self.max_steps} < 1")
+        super().__post_init__()
         _check(self.micro_batch_size >= 1, f"train.micro_batch_size {self.micro_batch_size} < 1")
         _check(self.global_batch_size >= 1, f"train.global_batch_size {self.global_batch_size} < 1")
         per_step = self.micro_batch_size * self.num_workers
@@ -256,17 +296,11 @@ class TrainConfig:
             gb = ph.global_batch_size or self.global_batch_size
             _check(gb % (mb * self.num_workers) == 0,
                    f"train.phases[{i}] global_batch_size {gb} is not a multiple of micro_batch_size * num_workers = {mb * self.num_workers}")
-        _check(self.optimizer in ("adamw", "lamb"), f"train.optimizer {self.optimizer!r} is not adamw or lamb")
         _check(self.schedule in ("linear", "polynomial"), f"train.schedule {self.schedule!r} is not linear or polynomial")
-        _check(self.precision in ("fp32", "bf16", "fp16"), f"train.precision {self.precision!r} is not fp32/bf16/fp16")
-        _check(self.lr > 0, f"train.lr {self.lr} must be > 0")
         _check(self.warmup_steps >= 0, f"train.warmup_steps {self.warmup_steps} < 0")
         _check(self.poly_power > 0, f"train.poly_power {self.poly_power} must be > 0")
-        _check(self.cpus_per_worker > 0, f"train.cpus_per_worker {self.cpus_per_worker} must be > 0")
         _check(self.num_eval_shards >= 0, f"train.num_eval_shards {self.num_eval_shards} < 0")
-        _check(self.checkpoint_every_steps >= 1, f"train.checkpoint_every_steps {self.checkpoint_every_steps} < 1")
         _check(self.num_to_keep >= 1, f"train.num_to_keep {self.num_to_keep} < 1")
-        _check(self.log_every_steps >= 1, f"train.log_every_steps {self.log_every_steps} < 1")
         _check(self.shuffle_buffer_rows >= 1, f"train.shuffle_buffer_rows {self.shuffle_buffer_rows} < 1")
         self.phase_steps()  # validates the phase split
 
@@ -515,6 +549,70 @@ def load_sections(
 def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> Config:
     """Read a YAML preset (or the defaults when `path` is None) and apply `--section.field value` overrides."""
     return Config(**load_sections(path, overrides, SECTIONS))
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(`--section.field value` overrides, the job's own arguments): an option whose name has a dot is an override.
+
+    >>> split_overrides(["--config", "c.yaml", "--train.lr", "1e-4", "--data.inputs=/a", "--input", "x.txt"])
+    (['--train.lr', '1e-4', '--data.inputs=/a'], ['--config', 'c.yaml', '--input', 'x.txt'])
+    """
+    overrides: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        key, eq, _ = argv[i].partition("=")
+        n = 1 if eq or i + 1 == len(argv) else 2
+        if key.startswith("--") and "." in key:
+            overrides += argv[i:i + n]
+            i += n
+        else:
+            rest.append(argv[i])
+            i += 1
+    return overrides, rest
+
+
+class _NoSectionFile(argparse.Action):
+    """Stands in for the `--<section> FILE` option jsonargparse adds per section: --config is the one config file."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ARG002 - argparse's signature
+        raise ConfigError(f"unrecognised argument {option_string!r} (expected --section.field value)")
+
+
+def config_parser(sections: dict[str, type], description: str | None = None) -> Any:
+    """A job's jsonargparse parser: `--config FILE` and, per section, every `--section.field` with its doc line, type
+    and default (read from the dataclass). The job adds its own flags to it and parses with `parse_cli`."""
+    from jsonargparse import ArgumentParser, DefaultHelpFormatter, set_parsing_settings
+
+    class Formatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
+        """Keeps the job docstring's own line breaks."""
+
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)
+    parser = ArgumentParser(description=description, exit_on_error=False, conflict_handler="resolve",
+                            usage="%(prog)s [options] [--config FILE] [--section.field VALUE ...]",
+                            formatter_class=Formatter, env_prefix=False, default_env=False)
+    parser.add_argument("--config", default=None, help="YAML preset (sections: " + ", ".join(sections) + "); "
+                        "`--section.field value` overrides it, the value read as YAML")
+    for name, cls in sections.items():
+        parser.add_class_arguments(cls, name, instantiate=False)
+        # jsonargparse adds `--<section> FILE` (a file for one section); one --config file is this project's way
+        parser.add_argument(f"--{name}", dest=f"{name}_section_file", action=_NoSectionFile, nargs="?",
+                            default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_cli(parser: Any, argv: list[str]) -> tuple[Any, list[str]]:
+    """(the job's own arguments, parsed by `parser`; its `--section.field value` overrides, for `load_config`).
+
+    jsonargparse prints `--help`; the overrides are not parsed by it: its type checks reject what this project's
+    syntax accepts (see the module docstring), so `load_sections` coerces them. A bad argument is a ConfigError.
+    """
+    overrides, rest = split_overrides(list(argv))
+    try:
+        args = parser.parse_args(rest)
+    except argparse.ArgumentError as e:
+        raise ConfigError(" ".join(line.strip() for line in str(e).splitlines())) from None
+    return args, overrides
 
 
 def resolve_path(p: str | None, base: str | os.PathLike | None = None) -> str | None:

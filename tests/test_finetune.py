@@ -16,7 +16,8 @@ import torch
 
 from pipeline.config import ConfigError
 from pipeline.finetune.data import prepare_task
-from pipeline.finetune.job import FinetuneConfig, build_model, load_finetune_config, resolve_lr, resolve_source
+from pipeline.finetune.config import FinetuneConfig, load_finetune_config, resolve_lr
+from pipeline.finetune.job import build_model, resolve_source
 from pipeline.finetune.metrics import evaluate
 from pipeline.finetune.loop import counts, epoch_micro_batches, steps_per_epoch, summarise
 

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.finetune.job import load_finetune_config, run_finetune
+from pipeline.finetune.config import load_finetune_config
+from pipeline.finetune.job import run_finetune
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"

@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from pipeline.config import DataConfig, config_hash
 from pipeline.data.executors import make_executor
-from pipeline.data.arrow import numpy_of
+from pipeline.data.arrow import arrow, numpy_of
 from pipeline.data.dedup import Duplicates, resolve
 from pipeline.data.passes import (
     FileMerge,
@@ -160,7 +160,8 @@ def dedup_pass(ex: Any, units: list[InputFile], cfg: DataConfig, work: str) -> D
         ids = numpy_of(t.column("doc_id"))
         docs += len(ids)
         hit = np.flatnonzero(np.isin(ids, wanted))
-        names.update(zip(ids[hit].tolist(), t.column("name").take(hit).to_pylist()))
+        if len(hit):  # indices as an Arrow array: a numpy one goes through pa.array, which imports pandas
+            names.update(zip(ids[hit].tolist(), t.column("name").take(arrow(hit, pa.int64())).to_pylist()))
     kinds = dups.kind_names()
     log(f"dedup: {docs} documents, {kinds.count('exact')} exact and {kinds.count('near')} near duplicates "
         f"dropped ({time.perf_counter() - start:.1f}s)")

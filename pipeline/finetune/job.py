@@ -16,14 +16,13 @@
 4. The driver adds the tokenizer files and registers the best model (HF directory, safetensors) with tags
    naming the source model version and the pretraining run. A failed run ends FAILED, an interrupted one KILLED.
 
-The peak LR is `train.lr`, by default `auto` (`resolve_lr`: by the model's hidden size, `AUTO_LR`). With `tune.lr`
+The peak LR is `train.lr`, by default `auto` (`pipeline.finetune.config.resolve_lr`: by the model's hidden size). With `tune.lr`
 set, steps 3-4 become a Ray Tune sweep (`pipeline.finetune.sweep`): one trial per LR, each through the same
 `fit_run`, and only the best trial's model registered.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import shutil
@@ -31,209 +30,18 @@ import tempfile
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import torch
 
-from pipeline.config import ConfigError, flatten, load_sections, resolve_path
-from pipeline.core.precision import Precision
+from pipeline.config import ConfigError, _check, resolve_path
+from pipeline.finetune.config import FinetuneConfig, resolve_lr
 from pipeline.finetune.metrics import primary_metric
 from pipeline.finetune.data import TaskData, load_tokenizer, prepare_task
 from pipeline.finetune.runs import Job, fit_run, with_lr
 
 TASKS = ("sequence-classification", "token-classification", "question-answering")
 DEFAULT_SCRATCH_TOKENIZER = "models:/bert-pretrain@latest-pretrain"
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# configuration
-
-
-@dataclass
-class FtDataConfig:
-    """How task files are tokenized and subsetted."""
-
-    max_seq_length: int = 128
-    """Tokens per example (per QA window) including [CLS]/[SEP]; batches are padded to their longest row."""
-    doc_stride: int = 32
-    """QA: context tokens shared by consecutive windows (transformers' run_qa `doc_stride`)."""
-    max_query_length: int = 64
-    """QA: question tokens kept."""
-    max_train_examples: int | None = None
-    """Seeded random subset of the training file (null: all); for quick runs and CI."""
-    max_eval_examples: int | None = None
-    """First N eval examples (null: all)."""
-    tokenizer: str | None = None
-    """scratch:<preset> only: vocab.txt / tokenizer.json / checkpoint dir / models:/ URI; null means
-    models:/bert-pretrain@latest-pretrain so the baseline uses the pretrained model's vocabulary."""
-
-    def __post_init__(self) -> None:
-        _check(16 <= self.max_seq_length <= 4096, f"data.max_seq_length {self.max_seq_length} is not in [16, 4096]")
-        _check(self.doc_stride >= 0, f"data.doc_stride {self.doc_stride} < 0")  # QA checks it against the window
-
-
-@dataclass
-class FtModelConfig:
-    """BertConfig fields that differ from the checkpoint's (e.g. `--model.overrides.hidden_dropout_prob 0.0`)."""
-
-    overrides: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class FtTrainConfig:
-    """Ray Train scale, optimisation, precision, checkpoints and fault tolerance."""
-
-    num_workers: int = 1
-    """Ray Train workers (DDP across them)."""
-    use_gpu: bool = False
-    """One GPU per worker when true; the job fails at once (one line) on a cluster without one."""
-    cpus_per_worker: float = 0.5
-    """CPUs reserved per worker; fractional so a 2-core machine can hold the workers and Ray's own actors."""
-    torch_threads: int | None = None
-    """Intra-op threads per CPU worker; null: this machine's cores divided by num_workers."""
-    epochs: int = 3
-    max_steps: int | None = None
-    """Optimizer steps in total; when set it overrides `epochs` (the last epoch may be partial)."""
-    batch_size: int = 32
-    """Examples per forward/backward (micro-batch) on each worker."""
-    accumulation_steps: int = 1
-    """Micro-batches per optimizer step; the global batch is batch_size * num_workers * accumulation_steps."""
-    eval_batch_size: int = 64
-    optimizer: Literal["adamw", "lamb"] = "adamw"
-    lr: float | Literal["auto"] = "auto"
-    """Peak LR; `auto` picks it by the model's hidden size (`AUTO_LR`); a number wins."""
-    warmup_ratio: float = 0.1
-    """Fraction of the total steps with linear warmup."""
-    weight_decay: float = 0.01
-    schedule: Literal["linear", "polynomial", "constant"] = "linear"
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm to this (0 disables clipping)."""
-    precision: Precision = "fp32"
-    """bf16 autocast (GPU or CPU), fp16 autocast with a gradient scaler (GPU), or fp32."""
-    log_every_steps: int = 1
-    checkpoint_every_steps: int | None = None
-    """Also checkpoint every N steps within an epoch (null: at the end of each epoch only)."""
-    max_failures: int = 0
-    """Worker failures Ray Train recovers from (restart from the last checkpoint); -1 = unlimited."""
-    seed: int = 42
-    storage_path: str = "runs"
-    """Where Ray Train keeps the run's checkpoints (local path, relative to the current directory, or URI)."""
-
-    def __post_init__(self) -> None:
-        _check(self.num_workers >= 1, f"train.num_workers {self.num_workers} < 1")
-        _check(self.cpus_per_worker > 0, f"train.cpus_per_worker {self.cpus_per_worker} must be > 0")
-        _check(self.epochs >= 1, f"train.epochs {self.epochs} < 1")
-        _check(self.max_steps is None or self.max_steps >= 1, f"train.max_steps {self.max_steps} < 1")
-        _check(self.batch_size >= 1, f"train.batch_size {self.batch_size} < 1")
-        _check(self.accumulation_steps >= 1, f"train.accumulation_steps {self.accumulation_steps} < 1")
-        _check(self.eval_batch_size >= 1, f"train.eval_batch_size {self.eval_batch_size} < 1")
-        _check(self.lr == "auto" or 0 < self.lr < math.inf, f"train.lr {self.lr} must be > 0")
-        _check(0 <= self.warmup_ratio < 1, f"train.warmup_ratio {self.warmup_ratio} not in [0, 1)")
-        _check(self.max_grad_norm >= 0, f"train.max_grad_norm {self.max_grad_norm} < 0")
-        _check(self.log_every_steps >= 1, f"train.log_every_steps {self.log_every_steps} < 1")
-        _check(self.checkpoint_every_steps is None or self.checkpoint_every_steps >= 1,
-               f"train.checkpoint_every_steps {self.checkpoint_every_steps} < 1")
-        _check(self.max_failures >= -1, f"train.max_failures {self.max_failures} < -1")
-
-    @property
-    def global_batch_size(self) -> int:
-        """Examples per optimizer step over all workers."""
-        return self.batch_size * self.num_workers * self.accumulation_steps
-
-
-@dataclass
-class FtEvalConfig:
-    """QA decoding."""
-
-    n_best: int = 20
-    max_answer_length: int = 30
-    """In WordPiece tokens."""
-    null_score_diff_threshold: float = 0.0
-    """SQuAD v2: answer "" when null score − best span score exceeds this."""
-
-    def __post_init__(self) -> None:
-        _check(self.n_best >= 1, f"eval.n_best {self.n_best} < 1")
-        _check(self.max_answer_length >= 1, f"eval.max_answer_length {self.max_answer_length} < 1")
-
-
-@dataclass
-class FtTuneConfig:
-    """An LR sweep with Ray Tune (`pipeline.finetune.sweep`); no LRs = one run at train.lr."""
-
-    lr: list[float] | None = None
-    """Peak LRs to try, one trial each (`--tune.lr 1e-4,3e-4,1e-3`); the best trial's model is registered."""
-    max_concurrent_trials: int = 1
-    """Trials at once; 1 keeps a small machine's cores for one trial's workers."""
-
-    def __post_init__(self) -> None:
-        for x in self.lr or []:
-            _check(0 < x < math.inf, f"tune.lr {x:g} must be > 0")
-        _check(len(set(self.lr or [])) == len(self.lr or []), f"tune.lr {self.lr} lists an LR twice")
-        _check(self.max_concurrent_trials >= 1, f"tune.max_concurrent_trials {self.max_concurrent_trials} < 1")
-
-
-@dataclass
-class FtTrackingConfig:
-    experiment: str = "bert-finetune"
-    model_name: str | None = None
-    """Registered model name; null: `bert-finetune-<task>`."""
-    alias: str | None = "latest-finetune"
-    register: bool = True
-    run_name: str | None = None
-
-
-@dataclass
-class FinetuneConfig:
-    data: FtDataConfig = field(default_factory=FtDataConfig)
-    model: FtModelConfig = field(default_factory=FtModelConfig)
-    train: FtTrainConfig = field(default_factory=FtTrainConfig)
-    eval: FtEvalConfig = field(default_factory=FtEvalConfig)
-    tracking: FtTrackingConfig = field(default_factory=FtTrackingConfig)
-    tune: FtTuneConfig = field(default_factory=FtTuneConfig)
-
-    def flat(self) -> dict[str, Any]:
-        return flatten(asdict(self))
-
-
-FT_SECTIONS: dict[str, type] = {
-    "data": FtDataConfig, "model": FtModelConfig, "train": FtTrainConfig, "eval": FtEvalConfig, "tracking": FtTrackingConfig,
-    "tune": FtTuneConfig,
-}
-
-# `train.lr: auto`: the peak LR by hidden size, the largest key <= the model's. BERT-base's 5e-5 (Devlin et al.) is
-# for base/large only: a tiny model fine-tuned at 5e-5 stays near chance (bench/RESULTS.md, "Recipe study").
-AUTO_LR: dict[int, float] = {0: 1e-3, 256: 3e-4, 384: 1e-4, 768: 5e-5}
-"""Lower bound of the hidden size -> fine-tuning LR. tiny (128): 1e-3 was the best of 1e-4..3e-3 for every source in
-bench/recipe_study.py (3 seeds each); mini (256): 3e-4; MiniLM-L6-H384: 1e-4 and 3e-4 tie (0.75); base/large:
-Devlin et al.'s 2e-5..5e-5."""
-
-
-def resolve_lr(lr: float | str, hidden_size: int) -> tuple[float, str]:
-    """(LR, why) for `train.lr`: a number as given, `auto` from `AUTO_LR` by the model's hidden size.
-
-    >>> resolve_lr("auto", 128), resolve_lr("auto", 384)[0], resolve_lr("auto", 1024)[0], resolve_lr(1e-3, 128)
-    ((0.001, 'auto: hidden size 128 < 256'), 0.0001, 5e-05, (0.001, 'train.lr'))
-    """
-    if lr != "auto":
-        return float(lr), "train.lr"
-    keys = sorted(AUTO_LR)
-    i = max(j for j, k in enumerate(keys) if k <= hidden_size)
-    band = f">= {keys[i]}" if i == len(keys) - 1 else (f"< {keys[1]}" if i == 0 else f"in [{keys[i]}, {keys[i + 1]})")
-    return AUTO_LR[keys[i]], f"auto: hidden size {hidden_size} {band}"
-
-
-def load_finetune_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> FinetuneConfig:
-    """YAML (sections data/model/train/eval/tracking/tune) plus `--section.field value` overrides.
-
-    >>> load_finetune_config(None, ["--train.max_steps", "20", "--data.max_seq_length", "64"]).train.max_steps
-    20
-    """
-    return FinetuneConfig(**load_sections(path, overrides, FT_SECTIONS))
 
 
 # ---------------------------------------------------------------------------------------------------------------
