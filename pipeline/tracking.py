@@ -470,3 +470,24 @@ def download_model(uri: str, dst: str | None = None) -> str:
             raise TrackingError(f"{uri} has no config.json in its artifacts ({local})")
         p = found[0].parent
     return str(p)
+
+
+def fetch_registered(uri: str, download_dir: str | None) -> tuple[str, dict[str, str]]:
+    """(local transformers directory, lineage tags) of a registered version given as `models:/name@alias` or
+    `models:/name/version`, downloaded into `download_dir/<name>-v<version>` (a new temporary directory when
+    None). The one resolver of registry sources: fine-tuning's `--model` and pretraining's `model.init`.
+    The tags name the version (`source_model` with the number, not the alias) and its pretraining run."""
+    info = model_version_info(uri)
+    dst = os.path.join(download_dir, f"{info['name']}-v{info['version']}") if download_dir else None
+    local = download_model(f"models:/{info['name']}/{info['version']}", dst)
+    tags = {
+        "source_model": f"models:/{info['name']}/{info['version']}",
+        "source_model_name": info["name"],
+        "source_model_version": info["version"],
+        # the pretraining run: its lineage tag when present, else the run that created the version
+        "pretrain_run_id": info["tags"].get("run_id") or info.get("run_id") or "",
+    }
+    for k in ("config_hash", "data_manifest_sha256", "vocab_sha256", "git_sha"):
+        if k in info["tags"]:
+            tags[f"source_{k}"] = info["tags"][k]
+    return local, tags
