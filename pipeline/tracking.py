@@ -405,11 +405,14 @@ def write_tokenizer_config(model_dir: str, *, model_max_length: int, lowercase: 
     (Path(model_dir) / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
 
 
-def version_description(name: str, *, data: dict[str, Any], steps: int, final_eval: dict[str, float], command: str) -> str:
-    """The Markdown a registered version carries: its data, steps, final accuracy, command, how to load it."""
+def version_description(name: str, *, data: dict[str, Any], steps: int, final_eval: dict[str, float], command: str,
+                        init: str | None = None) -> str:
+    """The Markdown a registered version carries: its data, steps, final accuracy, command, how to load it, and
+    (`init`, e.g. "models:/bert-pretrain/3 (weights sha256 0123abcd...)") what it continued from."""
     acc = ", ".join(f"{k.split('final_', 1)[-1]} {v:.4f}" for k, v in final_eval.items() if k.endswith("accuracy"))
+    start = f"Continued from {init}: pretrained" if init else "BERT pretrained"
     return "\n".join([
-        f"BERT pretrained for {steps} steps on {data.get('documents', '?')} documents "
+        f"{start} for {steps} steps on {data.get('documents', '?')} documents "
         f"({data.get('tokens', '?'):,} tokens, {data.get('examples', '?'):,} examples; data manifest sha256 "
         f"`{str(data.get('manifest_sha256', ''))[:16]}`).",
         "",
