@@ -150,12 +150,11 @@ def tokenizer_files(model_dir: str | Path) -> tuple[Path, bool]:
 def check_prepared(outputs: list[str], vocab_sha256: str, spec: str) -> None:
     """Refuse (one line naming both) a prepared data directory whose vocabulary is not the checkpoint's: its ids
     would mean other words to the loaded embeddings. A directory not prepared yet passes."""
-    from pipeline.data.dataset import read_manifest
-    from pipeline.io import exists, join
+    from pipeline.io import exists, join, read_json
 
     for out in outputs:
         if exists(join(out, "manifest.json")):
-            had = read_manifest(out).get("vocab_sha256")
+            had = read_json(join(out, "manifest.json")).get("vocab_sha256")
             _check(had == vocab_sha256, f"data.output {out} was prepared with vocabulary sha256 {str(had)[:12]}, "
                                         f"model.init {spec} has {vocab_sha256[:12]}; choose another data.output or "
                                         f"pass --data.overwrite true")
