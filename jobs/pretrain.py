@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         uri = tracking_uri()
         os.environ["MLFLOW_TRACKING_URI"] = uri  # absolute, for everything this process starts
         check_tracking_server(uri)
+        from pipeline.pretrain.init import resolve_init
+
+        cfg, init = resolve_init(cfg)  # model.init: architecture and vocabulary from the checkpoint, checked here
         state.update(cfg=cfg, uri=uri)
         import ray
         import ray.data
@@ -84,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tracking: {uri}; ray: {address} ({res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU); "
                   f"Ray's logs: {launcher.session_log_dir()}", flush=True)
             command = "python jobs/pretrain.py " + " ".join(shlex.quote(a) for a in argv)
-            stages = pretrain_stages(cfg, git_sha=git_sha(), tracking_uri=uri, attempt=attempt, command=command)
+            stages = pretrain_stages(cfg, git_sha=git_sha(), tracking_uri=uri, attempt=attempt, command=command, init=init)
             state["started"] = True
             results = run_graph(stages, remote=True)
         finally:

@@ -142,19 +142,26 @@ class DataConfig:
 class ModelConfig:
     """Which BertConfig preset to build, with per-field overrides (e.g. `--model.hidden_dropout_prob 0.0`)."""
 
-    preset: str = "tiny"
-    """One of tiny, mini, small, medium, base, large (model.config.PRESETS)."""
+    preset: str | None = "tiny"
+    """One of tiny, mini, small, medium, base, large (model.config.PRESETS); null with model.init: the checkpoint's."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """BertConfig fields that differ from the preset; vocab_size is taken from the prepared vocabulary."""
+    init: str | None = field(default=None, repr=False)  # repr=False: run identities hash the repr (pretrain/job.py)
+    """Continue pretraining from models:/name@alias, models:/name/version or a transformers directory: architecture
+    and vocabulary come from it (a contradicting preset or override is an error); null starts from random weights."""
 
     def __post_init__(self) -> None:
+        _check(self.preset is not None or self.init is not None, "model.preset null needs model.init (a checkpoint)")
         self.bert_config()  # an unknown preset or a bad override fails here, before any work
 
     def bert_config(self, **extra: Any):
-        """The BertConfig this section describes (plus `extra`, e.g. the prepared vocab_size)."""
+        """The BertConfig this section describes (plus `extra`, e.g. the prepared vocab_size). With preset null
+        (model.init resolved by `pipeline.pretrain.init`) the overrides hold the checkpoint's whole config."""
         from model.config import BertConfig
 
         try:
+            if self.preset is None:
+                return BertConfig(**{**self.overrides, **extra})
             return BertConfig.from_preset(self.preset, **{**self.overrides, **extra})
         except (ValueError, TypeError) as e:
             raise ConfigError(f"model: {e}") from None
@@ -627,5 +634,7 @@ def resolve_paths(cfg: Config, base: str | os.PathLike | None = None) -> Config:
     cfg.data.inputs = [resolve_path(p, base) for p in cfg.data.inputs]  # type: ignore[misc]
     cfg.data.output = resolve_path(cfg.data.output, base)  # type: ignore[assignment]
     cfg.data.vocab = resolve_path(cfg.data.vocab, base)
+    if cfg.model.init and not cfg.model.init.startswith("models:/"):
+        cfg.model.init = resolve_path(cfg.model.init, base)
     cfg.train.storage_path = resolve_path(cfg.train.storage_path, base)  # type: ignore[assignment]
     return cfg

@@ -405,11 +405,14 @@ def write_tokenizer_config(model_dir: str, *, model_max_length: int, lowercase: 
     (Path(model_dir) / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
 
 
-def version_description(name: str, *, data: dict[str, Any], steps: int, final_eval: dict[str, float], command: str) -> str:
-    """The Markdown a registered version carries: its data, steps, final accuracy, command, how to load it."""
+def version_description(name: str, *, data: dict[str, Any], steps: int, final_eval: dict[str, float], command: str,
+                        init: str | None = None) -> str:
+    """The Markdown a registered version carries: its data, steps, final accuracy, command, how to load it, and
+    (`init`, e.g. "models:/bert-pretrain/3 (weights sha256 0123abcd...)") what it continued from."""
     acc = ", ".join(f"{k.split('final_', 1)[-1]} {v:.4f}" for k, v in final_eval.items() if k.endswith("accuracy"))
+    start = f"Continued from {init}: pretrained" if init else "BERT pretrained"
     return "\n".join([
-        f"BERT pretrained for {steps} steps on {data.get('documents', '?')} documents "
+        f"{start} for {steps} steps on {data.get('documents', '?')} documents "
         f"({data.get('tokens', '?'):,} tokens, {data.get('examples', '?'):,} examples; data manifest sha256 "
         f"`{str(data.get('manifest_sha256', ''))[:16]}`).",
         "",
@@ -470,3 +473,24 @@ def download_model(uri: str, dst: str | None = None) -> str:
             raise TrackingError(f"{uri} has no config.json in its artifacts ({local})")
         p = found[0].parent
     return str(p)
+
+
+def fetch_registered(uri: str, download_dir: str | None) -> tuple[str, dict[str, str]]:
+    """(local transformers directory, lineage tags) of a registered version given as `models:/name@alias` or
+    `models:/name/version`, downloaded into `download_dir/<name>-v<version>` (a new temporary directory when
+    None). The one resolver of registry sources: fine-tuning's `--model` and pretraining's `model.init`.
+    The tags name the version (`source_model` with the number, not the alias) and its pretraining run."""
+    info = model_version_info(uri)
+    dst = os.path.join(download_dir, f"{info['name']}-v{info['version']}") if download_dir else None
+    local = download_model(f"models:/{info['name']}/{info['version']}", dst)
+    tags = {
+        "source_model": f"models:/{info['name']}/{info['version']}",
+        "source_model_name": info["name"],
+        "source_model_version": info["version"],
+        # the pretraining run: its lineage tag when present, else the run that created the version
+        "pretrain_run_id": info["tags"].get("run_id") or info.get("run_id") or "",
+    }
+    for k in ("config_hash", "data_manifest_sha256", "vocab_sha256", "git_sha"):
+        if k in info["tags"]:
+            tags[f"source_{k}"] = info["tags"][k]
+    return local, tags

@@ -101,3 +101,12 @@ def test_sigterm_ends_the_mlflow_run_as_killed(repo_root, tmp_path, shared_dir):
     assert proc.returncode == 130, err[-3000:]
     assert "pretrain: interrupted" in err.strip().splitlines()[-1]
     assert client.get_run(run.info.run_id).info.status == "KILLED"
+
+
+def test_pretrain_model_init_contradicting_the_preset_is_one_line_before_work(repo_root, tmp_path, minilm_dir):
+    """configs/tiny.yaml names preset tiny; MiniLM is 384 wide: refused in one line, nothing prepared or trained."""
+    p, _ = _run(repo_root, "jobs/pretrain.py", "--config", "configs/tiny.yaml", "--model.init", minilm_dir,
+                "--data.output", tmp_path / "data", "--train.storage_path", tmp_path / "runs",
+                env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    assert _one_line(p).endswith(f"error: model.preset tiny: hidden_size 128 != 384 in {minilm_dir}/config.json")
+    assert not (tmp_path / "data").exists() and not (tmp_path / "runs").exists()

@@ -389,3 +389,42 @@ def test_two_node_ddp_matches_single_node(baseline, prepared, work):
     finally:
         ray.shutdown()
         two.shutdown()
+
+
+# ------------------------------------------------------------------------------------------------ model.init
+
+
+def test_continued_run_from_a_directory_and_a_registered_version(baseline, prepared, work, tmp_path):
+    """A tiny checkpoint on the prepared data's own vocabulary: continued from its directory (lineage tags on the
+    version), resolved again as a models:/ version (same weights sha256), and resuming the run from other
+    weights is refused in one line before any worker starts."""
+    import torch
+
+    from model import BertConfig, BertForPreTraining
+    from model.hf import save_hf
+    from pipeline import tracking
+    from pipeline.core.checkpoint import CheckpointMismatch
+    from pipeline.pretrain.init import resolve_init
+    from pipeline.pretrain.job import register_stage, run_training
+
+    data = prepared["validate"]
+    dirs = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=data.vocab_size))
+        dirs.append(save_hf(model, tmp_path / f"ckpt{seed}", tokenizer=data.output))
+    cfg, init = resolve_init(_cfg(prepared, work, "continued", "--model.init", str(dirs[0])))
+    assert init.heads == "mlm+nsp" and cfg.data.vocab.startswith(str(dirs[0]))
+    run_id = tracking.start_run("ft", "continued", init.tags)
+    res = run_training(cfg, [data], run_id, "continued", tracking.tracking_uri(), init=init)
+    reg = register_stage(cfg, res, data, "0" * 40, tracking.tracking_uri(), {}, "pytest", init)
+    mv = tracking.model_version_info(reg["uri"])
+    assert mv["tags"]["init_model"] == str(dirs[0]) and mv["tags"]["init_model_sha256"] == init.weights_sha256
+    assert f"Continued from {dirs[0]}" in tracking.client().get_model_version(mv["name"], mv["version"]).description
+
+    _, via_registry = resolve_init(_cfg(prepared, work, "continued", "--model.init", reg["uri"]))
+    assert via_registry.source_tags["source_model"] == reg["uri"] and via_registry.heads == "mlm+nsp"
+
+    _, other = resolve_init(_cfg(prepared, work, "continued", "--model.init", str(dirs[1])))
+    with pytest.raises(CheckpointMismatch, match=rf"started from {dirs[0]} \(weights sha256 {init.weights_sha256[:12]}\)"):
+        run_training(cfg, [data], run_id, "continued", tracking.tracking_uri(), init=other)

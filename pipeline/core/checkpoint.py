@@ -103,3 +103,27 @@ def check_vocab(state: dict[str, Any], vocab_sha256: str, where: str) -> None:
             f"checkpoint {where} was trained with vocabulary sha256 {had[:12]}, but the prepared data's vocab.txt "
             f"is {vocab_sha256[:12]}; its ids would mean other words. Use a new --train.run_name (or storage_path), "
             f"or prepare the data with the vocabulary it was trained on (--data.vocab)")
+
+
+def check_init(recorded: dict[str, Any] | None, init_sha256: str | None, run_dir: str) -> None:
+    """Refuse (one line) resuming a run that started from other weights than `model.init` now names.
+
+    `recorded` is the run's `init.json` ({"init_model", "init_model_sha256"}; None for a run that predates it or
+    started from random weights, recorded as {"init_model": null}).
+
+    >>> check_init({"init_model": "/m", "init_model_sha256": "ab" * 32}, "cd" * 32, "runs/x")
+    Traceback (most recent call last):
+    ...
+    pipeline.core.checkpoint.CheckpointMismatch: run runs/x started from /m (weights sha256 abababababab), but model.init is now weights sha256 cdcdcdcdcdcd; use a new --train.run_name (or storage_path), or the model.init it started from
+    """
+    if recorded is None:
+        if init_sha256 is None:
+            return
+        recorded = {"init_model": None}
+    had = recorded.get("init_model_sha256")
+    if had == init_sha256:
+        return
+    was = f"{recorded['init_model']} (weights sha256 {had[:12]})" if had else "random weights"
+    now = f"weights sha256 {init_sha256[:12]}" if init_sha256 else "unset (random weights)"
+    raise CheckpointMismatch(f"run {run_dir} started from {was}, but model.init is now {now}; use a new "
+                             f"--train.run_name (or storage_path), or the model.init it started from")

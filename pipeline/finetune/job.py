@@ -59,28 +59,11 @@ class Source:
     tags: dict[str, str] = field(default_factory=dict)
 
 
-def _from_registry(uri: str, download_dir: str | None) -> tuple[str, dict[str, str]]:
-    from pipeline.tracking import download_model, model_version_info
-
-    info = model_version_info(uri)
-    dst = os.path.join(download_dir, f"{info['name']}-v{info['version']}") if download_dir else None
-    local = download_model(f"models:/{info['name']}/{info['version']}", dst)
-    tags = {
-        "source_model": f"models:/{info['name']}/{info['version']}",
-        "source_model_name": info["name"],
-        "source_model_version": info["version"],
-        # the pretraining run: its lineage tag when present, else the run that created the version
-        "pretrain_run_id": info["tags"].get("run_id") or info.get("run_id") or "",
-    }
-    for k in ("config_hash", "data_manifest_sha256", "vocab_sha256", "git_sha"):
-        if k in info["tags"]:
-            tags[f"source_{k}"] = info["tags"][k]
-    return local, tags
-
-
 def resolve_source(spec: str, tokenizer: str | None = None, download_dir: str | None = None) -> Source:
     """`models:/...` | local transformers dir | `scratch:<preset>` -> Source. Registry versions are downloaded
     into `download_dir` (the caller removes it), or a new temporary directory when it is None."""
+    from pipeline.tracking import fetch_registered
+
     if spec.startswith("scratch:"):
         from model import PRESETS
 
@@ -90,7 +73,7 @@ def resolve_source(spec: str, tokenizer: str | None = None, download_dir: str | 
         tags = {"source_model": spec, "scratch_tokenizer": tok_spec}
         if tok_spec.startswith("models:/"):
             try:
-                tok_path, tok_tags = _from_registry(tok_spec, download_dir)
+                tok_path, tok_tags = fetch_registered(tok_spec, download_dir)
             except Exception as e:  # noqa: BLE001 - one line for the user
                 raise ConfigError(
                     f"--model {spec} takes its vocabulary from {tok_spec}, which failed ({str(e).splitlines()[0]}); "
@@ -102,7 +85,7 @@ def resolve_source(spec: str, tokenizer: str | None = None, download_dir: str | 
             _check(Path(tok_path).exists(), f"--data.tokenizer {tok_spec} does not exist")
         return Source(spec, None, preset, tok_path, tags)
     if spec.startswith("models:/"):
-        local, tags = _from_registry(spec, download_dir)
+        local, tags = fetch_registered(spec, download_dir)
         return Source(spec, local, None, local, tags)
     p = Path(spec)
     _check((p / "config.json").is_file(), f"--model {spec}: not models:/name@alias, models:/name/version, "

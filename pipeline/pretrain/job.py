@@ -9,7 +9,9 @@ real output proves it done.
 - register: a version of `tracking.model_name` in the *current* store tagged with this training run id.
 
 The run name is `<preset>-<identity>`, the identity a hash of everything the weights depend on: the model and
-training config, each phase's data config hash and the vocabulary sha256 (`run_identity`). The MLflow run is
+training config, each phase's data config hash and the vocabulary sha256 (`run_identity`), and with `model.init`
+(continued pretraining, `pipeline.pretrain.init`) the sha256 of the initial weights, which the run also records in
+`<storage_path>/<run_name>/init.json` so that resuming it from other weights is refused. The MLflow run is
 created on the driver of the train stage and its id handed to rank 0.
 """
 
@@ -27,14 +29,15 @@ import torch
 
 from pipeline.config import Config, DataConfig, config_hash, resolve_path
 from pipeline.core import launcher
-from pipeline.core.checkpoint import check_vocab
+from pipeline.core.checkpoint import check_init, check_vocab
 from pipeline.core.step import evaluate_sums
 from pipeline.dag import Stage
 from pipeline.data.dataset import PreparedDataset
 from pipeline.data.stages import data_stages
-from pipeline.io import read_bytes
+from pipeline.io import exists, join, read_bytes, read_json, write_bytes_atomic
+from pipeline.pretrain.init import InitCheckpoint
 from pipeline.pretrain.loader import Batches, PhasePlan
-from pipeline.pretrain.loop import NUM_COUNTS, build_model, counts, eval_metrics, train_loop_per_worker
+from pipeline.pretrain.loop import NUM_COUNTS, counts, eval_metrics, train_loop_per_worker
 
 # TrainConfig fields that do not change the weights a run produces (operational settings).
 _NOT_IN_IDENTITY = ("storage_path", "run_name", "max_failures", "num_to_keep", "checkpoint_every_steps",
@@ -51,16 +54,41 @@ class TrainResult:
     step: int
 
 
-def run_identity(cfg: Config, datasets: list[PreparedDataset]) -> str:
-    """Hash of what the weights depend on: model, training settings, each phase's data config and vocabulary."""
+def run_identity(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpoint | None = None) -> str:
+    """Hash of what the weights depend on: model, training settings, each phase's data config and vocabulary, and
+    the initial weights' sha256 when the run continues a checkpoint (left out without one: identities of runs from
+    random weights are what they were before `model.init` existed; the ModelConfig repr leaves `init` out)."""
     train = {k: v for k, v in dataclasses.asdict(cfg.train).items() if k not in _NOT_IN_IDENTITY}
     data = [{"config_hash": d.config_hash, "vocab_sha256": d.vocab_sha256} for d in datasets]
-    return config_hash({"model": cfg.model, "train": train, "data": data})
+    ident: dict[str, Any] = {"model": cfg.model, "train": train, "data": data}
+    if init is not None:
+        ident["init_sha256"] = init.weights_sha256
+    return config_hash(ident)
 
 
-def run_name_for(cfg: Config, datasets: list[PreparedDataset]) -> str:
-    """`train.run_name`, or `<preset>-<first 10 hex of the identity>`: the same command and data resume."""
-    return cfg.train.run_name or f"{cfg.model.preset}-{run_identity(cfg, datasets)[:10]}"
+def run_name_for(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpoint | None = None) -> str:
+    """`train.run_name`, or `<preset>-<first 10 hex of the identity>` (`init-...` for a checkpoint's architecture
+    without a preset): the same command and data resume."""
+    return cfg.train.run_name or f"{cfg.model.preset or 'init'}-{run_identity(cfg, datasets, init)[:10]}"
+
+
+def check_run_init(storage_path: str, run_name: str, init: InitCheckpoint | None) -> None:
+    """Refuse resuming `run_name` when it started from other initial weights (its `init.json`) than `init`."""
+    path = join(storage_path, run_name, "init.json")
+    check_init(read_json(path) if exists(path) else None, init.weights_sha256 if init else None, join(storage_path, run_name))
+
+
+def record_run_init(storage_path: str, run_name: str, init: InitCheckpoint | None) -> None:
+    """Write the run's `init.json` (only for a run that starts from a checkpoint: others stay as they were)."""
+    if init is not None:
+        write_bytes_atomic(join(storage_path, run_name, "init.json"), json.dumps(init.tags).encode())
+
+
+def worker_config(cfg: Config, init: InitCheckpoint | None) -> Config:
+    """The config the workers get: `model.init` is the checkpoint's local directory (a `models:/` URI resolved)."""
+    if init is None:
+        return cfg
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init=init.local_dir))
 
 
 def phase_plans(cfg: Config, datasets: list[PreparedDataset]) -> list[PhasePlan]:
@@ -98,9 +126,10 @@ def _ray_datasets(plans: list[PhasePlan], materialize: bool) -> dict[str, Any]:
 
 
 def run_training(cfg: Config, datasets: list[PreparedDataset], run_id: str, run_name: str, tracking_uri: str, *,
-                 on_step: Callable[[int, int], None] | None = None) -> TrainResult:
-    """Fit with Ray Train, resuming `run_name` in `train.storage_path` if it exists. `on_step(step, rank)` is a
-    test hook called in every worker after each step (fault injection)."""
+                 on_step: Callable[[int, int], None] | None = None, init: InitCheckpoint | None = None) -> TrainResult:
+    """Fit with Ray Train, resuming `run_name` in `train.storage_path` if it exists, from `init`'s weights when it
+    is given (`pipeline.pretrain.init.resolve_init`). `on_step(step, rank)` is a test hook called in every worker
+    after each step (fault injection)."""
     import ray.data
     from ray.data import ExecutionOptions, ExecutionResources
     from ray.train import DataConfig as RayDataConfig
@@ -109,13 +138,15 @@ def run_training(cfg: Config, datasets: list[PreparedDataset], run_id: str, run_
     vocab_sha = datasets[0].vocab_sha256
     if (latest := launcher.latest_checkpoint(tc.storage_path, run_name)) is not None:
         check_vocab(latest[1], vocab_sha, latest[0])  # refuse before any worker starts
+        check_run_init(tc.storage_path, run_name, init)
+    record_run_init(tc.storage_path, run_name, init)
     plans = phase_plans(cfg, datasets)
     # preserve_order: each rank's rows arrive in file order, which is what makes resumption exact.
     limits = ExecutionResources(cpu=tc.data_cpus) if tc.data_cpus else ExecutionResources()
     exec_opts = ExecutionOptions(preserve_order=True, resource_limits=limits)
     launcher.quiet_ray_data()  # the datasets carry this context to the workers: no bars in the job log
     ray.data.DataContext.get_current().execution_options = exec_opts  # also for materialize() here
-    config = {"cfg": cfg, "plans": plans, "run_id": run_id, "tracking_uri": tracking_uri, "vocab_sha256": vocab_sha,
+    config = {"cfg": worker_config(cfg, init), "plans": plans, "run_id": run_id, "tracking_uri": tracking_uri, "vocab_sha256": vocab_sha,
               "on_step": on_step}
     scale = launcher.Scale(tc.num_workers, tc.use_gpu, tc.cpus_per_worker, tc.placement_strategy, tc.max_failures, tc.num_to_keep)
     result = launcher.fit(train_loop_per_worker, config, name=run_name, storage_path=tc.storage_path, scale=scale,
@@ -128,9 +159,11 @@ def load_trained(cfg: Config, checkpoint: str, vocab_size: int) -> torch.nn.Modu
     """The final weights from a checkpoint (path or URI), as a plain `BertForPreTraining` in eval mode."""
     from safetensors.torch import load_file
 
+    from model import BertForPreTraining
+
     local = launcher.local_copy(checkpoint)
     try:
-        model = build_model(cfg.model, vocab_size)
+        model = BertForPreTraining(cfg.model.bert_config(vocab_size=vocab_size))  # the architecture; weights below
         model.load_state_dict(load_file(os.path.join(local, "model.safetensors")))
     finally:
         if local != checkpoint:
@@ -141,33 +174,38 @@ def load_trained(cfg: Config, checkpoint: str, vocab_size: int) -> torch.nn.Modu
 # ------------------------------------------------------------------------------------------------- stage bodies
 
 
-def train_done(cfg: Config, datasets: list[PreparedDataset], uri: str) -> TrainResult | None:
+def train_done(cfg: Config, datasets: list[PreparedDataset], uri: str, init: InitCheckpoint | None = None) -> TrainResult | None:
     """The finished run in storage, if its newest checkpoint is at max_steps and its MLflow run is in this store."""
     from pipeline import tracking
 
-    name = run_name_for(cfg, datasets)
+    name = run_name_for(cfg, datasets, init)
     latest = launcher.latest_checkpoint(cfg.train.storage_path, name)
     if latest is None or int(latest[1].get("step", -1)) != cfg.train.max_steps:
         return None
     check_vocab(latest[1], datasets[0].vocab_sha256, latest[0])
+    check_run_init(cfg.train.storage_path, name, init)
     run_id = latest[1].get("run_id")
     if not run_id or not tracking.run_exists(run_id, uri):
         return None
     return TrainResult(latest[0], run_id, name, cfg.train.max_steps)
 
 
-def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri: str, attempt: str) -> TrainResult:
+def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri: str, attempt: str,
+                init: InitCheckpoint | None = None) -> TrainResult:
     """Create (or reopen) the MLflow run on this driver, log params and artifacts, then fit on the workers."""
     import yaml
 
     from pipeline import tracking
 
     os.environ["MLFLOW_TRACKING_URI"] = uri
-    run_name = run_name_for(cfg, datasets)
+    run_name = run_name_for(cfg, datasets, init)
     first = datasets[0]
     run_id = tracking.start_run(cfg.tracking.experiment, run_name, {
         "git_sha": git_sha, "config_hash": config_hash(cfg.to_dict()), "data_manifest_sha256": first.manifest_sha256,
-        "vocab_sha256": first.vocab_sha256, "model_preset": cfg.model.preset, "attempt": attempt})
+        "vocab_sha256": first.vocab_sha256, "model_preset": cfg.model.preset, "attempt": attempt,
+        **(init.tags if init else {})})
+    if init is not None:
+        print(init.describe(), flush=True)
     log = tracking.RunLogger(run_id, uri)
     log.log_params(cfg.flat())
     with tempfile.TemporaryDirectory() as d:
@@ -183,7 +221,7 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
             log.log_artifacts(sub, os.path.basename(sub))
     print(f"[train] MLflow run {run_id} ({run_name}) at {uri}", flush=True)
     try:
-        return run_training(cfg, datasets, run_id, run_name, uri)
+        return run_training(cfg, datasets, run_id, run_name, uri, init=init)
     except BaseException:
         log.finish("FAILED")
         raise
@@ -220,7 +258,7 @@ def evaluate_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, uri: 
 
 
 def register_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, git_sha: str, uri: str,
-                   final_eval: dict[str, float], command: str) -> dict[str, str]:
+                   final_eval: dict[str, float], command: str, init: InitCheckpoint | None = None) -> dict[str, str]:
     """Export the final weights in transformers format, register them with lineage tags, move the alias."""
     from model.hf import save_hf
     from pipeline import tracking
@@ -240,11 +278,13 @@ def register_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, git_s
         tracking.write_tokenizer_config(str(export), model_max_length=model.config.max_position_embeddings,
                                         lowercase=bool(ds.manifest["config"].get("lowercase", True)))
         tags = {"data_manifest_sha256": ds.manifest_sha256, "vocab_sha256": ds.vocab_sha256,
-                "config_hash": config_hash(cfg.to_dict()), "git_sha": git_sha, "run_id": trained.run_id}
+                "config_hash": config_hash(cfg.to_dict()), "git_sha": git_sha, "run_id": trained.run_id,
+                **(init.tags if init else {})}
         description = tracking.version_description(
             cfg.tracking.model_name, data={"manifest_sha256": ds.manifest_sha256, "documents": ds.manifest["documents_written"],
                                            "tokens": ds.tokens, "examples": ds.examples},
-            steps=trained.step, final_eval=final_eval, command=command)
+            steps=trained.step, final_eval=final_eval, command=command,
+            init=f"{init.spec} (weights sha256 `{init.weights_sha256[:16]}`)" if init else None)
         version = tracking.register_hf_model(str(export), cfg.tracking.model_name, cfg.tracking.alias, tags,
                                              trained.run_id, description=description)
     logger = tracking.RunLogger(trained.run_id, uri)
@@ -294,8 +334,10 @@ def _later_phase_stage(name: str, dcfg: DataConfig, deps: tuple[str, ...]) -> St
     return Stage(name, lambda _deps: run_graph(data_stages(dcfg), remote=False)["validate"].result, deps=deps)
 
 
-def pretrain_stages(cfg: Config, *, git_sha: str, tracking_uri: str, attempt: str, command: str) -> list[Stage]:
-    """data (per phase) -> train -> evaluate -> register, for a config whose paths are absolute."""
+def pretrain_stages(cfg: Config, *, git_sha: str, tracking_uri: str, attempt: str, command: str,
+                    init: InitCheckpoint | None = None) -> list[Stage]:
+    """data (per phase) -> train -> evaluate -> register, for a config whose paths are absolute (and, with
+    `model.init`, resolved by `pipeline.pretrain.init.resolve_init`, which gives `init`)."""
     uri = tracking_uri
     dcfgs = phase_data_configs(cfg)
     stages = data_stages(dcfgs[0])
@@ -304,14 +346,14 @@ def pretrain_stages(cfg: Config, *, git_sha: str, tracking_uri: str, attempt: st
     eval_cpus = max(1.0, cfg.train.cpus_per_worker) if not cfg.train.use_gpu else 0.0
     return [
         *stages,
-        Stage("train", lambda deps: train_stage(cfg, [deps[d] for d in data], git_sha, uri, attempt), deps=tuple(data),
-              done=lambda deps: train_done(cfg, [deps[d] for d in data], uri),
+        Stage("train", lambda deps: train_stage(cfg, [deps[d] for d in data], git_sha, uri, attempt, init), deps=tuple(data),
+              done=lambda deps: train_done(cfg, [deps[d] for d in data], uri, init),
               describe=lambda r: f"{r.run_name} at step {r.step}, MLflow run {r.run_id}"),
         Stage("evaluate", lambda deps: evaluate_stage(cfg, deps["train"], deps[data[-1]], uri), deps=("train", data[-1]),
               num_cpus=eval_cpus, num_gpus=1 if cfg.train.use_gpu else 0,
               describe=lambda r: ", ".join(f"{k.split('final_')[-1]} {r[k]:.4f}" for k in
                                            ("eval/final_loss", "eval/final_mlm_accuracy", "eval/final_nsp_accuracy") if k in r)),
-        Stage("register", lambda deps: register_stage(cfg, deps["train"], deps["validate"], git_sha, uri, deps["evaluate"], command),
+        Stage("register", lambda deps: register_stage(cfg, deps["train"], deps["validate"], git_sha, uri, deps["evaluate"], command, init),
               deps=("train", "evaluate", "validate"), done=lambda deps: register_done(cfg, deps["train"], uri),
               describe=lambda r: r["uri"]),
     ]

@@ -54,9 +54,13 @@ def eval_metrics(c: torch.Tensor) -> dict[str, float]:
 
 
 def build_model(model_cfg, vocab_size: int) -> nn.Module:
-    from model import BertConfig, BertForPreTraining
+    from model import BertForPreTraining
 
-    return BertForPreTraining(BertConfig.from_preset(model_cfg.preset, **{**model_cfg.overrides, "vocab_size": vocab_size}))
+    if model_cfg.init is not None:  # continued pretraining: a local transformers directory here (pretrain/init.py)
+        from pipeline.pretrain.init import load_initial
+
+        return load_initial(model_cfg, vocab_size)
+    return BertForPreTraining(model_cfg.bert_config(vocab_size=vocab_size))
 
 
 class RankFeed:

@@ -1,0 +1,237 @@
+"""Continued pretraining (`model.init`): start from an existing checkpoint instead of random weights.
+
+`resolve_init(cfg)` runs on the driver before any work. It finds the checkpoint (a `models:/` version through
+`pipeline.tracking.fetch_registered`, the resolver fine-tuning uses too, or a transformers directory), then:
+
+- architecture: the checkpoint's config.json. A `model.preset` or `model.overrides` that contradicts it is an
+  error naming both values (`model.preset base: hidden_size 768 != 384 in <SRC>/config.json`); one that agrees,
+  or none (`preset: null`), is fine. Non-architecture overrides (dropout) apply on top.
+- vocabulary: the checkpoint's tokenizer.json (else vocab.txt) becomes `data.vocab` unless `data.vocab` already
+  names a file with the same bytes; `data.lowercase` follows the checkpoint's tokenizer (tokenizer.json's
+  normalizer, else tokenizer_config.json's do_lower_case).
+- lineage: the sha256 of the weights file, which joins the run identity and the registry tags.
+
+`load_initial` builds the `BertForPreTraining` a worker starts from: the checkpoint's MLM/NSP heads when it has
+them, else fresh ones (the MLM decoder is structurally tied to the word embeddings, so a fresh MLM head is only
+its transform and bias). Every rank seeds the same way first, so fresh heads are identical across ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import Config, ConfigError, _check
+
+# BertConfig fields that decide the shapes and the function of the weights: they must match the checkpoint.
+ARCHITECTURE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+                "max_position_embeddings", "type_vocab_size", "vocab_size", "layer_norm_eps")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+@dataclass(frozen=True)
+class InitCheckpoint:
+    """A resolved `model.init`: where its files are on this machine and what the lineage records."""
+
+    spec: str
+    """`model.init` as given (URI or path): the `init_model` tag."""
+    local_dir: str
+    """A transformers directory on this machine (the download of a `models:/` version)."""
+    weights_sha256: str
+    """sha256 of the weights file (`init_model_sha256`; part of the run identity)."""
+    heads: str
+    """What the checkpoint holds besides the encoder: "mlm+nsp", "mlm" or "none"."""
+    source_tags: dict[str, str] = field(default_factory=dict)
+    """fetch_registered's tags for a `models:/` version (source_model = the version number, not the alias)."""
+
+    @property
+    def tags(self) -> dict[str, str]:
+        return {"init_model": self.spec, "init_model_sha256": self.weights_sha256}
+
+    def describe(self) -> str:
+        """One line for the console: where the weights come from and what happened to the heads.
+
+        >>> InitCheckpoint("/m", "/m", "ab" * 32, "none").describe()
+        '[init] /m (weights sha256 abababababab): encoder loaded; no MLM head in it, a fresh MLM head tied to its word embeddings (and a fresh NSP head)'
+        """
+        what = {"mlm+nsp": "encoder, MLM and NSP heads loaded",
+                "mlm": "encoder and MLM head loaded; a fresh NSP head",
+                "none": "encoder loaded; no MLM head in it, a fresh MLM head tied to its word embeddings (and a fresh NSP head)"}
+        src = self.spec if self.spec == self.local_dir else f"{self.spec} ({self.source_tags.get('source_model', self.local_dir)})"
+        return f"[init] {src} (weights sha256 {self.weights_sha256[:12]}): {what[self.heads]}"
+
+
+def weights_file(model_dir: str | Path) -> Path:
+    """The file that holds a transformers directory's weights (what `model.hf.read_state_dict` reads first)."""
+    for name in WEIGHT_FILES:
+        if (Path(model_dir) / name).is_file():
+            return Path(model_dir) / name
+    raise ConfigError(f"model.init {model_dir}: no {', '.join(WEIGHT_FILES)}")
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def heads_in(model_dir: str | Path) -> str:
+    """"mlm+nsp", "mlm" or "none": which pretraining heads a checkpoint's weights hold (names only, no tensors)."""
+    from model.hf import read_state_dict
+
+    path = weights_file(model_dir)
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            keys = set(f.keys())
+    elif path.name.endswith(".index.json"):
+        keys = set(json.loads(path.read_text())["weight_map"])
+    else:
+        keys = set(read_state_dict(path))
+    mlm = any(k.startswith("cls.predictions.transform.") for k in keys)
+    nsp = any(k.startswith("cls.seq_relationship.") for k in keys)
+    return "mlm+nsp" if mlm and nsp else "mlm" if mlm else "none"
+
+
+def checkpoint_config(model_dir: str | Path) -> dict[str, Any]:
+    """The checkpoint's config.json as our BertConfig's fields (transformers' extra keys dropped)."""
+    from model.config import BertConfig
+
+    cfg = BertConfig.from_hf_dict(json.loads((Path(model_dir) / "config.json").read_text()))
+    out = dataclasses.asdict(cfg)
+    for k in ("num_labels", "id2label", "problem_type", "classifier_dropout"):  # task-head fields
+        out.pop(k, None)
+    return out
+
+
+def check_architecture(preset: str | None, overrides: dict[str, Any], ckpt: dict[str, Any], where: str) -> None:
+    """Refuse (one line naming both values) a preset or override that contradicts the checkpoint's config.
+
+    >>> check_architecture("mini", {}, {"hidden_size": 384, "num_hidden_layers": 6}, "/m/config.json")
+    Traceback (most recent call last):
+    ...
+    pipeline.config.ConfigError: model.preset mini: hidden_size 256 != 384 in /m/config.json
+    >>> check_architecture(None, {"hidden_dropout_prob": 0.0}, {"hidden_size": 384}, "/m/config.json")
+    """
+    from model.config import BertConfig
+
+    for k in ARCHITECTURE:
+        if k in overrides and k in ckpt and overrides[k] != ckpt[k] and k != "vocab_size":
+            raise ConfigError(f"model.overrides {k}: {overrides[k]} != {ckpt[k]} in {where}")
+    if preset is not None:
+        mine = dataclasses.asdict(BertConfig.from_preset(preset, **{k: v for k, v in overrides.items() if k in ARCHITECTURE}))
+        for k in ARCHITECTURE:
+            if k != "vocab_size" and k in ckpt and mine[k] != ckpt[k]:
+                raise ConfigError(f"model.preset {preset}: {k} {mine[k]} != {ckpt[k]} in {where}")
+
+
+def tokenizer_files(model_dir: str | Path) -> tuple[Path, bool]:
+    """(the vocabulary file data preparation should use, lowercase) of a checkpoint: tokenizer.json when present
+    (its normalizer's lowercase flag), else vocab.txt (tokenizer_config.json's do_lower_case, default true)."""
+    d = Path(model_dir)
+    tok_cfg = d / "tokenizer_config.json"
+    lower_cfg = json.loads(tok_cfg.read_text()).get("do_lower_case") if tok_cfg.is_file() else None
+    if (d / "tokenizer.json").is_file():
+        norm = json.loads((d / "tokenizer.json").read_text()).get("normalizer") or {}
+        lower = norm.get("lowercase") if norm.get("type") == "BertNormalizer" else None
+        return d / "tokenizer.json", bool(lower if lower is not None else lower_cfg if lower_cfg is not None else True)
+    _check((d / "vocab.txt").is_file(), f"model.init {model_dir}: no tokenizer.json or vocab.txt beside the weights")
+    return d / "vocab.txt", bool(lower_cfg if lower_cfg is not None else True)
+
+
+def check_prepared(outputs: list[str], vocab_sha256: str, spec: str) -> None:
+    """Refuse (one line naming both) a prepared data directory whose vocabulary is not the checkpoint's: its ids
+    would mean other words to the loaded embeddings. A directory not prepared yet passes."""
+    from pipeline.io import exists, join, read_json
+
+    for out in outputs:
+        if exists(join(out, "manifest.json")):
+            had = read_json(join(out, "manifest.json")).get("vocab_sha256")
+            _check(had == vocab_sha256, f"data.output {out} was prepared with vocabulary sha256 {str(had)[:12]}, "
+                                        f"model.init {spec} has {vocab_sha256[:12]}; choose another data.output or "
+                                        f"pass --data.overwrite true")
+
+
+def resolve_init(cfg: Config) -> tuple[Config, InitCheckpoint | None]:
+    """(the config the job runs with, the checkpoint) for `model.init`; `(cfg, None)` without it.
+
+    The returned config takes the architecture (model.overrides = the checkpoint's config plus the user's
+    non-architecture overrides, preset as given), the vocabulary (data.vocab) and lowercasing (data.lowercase)
+    from the checkpoint. Everything contradicting it is a ConfigError (one line), raised before any work.
+    A `models:/` version is downloaded into `<train.storage_path>/init/` (a local storage path; shared storage on
+    a multi-node cluster, where every worker reads it).
+    """
+    spec = cfg.model.init
+    if spec is None:
+        return cfg, None
+    source_tags: dict[str, str] = {}
+    if spec.startswith("models:/"):
+        import tempfile
+
+        from pipeline.io import is_uri
+        from pipeline.tracking import fetch_registered
+
+        storage = cfg.train.storage_path
+        download = os.path.join(storage, "init") if not is_uri(storage) else tempfile.mkdtemp(prefix="init-")
+        try:
+            local, source_tags = fetch_registered(spec, download)
+        except Exception as e:  # noqa: BLE001 - one line for the user
+            raise ConfigError(f"model.init {spec}: {str(e).splitlines()[0]}") from None
+    else:
+        local = spec
+        _check((Path(local) / "config.json").is_file(),
+               f"model.init {spec}: not models:/name@alias, models:/name/version, or a directory with config.json")
+    where = f"{spec}/config.json" if not spec.startswith("models:/") else f"{spec} config.json"
+    ckpt = checkpoint_config(local)
+    check_architecture(cfg.model.preset, cfg.model.overrides, ckpt, where)
+    max_pos = ckpt["max_position_embeddings"]
+    lengths = [cfg.data.max_seq_length] + [ph.max_seq_length for ph in cfg.train.phases]
+    _check(max(lengths) <= max_pos, f"data.max_seq_length {max(lengths)} > max_position_embeddings {max_pos} in {where}")
+
+    vocab, lower = tokenizer_files(local)
+    if cfg.data.vocab is not None:
+        from pipeline.io import read_bytes
+
+        given, theirs = hashlib.sha256(read_bytes(cfg.data.vocab)).hexdigest(), sha256_file(vocab)
+        other = Path(local) / ("vocab.txt" if vocab.name == "tokenizer.json" else "tokenizer.json")
+        same = given == theirs or (other.is_file() and given == sha256_file(other))
+        _check(same, f"data.vocab {cfg.data.vocab} (sha256 {given[:12]}) is not the vocabulary of model.init {spec} "
+                     f"({vocab}, sha256 {theirs[:12]}); leave data.vocab out to use the checkpoint's")
+    from pipeline.data.tokenizer import load_tokenizer, vocab_bytes
+
+    tok = load_tokenizer(str(vocab), lowercase=lower)
+    _check(tok.get_vocab_size() == ckpt["vocab_size"], f"model.init {spec}: its tokenizer has {tok.get_vocab_size()} "
+                                                        f"tokens but config.json's vocab_size is {ckpt['vocab_size']}")
+
+    keep = {k: v for k, v in cfg.model.overrides.items() if k not in ARCHITECTURE}
+    model = dataclasses.replace(cfg.model, overrides={**ckpt, **keep})
+    data = dataclasses.replace(cfg.data, vocab=cfg.data.vocab or str(vocab), lowercase=lower)
+    resolved = dataclasses.replace(cfg, model=model, data=data)
+    if not cfg.data.overwrite:
+        from pipeline.pretrain.job import phase_data_configs
+
+        check_prepared([d.output for d in phase_data_configs(resolved)], hashlib.sha256(vocab_bytes(tok)).hexdigest(), spec)
+    init = InitCheckpoint(spec, str(Path(local).resolve()), sha256_file(weights_file(local)), heads_in(local), source_tags)
+    return resolved, init
+
+
+def load_initial(model_cfg, vocab_size: int):
+    """The `BertForPreTraining` a run starts from: `model_cfg.init` is a local transformers directory here (the
+    train stage hands the workers the resolved one). Missing heads keep their fresh initialisation, so call it
+    after seeding, identically on every rank."""
+    from model import BertForPreTraining
+    from model.hf import load_hf
+
+    model = load_hf(model_cfg.init, BertForPreTraining, **{**model_cfg.overrides, "vocab_size": vocab_size})
+    missing = [k for k in model.load_report["missing"] if not k.startswith(("cls.", "bert.pooler."))]
+    if missing:  # an encoder weight the checkpoint lacks would silently stay random
+        raise ValueError(f"model.init {model_cfg.init}: the checkpoint lacks encoder weights {missing[:5]}")
+    return model

@@ -1,0 +1,130 @@
+"""Continued pretraining (`pipeline/pretrain/init.py`): resolving `model.init` against the real MiniLM checkpoint
+and a saved tiny one, the one-line refusals, the initial weights, and the lineage in the run identity."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from pipeline.config import ConfigError, load_config, resolve_paths
+from pipeline.pretrain.init import check_prepared, load_initial, resolve_init
+from pipeline.pretrain.job import run_identity, run_name_for, worker_config
+
+
+def _cfg(tmp_path: Path, *args: str):
+    return resolve_paths(load_config(None, ["--data.output", str(tmp_path / "data"), "--train.storage_path",
+                                            str(tmp_path / "runs"), *args]))
+
+
+@pytest.fixture()
+def tiny_ckpt(tmp_path):
+    """A saved tiny BertForPreTraining (MLM + NSP heads) with a 40-token cased vocabulary."""
+    from model import BertConfig, BertForPreTraining
+    from model.hf import save_hf
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(35)]
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "vocab.txt").write_text("".join(w + "\n" for w in words))
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    torch.manual_seed(1)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=len(words)))
+    return save_hf(model, tmp_path / "ckpt", tokenizer=tmp_path / "tok"), model
+
+
+def test_minilm_directory_gives_architecture_vocabulary_and_lowercasing(tmp_path, minilm_dir):
+    cfg, init = resolve_init(_cfg(tmp_path, "--model.init", str(minilm_dir), "--model.preset", "null",
+                                  "--model.hidden_dropout_prob", "0.0"))
+    bc = cfg.model.bert_config()
+    assert (bc.hidden_size, bc.num_hidden_layers, bc.num_attention_heads, bc.vocab_size) == (384, 6, 12, 30522)
+    assert bc.hidden_dropout_prob == 0.0  # a non-architecture override applies on top
+    assert cfg.data.vocab == str(minilm_dir / "tokenizer.json") and cfg.data.lowercase is True
+    assert init.heads == "none" and "fresh MLM head tied to its word embeddings" in init.describe()
+    assert init.weights_sha256 == hashlib.sha256((minilm_dir / "model.safetensors").read_bytes()).hexdigest()
+    assert init.tags == {"init_model": str(minilm_dir), "init_model_sha256": init.weights_sha256}
+
+
+def test_minilm_initial_model_has_its_encoder_and_a_fresh_tied_mlm_head(tmp_path, minilm_dir):
+    from model import BertModel
+    from model.hf import load_hf
+
+    cfg, init = resolve_init(_cfg(tmp_path, "--model.init", str(minilm_dir), "--model.preset", "null"))
+    torch.manual_seed(0)
+    model = load_initial(worker_config(cfg, init).model, 30522)
+    ref = load_hf(minilm_dir, BertModel).state_dict()
+    mine = model.bert.state_dict()
+    assert set(ref) == set(mine) and all(torch.equal(ref[k], mine[k]) for k in ref)  # the encoder at step 0
+    assert not any("decoder" in k for k in model.state_dict())  # the decoder is the word embeddings (tied)
+    assert torch.count_nonzero(model.cls.predictions.bias) == 0  # a fresh head
+    ids = torch.tensor([[101, 7592, 2088, 102]])
+    model.eval()  # no dropout in the comparison
+    with torch.no_grad():
+        h = model.cls.predictions.transform(model.bert(ids).last_hidden_state)
+        expect = h @ model.bert.embeddings.word_embeddings.weight.T
+        torch.testing.assert_close(model(ids).mlm_logits, expect)
+    torch.manual_seed(0)  # every rank seeds the same way first: identical fresh heads
+    again = load_initial(worker_config(cfg, init).model, 30522)
+    assert torch.equal(again.cls.predictions.transform.dense.weight, model.cls.predictions.transform.dense.weight)
+
+
+def test_a_checkpoint_with_heads_loads_them_and_an_agreeing_preset_is_fine(tmp_path, tiny_ckpt):
+    path, saved = tiny_ckpt
+    cfg, init = resolve_init(_cfg(tmp_path, "--model.init", str(path), "--model.preset", "tiny"))
+    assert init.heads == "mlm+nsp" and "MLM and NSP heads loaded" in init.describe()
+    assert cfg.data.vocab == str(path / "vocab.txt") and cfg.data.lowercase is False  # do_lower_case: false
+    model = load_initial(worker_config(cfg, init).model, 40)
+    for k, v in saved.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--model.preset", "base"], "model.preset base: hidden_size 768 != 384 in {src}/config.json"),
+    (["--model.preset", "mini"], "model.preset mini: hidden_size 256 != 384 in {src}/config.json"),
+    (["--model.preset", "null", "--model.num_hidden_layers", "4"], "model.overrides num_hidden_layers: 4 != 6 in {src}/config.json"),
+])
+def test_a_contradicting_architecture_is_one_line_naming_both(tmp_path, minilm_dir, args, expect):
+    with pytest.raises(ConfigError) as e:
+        resolve_init(_cfg(tmp_path, "--model.init", str(minilm_dir), *args))
+    assert str(e.value) == expect.format(src=minilm_dir)
+
+
+def test_vocabulary_other_than_the_checkpoints_is_refused(tmp_path, minilm_dir, tiny_ckpt):
+    base = ["--model.init", str(minilm_dir), "--model.preset", "null"]
+    for same in ("vocab.txt", "tokenizer.json"):  # naming the checkpoint's own vocabulary is fine
+        cfg, _ = resolve_init(_cfg(tmp_path, *base, "--data.vocab", str(minilm_dir / same)))
+        assert cfg.data.vocab == str(minilm_dir / same)
+    with pytest.raises(ConfigError, match=r"^data.vocab .*vocab.txt \(sha256 [0-9a-f]{12}\) is not the vocabulary of model.init"):
+        resolve_init(_cfg(tmp_path, *base, "--data.vocab", str(tiny_ckpt[0] / "vocab.txt")))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "manifest.json").write_text(json.dumps({"vocab_sha256": "ab" * 32}))
+    with pytest.raises(ConfigError) as e:
+        resolve_init(_cfg(tmp_path, *base))
+    assert str(e.value).startswith(f"data.output {tmp_path / 'data'} was prepared with vocabulary sha256 abababababab, "
+                                   f"model.init {minilm_dir} has ") and "\n" not in str(e.value)
+    resolve_init(_cfg(tmp_path, *base, "--data.overwrite", "true"))  # the user chose to rebuild it
+    check_prepared([str(tmp_path / "nothing-yet")], "cd" * 32, "x")  # not prepared yet: fine
+
+
+def test_not_a_checkpoint_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"^model.init .*: not models:/name@alias, models:/name/version, or a directory with config.json$"):
+        resolve_init(_cfg(tmp_path, "--model.init", str(tmp_path), "--model.preset", "null"))
+    with pytest.raises(ConfigError, match="model.preset null needs model.init"):
+        _cfg(tmp_path, "--model.preset", "null")
+
+
+def test_run_identity_without_init_is_unchanged_and_with_init_has_its_sha(tmp_path, tiny_ckpt):
+    from pipeline.config import config_hash
+
+    datasets = [SimpleNamespace(config_hash="c" * 64, vocab_sha256="v" * 64)]
+    plain = _cfg(tmp_path)
+    # what run_identity hashed before model.init existed: the ModelConfig repr, unchanged by the new field
+    assert repr(plain.model) == "ModelConfig(preset='tiny', overrides={})"
+    assert "init" not in config_hash.__doc__ and run_name_for(plain, datasets).startswith("tiny-")
+    cfg, init = resolve_init(_cfg(tmp_path, "--model.init", str(tiny_ckpt[0])))
+    other = SimpleNamespace(**{**init.__dict__, "weights_sha256": "0" * 64})
+    assert run_identity(cfg, datasets, init) != run_identity(cfg, datasets, other)
+    assert run_identity(cfg, datasets, init) != run_identity(cfg, datasets)
