@@ -41,7 +41,7 @@ from pipeline.data.passes import Batch, encode_pieces, examples_for_chunks, sign
 from pipeline.data.progress import Progress
 from pipeline.data.sources import InputFile
 from pipeline.data.tokenizer import SentenceEncoder, check_pair, read_vocab
-from pipeline.io import join, read_table
+from pipeline.io import filesystem, join, read_table
 
 Call = tuple  # (PassWorker method, its arguments, anything the caller wants back with the result)
 
@@ -335,7 +335,11 @@ class RayExecutor(_Executor):
 
         records = ray.data.read_parquet(paths, columns=["doc_id", "exact_hi", "exact_lo"]
                                         + (["sig"] if params.mode == "near" else []))
-        exact = collect(records.groupby(["exact_hi", "exact_lo"]).map_groups(
+        # Shuffle partitions: Ray Data's default (200) costs seconds of task overhead on a small corpus; one per
+        # CPU, or per ~20k documents (~160 MB of band rows at the default) on a large one.
+        docs = sum(_parquet_rows(p) for p in paths)
+        parts = int(max(ray.cluster_resources().get("CPU", 1), min(200, docs // 20_000)))
+        exact = collect(records.groupby(["exact_hi", "exact_lo"], num_partitions=parts).map_groups(
             lambda g: edges_dict(dedup.exact_edges_for_group(g["doc_id"])), batch_format="numpy"))
         if params.mode != "near":
             return exact, Edges.empty()
@@ -353,7 +357,7 @@ class RayExecutor(_Executor):
             sigs = np.frombuffer(b"".join(g["sig"].tolist()), np.uint32).reshape(len(g["doc_id"]), params.num_perm)
             return edges_dict(dedup.edges_for_group(g["doc_id"], sigs, params) if len(g["doc_id"]) > 1 else Edges.empty())
 
-        near = collect(records.map_batches(band_rows, batch_format="numpy").groupby("key").map_groups(
+        near = collect(records.map_batches(band_rows, batch_format="numpy").groupby("key", num_partitions=parts).map_groups(
             near_group, batch_format="numpy"))
         return exact, near
 
@@ -363,6 +367,14 @@ class RayExecutor(_Executor):
         for a in self.actors:
             ray.kill(a)
         self.actors = []
+
+
+def _parquet_rows(path: str) -> int:
+    import pyarrow.parquet as pq
+
+    fs, p = filesystem(path)
+    with fs.open(p, "rb") as f:
+        return pq.read_metadata(f).num_rows
 
 
 class _RayWorker(PassWorker):
