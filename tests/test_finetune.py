@@ -17,8 +17,7 @@ import torch
 from pipeline.config import ConfigError
 from pipeline.finetune.data import prepare_task
 from pipeline.finetune.job import FinetuneConfig, build_model, load_finetune_config, resolve_lr, resolve_source
-from pipeline.finetune.metrics import evaluate
-from pipeline.finetune.loop import counts, epoch_micro_batches, steps_per_epoch, summarise
+from pipeline.finetune.loop import counts, epoch_micro_batches, evaluate, steps_per_epoch, summarise
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"

@@ -1,5 +1,5 @@
-"""Evaluation metrics for fine-tuning: classification, regression, BIO entity spans and SQuAD, and `evaluate`,
-which scores a model on a task's eval set with them (used by the loop on rank 0 and by tests).
+"""Evaluation metrics for fine-tuning: classification, regression, BIO entity spans and SQuAD. The loop's
+`evaluate` scores a model on a task's eval set with them.
 
 The metrics are pure numpy/stdlib functions, each with a worked example; they are checked against hand-computed values (and,
 where installed, scikit-learn/scipy/seqeval-equivalent figures) in tests/test_metrics.py.
@@ -24,10 +24,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
-
-from pipeline.core.precision import forward
-from pipeline.finetune.data import TaskData, pad_batch
 
 # ---------------------------------------------------------------------------------------------------------------
 # classification / regression
@@ -329,72 +325,10 @@ def best_null_threshold(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# a model on a task's eval set
+# the metric that picks the best epoch and trial
 
 PRIMARY = {"sequence-classification": "accuracy", "token-classification": "f1", "question-answering": "f1"}
 
 
 def primary_metric(task: str, problem_type: str) -> str:
     return "pearson" if problem_type == "regression" else PRIMARY[task]
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, td: TaskData, cfg: Any, device: torch.device | str = "cpu") -> dict[str, float]:
-    """Eval metrics of `model` on `td.eval` (classification/regression, entities, or SQuAD EM/F1)."""
-    was_training = model.training
-    model.eval()
-    n = len(td.eval["input_ids"])
-    bs = cfg.train.eval_batch_size
-    device = torch.device(device)
-    precision = cfg.train.precision if device.type == "cuda" else "fp32"  # CPU evaluation stays exact
-    outs: list[Any] = []
-    loss_sum = 0.0
-    for b in range(0, n, bs):
-        idx = list(range(b, min(n, b + bs)))
-        batch = {k: torch.as_tensor(v) for k, v in pad_batch(td.eval, idx).items()}
-        out = forward(model, batch, device, precision)
-        loss_sum += float(out.loss) * len(idx)
-        if td.task == "question-answering":
-            lens = batch["attention_mask"].sum(1).tolist()
-            outs += [(s[:L].float().cpu().numpy(), e[:L].float().cpu().numpy())
-                     for s, e, L in zip(out.start_logits, out.end_logits, lens)]
-        elif td.task == "token-classification":
-            lens = batch["attention_mask"].sum(1).tolist()
-            outs += [row[:L].cpu().numpy() for row, L in zip(out.logits.argmax(-1), lens)]
-        else:
-            outs.append(out.logits.float().cpu().numpy())
-    model.train(was_training)
-    res: dict[str, float]
-    if td.task == "sequence-classification":
-        logits = np.concatenate(outs)
-        gold = np.asarray(td.eval["labels"])
-        res = regression_metrics(gold, logits[:, 0]) if td.problem_type == "regression" \
-            else classification_metrics(gold, logits.argmax(-1))
-    elif td.task == "token-classification":
-        preds = []
-        for pred_ids, wids, gold in zip(outs, td.eval["word_ids"], td.eval_tags):
-            tags = ["O"] * len(gold)  # words cut off by max_seq_length count as O
-            prev = -1
-            for p, w in zip(pred_ids, wids):
-                if w >= 0 and w != prev:
-                    tags[w] = td.id2label[int(p)]
-                prev = w
-            preds.append(tags)
-        res = entity_metrics(td.eval_tags, preds)
-    else:
-        starts = [s for s, _ in outs]
-        ends = [e for _, e in outs]
-        details: dict[str, dict[str, Any]] = {}
-        preds = postprocess_qa(
-            td.eval_windows, starts, ends, td.eval_contexts, cfg.eval.n_best, cfg.eval.max_answer_length,
-            td.version_2, cfg.eval.null_score_diff_threshold, details,
-        )
-        res = squad_metrics(preds, td.eval_answers)
-        if td.version_2:  # as the official v2 script: the scores at the best null threshold, and that threshold
-            res.update(best_null_threshold(details["span"], details["score_diff"], td.eval_answers))
-    res["loss"] = loss_sum / max(n, 1)
-    return res
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# the driver
