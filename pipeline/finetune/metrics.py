@@ -12,9 +12,11 @@ would change the printed metrics, and gives NaN with a warning where this gives 
 - Regression: Pearson and Spearman (average ranks for ties).
 - Token classification: entity-level precision/recall/F1 for BIO/IOB2 tags with conlleval's chunking rules
   (an `I-X` that does not continue an `X` entity starts a new one, as seqeval's default mode), token accuracy.
-- QA: SQuAD's answer normalisation, exact match and token F1 (max over gold answers; an unanswerable question's
-  gold is `[""]`, as the official v2.0 script), n-best span decoding over strided windows with a maximum answer
-  length, and SQuAD v2's no-answer rule (predict "" when null score − best span score > threshold).
+  Ported from conlleval.pl / seqeval.
+- QA: SQuAD's answer normalisation, exact match and token F1, ported from the official SQuAD v1.1/v2.0
+  evaluation scripts (max over gold answers; an unanswerable question's gold is `[""]`, as the v2.0 script),
+  n-best span decoding over strided windows with a maximum answer length, and SQuAD v2's no-answer rule
+  (predict "" when null score − best span score > threshold).
 """
 
 from __future__ import annotations
@@ -95,6 +97,10 @@ def regression_metrics(y_true: Sequence[float], y_pred: Sequence[float]) -> dict
 def get_entities(tags: Sequence[str]) -> list[tuple[str, int, int]]:
     """Entity chunks `(type, start, end_inclusive)` from BIO/IOB2 tags, conlleval rules.
 
+    A port of the chunking of conlleval.pl (CoNLL-2000 shared task; `startOfChunk`/`endOfChunk`) as seqeval's
+    default mode implements it (`seqeval.metrics.sequence_labeling.get_entities`), restricted to B/I/O tags;
+    ported because neither is a dependency and the offline rule keeps `evaluate`'s hub metrics out.
+
     `get_entities(["B-PER", "I-PER", "O", "I-LOC", "B-LOC"]) -> [("PER", 0, 1), ("LOC", 3, 3), ("LOC", 4, 4)]`
     (the stray `I-LOC` starts an entity, as conlleval/seqeval's default mode).
     """
@@ -113,7 +119,8 @@ def get_entities(tags: Sequence[str]) -> list[tuple[str, int, int]]:
 
 
 def entity_metrics(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> dict[str, float]:
-    """Micro precision/recall/F1 over entity chunks of every sentence, plus token accuracy.
+    """Micro precision/recall/F1 over entity chunks of every sentence, plus token accuracy: conlleval.pl's
+    overall figures (seqeval's `classification_report` micro average), ported with `get_entities`.
 
     gold [["B-PER","I-PER","O"]], pred [["B-PER","O","O"]]: chunks {PER 0-1} vs {PER 0-0} -> P=R=F1=0,
     token accuracy 2/3.
@@ -142,6 +149,10 @@ def entity_metrics(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]])
 def normalize_answer(s: str) -> str:
     """SQuAD's normalisation: lower case, drop punctuation and the articles a/an/the, squeeze whitespace.
 
+    Ported from the official SQuAD v1.1 evaluation script (`evaluate-v1.1.py`, `normalize_answer`; v2.0's
+    `evaluate-v2.0.py` has the same), as are `squad_exact`, `squad_f1` and `squad_metrics`: the offline rule
+    keeps the `evaluate` library's hub-loaded `squad`/`squad_v2` metrics out.
+
     `normalize_answer("The  Lord's house!") -> "lords house"`
     """
     s = s.lower()
@@ -151,11 +162,13 @@ def normalize_answer(s: str) -> str:
 
 
 def squad_exact(pred: str, gold: str) -> float:
+    """Exact match after normalisation (the official script's `exact_match_score`, a port)."""
     return float(normalize_answer(pred) == normalize_answer(gold))
 
 
 def squad_f1(pred: str, gold: str) -> float:
     """Token-overlap F1 after normalisation; an empty side scores 1 only against another empty side.
+    A port of the official scripts' `f1_score` (v1.1) / `compute_f1` (v2.0, which adds the empty-side rule).
 
     `squad_f1("the house of Naomi", "Naomi's house")`: {house, of, naomi} vs {naomis, house} -> common 1,
     P=1/3, R=1/2 -> 0.4
@@ -172,7 +185,8 @@ def squad_f1(pred: str, gold: str) -> float:
 
 
 def squad_metrics(predictions: dict[str, str], gold: dict[str, list[str]]) -> dict[str, float]:
-    """Exact match and F1 in percent (as the official scripts), max over gold answers, averaged over questions.
+    """Exact match and F1 in percent, max over gold answers, averaged over questions: a port of the official
+    scripts' `evaluate` (v1.1) / `get_raw_scores` + `make_eval_dict` (v2.0, with the has/no-answer split).
 
     `gold[qid] == []` (unanswerable) counts as `[""]`. Adds `has_ans_*`/`no_ans_*` breakdowns when both kinds exist.
     """
@@ -275,7 +289,9 @@ def postprocess_qa(
 def best_null_threshold(
     span_preds: dict[str, str], score_diff: dict[str, float], gold: dict[str, list[str]]
 ) -> dict[str, float]:
-    """The official SQuAD v2 script's `best_exact`/`best_f1` and their null-score-diff thresholds.
+    """The official SQuAD v2 script's `best_exact`/`best_f1` and their null-score-diff thresholds: a port of
+    `evaluate-v2.0.py`'s `find_best_thresh`, except that when no switch helps the threshold is below every
+    diff (nothing answered) rather than 0.0.
 
     Questions sorted by `score_diff` (null − best span) are switched from "" to their best span one by one; the
     threshold is the diff of the last switched question at the best running score (answer when diff <= it).
