@@ -52,6 +52,14 @@ def test_read_classification_formats(tmp_path, name, text):
     assert [e.label for e in ex] == ["b", "a"] and ex[0].text_b is None
 
 
+def test_datasets_table_as_jsonl(tmp_path):
+    """README: a `datasets` table goes in through `to_json` (JSON lines)."""
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"sentence": ["Naomi wept", "Ruth clave"], "label": [1, 0]}).to_json(tmp_path / "t.jsonl")
+    ex = D.read_classification(tmp_path / "t.jsonl")
+    assert [(e.text_a, e.label) for e in ex] == [("Naomi wept", "1"), ("Ruth clave", "0")]
+
+
 def test_sentence_pairs_and_label_inference(tmp_path):
     ex = D.read_classification(write(tmp_path, "p.tsv", "sentence1\tsentence2\tlabel\nA\tB\t3.8\nC\tD\t5.000\n"))
     assert (ex[0].text_a, ex[0].text_b) == ("A", "B")
