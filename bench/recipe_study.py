@@ -212,7 +212,7 @@ def finetune(model_dir: str | None, tokenizer: str, task: Path, lr: float, seed:
     from pipeline.core.step import Trainable, train_step
     from pipeline.finetune.data import prepare_task
     from pipeline.finetune.loop import counts, epoch_micro_batches, micro_batches_per_epoch, summarise
-    from pipeline.finetune.metrics import evaluate
+    from pipeline.finetune.loop import evaluate
 
     dev = torch.device(device)
     td = prepare_task("sequence-classification", task / "train.tsv", task / "dev.tsv", tokenizer, max_seq_length=128, seed=seed,

@@ -18,8 +18,7 @@ from pipeline.config import ConfigError
 from pipeline.finetune.data import prepare_task
 from pipeline.finetune.config import FinetuneConfig, load_finetune_config, resolve_lr
 from pipeline.finetune.job import build_model, resolve_source
-from pipeline.finetune.metrics import evaluate
-from pipeline.finetune.loop import counts, epoch_micro_batches, steps_per_epoch, summarise
+from pipeline.finetune.loop import counts, epoch_micro_batches, evaluate, steps_per_epoch, summarise
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"

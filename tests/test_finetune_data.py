@@ -23,6 +23,18 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     return p
 
 
+def test_tokenizer_of_a_checkpoint_dir(tmp_path, minilm_dir):
+    """A vocab.txt-only directory is cased or uncased as its tokenizer_config.json says (uncased without one);
+    a directory with neither file is a one-line data error."""
+    (tmp_path / "vocab.txt").write_bytes((minilm_dir / "vocab.txt").read_bytes())
+    assert D.load_tokenizer(tmp_path).encode("Naomi", add_special_tokens=False).tokens == ["naomi"]
+    (tmp_path / "tokenizer_config.json").write_text('{"do_lower_case": false}')
+    assert D.load_tokenizer(tmp_path).encode("Naomi", add_special_tokens=False).tokens == ["[UNK]"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(D.FinetuneDataError, match="empty has no tokenizer.json or vocab.txt"):
+        D.prepare_task("sequence-classification", tmp_path / "t.tsv", tmp_path / "e.tsv", tmp_path / "empty")
+
+
 # -- sequence classification -----------------------------------------------------------------------------------
 
 
@@ -38,6 +50,14 @@ def test_read_classification_formats(tmp_path, name, text):
     ex = D.read_classification(write(tmp_path, name, text))
     assert [e.text_a.strip() for e in ex] == ['And Ruth said "Intreat me not"', "Naomi wept"]
     assert [e.label for e in ex] == ["b", "a"] and ex[0].text_b is None
+
+
+def test_datasets_table_as_jsonl(tmp_path):
+    """README: a `datasets` table goes in through `to_json` (JSON lines)."""
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"sentence": ["Naomi wept", "Ruth clave"], "label": [1, 0]}).to_json(tmp_path / "t.jsonl")
+    ex = D.read_classification(tmp_path / "t.jsonl")
+    assert [(e.text_a, e.label) for e in ex] == [("Naomi wept", "1"), ("Ruth clave", "0")]
 
 
 def test_sentence_pairs_and_label_inference(tmp_path):
@@ -158,6 +178,74 @@ def test_qa_windows_stride_and_positions(tmp_path, tok):
             assert a[-16:] == b[:16]
         # together the windows cover every context token
         assert ctx_offs[0][0][0] == 0 and ctx_offs[-1][-1][1] == len(e.context.rstrip())
+
+
+def reference_qa(tok, ex: D.QAExample, max_seq_length: int, doc_stride: int, max_query_length: int):
+    """Doc-stride windows the straightforward way (what encode_qa did by hand before the tokenizer did it):
+    question and context encoded alone, a window of `room` context tokens moved by `room - doc_stride`."""
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    q = tok.encode(ex.question, add_special_tokens=False).ids[:max_query_length]
+    c = tok.encode(ex.context, add_special_tokens=False)
+    ids, offsets = c.ids, c.offsets  # each attribute access builds a new list
+    room, head = max_seq_length - len(q) - 3, len(q) + 2
+    rows, begin = [], 0
+    while True:
+        end = min(begin + room, len(ids))
+        off = [None] * head + offsets[begin:end] + [None]
+        sp = ep = 0
+        if ex.answers:
+            a, b = ex.answers[0]["answer_start"], ex.answers[0]["answer_start"] + len(ex.answers[0]["text"])
+            inside = [k for k in range(begin, end) if offsets[k][1] > a and offsets[k][0] < b]
+            if inside and offsets[inside[0]][0] <= a and offsets[inside[-1]][1] >= b:
+                sp, ep = inside[0] - begin + head, inside[-1] - begin + head
+        rows.append(([cls_id, *q, sep_id, *ids[begin:end], sep_id], [0] * head + [1] * (end - begin + 1), sp, ep, off))
+        if end >= len(ids):
+            return rows
+        begin += room - doc_stride
+
+
+def _long_examples() -> list[D.QAExample]:
+    """One context of ten fixture contexts (about 1,000 tokens), questions longer than max_query_length with
+    accents, CJK and punctuation, answers at the start, in the middle and at the very end."""
+    ex, _ = D.read_squad(DATA / "bible_squad_train.json")
+    ctx = " ".join(list(dict.fromkeys(e.context for e in ex))[:10]) + " Naïve café 北京, don't — Boaz."
+    q = "Who, in the café of 北京 (naïve!), said unto Naomi: " + " ".join(e.question for e in ex[:12])
+    out = []
+    for k, start in enumerate([0, 1, len(ctx) // 3, len(ctx) // 2 + 7, len(ctx) - 5]):
+        text = ctx[start : start + 17]
+        out.append(D.QAExample(f"long-{k}", q if k % 2 else ex[k].question, ctx, [{"text": text, "answer_start": start}]))
+    out.append(D.QAExample("long-none", q, ctx, [], True))
+    out.append(D.QAExample("empty", "Who?", "", [], True))
+    return out
+
+
+@pytest.mark.parametrize("max_seq_length, doc_stride, max_query_length", [(64, 16, 24), (384, 128, 64), (32, 4, 8), (100, 0, 64)])
+@pytest.mark.parametrize("examples", ["fixtures", "long"])
+def test_qa_windows_equal_the_straightforward_ones(tok, examples, max_seq_length, doc_stride, max_query_length):
+    if examples == "fixtures":
+        ex = D.read_squad(DATA / "bible_squad_train.json")[0] + D.read_squad(DATA / "bible_squad_dev.json")[0]
+    else:
+        ex = _long_examples()
+    feats, windows = D.encode_qa(tok, ex, max_seq_length, doc_stride, max_query_length)
+    want = [(e.qid, row) for e in ex for row in reference_qa(tok, e, max_seq_length, doc_stride, max_query_length)]
+    got = list(zip(feats["input_ids"], feats["token_type_ids"], feats["start_positions"], feats["end_positions"],
+                   [w["offsets"] for w in windows]))
+    assert [w["example_id"] for w in windows] == [qid for qid, _ in want]
+    assert got == [row for _, row in want]
+    assert examples == "fixtures" or len(windows) > 3 * len(ex)  # the long context really is split
+
+
+def test_qa_windows_are_run_qa_windows(tok, minilm_dir):
+    """The windows transformers' run_qa.py builds (truncation="only_second", stride, overflowing tokens)."""
+    transformers = pytest.importorskip("transformers")
+    ref = transformers.BertTokenizerFast.from_pretrained(str(minilm_dir))
+    ex = _long_examples()[:1]
+    feats, windows = D.encode_qa(tok, ex, 96, 24, 64)
+    want = ref(ex[0].question, ex[0].context, truncation="only_second", max_length=96, stride=24,
+               return_overflowing_tokens=True, return_offsets_mapping=True)
+    assert feats["input_ids"] == want["input_ids"] and feats["token_type_ids"] == want["token_type_ids"]
+    for w, offsets, seq in zip(windows, want["offset_mapping"], (want.sequence_ids(i) for i in range(len(windows)))):
+        assert w["offsets"] == [tuple(o) if s == 1 else None for o, s in zip(offsets, seq)]
 
 
 # -- bad data: one line naming file, row and problem ------------------------------------------------------------

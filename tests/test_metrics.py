@@ -1,8 +1,10 @@
-"""Metrics against hand-computed values (and scikit-learn/scipy where they are installed)."""
+"""Metrics against hand-computed values and independent implementations: plain-Python counts for the ones
+scikit-learn computes, scipy's pearsonr/spearmanr for the correlations computed here."""
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -32,24 +34,56 @@ def test_mcc_hand():
     assert M.matthews_corrcoef(t, p) == pytest.approx(18 / 42)
 
 
-def test_against_sklearn_random():
-    skm = pytest.importorskip("sklearn.metrics")
+def _counts(t, p, lab):
+    tp = sum(a == lab and b == lab for a, b in zip(t, p))
+    return tp, sum(a != lab and b == lab for a, b in zip(t, p)), sum(a == lab and b != lab for a, b in zip(t, p))
+
+
+def reference_macro_f1(t, p) -> float:
+    """Per-label counts in plain Python over gold ∪ predicted labels."""
+    f1 = [2 * tp / (2 * tp + fp + fn) if tp else 0.0 for tp, fp, fn in (_counts(t, p, lab) for lab in set(t) | set(p))]
+    return sum(f1) / len(f1)
+
+
+def reference_mcc(t, p) -> float:
+    """Gorodkin's R_K from a confusion matrix built in plain Python."""
+    labels = sorted(set(t) | set(p))
+    C = [[sum(a == i and b == j for a, b in zip(t, p)) for j in labels] for i in labels]
+    s, c = len(t), sum(C[i][i] for i in range(len(labels)))
+    tk = [sum(row) for row in C]
+    pk = [sum(col) for col in zip(*C)]
+    den = math.sqrt((s * s - sum(x * x for x in pk)) * (s * s - sum(x * x for x in tk)))
+    return (c * s - sum(x * y for x, y in zip(tk, pk))) / den if den else 0.0
+
+
+def test_against_independent_counts_random():
     rng = np.random.default_rng(0)
-    for _ in range(20):
-        t, p = rng.integers(0, 4, 50), rng.integers(0, 4, 50)
-        assert M.matthews_corrcoef(t, p) == pytest.approx(skm.matthews_corrcoef(t, p))
-        assert M.macro_f1(t, p) == pytest.approx(skm.f1_score(t, p, average="macro"))
+    for n in [1, 2, 5, 50, 200] * 4:
+        t, p = rng.integers(0, 4, n).tolist(), rng.integers(0, 4, n).tolist()
+        assert M.accuracy(t, p) == pytest.approx(sum(a == b for a, b in zip(t, p)) / n)
+        assert M.matthews_corrcoef(t, p) == pytest.approx(reference_mcc(t, p))
+        assert M.macro_f1(t, p) == pytest.approx(reference_macro_f1(t, p))
+
+
+def test_classification_edge_cases_are_zero_and_quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # sklearn's UndefinedMetricWarning / single-label warning stay inside
+        assert M.classification_metrics([], []) == {"accuracy": 0.0, "macro_f1": 0.0, "mcc": 0.0}
+        assert M.classification_metrics([1, 1], [1, 1]) == {"accuracy": 1.0, "macro_f1": 1.0, "mcc": 0.0}
+        assert M.matthews_corrcoef([0], [1]) == 0.0 and M.macro_f1([0], [1]) == 0.0
+        assert M.regression_metrics([1.0, 2.0], [3.0, 3.0])["pearson"] == 0.0
+        assert M.spearman([2.0, 2.0, 2.0], [1.0, 2.0, 3.0]) == 0.0
 
 
 def test_pearson_spearman_hand():
     # x̄=2, ȳ=13/3: Σdxdy = 5, Σdx²=2, Σdy²=38/3 -> 5/sqrt(76/3)
     assert M.pearson([1, 2, 3], [2, 4, 7]) == pytest.approx(5 / math.sqrt(76 / 3))
     assert M.spearman([1, 2, 3], [1, 9, 4]) == pytest.approx(0.5)
-    # ties take the average rank: y ranks [1, 2.5, 2.5, 4]
-    assert M._rank(np.array([10, 20, 20, 5])).tolist() == [2, 3.5, 3.5, 1]
-    assert M.spearman([1, 2, 3, 4], [1, 5, 5, 9]) == pytest.approx(M.pearson([1, 2, 3, 4], [1, 2.5, 2.5, 4]))
+    # ties take the average rank: y ranks [1, 2.5, 2.5, 4]; Σdxdy = 4.5, Σdx² = 5, Σdy² = 4.5
+    assert M.spearman([1, 2, 3, 4], [1, 5, 5, 9]) == pytest.approx(4.5 / math.sqrt(5 * 4.5))
+    assert M.spearman([10, 20, 20, 5], [2, 3.5, 3.5, 1]) == pytest.approx(1.0)
     assert M.pearson([1, 1, 1], [1, 2, 3]) == 0.0
-    stats = pytest.importorskip("scipy.stats")
+    import scipy.stats as stats
     rng = np.random.default_rng(1)
     x, y = rng.normal(size=40), rng.integers(0, 5, 40).astype(float)
     assert M.spearman(x, y) == pytest.approx(stats.spearmanr(x, y).statistic)

@@ -55,9 +55,19 @@ def _post_processor(tok: Tokenizer) -> None:
     )
 
 
-def load_tokenizer(path: str | Path, lowercase: bool = True) -> Tokenizer:
-    """A `vocab.txt` (BERT WordPiece, `lowercase` decides cased/uncased) or a `tokenizer.json`."""
+def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> Tokenizer:
+    """A `tokenizer.json`, a `vocab.txt` (BERT WordPiece), or a checkpoint directory holding either
+    (tokenizer.json first): the one loader, for data preparation and fine-tuning.
+
+    `lowercase` decides cased/uncased for a vocab.txt; left None, it is the `do_lower_case` of a
+    `tokenizer_config.json` beside the file (transformers' own), else True.
+    """
     p = Path(path)
+    if p.is_dir():
+        found = [p / n for n in ("tokenizer.json", "vocab.txt") if (p / n).is_file()]
+        if not found:
+            raise VocabError(f"tokenizer directory {path} has no tokenizer.json or vocab.txt")
+        p = found[0]
     if not p.is_file():
         raise VocabError(f"vocabulary {path} does not exist")
     if p.suffix == ".json":
@@ -70,6 +80,9 @@ def load_tokenizer(path: str | Path, lowercase: bool = True) -> Tokenizer:
             vocab = read_vocab(p)
         except UnicodeDecodeError:
             raise VocabError(f"vocabulary {path} is not UTF-8 text") from None
+        if lowercase is None:
+            config = p.parent / "tokenizer_config.json"
+            lowercase = bool(json.loads(config.read_text()).get("do_lower_case", True)) if config.is_file() else True
         tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
         _bert_pipeline(tok, lowercase)
     missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]

@@ -2,8 +2,8 @@
 
 Readers return plain Python examples and raise `FinetuneDataError` with one line naming the file, the row
 (1-based line number for text files, question id for SQuAD) and the problem. Tokenization uses the checkpoint's
-own `tokenizer.json` (or `vocab.txt`) through `tokenizers`, without padding: the collate function pads each batch
-to its longest row (`pad_batch`).
+own `tokenizer.json` (or `vocab.txt`) through `tokenizers` (`pipeline.data.tokenizer.load_tokenizer`, the loader
+data preparation uses), without padding: the collate function pads each batch to its longest row (`pad_batch`).
 
 - Sequence classification: header row with `sentence` (or `sentence1`/`sentence2`) and `label`. String labels get
   ids in sorted order (numeric order when all are integers) and travel with the model as `id2label`. When every
@@ -11,7 +11,8 @@ to its longest row (`pad_batch`).
 - Token classification: CoNLL (token first column, tag last column, blank line between sentences, `-DOCSTART-`
   skipped). The label goes on the first WordPiece of each word; other pieces and specials get -100.
 - QA: SQuAD v1.1/v2.0. Contexts longer than the window are split into windows that overlap by `doc_stride`
-  tokens (the `stride` of transformers' run_qa.py); the question is truncated to `max_query_length` tokens.
+  tokens: the tokenizer's `only_second` truncation with `stride` and its `overflowing` encodings, as
+  transformers' run_qa.py gets them; the question is first cut to `max_query_length` tokens.
   A training window that does not contain the whole answer (or a v2 unanswerable question) points at [CLS].
 """
 
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from pipeline.data.tokenizer import VocabError, load_tokenizer
 
 IGNORE_INDEX = -100
 
@@ -284,42 +287,6 @@ def read_squad(path: str | Path) -> tuple[list[QAExample], bool]:
 # tokenization
 
 
-def load_tokenizer(path: str | Path):
-    """A `tokenizers.Tokenizer` from a checkpoint dir (tokenizer.json, else vocab.txt) or a file, with padding
-    and truncation off (windowing and padding are done here)."""
-    from tokenizers import Tokenizer
-    from tokenizers.implementations import BertWordPieceTokenizer
-
-    p = Path(path)
-    if p.is_dir():
-        if (p / "tokenizer.json").is_file():
-            p = p / "tokenizer.json"
-        elif (p / "vocab.txt").is_file():
-            p = p / "vocab.txt"
-        else:
-            raise FinetuneDataError(f"{path}: no tokenizer.json or vocab.txt")
-    if not p.is_file():
-        raise FinetuneDataError(f"{p}: tokenizer file does not exist")
-    if p.suffix == ".json":
-        tok = Tokenizer.from_file(str(p))
-    else:
-        lower = True
-        cfg = p.parent / "tokenizer_config.json"
-        if cfg.is_file():
-            lower = bool(json.loads(cfg.read_text()).get("do_lower_case", True))
-        tok = BertWordPieceTokenizer(str(p), lowercase=lower)
-    tok.no_padding()
-    tok.no_truncation()
-    return tok
-
-
-def _special(tok, name: str) -> int:
-    i = tok.token_to_id(name)
-    if i is None:
-        raise FinetuneDataError(f"tokenizer has no {name} token")
-    return i
-
-
 def encode_classification(tok, examples: list[TextExample], max_seq_length: int) -> dict[str, list[list[int]]]:
     """`input_ids`/`token_type_ids` per example ([CLS] a [SEP] (b [SEP])), longest-first truncation."""
     tok.enable_truncation(max_seq_length, strategy="longest_first")
@@ -372,44 +339,44 @@ def encode_qa(
     Returns features (`input_ids`, `token_type_ids`, `start_positions`, `end_positions`) and one dict per window
     (`example_id`, `offsets`: (char_start, char_end) per token for context tokens, None elsewhere).
     Example: a context of 10 tokens, room for 4 per window, doc_stride 2 -> windows start at tokens 0, 2, 4, 6.
+    The windows are the tokenizer's own: `only_second` truncation with `stride`, the rest in `overflowing`.
     """
-    cls_id, sep_id = _special(tok, "[CLS]"), _special(tok, "[SEP]")
-    feats: dict[str, list] = {"input_ids": [], "token_type_ids": [], "start_positions": [], "end_positions": []}
-    windows: list[dict[str, Any]] = []
+    questions = []  # each question's text, cut after its `max_query_length`-th token
     for ex in examples:
-        q = tok.encode(ex.question, add_special_tokens=False).ids[:max_query_length]
-        c = tok.encode(ex.context, add_special_tokens=False)
-        room = max_seq_length - len(q) - 3
+        q = tok.encode(ex.question, add_special_tokens=False)
+        n_q = min(len(q.ids), max_query_length)
+        room = max_seq_length - n_q - 3
         if room <= doc_stride:
             raise FinetuneDataError(
                 f"max_seq_length {max_seq_length} leaves {room} context tokens per window for question {ex.qid}, "
                 f"not more than doc_stride {doc_stride}"
             )
-        step = room - doc_stride
-        if ex.answers:
-            a0 = ex.answers[0]
-            a_start, a_end = a0["answer_start"], a0["answer_start"] + len(a0["text"])
-        n = len(c.ids)
-        begin = 0
-        while True:
-            end = min(begin + room, n)
-            ids = [cls_id, *q, sep_id, *c.ids[begin:end], sep_id]
-            tt = [0] * (len(q) + 2) + [1] * (end - begin + 1)
-            off: list[tuple[int, int] | None] = [None] * (len(q) + 2) + list(c.offsets[begin:end]) + [None]
-            sp = ep = 0
-            if ex.answers:
-                # first context token ending after the answer start; last one starting before its end
-                toks = [k for k in range(begin, end) if c.offsets[k][1] > a_start and c.offsets[k][0] < a_end]
-                if toks and c.offsets[toks[0]][0] <= a_start and c.offsets[toks[-1]][1] >= a_end:
-                    sp, ep = toks[0] - begin + len(q) + 2, toks[-1] - begin + len(q) + 2
-            feats["input_ids"].append(ids)
-            feats["token_type_ids"].append(tt)
-            feats["start_positions"].append(sp)
-            feats["end_positions"].append(ep)
-            windows.append({"example_id": ex.qid, "offsets": off})
-            if end >= n:
-                break
-            begin += step
+        # WordPiece never looks past a word: the text up to a token's end encodes to exactly the tokens up to it
+        cut = len(ex.question) if n_q == len(q.ids) else q.offsets[n_q - 1][1] if n_q else 0
+        questions.append(ex.question[:cut])
+    feats: dict[str, list] = {"input_ids": [], "token_type_ids": [], "start_positions": [], "end_positions": []}
+    windows: list[dict[str, Any]] = []
+    tok.enable_truncation(max_seq_length, stride=doc_stride, strategy="only_second")
+    try:
+        for ex, question in zip(examples, questions):
+            enc = tok.encode(question, ex.context)
+            for w in [enc, *enc.overflowing]:
+                off = [o if s == 1 else None for o, s in zip(w.offsets, w.sequence_ids)]  # context tokens only
+                sp = ep = 0
+                if ex.answers:
+                    a_start = ex.answers[0]["answer_start"]
+                    a_end = a_start + len(ex.answers[0]["text"])
+                    # context tokens overlapping the answer; a target only when they hold all of it
+                    toks = [k for k, o in enumerate(off) if o is not None and o[1] > a_start and o[0] < a_end]
+                    if toks and off[toks[0]][0] <= a_start and off[toks[-1]][1] >= a_end:
+                        sp, ep = toks[0], toks[-1]
+                feats["input_ids"].append(w.ids)
+                feats["token_type_ids"].append(w.type_ids)
+                feats["start_positions"].append(sp)
+                feats["end_positions"].append(ep)
+                windows.append({"example_id": ex.qid, "offsets": off})
+    finally:
+        tok.no_truncation()
     return feats, windows
 
 
@@ -479,7 +446,10 @@ def prepare_task(
 ) -> TaskData:
     """Read, validate and tokenize both files for `task`. Subsets (`max_*_examples`) are a seeded random sample
     of the training file (so a subset keeps every class) and the first rows of the eval file."""
-    tok = load_tokenizer(tokenizer_path)
+    try:
+        tok = load_tokenizer(tokenizer_path)
+    except VocabError as e:
+        raise FinetuneDataError(str(e)) from None
     rng = np.random.default_rng(seed)
 
     def subset(items: list, n: int | None, shuffle: bool) -> list:

@@ -1,7 +1,8 @@
 """The fine-tuning loop that runs in every Ray Train worker, top to bottom: build, resume, step, log, evaluate,
 checkpoint. Optimisation, precision, the step (accumulation, clipping), checkpoints and the launcher are the
 ones pretraining uses (`pipeline.core`); what is fine-tuning's own is the data order (`epoch_micro_batches`),
-the training figures (`counts`, `summarise`) and evaluation on rank 0 after each epoch (`metrics.evaluate`).
+the training figures (`counts`, `summarise`) and evaluation on rank 0 after each epoch (`evaluate`, with
+`pipeline.finetune.metrics`).
 
 Every checkpoint holds what an exact resume needs (weights, optimizer, scheduler, scaler, RNGs, and the data
 position: epoch and micro-batch index) plus, in `best/`, the best epoch's model as a transformers directory with
@@ -23,10 +24,12 @@ import torch
 from pipeline.core import launcher
 from pipeline.core.checkpoint import load_checkpoint, save_checkpoint, unwrap
 from pipeline.core.optim import make_optimizer
-from pipeline.core.precision import make_scaler
+from pipeline.core.precision import forward, make_scaler
 from pipeline.core.step import Trainable, train_step
 from pipeline.finetune.data import IGNORE_INDEX, TaskData, pad_batch
-from pipeline.finetune.metrics import evaluate
+from pipeline.finetune.metrics import (
+    best_null_threshold, classification_metrics, entity_metrics, postprocess_qa, regression_metrics, squad_metrics,
+)
 
 
 def steps_per_epoch(n_train: int, world: int, batch_size: int, accumulation: int = 1) -> int:
@@ -75,6 +78,64 @@ def summarise(c: torch.Tensor) -> dict[str, float]:
     if c[3] > 0:
         out["accuracy"] = (c[2] / c[3]).item()
     return out
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, td: TaskData, cfg: Any, device: torch.device | str = "cpu") -> dict[str, float]:
+    """Eval metrics of `model` on `td.eval` (classification/regression, entities, or SQuAD EM/F1)."""
+    was_training = model.training
+    model.eval()
+    n = len(td.eval["input_ids"])
+    bs = cfg.train.eval_batch_size
+    device = torch.device(device)
+    precision = cfg.train.precision if device.type == "cuda" else "fp32"  # CPU evaluation stays exact
+    outs: list[Any] = []
+    loss_sum = 0.0
+    for b in range(0, n, bs):
+        idx = list(range(b, min(n, b + bs)))
+        batch = {k: torch.as_tensor(v) for k, v in pad_batch(td.eval, idx).items()}
+        out = forward(model, batch, device, precision)
+        loss_sum += float(out.loss) * len(idx)
+        if td.task == "question-answering":
+            lens = batch["attention_mask"].sum(1).tolist()
+            outs += [(s[:L].float().cpu().numpy(), e[:L].float().cpu().numpy())
+                     for s, e, L in zip(out.start_logits, out.end_logits, lens)]
+        elif td.task == "token-classification":
+            lens = batch["attention_mask"].sum(1).tolist()
+            outs += [row[:L].cpu().numpy() for row, L in zip(out.logits.argmax(-1), lens)]
+        else:
+            outs.append(out.logits.float().cpu().numpy())
+    model.train(was_training)
+    res: dict[str, float]
+    if td.task == "sequence-classification":
+        logits = np.concatenate(outs)
+        gold = np.asarray(td.eval["labels"])
+        res = regression_metrics(gold, logits[:, 0]) if td.problem_type == "regression" \
+            else classification_metrics(gold, logits.argmax(-1))
+    elif td.task == "token-classification":
+        preds = []
+        for pred_ids, wids, gold in zip(outs, td.eval["word_ids"], td.eval_tags):
+            tags = ["O"] * len(gold)  # words cut off by max_seq_length count as O
+            prev = -1
+            for p, w in zip(pred_ids, wids):
+                if w >= 0 and w != prev:
+                    tags[w] = td.id2label[int(p)]
+                prev = w
+            preds.append(tags)
+        res = entity_metrics(td.eval_tags, preds)
+    else:
+        starts = [s for s, _ in outs]
+        ends = [e for _, e in outs]
+        details: dict[str, dict[str, Any]] = {}
+        preds = postprocess_qa(
+            td.eval_windows, starts, ends, td.eval_contexts, cfg.eval.n_best, cfg.eval.max_answer_length,
+            td.version_2, cfg.eval.null_score_diff_threshold, details,
+        )
+        res = squad_metrics(preds, td.eval_answers)
+        if td.version_2:  # as the official v2 script: the scores at the best null threshold, and that threshold
+            res.update(best_null_threshold(details["span"], details["score_diff"], td.eval_answers))
+    res["loss"] = loss_sum / max(n, 1)
+    return res
 
 
 def build_model(init: dict[str, Any]) -> torch.nn.Module:

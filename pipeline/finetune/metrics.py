@@ -1,17 +1,22 @@
-"""Evaluation metrics for fine-tuning: classification, regression, BIO entity spans and SQuAD, and `evaluate`,
-which scores a model on a task's eval set with them (used by the loop on rank 0 and by tests).
+"""Evaluation metrics for fine-tuning: classification, regression, BIO entity spans and SQuAD. The loop's
+`evaluate` scores a model on a task's eval set with them.
 
-The metrics are pure numpy/stdlib functions, each with a worked example; they are checked against hand-computed values (and,
-where installed, scikit-learn/scipy/seqeval-equivalent figures) in tests/test_metrics.py.
+Each metric has a worked example and is checked against hand-computed values and independent implementations
+in tests/test_metrics.py. Accuracy, macro-F1 and MCC are scikit-learn's, Spearman's ranks scipy's `rankdata`
+(both come with mlflow already; importing them costs a worker about 0.4 s and 60 MB); Pearson stays the textbook
+formula because `scipy.stats.pearsonr` differs from it in the last bits (up to 7e-16, on most inputs), which
+would change the printed metrics, and gives NaN with a warning where this gives 0 (constant input).
 
 - Classification: accuracy, macro-F1 (sklearn's definition: mean F1 over every label seen in gold or
   predictions), Matthews correlation (multi-class R_K of Gorodkin 2004, as sklearn's `matthews_corrcoef`).
 - Regression: Pearson and Spearman (average ranks for ties).
 - Token classification: entity-level precision/recall/F1 for BIO/IOB2 tags with conlleval's chunking rules
   (an `I-X` that does not continue an `X` entity starts a new one, as seqeval's default mode), token accuracy.
-- QA: SQuAD's answer normalisation, exact match and token F1 (max over gold answers; an unanswerable question's
-  gold is `[""]`, as the official v2.0 script), n-best span decoding over strided windows with a maximum answer
-  length, and SQuAD v2's no-answer rule (predict "" when null score − best span score > threshold).
+  Ported from conlleval.pl / seqeval.
+- QA: SQuAD's answer normalisation, exact match and token F1, ported from the official SQuAD v1.1/v2.0
+  evaluation scripts (max over gold answers; an unanswerable question's gold is `[""]`, as the v2.0 script),
+  n-best span decoding over strided windows with a maximum answer length, and SQuAD v2's no-answer rule
+  (predict "" when null score − best span score > threshold).
 """
 
 from __future__ import annotations
@@ -24,69 +29,39 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
-
-from pipeline.core.precision import forward
-from pipeline.finetune.data import TaskData, pad_batch
+import scipy.stats
+import sklearn.metrics
 
 # ---------------------------------------------------------------------------------------------------------------
 # classification / regression
 
 
 def accuracy(y_true: Sequence[int], y_pred: Sequence[int]) -> float:
-    """Fraction of equal entries. `accuracy([0, 1, 1], [0, 1, 0]) -> 0.666...`"""
-    t, p = np.asarray(y_true), np.asarray(y_pred)
-    return float((t == p).mean()) if len(t) else 0.0
+    """Fraction of equal entries; 0 without examples. `accuracy([0, 1, 1], [0, 1, 0]) -> 0.666...`"""
+    return float(sklearn.metrics.accuracy_score(y_true, y_pred)) if len(y_true) else 0.0
 
 
 def macro_f1(y_true: Sequence[int], y_pred: Sequence[int]) -> float:
-    """Unweighted mean of per-label F1 over labels present in gold or predictions (sklearn's `average="macro"`).
+    """Unweighted mean of per-label F1 over labels present in gold or predictions (sklearn's `average="macro"`,
+    a label never predicted correctly scores 0); 0 without examples.
 
     `macro_f1([0, 0, 1, 2], [0, 1, 1, 2])`: F1(0)=2/3, F1(1)=2/3, F1(2)=1 -> 0.777...
     """
-    t, p = np.asarray(y_true), np.asarray(y_pred)
-    labels = np.union1d(t, p)
-    f1s = []
-    for lab in labels:
-        tp = float(((t == lab) & (p == lab)).sum())
-        fp = float(((t != lab) & (p == lab)).sum())
-        fn = float(((t == lab) & (p != lab)).sum())
-        f1s.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
-    return float(np.mean(f1s)) if f1s else 0.0
+    if not len(y_true):
+        return 0.0
+    return float(sklearn.metrics.f1_score(y_true, y_pred, average="macro", zero_division=0))
 
 
 def matthews_corrcoef(y_true: Sequence[int], y_pred: Sequence[int]) -> float:
-    """Multi-class Matthews correlation (R_K); 0 when a marginal is constant.
+    """Multi-class Matthews correlation (R_K of Gorodkin 2004, sklearn's); 0 when a marginal is constant.
 
     With confusion matrix C: c = trace, s = n, p_k = column sums, t_k = row sums,
     MCC = (c·s − Σ p_k t_k) / sqrt((s² − Σ p_k²)(s² − Σ t_k²)).
     `matthews_corrcoef([1, 1, 0, 0], [1, 0, 0, 0])` = (3·4 − (1·2 + 3·2)) / sqrt((16 − 10)(16 − 8)) = 0.577...
     """
-    t, p = np.asarray(y_true), np.asarray(y_pred)
-    labels, inv = np.unique(np.concatenate([t, p]), return_inverse=True)
-    ti, pi = inv[: len(t)], inv[len(t) :]
-    k = len(labels)
-    cm = np.zeros((k, k), dtype=np.float64)
-    np.add.at(cm, (ti, pi), 1)
-    t_sum, p_sum = cm.sum(axis=1), cm.sum(axis=0)
-    c, s = np.trace(cm), cm.sum()
-    cov_ytyp = c * s - np.dot(t_sum, p_sum)
-    cov_ypyp = s * s - np.dot(p_sum, p_sum)
-    cov_ytyt = s * s - np.dot(t_sum, t_sum)
-    if cov_ypyp == 0 or cov_ytyt == 0:
+    if len(np.union1d(y_true, y_pred)) < 2:  # no examples, or one label only: 0, without sklearn's warning
         return 0.0
-    return float(cov_ytyp / np.sqrt(cov_ytyt * cov_ypyp))
-
-
-def _rank(x: np.ndarray) -> np.ndarray:
-    """1-based ranks, ties get their average rank. `_rank([10, 20, 20, 5]) -> [2, 3.5, 3.5, 1]`"""
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x), dtype=np.float64)
-    ranks[order] = np.arange(1, len(x) + 1)
-    vals, inv = np.unique(x, return_inverse=True)
-    sums = np.bincount(inv, weights=ranks)
-    counts = np.bincount(inv)
-    return (sums / counts)[inv]
+    return float(sklearn.metrics.matthews_corrcoef(y_true, y_pred))
 
 
 def pearson(x: Sequence[float], y: Sequence[float]) -> float:
@@ -98,8 +73,8 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> float:
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rho = Pearson on average ranks. `spearman([1, 2, 3], [1, 9, 4]) -> 0.5`"""
-    return pearson(_rank(np.asarray(x)), _rank(np.asarray(y)))
+    """Spearman's rho = Pearson on average ranks (ties share theirs). `spearman([1, 2, 3], [1, 9, 4]) -> 0.5`"""
+    return pearson(scipy.stats.rankdata(x), scipy.stats.rankdata(y))
 
 
 def classification_metrics(y_true: Sequence[int], y_pred: Sequence[int]) -> dict[str, float]:
@@ -122,6 +97,10 @@ def regression_metrics(y_true: Sequence[float], y_pred: Sequence[float]) -> dict
 def get_entities(tags: Sequence[str]) -> list[tuple[str, int, int]]:
     """Entity chunks `(type, start, end_inclusive)` from BIO/IOB2 tags, conlleval rules.
 
+    A port of the chunking of conlleval.pl (CoNLL-2000 shared task; `startOfChunk`/`endOfChunk`) as seqeval's
+    default mode implements it (`seqeval.metrics.sequence_labeling.get_entities`), restricted to B/I/O tags;
+    ported because neither is a dependency and the offline rule keeps `evaluate`'s hub metrics out.
+
     `get_entities(["B-PER", "I-PER", "O", "I-LOC", "B-LOC"]) -> [("PER", 0, 1), ("LOC", 3, 3), ("LOC", 4, 4)]`
     (the stray `I-LOC` starts an entity, as conlleval/seqeval's default mode).
     """
@@ -140,7 +119,8 @@ def get_entities(tags: Sequence[str]) -> list[tuple[str, int, int]]:
 
 
 def entity_metrics(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> dict[str, float]:
-    """Micro precision/recall/F1 over entity chunks of every sentence, plus token accuracy.
+    """Micro precision/recall/F1 over entity chunks of every sentence, plus token accuracy: conlleval.pl's
+    overall figures (seqeval's `classification_report` micro average), ported with `get_entities`.
 
     gold [["B-PER","I-PER","O"]], pred [["B-PER","O","O"]]: chunks {PER 0-1} vs {PER 0-0} -> P=R=F1=0,
     token accuracy 2/3.
@@ -169,6 +149,10 @@ def entity_metrics(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]])
 def normalize_answer(s: str) -> str:
     """SQuAD's normalisation: lower case, drop punctuation and the articles a/an/the, squeeze whitespace.
 
+    Ported from the official SQuAD v1.1 evaluation script (`evaluate-v1.1.py`, `normalize_answer`; v2.0's
+    `evaluate-v2.0.py` has the same), as are `squad_exact`, `squad_f1` and `squad_metrics`: the offline rule
+    keeps the `evaluate` library's hub-loaded `squad`/`squad_v2` metrics out.
+
     `normalize_answer("The  Lord's house!") -> "lords house"`
     """
     s = s.lower()
@@ -178,11 +162,13 @@ def normalize_answer(s: str) -> str:
 
 
 def squad_exact(pred: str, gold: str) -> float:
+    """Exact match after normalisation (the official script's `exact_match_score`, a port)."""
     return float(normalize_answer(pred) == normalize_answer(gold))
 
 
 def squad_f1(pred: str, gold: str) -> float:
     """Token-overlap F1 after normalisation; an empty side scores 1 only against another empty side.
+    A port of the official scripts' `f1_score` (v1.1) / `compute_f1` (v2.0, which adds the empty-side rule).
 
     `squad_f1("the house of Naomi", "Naomi's house")`: {house, of, naomi} vs {naomis, house} -> common 1,
     P=1/3, R=1/2 -> 0.4
@@ -199,7 +185,8 @@ def squad_f1(pred: str, gold: str) -> float:
 
 
 def squad_metrics(predictions: dict[str, str], gold: dict[str, list[str]]) -> dict[str, float]:
-    """Exact match and F1 in percent (as the official scripts), max over gold answers, averaged over questions.
+    """Exact match and F1 in percent, max over gold answers, averaged over questions: a port of the official
+    scripts' `evaluate` (v1.1) / `get_raw_scores` + `make_eval_dict` (v2.0, with the has/no-answer split).
 
     `gold[qid] == []` (unanswerable) counts as `[""]`. Adds `has_ans_*`/`no_ans_*` breakdowns when both kinds exist.
     """
@@ -302,7 +289,9 @@ def postprocess_qa(
 def best_null_threshold(
     span_preds: dict[str, str], score_diff: dict[str, float], gold: dict[str, list[str]]
 ) -> dict[str, float]:
-    """The official SQuAD v2 script's `best_exact`/`best_f1` and their null-score-diff thresholds.
+    """The official SQuAD v2 script's `best_exact`/`best_f1` and their null-score-diff thresholds: a port of
+    `evaluate-v2.0.py`'s `find_best_thresh`, except that when no switch helps the threshold is below every
+    diff (nothing answered) rather than 0.0.
 
     Questions sorted by `score_diff` (null − best span) are switched from "" to their best span one by one; the
     threshold is the diff of the last switched question at the best running score (answer when diff <= it).
@@ -329,72 +318,10 @@ def best_null_threshold(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# a model on a task's eval set
+# the metric that picks the best epoch and trial
 
 PRIMARY = {"sequence-classification": "accuracy", "token-classification": "f1", "question-answering": "f1"}
 
 
 def primary_metric(task: str, problem_type: str) -> str:
     return "pearson" if problem_type == "regression" else PRIMARY[task]
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, td: TaskData, cfg: Any, device: torch.device | str = "cpu") -> dict[str, float]:
-    """Eval metrics of `model` on `td.eval` (classification/regression, entities, or SQuAD EM/F1)."""
-    was_training = model.training
-    model.eval()
-    n = len(td.eval["input_ids"])
-    bs = cfg.train.eval_batch_size
-    device = torch.device(device)
-    precision = cfg.train.precision if device.type == "cuda" else "fp32"  # CPU evaluation stays exact
-    outs: list[Any] = []
-    loss_sum = 0.0
-    for b in range(0, n, bs):
-        idx = list(range(b, min(n, b + bs)))
-        batch = {k: torch.as_tensor(v) for k, v in pad_batch(td.eval, idx).items()}
-        out = forward(model, batch, device, precision)
-        loss_sum += float(out.loss) * len(idx)
-        if td.task == "question-answering":
-            lens = batch["attention_mask"].sum(1).tolist()
-            outs += [(s[:L].float().cpu().numpy(), e[:L].float().cpu().numpy())
-                     for s, e, L in zip(out.start_logits, out.end_logits, lens)]
-        elif td.task == "token-classification":
-            lens = batch["attention_mask"].sum(1).tolist()
-            outs += [row[:L].cpu().numpy() for row, L in zip(out.logits.argmax(-1), lens)]
-        else:
-            outs.append(out.logits.float().cpu().numpy())
-    model.train(was_training)
-    res: dict[str, float]
-    if td.task == "sequence-classification":
-        logits = np.concatenate(outs)
-        gold = np.asarray(td.eval["labels"])
-        res = regression_metrics(gold, logits[:, 0]) if td.problem_type == "regression" \
-            else classification_metrics(gold, logits.argmax(-1))
-    elif td.task == "token-classification":
-        preds = []
-        for pred_ids, wids, gold in zip(outs, td.eval["word_ids"], td.eval_tags):
-            tags = ["O"] * len(gold)  # words cut off by max_seq_length count as O
-            prev = -1
-            for p, w in zip(pred_ids, wids):
-                if w >= 0 and w != prev:
-                    tags[w] = td.id2label[int(p)]
-                prev = w
-            preds.append(tags)
-        res = entity_metrics(td.eval_tags, preds)
-    else:
-        starts = [s for s, _ in outs]
-        ends = [e for _, e in outs]
-        details: dict[str, dict[str, Any]] = {}
-        preds = postprocess_qa(
-            td.eval_windows, starts, ends, td.eval_contexts, cfg.eval.n_best, cfg.eval.max_answer_length,
-            td.version_2, cfg.eval.null_score_diff_threshold, details,
-        )
-        res = squad_metrics(preds, td.eval_answers)
-        if td.version_2:  # as the official v2 script: the scores at the best null threshold, and that threshold
-            res.update(best_null_threshold(details["span"], details["score_diff"], td.eval_answers))
-    res["loss"] = loss_sum / max(n, 1)
-    return res
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# the driver
