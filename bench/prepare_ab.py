@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from big_document_memory import SHARED, run_sampled  # noqa: E402
-from dedup_cost import minilm_vocab  # noqa: E402
+from dedup_cost import minilm_vocab, print_table  # noqa: E402
 
 
 def build_corpus(dest: Path, copies: int) -> int:
@@ -85,12 +85,8 @@ def main() -> int:
                          "yes" if same else "NO"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    head = ("path", "input", "old wall (s, median)", "new wall (s, median)", "new / old", "CPU-s old / new",
-            "CPU new / old", "old runs", "new runs",
-            "same shards")
-    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
+    print_table(("path", "input", "old wall (s, median)", "new wall (s, median)", "new / old", "CPU-s old / new",
+                 "CPU new / old", "old runs", "new runs", "same shards"), rows)
     return 0
 
 
