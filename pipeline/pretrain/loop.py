@@ -18,7 +18,7 @@ from pipeline.core import launcher
 from pipeline.core.checkpoint import check_vocab, load_checkpoint, save_checkpoint
 from pipeline.core.optim import make_optimizer
 from pipeline.core.precision import make_scaler
-from pipeline.core.step import Trainable, evaluate_sums, train_step
+from pipeline.core.step import Trainable, TrainFigures, evaluate_sums, train_step
 from pipeline.pretrain.loader import Batches, PhasePlan, epoch_micro_batches
 
 NUM_COUNTS = 6
@@ -135,6 +135,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     ends = np.cumsum([p.steps for p in plans]).tolist()
     step, position, evals = state["step"], state["position"], {}
+    figures = TrainFigures()  # sums stay on the device between the steps that read them
     while step < tc.max_steps:
         phase = next(i for i, e in enumerate(ends) if step < e)
         plan = plans[phase]
@@ -143,18 +144,22 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         feed = RankFeed(plan, phase, rank, tc.seed, tc.shuffle_buffer_rows, position)
         batches = iter(feed)
         while step < ends[phase]:
-            stats = train_step(t, batches, accumulation=plan.accumulation_steps, counts=counts, summarise=summarise,
-                               device=device, precision=tc.precision, max_grad_norm=tc.max_grad_norm)
+            figures.add(train_step(t, batches, accumulation=plan.accumulation_steps, counts=counts, summarise=summarise,
+                                   device=device, precision=tc.precision, max_grad_norm=tc.max_grad_norm))
             step += 1
-            if log is not None:
-                log.step(step, {**stats.metrics(), "train/phase": phase})
-            if (tc.eval_every_steps and step % tc.eval_every_steps == 0) or step == tc.max_steps:
+            evaluating = (tc.eval_every_steps and step % tc.eval_every_steps == 0) or step == tc.max_steps
+            checkpointing = step % tc.checkpoint_every_steps == 0 or step == tc.max_steps
+            if step % tc.log_every_steps == 0 or evaluating or checkpointing:  # the host syncs, on every rank
+                stats = figures.read()
+                if log is not None:
+                    log.step(step, {**stats.metrics(), "train/phase": phase})
+            if evaluating:
                 if phase not in evals:
                     evals[phase] = eval_batches(plan, phase, rank, world, tc.seed, tc.eval_batches)
                 sums = evaluate_sums(t.model, evals[phase], counts=counts, size=NUM_COUNTS, device=device, precision=tc.precision)
                 if log is not None:
                     log.log_metrics(eval_metrics(sums), step)
-            if step % tc.checkpoint_every_steps == 0 or step == tc.max_steps:
+            if checkpointing:
                 with tempfile.TemporaryDirectory() as d:
                     save_checkpoint(d, rank, t, {"step": step, "position": feed.position, "vocab_sha256": vocab_sha,
                                                  "run_id": config["run_id"], "max_steps": tc.max_steps})
