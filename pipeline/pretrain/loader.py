@@ -42,13 +42,18 @@ def collate(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Rows (dict of column -> sequence of int arrays) -> padded tensors for `BertForPreTraining`.
 
     Sequences are padded with 0 ([PAD]) to the longest in this batch (not to max_seq_length), masked positions
-    and labels with -1 (ignored by the model); `num_tokens` counts real tokens for throughput.
+    and labels with -1 (ignored by the model); `num_tokens` counts real tokens for throughput. A batch without
+    padding (packed MLM-only rows are all full length) has no `attention_mask`: the model then passes SDPA no
+    mask, so it may take its flash kernel, and nothing on the device has to check the mask.
 
     >>> b = collate({"input_ids": [np.array([2, 5, 3]), np.array([2, 3])], "token_type_ids": [np.zeros(3), np.zeros(2)],
     ...              "masked_lm_positions": [np.array([1]), np.array([], np.int32)],
     ...              "masked_lm_ids": [np.array([7]), np.array([], np.int32)], "next_sentence_label": np.array([0, -1])})
     >>> b["input_ids"].tolist(), b["attention_mask"].tolist(), b["masked_lm_positions"].tolist(), b["num_tokens"].item()
     ([[2, 5, 3], [2, 3, 0]], [[1, 1, 1], [1, 1, 0]], [[1], [-1]], 5)
+    >>> "attention_mask" in collate({**{k: v[:1] for k, v in b.items() if k != "num_tokens"}, "input_ids": [np.array([2, 5, 3])],
+    ...                              "token_type_ids": [np.zeros(3)], "next_sentence_label": np.array([-1])})
+    False
     """
     ids = pad_rows(batch["input_ids"], 0)  # (B, L)
     lengths = np.fromiter((len(r) for r in batch["input_ids"]), dtype=np.int64)
@@ -59,15 +64,17 @@ def collate(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
     labels = pad_rows(batch["masked_lm_ids"], -1)
     if labels.shape[1] == 0:
         labels = np.full((len(ids), 1), -1, dtype=np.int64)
-    return {
+    out = {
         "input_ids": torch.from_numpy(ids),
         "token_type_ids": torch.from_numpy(pad_rows(batch["token_type_ids"], 0)),
-        "attention_mask": torch.from_numpy(mask),
         "masked_lm_positions": torch.from_numpy(positions),
         "masked_lm_ids": torch.from_numpy(labels),
         "next_sentence_label": torch.as_tensor(np.asarray(batch["next_sentence_label"], dtype=np.int64)),
         "num_tokens": torch.tensor(int(lengths.sum())),
     }
+    if not mask.all():  # padding somewhere: the model needs the mask
+        out["attention_mask"] = torch.from_numpy(mask)
+    return out
 
 
 def arrow_rows(table) -> dict[str, Any]:
