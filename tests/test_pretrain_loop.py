@@ -19,7 +19,7 @@ from model import BertConfig, BertForPreTraining
 from pipeline.core.optim import make_optimizer
 from pipeline.core.precision import forward
 from pipeline.core.step import StepStats, Trainable, TrainFigures, all_reduce_sum, train_step
-from pipeline.pretrain.loader import collate
+from pipeline.pretrain.loader import Batches, collate
 from pipeline.pretrain.loop import counts, summarise
 
 VOCAB, SEQ = 60, 16
@@ -169,3 +169,22 @@ def test_batch_without_padding_has_no_mask_and_matches_the_masked_path():
     assert torch.allclose(a.mlm_logits, b.mlm_logits, atol=1e-3)
     assert torch.allclose(h_packed, h_masked, atol=1e-3)
     assert int(a.mlm_count) == int(b.mlm_count) == 12
+
+
+def test_batches_pin_memory_only_for_cuda_and_change_nothing_else():
+    """The loop pins batches only for a CUDA device (`pin_memory=device.type == "cuda"`); on the CPU the batches
+    are exactly `collate`'s. Where CUDA is there, pinned batches hold the same values."""
+    import types
+
+    import pyarrow as pa
+
+    plan = types.SimpleNamespace(dataset=types.SimpleNamespace(dynamic_masking=False))
+    rows = _rows(np.random.default_rng(5), 3, [SEQ, SEQ - 3, SEQ])
+    table = pa.table({k: [list(map(int, r)) for r in v] if isinstance(v, list) else v.tolist() for k, v in rows.items()})
+    want = collate(rows)
+    for pin in [False] + ([True] if torch.cuda.is_available() else []):
+        got = Batches(plan, seed=0, pin_memory=pin)(table, epoch=0)
+        assert got.keys() == want.keys()
+        for k in want:
+            assert torch.equal(got[k], want[k]), k
+            assert got[k].is_pinned() == (pin and k != "num_tokens"), k

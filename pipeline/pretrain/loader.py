@@ -227,14 +227,20 @@ class PhasePlan:
 
 
 class Batches:
-    """Rows -> padded tensors for one phase, masking them first when the data is dynamically masked."""
+    """Rows -> padded tensors for one phase, masking them first when the data is dynamically masked.
 
-    def __init__(self, plan: PhasePlan, seed: int) -> None:
-        self.seed = seed
+    `pin_memory` (for a CUDA device) puts the tensors in page-locked memory, so that the step's
+    `.to(device, non_blocking=True)` is an asynchronous DMA and the host goes on building the next batch."""
+
+    def __init__(self, plan: PhasePlan, seed: int, pin_memory: bool = False) -> None:
+        self.seed, self.pin_memory = seed, pin_memory
         self.policy: MaskingPolicy | None = plan.dataset.policy() if plan.dataset.dynamic_masking else None
 
     def __call__(self, table, epoch: int) -> dict[str, torch.Tensor]:
         rows = arrow_rows(table)
         if self.policy is not None:  # a fresh mask per epoch, a function of (seed, epoch, example_id)
             rows = mask_batch(rows, self.policy, seed=self.seed, epoch=epoch)
-        return collate(rows)
+        batch = collate(rows)
+        if self.pin_memory:  # `num_tokens` stays on the host: it is never copied
+            batch = {k: v if k == "num_tokens" else v.pin_memory() for k, v in batch.items()}
+        return batch

@@ -63,13 +63,14 @@ class RankFeed:
     """This rank's micro-batches of one phase from `position` on, epoch after epoch; `position` is always the
     one after the last micro-batch handed out (what a checkpoint stores)."""
 
-    def __init__(self, plan: PhasePlan, phase: int, rank: int, seed: int, shuffle_rows: int, position: dict[str, int]):
+    def __init__(self, plan: PhasePlan, phase: int, rank: int, seed: int, shuffle_rows: int, position: dict[str, int],
+                 pin_memory: bool = False):
         import ray.train
 
         self.plan, self.phase, self.rank, self.seed, self.shuffle_rows = plan, phase, rank, seed, shuffle_rows
         self.position = dict(position)
         self.shard = ray.train.get_dataset_shard(f"p{phase}_r{rank}")
-        self.to_batch = Batches(plan, seed)
+        self.to_batch = Batches(plan, seed, pin_memory)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         mine, mb = self.plan.ranks[self.rank], self.plan.micro_batch_size
@@ -141,7 +142,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         plan = plans[phase]
         if position["phase"] != phase:
             position = {"phase": phase, "epoch": 0, "micro": 0}
-        feed = RankFeed(plan, phase, rank, tc.seed, tc.shuffle_buffer_rows, position)
+        feed = RankFeed(plan, phase, rank, tc.seed, tc.shuffle_buffer_rows, position, pin_memory=device.type == "cuda")
         batches = iter(feed)
         while step < ends[phase]:
             figures.add(train_step(t, batches, accumulation=plan.accumulation_steps, counts=counts, summarise=summarise,
