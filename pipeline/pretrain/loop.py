@@ -64,13 +64,13 @@ class RankFeed:
     one after the last micro-batch handed out (what a checkpoint stores)."""
 
     def __init__(self, plan: PhasePlan, phase: int, rank: int, seed: int, shuffle_rows: int, position: dict[str, int],
-                 pin_memory: bool = False):
+                 pin_memory: bool = False, compiled: bool = False):
         import ray.train
 
         self.plan, self.phase, self.rank, self.seed, self.shuffle_rows = plan, phase, rank, seed, shuffle_rows
         self.position = dict(position)
         self.shard = ray.train.get_dataset_shard(f"p{phase}_r{rank}")
-        self.to_batch = Batches(plan, seed, pin_memory)
+        self.to_batch = Batches(plan, seed, pin_memory, pad_to=plan.dataset.max_seq_length if compiled else None)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         mine, mb = self.plan.ranks[self.rank], self.plan.micro_batch_size
@@ -87,13 +87,14 @@ class RankFeed:
             epoch, start = epoch + 1, 0
 
 
-def eval_batches(plan: PhasePlan, phase: int, rank: int, world: int, seed: int, limit: int) -> list[dict[str, torch.Tensor]]:
+def eval_batches(plan: PhasePlan, phase: int, rank: int, world: int, seed: int, limit: int,
+                 compiled: bool = False) -> list[dict[str, torch.Tensor]]:
     """This rank's share of the held-out batches (fixed masks: epoch 0), read once and kept in memory."""
     import ray.train
 
     if not plan.eval_files:
         return []
-    to_batch, out = Batches(plan, seed), []
+    to_batch, out = Batches(plan, seed, pad_to=plan.dataset.max_seq_length if compiled else None), []
     tables = ray.train.get_dataset_shard(f"p{phase}_eval").iter_batches(batch_size=plan.micro_batch_size, batch_format="pyarrow")
     for i, tbl in enumerate(tables):
         if limit and i >= limit * world:
@@ -116,7 +117,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     rank, world, device = launcher.worker()
     torch.set_num_threads(max(1, int(tc.cpus_per_worker)))  # fixed thread count: bit-identical CPU math on restart
     torch.manual_seed(tc.seed)  # identical initial weights on every rank (DDP also broadcasts rank 0's)
-    model = launcher.prepare_model(build_model(cfg.model, plans[0].dataset.vocab_size))
+    model = build_model(cfg.model, plans[0].dataset.vocab_size)
+    if tc.compile:  # in place: parameter names (checkpoints) unchanged; batches come at one width (RankFeed)
+        model.bert.encoder.compile(dynamic=False)
+    model = launcher.prepare_model(model)
     optimizer, scheduler = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=tc.warmup_steps,
                                           total_steps=tc.max_steps, schedule=tc.schedule, power=tc.poly_power)
     t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
@@ -142,7 +146,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         plan = plans[phase]
         if position["phase"] != phase:
             position = {"phase": phase, "epoch": 0, "micro": 0}
-        feed = RankFeed(plan, phase, rank, tc.seed, tc.shuffle_buffer_rows, position, pin_memory=device.type == "cuda")
+        feed = RankFeed(plan, phase, rank, tc.seed, tc.shuffle_buffer_rows, position, pin_memory=device.type == "cuda",
+                        compiled=tc.compile)
         batches = iter(feed)
         while step < ends[phase]:
             figures.add(train_step(t, batches, accumulation=plan.accumulation_steps, counts=counts, summarise=summarise,
@@ -156,7 +161,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                     log.step(step, {**stats.metrics(), "train/phase": phase})
             if evaluating:
                 if phase not in evals:
-                    evals[phase] = eval_batches(plan, phase, rank, world, tc.seed, tc.eval_batches)
+                    evals[phase] = eval_batches(plan, phase, rank, world, tc.seed, tc.eval_batches, tc.compile)
                 sums = evaluate_sums(t.model, evals[phase], counts=counts, size=NUM_COUNTS, device=device, precision=tc.precision)
                 if log is not None:
                     log.log_metrics(eval_metrics(sums), step)
