@@ -65,9 +65,18 @@ def ray_extras(name: str) -> bool:
     return name.startswith("ray/jars/") or name.endswith(".js.map")
 
 
+def is_record(name: str) -> bool:
+    """The wheel's own RECORD, at its top level (Ray vendors packages with RECORDs of their own).
+
+    >>> is_record("ray-2.60.0.dist-info/RECORD"), is_record("ray/thirdparty_files/psutil-7.2.2.dist-info/RECORD")
+    (True, False)
+    """
+    return "/" not in name.removesuffix("/RECORD") and name.endswith(".dist-info/RECORD")
+
+
 def repack(wheel: Path, drop: Callable[[str], bool]) -> list[str]:
     """Rewrite `wheel` in place without the members `drop` selects, and without their lines in the
-    `*.dist-info/RECORD` (pip checks it); returns the dropped names. Untouched (no rewrite) when nothing matches."""
+    top-level `*.dist-info/RECORD` (pip checks it); returns the dropped names. Untouched (no rewrite) when nothing matches."""
     with zipfile.ZipFile(wheel) as src:
         dropped = [i.filename for i in src.infolist() if drop(i.filename)]
         if not dropped:
@@ -81,7 +90,7 @@ def repack(wheel: Path, drop: Callable[[str], bool]) -> list[str]:
                     if info.filename in gone:
                         continue
                     data = src.read(info)
-                    if info.filename.endswith(".dist-info/RECORD"):
+                    if is_record(info.filename):
                         lines = data.decode().splitlines(keepends=True)
                         data = "".join(ln for ln in lines if ln.split(",", 1)[0] not in gone).encode()
                     out.writestr(info, data)

@@ -29,7 +29,9 @@ def _wheel(path, members: dict[str, bytes]) -> None:
 def test_repack_drops_jars_and_source_maps_and_their_record_lines(bundle, tmp_path, capsys):
     wheel = tmp_path / "ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl"
     keep = {"ray/__init__.py": b"x = 1\n", "ray/_raylet.so": b"\0" * 100,
-            "ray/dashboard/client/build/index.html": b"<html/>", "ray-2.60.0.dist-info/METADATA": b"Name: ray\n"}
+            "ray/dashboard/client/build/index.html": b"<html/>", "ray-2.60.0.dist-info/METADATA": b"Name: ray\n",
+            # a vendored package's own RECORD: left as it is
+            "ray/thirdparty_files/x-1.0.dist-info/RECORD": b"ray/jars/ray_dist.jar,,\n"}
     extra = {"ray/jars/ray_dist.jar": b"J" * 5000, "ray/dashboard/client/build/static/js/main.js.map": b"M" * 3000}
     _wheel(wheel, {**keep, **extra})
     before = wheel.stat().st_size
@@ -38,7 +40,8 @@ def test_repack_drops_jars_and_source_maps_and_their_record_lines(bundle, tmp_pa
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         record = z.read("ray-2.60.0.dist-info/RECORD").decode()
-        assert z.read("ray/_raylet.so") == keep["ray/_raylet.so"]
+        for name in ("ray/_raylet.so", "ray/thirdparty_files/x-1.0.dist-info/RECORD"):
+            assert z.read(name) == keep[name]
     assert names == set(keep) | {"ray-2.60.0.dist-info/RECORD"}
     assert {ln.split(",")[0] for ln in record.splitlines()} == names  # what pip checks: RECORD == members
     assert wheel.stat().st_size < before
