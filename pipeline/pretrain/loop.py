@@ -2,7 +2,9 @@
 checkpoint. The pieces it calls are shared with fine-tuning (`pipeline.core`) or are the data feed (`loader`).
 
 The MLM/NSP figures are kept as sums — (mlm_loss_sum, mlm_correct, mlm_count, nsp_loss_sum, nsp_correct,
-nsp_count) — so that they are exact over accumulation micro-steps and ranks (`counts`, `summarise`).
+nsp_count) — so that they are exact over accumulation micro-steps and ranks (`counts`, `summarise`). They stay on
+the device (`TrainFigures`) and are all-reduced and copied to the host only on the steps that log
+(`train.log_every_steps`), evaluate or checkpoint, and on the last: a GPU never waits for the host in between.
 """
 
 from __future__ import annotations
