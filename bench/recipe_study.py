@@ -180,7 +180,7 @@ def pretrain(cfg, ds, device: str, eval_every: int, out_dir: Path) -> dict[str, 
     batches = feed()
     for step in range(1, tc.max_steps + 1):
         stats = train_step(t, batches, accumulation=1, counts=counts, summarise=summarise, device=dev,
-                           precision=tc.precision, max_grad_norm=tc.max_grad_norm)
+                           precision=tc.precision, max_grad_norm=tc.max_grad_norm).read()
         tokens += stats.tokens
         if step % eval_every == 0 or step == tc.max_steps:
             m = measure(held["eval15"])

@@ -5,8 +5,9 @@ Module and parameter names follow transformers' `modeling_bert.py` (`embeddings.
 Departures from the reference, all for speed with identical fp32 numerics:
 - Q, K and V are one GEMM: the three `nn.Linear` weights stay separate parameters (checkpoint names,
   DDP, optimizers see nothing unusual) and are concatenated in forward (3*H*H copy, tiny next to the GEMM).
-- Attention is `F.scaled_dot_product_attention`; the padding mask is a boolean (B, 1, 1, L) mask and is
-  dropped entirely when a batch has no padding, which lets SDPA take its fastest kernel.
+- Attention is `F.scaled_dot_product_attention`; the padding mask is a boolean (B, 1, 1, L) mask, absent when
+  a batch has no padding (no `attention_mask`, or on the CPU an all-ones one), which lets SDPA take its fastest
+  kernel.
 - No attention-probability outputs, caches, cross-attention or decoder mode (BERT does not use them).
 """
 
@@ -191,8 +192,10 @@ def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     if attention_mask is None:
         return None
     keep = attention_mask.bool()
-    # A mask of all True changes nothing but forces SDPA's masked (slower) path; drop it.
-    if bool(keep.all()):
+    # A mask of all True changes nothing but forces SDPA's masked (slower) path; drop it. Checked on the CPU
+    # only: on an accelerator the check would wait for the device every forward, so there the data pipeline
+    # leaves the mask out of batches without padding (`pipeline.pretrain.loader.collate`).
+    if keep.device.type == "cpu" and bool(keep.all()):
         return None
     # A row with no real token would softmax over nothing (NaN); like transformers' additive mask, let it
     # attend uniformly instead. Rows with any real token are unchanged.

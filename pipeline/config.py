@@ -281,6 +281,8 @@ class TrainConfig(BaseTrainConfig):
     """Checkpoints Ray Train keeps in storage_path."""
     run_name: str | None = None
     """Re-running with the same run name resumes it; null derives one from the config hash."""
+    compile: bool = False
+    """torch.compile the encoder (static shapes: batches padded to the phase's max_seq_length); for GPUs."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.phases, list), f"train.phases must be a list of phases, got {self.phases!r}")

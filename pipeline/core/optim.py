@@ -123,16 +123,23 @@ def make_optimizer(
     total_steps: int,
     schedule: Literal["linear", "polynomial", "constant"] = "linear",
     power: float = 1.0,
+    fused: bool | None = None,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW or LAMB over `model`'s parameters (no weight decay on biases and LayerNorm) and its LR schedule.
 
+    `fused` (AdamW only): one kernel for the whole update instead of a loop of small ones, and no host read of
+    the step count. None = fused when every parameter is on a CUDA device (as torchtitan does), unfused on the
+    CPU as before: build the optimizer after the model is on its device.
+
     >>> opt, _ = make_optimizer(nn.Linear(4, 2), "adamw", 1e-3, 0.01, warmup_steps=0, total_steps=10)
-    >>> [g["weight_decay"] for g in opt.param_groups], [len(g["params"]) for g in opt.param_groups]
-    ([0.01, 0.0], [1, 1])
+    >>> [g["weight_decay"] for g in opt.param_groups], [len(g["params"]) for g in opt.param_groups], opt.defaults["fused"]
+    ([0.01, 0.0], [1, 1], None)
     """
     groups = param_groups(model, weight_decay)
     if name == "adamw":
-        opt: torch.optim.Optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)
+        if fused is None:
+            fused = all(p.is_cuda for g in groups for p in g["params"]) or None  # None: torch's default (unfused)
+        opt: torch.optim.Optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, fused=fused)
     elif name == "lamb":
         opt = Lamb(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)
     else:

@@ -1,5 +1,10 @@
 """One optimizer step, shared by pretraining and fine-tuning: micro-batches with gradient accumulation, fp16
-scaling, clipping, the optimizer and scheduler step; returns a `StepStats` summed over all ranks.
+scaling, clipping, the optimizer and scheduler step; returns a `StepSums` that is still on the device.
+
+Host syncs only when a figure is read (nanoGPT, torchtitan): a step keeps its sums and gradient norm on the
+device, so a GPU step is queued without waiting for the previous one; `StepSums.read` (or `TrainFigures.read`
+for throughput over several steps) all-reduces them and copies them to the host once. Loops read on the steps
+they log, evaluate or checkpoint, and on the last; every rank must read on the same steps (a collective).
 
 What a task contributes is a `counts` function: a forward's output and batch -> a float64 vector of sums
 (loss sums, correct counts, denominators), and a `summarise` function that turns the summed vector into named
@@ -62,21 +67,80 @@ class StepStats:
         return out
 
 
-def _num_tokens(batch: dict[str, torch.Tensor]) -> int:
+def _num_tokens(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Real tokens of a host batch, as a host tensor (no conversion to a Python int: nothing waits)."""
     if "num_tokens" in batch:
-        return int(batch["num_tokens"])
-    return int(batch["attention_mask"].sum()) if "attention_mask" in batch else int(batch["input_ids"].numel())
+        return batch["num_tokens"].reshape(())
+    if "attention_mask" in batch:
+        return batch["attention_mask"].sum()
+    return torch.tensor(batch["input_ids"].numel())
 
 
 def all_reduce_sum(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Sum a CPU tensor over the ranks of the process group (unchanged when there is none)."""
+    """Sum `t` over the ranks of the process group (unchanged when there is none) and copy it to the host:
+    the one host sync of a reading."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return t
-    t = t.to(device)
-    dist.all_reduce(t)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        t = t.to(device)
+        dist.all_reduce(t)
     return t.cpu()
+
+
+@dataclass
+class StepSums:
+    """One optimizer step's figures before any host sync: the task's count sums and the gradient norm stay on
+    the device; tokens and examples were counted from the host batches."""
+
+    counts: torch.Tensor
+    """(n,) float64 on the device: this rank's sums of the task's `counts` over the micro-batches."""
+    grad_norm: torch.Tensor
+    """() on the device: the global gradient norm before clipping (the same on every rank)."""
+    lr: float
+    tokens: torch.Tensor
+    """() host tensor: this rank's real tokens."""
+    examples: int
+    start: float
+    """`time.perf_counter()` when the step began."""
+    summarise: Summarise
+    device: torch.device
+
+    def read(self, *, tokens: torch.Tensor | None = None, examples: int | None = None,
+             start: float | None = None) -> StepStats:
+        """All-reduce and copy to the host (waits for the step); throughput over `tokens`/`examples` since
+        `start` when given (several steps), else over this step."""
+        tokens = self.tokens if tokens is None else tokens
+        examples = self.examples if examples is None else examples
+        host = torch.stack([tokens.double(), torch.tensor(float(examples), dtype=torch.float64)]).to(self.device)
+        totals = all_reduce_sum(torch.cat([self.counts, host]), self.device)
+        grad_norm = self.grad_norm.double().cpu()  # already complete: the all-reduce above waited for the step
+        seconds = time.perf_counter() - (self.start if start is None else start)
+        return StepStats(self.summarise(totals[:-2]), self.lr, float(grad_norm), int(totals[-1]), int(totals[-2]),
+                         seconds)
+
+
+class TrainFigures:
+    """A loop's training figures between readings: `add` each step (nothing waits), `read` on the steps that
+    log. Figures are the last step's (loss, accuracy, lr, grad_norm, as when every step is read); throughput
+    counts every step since the previous reading, over the wall time up to the sync, so on a GPU it measures
+    the work and not how fast the host queued it. A window starts when its first step starts, so evaluation
+    and checkpoints (right after a reading) are not in it.
+    """
+
+    def __init__(self) -> None:
+        self.last: StepSums | None = None
+        self.tokens, self.examples, self.start = torch.zeros((), dtype=torch.int64), 0, None
+
+    def add(self, s: StepSums) -> None:
+        self.last = s
+        self.start = s.start if self.start is None else self.start
+        self.tokens, self.examples = self.tokens + s.tokens, self.examples + s.examples
+
+    def read(self) -> StepStats:
+        assert self.last is not None, "read before any step"
+        stats = self.last.read(tokens=self.tokens, examples=self.examples, start=self.start)
+        self.tokens, self.examples, self.start = torch.zeros((), dtype=torch.int64), 0, None
+        return stats
 
 
 def train_step(
@@ -89,10 +153,11 @@ def train_step(
     device: torch.device,
     precision: Precision = "fp32",
     max_grad_norm: float = 1.0,
-) -> StepStats:
-    """Forward/backward `accumulation` micro-batches (gradients all-reduced on the last only), clip, step."""
+) -> StepSums:
+    """Forward/backward `accumulation` micro-batches (gradients all-reduced on the last only), clip, step.
+    Nothing here waits for the device (fp16's scaler aside: `GradScaler.step` reads its inf check)."""
     start = time.perf_counter()
-    model, sums, tokens, examples = t.model, None, 0, 0
+    model, sums, tokens, examples = t.model, None, torch.zeros((), dtype=torch.int64), 0
     batches = iter(micro_batches)
     for k in range(accumulation):
         batch = next(batches)
@@ -102,9 +167,9 @@ def train_step(
             out = forward(model, batch, device, precision)
             loss = out.loss / accumulation
             (t.scaler.scale(loss) if t.scaler is not None else loss).backward()
-        c = counts(out, batch).detach().double().cpu()
+        c = counts(out, batch).detach().double()  # stays on the device
         sums = c if sums is None else sums + c
-        tokens += _num_tokens(batch)
+        tokens = tokens + _num_tokens(batch)
         examples += len(batch["input_ids"])
     if t.scaler is not None:
         t.scaler.unscale_(t.optimizer)
@@ -117,9 +182,7 @@ def train_step(
     t.optimizer.zero_grad(set_to_none=True)
     lr = t.scheduler.get_last_lr()[0]
     t.scheduler.step()
-    totals = all_reduce_sum(torch.cat([sums, torch.tensor([tokens, examples], dtype=torch.float64)]), device)
-    return StepStats(summarise(totals[:-2]), lr, float(grad_norm), int(totals[-1]), int(totals[-2]),
-                     time.perf_counter() - start)
+    return StepSums(sums, grad_norm.detach(), lr, tokens, examples, start, summarise, device)
 
 
 @torch.no_grad()
@@ -136,8 +199,8 @@ def evaluate_sums(
     it, also one without batches. The model is left in the mode it was in."""
     was_training = model.training
     model.eval()
-    sums = torch.zeros(size, dtype=torch.float64)
+    sums = torch.zeros(size, dtype=torch.float64, device=device)
     for b in batches:
-        sums += counts(forward(model, b, device, precision), b).double().cpu()
+        sums += counts(forward(model, b, device, precision), b).double().to(device)  # no host copy per batch
     model.train(was_training)
     return all_reduce_sum(sums, device)

@@ -25,7 +25,7 @@ from pipeline.core import launcher
 from pipeline.core.checkpoint import load_checkpoint, save_checkpoint, unwrap
 from pipeline.core.optim import make_optimizer
 from pipeline.core.precision import forward, make_scaler
-from pipeline.core.step import Trainable, train_step
+from pipeline.core.step import Trainable, TrainFigures, train_step
 from pipeline.finetune.data import IGNORE_INDEX, TaskData, pad_batch
 from pipeline.finetune.metrics import (
     best_null_threshold, classification_metrics, entity_metrics, postprocess_qa, regression_metrics, squad_metrics,
@@ -60,15 +60,15 @@ def epoch_micro_batches(rows: dict[str, list], epoch: int, rank: int, world: int
 def counts(out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """(loss_sum, examples, correct, labelled) of one forward, float64: loss summed over examples, and for
     classification heads the correct argmax predictions among labelled examples (tokens for token tasks)."""
-    n = batch["input_ids"].shape[0]
-    correct = labelled = torch.zeros((), dtype=torch.float64)
+    n, dev = batch["input_ids"].shape[0], out.loss.device  # everything stays on the device: nothing waits
+    correct = labelled = torch.zeros((), dtype=torch.float64, device=dev)
     logits, labels = getattr(out, "logits", None), batch.get("labels")
     if logits is not None and labels is not None and logits.shape[-1] > 1:  # not regression, not QA
         labels = labels.to(logits.device)
         keep = labels != IGNORE_INDEX
-        correct = ((logits.argmax(-1) == labels) & keep).sum().double().cpu()
-        labelled = keep.sum().double().cpu()
-    return torch.stack([out.loss.detach().double().cpu() * n, torch.tensor(float(n), dtype=torch.float64),
+        correct = ((logits.argmax(-1) == labels) & keep).sum().double()
+        labelled = keep.sum().double()
+    return torch.stack([out.loss.detach().double() * n, torch.full((), float(n), dtype=torch.float64, device=dev),
                         correct, labelled])
 
 
@@ -216,18 +216,22 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     step, (epoch, done) = state["step"], (state["position"]["epoch"], state["position"]["micro"])
     best = tuple(state["best"]) if state["best"] is not None else None
+    figures = TrainFigures()  # sums stay on the device between the steps that read them
     model.train()
     while step < total:
         batches = epoch_micro_batches(td.train, epoch, rank, world, tc.batch_size, tc.seed, start=done)
         while step < total and done < micro:
             k = min(tc.accumulation_steps, micro - done)  # the epoch's last step may have fewer micro-batches
-            stats = train_step(t, batches, accumulation=k, counts=counts, summarise=summarise, device=device,
-                               precision=tc.precision, max_grad_norm=tc.max_grad_norm)
+            figures.add(train_step(t, batches, accumulation=k, counts=counts, summarise=summarise, device=device,
+                                   precision=tc.precision, max_grad_norm=tc.max_grad_norm))
             step, done = step + 1, done + k
-            if log is not None:
-                log.step(step, {**stats.metrics(), "train/epoch": epoch})
             end_of_epoch = done == micro or step == total
-            metrics: dict[str, float] = {"step": step, "epoch": epoch, "loss": stats.loss}
+            checkpointing = end_of_epoch or (tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0)
+            if step % tc.log_every_steps == 0 or checkpointing:  # the host syncs, on every rank
+                stats = figures.read()
+                if log is not None:
+                    log.step(step, {**stats.metrics(), "train/epoch": epoch})
+            metrics: dict[str, float] = {"step": step, "epoch": epoch, "loss": stats.loss} if checkpointing else {}
             if end_of_epoch and rank == 0:  # evaluation and the best model on rank 0; the others wait in report
                 ev = evaluate(unwrap(model), td, cfg, device)
                 metrics.update({f"eval/{k}": v for k, v in ev.items()})
@@ -239,7 +243,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                     best = score
                     best_model.update(model, ev, epoch, step)
             position = {"epoch": epoch + 1, "micro": 0} if done == micro else {"epoch": epoch, "micro": done}
-            if end_of_epoch or (tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0):
+            if checkpointing:
                 with tempfile.TemporaryDirectory() as d:
                     save_checkpoint(d, rank, t, {"step": step, "position": position, "best": best,
                                                  "run_id": config.get("run_id"), "max_steps": total})

@@ -42,7 +42,7 @@ from pipeline.pretrain.loop import NUM_COUNTS, counts, eval_metrics, train_loop_
 # TrainConfig fields that do not change the weights a run produces (operational settings).
 _NOT_IN_IDENTITY = ("storage_path", "run_name", "max_failures", "num_to_keep", "checkpoint_every_steps",
                     "log_every_steps", "eval_every_steps", "eval_batches", "data_cpus", "placement_strategy",
-                    "materialize_data", "cpus_per_worker", "use_gpu")
+                    "materialize_data", "cpus_per_worker", "use_gpu", "compile")
 
 
 @dataclass(frozen=True)

@@ -24,33 +24,41 @@ from pipeline.data.dataset import PreparedDataset
 from pipeline.data.masking import MaskingPolicy, mask_batch
 
 
-def pad_rows(rows: Sequence[np.ndarray], pad: int, dtype=np.int64) -> np.ndarray:
-    """Right-pad variable-length rows to the longest one.
+def pad_rows(rows: Sequence[np.ndarray], pad: int, dtype=np.int64, width: int | None = None) -> np.ndarray:
+    """Right-pad variable-length rows to the longest one, or to `width` when that is longer.
 
     >>> pad_rows([np.array([1, 2, 3]), np.array([4])], 0).tolist()
     [[1, 2, 3], [4, 0, 0]]
+    >>> pad_rows([np.array([1, 2, 3])], 0, width=4).tolist()
+    [[1, 2, 3, 0]]
     """
     lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-    width = int(lengths.max()) if len(rows) else 0
+    width = max(int(lengths.max()) if len(rows) else 0, width or 0)
     out = np.full((len(rows), width), pad, dtype=dtype)
     if width:
         out[np.arange(width)[None, :] < lengths[:, None]] = np.concatenate([np.asarray(r) for r in rows])
     return out
 
 
-def collate(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+def collate(batch: dict[str, Any], pad_to: int | None = None) -> dict[str, torch.Tensor]:
     """Rows (dict of column -> sequence of int arrays) -> padded tensors for `BertForPreTraining`.
 
     Sequences are padded with 0 ([PAD]) to the longest in this batch (not to max_seq_length), masked positions
-    and labels with -1 (ignored by the model); `num_tokens` counts real tokens for throughput.
+    and labels with -1 (ignored by the model); `num_tokens` counts real tokens for throughput. A batch without
+    padding (packed MLM-only rows are all full length) has no `attention_mask`: the model then passes SDPA no
+    mask, so it may take its flash kernel, and nothing on the device has to check the mask. `pad_to` pads to that
+    width instead (a compiled encoder then sees one shape: no recompilation per batch width).
 
     >>> b = collate({"input_ids": [np.array([2, 5, 3]), np.array([2, 3])], "token_type_ids": [np.zeros(3), np.zeros(2)],
     ...              "masked_lm_positions": [np.array([1]), np.array([], np.int32)],
     ...              "masked_lm_ids": [np.array([7]), np.array([], np.int32)], "next_sentence_label": np.array([0, -1])})
     >>> b["input_ids"].tolist(), b["attention_mask"].tolist(), b["masked_lm_positions"].tolist(), b["num_tokens"].item()
     ([[2, 5, 3], [2, 3, 0]], [[1, 1, 1], [1, 1, 0]], [[1], [-1]], 5)
+    >>> "attention_mask" in collate({**{k: v[:1] for k, v in b.items() if k != "num_tokens"}, "input_ids": [np.array([2, 5, 3])],
+    ...                              "token_type_ids": [np.zeros(3)], "next_sentence_label": np.array([-1])})
+    False
     """
-    ids = pad_rows(batch["input_ids"], 0)  # (B, L)
+    ids = pad_rows(batch["input_ids"], 0, width=pad_to)  # (B, L)
     lengths = np.fromiter((len(r) for r in batch["input_ids"]), dtype=np.int64)
     mask = (np.arange(ids.shape[1])[None, :] < lengths[:, None]).astype(np.int64)  # (B, L)
     positions = pad_rows(batch["masked_lm_positions"], -1)  # (B, P)
@@ -59,15 +67,17 @@ def collate(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
     labels = pad_rows(batch["masked_lm_ids"], -1)
     if labels.shape[1] == 0:
         labels = np.full((len(ids), 1), -1, dtype=np.int64)
-    return {
+    out = {
         "input_ids": torch.from_numpy(ids),
-        "token_type_ids": torch.from_numpy(pad_rows(batch["token_type_ids"], 0)),
-        "attention_mask": torch.from_numpy(mask),
+        "token_type_ids": torch.from_numpy(pad_rows(batch["token_type_ids"], 0, width=pad_to)),
         "masked_lm_positions": torch.from_numpy(positions),
         "masked_lm_ids": torch.from_numpy(labels),
         "next_sentence_label": torch.as_tensor(np.asarray(batch["next_sentence_label"], dtype=np.int64)),
         "num_tokens": torch.tensor(int(lengths.sum())),
     }
+    if not mask.all():  # padding somewhere: the model needs the mask
+        out["attention_mask"] = torch.from_numpy(mask)
+    return out
 
 
 def arrow_rows(table) -> dict[str, Any]:
@@ -220,14 +230,21 @@ class PhasePlan:
 
 
 class Batches:
-    """Rows -> padded tensors for one phase, masking them first when the data is dynamically masked."""
+    """Rows -> padded tensors for one phase, masking them first when the data is dynamically masked.
 
-    def __init__(self, plan: PhasePlan, seed: int) -> None:
-        self.seed = seed
+    `pin_memory` (for a CUDA device) puts the tensors in page-locked memory, so that the step's
+    `.to(device, non_blocking=True)` is an asynchronous DMA and the host goes on building the next batch;
+    `pad_to` pads every batch to that width (`collate`)."""
+
+    def __init__(self, plan: PhasePlan, seed: int, pin_memory: bool = False, pad_to: int | None = None) -> None:
+        self.seed, self.pin_memory, self.pad_to = seed, pin_memory, pad_to
         self.policy: MaskingPolicy | None = plan.dataset.policy() if plan.dataset.dynamic_masking else None
 
     def __call__(self, table, epoch: int) -> dict[str, torch.Tensor]:
         rows = arrow_rows(table)
         if self.policy is not None:  # a fresh mask per epoch, a function of (seed, epoch, example_id)
             rows = mask_batch(rows, self.policy, seed=self.seed, epoch=epoch)
-        return collate(rows)
+        batch = collate(rows, self.pad_to)
+        if self.pin_memory:  # `num_tokens` stays on the host: it is never copied
+            batch = {k: v if k == "num_tokens" else v.pin_memory() for k, v in batch.items()}
+        return batch

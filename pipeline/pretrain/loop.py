@@ -2,7 +2,9 @@
 checkpoint. The pieces it calls are shared with fine-tuning (`pipeline.core`) or are the data feed (`loader`).
 
 The MLM/NSP figures are kept as sums — (mlm_loss_sum, mlm_correct, mlm_count, nsp_loss_sum, nsp_correct,
-nsp_count) — so that they are exact over accumulation micro-steps and ranks (`counts`, `summarise`).
+nsp_count) — so that they are exact over accumulation micro-steps and ranks (`counts`, `summarise`). They stay on
+the device (`TrainFigures`) and are all-reduced and copied to the host only on the steps that log
+(`train.log_every_steps`), evaluate or checkpoint, and on the last: a GPU never waits for the host in between.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pipeline.core import launcher
 from pipeline.core.checkpoint import check_vocab, load_checkpoint, save_checkpoint
 from pipeline.core.optim import make_optimizer
 from pipeline.core.precision import make_scaler
-from pipeline.core.step import Trainable, evaluate_sums, train_step
+from pipeline.core.step import Trainable, TrainFigures, evaluate_sums, train_step
 from pipeline.pretrain.loader import Batches, PhasePlan, epoch_micro_batches
 
 NUM_COUNTS = 6
@@ -67,13 +69,14 @@ class RankFeed:
     """This rank's micro-batches of one phase from `position` on, epoch after epoch; `position` is always the
     one after the last micro-batch handed out (what a checkpoint stores)."""
 
-    def __init__(self, plan: PhasePlan, phase: int, rank: int, seed: int, shuffle_rows: int, position: dict[str, int]):
+    def __init__(self, plan: PhasePlan, phase: int, rank: int, seed: int, shuffle_rows: int, position: dict[str, int],
+                 pin_memory: bool = False, compiled: bool = False):
         import ray.train
 
         self.plan, self.phase, self.rank, self.seed, self.shuffle_rows = plan, phase, rank, seed, shuffle_rows
         self.position = dict(position)
         self.shard = ray.train.get_dataset_shard(f"p{phase}_r{rank}")
-        self.to_batch = Batches(plan, seed)
+        self.to_batch = Batches(plan, seed, pin_memory, pad_to=plan.dataset.max_seq_length if compiled else None)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         mine, mb = self.plan.ranks[self.rank], self.plan.micro_batch_size
@@ -90,13 +93,14 @@ class RankFeed:
             epoch, start = epoch + 1, 0
 
 
-def eval_batches(plan: PhasePlan, phase: int, rank: int, world: int, seed: int, limit: int) -> list[dict[str, torch.Tensor]]:
+def eval_batches(plan: PhasePlan, phase: int, rank: int, world: int, seed: int, limit: int,
+                 compiled: bool = False) -> list[dict[str, torch.Tensor]]:
     """This rank's share of the held-out batches (fixed masks: epoch 0), read once and kept in memory."""
     import ray.train
 
     if not plan.eval_files:
         return []
-    to_batch, out = Batches(plan, seed), []
+    to_batch, out = Batches(plan, seed, pad_to=plan.dataset.max_seq_length if compiled else None), []
     tables = ray.train.get_dataset_shard(f"p{phase}_eval").iter_batches(batch_size=plan.micro_batch_size, batch_format="pyarrow")
     for i, tbl in enumerate(tables):
         if limit and i >= limit * world:
@@ -119,7 +123,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     rank, world, device = launcher.worker()
     torch.set_num_threads(max(1, int(tc.cpus_per_worker)))  # fixed thread count: bit-identical CPU math on restart
     torch.manual_seed(tc.seed)  # identical initial weights on every rank (DDP also broadcasts rank 0's)
-    model = launcher.prepare_model(build_model(cfg.model, plans[0].dataset.vocab_size))
+    model = build_model(cfg.model, plans[0].dataset.vocab_size)
+    if tc.compile:  # in place: parameter names (checkpoints) unchanged; batches come at one width (RankFeed)
+        model.bert.encoder.compile(dynamic=False)
+    model = launcher.prepare_model(model)
     optimizer, scheduler = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=tc.warmup_steps,
                                           total_steps=tc.max_steps, schedule=tc.schedule, power=tc.poly_power)
     t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
@@ -139,26 +146,32 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     ends = np.cumsum([p.steps for p in plans]).tolist()
     step, position, evals = state["step"], state["position"], {}
+    figures = TrainFigures()  # sums stay on the device between the steps that read them
     while step < tc.max_steps:
         phase = next(i for i, e in enumerate(ends) if step < e)
         plan = plans[phase]
         if position["phase"] != phase:
             position = {"phase": phase, "epoch": 0, "micro": 0}
-        feed = RankFeed(plan, phase, rank, tc.seed, tc.shuffle_buffer_rows, position)
+        feed = RankFeed(plan, phase, rank, tc.seed, tc.shuffle_buffer_rows, position, pin_memory=device.type == "cuda",
+                        compiled=tc.compile)
         batches = iter(feed)
         while step < ends[phase]:
-            stats = train_step(t, batches, accumulation=plan.accumulation_steps, counts=counts, summarise=summarise,
-                               device=device, precision=tc.precision, max_grad_norm=tc.max_grad_norm)
+            figures.add(train_step(t, batches, accumulation=plan.accumulation_steps, counts=counts, summarise=summarise,
+                                   device=device, precision=tc.precision, max_grad_norm=tc.max_grad_norm))
             step += 1
-            if log is not None:
-                log.step(step, {**stats.metrics(), "train/phase": phase})
-            if (tc.eval_every_steps and step % tc.eval_every_steps == 0) or step == tc.max_steps:
+            evaluating = (tc.eval_every_steps and step % tc.eval_every_steps == 0) or step == tc.max_steps
+            checkpointing = step % tc.checkpoint_every_steps == 0 or step == tc.max_steps
+            if step % tc.log_every_steps == 0 or evaluating or checkpointing:  # the host syncs, on every rank
+                stats = figures.read()
+                if log is not None:
+                    log.step(step, {**stats.metrics(), "train/phase": phase})
+            if evaluating:
                 if phase not in evals:
-                    evals[phase] = eval_batches(plan, phase, rank, world, tc.seed, tc.eval_batches)
+                    evals[phase] = eval_batches(plan, phase, rank, world, tc.seed, tc.eval_batches, tc.compile)
                 sums = evaluate_sums(t.model, evals[phase], counts=counts, size=NUM_COUNTS, device=device, precision=tc.precision)
                 if log is not None:
                     log.log_metrics(eval_metrics(sums), step)
-            if step % tc.checkpoint_every_steps == 0 or step == tc.max_steps:
+            if checkpointing:
                 with tempfile.TemporaryDirectory() as d:
                     save_checkpoint(d, rank, t, {"step": step, "position": feed.position, "vocab_sha256": vocab_sha,
                                                  "run_id": config["run_id"], "max_steps": tc.max_steps})
