@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,6 +23,15 @@ os.environ.setdefault("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "false")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+
+# torch._dynamo (imported by transformers and torch.compile) makes /tmp/torchinductor_<user> on import: give it a
+# directory of the test session's own, removed at the end, so the suite leaves nothing in /tmp.
+_INDUCTOR = tempfile.mkdtemp(prefix="pytest-inductor-")
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _INDUCTOR)
+
+
+def pytest_unconfigure(config):  # noqa: ARG001 - pytest's hook signature
+    shutil.rmtree(_INDUCTOR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
