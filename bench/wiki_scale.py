@@ -16,9 +16,12 @@ chunk_chars: units of about 1 MB of bz2), runs twice: against a `ray.cluster_uti
 (RAY_ADDRESS), and on the local Ray the job starts itself (2 CPUs). Measured: the Ray state API's finished tasks
 by name and node (both nodes must have worked every pass), the manifests' shard sha256s (must be equal), the peak
 RSS of the largest process among this process's descendants (the job, its local Ray, and the Cluster's GCS,
-raylets and workers, which this process started: all `ray::` workers are in that tree) sampled every 0.2 s,
+raylets and workers, which this process started: all `ray::` workers are in that tree) sampled every 0.2 s
+(and the peak of RSS less the process's shared resident pages: a Ray worker's RSS counts the pages of the shared
+object store it has touched),
 their CPU-seconds (minus what the Cluster's processes had used before the job), and pages/s, MB/s. Last, the
 dump -> text step alone (`read_documents` on the dump's units, this process, CPU time) on the first units.
+A third run, one node with `--data.dedup off`, shows what the dedup pass costs (time and memory).
 Everything is written to a temporary directory, removed at the end.
 """
 
@@ -143,6 +146,7 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.me, self.interval = psutil.Process(), interval
         self.peak_one, self.peak_sum, self.peak_name = 0, 0, ""
+        self.peak_private, self.private_name = 0, ""  # RSS less its shared pages (Ray's object store, libraries)
         self.cpu: dict[int, float] = {}
         self.base = {p.pid: sum(p.cpu_times()[:2]) for p in self._procs()}
         self.ray_workers: set[int] = set()
@@ -160,23 +164,27 @@ class Sampler(threading.Thread):
             total = 0
             for p in self._procs():
                 try:
-                    rss, t, cmd = p.memory_info().rss, p.cpu_times(), p.cmdline()
+                    mem, t, cmd = p.memory_info(), p.cpu_times(), p.cmdline()
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
                 self.cpu[p.pid] = t.user + t.system
                 name = " ".join(cmd[:3])[-70:] or p.name()
                 if name.startswith("ray::"):
                     self.ray_workers.add(p.pid)
+                rss = mem.rss
                 total += rss
                 if rss > self.peak_one:
                     self.peak_one, self.peak_name = rss, name
+                if rss - mem.shared > self.peak_private:
+                    self.peak_private, self.private_name = rss - mem.shared, name
             self.peak_sum = max(self.peak_sum, total)
             self.stop.wait(self.interval)
 
 
-def prepare(dump_dir: Path, out: Path, env: dict[str, str]) -> tuple[list[str], dict, str, float, Sampler]:
+def prepare(dump_dir: Path, out: Path, env: dict[str, str], extra: tuple[str, ...] = ()) -> tuple[list[str], dict, str, float, Sampler]:
     cmd = [sys.executable, str(REPO / "jobs/prepare_data.py"), "--input", str(dump_dir), "--output", str(out),
-           "--vocab", str(minilm_vocab()), "--data.local_max_bytes", "0", "--data.num_actors", "2", "--num-cpus", "2"]
+           "--vocab", str(minilm_vocab()), "--data.local_max_bytes", "0", "--data.num_actors", "2", "--num-cpus", "2",
+           *extra]
     sampler = Sampler()
     sampler.start()
     t0 = time.perf_counter()
@@ -248,6 +256,9 @@ def main() -> int:
         print("two nodes:", [line for line in log2.splitlines() if "[stage shards] done" in line][-1], flush=True)
         _, one, log1, wall1, s1 = prepare(dump_dir, tmp / "one", env)
         print("one node: ", [line for line in log1.splitlines() if "[stage shards] done" in line][-1], flush=True)
+        _, off, _, wall0, s0 = prepare(dump_dir, tmp / "off", env, ("--data.dedup", "off"))
+        print(f"one node, dedup off: {off['documents_written']:,} documents written, {off['examples']:,} examples",
+              flush=True)
         pages, arts, cpu_text = text_rate(dump_dir, args.text_units)
 
         per = Counter((t.name, t.node_id) for t in tasks if t.name.startswith("_RayWorker."))
@@ -275,10 +286,14 @@ def main() -> int:
             ("shard sha256s, two nodes = one node", f"{'equal' if same else 'DIFFERENT'} ({len(one['shards'])} shards)"),
             ("two nodes (1 CPU each)", rates(wall2, s2)),
             ("one node (local Ray, 2 CPUs)", rates(wall1, s1)),
+            ("one node, --data.dedup off", rates(wall0, s0) + f"; peak RSS {s0.peak_one / GIB:.2f} GiB "
+                                           f"({s0.peak_name}), less shared {s0.peak_private / GIB:.2f} GiB"),
             ("largest process peak RSS, two nodes", f"{s2.peak_one / GIB:.2f} GiB ({s2.peak_name}); "
                                                     f"sum {s2.peak_sum / GIB:.2f} GiB; {len(s2.ray_workers)} ray:: seen"),
             ("largest process peak RSS, one node", f"{s1.peak_one / GIB:.2f} GiB ({s1.peak_name}); "
                                                    f"sum {s1.peak_sum / GIB:.2f} GiB; {len(s1.ray_workers)} ray:: seen"),
+            ("largest process peak RSS less shared", f"two nodes {s2.peak_private / GIB:.2f} GiB ({s2.private_name}); "
+                                                     f"one node {s1.peak_private / GIB:.2f} GiB ({s1.private_name})"),
             ("goal: largest process <= 1.5 GiB", "met" if max(s1.peak_one, s2.peak_one) <= 1.5 * GIB else "NOT met"),
             ("dump -> text alone (1 process)", f"{pages:,} pages ({arts:,} articles) in {cpu_text:.2f} CPU-s: "
                                                f"{pages / cpu_text:,.0f} pages per CPU-s"),
@@ -288,7 +303,8 @@ def main() -> int:
         ]
         w = max(len(k) for k, _ in rows)
         print("\n" + "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows))
-        stages = [line for line in log1.splitlines() if re.match(r"^\S+\s+(ran|skipped)\s+[\d.]+", line)]
+        stages = [line for line in log1.splitlines() if re.match(r"^\S+\s+(ran|skipped)\s+[\d.]+", line)
+                  or line.startswith("[data] dedup:")]
         print("\none node, the job's stage table:\n" + "\n".join(stages))
         return 0 if every and same else 1
     finally:
