@@ -23,7 +23,8 @@ their CPU-seconds (minus what the Cluster's processes had used before the job), 
 dump -> text step alone (`read_documents` on the dump's units, this process, CPU time) on the first units.
 A third run, one node with `--data.dedup off`, shows what the dedup pass costs (time and memory).
 A dump of one or two units (under about 2 MB of bz2, `--copies` below about 1,000) cannot spread every pass over
-both nodes: the bench then exits 1. Everything is written to a temporary directory (Ray's session directories too: RAY_TMPDIR), removed at the end.
+both nodes: the bench then exits 1. Everything is written to a temporary directory (Ray's session directories
+too: RAY_TMPDIR), removed at the end.
 """
 
 from __future__ import annotations
@@ -182,7 +183,8 @@ class Sampler(threading.Thread):
             self.stop.wait(self.interval)
 
 
-def prepare(dump_dir: Path, out: Path, env: dict[str, str], extra: tuple[str, ...] = ()) -> tuple[list[str], dict, str, float, Sampler]:
+def prepare(dump_dir: Path, out: Path, env: dict[str, str],
+            extra: tuple[str, ...] = ()) -> tuple[list[str], dict, str, float, Sampler]:
     cmd = [sys.executable, str(REPO / "jobs/prepare_data.py"), "--input", str(dump_dir), "--output", str(out),
            "--vocab", str(minilm_vocab()), "--data.local_max_bytes", "0", "--data.num_actors", "2", "--num-cpus", "2",
            *extra]
