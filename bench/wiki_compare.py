@@ -1,6 +1,7 @@
 """Dump -> text: agreement with WikiExtractor 3.1.0 and speed against it, on the shared sample dump.
 
     python bench/wiki_compare.py [--copies 1000] [--repeats 3]
+    python bench/wiki_compare.py --shards            # 3. only: agreement through the shards
 
 1. Agreement: WikiExtractor (`--json`, its defaults: no lists, headings kept as "Title.", templates expanded from
    the dump's own Template: pages, of which the sample has none) and pipeline.data.wiki (default options, the BERT
@@ -12,6 +13,12 @@
    vs `python -m wikiextractor.WikiExtractor --processes 1 --json` (a reader process, one extraction process and a
    writer; CPU time is summed over them); (b) the text conversion alone, in this process, on the same wikitext:
    `wikitext_to_text` vs WikiExtractor's `Extractor.clean_text`.
+3. Agreement through the shards (`--shards`): `jobs/prepare_data.py` on the sample dump and, separately, on
+   WikiExtractor's `--json` output of the same dump (read as JSON lines, as a user would give it), both with the
+   all-MiniLM-L6-v2 vocab, `--data.nsp false --data.masking dynamic` (MLM only, no masks written); the multisets
+   of token ids in the shards' `input_ids` without [CLS]/[SEP]/[PAD] are compared: precision (of ours against
+   WikiExtractor's), recall, F1. The same bags taken from the documents' texts before examples are made show what
+   the example builder itself drops (truncation), which the shards' F1 includes.
 Everything is written to a temporary directory, removed at the end.
 """
 
@@ -168,13 +175,74 @@ def speed(tmp: Path, copies: int, repeats: int) -> None:
     print(f"  conversion only, ours / WikiExtractor: {b / a:.2f}x")
 
 
+def prepare(inputs: list[Path], out: Path, vocab: str) -> list[Path]:
+    """`jobs/prepare_data.py` MLM-only with dynamic masking (ids as tokenized, no [MASK]); the shard paths."""
+    cmd = [sys.executable, str(REPO / "jobs/prepare_data.py"), *[a for i in inputs for a in ("--input", str(i))],
+           "--output", str(out), "--vocab", vocab, "--data.nsp", "false", "--data.masking", "dynamic",
+           "--data.num_shards", "1"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    if r.returncode:
+        raise SystemExit(r.stdout[-2000:] + r.stderr[-2000:])
+    done = [line for line in (r.stdout + r.stderr).splitlines() if "[stage shards] done" in line]
+    print(f"  {' '.join(c if ' ' not in c else repr(c) for c in cmd[1:])}\n    {done[-1] if done else ''}")
+    m = json.loads((out / "manifest.json").read_text())
+    return [out / s["path"] for s in m["shards"]]
+
+
+def shard_bag(shards: list[Path], drop: set[int]) -> Counter:
+    import pyarrow.parquet as pq
+
+    bag: Counter = Counter()
+    for s in shards:
+        for row in pq.read_table(s, columns=["input_ids"]).column("input_ids").to_pylist():
+            bag.update(i for i in row if i not in drop)
+    return bag
+
+
+def shards_agreement(tmp: Path) -> None:
+    from tokenizers import BertWordPieceTokenizer
+
+    vocab = _vocab()
+    tok = BertWordPieceTokenizer(vocab, lowercase=True)
+    special = {t: tok.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]", "[MASK]")}
+    drop = {special["[CLS]"], special["[SEP]"], special["[PAD]"]}
+    we_dir = tmp / "we_json"
+    theirs_text = wikiextractor_texts(SAMPLE, we_dir)
+    print(f"\nagreement through the shards: WikiExtractor --json wrote {len(theirs_text)} articles "
+          f"({', '.join(str(p.relative_to(we_dir)) for p in sorted(we_dir.rglob('wiki_*')))})")
+    ours = shard_bag(prepare([SAMPLE], tmp / "ours", vocab), drop)
+    theirs = shard_bag(prepare([we_dir], tmp / "theirs", vocab), drop)
+    # the same bags from the texts (ours: pipeline.data.wiki; theirs: the JSON's text as the pipeline reads it,
+    # HTML-escaped or not), before the example builder cuts them into sequences
+    from pipeline.data.wiki import WikiOptions
+
+    text_bag = lambda texts: Counter(i for t in texts for i in tok.encode(t, add_special_tokens=False).ids)  # noqa: E731
+    raw = [json.loads(line)["text"] for f in sorted(we_dir.rglob("wiki_*")) for line in f.read_text().splitlines()]
+    rows = [("shards' input_ids", ours, theirs),
+            ("documents' texts (before examples)", text_bag(our_texts(SAMPLE, WikiOptions()).values()), text_bag(raw))]
+    print(f"  {'bag of token ids':36s} {'ours':>6s} {'theirs':>6s} {'common':>6s} {'precision':>9s} "
+          f"{'recall':>6s} {'F1':>6s}")
+    for label, a, b in rows:
+        s, common, n_a, n_b = f1(a, b)
+        print(f"  {label:36s} {n_a:6d} {n_b:6d} {common:6d} {common / n_a:9.4f} {common / n_b:6.4f} {s:6.4f}")
+    print(f"  [MASK] ids in the shards: ours {ours[special['[MASK]']]}, theirs {theirs[special['[MASK]']]}")
+    only = lambda a, b: ", ".join(f"{tok.id_to_token(i)} x{n}" for i, n in (a - b).most_common(12))  # noqa: E731
+    print(f"  only in ours:   {only(ours, theirs)}\n  only in theirs: {only(theirs, ours)}")
+    s = f1(ours, theirs)[0]
+    print(f"  goal F1 >= 0.95: {'met' if s >= 0.95 else 'NOT met'} ({s:.4f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--copies", type=int, default=1000, help="copies of the sample's 4 articles in the speed dump")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--shards", action="store_true", help="only the agreement through prepare_data's shards")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="wiki_compare-"))
     try:
+        if args.shards:
+            shards_agreement(tmp)
+            return
         agreement(tmp)
         speed(tmp, args.copies, args.repeats)
     finally:
