@@ -164,10 +164,10 @@ def test_wikiextractor_output_recognised_by_content(tmp_path, form, compress):
         (tmp_path / "text" / sub).mkdir(parents=True)
         (tmp_path / "text" / sub / f"wiki_00{suffix}").write_bytes(pack(body.encode()))
     files, skipped, docs, reasons = _read_all([tmp_path / "text"])
-    assert [f.kind for f in files] == ["wikiext" if form == "doc" else "jsonl"] * 2 and not skipped
+    assert [f.kind for f in files] == ["wikiext" if form == "doc" else "wikiext_json"] * 2 and not skipped
     assert [d.name for d in docs] == ["12", "25"] and reasons == Counter(empty=1)
     assert [d.doc_id for d in docs] == [0, 1]
-    first = "Anarchism is a political philosophy.\nHistory.\nIt grew " + ("& spread." if form == "doc" else "&amp; spread.")
+    first = "Anarchism is a political philosophy.\nHistory.\nIt grew & spread."  # both forms HTML-unescaped
     assert [d.text for d in docs] == [first, "Autism is a condition."]
 
 

@@ -2,9 +2,9 @@
 
 Formats (kinds):
   - `txt`: plain-text books (`.txt`, `.txt.gz`, one document per file);
-  - `jsonl`: JSON lines (`.jsonl`, `.jsonl.gz`, `.json.gz`, e.g. `{"id","url","title","text"}`), also
-    WikiExtractor's `--json` output, recognised by content under any other name (`text/AA/wiki_00`, and
-    `wiki_00.bz2` from `--compress`);
+  - `jsonl`: JSON lines (`.jsonl`, `.jsonl.gz`, `.json.gz`, e.g. `{"id","url","title","text"}`), read as they are;
+    `wikiext_json`: WikiExtractor's `--json` output, recognised by content under any other name
+    (`text/AA/wiki_00`, and `wiki_00.bz2` from `--compress`), its text HTML-unescaped as WikiExtractor escapes it;
   - `wikiext`: WikiExtractor's default output, `<doc id=".." url=".." title="..">` blocks, recognised by content
     (plain, .bz2 or .gz); the text is HTML-unescaped (WikiExtractor escapes it by default) and its first line,
     the title WikiExtractor repeats there, is left out, as in its JSON form;
@@ -51,7 +51,7 @@ import fsspec
 from pipeline.data import wiki
 from pipeline.data.wiki import WikiOptions
 
-Kind = Literal["txt", "jsonl", "parquet", "hf", "wikiext", "wiki_xml", "wiki_multistream"]
+Kind = Literal["txt", "jsonl", "wikiext_json", "parquet", "hf", "wikiext", "wiki_xml", "wiki_multistream"]
 
 _KINDS: dict[str, Kind] = {
     ".txt": "txt",
@@ -151,7 +151,7 @@ def sniff_kind(path: str) -> Kind | None:
     if head.startswith((b"<doc ", b"<doc\t")):
         return "wikiext"
     if _JSON_RECORD.match(head):
-        return "jsonl"
+        return "wikiext_json"
     return None
 
 
@@ -304,8 +304,10 @@ def _read_txt(f: InputFile) -> Iterator[Document | Rejected]:
     yield Rejected(f.path, 0, reason) if reason else Document(doc_id, f.path, text, _base(f.path))  # type: ignore[arg-type]
 
 
-def _record(f: InputFile, i: int, rec: object, column: str, where: str = "") -> Document | Rejected:
-    """`rec`'s document: named by its `id` when it has one, else `where` (`file:line`, `file:row`)."""
+def _record(f: InputFile, i: int, rec: object, column: str, where: str = "", unescape: bool = False
+            ) -> Document | Rejected:
+    """`rec`'s document: named by its `id` when it has one, else `where` (`file:line`, `file:row`). `unescape`:
+    the text is HTML-escaped (WikiExtractor escapes &, < and > in every output form)."""
     if not isinstance(rec, dict):
         return Rejected(f.path, i, "invalid_json")
     if column not in rec:
@@ -315,6 +317,8 @@ def _record(f: InputFile, i: int, rec: object, column: str, where: str = "") -> 
         return Rejected(f.path, i, "null_text")
     if not isinstance(text, str):
         return Rejected(f.path, i, "text_not_string")
+    if unescape:
+        text = html.unescape(text)
     reason = check_text(text)
     if reason:
         return Rejected(f.path, i, reason)
@@ -323,7 +327,10 @@ def _record(f: InputFile, i: int, rec: object, column: str, where: str = "") -> 
 
 
 def _read_jsonl(f: InputFile, column: str) -> Iterator[Document | Rejected]:
+    """JSON lines, one record a line. WikiExtractor's `--json` output (recognised by content under its own names,
+    kind `wikiext_json`) is HTML-unescaped, as its `<doc>` form is; a `.jsonl` file is read as it is."""
     i = 0
+    unescape = f.kind == "wikiext_json"
     base = _base(f.path)
     try:
         with _open(f.path) as fh:
@@ -342,7 +349,7 @@ def _read_jsonl(f: InputFile, column: str) -> Iterator[Document | Rejected]:
                     yield Rejected(f.path, i, "invalid_json")
                     i += 1
                     continue
-                yield _record(f, i, rec, column, f"{base}:{n}")
+                yield _record(f, i, rec, column, f"{base}:{n}", unescape)
                 i += 1
     except EOFError:
         yield Rejected(f.path, i, "truncated_gzip")  # the partial tail after the last complete line
@@ -484,7 +491,7 @@ def read_documents(
     Rejected. `wiki_options` say what of a dump page's wikitext is kept (lists, headings)."""
     if f.kind == "txt":
         return _read_txt(f)
-    if f.kind == "jsonl":
+    if f.kind in ("jsonl", "wikiext_json"):
         return _read_jsonl(f, text_column)
     if f.kind == "parquet":
         return _read_parquet(f, text_column)
