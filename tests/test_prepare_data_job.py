@@ -83,7 +83,7 @@ def test_full_corpus_end_to_end_rerun_and_killed_resume(repo_root, shared_dir, m
     assert m["documents_read"] == m["documents_written"] == 549 and m["documents_rejected"] == 0
     assert m["examples"] > 20_000 and abs(m["nsp_random_fraction"] - 0.5) <= 0.03
     assert "examples" in p.stdout and "nsp random fraction" in p.stdout and "shards" in p.stdout
-    assert sorted(os.listdir(ref)) == ["manifest.json", "shards", "tokenizer.json", "vocab.meta.json", "vocab.txt"]
+    assert sorted(os.listdir(ref)) == ["duplicates.jsonl", "manifest.json", "shards", "tokenizer.json", "vocab.meta.json", "vocab.txt"]
     # 2. re-run: nothing to do
     p = _run(repo_root, "--input", corpora / "books", "--input", corpora / "wiki", "--output", ref, *common)
     assert p.returncode == 0 and "is up to date" in p.stdout, p.stderr[-2000:]
@@ -154,7 +154,7 @@ def test_second_concurrent_preparation_fails_at_once(repo_root, shared_dir, mini
         if first.poll() is None:
             first.kill()
     assert first.returncode == 0, stderr[-3000:]
-    assert sorted(os.listdir(out)) == ["manifest.json", "shards", "tokenizer.json", "vocab.meta.json", "vocab.txt"]
+    assert sorted(os.listdir(out)) == ["duplicates.jsonl", "manifest.json", "shards", "tokenizer.json", "vocab.meta.json", "vocab.txt"]
     assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
     assert validate_output(str(out))["documents_written"] == 2
 
