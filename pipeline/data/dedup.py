@@ -87,7 +87,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -99,7 +98,6 @@ Mode = Literal["off", "exact", "near"]
 EXACT, NEAR = 0, 1
 """Values of `Duplicates.kind`."""
 
-_WS = re.compile(r"\s+")
 _M64 = (1 << 64) - 1
 _SHINGLE_MUL = np.uint64(0x9E3779B97F4A7C15)  # odd: the polynomial over word hashes stays a bijection per step
 
@@ -110,7 +108,7 @@ def normalise(text: str) -> str:
     >>> normalise("Straße\\u00a0 IS\\r\\nhere")
     'strasse is here'
     """
-    return _WS.sub(" ", text.casefold()).strip()
+    return " ".join(text.casefold().split())  # str.split() splits on runs of Unicode whitespace, as \\s+ does
 
 
 def exact_keys(texts: Iterable[str]) -> np.ndarray:
@@ -223,7 +221,10 @@ _WORD_CACHE_MAX = 500_000
 
 
 def _shingles_of_normalised(norm: str, shingle_size: int) -> np.ndarray:
-    words = norm.split(" ")
+    return _shingles_of_words(norm.split(" "), shingle_size)
+
+
+def _shingles_of_words(words: list[str], shingle_size: int) -> np.ndarray:
     table = _WORD_HASHES
     new = [w for w in dict.fromkeys(words) if w not in table]
     if len(table) + len(new) > _WORD_CACHE_MAX:
@@ -231,7 +232,7 @@ def _shingles_of_normalised(norm: str, shingle_size: int) -> np.ndarray:
         new = list(dict.fromkeys(words))
     digests = b"".join(hashlib.blake2b(w.encode("utf-8"), digest_size=8).digest() for w in new)
     table.update(zip(new, np.frombuffer(digests, dtype="<u8").tolist()))
-    w = np.fromiter((table[x] for x in words), dtype=np.uint64, count=len(words))
+    w = np.array(list(map(table.__getitem__, words)), dtype=np.uint64)
     k = min(shingle_size, len(w))
     m = len(w) - k + 1
     acc = w[:m].copy()
@@ -269,11 +270,11 @@ def signatures(texts: Iterable[str], params: DedupParams) -> np.ndarray:
 def records(texts: Sequence[str], params: DedupParams) -> tuple[np.ndarray, np.ndarray | None]:
     """(exact_keys(texts), signatures(texts, params) or None when params.mode is not near), each text normalised
     once: what the dedup pass keeps of a batch of documents."""
-    norms = [normalise(t) for t in texts]
-    keys = _exact_keys_of_normalised(norms)
+    words = [t.casefold().split() or [""] for t in texts]  # normalise(t) == " ".join(words), split once
+    keys = _exact_keys_of_normalised(" ".join(w) for w in words)
     if params.mode != "near":
         return keys, None
-    return keys, signatures_of_shingles([_shingles_of_normalised(n, params.shingle_size) for n in norms], params)
+    return keys, signatures_of_shingles([_shingles_of_words(w, params.shingle_size) for w in words], params)
 
 
 def similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
