@@ -43,7 +43,8 @@ def _usage_error(message: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.config import ConfigError, config_parser, parse_cli
+    from pipeline.cli import config_parser, parse_cli
+    from pipeline.config import ConfigError
     from pipeline.finetune.config import FT_SECTIONS
 
     ap = config_parser(FT_SECTIONS, __doc__)  # --help: these flags and every --section.field, documented

@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def parser():
     """The job's flags (DESIGN.md) beside the `data` section's `--data.field` overrides, all in --help."""
-    from pipeline.config import DataConfig, config_parser
+    from pipeline.cli import config_parser
+    from pipeline.config import DataConfig
 
     ap = config_parser({"data": DataConfig}, __doc__)
     ap.add_argument("--input", action="append", default=None, help="file or folder; repeat for several")
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.cli import run_job
 
     def body() -> int:
-        from pipeline.config import load_config, parse_cli, resolve_paths
+        from pipeline.cli import parse_cli
+        from pipeline.config import load_config, resolve_paths
         from pipeline.data.stages import check_paths
 
         args, rest = parse_cli(parser(), argv)

@@ -39,7 +39,8 @@ def git_sha() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from pipeline.cli import run_job
-    from pipeline.config import SECTIONS, config_parser, parse_cli
+    from pipeline.cli import config_parser, parse_cli
+    from pipeline.config import SECTIONS
 
     parser = config_parser(SECTIONS, __doc__)  # --help: --config and every --section.field, documented
     argv = sys.argv[1:] if argv is None else argv

@@ -7,7 +7,7 @@ silently. Relative paths are resolved against the directory the command runs in 
 `BaseTrainConfig` holds the training fields pretraining (`TrainConfig`) and fine-tuning
 (`pipeline.finetune.config`) share.
 
-The command line is jsonargparse's (`config_parser`, `parse_cli`), chosen over tyro because it is built for
+The command line is jsonargparse's (`pipeline.cli.config_parser`, `parse_cli`), chosen over tyro because it is built for
 this shape: YAML config files, dotted `--section.field` keys whose values are read as YAML, and help generated from
 the dataclasses with each field's attribute docstring (docstring-parser), type and default; litgpt uses it the
 same way. tyro parses values by type, not as YAML, and has no config files of its own. jsonargparse builds every
@@ -25,7 +25,6 @@ several lines (`Parser key "train.lr": Expected a <class 'float'>`), where jobs 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -560,70 +559,6 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
     return Config(**load_sections(path, overrides, SECTIONS))
 
 
-def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(`--section.field value` overrides, the job's own arguments): an option whose name has a dot is an override.
-
-    >>> split_overrides(["--config", "c.yaml", "--train.lr", "1e-4", "--data.inputs=/a", "--input", "x.txt"])
-    (['--train.lr', '1e-4', '--data.inputs=/a'], ['--config', 'c.yaml', '--input', 'x.txt'])
-    """
-    overrides: list[str] = []
-    rest: list[str] = []
-    i = 0
-    while i < len(argv):
-        key, eq, _ = argv[i].partition("=")
-        n = 1 if eq or i + 1 == len(argv) else 2
-        if key.startswith("--") and "." in key:
-            overrides += argv[i:i + n]
-            i += n
-        else:
-            rest.append(argv[i])
-            i += 1
-    return overrides, rest
-
-
-class _NoSectionFile(argparse.Action):
-    """Stands in for the `--<section> FILE` option jsonargparse adds per section: --config is the one config file."""
-
-    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ARG002 - argparse's signature
-        raise ConfigError(f"unrecognised argument {option_string!r} (expected --section.field value)")
-
-
-def config_parser(sections: dict[str, type], description: str | None = None) -> Any:
-    """A job's jsonargparse parser: `--config FILE` and, per section, every `--section.field` with its doc line, type
-    and default (read from the dataclass). The job adds its own flags to it and parses with `parse_cli`."""
-    from jsonargparse import ArgumentParser, DefaultHelpFormatter, set_parsing_settings
-
-    class Formatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
-        """Keeps the job docstring's own line breaks."""
-
-    set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    parser = ArgumentParser(description=description, exit_on_error=False, conflict_handler="resolve",
-                            usage="%(prog)s [options] [--config FILE] [--section.field VALUE ...]",
-                            formatter_class=Formatter, env_prefix=False, default_env=False)
-    parser.add_argument("--config", default=None, help="YAML preset (sections: " + ", ".join(sections) + "); "
-                        "`--section.field value` overrides it, the value read as YAML")
-    for name, cls in sections.items():
-        parser.add_class_arguments(cls, name, instantiate=False)
-        # jsonargparse adds `--<section> FILE` (a file for one section); one --config file is this project's way
-        parser.add_argument(f"--{name}", dest=f"{name}_section_file", action=_NoSectionFile, nargs="?",
-                            default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    return parser
-
-
-def parse_cli(parser: Any, argv: list[str]) -> tuple[Any, list[str]]:
-    """(the job's own arguments, parsed by `parser`; its `--section.field value` overrides, for `load_config`).
-
-    jsonargparse prints `--help`; the overrides are not parsed by it: its type checks reject what this project's
-    syntax accepts (see the module docstring), so `load_sections` coerces them. A bad argument is a ConfigError.
-    """
-    overrides, rest = split_overrides(list(argv))
-    try:
-        args = parser.parse_args(rest)
-    except argparse.ArgumentError as e:
-        raise ConfigError(" ".join(line.strip() for line in str(e).splitlines())) from None
-    return args, overrides
-
-
 def resolve_path(p: str | None, base: str | os.PathLike | None = None) -> str | None:
     """Absolute local path for a relative one (against `base` or the cwd); URIs (`s3://...`) are kept as they are."""
     if p is None or "://" in str(p):
@@ -640,3 +575,22 @@ def resolve_paths(cfg: Config, base: str | os.PathLike | None = None) -> Config:
         cfg.model.init = resolve_path(cfg.model.init, base)
     cfg.train.storage_path = resolve_path(cfg.train.storage_path, base)  # type: ignore[assignment]
     return cfg
+
+
+def phase_data_configs(cfg: Config) -> list[DataConfig]:
+    """One DataConfig per training phase: phase i's max_seq_length, masking cap and output directory.
+
+    Phases after the first reuse the first phase's vocabulary, so all phases share one embedding table.
+    """
+    if not cfg.train.phases:
+        return [cfg.data]
+    out: list[DataConfig] = []
+    for i, ph in enumerate(cfg.train.phases):
+        changes: dict[str, Any] = {"max_seq_length": ph.max_seq_length,
+                                   "output": resolve_path(ph.output) if ph.output else f"{cfg.data.output}-{ph.max_seq_length}"}
+        if ph.max_predictions_per_seq:
+            changes["max_predictions_per_seq"] = ph.max_predictions_per_seq
+        if i > 0 and cfg.data.vocab is None:
+            changes["vocab"] = f"{out[0].output}/vocab.txt"
+        out.append(dataclasses.replace(cfg.data, **changes))
+    return out

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import Config, ConfigError, _check
+from pipeline.config import Config, ConfigError, _check, phase_data_configs
 
 # BertConfig fields that decide the shapes and the function of the weights: they must match the checkpoint.
 ARCHITECTURE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
@@ -216,8 +216,6 @@ def resolve_init(cfg: Config) -> tuple[Config, InitCheckpoint | None]:
     data = dataclasses.replace(cfg.data, vocab=cfg.data.vocab or str(vocab), lowercase=lower)
     resolved = dataclasses.replace(cfg, model=model, data=data)
     if not cfg.data.overwrite:
-        from pipeline.pretrain.job import phase_data_configs
-
         check_prepared([d.output for d in phase_data_configs(resolved)], hashlib.sha256(vocab_bytes(tok)).hexdigest(), spec)
     init = InitCheckpoint(spec, str(Path(local).resolve()), sha256_file(weights_file(local)), heads_in(local), source_tags)
     return resolved, init

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from pipeline.config import Config, DataConfig, config_hash, resolve_path
+from pipeline.config import Config, DataConfig, config_hash, phase_data_configs
 from pipeline.core import launcher
 from pipeline.core.checkpoint import check_init, check_vocab
 from pipeline.core.step import evaluate_sums
@@ -306,25 +306,6 @@ def register_done(cfg: Config, trained: TrainResult, uri: str) -> dict[str, str]
 
 
 # ------------------------------------------------------------------------------------------------- the graph
-
-
-def phase_data_configs(cfg: Config) -> list[DataConfig]:
-    """One DataConfig per training phase: phase i's max_seq_length, masking cap and output directory.
-
-    Phases after the first reuse the first phase's vocabulary, so all phases share one embedding table.
-    """
-    if not cfg.train.phases:
-        return [cfg.data]
-    out: list[DataConfig] = []
-    for i, ph in enumerate(cfg.train.phases):
-        changes: dict[str, Any] = {"max_seq_length": ph.max_seq_length,
-                                   "output": resolve_path(ph.output) if ph.output else f"{cfg.data.output}-{ph.max_seq_length}"}
-        if ph.max_predictions_per_seq:
-            changes["max_predictions_per_seq"] = ph.max_predictions_per_seq
-        if i > 0 and cfg.data.vocab is None:
-            changes["vocab"] = f"{out[0].output}/vocab.txt"
-        out.append(dataclasses.replace(cfg.data, **changes))
-    return out
 
 
 def _later_phase_stage(name: str, dcfg: DataConfig, deps: tuple[str, ...]) -> Stage:
