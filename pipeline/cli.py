@@ -20,7 +20,6 @@ from pipeline.config import ConfigError
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean bad input or an unusable environment (not a bug): reported in one line."""
-    from pipeline.config import ConfigError
     from pipeline.core.checkpoint import CheckpointMismatch
     from pipeline.core.launcher import RayStartError
     from pipeline.data.dataset import DataValidationError

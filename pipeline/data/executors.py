@@ -255,7 +255,6 @@ class RayExecutor(_Executor):
         self.workers, self.worker_args = n, worker_args
         self.actors: list[Any] = []
         self.nodes: list[str] = []
-        self.calls_per_node: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         self._start()
 
     def _start(self) -> None:
@@ -311,7 +310,6 @@ class RayExecutor(_Executor):
             seq, a, call = in_flight.pop(ref)
             load[a] -= 1
             ready[seq] = (call, ray.get(ref))
-            self.calls_per_node[call[0]][self.nodes[a]] += 1
 
     def duplicate_edges(self, paths: list[str], params: DedupParams) -> tuple[Edges, Edges]:
         """The dedup pass's grouping on Ray Data, across the cluster: exact keys grouped (`exact_edges_for_group`),

@@ -123,15 +123,15 @@ class DedupResult:
     def write(self, files: list[InputFile], output: str) -> dict[str, Any]:
         """OUT/duplicates.jsonl, one line per dropped document in input order; returns the manifest's summary."""
         path = {f.index: f.path for f in files}
+        kinds = self.dups.kind_names()
         lines = []
-        for o, d, k, sim in zip(self.dups.order.tolist(), self.dups.duplicate_of.tolist(), self.dups.kind_names(),
+        for o, d, k, sim in zip(self.dups.order.tolist(), self.dups.duplicate_of.tolist(), kinds,
                                 self.dups.similarity.tolist()):
             lines.append(json.dumps({"source": path[o >> 32], "doc": self.names[o],
                                      "duplicate_of": {"source": path[d >> 32], "doc": self.names[d]},
                                      "kind": k, "similarity": round(sim, 4)}) + "\n")
         data = "".join(lines).encode()
         write_bytes_atomic(join(output, "duplicates.jsonl"), data)
-        kinds = self.dups.kind_names()
         return {"path": "duplicates.jsonl", "sha256": sha256_bytes(data), "exact": kinds.count("exact"),
                 "near": kinds.count("near")}
 
