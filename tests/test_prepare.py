@@ -132,17 +132,11 @@ TODAYS_SHARDS = ["bfff3b2167e891a778621dca600d559ad1959058b984ddde17f64c88628c24
                  "c7e30b89ad2fe389d1602a621b356c0a2bb34da7f1087f210a73d7b5672c8d1d",
                  "4fa44d550c713c6067b409efc11a4dbf088bda6f80c50e9cb4aee10d46f47024",
                  "0d3944feb0db653702777906a46e9dc48d1660b5933f6b1eff3614c49ba75a48"]
-BOOKS = ("08_Ruth.txt", "01_Ge.txt", "02_Exo.txt", "41_Mark.txt", "57_Phmn.txt", "31_Obad.txt")
 
 
 @pytest.fixture(scope="module")
-def corpus(shared_dir, tmp_path_factory):
-    import gzip
-
-    wiki = tmp_path_factory.mktemp("wiki") / "pydocs60.jsonl.gz"
-    with gzip.open(shared_dir / "corpora/wiki/pydocs.jsonl.gz", "rt") as src, gzip.open(wiki, "wt") as dst:
-        dst.writelines(line for _, line in zip(range(60), src))
-    return [str(shared_dir / "corpora/books" / b) for b in BOOKS] + [str(wiki)]
+def corpus(small_corpus):
+    return small_corpus
 
 
 def _prepare(inputs, out, minilm_dir, **kw):

@@ -37,20 +37,12 @@ def ray_local():
     ray.shutdown()
 
 
-BOOKS = ("08_Ruth.txt", "01_Ge.txt", "02_Exo.txt", "41_Mark.txt", "57_Phmn.txt", "31_Obad.txt")
-WIKI_RECORDS = 60
 ARTICLES = ("7697605", "7697611", "7697612", "7697626")  # the page ids of the shared wikidump sample's articles
 
 
 @pytest.fixture(scope="module")
-def inputs(shared_dir, tmp_path_factory):
-    """Six books and the first 60 wiki articles (a .jsonl.gz): ~250k tokens, small enough for CI."""
-    import gzip
-
-    wiki = tmp_path_factory.mktemp("wiki") / "pydocs60.jsonl.gz"
-    with gzip.open(shared_dir / "corpora/wiki/pydocs.jsonl.gz", "rt") as src, gzip.open(wiki, "wt") as dst:
-        dst.writelines(line for _, line in zip(range(WIKI_RECORDS), src))
-    return [str(shared_dir / "corpora/books" / b) for b in BOOKS] + [str(wiki)]
+def inputs(small_corpus):
+    return small_corpus
 
 
 def _cfg(inputs, out, minilm_dir, **kw):
@@ -119,7 +111,7 @@ def test_documents_cut_across_batches_count_once_on_every_path(ray_local, inputs
     assert {k: a.manifest[k] for k in _STATS} == {k: b.manifest[k] for k in _STATS}
     assert a.manifest["document_pieces"] > a.manifest["documents_written"]  # documents were cut
     m = a.manifest  # and each cut document still counts once
-    assert m["documents_read"] == m["documents_written"] + m["documents_rejected"] == len(BOOKS) + WIKI_RECORDS
+    assert m["documents_read"] == m["documents_written"] + m["documents_rejected"] == 6 + 60  # six books, 60 wiki articles (small_corpus)
 
 
 def test_byte_identical_across_one_and_two_actors(two_runs):
@@ -150,7 +142,7 @@ def test_different_config_never_overwrites_silently(two_runs, inputs, minilm_dir
 def test_manifest_and_shard_statistics(two_runs):
     tmp, a, _ = two_runs
     m = validate_output(str(tmp / "a"))
-    assert m["documents_read"] == m["documents_written"] + m["documents_rejected"] == len(BOOKS) + WIKI_RECORDS
+    assert m["documents_read"] == m["documents_written"] + m["documents_rejected"] == 6 + 60  # six books, 60 wiki articles (small_corpus)
     rows = [s["rows"] for s in m["shards"]]
     assert len(rows) == 4 and max(rows) - min(rows) <= 1 and sum(rows) == m["examples"]
     policy = PreparedDataset.load(str(tmp / "a")).policy()
@@ -403,17 +395,18 @@ def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, shared_dir, 
     ran_on = {p: {t.node_id for t in tasks if t.name == f"_RayWorker.{p}"} for p in passes}
     assert ran_on == dict.fromkeys(passes, nodes), (ran_on, nodes)
 
-    # Input order is sorted paths: the planted files (under tmp) come before the shared books, so the planted
-    # Ruth is kept and the shared one dropped; the shouted Mark is the first of its exact group, a near copy of
-    # the edited Mark, and the shared Mark follows it; the dump's second and third copies of its 4 articles go.
+    # Input order is sorted paths: the small corpus (one directory of the session's) comes before the planted
+    # files (under this test's tmp_path), so the shared Ruth and Mark are kept and their planted copies dropped
+    # (the shouted Mark is exact after normalising, the edited one near); the dump's second and third copies of
+    # its 4 articles go.
     dups = (tmp_path / "two" / "duplicates.jsonl").read_text().splitlines()
     got = [(lambda d: (d["source"].rsplit("/", 1)[-1], d["doc"], d["kind"], d["duplicate_of"]["doc"]))(json.loads(x))
            for x in dups]
     dump = "enwiki-20990101-pages-articles-multistream.xml.bz2"
     assert got == [(dump, str(c * 10**8 + int(a)), "exact", a) for c in (1, 2) for a in sorted(ARTICLES)] + [
-        ("zz_mark_shouted.txt", "zz_mark_shouted.txt", "near", "zz_mark_edited.txt"),
-        ("08_Ruth.txt", "08_Ruth.txt", "exact", "zz_ruth_again.txt"),
-        ("41_Mark.txt", "41_Mark.txt", "near", "zz_mark_edited.txt")]
+        ("zz_mark_edited.txt", "zz_mark_edited.txt", "near", "41_Mark.txt"),
+        ("zz_mark_shouted.txt", "zz_mark_shouted.txt", "exact", "41_Mark.txt"),
+        ("zz_ruth_again.txt", "zz_ruth_again.txt", "exact", "08_Ruth.txt")]
     kinds = Counter(g[2] for g in got)
     assert multi["rejected_reasons"]["duplicate"] == kinds["exact"]
     assert multi["rejected_reasons"]["near_duplicate"] == kinds["near"]
