@@ -65,14 +65,23 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.finetune.job import run_finetune
     from pipeline.tracking import TrackingError
 
+    from pipeline.io import StorageError, exists
+    from pipeline.preflight import check_storage
+
     signal.signal(signal.SIGTERM, _terminate)
     try:
+        check_storage([("--config", args.config, "read")])
         cfg = load_finetune_config(args.config, overrides)
-        for p in (args.train, args.eval):
-            if not Path(p).is_file():
+        check_storage([("--train", args.train, "read"), ("--eval", args.eval, "read"),
+                       ("--data.tokenizer", cfg.data.tokenizer, "read"),
+                       ("train.storage_path", cfg.train.storage_path, "write")])
+        if args.output and "://" in args.output:
+            raise ConfigError(f"--output {args.output}: a local directory only (the registry keeps the model)")
+        for p in (args.train, args.eval):  # local files (URIs were checked above), through fsspec like the reader
+            if not exists(p):
                 raise FinetuneDataError(f"{p}: file does not exist (relative paths resolve against {os.getcwd()})")
         result = run_finetune(cfg, args.model, args.task, args.train, args.eval, args.output)
-    except (ConfigError, FinetuneDataError, TrackingError, RayStartError) as e:
+    except (ConfigError, FinetuneDataError, TrackingError, RayStartError, StorageError) as e:
         print(f"error: {e}".splitlines()[0], file=sys.stderr)
         return 1
     except KeyboardInterrupt:

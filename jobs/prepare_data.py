@@ -49,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.cli import parse_cli
         from pipeline.config import load_config, resolve_paths
         from pipeline.data.stages import check_paths
+        from pipeline.preflight import check_storage, data_targets
 
         args, rest = parse_cli(parser(), argv)
+        check_storage([("--config", args.config, "read")])
 
         flags = {"inputs": args.input, "output": args.output, "vocab": args.vocab, "vocab_size": args.vocab_size,
                  "max_seq_length": args.max_seq_length, "masking": args.masking, "seed": args.seed}
@@ -61,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             if v is not None:
                 overrides += [f"--data.{k}", json.dumps(v)]
         cfg = resolve_paths(load_config(args.config, overrides))
+        check_storage(data_targets(cfg.data))  # every URI: filesystem, credentials, endpoint, bucket
         check_paths(cfg.data)  # before Ray starts
         return run(cfg.data, args.num_cpus)
 

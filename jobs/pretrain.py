@@ -58,17 +58,23 @@ def main(argv: list[str] | None = None) -> int:
                 pass
 
     def body() -> int:
-        from pipeline.config import load_config, resolve_paths
+        from pipeline.config import load_config, phase_data_configs, resolve_paths
         from pipeline.core import launcher
         from pipeline.data.stages import check_paths
+        from pipeline.preflight import artifact_root, check_storage, data_targets
         from pipeline.tracking import check_tracking_server, tracking_uri
 
         args, overrides = parse_cli(parser, argv)
+        check_storage([("--config", args.config, "read")])
         cfg = resolve_paths(load_config(args.config, overrides))
+        check_storage(data_targets(cfg.data) + [("train.storage_path", cfg.train.storage_path, "write")]
+                      + [(f"train.phases[{i}].output", d.output, "write")
+                         for i, d in enumerate(phase_data_configs(cfg) if cfg.train.phases else [])])
         check_paths(cfg.data)
         uri = tracking_uri()
         os.environ["MLFLOW_TRACKING_URI"] = uri  # absolute, for everything this process starts
         check_tracking_server(uri)
+        check_storage([("MLflow artifact root", artifact_root(uri, cfg.tracking.experiment), "write")])
         from pipeline.pretrain.init import resolve_init
 
         cfg, init = resolve_init(cfg)  # model.init: architecture and vocabulary from the checkpoint, checked here

@@ -539,10 +539,12 @@ def load_sections(
     `--section.field value` overrides; shared by the pretraining and fine-tuning configs."""
     raw: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
-        _check(p.is_file(), f"config file {path} does not exist")
+        from pipeline.io import filesystem  # fsspec: a config file may be a URI (s3://...) like every other input
+
+        fs, p = filesystem(str(path))
+        _check(fs.isfile(p), f"config file {path} does not exist")
         try:
-            raw = yaml.safe_load(p.read_text()) or {}
+            raw = yaml.safe_load(fs.read_text(p, encoding="utf-8")) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
         _check(isinstance(raw, dict), f"config file {path} must be a mapping of sections")

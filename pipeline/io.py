@@ -36,7 +36,41 @@ def join(base: str, *parts: str) -> str:
 
 
 def filesystem(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    return fsspec.core.url_to_fs(path)
+    """(the fsspec filesystem, the path within it); a scheme whose package is missing is one StorageError line."""
+    try:
+        return fsspec.core.url_to_fs(path)
+    except ImportError as e:
+        raise StorageError(f"{path}: {missing_filesystem(path, e)}") from None
+
+
+def missing_filesystem(path: str, e: ImportError) -> str:
+    """What to install for `path`'s scheme: the project's `s3` extra for s3://, else fsspec's own hint."""
+    if path.split("://", 1)[0] in ("s3", "s3a"):
+        return 's3:// needs s3fs, which is not installed: pip install -e ".[s3]"'
+    return str(e).splitlines()[0]
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return "file" in protocols or "local" in protocols
+
+
+def make_parent(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """Create `path`'s parent directory on a local filesystem. Object stores have no directories, and s3fs's
+    makedirs would create a missing bucket: a misspelt bucket must fail on the write, never be created."""
+    if is_local(fs):
+        fs.makedirs(path.rpartition("/")[0], exist_ok=True)
+
+
+def local_copy(path: str, directory: str) -> str:
+    """`path` itself when it is local, else a copy of it in `directory` (for readers that open local files only,
+    such as tokenizers)."""
+    if not is_uri(path) or path.startswith("file://"):
+        return filesystem(path)[1]
+    local = os.path.join(directory, path.rstrip("/").rsplit("/", 1)[-1])
+    with open(local, "wb") as fh:
+        fh.write(read_bytes(path))
+    return local
 
 
 def exists(path: str) -> bool:
@@ -70,7 +104,7 @@ def commit(fs: fsspec.AbstractFileSystem, tmp: str, final: str) -> None:
 def write_bytes_atomic(path: str, data: bytes) -> None:
     """Write to a temporary name beside `path`, then rename: readers see all of it or nothing."""
     fs, p = filesystem(path)
-    fs.makedirs(p.rpartition("/")[0], exist_ok=True)
+    make_parent(fs, p)
     tmp = temp_name(p)
     with fs.open(tmp, "wb") as f:
         f.write(data)
@@ -79,7 +113,7 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
 
 def write_parquet_atomic(path: str, table: pa.Table, compression: str = "zstd") -> None:
     fs, p = filesystem(path)
-    fs.makedirs(p.rpartition("/")[0], exist_ok=True)
+    make_parent(fs, p)
     tmp = temp_name(p)
     with fs.open(tmp, "wb") as f:
         pq.write_table(table, f, compression=compression)
@@ -127,6 +161,7 @@ class OutputLockedError(StorageError):
 
 
 _HELD: dict[str, list] = {}  # lock file -> [fd, depth]: re-entrant within one process (flock is per open file)
+_NO_LOCK_NOTICED: set[str] = set()  # object-store outputs whose no-lock notice this process has printed
 
 
 @contextlib.contextmanager
@@ -142,10 +177,12 @@ def output_lock(directory: str) -> Iterator[None]:
     no-op that says so on stderr; run one preparation per output URI.
     """
     fs, p = filesystem(directory)
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    if "file" not in protocols and "local" not in protocols:
-        print(f"[io] no lock on {directory}: {protocols[0]}:// has no advisory locks; run one writer per output",
-              file=sys.stderr, flush=True)
+    if not is_local(fs):
+        if directory not in _NO_LOCK_NOTICED:  # once per run, not once per stage that takes the lock
+            _NO_LOCK_NOTICED.add(directory)
+            scheme = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
+            print(f"[io] no lock on {directory}: {scheme}:// has no advisory locks; run one writer per output",
+                  file=sys.stderr, flush=True)
         yield
         return
     import fcntl

@@ -122,3 +122,67 @@ def mlflow_server(tmp_path):
     yield uri
     os.killpg(proc.pid, 9)  # a throw-away test server: no graceful shutdown to wait for
     proc.wait(timeout=30)
+
+
+class S3Server:
+    """A real S3 API (`moto_server`) on a loopback port: its endpoint, the environment that points a process at it
+    (AWS_ENDPOINT_URL, fake credentials, no ~/.aws, no instance metadata), and `bucket()` for a fresh bucket."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                    "AWS_DEFAULT_REGION": "us-east-1", "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+                    "AWS_CONFIG_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="testing",
+                            aws_secret_access_key="testing", region_name="us-east-1")
+
+    def bucket(self, prefix: str = "b") -> str:
+        import uuid
+
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    def buckets(self) -> set[str]:
+        return {b["Name"] for b in self.client().list_buckets()["Buckets"]}
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """One `moto_server` process for the session (state in memory, gone when it stops); tests make their own
+    buckets (`s3_server.bucket()`) and point processes at it with `s3_server.env` (or the `s3_env` fixture)."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=open(log, "w"), start_new_session=True)
+    server = S3Server(f"http://127.0.0.1:{port}")
+    deadline = time.time() + 120
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
+                pytest.fail(f"moto_server did not come up: {log.read_text()[-2000:]}")
+            time.sleep(0.2)
+    yield server
+    os.killpg(proc.pid, 9)
+    proc.wait(timeout=30)
+
+
+@pytest.fixture()
+def s3_env(s3_server, monkeypatch):
+    """This process pointed at `s3_server` (environment and fresh s3fs instances); restored after the test."""
+    for k, v in s3_server.env.items():
+        monkeypatch.setenv(k, v)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()  # fsspec caches instances, each with the endpoint it was made with
+    yield s3_server
+    s3fs.S3FileSystem.clear_instance_cache()

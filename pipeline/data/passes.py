@@ -52,7 +52,7 @@ from pipeline.data.pool import PoolCandidates, write_pool
 from pipeline.data.sources import Document, InputFile, read_documents
 from pipeline.data.tokenizer import SentenceEncoder
 from pipeline.data.wiki import WikiOptions
-from pipeline.io import commit, exists, filesystem, join, read_table, read_text, sha256_file, temp_name, write_bytes_atomic, write_parquet_atomic
+from pipeline.io import commit, exists, filesystem, join, make_parent, read_table, read_text, sha256_file, temp_name, write_bytes_atomic, write_parquet_atomic
 
 TOKEN_SCHEMA = pa.schema([("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32())), ("sent_lens", pa.list_(pa.int32()))])
 
@@ -396,7 +396,7 @@ def balanced_ranges(n: int, k: int) -> list[tuple[int, int]]:
 def write_shard(path: str, parts: list[tuple[str, int, int]]) -> dict[str, Any]:
     """Stream row slices [(chunk path, start, stop), ...] into one zstd Parquet shard, atomically."""
     fs, p = filesystem(path)
-    fs.makedirs(p.rpartition("/")[0], exist_ok=True)
+    make_parent(fs, p)
     tmp = temp_name(p)
     rows = 0
     with fs.open(tmp, "wb") as f, pq.ParquetWriter(f, SCHEMA, compression="zstd") as w:

@@ -22,7 +22,7 @@ from pipeline.data.passes import wiki_options
 from pipeline.data.progress import log
 from pipeline.data.sources import Document, InputError, InputFile, no_readable_input, read_documents
 from pipeline.data.tokenizer import sha256_bytes
-from pipeline.io import exists, filesystem, join, output_lock, read_bytes, read_text, write_bytes_atomic
+from pipeline.io import exists, filesystem, join, local_copy, output_lock, read_bytes, read_text, write_bytes_atomic
 
 
 def needs_ray(cfg: DataConfig) -> bool:
@@ -144,14 +144,10 @@ def _run_vocab(p: Plan) -> dict[str, Any]:
             if fs.exists(join(out, stale)):
                 fs.rm(join(out, stale), recursive=True)
     if cfg.vocab:
-        local = cfg.vocab
-        if "://" in cfg.vocab:  # tokenizers reads local files only
-            import tempfile
+        import tempfile
 
-            local = os.path.join(tempfile.mkdtemp(), cfg.vocab.rsplit("/", 1)[-1])
-            with open(local, "wb") as fh:
-                fh.write(read_bytes(cfg.vocab))
-        tok = load_tokenizer(local, lowercase=cfg.lowercase)
+        with tempfile.TemporaryDirectory(prefix="vocab-") as tmp:  # tokenizers reads local files only
+            tok = load_tokenizer(local_copy(cfg.vocab, tmp), lowercase=cfg.lowercase)
         log(f"vocab: using {cfg.vocab} ({tok.get_vocab_size()} tokens)")
     else:
         log(f"vocab: training a WordPiece vocabulary of {cfg.vocab_size} on up to {cfg.vocab_sample_chars} chars")

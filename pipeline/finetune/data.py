@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.data.tokenizer import VocabError, load_tokenizer
+from pipeline.io import filesystem
 
 IGNORE_INDEX = -100
 
@@ -41,12 +43,13 @@ def _err(path: str | Path, row: int | str | None, problem: str) -> FinetuneDataE
     return FinetuneDataError(f"{where}: {problem}")
 
 
-def _read_text(path: Path) -> str:
-    """The file's text; one-line errors for a missing, empty or non-UTF-8 file."""
-    if not path.is_file():
+def _read_text(path: str) -> str:
+    """The file's text, local or a URI (fsspec: s3://...); one-line errors for a missing, empty or non-UTF-8 file."""
+    fs, p = filesystem(path)
+    if not fs.isfile(p):
         raise _err(path, None, "file does not exist")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = fs.cat_file(p).decode("utf-8")
     except UnicodeDecodeError as e:
         raise _err(path, None, f"not valid UTF-8 (byte {e.start})") from None
     if not text.strip():
@@ -66,9 +69,9 @@ class TextExample:
     row: int
 
 
-def _read_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
+def _read_rows(path: str) -> list[tuple[int, dict[str, Any]]]:
     """Rows of a TSV/CSV (header row) or JSONL file as `(line_number, mapping)`."""
-    suffix = path.suffix.lower()
+    suffix = posixpath.splitext(path)[1].lower()
     text = _read_text(path)
     rows: list[tuple[int, dict[str, Any]]] = []
     if suffix == ".jsonl" or suffix == ".json":
@@ -111,7 +114,7 @@ def read_classification(path: str | Path, text_columns: list[str] | None = None,
 
     `text_columns` overrides the detection (one or two names).
     """
-    path = Path(path)
+    path = str(path)  # a URI stays one (Path would fold s3:// into s3:/)
     rows = _read_rows(path)
     first_line, first = rows[0]
     if text_columns:
@@ -189,7 +192,7 @@ def read_conll(path: str | Path) -> list[TaggedSentence]:
 
     Tags must be `O` or `B-X`/`I-X`.
     """
-    path = Path(path)
+    path = str(path)  # a URI stays one (Path would fold s3:// into s3:/)
     text = _read_text(path)
     out: list[TaggedSentence] = []
     words: list[str] = []
@@ -247,7 +250,7 @@ def read_squad(path: str | Path) -> tuple[list[QAExample], bool]:
 
     Each answer's `answer_start` must point at its `text` inside the context.
     """
-    path = Path(path)
+    path = str(path)  # a URI stays one (Path would fold s3:// into s3:/)
     text = _read_text(path)
     try:
         doc = json.loads(text)

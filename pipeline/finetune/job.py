@@ -39,6 +39,8 @@ from pipeline.finetune.config import FinetuneConfig, resolve_lr
 from pipeline.finetune.metrics import primary_metric
 from pipeline.finetune.data import TaskData, load_tokenizer, prepare_task
 from pipeline.finetune.runs import Job, fit_run, with_lr
+from pipeline.io import exists, is_uri, local_copy
+from pipeline.preflight import artifact_root, check_storage
 
 TASKS = ("sequence-classification", "token-classification", "question-answering")
 DEFAULT_SCRATCH_TOKENIZER = "models:/bert-pretrain@latest-pretrain"
@@ -80,6 +82,11 @@ def resolve_source(spec: str, tokenizer: str | None = None, download_dir: str | 
                     f"pass --data.tokenizer PATH (vocab.txt, tokenizer.json or a checkpoint dir)"
                 ) from None
             tags["scratch_tokenizer_model"] = tok_tags["source_model"]
+        elif is_uri(tok_spec):  # tokenizers reads local files only: a copy beside the downloads
+            _check(exists(tok_spec), f"--data.tokenizer {tok_spec} does not exist")
+            tok_dir = download_dir or tempfile.mkdtemp(prefix="finetune-tok-")
+            os.makedirs(tok_dir, exist_ok=True)
+            tok_path = local_copy(tok_spec, tok_dir)
         else:
             tok_path = resolve_path(tok_spec)
             _check(Path(tok_path).exists(), f"--data.tokenizer {tok_spec} does not exist")
@@ -163,6 +170,7 @@ def run_finetune(
     d, t = cfg.data, cfg.train
     uri = tracking.tracking_uri()
     tracking.check_tracking_server(uri)
+    check_storage([("MLflow artifact root", artifact_root(uri, cfg.tracking.experiment), "write")])
     work = tempfile.mkdtemp(prefix="finetune-")  # registry downloads and the export; removed in every case
     try:
         # every input is checked here, on the driver, before Ray starts: source, data, then the cluster
@@ -196,8 +204,7 @@ def _train_and_register(cfg: FinetuneConfig, source: Source, td: TaskData, task:
     model = build_model(source, task, td, dict(cfg.model.overrides), vocab_size)
     init = {"class": type(model).__name__, "config": asdict(model.config), "state_dict": model.state_dict()}
     primary = primary_metric(task, td.problem_type)
-    tags = {**source.tags, "task": task, "train_file": str(Path(train_path).resolve()),
-            "eval_file": str(Path(eval_path).resolve())}
+    tags = {**source.tags, "task": task, "train_file": resolve_path(train_path), "eval_file": resolve_path(eval_path)}
     shared = {"data_ref": ray.put(td), "init_ref": ray.put(init), "tracking_uri": uri, "primary": primary, "on_step": on_step}
     job = Job(cfg, source, task, td, primary, tags, shared, work, output_dir)
     run_name = cfg.tracking.run_name or run_name_for(task, source)
