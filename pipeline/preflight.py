@@ -119,10 +119,13 @@ def data_targets(data, field: str = "data") -> list[Target]:
 
 
 def artifact_root(tracking_uri: str, experiment: str) -> str | None:
-    """The experiment's artifact location when the client writes there itself (s3://... and the like); None when
-    the server proxies artifacts (mlflow-artifacts:/), the store is local, or the experiment does not exist yet."""
+    """The experiment's artifact location on a tracking server when the client writes there itself (s3://... and
+    the like); None when the server proxies artifacts (mlflow-artifacts:/), the experiment does not exist yet, or the
+    store is a local database (its artifacts are local files beside it; opening it here would create it)."""
     from pipeline.tracking import client
 
+    if not tracking_uri.startswith(("http://", "https://")):
+        return None
     try:
         exp = client(tracking_uri).get_experiment_by_name(experiment)
     except Exception:  # noqa: BLE001 - the tracking check itself reports an unreachable server

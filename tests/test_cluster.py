@@ -43,7 +43,7 @@ def test_head_runs_mlflow_and_nodes_point_at_it(cluster, repo_root):
     workers = " ".join(cluster["worker_start_ray_commands"])
     assert "MLFLOW_TRACKING_URI=http://$RAY_HEAD_IP:5000" in workers
     setup = " ".join(cluster["setup_commands"])
-    assert "pip install" in setup and "-e ." in setup
+    assert "pip install" in setup and '-e ".[s3]"' in setup  # s3fs on every node: any node may read s3://
     head_setup = " ".join(cluster["head_setup_commands"])
     assert "mlflow_head.sh install" in head_setup and "sudo -u postgres bash -s -- init-db" in head_setup
     gpu = cluster["available_node_types"]["gpu_worker"]

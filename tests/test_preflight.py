@@ -184,12 +184,17 @@ def test_finetune_cli_reads_s3_task_files(s3_env, minilm_dir, tmp_path, monkeypa
     assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
 
 
-def test_artifact_root_of_an_existing_experiment_is_checked(s3_env, tmp_path):
-    """The tracking store's artifact location for the job's experiment is checked where the client writes there."""
+@pytest.mark.slow
+def test_artifact_root_of_an_existing_experiment_is_checked(s3_env, mlflow_server, tmp_path):
+    """A tracking server's artifact location for the job's experiment is checked where the client writes there
+    itself (an s3:// location, not the server's mlflow-artifacts:/ proxy). Slow only for the server's start."""
     from mlflow import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_server
     MlflowClient(uri).create_experiment("exp", artifact_location="s3://art-missing-bucket/mlflow")
+    MlflowClient(uri).create_experiment("proxied")
+    assert artifact_root(uri, "proxied") is None  # mlflow-artifacts:/...: the server writes, with its credentials
+    assert artifact_root(f"sqlite:///{tmp_path / 'm.db'}", "exp") is None and not (tmp_path / "m.db").exists()
     root = artifact_root(uri, "exp")
     assert root == "s3://art-missing-bucket/mlflow"
     with pytest.raises(StorageError, match="^MLflow artifact root s3://art-missing-bucket/mlflow: bucket art-missing-bucket does not exist"):
