@@ -135,3 +135,53 @@ def artifact_root(tracking_uri: str, experiment: str) -> str | None:
         return None
     return loc
 
+
+
+def check_on_every_node(targets: list[Target]) -> list[tuple[str, str | None]]:
+    """Run `check_storage(targets)` on every alive node of the connected Ray cluster (one zero-CPU task pinned
+    to each): each node's own s3fs, credentials and route to the endpoint. [(node IP, error line or None)]."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    check_here = ray.remote(num_cpus=0, max_retries=0)(_error_of)
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    refs = [check_here.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(targets)
+            for n in nodes]
+    return [(n["NodeManagerAddress"], err) for n, err in zip(nodes, ray.get(refs))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pipeline.preflight --read s3://b/corpora --write s3://b/prep [--every-node]`: the jobs' storage
+    check on its own, before a long run; with --every-node on each node of the Ray cluster in RAY_ADDRESS."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m pipeline.preflight", description=main.__doc__)
+    ap.add_argument("--read", action="append", default=[], help="a URI the job will read (must exist)")
+    ap.add_argument("--write", action="append", default=[], help="a URI the job will write (its bucket must exist)")
+    ap.add_argument("--every-node", action="store_true", help="check from every node of the Ray cluster (RAY_ADDRESS)")
+    args = ap.parse_args(argv)
+    targets: list[Target] = [("--read", u, "read") for u in args.read] + [("--write", u, "write") for u in args.write]
+    if not args.every_node:
+        results = [("this machine", _error_of(targets))]
+    else:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), log_to_driver=False, configure_logging=False)
+        results = check_on_every_node(targets)
+    for node, err in results:
+        print(f"{node}: {err or 'ok'}", file=sys.stderr if err else sys.stdout, flush=True)
+    return 1 if any(err for _, err in results) else 0
+
+
+def _error_of(targets: list[Target]) -> str | None:
+    try:
+        check_storage(targets)
+    except StorageError as e:
+        return str(e)
+    return None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

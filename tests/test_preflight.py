@@ -209,3 +209,27 @@ def test_local_paths_and_other_schemes(tmp_path):
         check_storage([("x", "gs://b/k", "read")])
     with pytest.raises(StorageError, match=r"^x nosuch://b/k: unknown storage scheme nosuch://$"):
         check_storage([("x", "nosuch://b/k", "read")])
+
+
+def test_preflight_command(corpus, s3_env, capsys):
+    """`python -m pipeline.preflight`: the same check on its own, before a long run."""
+    from pipeline.preflight import main
+
+    assert main(["--read", f"s3://{corpus}/in", "--write", f"s3://{corpus}/prep"]) == 0
+    assert capsys.readouterr().out == "this machine: ok\n"
+    assert main(["--read", f"s3://{corpus}/in", "--write", f"s3://{corpus}-typo/prep"]) == 1
+    assert capsys.readouterr().err == (f"this machine: --write s3://{corpus}-typo/prep: bucket {corpus}-typo does not "
+                                       f"exist (endpoint {s3_env.endpoint}); create it first, this job never does\n")
+
+
+@pytest.mark.slow
+def test_preflight_on_every_node_uses_the_nodes_environment(corpus, s3_env, ray_local, capsys):
+    """--every-node checks from each Ray node with that node's environment: this test's Ray was started before the
+    test pointed its own process at the S3 server, so the node cannot reach the bucket the driver reaches.
+    Adds about 10 s (a local Ray start)."""
+    from pipeline.preflight import main
+
+    assert main(["--read", f"s3://{corpus}/in", "--every-node"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    node = ray_local.nodes()[0]["NodeManagerAddress"]
+    assert len(err) == 1 and err[0].startswith(f"{node}: --read s3://{corpus}/in: "), err
