@@ -37,11 +37,14 @@ _S3_CONFIG = {"retries": {"max_attempts": 1}, "connect_timeout": 5, "read_timeou
 def check_storage(targets: Iterable[Target]) -> None:
     """Raise StorageError (one line) for the first target that cannot be used; None and local paths pass."""
     buckets: dict[tuple[str, str], None] = {}  # each bucket is checked once per call
+    filesystems: dict[str, object] = {}  # one per scheme and call: making an S3 client costs ~0.3 s
     for what, uri, mode in targets:
         if uri is None or not is_uri(uri) or uri.startswith("file://"):
             continue
         scheme = uri.split("://", 1)[0]
-        fs = _filesystem(what, uri, scheme)
+        if scheme not in filesystems:
+            filesystems[scheme] = _filesystem(what, uri, scheme)
+        fs = filesystems[scheme]
         path = fs._strip_protocol(uri)
         if scheme in S3_SCHEMES:
             bucket = path.split("/", 1)[0]
