@@ -214,8 +214,9 @@ def test_resuming_skips_damaged_newer_checkpoints_and_says_so(tmp_path, capsys):
     run = tmp_path / "run"
     for i, step in enumerate((4, 8, 12)):
         _tiny_checkpoint(run / f"checkpoint_2026-01-0{i + 1}_00-00-00.000000", step)
+    (run / "checkpoint_manager_snapshot.json").write_text("{}")  # Ray Train's, beside the checkpoints
     assert resume_point(str(tmp_path), "run")[0][1]["step"] == 12 and capsys.readouterr().out == ""
-    newest, middle, oldest = sorted(run.iterdir(), reverse=True)
+    newest, middle, oldest = sorted(run.glob("checkpoint_*/"), reverse=True)
     (newest / "model.safetensors").write_bytes(b"")
     (middle / "train_state.json").write_text("{")  # garbled
     good, damaged = resume_point(str(tmp_path), "run")

@@ -200,7 +200,9 @@ def checkpoints(storage_path: str, name: str) -> list[tuple[str, dict[str, Any] 
     run_dir = join(storage_path, name)
     fs, p = filesystem(run_dir)
     found: list[tuple[float, str, str, dict[str, Any] | None, str | None]] = []
-    for ckpt in fs.glob(join(p, "checkpoint_*")):
+    dirs = [d for d, info in fs.glob(join(p, "checkpoint_*"), detail=True).items() if info["type"] == "directory"]
+    for ckpt in dirs:  # (Ray Train's checkpoint_manager_snapshot.json matches the pattern too)
+        ckpt = ckpt.rstrip("/")
         uri = ckpt if "://" not in storage_path else f"{storage_path.split('://', 1)[0]}://{ckpt}"
         try:
             state, why = read_json(join(uri, "train_state.json")), None
