@@ -187,9 +187,10 @@ def run_training(cfg: Config, datasets: list[PreparedDataset], run_id: str, run_
     exec_opts = ExecutionOptions(preserve_order=True, resource_limits=limits)
     launcher.quiet_ray_data()  # the datasets carry this context to the workers: no bars in the job log
     ray.data.DataContext.get_current().execution_options = exec_opts  # also for materialize() here
+    # Ray Train hands the workers the checkpoint reported last; they replace a damaged one (launcher.resume_checkpoint)
     config = {"cfg": worker_config(cfg, init), "plans": plans, "run_id": run_id, "tracking_uri": tracking_uri, "vocab_sha256": vocab_sha,
-              "on_step": on_step, # Ray Train resumes from the checkpoint it saw reported last; the workers replace a damaged one by this
-              "damaged": [d.rsplit("/", 1)[-1] for d in damaged], "resume_from": latest[0].rsplit("/", 1)[-1] if latest else None}
+              "on_step": on_step, "damaged": [d.rsplit("/", 1)[-1] for d in damaged],
+              "resume_from": latest[0].rsplit("/", 1)[-1] if latest else None}
     scale = launcher.Scale(tc.num_workers, tc.use_gpu, tc.cpus_per_worker, tc.placement_strategy, tc.max_failures, tc.num_to_keep)
     result = launcher.fit(train_loop_per_worker, config, name=run_name, storage_path=tc.storage_path, scale=scale,
                           datasets=_ray_datasets(plans, tc.materialize_data),
