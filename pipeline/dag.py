@@ -3,10 +3,12 @@
     vocab ──► shards ──► validate ──► train ──► evaluate ──► register
 
 A `Stage` has a function (called with {dependency name: its result}), the names of the stages it depends on,
-and optionally a `done` check. The graph keeps **no state of its own**: a stage is skipped only when `done()`
-finds its real output complete — a validated manifest with the same config hash, a finished Ray Train run of
-that name in storage, a registry version in the *current* tracking store tagged with the training run id — and
-then `done()`'s value is its result. Nothing can go stale because nothing is recorded beside the outputs.
+and optionally a `done` check and a `hold` (a lock the driver takes before that check and keeps until the graph
+ends, e.g. on a run's storage directory, so that two jobs never do the same stage at once). The graph keeps
+**no state of its own**: a stage is skipped only when `done()` finds its real output complete — a validated
+manifest with the same config hash, a finished Ray Train run of that name in storage, a registry version in the
+*current* tracking store tagged with the training run id — and then `done()`'s value is its result. Nothing
+can go stale because nothing is recorded beside the outputs.
 
 Stages whose dependencies are complete run concurrently as Ray tasks, each reserving `num_cpus`/`num_gpus`
 (0 by default: the Ray Data or Ray Train work a stage starts reserves its own resources; a stage that computes
@@ -19,6 +21,7 @@ itself, like the final evaluation, reserves what it uses). This replaces Ray Wor
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -38,6 +41,9 @@ class Stage:
     num_gpus: float = 0
     describe: Callable[[Any], str] | None = None
     """The result's key figures for the console line that ends the stage (documents, examples, accuracy...)."""
+    hold: Callable[[dict[str, Any]], contextlib.AbstractContextManager] | None = None
+    """Called with the dependencies' results before `done`; the context it returns is entered on the driver and
+    left when the graph ends (a lock that covers this stage and the ones after it)."""
 
 
 @dataclass
@@ -77,6 +83,11 @@ def topological_order(stages: list[Stage]) -> list[Stage]:
 def run_graph(stages: list[Stage], *, remote: bool = True, log: Callable[[str], None] = print) -> dict[str, StageResult]:
     """Run the graph; returns {name: StageResult} in topological order. A failing stage raises; nothing
     downstream of it runs."""
+    with contextlib.ExitStack() as held:
+        return _run(stages, remote, log, held)
+
+
+def _run(stages: list[Stage], remote: bool, log: Callable[[str], None], held: contextlib.ExitStack) -> dict[str, StageResult]:
     order = topological_order(stages)
     results: dict[str, StageResult] = {}
     pending: dict[Any, tuple[Stage, float]] = {}  # ray ref -> (stage, start)
@@ -98,6 +109,8 @@ def run_graph(stages: list[Stage], *, remote: bool = True, log: Callable[[str], 
             for s in [s for s in remaining if all(d in results for d in s.deps)]:
                 remaining.remove(s)
                 inputs = {d: results[d].result for d in s.deps}
+                if s.hold is not None:
+                    held.enter_context(s.hold(inputs))
                 res = s.done(inputs) if s.done is not None else None
                 if res is not None:
                     log(f"[stage {s.name}] up to date, skipped{figures(s, res)}")

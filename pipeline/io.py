@@ -165,7 +165,7 @@ _NO_LOCK_NOTICED: set[str] = set()  # object-store outputs whose no-lock notice 
 
 
 @contextlib.contextmanager
-def output_lock(directory: str) -> Iterator[None]:
+def output_lock(directory: str, busy: str | None = None) -> Iterator[None]:
     """One writer per output directory: an advisory, non-blocking `fcntl.flock` on `DIR/.lock`.
 
     A second writer (another process, on this host or another host sharing a POSIX filesystem that supports
@@ -174,7 +174,8 @@ def output_lock(directory: str) -> Iterator[None]:
     file holds the holder's pid and host and is removed on release; the kernel drops the lock when the holder
     dies, so a killed run never leaves a stale lock. On a URI other than file:// (s3://, gs://, ...) there is
     no lock: object stores have no atomic create-if-absent across fsspec backends, so this is a documented
-    no-op that says so on stderr; run one preparation per output URI.
+    no-op that says so on stderr; run one preparation per output URI. `busy` is the error message when the
+    lock is held, `{holder}` in it replaced by the holder (default: the data output's).
     """
     fs, p = filesystem(directory)
     if not is_local(fs):
@@ -203,8 +204,9 @@ def output_lock(directory: str) -> Iterator[None]:
         except BlockingIOError:
             holder = os.read(fd, 200).decode("utf-8", "replace").strip() or "a process that has not written its name yet"
             os.close(fd)
-            raise OutputLockedError(f"output {directory} is being written by another preparation ({holder}); "
-                                    "wait for it to finish or choose another output") from None
+            busy = busy or (f"output {directory} is being written by another preparation ({{holder}}); "
+                            "wait for it to finish or choose another output")
+            raise OutputLockedError(busy.replace("{holder}", holder)) from None
         try:
             same = os.stat(path).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:

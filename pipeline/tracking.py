@@ -109,8 +109,27 @@ def check_tracking_server(uri: str | None = None, timeout: float = 30.0) -> None
         raise TrackingError(f"MLflow tracking server {uri} is unreachable ({reason}); start it or fix MLFLOW_TRACKING_URI") from None
 
 
+_STORES_READY: set[str] = set()  # SQLite stores this process has opened (created or migrated) under the lock
+
+
+def _open_sqlite_store(uri: str) -> None:
+    """Open (and on first use create) a SQLite store under a file lock beside it (`mlflow.db.lock`), once per
+    process: two jobs that both find the store new would otherwise both run MLflow's schema migration, and one of
+    them die in it (`duplicate column name: ...`)."""
+    from filelock import FileLock  # a dependency of ray and torch
+
+    db = uri[len("sqlite:///"):]
+    if db != ":memory:":
+        Path(db).parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(f"{db}.lock"):
+            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)  # builds the store: tables, migrations
+    _STORES_READY.add(uri)
+
+
 def client(uri: str | None = None) -> MlflowClient:
     uri = uri or tracking_uri()
+    if uri.startswith("sqlite:///") and uri not in _STORES_READY:
+        _open_sqlite_store(uri)
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
@@ -167,16 +186,28 @@ def run_exists(run_id: str, uri: str | None = None) -> bool:
         return False
 
 
+def _end_status(tags: dict[str, str], status: str) -> str:
+    """`status`, except for a run that registered a model version (its `registered_model` tag): that one stays
+    FINISHED. A later attempt that reopened it (a resume from an older checkpoint, after the newest was found
+    damaged) and failed does not make the run of a version in the registry look failed.
+
+    >>> _end_status({"registered_model": "models:/bert-pretrain/1"}, "FAILED"), _end_status({}, "FAILED")
+    ('FINISHED', 'FAILED')
+    """
+    return "FINISHED" if "registered_model" in tags else status
+
+
 def end_attempt_runs(experiment: str, attempt: str, status: str, uri: str | None = None) -> list[str]:
-    """Mark every still-RUNNING run of `experiment` tagged `attempt=<attempt>` as `status` (FAILED / KILLED):
-    a failed or interrupted job never leaves a run looking alive. Returns the run ids it ended."""
+    """Mark every still-RUNNING run of `experiment` tagged `attempt=<attempt>` as `status` (FAILED / KILLED;
+    FINISHED for a run that registered a version, see `_end_status`): a failed or interrupted job never leaves a
+    run looking alive. Returns the run ids it ended."""
     c = client(uri)
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         return []
     runs = c.search_runs([exp.experiment_id], filter_string=f"tags.attempt = '{attempt}' and attributes.status = 'RUNNING'")
     for r in runs:
-        c.set_terminated(r.info.run_id, status=status)
+        c.set_terminated(r.info.run_id, status=_end_status(r.data.tags, status))
     return [r.info.run_id for r in runs]
 
 
@@ -347,8 +378,11 @@ class RunLogger:
             self._thread = None
 
     def finish(self, status: str = "FINISHED") -> None:
-        """Stop sampling and mark the run FINISHED / FAILED / KILLED."""
+        """Stop sampling and mark the run FINISHED / FAILED / KILLED (a run that registered a version stays
+        FINISHED, see `_end_status`)."""
         self.close()
+        if status != "FINISHED":
+            status = _end_status(self.client.get_run(self.run_id).data.tags, status)
         self.client.set_terminated(self.run_id, status=status)
 
 

@@ -165,12 +165,72 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_rngs(tmp_path):
     fresh = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
     opt2, sched2 = make_optimizer(fresh, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10)
     state = load_checkpoint(str(tmp_path), 0, Trainable(fresh, opt2, sched2))
-    assert state == {"step": 1, "position": {"phase": 0, "epoch": 2, "micro": 5}}
+    assert state == {"step": 1, "position": {"phase": 0, "epoch": 2, "micro": 5}}  # the recorded hashes left out
     assert (torch.rand(3), np.random.rand(), random.random()) == (pytest.approx(expect[0]), expect[1], expect[2])
     for (n, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
         assert torch.equal(a, b), n
     assert sched2.last_epoch == 1 and opt2.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
     assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "rank_0.pt").is_file()
+
+
+def _tiny_checkpoint(path, step: int, seed: int = 0) -> None:
+    from model import BertConfig, BertForPreTraining
+
+    torch.manual_seed(seed)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
+    opt, sched = make_optimizer(model, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10)
+    save_checkpoint(str(path), 0, Trainable(model, opt, sched), {"step": step, "position": {"phase": 0, "epoch": 0, "micro": step}})
+
+
+def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path):
+    """Every file's sha256 is recorded in train_state.json; loading checks them first. A checkpoint written before
+    hashes were recorded still loads."""
+    import json
+
+    from model import BertConfig, BertForPreTraining
+    from pipeline.core.checkpoint import CheckpointCorrupt
+
+    _tiny_checkpoint(tmp_path, 3)
+    state = json.loads((tmp_path / "train_state.json").read_text())
+    assert set(state["files"]) == {"model.safetensors", "optimizer.pt", "rank_0.pt"} and state["step"] == 3
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
+    t = Trainable(model, *make_optimizer(model, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10))
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # a truncated copy
+    with pytest.raises(CheckpointCorrupt, match=rf"^checkpoint {tmp_path} is damaged: model.safetensors has sha256 "
+                                                r"[0-9a-f]{12}, not the [0-9a-f]{12} recorded when it was written$"):
+        load_checkpoint(str(tmp_path), 0, t)
+    _tiny_checkpoint(tmp_path, 3)
+    (tmp_path / "train_state.json").write_text(json.dumps({"step": 3}))  # an old checkpoint: no hashes
+    assert load_checkpoint(str(tmp_path), 0, t)["step"] == 3
+
+
+def test_resuming_skips_damaged_newer_checkpoints_and_says_so(tmp_path, capsys):
+    """The driver's choice: the newest intact checkpoint, one console line for the damaged newer ones; with none
+    intact, one line that says how to start over."""
+    from pipeline.core.checkpoint import CheckpointCorrupt
+    from pipeline.pretrain.job import resume_point
+
+    run = tmp_path / "run"
+    for i, step in enumerate((4, 8, 12)):
+        _tiny_checkpoint(run / f"checkpoint_2026-01-0{i + 1}_00-00-00.000000", step)
+    (run / "checkpoint_manager_snapshot.json").write_text("{}")  # Ray Train's, beside the checkpoints
+    assert resume_point(str(tmp_path), "run")[0][1]["step"] == 12 and capsys.readouterr().out == ""
+    newest, middle, oldest = sorted(run.glob("checkpoint_*/"), reverse=True)
+    (newest / "model.safetensors").write_bytes(b"")
+    (middle / "train_state.json").write_text("{")  # garbled
+    good, damaged = resume_point(str(tmp_path), "run")
+    assert good[0] == str(oldest) and good[1]["step"] == 4 and damaged == [str(middle), str(newest)]
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith(f"[train] damaged checkpoints {middle} ({middle}/train_state.json is not valid JSON")
+    assert f"; {newest} (model.safetensors has sha256 " in out[0] and out[0].endswith(f"resuming from step 4 ({oldest})")
+    (run / "checkpoint_2026-01-04_00-00-00.000000").mkdir()  # an upload cut short: no train_state.json
+    assert resume_point(str(tmp_path), "run")[1][0] == str(run / "checkpoint_2026-01-04_00-00-00.000000")
+    (oldest / "optimizer.pt").unlink()
+    with pytest.raises(CheckpointCorrupt, match=rf"^run {run} has no intact checkpoint: .*{oldest} \(optimizer.pt is "
+                                                rf"missing\); to start over, delete {run} \(or use another --train.run_name\)$"):
+        resume_point(str(tmp_path), "run")
+    assert resume_point(str(tmp_path), "none") == (None, [])
 
 
 def test_docstring_examples_in_pipeline_modules_hold():

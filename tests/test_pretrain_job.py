@@ -250,6 +250,34 @@ def test_unreachable_tracking_server_fails_before_training(repo_root, work, tmp_
     assert "Traceback" not in out.stderr and not storage.exists() and time.time() - t < 60
 
 
+def test_a_second_identical_command_is_refused_while_the_first_holds_the_run(cluster, prepared, work, tmp_path, repo_root,
+                                                                             monkeypatch):
+    """The run's storage directory is locked (as the first command's driver holds it): the same command, run on
+    the module's cluster, fails at once in one line naming the holder, before it opens an MLflow run or trains.
+    ~30 s."""
+    import ray
+
+    from pipeline import tracking
+    from pipeline.pretrain.job import run_lock
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    storage = work / "runs-locked"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    tracking.client().search_experiments()  # the store exists (the first run's), so MLflow has no schema to create
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    with run_lock(str(storage), "locked"):
+        out = subprocess.run([sys.executable, "jobs/pretrain.py", *job_args(prepared, work, "locked", "--train.run_name", "locked")],
+                             cwd=repo_root, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stderr[-3000:]
+    errors = out.stderr.strip().splitlines()
+    assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert errors[0].startswith(f"pretrain: error: run {storage}/locked is being trained by another job "
+                                f"(pid {os.getpid()} on {socket.gethostname()}); wait for it to finish"), errors
+    assert "[stage shards] up to date" in out.stdout and "[stage train]" not in out.stdout
+    assert not list(storage.glob("locked/checkpoint_*"))
+    assert tracking.find_run("bert-pretrain", "locked") is None  # no MLflow run opened
+
+
 # ------------------------------------------------------------------------------------------------ fault tolerance
 
 
@@ -342,6 +370,42 @@ def test_rerunning_an_interrupted_run_resumes_it(baseline, prepared, work):
     digest, run_id = _train(prepared, work, "rerun", "--train.max_failures", "0", fail_at=6)
     assert digest == baseline[0]
     assert _history(run_id, "train/loss") == _history(baseline[1], "train/loss")
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(baseline, prepared, work, capsys):
+    """A copy of the uninterrupted run with its step-8 weights truncated: the re-run names the damaged checkpoint,
+    resumes from step 4 and ends with the uninterrupted run's weights. Then, with every checkpoint damaged, the
+    re-run fails in one line, and the run that registered a version stays FINISHED. ~40 s."""
+    from pipeline import tracking
+    from pipeline.core.checkpoint import CheckpointCorrupt
+    from pipeline.pretrain.job import TrainResult, newest_intact, register_stage, train_stage
+
+    runs = work / "ft-runs"
+    shutil.copytree(runs / "baseline", runs / "damaged")
+    ckpts = [d for d in (runs / "damaged").glob("checkpoint_*") if d.is_dir()]
+    older, newest = sorted(ckpts, key=lambda d: json.loads((d / "train_state.json").read_text())["step"])
+    weights = newest / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    capsys.readouterr()
+    digest, run_id = _train(prepared, work, "damaged")
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "damaged" in ln]
+    recorded = json.loads((newest / "train_state.json").read_text())["files"]["model.safetensors"]
+    assert len(lines) == 1 and lines[0].startswith(f"[train] damaged checkpoint {newest} (model.safetensors has sha256 "), lines
+    assert lines[0].endswith(f", not the {recorded[:12]} recorded when it was written): resuming from step 4 ({older})")
+    assert digest == baseline[0]
+    assert [s for s, _ in _history(run_id, "train/loss")] == [5, 6, 7, 8]  # trained from step 4 on
+
+    cfg = _cfg(prepared, work, "damaged", "--tracking.experiment", "ft", "--tracking.model_name", "bert-damaged")
+    data, uri = prepared["validate"], tracking.tracking_uri()
+    final, _ = newest_intact(cfg.train.storage_path, "damaged")
+    reg = register_stage(cfg, TrainResult(final[0], run_id, "damaged", 8), data, "0" * 40, uri, {}, "pytest")
+    for ckpt in (runs / "damaged").glob("checkpoint_*/"):
+        (ckpt / "optimizer.pt").write_bytes(b"")
+    with pytest.raises(CheckpointCorrupt, match=rf"^run {runs / 'damaged'} has no intact checkpoint: .*to start over"):
+        train_stage(cfg, [data], "0" * 40, uri, "after-damage")
+    tracking.end_attempt_runs("ft", "after-damage", "FAILED")  # what the job's abort does
+    assert tracking.client().get_run(run_id).info.status == "FINISHED"
+    assert tracking.find_version(reg["name"], run_id) == reg["version"] == "1"
 
 
 def test_resuming_with_another_vocabulary_is_refused(baseline, prepared, work, minilm_dir):

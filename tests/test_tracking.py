@@ -73,6 +73,25 @@ def test_start_run_reopens_the_run_of_the_same_name(store):
     assert tracking.find_run("exp-reopen", "nope") is None and tracking.find_run("missing-exp", "run-a") is None
 
 
+def test_a_failed_reopening_never_fails_a_run_that_registered_a_version(store):
+    """The FINISHED run behind a registered version, reopened by a later attempt (a resume from an older
+    checkpoint) that fails or is interrupted, stays FINISHED; a run that registered nothing is marked FAILED."""
+    done = tracking.start_run("exp-keep", "done", {})
+    tracking.RunLogger(done).set_tags({"registered_model": "models:/m/1"})
+    tracking.RunLogger(done).finish("FINISHED")
+    other = tracking.start_run("exp-keep", "other", {})
+    c = tracking.client()
+    for attempt, end in (("a1", lambda run_id: tracking.RunLogger(run_id).finish("FAILED")),
+                         ("a2", lambda run_id: tracking.end_attempt_runs("exp-keep", "a2", "KILLED"))):
+        assert tracking.start_run("exp-keep", "done", {"attempt": attempt}) == done
+        assert c.get_run(done).info.status == "RUNNING"
+        end(done)
+        assert c.get_run(done).info.status == "FINISHED", attempt
+    tracking.start_run("exp-keep", "other", {"attempt": "a3"})
+    assert tracking.end_attempt_runs("exp-keep", "a3", "FAILED") == [other]
+    assert c.get_run(other).info.status == "FAILED"
+
+
 def test_run_logger_never_logs_a_step_twice(store):
     run_id = tracking.start_run("exp", "r", {})
     first = tracking.RunLogger(run_id)
@@ -148,3 +167,33 @@ def test_progress_prints_at_a_steady_cadence_and_always_the_last_step(monkeypatc
     lines = out.getvalue().splitlines()
     assert lines[-1] == "step 30/30  loss 4.0000  mlm_acc 0.3000  1,234 tok/s"
     assert lines[0].startswith("step 5/30  loss 6.5000  mlm_acc 0.0500  1,234 tok/s  eta 1m15s")
+
+
+_CREATE_STORE = """
+import os, sys, time
+from pipeline import tracking
+open(sys.argv[1], "w").close()  # MLflow imported: ready
+while not os.path.exists(sys.argv[2]):  # start together
+    time.sleep(0.01)
+print(tracking.experiment_id("race"))
+"""
+
+
+@pytest.mark.slow
+def test_two_first_runs_create_one_new_sqlite_store(tmp_path, repo_root):
+    """Two processes open the same fresh SQLite store at the same moment: without the lock beside the .db both run
+    MLflow's schema migration and one dies in it (`duplicate column name`); with it both succeed. ~15 s."""
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONPATH": str(repo_root)}
+    go, ready = tmp_path / "go", [tmp_path / f"ready{i}" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", _CREATE_STORE, str(r), str(go)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in ready]
+    while not all(r.exists() for r in ready) and all(p.poll() is None for p in procs):
+        time.sleep(0.05)
+    go.touch()
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    assert outs[0][0].split()[-1] == outs[1][0].split()[-1]  # the same experiment, created once

@@ -5,11 +5,15 @@ Layout of one checkpoint directory:
 
     model.safetensors    weights of the unwrapped model (rank 0)
     optimizer.pt         optimizer, scheduler and scaler state dicts (rank 0; tensors only, weights_only load)
-    train_state.json     {"step", "vocab_sha256", "run_id", ...}: the driver reads it without torch (rank 0)
+    train_state.json     {"step", "vocab_sha256", "run_id", ..., "files"}: the driver reads it without torch
+                         (rank 0, written last)
     rank_<r>.pt          this rank's RNG states and data position
 
 `train_state.json` carries the vocabulary's sha256 so that weights are never resumed, exported or registered
-with a vocabulary they were not trained on (`check_vocab`).
+with a vocabulary they were not trained on (`check_vocab`), and `files`, the sha256 of every other file
+({name: sha256}, every rank's), so that a damaged checkpoint (a truncated copy, a bad disk) is found before it is
+used (`damage`): the driver resumes from the newest intact one, and workers and the export check what they load.
+Checkpoints written before `files` existed carry no hashes and are used unchecked.
 """
 
 from __future__ import annotations
@@ -24,10 +28,15 @@ import torch
 from torch import nn
 
 from pipeline.core.step import Trainable
+from pipeline.io import StorageError, join, sha256_file
 
 
 class CheckpointMismatch(ValueError):
     """A checkpoint that belongs to other data than the run about to use it; the message says what differs."""
+
+
+class CheckpointCorrupt(StorageError):
+    """A checkpoint whose files are not the ones it recorded; the message names the checkpoint and the file."""
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -55,26 +64,75 @@ def set_rng_state(st: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
+def _gather(files: dict[str, str]) -> dict[str, str]:
+    """Every rank's {name: sha256} merged (a collective when there are several ranks: all call it together)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return files
+    every: list[dict[str, str]] = [{}] * dist.get_world_size()
+    dist.all_gather_object(every, files)
+    return {k: v for d in every for k, v in d.items()}
+
+
 def save_checkpoint(path: str, rank: int, t: Trainable, state: dict[str, Any]) -> None:
-    """Rank 0 writes the shared state; every rank writes its own RNG states and `state["position"]`."""
+    """Rank 0 writes the shared state; every rank writes its own RNG states and `state["position"]`. Every rank
+    calls it at the same step (it gathers the ranks' file hashes); `train_state.json`, with them, comes last."""
     from safetensors.torch import save_file
 
     os.makedirs(path, exist_ok=True)
+    mine = f"rank_{rank}.pt"
+    torch.save({"rng": rng_state(), "position": state.get("position")}, os.path.join(path, mine))
+    files = _gather({mine: sha256_file(os.path.join(path, mine))})
     if rank == 0:
         sd = {k: v.detach().cpu().contiguous().clone() for k, v in unwrap(t.model).state_dict().items()}
         save_file(sd, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
         torch.save({"optimizer": t.optimizer.state_dict(), "scheduler": t.scheduler.state_dict(),
                     "scaler": t.scaler.state_dict() if t.scaler is not None else None},
                    os.path.join(path, "optimizer.pt"))
+        files.update({n: sha256_file(os.path.join(path, n)) for n in ("model.safetensors", "optimizer.pt")})
         with open(os.path.join(path, "train_state.json"), "w") as f:
-            json.dump({k: v for k, v in state.items() if k != "position"}, f)
-    torch.save({"rng": rng_state(), "position": state.get("position")}, os.path.join(path, f"rank_{rank}.pt"))
+            json.dump({**{k: v for k, v in state.items() if k != "position"}, "files": dict(sorted(files.items()))}, f)
+
+
+def damage(path: str, state: dict[str, Any], names: tuple[str, ...] | None = None) -> str | None:
+    """What is wrong with the files of the checkpoint at `path` (local path or URI) against the sha256s its
+    `train_state.json` (`state`) recorded, or None when they match (all of them, or `names`). A checkpoint
+    written before hashes were recorded has nothing to check against: None.
+
+    >>> import tempfile; d = tempfile.mkdtemp(); open(f"{d}/model.safetensors", "wb").write(b"ab")
+    2
+    >>> damage(d, {"files": {"model.safetensors": "fb8e20fc2e4c3f248c60c39bd652f3c1347298bb977b8b4d5903b85055620603"}})
+    >>> damage(d, {"files": {"model.safetensors": "00" * 32}})
+    'model.safetensors has sha256 fb8e20fc2e4c, not the 000000000000 recorded when it was written'
+    >>> damage(d, {"files": {"optimizer.pt": "00" * 32}})
+    'optimizer.pt is missing'
+    >>> import shutil; shutil.rmtree(d)
+    """
+    for name, want in state.get("files", {}).items():
+        if names is not None and name not in names:
+            continue
+        try:
+            got = sha256_file(join(path, name))
+        except FileNotFoundError:
+            return f"{name} is missing"
+        if got != want:
+            return f"{name} has sha256 {got[:12]}, not the {want[:12]} recorded when it was written"
+    return None
+
+
+def check_intact(path: str, state: dict[str, Any], names: tuple[str, ...] | None = None) -> None:
+    """Raise CheckpointCorrupt (one line naming the checkpoint and the file) when `damage` finds something."""
+    if (why := damage(path, state, names)) is not None:
+        raise CheckpointCorrupt(f"checkpoint {path} is damaged: {why}")
 
 
 def load_checkpoint(path: str, rank: int, t: Trainable) -> dict[str, Any]:
-    """Restore everything `save_checkpoint` wrote; returns the train state with this rank's data position."""
+    """Restore everything `save_checkpoint` wrote (its files checked against their recorded sha256s first);
+    returns the train state with this rank's data position."""
     from safetensors.torch import load_file
 
+    check_intact(path, read_train_state(path), ("model.safetensors", "optimizer.pt", f"rank_{rank}.pt"))
     unwrap(t.model).load_state_dict(load_file(os.path.join(path, "model.safetensors")))
     opt = torch.load(os.path.join(path, "optimizer.pt"), map_location="cpu", weights_only=True)
     t.optimizer.load_state_dict(opt["optimizer"])
@@ -82,6 +140,7 @@ def load_checkpoint(path: str, rank: int, t: Trainable) -> dict[str, Any]:
     if t.scaler is not None and opt["scaler"]:
         t.scaler.load_state_dict(opt["scaler"])
     state = read_train_state(path)
+    state.pop("files", None)
     mine = torch.load(os.path.join(path, f"rank_{rank}.pt"), map_location="cpu", weights_only=True)
     set_rng_state(mine["rng"])
     state["position"] = mine["position"]
@@ -90,7 +149,7 @@ def load_checkpoint(path: str, rank: int, t: Trainable) -> dict[str, Any]:
 
 def read_train_state(path: str) -> dict[str, Any]:
     """The `train_state.json` of a checkpoint directory (local path or URI)."""
-    from pipeline.io import join, read_json
+    from pipeline.io import read_json
 
     return read_json(join(path, "train_state.json"))
 

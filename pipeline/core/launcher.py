@@ -191,23 +191,27 @@ def checkpoint_uri(result, storage_path: str) -> str:
     return path if "://" not in storage_path else f"{storage_path.split('://', 1)[0]}://{path}"
 
 
-def latest_checkpoint(storage_path: str, name: str) -> tuple[str, dict[str, Any]] | None:
-    """(path, train_state) of the newest checkpoint (highest step) of run `name` in storage, or None."""
-    from pipeline.io import filesystem, join, read_json
+def checkpoints(storage_path: str, name: str) -> list[tuple[str, dict[str, Any] | None, str | None]]:
+    """(path or URI, train_state or None, why it is unreadable or None) of every checkpoint of run `name` in
+    storage, newest first: highest step (an unreadable train_state.json first: it could be the newest), among
+    equal steps the later directory name (Ray Train's names are report times)."""
+    from pipeline.io import StorageError, filesystem, join, read_json
 
     run_dir = join(storage_path, name)
     fs, p = filesystem(run_dir)
-    best: tuple[int, str, dict[str, Any]] | None = None
-    for d in fs.glob(join(p, "checkpoint_*", "train_state.json")):
-        ckpt = d.rsplit("/", 1)[0]
+    found: list[tuple[float, str, str, dict[str, Any] | None, str | None]] = []
+    dirs = [d for d, info in fs.glob(join(p, "checkpoint_*"), detail=True).items() if info["type"] == "directory"]
+    for ckpt in dirs:  # (Ray Train's checkpoint_manager_snapshot.json matches the pattern too)
+        ckpt = ckpt.rstrip("/")
         uri = ckpt if "://" not in storage_path else f"{storage_path.split('://', 1)[0]}://{ckpt}"
         try:
-            state = read_json(join(uri, "train_state.json"))
-        except ValueError:
-            continue
-        if best is None or int(state.get("step", -1)) > best[0]:
-            best = (int(state.get("step", -1)), uri, state)
-    return None if best is None else (best[1], best[2])
+            state, why = read_json(join(uri, "train_state.json")), None
+        except StorageError as e:
+            state, why = None, str(e)
+        step = int(state.get("step", -1)) if isinstance(state, dict) else float("inf")
+        found.append((step, ckpt.rsplit("/", 1)[-1], uri, state if isinstance(state, dict) else None,
+                      why or (None if isinstance(state, dict) else "train_state.json is not a JSON object")))
+    return [(uri, state, why) for _, _, uri, state, why in sorted(found, key=lambda f: (f[0], f[1]), reverse=True)]
 
 
 def say(line: str) -> None:
@@ -281,6 +285,22 @@ def report(metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
 
     ckpt = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
     ray.train.report(metrics, checkpoint=ckpt)
+
+
+def resume_checkpoint(damaged: list[str] | tuple[str, ...] = (), resume_from: str | None = None):
+    """Inside a worker: the checkpoint to resume from. Ray Train's own (the one reported last), unless the driver
+    found it damaged (`damaged`: checkpoint directory names): then `resume_from`, the newest intact checkpoint of
+    the run (a directory name beside it in storage), or None."""
+    import posixpath
+
+    import ray.train
+
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is None or posixpath.basename(ckpt.path.rstrip("/")) not in damaged:
+        return ckpt
+    if resume_from is None:
+        return None
+    return ray.train.Checkpoint(posixpath.join(posixpath.dirname(ckpt.path.rstrip("/")), resume_from), ckpt.filesystem)
 
 
 def local_copy(uri: str) -> str:

@@ -2,9 +2,14 @@
 real output proves it done.
 
 - data: `pipeline.data.stages.data_stages` (a validated manifest with the same config hash).
-- train: a Ray Train run of this run name in `train.storage_path` whose newest checkpoint is at `max_steps` and
-  whose MLflow run exists in the *current* tracking store. Otherwise Ray Train runs, resuming the run's latest
-  checkpoint when there is one (its vocabulary sha256 must match the data's, or the job refuses in one line).
+- train: a Ray Train run of this run name in `train.storage_path` whose newest intact checkpoint is at `max_steps`
+  and whose MLflow run exists in the *current* tracking store. Otherwise Ray Train runs, resuming the run's newest
+  intact checkpoint when there is one (its vocabulary sha256 must match the data's, or the job refuses in one line).
+  Intact: its files match the sha256s its `train_state.json` recorded; a damaged newer one is named in one line and
+  skipped, and a run with none intact is refused in one line that says how to start over. The driver holds an
+  advisory lock on `<storage_path>/<run_name>` (`pipeline.io.output_lock`) from before this check until the job
+  ends, so a second identical command fails at once, naming the holder, instead of training into the same
+  directory and MLflow run and registering a second version of it.
 - evaluate: always (cheap); it reserves the CPUs (or GPU) it computes on.
 - register: a version of `tracking.model_name` in the *current* store tagged with this training run id.
 
@@ -29,12 +34,12 @@ import torch
 
 from pipeline.config import Config, DataConfig, config_hash, phase_data_configs
 from pipeline.core import launcher
-from pipeline.core.checkpoint import check_init, check_vocab
+from pipeline.core.checkpoint import CheckpointCorrupt, check_init, check_vocab, damage, read_train_state
 from pipeline.core.step import evaluate_sums
 from pipeline.dag import Stage
 from pipeline.data.dataset import PreparedDataset
 from pipeline.data.stages import data_stages
-from pipeline.io import exists, join, read_bytes, read_json, write_bytes_atomic
+from pipeline.io import exists, join, output_lock, read_bytes, read_json, write_bytes_atomic
 from pipeline.pretrain.init import InitCheckpoint
 from pipeline.pretrain.loader import Batches, PhasePlan
 from pipeline.pretrain.loop import NUM_COUNTS, counts, eval_metrics, train_loop_per_worker
@@ -82,6 +87,41 @@ def record_run_init(storage_path: str, run_name: str, init: InitCheckpoint | Non
     """Write the run's `init.json` (only for a run that starts from a checkpoint: others stay as they were)."""
     if init is not None:
         write_bytes_atomic(join(storage_path, run_name, "init.json"), json.dumps(init.tags).encode())
+
+
+def newest_intact(storage_path: str, run_name: str) -> tuple[tuple[str, dict[str, Any]] | None, list[tuple[str, str]]]:
+    """((path, train_state) of the run's newest checkpoint whose files match their recorded sha256s, or None),
+    and (path, what is wrong) for each newer one that is damaged or unreadable."""
+    bad = []
+    for uri, state, why in launcher.checkpoints(storage_path, run_name):
+        if state is not None and (why := damage(uri, state)) is None:
+            return (uri, state), bad
+        bad.append((uri, why))
+    return None, bad
+
+
+def resume_point(storage_path: str, run_name: str) -> tuple[tuple[str, dict[str, Any]] | None, list[str]]:
+    """(the checkpoint a run resumes from, None when it has none yet; the newer, damaged ones it skips). These are
+    named in one console line; with checkpoints but none intact, CheckpointCorrupt says so in one line and how to
+    start over."""
+    good, bad = newest_intact(storage_path, run_name)
+    named = "; ".join(f"{uri} ({why})" for uri, why in bad)
+    if bad and good is None:
+        run_dir = join(storage_path, run_name)
+        raise CheckpointCorrupt(f"run {run_dir} has no intact checkpoint: {named}; to start over, delete {run_dir} "
+                                "(or use another --train.run_name)")
+    if bad:
+        print(f"[train] damaged checkpoint{'s' if len(bad) > 1 else ''} {named}: resuming from step "
+              f"{good[1].get('step')} ({good[0]})", flush=True)
+    return good, [uri for uri, _ in bad]
+
+
+def run_lock(storage_path: str, run_name: str):
+    """The advisory lock on `<storage_path>/<run_name>` that one job holds while it trains, evaluates and registers
+    the run (OutputLockedError, one line naming the holder, for a second one)."""
+    return output_lock(join(storage_path, run_name),
+                       busy=f"run {join(storage_path, run_name)} is being trained by another job ({{holder}}); wait "
+                            "for it to finish (the same command then finds it done)")
 
 
 def worker_config(cfg: Config, init: InitCheckpoint | None) -> Config:
@@ -136,7 +176,8 @@ def run_training(cfg: Config, datasets: list[PreparedDataset], run_id: str, run_
 
     tc = cfg.train
     vocab_sha = datasets[0].vocab_sha256
-    if (latest := launcher.latest_checkpoint(tc.storage_path, run_name)) is not None:
+    latest, damaged = resume_point(tc.storage_path, run_name)
+    if latest is not None:
         check_vocab(latest[1], vocab_sha, latest[0])  # refuse before any worker starts
         check_run_init(tc.storage_path, run_name, init)
     record_run_init(tc.storage_path, run_name, init)
@@ -146,8 +187,10 @@ def run_training(cfg: Config, datasets: list[PreparedDataset], run_id: str, run_
     exec_opts = ExecutionOptions(preserve_order=True, resource_limits=limits)
     launcher.quiet_ray_data()  # the datasets carry this context to the workers: no bars in the job log
     ray.data.DataContext.get_current().execution_options = exec_opts  # also for materialize() here
+    # Ray Train hands the workers the checkpoint reported last; they replace a damaged one (launcher.resume_checkpoint)
     config = {"cfg": worker_config(cfg, init), "plans": plans, "run_id": run_id, "tracking_uri": tracking_uri, "vocab_sha256": vocab_sha,
-              "on_step": on_step}
+              "on_step": on_step, "damaged": [d.rsplit("/", 1)[-1] for d in damaged],
+              "resume_from": latest[0].rsplit("/", 1)[-1] if latest else None}
     scale = launcher.Scale(tc.num_workers, tc.use_gpu, tc.cpus_per_worker, tc.placement_strategy, tc.max_failures, tc.num_to_keep)
     result = launcher.fit(train_loop_per_worker, config, name=run_name, storage_path=tc.storage_path, scale=scale,
                           datasets=_ray_datasets(plans, tc.materialize_data),
@@ -163,6 +206,9 @@ def load_trained(cfg: Config, checkpoint: str, vocab_size: int) -> torch.nn.Modu
 
     local = launcher.local_copy(checkpoint)
     try:
+        if (why := damage(local, read_train_state(local), ("model.safetensors",))) is not None:
+            raise CheckpointCorrupt(f"checkpoint {checkpoint} is damaged: {why}; re-run the command: it resumes from "
+                                    "the newest intact checkpoint")
         model = BertForPreTraining(cfg.model.bert_config(vocab_size=vocab_size))  # the architecture; weights below
         model.load_state_dict(load_file(os.path.join(local, "model.safetensors")))
     finally:
@@ -179,7 +225,7 @@ def train_done(cfg: Config, datasets: list[PreparedDataset], uri: str, init: Ini
     from pipeline import tracking
 
     name = run_name_for(cfg, datasets, init)
-    latest = launcher.latest_checkpoint(cfg.train.storage_path, name)
+    latest, _ = newest_intact(cfg.train.storage_path, name)
     if latest is None or int(latest[1].get("step", -1)) != cfg.train.max_steps:
         return None
     check_vocab(latest[1], datasets[0].vocab_sha256, latest[0])
@@ -300,8 +346,11 @@ def register_done(cfg: Config, trained: TrainResult, uri: str) -> dict[str, str]
     version = tracking.find_version(cfg.tracking.model_name, trained.run_id, uri)
     if version is None:
         return None
+    c = tracking.client(uri)
+    if c.get_run(trained.run_id).info.status != "FINISHED":  # its training re-done (a damaged final checkpoint)
+        c.set_terminated(trained.run_id, status="FINISHED")
     if cfg.tracking.alias:  # the alias follows the newest run's version, as a fresh registration would move it
-        tracking.client(uri).set_registered_model_alias(cfg.tracking.model_name, cfg.tracking.alias, version)
+        c.set_registered_model_alias(cfg.tracking.model_name, cfg.tracking.alias, version)
     return {"name": cfg.tracking.model_name, "version": version, "uri": f"models:/{cfg.tracking.model_name}/{version}"}
 
 
@@ -329,6 +378,7 @@ def pretrain_stages(cfg: Config, *, git_sha: str, tracking_uri: str, attempt: st
         *stages,
         Stage("train", lambda deps: train_stage(cfg, [deps[d] for d in data], git_sha, uri, attempt, init), deps=tuple(data),
               done=lambda deps: train_done(cfg, [deps[d] for d in data], uri, init),
+              hold=lambda deps: run_lock(cfg.train.storage_path, run_name_for(cfg, [deps[d] for d in data], init)),
               describe=lambda r: f"{r.run_name} at step {r.step}, MLflow run {r.run_id}"),
         Stage("evaluate", lambda deps: evaluate_stage(cfg, deps["train"], deps[data[-1]], uri), deps=("train", data[-1]),
               num_cpus=eval_cpus, num_gpus=1 if cfg.train.use_gpu else 0,

@@ -111,7 +111,8 @@ def eval_batches(plan: PhasePlan, phase: int, rank: int, world: int, seed: int, 
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """Pretrain with DDP; resumes from `ray.train.get_checkpoint()` exactly (weights, optimizer, RNGs, data)."""
+    """Pretrain with DDP; resumes from `ray.train.get_checkpoint()` (or, when the driver found that one damaged,
+    the newest intact one) exactly (weights, optimizer, RNGs, data)."""
     import ray.train
 
     from pipeline.tracking import RunLogger
@@ -131,7 +132,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                                           total_steps=tc.max_steps, schedule=tc.schedule, power=tc.poly_power)
     t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
     state: dict[str, Any] = {"step": 0, "position": {"phase": 0, "epoch": 0, "micro": 0}}
-    if (ckpt := ray.train.get_checkpoint()) is not None:
+    if (ckpt := launcher.resume_checkpoint(config.get("damaged", ()), config.get("resume_from"))) is not None:
         with ckpt.as_directory() as d:
             state = load_checkpoint(d, rank, t)
         check_vocab(state, vocab_sha, ckpt.path)
