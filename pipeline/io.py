@@ -12,6 +12,7 @@ into place, so a reader sees a whole file or none; every read error names the fi
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -27,8 +28,42 @@ import pyarrow.parquet as pq
 
 
 class StorageError(ValueError):
-    """A file that cannot be read as what it should be; the message names the file."""
+    """A file that cannot be read as what it should be, or written; the message names the file."""
 
+
+# OSErrors a user can act on (free space, fix permissions), said in words; others keep their own strerror.
+_REASONS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+            errno.EROFS: "read-only file system", errno.EACCES: "permission denied", errno.EPERM: "permission denied"}
+
+
+def os_reason(e: OSError) -> str:
+    """An OSError in words, without its path (the caller names the path and the operation).
+
+    >>> os_reason(OSError(errno.ENOSPC, "No space left on device")), os_reason(OSError("[Errno 28] No space left on device"))
+    ('no space left on device', 'no space left on device')
+    """
+    if e.errno in _REASONS:
+        return _REASONS[e.errno]
+    text = str(e.strerror or e).splitlines()[0] if (e.strerror or str(e)) else type(e).__name__
+    for code, words in _REASONS.items():  # pyarrow re-raises the writer's OSError as text: "[Errno 28] ..."
+        if os.strerror(code).lower() in text.lower():
+            return words
+    return text
+
+
+@contextlib.contextmanager
+def writing(path: str, fs: fsspec.AbstractFileSystem | None = None, tmp: str | None = None,
+            operation: str = "writing") -> Iterator[None]:
+    """Turn an OSError of the block into a StorageError naming the operation and `path`
+    (`no space left on device writing /data/out/shards/shard-00003-of-00008.parquet`), removing the temporary
+    file `tmp` (on `fs`) first so that a full disk gets its space back. Other errors pass unchanged."""
+    try:
+        yield
+    except OSError as e:
+        if tmp is not None and fs is not None:
+            with contextlib.suppress(OSError):
+                fs.rm(tmp)
+        raise StorageError(f"{os_reason(e)} {operation} {path}") from e
 
 
 def join(base: str, *parts: str) -> str:
@@ -70,20 +105,22 @@ def commit(fs: fsspec.AbstractFileSystem, tmp: str, final: str) -> None:
 def write_bytes_atomic(path: str, data: bytes) -> None:
     """Write to a temporary name beside `path`, then rename: readers see all of it or nothing."""
     fs, p = filesystem(path)
-    fs.makedirs(p.rpartition("/")[0], exist_ok=True)
     tmp = temp_name(p)
-    with fs.open(tmp, "wb") as f:
-        f.write(data)
-    commit(fs, tmp, p)
+    with writing(path, fs, tmp):
+        fs.makedirs(p.rpartition("/")[0], exist_ok=True)
+        with fs.open(tmp, "wb") as f:
+            f.write(data)
+        commit(fs, tmp, p)
 
 
 def write_parquet_atomic(path: str, table: pa.Table, compression: str = "zstd") -> None:
     fs, p = filesystem(path)
-    fs.makedirs(p.rpartition("/")[0], exist_ok=True)
     tmp = temp_name(p)
-    with fs.open(tmp, "wb") as f:
-        pq.write_table(table, f, compression=compression)
-    commit(fs, tmp, p)
+    with writing(path, fs, tmp):
+        fs.makedirs(p.rpartition("/")[0], exist_ok=True)
+        with fs.open(tmp, "wb") as f:
+            pq.write_table(table, f, compression=compression)
+        commit(fs, tmp, p)
 
 
 def sha256_file(path: str) -> str:
