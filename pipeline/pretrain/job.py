@@ -219,7 +219,7 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
                 with open(os.path.join(sub, name), "wb") as f:
                     f.write(read_bytes(ds.file(name)))
             log.log_artifacts(sub, os.path.basename(sub))
-    print(f"[train] MLflow run {run_id} ({run_name}) at {uri}", flush=True)
+    print(f"[train] MLflow run {run_id} ({run_name}) at {tracking.redact(uri)}", flush=True)
     try:
         return run_training(cfg, datasets, run_id, run_name, uri, init=init)
     except BaseException:
