@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -96,6 +97,7 @@ def write_failure_log(name: str, e: BaseException) -> str:
     from pipeline.tracking import redact
 
     text = redact(f"{name} {' '.join(sys.argv[1:])}\n\n" + "".join(traceback.format_exception(e)))
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # Ray colours the remote tracebacks it carries
     try:
         d = log_dir()
         d.mkdir(parents=True, exist_ok=True)
