@@ -216,3 +216,21 @@ def test_disk_full_is_one_line_and_a_moved_output_resumes_to_the_same_bytes(repo
     assert p.returncode == 0, p.stderr[-3000:]
     assert "resuming, 3 already done" in p.stderr
     assert _shard_hashes(moved) == _shard_hashes(clean)
+
+
+def test_broken_symlinks_in_an_input_folder_are_printed_and_in_the_manifest(repo_root, shared_dir, tmp_path):
+    """A dangling symlink and a symlink loop beside a book: the job reads the book, prints each skipped link
+    with its reason and lists both in the manifest's skipped_files (about 2 s)."""
+    src = tmp_path / "in"
+    src.mkdir()
+    shutil.copyfile(shared_dir / "corpora/books/08_Ruth.txt", src / "08_Ruth.txt")
+    os.symlink("/nonexistent/gone.txt", src / "dangling.txt")
+    os.symlink("loop.txt", src / "loop.txt")
+    p = _run(repo_root, "--input", src, "--output", tmp_path / "out", "--vocab-size", "600")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert f"skipped {src}/dangling.txt: dangling symlink (to /nonexistent/gone.txt)" in p.stderr
+    assert f"skipped {src}/loop.txt: symlink loop" in p.stderr
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert m["skipped_files"] == [{"path": f"{src}/dangling.txt", "reason": "dangling symlink (to /nonexistent/gone.txt)"},
+                                  {"path": f"{src}/loop.txt", "reason": "symlink loop"}]
+    assert m["input_files"] == 1 and m["documents_written"] == 1
