@@ -148,3 +148,22 @@ def test_progress_prints_at_a_steady_cadence_and_always_the_last_step(monkeypatc
     lines = out.getvalue().splitlines()
     assert lines[-1] == "step 30/30  loss 4.0000  mlm_acc 0.3000  1,234 tok/s"
     assert lines[0].startswith("step 5/30  loss 6.5000  mlm_acc 0.0500  1,234 tok/s  eta 1m15s")
+
+
+def test_credentials_in_the_tracking_uri_are_redacted_and_the_host_read(monkeypatch):
+    """`http://user:pw@127.0.0.1:PORT` with nothing listening: the message names the server without the password,
+    and the probe went to 127.0.0.1:PORT (connection refused), not to a host misread out of `user:pw@...`."""
+    import socket
+
+    from pipeline.tracking import TrackingError, check_tracking_server
+
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    with pytest.raises(TrackingError) as e:
+        check_tracking_server(f"http://user:s3cret@127.0.0.1:{port}", timeout=5)
+    msg = str(e.value)
+    assert msg.startswith(f"MLflow tracking server http://user:***@127.0.0.1:{port} is unreachable (")
+    assert "s3cret" not in msg and "refused" in msg.lower(), msg
