@@ -196,6 +196,17 @@ def find_run(experiment: str, run_name: str) -> str | None:
     return runs[0].info.run_id if runs else None
 
 
+def newest_run_tagged(experiment: str, key: str, value: str, uri: str | None = None) -> Any | None:
+    """The newest (not deleted) run of `experiment` whose tag `key` is `value`, or None."""
+    c = client(uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    runs = c.search_runs([exp.experiment_id], filter_string=f"tags.{key} = '{value}'",
+                         order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0] if runs else None
+
+
 def run_exists(run_id: str, uri: str | None = None) -> bool:
     """True when `run_id` is a (not deleted) run of the tracking store at `uri`."""
     try:
