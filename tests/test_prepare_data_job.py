@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -206,7 +207,7 @@ def test_disk_full_is_one_line_and_a_moved_output_resumes_to_the_same_bytes(repo
     out = full_disk / "out"
     p = _run(repo_root, *args, "--output", out)
     _assert_clean_error(p, f"prepare_data: error: no space left on device writing {out}/shards/shard-0000")
-    assert p.stderr.strip().splitlines()[-1].endswith(".parquet")  # the file, not a directory or a temporary name
+    assert re.search(r"/shard-0000\d-of-00004\.parquet \(log: /\S+\.log\)$", p.stderr)  # the file, not a temporary name
     assert len(list(out.glob("_work/*/tok/*.done.json"))) == 3 and not (out / "manifest.json").exists()
     assert not list(out.rglob(".*.tmp-*"))  # the failed write's temporary file is gone: its space is free again
 
