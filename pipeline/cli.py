@@ -118,6 +118,8 @@ def failure_line(name: str, e: BaseException, extra_errors: tuple[type[BaseExcep
     if isinstance(cause, user_errors() + extra_errors):
         return redact(f"{name}: error: {msg} (log: {log})")
     what = f"{type(cause).__name__}: {msg}" if msg else type(cause).__name__
+    if _is_ray_wrapper(cause):  # the cluster's own failure (a node out of memory, an actor that died), no bug
+        return redact(f"{name}: error: Ray: {what} (log: {log})")
     return redact(f"{name}: internal error: {what} (a bug; traceback in {log})")
 
 

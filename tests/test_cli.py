@@ -66,3 +66,12 @@ def test_root_cause_unwraps_ray_train_and_task_errors():
     assert root_cause(ControllerError(own)) is own
     bug = ValueError("x")
     assert root_cause(WorkerGroupError("1 failed", {0: bug})) is bug and root_cause(bug) is bug
+
+
+def test_a_cluster_failure_is_named_as_rays_not_as_a_bug(capsys):
+    from ray.exceptions import OutOfMemoryError, RayTaskError
+
+    oom = OutOfMemoryError("Task was killed due to the node running low on memory.\nMemory on the node was 1.9GB")
+    assert run_job("pretrain", lambda: (_ for _ in ()).throw(RayTaskError("shards", "tb", oom).as_instanceof_cause())) == 1
+    line, _ = _line_and_log(capsys)
+    assert line.startswith("pretrain: error: Ray: OutOfMemoryError: Task was killed due to the node running low on memory. (log: ")
