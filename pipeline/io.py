@@ -154,6 +154,66 @@ def read_json(path: str) -> Any:
         raise StorageError(f"{path} is not valid JSON: {str(e).splitlines()[0]}") from None
 
 
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return "file" in protocols or "local" in protocols
+
+
+def broken_link(path: str) -> str | None:
+    """Why a local symlink cannot be read (it dangles, or it loops), or None when `path` is no broken link.
+
+    >>> import tempfile; d = tempfile.mkdtemp(); os.symlink("gone.txt", f"{d}/a.txt"); broken_link(f"{d}/a.txt")
+    'is a dangling symlink (to gone.txt)'
+    >>> os.symlink("b", f"{d}/b"); broken_link(f"{d}/b"); import shutil; shutil.rmtree(d)
+    'is a symlink loop'
+    """
+    if not os.path.islink(path):
+        return None
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return f"is a dangling symlink (to {os.readlink(path)})"
+    except OSError as e:
+        return "is a symlink loop" if e.errno == errno.ELOOP else f"cannot be read ({e.strerror})"
+    return None
+
+
+def find_files(fs: fsspec.AbstractFileSystem, root: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """(every file under folder `root`, sorted; [(path, why it cannot be read)]). On a local disk symlinks are
+    followed (a linked folder is walked under the link's name); a dangling symlink, a symlink loop and a link back
+    to a folder being walked are returned with their reason instead of failing the walk (fsspec's `find` stats
+    every entry and raises on a dangling one)."""
+    if not is_local(fs):
+        return sorted(fs.find(root)), []
+    files: list[str] = []
+    broken: list[tuple[str, str]] = []
+    above: list[tuple[int, int]] = []  # (device, inode) of the folders being walked: a link to one is a loop
+
+    def walk(d: str) -> None:
+        st = os.stat(d)
+        above.append((st.st_dev, st.st_ino))
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError as e:
+            broken.append((d, f"folder cannot be read ({e.strerror})"))
+            entries = []
+        for e in entries:
+            if (reason := broken_link(e.path)) is not None:
+                broken.append((e.path, reason.removeprefix("is a ")))
+            elif e.is_dir():  # follows a link to a folder
+                target = os.stat(e.path)
+                if (target.st_dev, target.st_ino) in above:
+                    broken.append((e.path, f"symlink loop (to {os.path.realpath(e.path)}, a folder above it)"))
+                else:
+                    walk(e.path)
+            else:
+                files.append(e.path)
+        above.pop()
+
+    walk(root)
+    return sorted(files), broken
+
+
 def is_uri(path: str) -> bool:
     """True for `scheme://...` paths (object stores, file://), False for plain local paths."""
     return "://" in str(path)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from pipeline.cli import root_cause, run_job
 from pipeline.io import StorageError
 

@@ -36,12 +36,10 @@ from __future__ import annotations
 
 import bz2
 import dataclasses
-import errno
 import gzip
 import html
 import io
 import json
-import os
 import re
 import zlib
 from collections.abc import Iterator
@@ -52,6 +50,7 @@ import fsspec
 
 from pipeline.data import wiki
 from pipeline.data.wiki import WikiOptions
+from pipeline.io import broken_link, find_files, is_local
 
 Kind = Literal["txt", "jsonl", "wikiext_json", "parquet", "hf", "wikiext", "wiki_xml", "wiki_multistream"]
 
@@ -192,11 +191,12 @@ def expand_inputs(paths: list[str]) -> tuple[list[InputFile], list[Skipped]]:
     for raw in paths:
         fs, p = _fs(raw)
         if not fs.exists(p):
-            link = _broken_link(p) if _is_local(fs) else None
-            raise InputError(f"input path {raw} {link or 'does not exist'}")
+            why = (broken_link(p) if is_local(fs) else None) or "does not exist"
+            raise InputError(f"input path {raw} {why}")
         if fs.isdir(p):
             hf_dirs = set()
-            listing = _find(fs, raw, p, skipped)
+            listing, broken = find_files(fs, p)
+            skipped += [Skipped(_unstrip(fs, raw, f), reason) for f, reason in broken]
             for f in listing:
                 base = f.rsplit("/", 1)[-1]
                 parent = f.rsplit("/", 1)[0]
@@ -223,68 +223,6 @@ def expand_inputs(paths: list[str]) -> tuple[list[InputFile], list[Skipped]]:
     found = sorted(set(found))
     files = [InputFile(p, k, i, s, m) for i, (p, k, s, m) in enumerate(found)]
     return files, sorted(set(skipped))
-
-
-def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    return "file" in protocols or "local" in protocols
-
-
-def _broken_link(path: str) -> str | None:
-    """Why a local symlink cannot be read (it dangles, or it loops), or None when `path` is no broken link.
-
-    >>> import os, tempfile; d = tempfile.mkdtemp(); os.symlink("gone.txt", f"{d}/a.txt"); _broken_link(f"{d}/a.txt")
-    'is a dangling symlink (to gone.txt)'
-    >>> os.symlink("b", f"{d}/b"); _broken_link(f"{d}/b"); import shutil; shutil.rmtree(d)
-    'is a symlink loop'
-    """
-    if not os.path.islink(path):
-        return None
-    try:
-        os.stat(path)
-    except FileNotFoundError:
-        return f"is a dangling symlink (to {os.readlink(path)})"
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            return "is a symlink loop"
-        return f"cannot be read ({e.strerror})"
-    return None
-
-
-def _find(fs: fsspec.AbstractFileSystem, raw: str, root: str, skipped: list[Skipped]) -> list[str]:
-    """Every file under folder `root`, sorted. On a local disk symlinks are followed (a linked folder is walked
-    under the link's name); a dangling symlink, a symlink loop and a link back to a folder being walked are added
-    to `skipped` with their reason instead of failing the walk (fsspec's `find` stats every entry and raises)."""
-    if not _is_local(fs):
-        return sorted(fs.find(root))
-    out: list[str] = []
-    above: list[tuple[int, int]] = []  # (device, inode) of the folders being walked: a link to one is a loop
-
-    def walk(d: str) -> None:
-        st = os.stat(d)
-        above.append((st.st_dev, st.st_ino))
-        try:
-            entries = sorted(os.scandir(d), key=lambda e: e.name)
-        except OSError as e:
-            skipped.append(Skipped(_unstrip(fs, raw, d), f"folder cannot be read ({e.strerror})"))
-            entries = []
-        for e in entries:
-            reason = _broken_link(e.path)
-            if reason is not None:
-                skipped.append(Skipped(_unstrip(fs, raw, e.path), reason.removeprefix("is a ")))
-            elif e.is_dir():  # follows a link to a folder
-                target = os.stat(e.path)
-                if (target.st_dev, target.st_ino) in above:
-                    skipped.append(Skipped(_unstrip(fs, raw, e.path),
-                                           f"symlink loop (to {os.path.realpath(e.path)}, a folder above it)"))
-                else:
-                    walk(e.path)
-            else:
-                out.append(e.path)
-        above.pop()
-
-    walk(root)
-    return sorted(out)
 
 
 def no_readable_input(inputs: list[str], skipped: list[Skipped], show: int = 5) -> InputError:
