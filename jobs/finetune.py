@@ -12,7 +12,8 @@ Honours MLFLOW_TRACKING_URI (default sqlite:///mlflow.db here) and RAY_ADDRESS (
 a private local Ray is started, never a `ray start` cluster found on the machine). Checkpoints go under
 `train.storage_path` (default runs/, relative to the current directory). Progress goes to stdout; the last
 stdout line is one JSON object of the best epoch's eval metrics. Bad input (data, config, source, resources)
-prints one line on stderr and exits 1, without a traceback. Ctrl-C or SIGTERM ends the MLflow run as KILLED.
+prints one line on stderr and exits 1, without a traceback; any other failure too, naming the log that holds
+its traceback (pipeline.cli.failure_line). Ctrl-C or SIGTERM ends the MLflow run as KILLED.
 """
 
 from __future__ import annotations
@@ -81,12 +82,18 @@ def main(argv: list[str] | None = None) -> int:
             if not exists(p):
                 raise FinetuneDataError(f"{p}: file does not exist (relative paths resolve against {os.getcwd()})")
         result = run_finetune(cfg, args.model, args.task, args.train, args.eval, args.output)
-    except (ConfigError, FinetuneDataError, TrackingError, RayStartError, StorageError) as e:
-        print(f"error: {e}".splitlines()[0], file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - every failure is one line; Ray's wrappers (a Train worker's error) unwrapped
+        from pipeline.cli import failure_line, root_cause
+
+        cause = root_cause(e)
+        if isinstance(cause, (ConfigError, FinetuneDataError, TrackingError, RayStartError, StorageError)):
+            print(f"error: {cause}".splitlines()[0], file=sys.stderr)
+        else:  # another user error (pipeline.cli.user_errors) or a bug: one line naming the log with the traceback
+            print(failure_line("finetune", e), file=sys.stderr)
+        return 1
     if result["registered"]:
         print(f"registered {result['registered']} (run {result['run_id']})", flush=True)
     print(json.dumps(result["metrics"], sort_keys=True), flush=True)

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.core import launcher
         from pipeline.data.stages import check_paths
         from pipeline.preflight import artifact_root, check_storage, data_targets
-        from pipeline.tracking import check_tracking_server, tracking_uri
+        from pipeline.tracking import check_tracking_server, redact, tracking_uri
 
         args, overrides = parse_cli(parser, argv)
         check_storage([("--config", args.config, "read")])
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                                      cpus_per_worker=cfg.train.cpus_per_worker)
             ray.data.DataContext.get_current().enable_progress_bars = False  # bars would land after the last line
             res = ray.cluster_resources()
-            print(f"tracking: {uri}; ray: {address} ({res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU); "
+            print(f"tracking: {redact(uri)}; ray: {address} ({res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU); "
                   f"Ray's logs: {launcher.session_log_dir()}", flush=True)
             command = "python jobs/pretrain.py " + " ".join(shlex.quote(a) for a in argv)
             stages = pretrain_stages(cfg, git_sha=git_sha(), tracking_uri=uri, attempt=attempt, command=command, init=init)

@@ -1,8 +1,8 @@
 """One command-line convention for every job: each job's parser (jsonargparse: `--config FILE`, every
 `--section.field` with its doc line and default in `--help`, the job's own flags; the overrides themselves are
-coerced by pipeline.config, see its docstring for why), and its outcome: bad input is exit code 1 with one line on
-stderr (no traceback), Ctrl-C and SIGTERM end the job with exit code 130 after its cleanup ran, a bug keeps its
-full traceback.
+coerced by pipeline.config, see its docstring for why), and its outcome (`run_job`): every failure, raised on the
+driver, in a stage's Ray task or in a Ray Train worker, ends as exit code 1 and one line on stderr naming the log
+that holds its traceback; Ctrl-C and SIGTERM end the job with exit code 130 after its cleanup ran.
 
     >>> run_job("demo", lambda: 0)
     0
@@ -11,8 +11,11 @@ full traceback.
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import signal
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from pipeline.config import ConfigError
@@ -33,14 +36,91 @@ def user_errors() -> tuple[type[BaseException], ...]:
             VocabError, StorageError, TrackingError)
 
 
+def _is_ray_wrapper(e: BaseException) -> bool:
+    """True for Ray's own exception types (and the RayTaskError subclasses Ray makes of a task's error)."""
+    return any(c.__module__.startswith("ray.") for c in type(e).__mro__[:-1])
+
+
+def _wrapped(e: BaseException) -> BaseException | None:
+    """The exception one Ray wrapper holds, or None. Where each lives (Ray 2.60):
+    RayTaskError `.cause`; Ray Train V2's WorkerGroupError `.worker_failures` ({rank: the worker's exception},
+    UserExceptionWithTraceback already unwrapped), ControllerError `.controller_failure`,
+    WorkerHealthCheckFailedError `.failure`, UserExceptionWithTraceback `._base_exc`; Train V1's
+    TrainingFailedError `__cause__`."""
+    if not _is_ray_wrapper(e):
+        return None
+    failures = getattr(e, "worker_failures", None)
+    if isinstance(failures, dict) and failures:
+        # One rank's own error is usually the story; the others often died of it (a collective that timed out).
+        # The lowest rank whose error is a user error, else the lowest rank.
+        causes = [root_cause(failures[r]) for r in sorted(failures)]
+        return next((c for c in causes if isinstance(c, user_errors())), causes[0])
+    for attr in ("cause", "controller_failure", "failure", "_base_exc"):
+        inner = getattr(e, attr, None)
+        if isinstance(inner, BaseException):
+            return inner
+    return e.__cause__
+
+
 def root_cause(e: BaseException) -> BaseException:
-    """A stage's own exception out of Ray's wrappers (RayTaskError and Train errors keep it as .cause)."""
-    for _ in range(10):
-        nxt = getattr(e, "cause", None) or (e.__cause__ if type(e).__name__.startswith(("RayTaskError", "TrainingFailed", "WorkerGroupError")) else None)
-        if nxt is None or nxt is e:
+    """A stage's or a Train worker's own exception, out of Ray's wrappers (see `_wrapped`), however nested
+    (a RayTaskError of the train stage holds Ray Train's WorkerGroupError, which holds the worker's error)."""
+    for _ in range(20):
+        inner = _wrapped(e)
+        if inner is None or inner is e:
             break
-        e = nxt
+        e = inner
     return e
+
+
+def log_dir() -> Path:
+    """Where a failed job writes its traceback: `$PIPELINE_LOG_DIR`, else `$XDG_STATE_HOME/bert-pipeline/logs`
+    (`~/.local/state/bert-pipeline/logs`).
+
+    Why there: it is known before the config is read (a failure while reading it has a log too), always on the
+    machine that prints the line (a run's storage may be s3://), never inside a data output (whose contents are
+    checked) or a run directory (Ray Train owns it), and it survives the job (not /tmp, which is shared and
+    cleaned). XDG's state directory is where logs a user may want later belong.
+    """
+    if os.environ.get("PIPELINE_LOG_DIR"):
+        return Path(os.environ["PIPELINE_LOG_DIR"])
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "bert-pipeline" / "logs"
+
+
+def write_failure_log(name: str, e: BaseException) -> str:
+    """The full traceback of `e` (Ray's wrappers carry the remote ones in their text), credentials redacted, in a
+    new file `<log_dir>/<name>-<time>-<pid>.log`; returns its path, or a note when it cannot be written."""
+    import datetime
+    import traceback
+
+    from pipeline.tracking import redact
+
+    text = redact(f"{name} {' '.join(sys.argv[1:])}\n\n" + "".join(traceback.format_exception(e)))
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # Ray colours the remote tracebacks it carries
+    try:
+        d = log_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.log"
+        path.write_text(text)
+        return str(path)
+    except OSError as err:
+        return f"not written: {err}"
+
+
+def failure_line(name: str, e: BaseException, extra_errors: tuple[type[BaseException], ...] = ()) -> str:
+    """The one stderr line of a failed job: a user error's message, or a bug's type and message; then the log."""
+    from pipeline.tracking import redact
+
+    cause = root_cause(e)
+    msg = (str(cause).strip().splitlines() or [""])[0]
+    log = write_failure_log(name, e)
+    if isinstance(cause, user_errors() + extra_errors):
+        return redact(f"{name}: error: {msg} (log: {log})")
+    what = f"{type(cause).__name__}: {msg}" if msg else type(cause).__name__
+    if _is_ray_wrapper(cause):  # the cluster's own failure (a node out of memory, an actor that died), no bug
+        return redact(f"{name}: error: Ray: {what} (log: {log})")
+    return redact(f"{name}: internal error: {what} (a bug; traceback in {log})")
 
 
 def _terminate(signum, frame):  # noqa: ARG001 - signal handler signature
@@ -49,8 +129,8 @@ def _terminate(signum, frame):  # noqa: ARG001 - signal handler signature
 
 def run_job(name: str, body: Callable[[], int], *, extra_errors: tuple[type[BaseException], ...] = (),
             on_abort: Callable[[str], None] | None = None) -> int:
-    """Run `body()`; map user errors to one stderr line + exit 1, Ctrl-C/SIGTERM to exit 130. `on_abort(status)`
-    runs first on either path (status "FAILED" or "KILLED"), e.g. to end the job's MLflow runs."""
+    """Run `body()`; any exception becomes one stderr line (`failure_line`) and exit 1, Ctrl-C/SIGTERM exit 130.
+    `on_abort(status)` runs first on either path (status "FAILED" or "KILLED"), e.g. to end the job's MLflow runs."""
     signal.signal(signal.SIGTERM, _terminate)
     import logging
 
@@ -62,14 +142,11 @@ def run_job(name: str, body: Callable[[], int], *, extra_errors: tuple[type[Base
             on_abort("KILLED")
         print(f"{name}: interrupted; re-running the same command resumes", file=sys.stderr, flush=True)
         return 130
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - every failure, bugs included, ends as one line; the log keeps the rest
         if on_abort is not None:
             on_abort("FAILED")
-        cause = root_cause(e)
-        if isinstance(cause, user_errors() + extra_errors):
-            print(f"{name}: error: {cause}".splitlines()[0], file=sys.stderr, flush=True)
-            return 1
-        raise
+        print(failure_line(name, e, extra_errors), file=sys.stderr, flush=True)
+        return 1
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:

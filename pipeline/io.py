@@ -12,6 +12,7 @@ into place, so a reader sees a whole file or none; every read error names the fi
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -27,8 +28,42 @@ import pyarrow.parquet as pq
 
 
 class StorageError(ValueError):
-    """A file that cannot be read as what it should be; the message names the file."""
+    """A file that cannot be read as what it should be, or written; the message names the file."""
 
+
+# OSErrors a user can act on (free space, fix permissions), said in words; others keep their own strerror.
+_REASONS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+            errno.EROFS: "read-only file system", errno.EACCES: "permission denied", errno.EPERM: "permission denied"}
+
+
+def os_reason(e: OSError) -> str:
+    """An OSError in words, without its path (the caller names the path and the operation).
+
+    >>> os_reason(OSError(errno.ENOSPC, "No space left on device")), os_reason(OSError("[Errno 28] No space left on device"))
+    ('no space left on device', 'no space left on device')
+    """
+    if e.errno in _REASONS:
+        return _REASONS[e.errno]
+    text = str(e.strerror or e).splitlines()[0] if (e.strerror or str(e)) else type(e).__name__
+    for code, words in _REASONS.items():  # pyarrow re-raises the writer's OSError as text: "[Errno 28] ..."
+        if os.strerror(code).lower() in text.lower():
+            return words
+    return text
+
+
+@contextlib.contextmanager
+def writing(path: str, fs: fsspec.AbstractFileSystem | None = None, tmp: str | None = None,
+            operation: str = "writing") -> Iterator[None]:
+    """Turn an OSError of the block into a StorageError naming the operation and `path`
+    (`no space left on device writing /data/out/shards/shard-00003-of-00008.parquet`), removing the temporary
+    file `tmp` (on `fs`) first so that a full disk gets its space back. Other errors pass unchanged."""
+    try:
+        yield
+    except OSError as e:
+        if tmp is not None and fs is not None:
+            with contextlib.suppress(OSError):
+                fs.rm(tmp)
+        raise StorageError(f"{os_reason(e)} {operation} {path}") from e
 
 
 def join(base: str, *parts: str) -> str:
@@ -104,20 +139,22 @@ def commit(fs: fsspec.AbstractFileSystem, tmp: str, final: str) -> None:
 def write_bytes_atomic(path: str, data: bytes) -> None:
     """Write to a temporary name beside `path`, then rename: readers see all of it or nothing."""
     fs, p = filesystem(path)
-    make_parent(fs, p)
     tmp = temp_name(p)
-    with fs.open(tmp, "wb") as f:
-        f.write(data)
-    commit(fs, tmp, p)
+    with writing(path, fs, tmp):
+        make_parent(fs, p)
+        with fs.open(tmp, "wb") as f:
+            f.write(data)
+        commit(fs, tmp, p)
 
 
 def write_parquet_atomic(path: str, table: pa.Table, compression: str = "zstd") -> None:
     fs, p = filesystem(path)
-    make_parent(fs, p)
     tmp = temp_name(p)
-    with fs.open(tmp, "wb") as f:
-        pq.write_table(table, f, compression=compression)
-    commit(fs, tmp, p)
+    with writing(path, fs, tmp):
+        make_parent(fs, p)
+        with fs.open(tmp, "wb") as f:
+            pq.write_table(table, f, compression=compression)
+        commit(fs, tmp, p)
 
 
 def sha256_file(path: str) -> str:
@@ -149,6 +186,66 @@ def read_json(path: str) -> Any:
         raise StorageError(f"{path} does not exist") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise StorageError(f"{path} is not valid JSON: {str(e).splitlines()[0]}") from None
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return "file" in protocols or "local" in protocols
+
+
+def broken_link(path: str) -> str | None:
+    """Why a local symlink cannot be read (it dangles, or it loops), or None when `path` is no broken link.
+
+    >>> import tempfile; d = tempfile.mkdtemp(); os.symlink("gone.txt", f"{d}/a.txt"); broken_link(f"{d}/a.txt")
+    'is a dangling symlink (to gone.txt)'
+    >>> os.symlink("b", f"{d}/b"); broken_link(f"{d}/b"); import shutil; shutil.rmtree(d)
+    'is a symlink loop'
+    """
+    if not os.path.islink(path):
+        return None
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return f"is a dangling symlink (to {os.readlink(path)})"
+    except OSError as e:
+        return "is a symlink loop" if e.errno == errno.ELOOP else f"cannot be read ({e.strerror})"
+    return None
+
+
+def find_files(fs: fsspec.AbstractFileSystem, root: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """(every file under folder `root`, sorted; [(path, why it cannot be read)]). On a local disk symlinks are
+    followed (a linked folder is walked under the link's name); a dangling symlink, a symlink loop and a link back
+    to a folder being walked are returned with their reason instead of failing the walk (fsspec's `find` stats
+    every entry and raises on a dangling one)."""
+    if not is_local(fs):
+        return sorted(fs.find(root)), []
+    files: list[str] = []
+    broken: list[tuple[str, str]] = []
+    above: list[tuple[int, int]] = []  # (device, inode) of the folders being walked: a link to one is a loop
+
+    def walk(d: str) -> None:
+        st = os.stat(d)
+        above.append((st.st_dev, st.st_ino))
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError as e:
+            broken.append((d, f"folder cannot be read ({e.strerror})"))
+            entries = []
+        for e in entries:
+            if (reason := broken_link(e.path)) is not None:
+                broken.append((e.path, reason.removeprefix("is a ")))
+            elif e.is_dir():  # follows a link to a folder
+                target = os.stat(e.path)
+                if (target.st_dev, target.st_ino) in above:
+                    broken.append((e.path, f"symlink loop (to {os.path.realpath(e.path)}, a folder above it)"))
+                else:
+                    walk(e.path)
+            else:
+                files.append(e.path)
+        above.pop()
+
+    walk(root)
+    return sorted(files), broken
 
 
 def is_uri(path: str) -> bool:

@@ -15,6 +15,7 @@ logged before it died; those are dropped, so the run has one value per step).
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import threading
 import time
@@ -64,11 +65,44 @@ def tracking_uri() -> str:
     return _absolute_store_uri(uri)
 
 
-def _basic_auth_header() -> dict[str, str]:
-    """`Authorization: Basic ...` from MLFLOW_TRACKING_USERNAME/PASSWORD, as MLflow's own client sends it; {} if unset."""
+# `scheme://user:password@` in any text (a URI in a message, a traceback, a log line).
+_CREDENTIALS = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*):[^@/\s]*@")
+
+
+def redact(text: str) -> str:
+    """`text` with the password of every URI in it replaced by `***`; the user name stays (it says whose).
+
+    >>> redact("server http://user:pw@host:9 is unreachable; s3://k:s%2Fx@bucket/p, http://host:5000")
+    'server http://user:***@host:9 is unreachable; s3://k:***@bucket/p, http://host:5000'
+    """
+    return _CREDENTIALS.sub(r"\1:***@", text)
+
+
+def split_credentials(uri: str) -> tuple[str, str | None, str | None]:
+    """(the URI without its user and password, user, password): urllib reads `host` out of `user:pw@host:9` only
+    once they are gone.
+
+    >>> split_credentials("http://user:p%40ss@host:9/x"), split_credentials("http://host:9")
+    (('http://host:9/x', 'user', 'p@ss'), ('http://host:9', None, None))
+    """
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri, None, None
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    return urlunsplit(parts._replace(netloc=hostport)), unquote(user), unquote(password) if password else None
+
+
+def _basic_auth_header(uri_user: str | None = None, uri_password: str | None = None) -> dict[str, str]:
+    """`Authorization: Basic ...` from MLFLOW_TRACKING_USERNAME/PASSWORD, as MLflow's own client sends it, else from
+    the URI's own `user:password@`; {} if neither."""
     import base64
 
     user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if not user and not password:
+        user, password = uri_user, uri_password
     if not user and not password:
         return {}
     token = base64.b64encode(f"{user or ''}:{password or ''}".encode()).decode()
@@ -88,16 +122,18 @@ def check_tracking_server(uri: str | None = None, timeout: float = 30.0) -> None
     if not uri.startswith(("http://", "https://")):
         return
     path = "/api/2.0/mlflow/experiments/search"
-    url = f"{uri.rstrip('/')}{path}?max_results=1"
-    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
-    req = urllib.request.Request(url, headers=_basic_auth_header())
+    bare, uri_user, uri_password = split_credentials(uri)
+    url = f"{bare.rstrip('/')}{path}?max_results=1"
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME") or uri_user
+    req = urllib.request.Request(url, headers=_basic_auth_header(uri_user, uri_password))
+    uri = redact(uri)  # the URI as messages show it
     try:
         with urllib.request.urlopen(req, timeout=timeout):  # noqa: S310 - the user's own server
             return
     except urllib.error.HTTPError as e:
         if e.code == 401:
             problem = (f"rejected the credentials of user {user!r} (HTTP 401); check MLFLOW_TRACKING_USERNAME and "
-                       "MLFLOW_TRACKING_PASSWORD") if user or os.environ.get("MLFLOW_TRACKING_PASSWORD") else (
+                       "MLFLOW_TRACKING_PASSWORD") if user or os.environ.get("MLFLOW_TRACKING_PASSWORD") or uri_password else (
                        "requires a login (HTTP 401); set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD")
         elif e.code == 403:
             problem = f"refused user {user!r} (HTTP 403): no permission to read experiments"
@@ -106,7 +142,8 @@ def check_tracking_server(uri: str | None = None, timeout: float = 30.0) -> None
         raise TrackingError(f"MLflow tracking server {uri} {problem}") from None
     except (urllib.error.URLError, OSError, TimeoutError) as e:
         reason = getattr(e, "reason", e)
-        raise TrackingError(f"MLflow tracking server {uri} is unreachable ({reason}); start it or fix MLFLOW_TRACKING_URI") from None
+        raise TrackingError(redact(f"MLflow tracking server {uri} is unreachable ({reason}); start it or fix "
+                                   "MLFLOW_TRACKING_URI")) from None
 
 
 _STORES_READY: set[str] = set()  # SQLite stores this process has opened (created or migrated) under the lock
@@ -176,6 +213,17 @@ def find_run(experiment: str, run_name: str) -> str | None:
         [exp.experiment_id], filter_string=f"attributes.run_name = '{safe}'", order_by=["attributes.start_time DESC"], max_results=1
     )
     return runs[0].info.run_id if runs else None
+
+
+def newest_run_tagged(experiment: str, key: str, value: str, uri: str | None = None) -> Any | None:
+    """The newest (not deleted) run of `experiment` whose tag `key` is `value`, or None."""
+    c = client(uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    runs = c.search_runs([exp.experiment_id], filter_string=f"tags.{key} = '{value}'",
+                         order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0] if runs else None
 
 
 def run_exists(run_id: str, uri: str | None = None) -> bool:
@@ -487,7 +535,7 @@ def model_version_info(uri: str) -> dict[str, Any]:
     try:
         mv = c.get_model_version_by_alias(name, alias) if alias else c.get_model_version(name, version)
     except MlflowException as e:
-        raise TrackingError(f"{uri} not found in the registry at {c.tracking_uri}: {e.message.splitlines()[0]}") from None
+        raise TrackingError(redact(f"{uri} not found in the registry at {c.tracking_uri}: {e.message.splitlines()[0]}")) from None
     return {"name": mv.name, "version": str(mv.version), "run_id": mv.run_id, "tags": dict(mv.tags), "source": mv.source}
 
 

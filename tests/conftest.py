@@ -28,10 +28,14 @@ SHARED = REPO.parent / "shared"
 # directory of the test session's own, removed at the end, so the suite leaves nothing in /tmp.
 _INDUCTOR = tempfile.mkdtemp(prefix="pytest-inductor-")
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _INDUCTOR)
+# A failed job writes its traceback under PIPELINE_LOG_DIR (pipeline.cli.log_dir): the session's own, not ~/.local.
+_JOB_LOGS = tempfile.mkdtemp(prefix="pytest-joblogs-")
+os.environ.setdefault("PIPELINE_LOG_DIR", _JOB_LOGS)
 
 
 def pytest_unconfigure(config):  # noqa: ARG001 - pytest's hook signature
     shutil.rmtree(_INDUCTOR, ignore_errors=True)
+    shutil.rmtree(_JOB_LOGS, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -108,5 +108,62 @@ def test_pretrain_model_init_contradicting_the_preset_is_one_line_before_work(re
     p, _ = _run(repo_root, "jobs/pretrain.py", "--config", "configs/tiny.yaml", "--model.init", minilm_dir,
                 "--data.output", tmp_path / "data", "--train.storage_path", tmp_path / "runs",
                 env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
-    assert _one_line(p).endswith(f"error: model.preset tiny: hidden_size 128 != 384 in {minilm_dir}/config.json")
+    assert f"error: model.preset tiny: hidden_size 128 != 384 in {minilm_dir}/config.json (log: " in _one_line(p)
     assert not (tmp_path / "data").exists() and not (tmp_path / "runs").exists()
+
+
+_GARBLED_IN_A_WORKER = """
+import sys
+
+import ray
+
+from pipeline.cli import run_job
+from pipeline.core import launcher
+from pipeline.dag import Stage, run_graph
+
+state, runs = sys.argv[1:3]
+
+
+def loop(config):  # every worker reads the garbled train_state.json, as a resume does
+    from pipeline.core import launcher
+    from pipeline.io import read_json
+
+    launcher.quiet_ray_train()
+    read_json(config["state"])
+
+
+def train(_deps):  # the train stage: a Ray task that runs Ray Train
+    return launcher.fit(loop, {"state": state}, name="garbled", storage_path=runs,
+                        scale=launcher.Scale(num_workers=2, cpus_per_worker=0.5))
+
+
+def body():
+    launcher.connect(2)  # as the jobs do: a private local Ray
+    try:
+        return run_graph([Stage("train", train)], remote=True, log=lambda m: None)
+    finally:
+        ray.shutdown()
+
+
+sys.exit(run_job("pretrain", body))
+"""
+
+
+@pytest.mark.slow
+def test_an_input_error_in_a_train_worker_is_one_line(repo_root, tmp_path):
+    """A garbled train_state.json read in the Train workers (a Ray task -> Ray Train -> 2 workers) reaches the
+    user as one line naming the file, not a traceback per worker (`cli.root_cause` unwraps RayTaskError and
+    WorkerGroupError); the log it names keeps the worker's traceback. About 40 s on 2 busy cores (a local Ray and
+    one Train attempt)."""
+    state = tmp_path / "checkpoint_000001" / "train_state.json"
+    state.parent.mkdir()
+    state.write_text('{"step": 4, gar')
+    logs = tmp_path / "logs"
+    p, _ = _run(repo_root, "-c", _GARBLED_IN_A_WORKER, state, tmp_path / "runs",
+                env={"PIPELINE_LOG_DIR": str(logs), "PYTHONPATH": str(repo_root)}, timeout=300)
+    assert p.returncode == 1 and "Traceback" not in p.stderr and "Error in training function" not in p.stderr, p.stderr[-3000:]
+    mine = [line for line in p.stderr.splitlines() if "train_state.json" in line]
+    assert len(mine) == 1 and mine[0].startswith(f"pretrain: error: {state} is not valid JSON: "), p.stderr[-3000:]
+    log = mine[0].rsplit("(log: ", 1)[1].rstrip(")")
+    text = open(log).read()
+    assert log.startswith(str(logs)) and "WorkerGroupError" in text and "in loop" in text and "read_json" in text

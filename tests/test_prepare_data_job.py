@@ -7,6 +7,8 @@ import gzip
 import hashlib
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -176,3 +178,60 @@ def test_a_local_preparation_imports_neither_ray_nor_torch_nor_pandas(repo_root,
     assert p.returncode == 0, p.stderr
     assert "LOADED []" in p.stdout, p.stdout[-500:]
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["examples"] > 0
+
+
+@pytest.fixture()
+def full_disk(tmp_path):
+    """A real 144 KiB tmpfs (36 pages) mounted on a temporary directory, unmounted at teardown; skipped where
+    this process may not mount (not root, or a container without CAP_SYS_ADMIN)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={36 * 4096}", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def test_disk_full_is_one_line_and_a_moved_output_resumes_to_the_same_bytes(repo_root, shared_dir, tmp_path, full_disk):
+    """The disk fills up while the shards are written: one line naming the operation and the file, no traceback.
+    The unfinished output, moved to a disk with room (another path, as a shared mount seen elsewhere), resumes
+    its finished units (the `_work` records hold paths relative to the output) and gives the clean run's bytes."""
+    books = shared_dir / "corpora/books"
+    args = ["--input", books / "08_Ruth.txt", "--input", books / "31_Obad.txt", "--input", books / "32_Jonah.txt",
+            "--vocab-size", "600", "--data.num_shards", "4"]
+    clean = tmp_path / "clean"
+    assert _run(repo_root, *args, "--output", clean).returncode == 0
+    out = full_disk / "out"
+    p = _run(repo_root, *args, "--output", out)
+    _assert_clean_error(p, f"prepare_data: error: no space left on device writing {out}/shards/shard-0000")
+    assert re.search(r"/shard-0000\d-of-00004\.parquet \(log: /\S+\.log\)$", p.stderr)  # the file, not a temporary name
+    assert len(list(out.glob("_work/*/tok/*.done.json"))) == 3 and not (out / "manifest.json").exists()
+    assert not list(out.rglob(".*.tmp-*"))  # the failed write's temporary file is gone: its space is free again
+
+    moved = tmp_path / "moved"
+    shutil.move(out, moved)
+    p = _run(repo_root, *args, "--output", moved)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "resuming, 3 already done" in p.stderr
+    assert _shard_hashes(moved) == _shard_hashes(clean)
+
+
+def test_broken_symlinks_in_an_input_folder_are_printed_and_in_the_manifest(repo_root, shared_dir, tmp_path):
+    """A dangling symlink and a symlink loop beside a book: the job reads the book, prints each skipped link
+    with its reason and lists both in the manifest's skipped_files (about 2 s)."""
+    src = tmp_path / "in"
+    src.mkdir()
+    shutil.copyfile(shared_dir / "corpora/books/08_Ruth.txt", src / "08_Ruth.txt")
+    os.symlink("/nonexistent/gone.txt", src / "dangling.txt")
+    os.symlink("loop.txt", src / "loop.txt")
+    p = _run(repo_root, "--input", src, "--output", tmp_path / "out", "--vocab-size", "600")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert f"skipped {src}/dangling.txt: dangling symlink (to /nonexistent/gone.txt)" in p.stderr
+    assert f"skipped {src}/loop.txt: symlink loop" in p.stderr
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert m["skipped_files"] == [{"path": f"{src}/dangling.txt", "reason": "dangling symlink (to /nonexistent/gone.txt)"},
+                                  {"path": f"{src}/loop.txt", "reason": "symlink loop"}]
+    assert m["input_files"] == 1 and m["documents_written"] == 1

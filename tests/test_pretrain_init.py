@@ -128,3 +128,33 @@ def test_run_identity_without_init_is_unchanged_and_with_init_has_its_sha(tmp_pa
     other = SimpleNamespace(**{**init.__dict__, "weights_sha256": "0" * 64})
     assert run_identity(cfg, datasets, init) != run_identity(cfg, datasets, other)
     assert run_identity(cfg, datasets, init) != run_identity(cfg, datasets)
+
+
+@pytest.mark.slow
+def test_a_run_longer_by_max_steps_only_says_it_is_new_and_how_to_continue(tmp_path, monkeypatch):
+    """An earlier run (as train_stage starts it: tagged with its identity without max_steps) in a real SQLite
+    store: the same config with another max_steps gets one line naming that run, both lengths and its registered
+    version as `--model.init`; the run itself (resumed), another LR, or a chosen run name get none. About 20 s,
+    most of it MLflow creating the SQLite store."""
+    from pipeline import tracking
+    from pipeline.pretrain.job import longer_run_notice
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    datasets = [SimpleNamespace(config_hash="c" * 64, vocab_sha256="v" * 64)]
+    short = _cfg(tmp_path, "--train.max_steps", "24")
+    run_id = tracking.start_run("bert-pretrain", run_name_for(short, datasets), {
+        "identity_without_max_steps": run_identity(short, datasets, without=("max_steps",))})
+    tracking.RunLogger(run_id, uri).log_params(short.flat())
+
+    longer = _cfg(tmp_path, "--train.max_steps", "48")
+    line = longer_run_notice(longer, datasets, uri)
+    assert line.startswith(f"[train] only train.max_steps differs from run {run_name_for(short, datasets)} (24 -> 48 steps")
+    assert f"{run_name_for(longer, datasets)} is a new run, trained from scratch" in line and "\n" not in line
+    assert "no registered version yet" in line and "--model.init models:/bert-pretrain/<version>" in line
+
+    tracking.RunLogger(run_id, uri).set_tags({"registered_model": "models:/bert-pretrain/3"})
+    assert "run with --model.init models:/bert-pretrain/3 " in longer_run_notice(longer, datasets, uri)
+    assert longer_run_notice(short, datasets, uri) is None  # resuming the earlier run itself
+    assert longer_run_notice(_cfg(tmp_path, "--train.max_steps", "48", "--train.lr", "7e-4"), datasets, uri) is None
+    assert longer_run_notice(_cfg(tmp_path, "--train.max_steps", "48", "--train.run_name", "mine"), datasets, uri) is None

@@ -177,6 +177,21 @@ def test_check_tracking_server_names_server_and_problem(tracking_server, monkeyp
     check_tracking_server(tracking_server["uri"])
 
 
+def test_credentials_in_the_uri_itself_are_used_and_never_shown(tracking_server, monkeypatch):
+    """MLFLOW_TRACKING_URI=http://user:password@host:port (no MLFLOW_TRACKING_* variables): the probe reads the
+    host right and authenticates with the URI's credentials; a wrong one is refused in a line without it."""
+    from pipeline.tracking import TrackingError, check_tracking_server
+
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+    scheme, hostport = tracking_server["uri"].split("://")
+    check_tracking_server(f"{scheme}://{JOBS_USER}:{JOBS_PASSWORD}@{hostport}")
+    with pytest.raises(TrackingError) as e:
+        check_tracking_server(f"{scheme}://{JOBS_USER}:wrong-password@{hostport}")
+    msg = str(e.value)
+    assert f"{scheme}://{JOBS_USER}:***@{hostport}" in msg and "401" in msg and "wrong-password" not in msg
+
+
 def test_job_with_wrong_password_fails_in_one_line_before_ray(tracking_server, repo_root, tmp_path):
     storage = tmp_path / "runs"
     out = subprocess.run(

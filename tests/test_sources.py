@@ -190,3 +190,30 @@ def test_skipped_files_are_named_with_their_reasons(tmp_path):
     msg = str(no_readable_input([str(tmp_path)], skipped))
     assert msg.startswith(f"no readable input file under {tmp_path} (skipped 7: {tmp_path}/notes0.md (unknown format), ")
     assert msg.endswith("notes4.md (unknown format), and 2 more)")
+
+
+def test_dangling_symlinks_and_loops_are_skipped_with_their_reason(shared_dir, tmp_path):
+    """A dangling link, a link to itself, two links to each other and a link to a folder above: each skipped with
+    why, never a traceback; a link to a real folder elsewhere is walked under its own name."""
+    import os
+
+    from pipeline.data.sources import InputError
+
+    root = tmp_path / "in"
+    (root / "sub").mkdir(parents=True)
+    (root / "book.txt").write_text("A book. " * 50)
+    os.symlink("/nonexistent/gone.txt", root / "dangling.txt")
+    os.symlink("self.txt", root / "self.txt")
+    os.symlink("b.txt", root / "a.txt")
+    os.symlink("a.txt", root / "b.txt")
+    os.symlink("..", root / "sub" / "up")
+    os.symlink(shared_dir / "corpora" / "books", root / "linked")
+    files, skipped = expand_inputs([str(root)])
+    assert [f.path for f in files][:2] == [str(root / "book.txt"), str(root / "linked" / "01_Ge.txt")]
+    assert len(files) == 1 + len(os.listdir(shared_dir / "corpora" / "books"))
+    assert skipped == [(str(root / "a.txt"), "symlink loop"), (str(root / "b.txt"), "symlink loop"),
+                       (str(root / "dangling.txt"), "dangling symlink (to /nonexistent/gone.txt)"),
+                       (str(root / "self.txt"), "symlink loop"),
+                       (str(root / "sub" / "up"), f"symlink loop (to {root}, a folder above it)")]
+    with pytest.raises(InputError, match=r"dangling.txt is a dangling symlink \(to /nonexistent/gone.txt\)$"):
+        expand_inputs([str(root / "dangling.txt")])

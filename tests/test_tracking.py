@@ -197,3 +197,22 @@ def test_two_first_runs_create_one_new_sqlite_store(tmp_path, repo_root):
     outs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
     assert outs[0][0].split()[-1] == outs[1][0].split()[-1]  # the same experiment, created once
+
+
+def test_credentials_in_the_tracking_uri_are_redacted_and_the_host_read(monkeypatch):
+    """`http://user:pw@127.0.0.1:PORT` with nothing listening: the message names the server without the password,
+    and the probe went to 127.0.0.1:PORT (connection refused), not to a host misread out of `user:pw@...`."""
+    import socket
+
+    from pipeline.tracking import TrackingError, check_tracking_server
+
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    with pytest.raises(TrackingError) as e:
+        check_tracking_server(f"http://user:s3cret@127.0.0.1:{port}", timeout=5)
+    msg = str(e.value)
+    assert msg.startswith(f"MLflow tracking server http://user:***@127.0.0.1:{port} is unreachable (")
+    assert "s3cret" not in msg and "refused" in msg.lower(), msg

@@ -241,8 +241,13 @@ def quiet_ray_data() -> None:
 
 
 def quiet_ray_train() -> None:
-    """In this process (a Train worker): Ray Train's "Reporting training result ..." INFO line off the console."""
+    """In this process (a Train worker): Ray Train's "Reporting training result ..." INFO line off the console, and
+    its "Error in training function" traceback too: the error reaches the driver inside WorkerGroupError, whose
+    text keeps that traceback, and the job prints it as one line and writes it to its failure log
+    (`pipeline.cli.run_job`); on the console it would be one traceback per worker and per attempt."""
     import logging
+
+    logging.getLogger("ray.train.v2._internal.util").setLevel(logging.CRITICAL)
 
     try:  # Ray Train V2 logs each report under its module's file path, not under "ray.train"
         from ray.train.v2._internal.execution import context as train_context

@@ -52,7 +52,8 @@ from pipeline.data.pool import PoolCandidates, write_pool
 from pipeline.data.sources import Document, InputFile, read_documents
 from pipeline.data.tokenizer import SentenceEncoder
 from pipeline.data.wiki import WikiOptions
-from pipeline.io import commit, exists, filesystem, join, make_parent, read_table, read_text, sha256_file, temp_name, write_bytes_atomic, write_parquet_atomic
+from pipeline.io import (commit, exists, filesystem, join, make_parent, read_table, read_text, sha256_file, temp_name,
+                        write_bytes_atomic, write_parquet_atomic, writing)
 
 TOKEN_SCHEMA = pa.schema([("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32())), ("sent_lens", pa.list_(pa.int32()))])
 
@@ -121,7 +122,7 @@ def tokenize_file(
     three steps also run apart, the batches of one big file on several workers (`prepare.tokenize_pass`).
     """
     if file_done(f, work):
-        return json.loads(read_text(done_path(f, work)))
+        return read_done(f, work)
     if not isinstance(tok, SentenceEncoder):
         tok = SentenceEncoder(tok)
     merge = FileMerge(f, cfg, work)
@@ -151,6 +152,35 @@ def done_path(f: InputFile, work: str) -> str:
 
 def file_done(f: InputFile, work: str) -> bool:
     return exists(done_path(f, work))
+
+
+# The work records (done markers, example chunks' metas) name the work's files relative to the work directory, so
+# an unfinished output that was moved, or a shared mount seen at another path on another node, still resumes.
+def relative_to(work: str, path: str) -> str:
+    """`path` relative to `work` when it is inside it (else unchanged).
+
+    >>> relative_to("/out/_work/ab", "/out/_work/ab/tok/f000001.pool.parquet"), relative_to("/out/_work/ab", "/x/y")
+    ('tok/f000001.pool.parquet', '/x/y')
+    """
+    prefix = work.rstrip("/") + "/"
+    return path[len(prefix):] if path.startswith(prefix) else path
+
+
+def located(work: str, path: str) -> str:
+    """A work record's path back under `work`; a record from before paths were relative keeps its absolute path.
+
+    >>> located("/moved/_work/ab", "tok/f000001.pool.parquet"), located("/moved/_work/ab", "/out/_work/ab/x")
+    ('/moved/_work/ab/tok/f000001.pool.parquet', '/out/_work/ab/x')
+    """
+    return path if path.startswith("/") or "://" in path else join(work, path)
+
+
+def read_done(f: InputFile, work: str) -> dict[str, Any]:
+    """A finished file's stats from its done marker, with its chunks' and pool's paths under `work`."""
+    stats = json.loads(read_text(done_path(f, work)))
+    stats["pool"] = located(work, stats["pool"])
+    stats["chunks"] = [{**c, "path": located(work, c["path"])} for c in stats["chunks"]]
+    return stats
 
 
 def chunk_path(f: InputFile, work: str, b: int) -> str:
@@ -275,7 +305,9 @@ class FileMerge:
         stats["pool"] = write_pool(join(self.work, "tok", f"{unit_name(self.f)}.pool.parquet"), pool)
         stats["rejected_reasons"] = dict(sorted(self.reasons.items()))
         stats["documents_rejected"] = sum(self.reasons.values())
-        write_bytes_atomic(done_path(self.f, self.work), json.dumps(stats).encode())
+        record = {**stats, "pool": relative_to(self.work, stats["pool"]),
+                  "chunks": [{**c, "path": relative_to(self.work, c["path"])} for c in stats["chunks"]]}
+        write_bytes_atomic(done_path(self.f, self.work), json.dumps(record).encode())
         return stats
 
 
@@ -316,7 +348,7 @@ def examples_for_chunks(
     """
     meta_path = out_path + ".json"
     if exists(meta_path):
-        return json.loads(read_text(meta_path))
+        return {**json.loads(read_text(meta_path)), "path": out_path}  # its own path, wherever the output is now
     t = pa.concat_tables([read_table(p) for p in chunk_paths])
     doc_ids = numpy_of(t.column("doc_id"))
     toks = list_rows(t.column("tokens"))
@@ -374,7 +406,7 @@ def examples_for_chunks(
         "nsp_random": int((nsp_arr == 1).sum()),
         "nsp_pairs": int((nsp_arr >= 0).sum()),
     }
-    write_bytes_atomic(meta_path, json.dumps(meta).encode())
+    write_bytes_atomic(meta_path, json.dumps({**meta, "path": out_path.rsplit("/", 1)[-1]}).encode())
     return meta
 
 
@@ -396,15 +428,16 @@ def balanced_ranges(n: int, k: int) -> list[tuple[int, int]]:
 def write_shard(path: str, parts: list[tuple[str, int, int]]) -> dict[str, Any]:
     """Stream row slices [(chunk path, start, stop), ...] into one zstd Parquet shard, atomically."""
     fs, p = filesystem(path)
-    make_parent(fs, p)
     tmp = temp_name(p)
     rows = 0
-    with fs.open(tmp, "wb") as f, pq.ParquetWriter(f, SCHEMA, compression="zstd") as w:
-        for chunk, a, b in parts:
-            t = read_table(chunk).slice(a, b - a)
-            w.write_table(t)
-            rows += t.num_rows
-    commit(fs, tmp, p)
+    with writing(path, fs, tmp):
+        make_parent(fs, p)
+        with fs.open(tmp, "wb") as f, pq.ParquetWriter(f, SCHEMA, compression="zstd") as w:
+            for chunk, a, b in parts:
+                t = read_table(chunk).slice(a, b - a)
+                w.write_table(t)
+                rows += t.num_rows
+        commit(fs, tmp, p)
     return {"path": path, "rows": rows, "sha256": sha256_file(path)}
 
 

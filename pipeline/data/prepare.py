@@ -39,12 +39,12 @@ from pipeline.data.dedup import Duplicates, resolve
 from pipeline.data.passes import (
     FileMerge,
     chunk_path,
-    done_path,
     example_units,
     file_batches,
     file_done,
     in_chunk_order,
     dedup_params,
+    read_done,
     shard_plan,
     text_bytes,
     unit_name,
@@ -53,7 +53,7 @@ from pipeline.data.pool import merge_pool
 from pipeline.data.progress import Progress, log
 from pipeline.data.sources import InputError, InputFile, Skipped, split_units
 from pipeline.data.tokenizer import check_pair, read_vocab, sha256_bytes
-from pipeline.io import filesystem, join, read_table, read_text, write_bytes_atomic
+from pipeline.io import filesystem, join, read_table, write_bytes_atomic
 
 
 class OutputExistsError(ValueError):
@@ -178,8 +178,7 @@ def tokenize_pass(ex: Any, files: list[InputFile], cfg: DataConfig, work: str,
     pass's duplicates, rejected with their reason."""
     dropped = dropped or {}
     cost = [text_bytes(f) for f in files]
-    stats: dict[int, dict[str, Any]] = {i: json.loads(read_text(done_path(f, work)))
-                                         for i, f in enumerate(files) if file_done(f, work)}
+    stats: dict[int, dict[str, Any]] = {i: read_done(f, work) for i, f in enumerate(files) if file_done(f, work)}
     todo = sorted((i for i in range(len(files)) if i not in stats), key=lambda i: -cost[i])
     big = [i for i in todo if ex.workers > 1 and cost[i] > 2 * cfg.chunk_chars]
     whole = [i for i in todo if i not in big]

@@ -50,6 +50,7 @@ import fsspec
 
 from pipeline.data import wiki
 from pipeline.data.wiki import WikiOptions
+from pipeline.io import broken_link, find_files, is_local
 
 Kind = Literal["txt", "jsonl", "wikiext_json", "parquet", "hf", "wikiext", "wiki_xml", "wiki_multistream"]
 
@@ -190,17 +191,20 @@ def expand_inputs(paths: list[str]) -> tuple[list[InputFile], list[Skipped]]:
     for raw in paths:
         fs, p = _fs(raw)
         if not fs.exists(p):
-            raise InputError(f"input path {raw} does not exist")
+            why = (broken_link(p) if is_local(fs) else None) or "does not exist"
+            raise InputError(f"input path {raw} {why}")
         if fs.isdir(p):
             hf_dirs = set()
-            for f in sorted(fs.find(p)):
+            listing, broken = find_files(fs, p)
+            skipped += [Skipped(_unstrip(fs, raw, f), reason) for f, reason in broken]
+            for f in listing:
                 base = f.rsplit("/", 1)[-1]
                 parent = f.rsplit("/", 1)[0]
                 if base == "state.json" and fs.exists(f"{parent}/dataset_info.json"):
                     hf_dirs.add(parent)
             for d in sorted(hf_dirs):
                 found.append((_unstrip(fs, raw, d), "hf", 0, ""))
-            for f in sorted(fs.find(p)):
+            for f in listing:
                 if any(f.startswith(d + "/") for d in hf_dirs):
                     continue
                 k, reason = _kind_and_reason(fs, f, explicit=False)

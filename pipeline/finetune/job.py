@@ -225,7 +225,7 @@ def _single_run(job: Job, run_name: str, lr_source: str) -> dict[str, Any]:
 
     run_id = tracking.start_run(job.cfg.tracking.experiment, run_name, job.tags)
     logger = tracking.RunLogger(run_id, job.shared["tracking_uri"])
-    print(f"[finetune] MLflow run {run_id} ({run_name}) at {job.shared['tracking_uri']}", flush=True)
+    print(f"[finetune] MLflow run {run_id} ({run_name}) at {tracking.redact(job.shared['tracking_uri'])}", flush=True)
     status = "FAILED"
     try:
         job.log_inputs(logger, job.cfg, {"train.lr_source": lr_source})

@@ -160,7 +160,7 @@ def run_sweep(job: Job, run_name: str) -> dict[str, Any]:
     check_trial_resources(cfg.train.num_workers, cfg.train.cpus_per_worker, ray.cluster_resources().get("CPU", 0))
     parent_id = tracking.start_run(cfg.tracking.experiment, run_name, job.tags)
     parent = tracking.RunLogger(parent_id, uri)
-    print(f"[tune] MLflow parent run {parent_id} ({run_name}) at {uri}: {len(cfg.tune.lr or [])} trials, "
+    print(f"[tune] MLflow parent run {parent_id} ({run_name}) at {tracking.redact(uri)}: {len(cfg.tune.lr or [])} trials, "
           f"{cfg.tune.max_concurrent_trials} at a time", flush=True)
     children: dict[float, tuple[str, str]] = {}
     status = "FAILED"

@@ -59,11 +59,13 @@ class TrainResult:
     step: int
 
 
-def run_identity(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpoint | None = None) -> str:
+def run_identity(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpoint | None = None,
+                 without: tuple[str, ...] = ()) -> str:
     """Hash of what the weights depend on: model, training settings, each phase's data config and vocabulary, and
     the initial weights' sha256 when the run continues a checkpoint (left out without one: identities of runs from
-    random weights are what they were before `model.init` existed; the ModelConfig repr leaves `init` out)."""
-    train = {k: v for k, v in dataclasses.asdict(cfg.train).items() if k not in _NOT_IN_IDENTITY}
+    random weights are what they were before `model.init` existed; the ModelConfig repr leaves `init` out).
+    `without` leaves more TrainConfig fields out (`max_steps`: runs that differ only by their length)."""
+    train = {k: v for k, v in dataclasses.asdict(cfg.train).items() if k not in _NOT_IN_IDENTITY + without}
     data = [{"config_hash": d.config_hash, "vocab_sha256": d.vocab_sha256} for d in datasets]
     ident: dict[str, Any] = {"model": cfg.model, "train": train, "data": data}
     if init is not None:
@@ -75,6 +77,30 @@ def run_name_for(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpo
     """`train.run_name`, or `<preset>-<first 10 hex of the identity>` (`init-...` for a checkpoint's architecture
     without a preset): the same command and data resume."""
     return cfg.train.run_name or f"{cfg.model.preset or 'init'}-{run_identity(cfg, datasets, init)[:10]}"
+
+
+def longer_run_notice(cfg: Config, datasets: list[PreparedDataset], uri: str, init: InitCheckpoint | None = None
+                      ) -> str | None:
+    """One console line when this run is new and an earlier run in the store differs from it only by
+    `train.max_steps` (its `identity_without_max_steps` tag): the LR schedule depends on max_steps, so this is a new
+    run from scratch; the line says how to continue the earlier model instead (`--model.init models:/...`)."""
+    from pipeline import tracking
+
+    name = run_name_for(cfg, datasets, init)
+    if cfg.train.run_name or tracking.find_run(cfg.tracking.experiment, name) is not None:
+        return None  # a name the user chose, or this very run resumed
+    base = run_identity(cfg, datasets, init, without=("max_steps",))
+    other = tracking.newest_run_tagged(cfg.tracking.experiment, "identity_without_max_steps", base, uri)
+    if other is None or other.info.run_name == name:
+        return None
+    was = other.data.params.get("train.max_steps", "?")
+    model = other.data.tags.get("registered_model")
+    how = (f"to continue its model instead, run with --model.init {model} (its weights, a new LR schedule over "
+           f"--train.max_steps more steps)" if model else
+           f"it has no registered version yet: re-run its command to finish it, then continue it with "
+           f"--model.init models:/{cfg.tracking.model_name}/<version>")
+    return (f"[train] only train.max_steps differs from run {other.info.run_name} ({was} -> {cfg.train.max_steps} "
+            f"steps; the LR schedule depends on it): {name} is a new run, trained from scratch; {how}")
 
 
 def check_run_init(storage_path: str, run_name: str, init: InitCheckpoint | None) -> None:
@@ -246,7 +272,10 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
     os.environ["MLFLOW_TRACKING_URI"] = uri
     run_name = run_name_for(cfg, datasets, init)
     first = datasets[0]
+    if (notice := longer_run_notice(cfg, datasets, uri, init)) is not None:
+        print(notice, flush=True)
     run_id = tracking.start_run(cfg.tracking.experiment, run_name, {
+        "identity_without_max_steps": run_identity(cfg, datasets, init, without=("max_steps",)),
         "git_sha": git_sha, "config_hash": config_hash(cfg.to_dict()), "data_manifest_sha256": first.manifest_sha256,
         "vocab_sha256": first.vocab_sha256, "model_preset": cfg.model.preset, "attempt": attempt,
         **(init.tags if init else {})})
@@ -265,7 +294,7 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
                 with open(os.path.join(sub, name), "wb") as f:
                     f.write(read_bytes(ds.file(name)))
             log.log_artifacts(sub, os.path.basename(sub))
-    print(f"[train] MLflow run {run_id} ({run_name}) at {uri}", flush=True)
+    print(f"[train] MLflow run {run_id} ({run_name}) at {tracking.redact(uri)}", flush=True)
     try:
         return run_training(cfg, datasets, run_id, run_name, uri, init=init)
     except BaseException:
