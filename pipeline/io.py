@@ -188,11 +188,6 @@ def read_json(path: str) -> Any:
         raise StorageError(f"{path} is not valid JSON: {str(e).splitlines()[0]}") from None
 
 
-def is_local(fs: fsspec.AbstractFileSystem) -> bool:
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    return "file" in protocols or "local" in protocols
-
-
 def broken_link(path: str) -> str | None:
     """Why a local symlink cannot be read (it dangles, or it loops), or None when `path` is no broken link.
 
