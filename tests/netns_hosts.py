@@ -205,6 +205,11 @@ class TwoHostCluster:
 
         return s3fs.S3FileSystem(endpoint_url=self.s3_url, key="testing", secret="testing", skip_instance_cache=True)
 
+    def s3_env(self) -> dict[str, str]:
+        """The bucket's endpoint and credentials from this namespace (for pyarrow/s3fs/boto3 clients)."""
+        return {"AWS_ENDPOINT_URL": self.s3_url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_DEFAULT_REGION": "us-east-1"}
+
     def wait_mlflow(self, seconds: float = 240) -> None:
         wait_http(self.mlflow_url + "/health", seconds, self.mlflow)
 

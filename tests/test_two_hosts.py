@@ -3,31 +3,26 @@ by a veth link, each with its own address, /tmp, /dev/shm, HOME and working dire
 between them. On the head: a moto S3 server, an MLflow server (artifacts in the bucket) and the Ray head with token
 auth; the second host joins with `ray start --address`. Everything durable is on S3.
 
-The same `ray job submit` of `jobs/pretrain.py --config configs/tiny.yaml` (data prepared on Ray actors, storage
-on S3) runs first on the head alone (one host, two workers), then, with the worker host joined, on two hosts
-(two workers SPREAD, gloo over the veth). The shards are the same bytes, the final weights are equal, both
-models register; the test prints the figures bench/RESULTS.md records ("Two hosts").
+`ray job submit` of `jobs/pretrain.py --config configs/tiny.yaml` with test_pretrain_job.py's data and training
+settings (data prepared on Ray actors, two Train workers SPREAD, gloo over the veth) must give the shards and the
+final weights of that module's one-host two-worker baseline (reused when it ran in this session, else run here).
+About 2 minutes on 2 cores, most of it the job itself; bench/two_hosts.py times one host against two.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
-from tests import netns_hosts
+import netns_hosts
+import test_pretrain_job as pj
 
 pytestmark = pytest.mark.slow
-
-BOOKS = ["08_Ruth.txt", "31_Obad.txt", "32_Jonah.txt", "34_Nahum.txt", "35_Hab.txt", "36_Zep.txt", "37_Hag.txt"]
-ARGS = ["--config", "configs/tiny.yaml", "--data.vocab_size", "600", "--data.num_actors", "2",
-        "--data.local_max_bytes", "0", "--train.max_steps", "40", "--train.warmup_steps", "4",
-        "--train.eval_every_steps", "40", "--train.eval_batches", "2", "--train.checkpoint_every_steps", "10",
-        "--tracking.system_metrics_every_s", "0"]
 
 
 @pytest.fixture(scope="module")
@@ -39,52 +34,75 @@ def cluster(shared_dir):
     try:
         c.start_servers()
         c.start_head()
+        c.start_worker()
         c.wait_mlflow()
         fs = c.s3()
-        for b in BOOKS:
+        for b in pj.BOOKS:  # test_pretrain_job's books, in the same sorted order under one prefix
             fs.put_file(str(shared_dir / "corpora/books" / b), f"{c.bucket}/corpus/books/{b}")
         yield c
     finally:
         c.close()
 
 
-def test_two_hosts_train_like_one(cluster, repo_root, monkeypatch, tmp_path):
-    from pipeline import tracking
+def one_host_run(shared_dir, tmp_path, monkeypatch) -> dict:
+    """test_pretrain_job.py's baseline, when this module runs without it: the same data prepared on this host
+    (no Ray) and the same two-worker training on a private local Ray."""
+    import ray
 
+    from pipeline.config import load_config, resolve_paths
+    from pipeline.dag import run_graph
+    from pipeline.data.stages import data_stages
+
+    inputs = [str(shared_dir / "corpora/books" / b) for b in pj.BOOKS]
+    args = ["--data.inputs", json.dumps(inputs), "--data.output", str(tmp_path / "data"), *pj.DATA_ARGS]
+    cfg = resolve_paths(load_config(Path(pj.__file__).parents[1] / "configs/tiny.yaml", args))
+    validate = run_graph(data_stages(cfg.data), remote=False, log=lambda m: None)["validate"].result
+    with monkeypatch.context() as m:
+        m.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'one-host.db'}")
+        ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+        try:
+            digest, _ = pj._train({"args": args, "validate": validate}, tmp_path, "one-host")
+        finally:
+            ray.shutdown()
+    return {"digest": digest, "shards": validate.manifest["shards"]}
+
+
+def test_two_hosts_train_like_one(cluster, one_host_reference, shared_dir, repo_root, monkeypatch, tmp_path):
+    """`ray job submit` on the head of test_pretrain_job.py's baseline (same data settings, same training), with
+    the corpus, the prepared data and the checkpoints on S3: the data actors and the two Train workers run on both
+    hosts; the shards and the final weights are the baseline's (one host, two workers); the model registers and
+    every step is logged once."""
+    from pipeline import tracking
+    from pipeline.core.launcher import latest_checkpoint
+
+    reference = dict(one_host_reference) or one_host_run(shared_dir, tmp_path, monkeypatch)
     sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root, capture_output=True, text=True).stdout.strip()
     b = cluster.bucket
+    args = ["--config", "configs/tiny.yaml", *pj.DATA_ARGS, "--data.inputs", f"s3://{b}/corpus",
+            "--data.output", f"s3://{b}/data", "--data.num_actors", "2", "--data.local_max_bytes", "0", *pj.FT_ARGS,
+            "--train.storage_path", f"s3://{b}/runs", "--train.run_name", "two-hosts",
+            "--train.placement_strategy", "SPREAD"]
+    t = time.time()
+    rc, out = cluster.submit(repo_root, args, sha, timeout=420)
+    assert rc == 0 and "succeeded" in out, out[-5000:]
+    print(f"[two hosts] job {time.time() - t:.1f}s; " + "; ".join(re.findall(r"\[stage \w+\] done in [0-9.]+s", out)))
+    assert "on 2 Ray actor(s) on 2 node(s)" in out, out[-5000:]  # the data passes ran on both hosts
+
+    # This namespace stands for a laptop outside the cluster's network: it reaches MLflow (a tunnel) and, here,
+    # the bucket at another address than the hosts do.
     monkeypatch.setenv("MLFLOW_TRACKING_URI", cluster.mlflow_url)
-    # This namespace stands for a laptop outside the cluster's network: it reaches MLflow (a tunnel) but not the
-    # bucket's endpoint, so downloads stream through the server instead of MLflow 3's presigned S3 URLs.
-    monkeypatch.setenv("MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD", "false")
-
-    def job(name: str, *extra: str) -> tuple[str, dict]:
-        args = [*ARGS, "--data.inputs", f"s3://{b}/corpus", "--data.output", f"s3://{b}/data/{name}",
-                "--train.storage_path", f"s3://{b}/runs", "--train.run_name", name, *extra]
-        t = time.time()
-        rc, out = cluster.submit(repo_root, args, sha, timeout=420)
-        assert rc == 0 and "succeeded" in out, out[-5000:]
-        last = [x for x in out.splitlines() if x.startswith("registered models:/")]
-        assert last, out[-3000:]
-        version = tracking.model_version_info(last[-1].split(" ", 1)[1])
-        print(f"[{name}] job {time.time() - t:.1f}s; " + "; ".join(
-            re.findall(r"\[stage (?:shards|train)\] done in [0-9.]+s", out)))
-        return out, version
-
-    one_out, one = job("one-host", "--train.placement_strategy", "PACK")
-    cluster.start_worker()
-    two_out, two = job("two-hosts", "--train.placement_strategy", "SPREAD")
-
-    assert "on 2 Ray actor(s) on 1 node(s)" in one_out and "on 2 Ray actor(s) on 2 node(s)" in two_out
-    fs = cluster.s3()
-    m1, m2 = (json.loads(fs.cat_file(f"{b}/data/{n}/manifest.json")) for n in ("one-host", "two-hosts"))
-    assert m1["shards"] == m2["shards"] and m1["vocab_sha256"] == m2["vocab_sha256"]
+    for k, v in cluster.s3_env().items():
+        monkeypatch.setenv(k, v)
+    registered = [x.split(" ", 1)[1] for x in out.splitlines() if x.startswith("registered models:/")]
+    assert registered, out[-3000:]
+    version = tracking.model_version_info(registered[-1])
     client = tracking.client()
-    runs = {n: client.get_run(v["tags"]["run_id"]) for n, v in (("one", one), ("two", two))}
-    assert (runs["one"].data.tags["num_nodes"], runs["two"].data.tags["num_nodes"]) == ("1", "2")
-    assert runs["two"].data.tags["world_size"] == "2"
-    weights = {}
-    for n, v in (("one", one), ("two", two)):  # the registered files, through the MLflow server from the bucket
-        local = tracking.download_model(f"models:/{v['name']}/{v['version']}", str(tmp_path / n))
-        weights[n] = hashlib.sha256((tmp_path / n / local / "model.safetensors").read_bytes()).hexdigest()
-    assert weights["one"] == weights["two"]
+    run = client.get_run(version["run_id"])
+    assert run.data.tags["num_nodes"] == "2" and run.data.tags["world_size"] == "2"  # gloo across the veth
+    steps = [m.step for m in client.get_metric_history(version["run_id"], "train/loss")]
+    assert sorted(steps) == list(range(1, 9))
+
+    manifest = json.loads(cluster.s3().cat_file(f"{b}/data/manifest.json"))
+    assert manifest["shards"] == reference["shards"]
+    checkpoint, state = latest_checkpoint(f"s3://{b}/runs", "two-hosts")
+    assert pj.weights_digest(checkpoint) == reference["digest"]
