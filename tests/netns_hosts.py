@@ -236,9 +236,9 @@ class TwoHostCluster:
         except ValueError:
             return 0
 
-    def submit(self, repo: Path, args: list[str], git_sha: str, timeout: float = 600, wait: bool = True):
+    def submit(self, repo: Path, args: list[str], git_sha: str, timeout: float = 600):
         """`ray job submit` on the head (as through the README's `ray dashboard` tunnel), the repository as the
-        working directory; returns (exit code, the job's output) or the Popen when not `wait`."""
+        working directory; returns (exit code, the job's output)."""
         import json
         import shlex
 
@@ -246,8 +246,6 @@ class TwoHostCluster:
         cmd = (f"ray job submit --address http://127.0.0.1:8265 --working-dir {shlex.quote(str(repo))} "
                f"--runtime-env-json {shlex.quote(env_json)} -- python jobs/pretrain.py "
                + " ".join(shlex.quote(a) for a in args))
-        if not wait:
-            return self.head.popen(cmd, "/tmp/submit.log")
         r = self.head.run(cmd, timeout=timeout, check=False)
         return r.returncode, r.stdout + r.stderr
 

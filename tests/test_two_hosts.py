@@ -104,5 +104,5 @@ def test_two_hosts_train_like_one(cluster, one_host_reference, shared_dir, repo_
 
     manifest = json.loads(cluster.s3().cat_file(f"{b}/data/manifest.json"))
     assert manifest["shards"] == reference["shards"]
-    checkpoint, state = latest_checkpoint(f"s3://{b}/runs", "two-hosts")
+    checkpoint, _ = latest_checkpoint(f"s3://{b}/runs", "two-hosts")
     assert pj.weights_digest(checkpoint) == reference["digest"]
