@@ -93,6 +93,14 @@ def ray_local():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def one_host_reference() -> dict:
+    """The shards and final weights (`shards`, `digest`) of test_pretrain_job.py's one-host two-worker baseline,
+    filled when that fixture runs, so that tests/test_two_hosts.py compares its two-host run without training the
+    same run again (it runs it itself when empty)."""
+    return {}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -284,11 +284,27 @@ def test_a_second_identical_command_is_refused_while_the_first_holds_the_run(clu
 def _cfg(prepared, work, name: str, *extra: str):
     from pipeline.config import load_config, resolve_paths
 
-    args = [*prepared["args"], "--train.storage_path", str(work / "ft-runs"), "--train.run_name", name,
-            "--train.max_steps", "8", "--train.warmup_steps", "2", "--train.micro_batch_size", "8",
-            "--train.global_batch_size", "32", "--train.checkpoint_every_steps", "4", "--train.eval_every_steps", "4",
-            "--train.shuffle_buffer_rows", "24", "--tracking.system_metrics_every_s", "0", *extra]
+    args = [*prepared["args"], "--train.storage_path", str(work / "ft-runs"), "--train.run_name", name, *FT_ARGS, *extra]
     return resolve_paths(load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml", args))
+
+
+# The fault-tolerance runs' training (tests/test_two_hosts.py repeats the baseline's on two hosts).
+FT_ARGS = ["--train.max_steps", "8", "--train.warmup_steps", "2", "--train.micro_batch_size", "8",
+           "--train.global_batch_size", "32", "--train.checkpoint_every_steps", "4", "--train.eval_every_steps", "4",
+           "--train.shuffle_buffer_rows", "24", "--tracking.system_metrics_every_s", "0"]
+
+
+def weights_digest(checkpoint: str) -> str:
+    """sha256 of a checkpoint's weights (sorted names and bytes); a URI checkpoint is copied and the copy removed."""
+    from safetensors.torch import load_file
+
+    from pipeline.core.launcher import local_copy
+
+    local = local_copy(checkpoint)
+    sd = load_file(os.path.join(local, "model.safetensors"))
+    if local != checkpoint:  # a copy of a URI checkpoint: nothing left behind in /tmp
+        shutil.rmtree(local)
+    return hashlib.sha256(b"".join(k.encode() + sd[k].numpy().tobytes() for k in sorted(sd))).hexdigest()
 
 
 def fail_once_at(step: int, marker: Path):
@@ -310,22 +326,14 @@ def fail_once_at(step: int, marker: Path):
 
 def _train(prepared, work, name: str, *extra: str, fail_at: int | None = None, data=None) -> tuple[str, str]:
     """Run pipeline.pretrain.job.run_training under MLflow run `name`; returns (sha256 of the final weights, run id)."""
-    from safetensors.torch import load_file
-
     from pipeline import tracking
-    from pipeline.core.launcher import local_copy
     from pipeline.pretrain.job import run_training
 
     cfg = _cfg(prepared, work, name, *extra)
     run_id = tracking.start_run("ft", name, {})
     hook = fail_once_at(fail_at, work / "faults" / name) if fail_at else None
     res = run_training(cfg, [data or prepared["validate"]], run_id, name, tracking.tracking_uri(), on_step=hook)
-    local = local_copy(res.checkpoint)
-    sd = load_file(os.path.join(local, "model.safetensors"))
-    if local != res.checkpoint:  # a copy of a URI checkpoint: nothing left behind in /tmp
-        shutil.rmtree(local)
-    digest = hashlib.sha256(b"".join(k.encode() + sd[k].numpy().tobytes() for k in sorted(sd))).hexdigest()
-    return digest, run_id
+    return weights_digest(res.checkpoint), run_id
 
 
 @pytest.fixture(scope="module")
@@ -340,9 +348,12 @@ def ft_store(work):
 
 
 @pytest.fixture(scope="module")
-def baseline(cluster, prepared, work, ft_store):
-    """An uninterrupted 2-worker run: 8 steps x 2 accumulation micro-steps, several epochs of the subset."""
-    return _train(prepared, work, "baseline")
+def baseline(cluster, prepared, work, ft_store, one_host_reference):
+    """An uninterrupted 2-worker run: 8 steps x 2 accumulation micro-steps, several epochs of the subset. Its
+    shards and weights are kept for tests/test_two_hosts.py (the same data and training on two hosts)."""
+    digest, run_id = _train(prepared, work, "baseline")
+    one_host_reference.update(digest=digest, shards=prepared["validate"].manifest["shards"])
+    return digest, run_id
 
 
 def _history(run_id: str, key: str) -> list[tuple[int, float]]:
