@@ -14,6 +14,7 @@ logged before it died; those are dropped, so the run has one value per step).
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import threading
@@ -120,9 +121,20 @@ def check_tracking_server(uri: str | None = None, timeout: float = 30.0) -> None
         raise ServerUnreachable(f"MLflow tracking server {uri} is unreachable ({reason}); start it or fix MLFLOW_TRACKING_URI") from None
 
 
+class _NoMlflowRetryWarnings(logging.Filter):
+    """Drops urllib3's "Retrying (...) after connection broken ..." warnings about MLflow's REST API: a server that is
+    away is said once (pipeline.outage), not three times per request; other hosts' retries still show."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "/api/2.0/mlflow" not in record.getMessage()
+
+
 def client(uri: str | None = None) -> MlflowClient:
     for k, v in _HTTP_DEFAULTS.items():
         os.environ.setdefault(k, v)
+    pool_log = logging.getLogger("urllib3.connectionpool")
+    if not any(isinstance(f, _NoMlflowRetryWarnings) for f in pool_log.filters):
+        pool_log.addFilter(_NoMlflowRetryWarnings())
     uri = uri or tracking_uri()
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 

@@ -259,4 +259,4 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 on_step(step, rank)
         epoch, done = epoch + 1, 0
     if log is not None:
-        log.close()
+        log.close(wait_s=5)  # what is still unsent, the last checkpoint holds

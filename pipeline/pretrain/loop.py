@@ -184,4 +184,4 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             if on_step is not None:
                 on_step(step, rank)
     if log is not None:
-        log.close()
+        log.close(wait_s=5)  # what is still unsent, the last checkpoint holds
