@@ -243,16 +243,17 @@ def _eval_batches(ds: PreparedDataset, plan: PhasePlan, seed: int):
 
 def send_pending(trained: TrainResult, uri: str, wait_s: float) -> None:
     """Send the metrics that rank 0 could not (the tracking server was away), kept in the final checkpoint; those
-    the server already has are dropped. A `TrackingError` when they cannot all be sent in `wait_s` seconds."""
+    the server already has are dropped. A `TrackingError` when they cannot all be sent in a bounded time."""
     from pipeline import tracking
 
     pending = read_pending(trained.checkpoint, trained.run_id)
     if pending is None:
         return
     log = tracking.RunLogger(trained.run_id, uri, background=True, pending=pending)
-    if not log.close(wait_s):
-        raise tracking.TrackingError(f"could not send {len(log.pending()['metrics']):,} kept metrics to {uri} in "
-                                     f"{wait_s:.0f}s; re-run the same command to send them")
+    send_s = wait_s + 60 + len(pending["metrics"]) / 1000  # the server answers (server_needed): time to send them
+    if not log.close(send_s):
+        raise tracking.TrackingError(f"could not send the {len(pending['metrics']):,} kept metric values to {uri} in "
+                                     f"{send_s:.0f}s; re-run the same command to send them")
     print(f"[evaluate] sent {len(pending['metrics']):,} metric values kept while the tracking server was away", flush=True)
 
 
