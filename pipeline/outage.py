@@ -195,6 +195,7 @@ class Outbox:
                     return
                 rows, tags, pos = self._take()
                 self._sending = True
+            attempt = time.time()
             try:
                 self._send(rows, tags)
             except Exception as e:  # noqa: BLE001 - whatever went wrong, training goes on and the rows stay queued
@@ -202,7 +203,7 @@ class Outbox:
                     self.rejected += len(rows)
                     self.say(f"[tracking] MLflow rejected {len(rows)} metric values: {str(e).splitlines()[0][:300]}")
                 else:
-                    self._went_away()
+                    self._went_away(attempt)
                     self._server_step.clear()  # a batch whose reply was lost may be stored: re-read the steps
                     with self._cv:
                         self._sending = False
@@ -232,9 +233,9 @@ class Outbox:
             self.client.log_batch(self.run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in tags.items()])
         self._server_step.update(sent)
 
-    def _went_away(self) -> None:
+    def _went_away(self, since: float) -> None:
         if self._away_since is None:
-            self._away_since = time.time()
+            self._away_since = since
             self.say(f"[tracking] MLflow server {self.client.tracking_uri} unreachable since {_clock(self._away_since)}; "
                      "training goes on, metrics are kept and sent when it answers")
 
