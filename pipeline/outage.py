@@ -127,8 +127,6 @@ class Outbox:
             self._abandon = True
             self._cv.notify_all()
         self._thread.join(timeout=1.0)  # a send in flight is bounded by MLflow's HTTP retries; the thread is a daemon
-        if self._spill_dir is not None and not self._thread.is_alive():
-            shutil.rmtree(self._spill_dir, ignore_errors=True)
         return done
 
     # -- the spill file (all under self._cv) -----------------------------------------------------------------------
@@ -186,6 +184,13 @@ class Outbox:
                 del self._tags[k]
 
     def _loop(self) -> None:
+        try:
+            self._send_until_closed()
+        finally:  # closed (or a bug): the spill file goes; `pending()` was the way to keep its rows
+            if self._spill_dir is not None:
+                shutil.rmtree(self._spill_dir, ignore_errors=True)
+
+    def _send_until_closed(self) -> None:
         backoff = 1.0
         while True:
             with self._cv:
@@ -269,8 +274,12 @@ def read_pending(checkpoint: str, run_id: str) -> dict[str, Any] | None:
     path = join(checkpoint, PENDING_FILE)
     if not exists(path):
         return None
-    data = json.loads(read_bytes(path))
-    return data if data.get("run_id") == run_id else None
+    try:
+        data = json.loads(read_bytes(path))
+    except ValueError as e:  # unreadable: training must not stop for it (those metric values stay missing)
+        _say(f"[tracking] ignoring {path}: not JSON ({e}); the metric values it held are not sent")
+        return None
+    return data if isinstance(data, dict) and data.get("run_id") == run_id else None
 
 
 def wait_for_server(uri: str, wait_s: float, what: str) -> None:

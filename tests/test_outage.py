@@ -65,7 +65,8 @@ def test_logger_outlives_a_server_outage(mlflow_server_ctl, monkeypatch, capfd, 
     back = [line for line in out.splitlines() if "answers again" in line]
     assert len(away) == 1 and server.uri in away[0] and "training goes on" in away[0], out
     assert len(back) == 1, out
-    assert not os.path.exists(log.outbox._spill_dir)  # the spill file went with the rows it held
+    log.outbox._thread.join(30)
+    assert not os.path.exists(log.outbox._spill_dir)  # closed: the spill file went with the rows it held
 
     # A stage that needs the server and sees it go away inside its block: one line, not MLflow's traceback.
     with pytest.raises(tracking.TrackingError) as e:
@@ -85,3 +86,11 @@ def test_a_stage_that_needs_the_server_waits_then_fails_in_one_line(capsys):
     assert capsys.readouterr().out.count("unreachable at") == 1  # said once while waiting
     outage.wait_for_server("sqlite:////nonexistent/mlflow.db", 1, "x")  # a local store never waits
 
+
+
+def test_an_unreadable_pending_file_is_skipped_not_fatal(tmp_path, capfd):
+    (tmp_path / outage.PENDING_FILE).write_text('{"run_id": "r", "metrics": [["train/loss", 1.0, 1')  # cut short
+    assert outage.read_pending(str(tmp_path), "r") is None
+    assert "ignoring" in capfd.readouterr().out
+    outage.write_pending(str(tmp_path / "none"), "r", {"metrics": [], "tags": {}})  # nothing pending: no file
+    assert not (tmp_path / "none").exists()
