@@ -68,6 +68,7 @@ class Outbox:
         self._rows: deque[Row] = deque()  # the newest rows
         self._spill_dir: str | None = None
         self._spill_pos = 0  # byte offset of the first unsent row in the spill file
+        self._spills = 0  # how many times rows moved to the spill file (a batch taken from memory may move with them)
         self._tags: dict[str, str] = {}
         self._server_step: dict[str, int] = {}  # the newest step the server has, per key (read lazily)
         self._cv = threading.Condition()
@@ -140,6 +141,7 @@ class Outbox:
         with open(self._spill_path(), "a") as f:
             f.writelines(json.dumps(list(r)) + "\n" for r in self._rows)
         self._rows.clear()
+        self._spills += 1
 
     def _read_spill(self, limit: int | None) -> tuple[list[str], int]:
         """Up to `limit` unsent lines of the spill file and the offset after them."""
@@ -162,14 +164,22 @@ class Outbox:
                                                   and os.path.getsize(path) > self._spill_pos)
 
     # -- the sender thread -----------------------------------------------------------------------------------------
-    def _take(self) -> tuple[list[Row], dict[str, str], int | None]:
-        """The next batch (oldest first), the tags, and the spill offset after the batch (None: from memory)."""
+    def _take(self) -> tuple[list[Row], dict[str, str], int | None, int]:
+        """The next batch (oldest first), the tags, the spill offset after the batch (None: from memory) and the
+        spill count."""
         lines, pos = self._read_spill(self.batch_size)
         if lines:
-            return [tuple(json.loads(line)) for line in lines], dict(self._tags), pos
-        return [self._rows[i] for i in range(min(self.batch_size, len(self._rows)))], dict(self._tags), None
+            return [tuple(json.loads(line)) for line in lines], dict(self._tags), pos, self._spills
+        return [self._rows[i] for i in range(min(self.batch_size, len(self._rows)))], dict(self._tags), None, self._spills
 
-    def _done(self, rows: list[Row], tags: dict[str, str], pos: int | None) -> None:
+    def _done(self, rows: list[Row], tags: dict[str, str], pos: int | None, spills: int) -> None:
+        if pos is None and spills != self._spills:  # the batch moved from memory to the head of the spill file
+            pos = self._spill_pos
+            with open(self._spill_path()) as f:
+                f.seek(pos)
+                for _ in rows:
+                    f.readline()
+                pos = f.tell()
         if pos is not None:
             self._spill_pos = pos
             path = self._spill_path()
@@ -198,7 +208,7 @@ class Outbox:
                     self._cv.wait()
                 if self._abandon:
                     return
-                rows, tags, pos = self._take()
+                rows, tags, pos, spills = self._take()
                 self._sending = True
             attempt = time.time()
             try:
@@ -221,7 +231,7 @@ class Outbox:
                 backoff = 1.0
                 self._came_back()
             with self._cv:
-                self._done(rows, tags, pos)
+                self._done(rows, tags, pos, spills)
                 self._sending = False
                 self._cv.notify_all()
 

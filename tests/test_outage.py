@@ -94,3 +94,17 @@ def test_an_unreadable_pending_file_is_skipped_not_fatal(tmp_path, capfd):
     assert "ignoring" in capfd.readouterr().out
     outage.write_pending(str(tmp_path / "none"), "r", {"metrics": [], "tags": {}})  # nothing pending: no file
     assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.slow  # a new SQLite store's schema and 15 batches: about 10 s on a loaded 2-core machine
+def test_rows_past_the_memory_bound_go_through_the_spill_file_in_order(tmp_path, monkeypatch):
+    """A local SQLite store; 3 rows in memory at most, so batches are spilled, some while in flight."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = tracking.start_run("spill", "r", {})
+    log = tracking.RunLogger(run_id, background=True)
+    log.outbox.max_in_memory, log.outbox.batch_size = 3, 4
+    for step in range(1, 31):
+        log.log_metrics({"train/loss": float(step), "train/lr": step / 100}, step)
+    assert log.close(120)
+    assert _steps(run_id, "train/loss") == [(s, float(s)) for s in range(1, 31)]
+    assert [s for s, _ in _steps(run_id, "train/lr")] == list(range(1, 31))
