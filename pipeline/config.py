@@ -350,6 +350,9 @@ class TrackingConfig:
     """Alias moved to the new version ("latest" is reserved by MLflow)."""
     system_metrics_every_s: float = 10.0
     """psutil sampling period for system metrics on rank 0 (0 disables)."""
+    server_wait_s: float = 300.0
+    """How long a stage that needs the tracking server (evaluate, register) waits for it to answer before it fails;
+    training itself never waits (rank 0 keeps its metrics until the server is back)."""
 
 
 @dataclass

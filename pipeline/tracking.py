@@ -14,6 +14,7 @@ logged before it died; those are dropped, so the run has one value per step).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tempfile
@@ -37,6 +38,17 @@ _MAX_PARAM_LEN = 6000
 
 class TrackingError(RuntimeError):
     """The tracking server or registry cannot be used; the message is one line that says why."""
+
+
+class ServerUnreachable(TrackingError):
+    """The tracking server does not answer (as opposed to answering with a refusal)."""
+
+
+# MLflow's HTTP client retries a failed request 7 times with a backoff factor of 2 (minutes against a server that is
+# down). A few quick retries cover a blip; a longer outage is handled by the callers: rank 0's metrics wait in an
+# Outbox, and the stages that need the server wait `tracking.server_wait_s` (pipeline.outage). Set either
+# variable in the environment to override.
+_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
 
 
 def _absolute_store_uri(uri: str) -> str:
@@ -142,8 +154,8 @@ def check_tracking_server(uri: str | None = None, timeout: float = 30.0) -> None
         raise TrackingError(f"MLflow tracking server {uri} {problem}") from None
     except (urllib.error.URLError, OSError, TimeoutError) as e:
         reason = getattr(e, "reason", e)
-        raise TrackingError(redact(f"MLflow tracking server {uri} is unreachable ({reason}); start it or fix "
-                                   "MLFLOW_TRACKING_URI")) from None
+        raise ServerUnreachable(redact(f"MLflow tracking server {uri} is unreachable ({reason}); start it or fix "
+                                       "MLFLOW_TRACKING_URI")) from None
 
 
 _STORES_READY: set[str] = set()  # SQLite stores this process has opened (created or migrated) under the lock
@@ -163,7 +175,20 @@ def _open_sqlite_store(uri: str) -> None:
     _STORES_READY.add(uri)
 
 
+class _NoMlflowRetryWarnings(logging.Filter):
+    """Drops urllib3's "Retrying (...) after connection broken ..." warnings about MLflow's REST API: a server that is
+    away is said once (pipeline.outage), not three times per request; other hosts' retries still show."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "/api/2.0/mlflow" not in record.getMessage()
+
+
 def client(uri: str | None = None) -> MlflowClient:
+    for k, v in _HTTP_DEFAULTS.items():
+        os.environ.setdefault(k, v)
+    pool_log = logging.getLogger("urllib3.connectionpool")
+    if not any(isinstance(f, _NoMlflowRetryWarnings) for f in pool_log.filters):
+        pool_log.addFilter(_NoMlflowRetryWarnings())
     uri = uri or tracking_uri()
     if uri.startswith("sqlite:///") and uri not in _STORES_READY:
         _open_sqlite_store(uri)
@@ -227,10 +252,12 @@ def newest_run_tagged(experiment: str, key: str, value: str, uri: str | None = N
 
 
 def run_exists(run_id: str, uri: str | None = None) -> bool:
-    """True when `run_id` is a (not deleted) run of the tracking store at `uri`."""
+    """True when `run_id` is a (not deleted) run of the tracking store at `uri`; `ServerUnreachable` when the
+    server does not answer (a run that cannot be looked up is not a missing run)."""
     try:
         return client(uri).get_run(run_id).info.lifecycle_stage != "deleted"
     except MlflowException:
+        check_tracking_server(uri or tracking_uri(), timeout=10)
         return False
 
 
@@ -338,16 +365,35 @@ class Progress:
 
 
 class RunLogger:
-    """Logs into one existing run (rank 0 of the Train workers, or the driver). Never logs a metric step twice."""
+    """Logs into one existing run (rank 0 of the Train workers, or the driver). Never logs a metric step twice.
+
+    With `background=True` (the training loops) metrics and tags go through an `Outbox`: a tracking server that
+    goes away costs no step and no metric. `pending()` is what is not yet sent, for the checkpoint
+    (`pipeline.outage.write_pending`), and `pending=` queues what a checkpoint held first."""
 
     def __init__(self, run_id: str, uri: str | None = None, system_metrics_every_s: float | None = None, *,
-                 total_steps: int | None = None, log_every_steps: int = 1, progress_every_s: float = 10.0):
+                 total_steps: int | None = None, log_every_steps: int = 1, progress_every_s: float = 10.0,
+                 background: bool = False, pending: dict[str, Any] | None = None):
+        from pipeline.outage import Outbox
+
         self.run_id = run_id
         self.client = client(uri)
         self.progress = Progress(total_steps, log_every_steps, progress_every_s)
         self.log_every_steps = log_every_steps
         self._last_step: dict[str, int] = {}
-        self._start_ms = self.client.get_run(run_id).info.start_time or int(time.time() * 1000)
+        self.outbox = Outbox(self.client, run_id) if background else None
+        if pending and self.outbox is not None:
+            rows = [tuple(r) for r in pending.get("metrics", [])]
+            self.outbox.put(rows)
+            self.outbox.put_tags(pending.get("tags", {}))
+            for key, _, _, step in rows:
+                self._last_step[key] = max(step, self._last_step.get(key, -1))
+        try:
+            self._start_ms = self.client.get_run(run_id).info.start_time or int(time.time() * 1000)
+        except MlflowException:
+            if self.outbox is None:
+                raise
+            self._start_ms = int(time.time() * 1000)  # the server is away: system metrics' steps count from now
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if system_metrics_every_s:
@@ -368,7 +414,9 @@ class RunLogger:
             self.client.log_batch(self.run_id, params=params[i : i + _MAX_PARAMS_PER_BATCH])
 
     def set_tags(self, tags: dict[str, Any]) -> None:
-        if tags:
+        if tags and self.outbox is not None:
+            self.outbox.put_tags(tags)
+        elif tags:
             self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def log_artifact(self, path: str, artifact_path: str | None = None) -> None:
@@ -387,6 +435,12 @@ class RunLogger:
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Log `metrics` at `step`, dropping keys already logged at this or a later step (a recomputed step)."""
         ts = int(time.time() * 1000)
+        if self.outbox is not None:  # the outbox drops what the server already has when it sends
+            rows = [(k, float(v), ts, int(step)) for k, v in metrics.items()
+                    if v is not None and step > self._last_step.get(k, -1)]
+            self._last_step.update({k: int(step) for k, *_ in rows})
+            self.outbox.put(rows)
+            return
         batch = []
         for k, v in metrics.items():
             if v is None or step <= self._logged_through(k):
@@ -418,12 +472,21 @@ class RunLogger:
             except Exception:  # noqa: BLE001 - a dropped sample must not kill training
                 pass
 
-    def close(self) -> None:
-        """Stop the system-metrics sampler (the run stays open)."""
+    def pending(self) -> dict[str, Any]:
+        """The metrics and tags not yet sent ({"metrics": [], "tags": {}} without an outbox)."""
+        return self.outbox.pending() if self.outbox is not None else {"metrics": [], "tags": {}}
+
+    def close(self, wait_s: float = 10.0) -> bool:
+        """Stop the system-metrics sampler and send what the outbox holds (the run stays open): for up to `wait_s`
+        seconds while the server is away, up to 2 minutes while it answers. True when nothing is left unsent; what
+        is, the last checkpoint holds."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        if self.outbox is None:
+            return True
+        return self.outbox.close(wait_s if self.outbox.away_since is not None else max(wait_s, 120.0))
 
     def finish(self, status: str = "FINISHED") -> None:
         """Stop sampling and mark the run FINISHED / FAILED / KILLED (a run that registered a version stays

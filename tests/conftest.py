@@ -107,33 +107,56 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture()
-def mlflow_server(tmp_path):
-    """A real `mlflow server` on a free loopback port (SQLite store, artifacts under tmp_path); its URI."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination", str(tmp_path / "artifacts"),
-         "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "w"), start_new_session=True,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    from pipeline.tracking import TrackingError, check_tracking_server
+class MlflowServer:
+    """A real `mlflow server` on a loopback port (SQLite store and artifacts under `root`) that a test can kill and
+    start again on the same port and store (a tracking outage)."""
 
-    deadline = time.time() + 240  # a loaded 2-core machine can take minutes to import and migrate
-    while True:
-        try:
-            check_tracking_server(uri, timeout=2)
-            break
-        except TrackingError:
-            if proc.poll() is not None or time.time() > deadline:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, 9)
-                pytest.fail(f"mlflow server did not come up: {(tmp_path / 'server.log').read_text()[-2000:]}")
-            time.sleep(0.5)
-    yield uri
-    os.killpg(proc.pid, 9)  # a throw-away test server: no graceful shutdown to wait for
-    proc.wait(timeout=30)
+    def __init__(self, root: Path):
+        self.root, self.port = root, free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> str:
+        from pipeline.tracking import TrackingError, check_tracking_server
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
+             "--backend-store-uri", f"sqlite:///{self.root / 'server.db'}", "--artifacts-destination",
+             str(self.root / "artifacts"), "--workers", "1"],
+            stdout=subprocess.DEVNULL, stderr=open(self.root / "server.log", "a"), start_new_session=True,
+        )
+        deadline = time.time() + 240  # a loaded 2-core machine can take minutes to import and migrate
+        while True:
+            try:
+                check_tracking_server(self.uri, timeout=2)
+                return self.uri
+            except TrackingError:
+                if self.proc.poll() is not None or time.time() > deadline:
+                    self.kill()
+                    pytest.fail(f"mlflow server did not come up: {(self.root / 'server.log').read_text()[-2000:]}")
+                time.sleep(0.5)
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group (a throw-away test server: no graceful shutdown to wait for)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, 9)
+        if self.proc is not None:
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture()
+def mlflow_server_ctl(tmp_path):
+    """A started `MlflowServer` the test may kill and restart; killed at the end."""
+    server = MlflowServer(tmp_path)
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture()
+def mlflow_server(mlflow_server_ctl):
+    """A real `mlflow server` on a free loopback port (SQLite store, artifacts under tmp_path); its URI."""
+    return mlflow_server_ctl.uri
 
 
 class S3Server:

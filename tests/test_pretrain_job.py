@@ -419,6 +419,46 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(baseline, pr
     assert tracking.find_version(reg["name"], run_id) == reg["version"] == "1"
 
 
+def test_training_outlives_the_tracking_server(baseline, prepared, work, mlflow_server_ctl, monkeypatch):
+    """The tracking server is SIGKILLed after step 2 and rank 0 after step 6 (restarted from the step-4
+    checkpoint): training finishes anyway; evaluate waits `tracking.server_wait_s`, then fails in one line; with
+    the server back, the same stages complete, and train/loss has the uninterrupted run's value at each step,
+    exactly once. About 35 s beyond the server's start."""
+    from pipeline import tracking
+    from pipeline.pretrain.job import evaluate_stage, register_stage, run_training
+
+    expected = {k: _history(baseline[1], k) for k in ("train/loss", "eval/mlm_loss")}  # from the SQLite store
+    server = mlflow_server_ctl
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    cfg = _cfg(prepared, work, "outage", "--train.max_failures", "1", "--tracking.server_wait_s", "2")
+    crash = fail_once_at(6, work / "faults" / "outage")
+    pid = server.proc.pid
+
+    def hook(s: int, rank: int) -> None:
+        import os
+        import signal
+
+        if s == 2 and rank == 0:
+            os.killpg(pid, signal.SIGKILL)  # the whole server, as an outage would take it
+        crash(s, rank)
+
+    run_id = tracking.start_run("outage", "outage", {})
+    trained = run_training(cfg, [prepared["validate"]], run_id, "outage", server.uri, on_step=hook)
+    assert trained.step == 8 and (work / "faults" / "outage").exists()  # it finished, through a worker restart
+    with pytest.raises(tracking.TrackingError) as e:
+        evaluate_stage(cfg, trained, prepared["validate"], server.uri)
+    assert "\n" not in str(e.value) and "unreachable since" in str(e.value) and "re-run" in str(e.value)
+
+    server.kill()  # reap the process the hook killed
+    server.start()  # the same port and store
+    final = evaluate_stage(cfg, trained, prepared["validate"], server.uri)  # the re-run's stages
+    registered = register_stage(cfg, trained, prepared["validate"], "sha", server.uri, final, "test", None)
+    assert registered["version"] == "1"
+    assert _history(run_id, "train/loss") == expected["train/loss"]  # steps 1..8, each once, the same values
+    assert _history(run_id, "eval/mlm_loss") == expected["eval/mlm_loss"]
+    assert tracking.client().get_run(run_id).info.status == "FINISHED"
+
+
 def test_resuming_with_another_vocabulary_is_refused(baseline, prepared, work, minilm_dir):
     """Killed after a checkpoint, then the data directory is rebuilt with another vocabulary (a trained one can
     come out different): resuming is refused in one line that names the vocabulary, before any worker starts."""

@@ -134,6 +134,9 @@ class FtTrackingConfig:
     """Register the best epoch's model in the MLflow registry."""
     run_name: str | None = None
     """MLflow run name; null derives one from the task and the source model."""
+    server_wait_s: float = 300.0
+    """How long exporting and registering wait for the tracking server to answer before the job fails; training
+    itself never waits (rank 0 keeps its metrics until the server is back)."""
 
 
 @dataclass

@@ -222,6 +222,7 @@ def _train_and_register(cfg: FinetuneConfig, source: Source, td: TaskData, task:
 def _single_run(job: Job, run_name: str, lr_source: str) -> dict[str, Any]:
     """The MLflow run around one Ray Train run: params, label map, fit, the best model exported and registered."""
     from pipeline import tracking
+    from pipeline.outage import server_needed
 
     run_id = tracking.start_run(job.cfg.tracking.experiment, run_name, job.tags)
     logger = tracking.RunLogger(run_id, job.shared["tracking_uri"])
@@ -230,9 +231,11 @@ def _single_run(job: Job, run_name: str, lr_source: str) -> dict[str, Any]:
     try:
         job.log_inputs(logger, job.cfg, {"train.lr_source": lr_source})
         result = fit_run(job.cfg, job.shared, run_id, run_name)
-        best, out = job.export(result.checkpoint)
-        logger.log_metrics({f"best/{k}": v for k, v in best.items()}, step=int(best["step"]))
-        registered = job.register(out, best, run_id, logger)
+        with server_needed(job.shared["tracking_uri"], job.cfg.tracking.server_wait_s, "register the fine-tuned model"):
+            best, out = job.export(result.checkpoint)
+            logger.log_metrics({f"best/{k}": v for k, v in best.items()}, step=int(best["step"]))
+            registered = job.register(out, best, run_id, logger)
+            logger.finish("FINISHED")
         status = "FINISHED"
         return {"metrics": best, "model_dir": str(out) if job.output_dir else None, "registered": registered,
                 "run_id": run_id, "run_name": run_name}
@@ -240,4 +243,8 @@ def _single_run(job: Job, run_name: str, lr_source: str) -> dict[str, Any]:
         status = "KILLED"
         raise
     finally:
-        logger.finish(status)
+        if status != "FINISHED":
+            try:
+                logger.finish(status)
+            except Exception:  # noqa: BLE001 - the server may be away; the job's own error matters more
+                pass

@@ -23,6 +23,7 @@ import torch
 
 from pipeline.core import launcher
 from pipeline.core.checkpoint import load_checkpoint, save_checkpoint, unwrap
+from pipeline.outage import read_pending, write_pending
 from pipeline.core.optim import make_optimizer
 from pipeline.core.precision import forward, make_scaler
 from pipeline.core.step import Trainable, TrainFigures, train_step
@@ -203,16 +204,18 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
     best_model = BestModel()
     state: dict[str, Any] = {"step": 0, "best": None, "position": {"epoch": 1, "micro": 0}}
+    pending = None  # metrics rank 0 could not send before the checkpoint (the tracking server was away)
     if (ckpt := ray.train.get_checkpoint()) is not None:
         with ckpt.as_directory() as d:
             if rank == 0:  # first: building the copy draws from the RNGs that load_checkpoint then restores
                 best_model.load(d, type(unwrap(model)))
+                pending = read_pending(d, config.get("run_id") or "")
             state = load_checkpoint(d, rank, t)
         launcher.say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
     else:
         torch.manual_seed(tc.seed * 1000 + rank + 1)  # each rank its own dropout stream
-    log = RunLogger(config["run_id"], config["tracking_uri"], total_steps=total,
-                    log_every_steps=tc.log_every_steps) if rank == 0 and config.get("run_id") else None
+    log = RunLogger(config["run_id"], config["tracking_uri"], total_steps=total, log_every_steps=tc.log_every_steps,
+                    background=True, pending=pending) if rank == 0 and config.get("run_id") else None
 
     step, (epoch, done) = state["step"], (state["position"]["epoch"], state["position"]["micro"])
     best = tuple(state["best"]) if state["best"] is not None else None
@@ -245,6 +248,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             position = {"epoch": epoch + 1, "micro": 0} if done == micro else {"epoch": epoch, "micro": done}
             if checkpointing:
                 with tempfile.TemporaryDirectory() as d:
+                    if log is not None:  # what the tracking server has not got yet travels with the checkpoint
+                        write_pending(d, config["run_id"], log.pending())
                     save_checkpoint(d, rank, t, {"step": step, "position": position, "best": best,
                                                  "run_id": config.get("run_id"), "max_steps": total})
                     if rank == 0:
@@ -254,4 +259,4 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 on_step(step, rank)
         epoch, done = epoch + 1, 0
     if log is not None:
-        log.close()
+        log.close(wait_s=5)  # what is still unsent, the last checkpoint holds

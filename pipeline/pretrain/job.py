@@ -40,6 +40,7 @@ from pipeline.dag import Stage
 from pipeline.data.dataset import PreparedDataset
 from pipeline.data.stages import data_stages
 from pipeline.io import exists, join, output_lock, read_bytes, read_json, write_bytes_atomic
+from pipeline.outage import read_pending, server_needed
 from pipeline.pretrain.init import InitCheckpoint
 from pipeline.pretrain.loader import Batches, PhasePlan
 from pipeline.pretrain.loop import NUM_COUNTS, counts, eval_metrics, train_loop_per_worker
@@ -298,7 +299,10 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
     try:
         return run_training(cfg, datasets, run_id, run_name, uri, init=init)
     except BaseException:
-        log.finish("FAILED")
+        try:
+            log.finish("FAILED")
+        except Exception:  # noqa: BLE001 - the server may be away; the training error matters more
+            pass
         raise
 
 
@@ -310,6 +314,22 @@ def _eval_batches(ds: PreparedDataset, plan: PhasePlan, seed: int):
         table = read_table(path)
         for i in range(0, table.num_rows, plan.micro_batch_size):
             yield to_batch(table.slice(i, plan.micro_batch_size), 0)
+
+
+def send_pending(trained: TrainResult, uri: str, wait_s: float) -> None:
+    """Send the metrics that rank 0 could not (the tracking server was away), kept in the final checkpoint; those
+    the server already has are dropped. A `TrackingError` when they cannot all be sent in a bounded time."""
+    from pipeline import tracking
+
+    pending = read_pending(trained.checkpoint, trained.run_id)
+    if pending is None:
+        return
+    log = tracking.RunLogger(trained.run_id, uri, background=True, pending=pending)
+    send_s = wait_s + 60 + len(pending["metrics"]) / 1000  # the server answers (server_needed): time to send them
+    if not log.close(send_s):
+        raise tracking.TrackingError(f"could not send the {len(pending['metrics']):,} kept metric values to {uri} in "
+                                     f"{send_s:.0f}s; re-run the same command to send them")
+    print(f"[evaluate] sent {len(pending['metrics']):,} metric values kept while the tracking server was away", flush=True)
 
 
 def evaluate_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, uri: str) -> dict[str, float]:
@@ -327,7 +347,9 @@ def evaluate_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, uri: 
     sums = evaluate_sums(model, _eval_batches(ds, plan, tc.seed), counts=counts, size=NUM_COUNTS, device=device,
                          precision=tc.precision if device.type == "cuda" else "fp32")
     final = {k.replace("eval/", "eval/final_"): v for k, v in eval_metrics(sums).items()}
-    tracking.RunLogger(trained.run_id, uri).log_metrics(final, step=tc.max_steps)
+    with server_needed(uri, cfg.tracking.server_wait_s, "log the final evaluation"):
+        send_pending(trained, uri, cfg.tracking.server_wait_s)
+        tracking.RunLogger(trained.run_id, uri).log_metrics(final, step=tc.max_steps)
     print(f"[evaluate] {json.dumps({k: round(v, 4) for k, v in final.items()})}", flush=True)
     return final
 
@@ -340,7 +362,7 @@ def register_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, git_s
 
     os.environ["MLFLOW_TRACKING_URI"] = uri
     model = load_trained(cfg, trained.checkpoint, ds.vocab_size)
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory() as d, server_needed(uri, cfg.tracking.server_wait_s, "register the model"):
         tok = os.path.join(d, "tokenizer")
         os.makedirs(tok)
         for name in ("vocab.txt", "tokenizer.json"):
@@ -362,9 +384,9 @@ def register_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, git_s
             init=f"{init.spec} (weights sha256 `{init.weights_sha256[:16]}`)" if init else None)
         version = tracking.register_hf_model(str(export), cfg.tracking.model_name, cfg.tracking.alias, tags,
                                              trained.run_id, description=description)
-    logger = tracking.RunLogger(trained.run_id, uri)
-    logger.set_tags({"registered_model": f"models:/{cfg.tracking.model_name}/{version}"})
-    logger.finish("FINISHED")
+        logger = tracking.RunLogger(trained.run_id, uri)
+        logger.set_tags({"registered_model": f"models:/{cfg.tracking.model_name}/{version}"})
+        logger.finish("FINISHED")
     return {"name": cfg.tracking.model_name, "version": version, "uri": f"models:/{cfg.tracking.model_name}/{version}"}
 
 

@@ -21,6 +21,7 @@ from pipeline.core.checkpoint import check_vocab, load_checkpoint, save_checkpoi
 from pipeline.core.optim import make_optimizer
 from pipeline.core.precision import make_scaler
 from pipeline.core.step import Trainable, TrainFigures, evaluate_sums, train_step
+from pipeline.outage import read_pending, write_pending
 from pipeline.pretrain.loader import Batches, PhasePlan, epoch_micro_batches
 
 NUM_COUNTS = 6
@@ -132,16 +133,18 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                                           total_steps=tc.max_steps, schedule=tc.schedule, power=tc.poly_power)
     t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
     state: dict[str, Any] = {"step": 0, "position": {"phase": 0, "epoch": 0, "micro": 0}}
+    pending = None  # metrics rank 0 could not send before the checkpoint (the tracking server was away)
     if (ckpt := launcher.resume_checkpoint(config.get("damaged", ()), config.get("resume_from"))) is not None:
         with ckpt.as_directory() as d:
             state = load_checkpoint(d, rank, t)
+            pending = read_pending(d, config["run_id"]) if rank == 0 else None
         check_vocab(state, vocab_sha, ckpt.path)
         launcher.say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
     else:
         torch.manual_seed(tc.seed * 1000 + rank + 1)  # each rank its own dropout stream
     nodes = launcher.num_nodes(world)  # a collective: every rank takes part
-    log = RunLogger(config["run_id"], config["tracking_uri"], cfg.tracking.system_metrics_every_s,
-                    total_steps=tc.max_steps, log_every_steps=tc.log_every_steps) if rank == 0 else None
+    log = RunLogger(config["run_id"], config["tracking_uri"], cfg.tracking.system_metrics_every_s, total_steps=tc.max_steps,
+                    log_every_steps=tc.log_every_steps, background=True, pending=pending) if rank == 0 else None
     if log is not None:  # where the workers ran: a multi-node run shows num_nodes > 1
         log.set_tags({"world_size": world, "num_nodes": nodes, "device": str(device)})
 
@@ -174,10 +177,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                     log.log_metrics(eval_metrics(sums), step)
             if checkpointing:
                 with tempfile.TemporaryDirectory() as d:
+                    if log is not None:  # what the tracking server has not got yet travels with the checkpoint
+                        write_pending(d, config["run_id"], log.pending())
                     save_checkpoint(d, rank, t, {"step": step, "position": feed.position, "vocab_sha256": vocab_sha,
                                                  "run_id": config["run_id"], "max_steps": tc.max_steps})
                     launcher.report({"step": step, "loss": stats.loss}, d)
             if on_step is not None:
                 on_step(step, rank)
     if log is not None:
-        log.close()
+        log.close(wait_s=5)  # what is still unsent, the last checkpoint holds
