@@ -73,7 +73,7 @@ def test_two_hosts_train_like_one(cluster, one_host_reference, shared_dir, repo_
     hosts; the shards and the final weights are the baseline's (one host, two workers); the model registers and
     every step is logged once."""
     from pipeline import tracking
-    from pipeline.core.launcher import latest_checkpoint
+    from pipeline.core.launcher import checkpoints
 
     reference = dict(one_host_reference) or one_host_run(shared_dir, tmp_path, monkeypatch)
     sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root, capture_output=True, text=True).stdout.strip()
@@ -104,5 +104,5 @@ def test_two_hosts_train_like_one(cluster, one_host_reference, shared_dir, repo_
 
     manifest = json.loads(cluster.s3().cat_file(f"{b}/data/manifest.json"))
     assert manifest["shards"] == reference["shards"]
-    checkpoint, _ = latest_checkpoint(f"s3://{b}/runs", "two-hosts")
+    checkpoint = checkpoints(f"s3://{b}/runs", "two-hosts")[0][0]
     assert pj.weights_digest(checkpoint) == reference["digest"]
