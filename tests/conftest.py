@@ -29,6 +29,7 @@ SHARED = REPO.parent / "shared"
 # directories in /tmp/ray, multiprocessing leaves pymp-* behind for workers that were killed, MLflow a
 # db_init_lock-* per SQLite store, torch._dynamo /tmp/torchinductor_<user>, and pytest its tmp_path trees.
 _TMP = tempfile.mkdtemp(prefix="pytest-tmp-")
+os.chmod(_TMP, 0o711)  # traversable (not listable) like /tmp: the unprivileged PostgreSQL user reaches its own dir
 os.environ["TMPDIR"] = _TMP
 tempfile.tempdir = None  # tempfile re-reads TMPDIR
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_TMP, "torchinductor"))
