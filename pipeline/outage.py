@@ -1,6 +1,6 @@
 """Training that outlives the tracking server: a run's metrics and tags on their way to MLflow, sent by a
 background thread (`Outbox`, used by `pipeline.tracking.RunLogger(background=True)` on rank 0 of the training
-loops), and a bounded wait for the stages that cannot go on without the server (`server_needed`).
+loops); the stages that cannot go on without the server wait for it in `pipeline.server_wait`.
 
 MLflow's own async logging (`log_batch(synchronous=False)`) does not do this: a batch that fails is logged as an
 error and dropped (`AsyncLoggingQueue._log_run_data` in mlflow/utils/async_logging). Here a batch that fails stays
@@ -24,7 +24,6 @@ went away (with the time) and once when it is back.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -294,51 +293,3 @@ def read_pending(checkpoint: str, run_id: str) -> dict[str, Any] | None:
         _say(f"[tracking] ignoring {path}: not JSON ({e}); the metric values it held are not sent")
         return None
     return data if isinstance(data, dict) and data.get("run_id") == run_id else None
-
-
-def wait_for_server(uri: str, wait_s: float, what: str) -> None:
-    """Return once an http(s) tracking server answers; while it does not, say so once and poll for up to `wait_s`
-    seconds, then raise a one-line `TrackingError` that says what could not be done and that a re-run completes it.
-    Local stores and a server that answers return at once."""
-    from pipeline import tracking
-
-    if not uri.startswith(("http://", "https://")):
-        return
-    since = None
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            tracking.check_tracking_server(uri, timeout=10)
-        except tracking.ServerUnreachable:
-            if since is None:
-                since = time.time()
-                print(f"[tracking] MLflow server {uri} unreachable at {time.strftime('%H:%M:%S')}; waiting up to "
-                      f"{wait_s:.0f}s to {what}", flush=True)
-            if time.monotonic() >= deadline:
-                raise tracking.ServerUnreachable(
-                    f"MLflow tracking server {uri} unreachable since {time.strftime('%H:%M:%S', time.localtime(since))} "
-                    f"(waited {wait_s:.0f}s), so could not {what}; checkpoints and unsent metrics are kept: re-run the "
-                    "same command once the server is back (tracking.server_wait_s sets the wait)") from None
-            time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
-            continue
-        if since is not None:
-            print(f"[tracking] MLflow server {uri} answers again at {time.strftime('%H:%M:%S')}", flush=True)
-        return
-
-
-@contextlib.contextmanager
-def server_needed(uri: str, wait_s: float, what: str):
-    """A block that needs the tracking server: `wait_for_server` first, and an MLflow error inside it while the
-    server does not answer becomes the same one-line `TrackingError` (the server went away meanwhile)."""
-    from pipeline import tracking
-
-    wait_for_server(uri, wait_s, what)
-    try:
-        yield
-    except MlflowException:
-        try:
-            tracking.check_tracking_server(uri, timeout=10)
-        except tracking.ServerUnreachable as e:
-            raise tracking.ServerUnreachable(f"{e}".split(";")[0] + f" while trying to {what}; re-run the same "
-                                             "command once the server is back") from None
-        raise

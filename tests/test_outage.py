@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from pipeline import outage, tracking
+from pipeline import outage, server_wait, tracking
 
 
 def free_port() -> int:
@@ -70,7 +70,7 @@ def test_logger_outlives_a_server_outage(mlflow_server_ctl, monkeypatch, capfd, 
 
     # A stage that needs the server and sees it go away inside its block: one line, not MLflow's traceback.
     with pytest.raises(tracking.TrackingError) as e:
-        with outage.server_needed(server.uri, 30, "register the model"):
+        with server_wait.server_needed(server.uri, 30, "register the model"):
             server.kill()
             tracking.client(server.uri).search_experiments()
     assert "\n" not in str(e.value) and "while trying to register the model" in str(e.value)
@@ -79,12 +79,12 @@ def test_logger_outlives_a_server_outage(mlflow_server_ctl, monkeypatch, capfd, 
 def test_a_stage_that_needs_the_server_waits_then_fails_in_one_line(capsys):
     uri = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(tracking.TrackingError) as e:
-        outage.wait_for_server(uri, 1, "register the model")
+        server_wait.wait_for_server(uri, 1, "register the model")
     msg = str(e.value)
     assert "\n" not in msg and uri in msg and "unreachable since" in msg and "register the model" in msg
     assert "re-run the same command" in msg
     assert capsys.readouterr().out.count("unreachable at") == 1  # said once while waiting
-    outage.wait_for_server("sqlite:////nonexistent/mlflow.db", 1, "x")  # a local store never waits
+    server_wait.wait_for_server("sqlite:////nonexistent/mlflow.db", 1, "x")  # a local store never waits
 
 
 

@@ -222,7 +222,7 @@ def _train_and_register(cfg: FinetuneConfig, source: Source, td: TaskData, task:
 def _single_run(job: Job, run_name: str, lr_source: str) -> dict[str, Any]:
     """The MLflow run around one Ray Train run: params, label map, fit, the best model exported and registered."""
     from pipeline import tracking
-    from pipeline.outage import server_needed
+    from pipeline.server_wait import server_needed
 
     run_id = tracking.start_run(job.cfg.tracking.experiment, run_name, job.tags)
     logger = tracking.RunLogger(run_id, job.shared["tracking_uri"])

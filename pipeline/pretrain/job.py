@@ -40,7 +40,8 @@ from pipeline.dag import Stage
 from pipeline.data.dataset import PreparedDataset
 from pipeline.data.stages import data_stages
 from pipeline.io import exists, join, output_lock, read_bytes, read_json, write_bytes_atomic
-from pipeline.outage import read_pending, server_needed
+from pipeline.outage import read_pending
+from pipeline.server_wait import server_needed
 from pipeline.pretrain.init import InitCheckpoint
 from pipeline.pretrain.loader import Batches, PhasePlan
 from pipeline.pretrain.loop import NUM_COUNTS, counts, eval_metrics, train_loop_per_worker

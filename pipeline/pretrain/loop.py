@@ -114,8 +114,6 @@ def eval_batches(plan: PhasePlan, phase: int, rank: int, world: int, seed: int, 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Pretrain with DDP; resumes from `ray.train.get_checkpoint()` (or, when the driver found that one damaged,
     the newest intact one) exactly (weights, optimizer, RNGs, data)."""
-    import ray.train
-
     from pipeline.tracking import RunLogger
 
     cfg, plans, vocab_sha = config["cfg"], config["plans"], config["vocab_sha256"]
