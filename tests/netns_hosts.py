@@ -81,9 +81,9 @@ class Host:
         """A long-running command; its output goes to `log` (a path on the host, under /tmp)."""
         return subprocess.Popen(self._argv(f"exec {cmd} > {log} 2>&1", env), start_new_session=True)
 
-    def crash(self) -> int:
+    def crash(self) -> list[str]:
         """What a host that loses power does to its processes: SIGKILL every one in its namespaces (Ray's raylet,
-        its workers and agents) but the holder, so its addresses and /tmp stay for a restart. Returns how many."""
+        its workers and agents) but the holder, so its addresses and /tmp stay for a restart. Returns their names."""
         killed = kill_namespace(self.ns, keep=self.holder.pid)
         sh(["rm", "-rf", str(self.path("/tmp/ray"))])  # a rebooted host comes back without Ray's session files
         return killed
@@ -137,22 +137,23 @@ class Hosts:
             sh(["ip", "netns", "del", name], check=False)
 
 
-def kill_namespace(ns: str, keep: int | None = None) -> int:
+def kill_namespace(ns: str, keep: int | None = None) -> list[str]:
     """SIGKILL every process in network namespace `ns` but `keep`, until none is left (at most 3 rounds, for a
-    child forked meanwhile); returns how many were killed."""
-    killed: set[int] = set()
+    child forked meanwhile); returns the names of those killed (`raylet`, `ray::RayTrainWorker`, ...)."""
+    killed: list[str] = []
     for _ in range(3):
         pids = {int(p) for p in sh(["ip", "netns", "pids", ns], check=False).stdout.split()} - {keep}
         if not pids:
             break
         for p in pids:
             try:
+                argv0 = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
                 os.kill(p, signal.SIGKILL)
-                killed.add(p)
-            except ProcessLookupError:
+                killed.append(argv0.split(" ")[0].rsplit("/", 1)[-1])
+            except (ProcessLookupError, FileNotFoundError):
                 pass
         time.sleep(0.5)
-    return len(killed)
+    return killed
 
 
 def wait_http(url: str, seconds: float, proc: subprocess.Popen | None = None) -> None:
