@@ -106,12 +106,15 @@ class Outbox:
         """When the server stopped answering (time.time()), or None while it answers."""
         return self._away_since
 
-    def flush(self, timeout: float) -> bool:
-        """Wait up to `timeout` s for everything queued to be sent (retrying at once); True when it was."""
+    def flush(self, timeout: float, away_timeout: float | None = None) -> bool:
+        """Wait up to `timeout` s for everything queued to be sent (retrying at once); True when it was. Once the
+        server is found away (before or during the wait), wait at most `away_timeout` s more."""
         deadline = time.monotonic() + timeout
         with self._cv:
             self._cv.notify_all()  # a sender waiting out its backoff tries again now
             while self._has_work() or self._sending:
+                if away_timeout is not None and self._away_since is not None:
+                    deadline, away_timeout = min(deadline, time.monotonic() + away_timeout), None
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._thread.is_alive():
                     return False
@@ -119,11 +122,12 @@ class Outbox:
                 self._cv.notify_all()
             return True
 
-    def close(self, timeout: float) -> bool:
-        """Send what is queued (for up to `timeout` s), stop the thread and remove the spill; True when all was sent."""
+    def close(self, timeout: float, away_timeout: float | None = None) -> bool:
+        """Send what is queued (for up to `timeout` s; `away_timeout` as in `flush`), stop the thread and remove the
+        spill; True when all was sent."""
         with self._cv:
             self._closing = True
-        done = self.flush(timeout)
+        done = self.flush(timeout, away_timeout)
         with self._cv:
             self._abandon = True
             self._cv.notify_all()

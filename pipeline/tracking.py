@@ -477,16 +477,17 @@ class RunLogger:
         return self.outbox.pending() if self.outbox is not None else {"metrics": [], "tags": {}}
 
     def close(self, wait_s: float = 10.0) -> bool:
-        """Stop the system-metrics sampler and send what the outbox holds (the run stays open): for up to `wait_s`
-        seconds while the server is away, up to 2 minutes while it answers. True when nothing is left unsent; what
-        is, the last checkpoint holds."""
+        """Stop the system-metrics sampler and send what the outbox holds (the run stays open): up to 2 minutes
+        while the server answers, and no more than `wait_s` seconds once it is found away (also when a send still in
+        MLflow's retries finds it so during the wait). True when nothing is left unsent; what is, the last checkpoint
+        holds."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
         if self.outbox is None:
             return True
-        return self.outbox.close(wait_s if self.outbox.away_since is not None else max(wait_s, 120.0))
+        return self.outbox.close(max(wait_s, 120.0), away_timeout=wait_s)
 
     def finish(self, status: str = "FINISHED") -> None:
         """Stop sampling and mark the run FINISHED / FAILED / KILLED (a run that registered a version stays

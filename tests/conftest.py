@@ -24,18 +24,20 @@ os.environ.setdefault("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "false")
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
-# torch._dynamo (imported by transformers and torch.compile) makes /tmp/torchinductor_<user> on import: give it a
-# directory of the test session's own, removed at the end, so the suite leaves nothing in /tmp.
-_INDUCTOR = tempfile.mkdtemp(prefix="pytest-inductor-")
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _INDUCTOR)
+# The suite leaves nothing in /tmp: every temporary file of this process and of the processes it starts goes
+# under one directory of the session's own (TMPDIR), removed at the end. Left to themselves, Ray keeps its session
+# directories in /tmp/ray, multiprocessing leaves pymp-* behind for workers that were killed, MLflow a
+# db_init_lock-* per SQLite store, torch._dynamo /tmp/torchinductor_<user>, and pytest its tmp_path trees.
+_TMP = tempfile.mkdtemp(prefix="pytest-tmp-")
+os.environ["TMPDIR"] = _TMP
+tempfile.tempdir = None  # tempfile re-reads TMPDIR
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_TMP, "torchinductor"))
 # A failed job writes its traceback under PIPELINE_LOG_DIR (pipeline.cli.log_dir): the session's own, not ~/.local.
-_JOB_LOGS = tempfile.mkdtemp(prefix="pytest-joblogs-")
-os.environ.setdefault("PIPELINE_LOG_DIR", _JOB_LOGS)
+os.environ.setdefault("PIPELINE_LOG_DIR", os.path.join(_TMP, "joblogs"))
 
 
 def pytest_unconfigure(config):  # noqa: ARG001 - pytest's hook signature
-    shutil.rmtree(_INDUCTOR, ignore_errors=True)
-    shutil.rmtree(_JOB_LOGS, ignore_errors=True)
+    shutil.rmtree(_TMP, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
