@@ -98,9 +98,9 @@ def ray_local():
 
 @pytest.fixture(scope="session")
 def one_host_reference() -> dict:
-    """The shards and final weights (`shards`, `digest`) of test_pretrain_job.py's one-host two-worker baseline,
-    filled when that fixture runs, so that tests/test_two_hosts.py compares its two-host run without training the
-    same run again (it runs it itself when empty)."""
+    """The shards, final weights and train/loss per step (`shards`, `digest`, `losses`) of test_pretrain_job.py's
+    one-host two-worker baseline, filled when that fixture runs, so that tests/test_two_hosts.py compares its
+    two-host runs without training the same run again (it runs it itself when empty)."""
     return {}
 
 

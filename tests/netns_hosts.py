@@ -81,6 +81,13 @@ class Host:
         """A long-running command; its output goes to `log` (a path on the host, under /tmp)."""
         return subprocess.Popen(self._argv(f"exec {cmd} > {log} 2>&1", env), start_new_session=True)
 
+    def crash(self) -> list[str]:
+        """What a host that loses power does to its processes: SIGKILL every one in its namespaces (Ray's raylet,
+        its workers and agents) but the holder, so its addresses and /tmp stay for a restart. Returns their names."""
+        killed = kill_namespace(self.ns, keep=self.holder.pid)
+        sh(["rm", "-rf", str(self.path("/tmp/ray"))])  # a rebooted host comes back without Ray's session files
+        return killed
+
 
 class Hosts:
     """`n` hosts on one link (10.77.0.1, .2, ...) and an uplink from this namespace to the first (the head), so
@@ -117,16 +124,8 @@ class Hosts:
 
     def close(self) -> None:
         """Kill every process in the namespaces (Ray's daemons included), delete the namespaces and the uplink."""
-        for _ in range(3):
-            pids = [p for name in self.names for p in sh(["ip", "netns", "pids", name], check=False).stdout.split()]
-            if not pids:
-                break
-            for p in pids:
-                try:
-                    os.kill(int(p), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.5)
+        for name in self.names:
+            kill_namespace(name)
         for h in self.hosts:
             if h.holder is not None:
                 try:
@@ -136,6 +135,25 @@ class Hosts:
         sh(["ip", "link", "del", self.up_if], check=False)
         for name in self.names:
             sh(["ip", "netns", "del", name], check=False)
+
+
+def kill_namespace(ns: str, keep: int | None = None) -> list[str]:
+    """SIGKILL every process in network namespace `ns` but `keep`, until none is left (at most 3 rounds, for a
+    child forked meanwhile); returns the names of those killed (`raylet`, `ray::RayTrainWorker`, ...)."""
+    killed: list[str] = []
+    for _ in range(3):
+        pids = {int(p) for p in sh(["ip", "netns", "pids", ns], check=False).stdout.split()} - {keep}
+        if not pids:
+            break
+        for p in pids:
+            try:
+                argv0 = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+                os.kill(p, signal.SIGKILL)
+                killed.append(argv0.split(" ")[0].rsplit("/", 1)[-1])
+            except (ProcessLookupError, FileNotFoundError):
+                pass
+        time.sleep(0.5)
+    return killed
 
 
 def wait_http(url: str, seconds: float, proc: subprocess.Popen | None = None) -> None:
@@ -189,12 +207,9 @@ class TwoHostCluster:
             p.chmod(0o600)
 
     def start_servers(self) -> None:
-        import boto3
-
         moto = self.head.popen("moto_server -H 0.0.0.0 -p 5555", "/tmp/moto.log")
         wait_http(self.s3_url, 120, moto)
-        boto3.client("s3", endpoint_url=self.s3_url, aws_access_key_id="testing", aws_secret_access_key="testing",
-                     region_name="us-east-1").create_bucket(Bucket=self.bucket)
+        self.s3_client().create_bucket(Bucket=self.bucket)
         self.mlflow = self.head.popen(
             "mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri sqlite:////tmp/mlflow.db "
             f"--artifacts-destination s3://{self.bucket}/mlflow-artifacts --workers 1", "/tmp/mlflow.log")
@@ -204,6 +219,13 @@ class TwoHostCluster:
         import s3fs
 
         return s3fs.S3FileSystem(endpoint_url=self.s3_url, key="testing", secret="testing", skip_instance_cache=True)
+
+    def s3_client(self):
+        """boto3 on the bucket's server, from this namespace (uncached listings, for polling)."""
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.s3_url, aws_access_key_id="testing", aws_secret_access_key="testing",
+                            region_name="us-east-1")
 
     def s3_env(self) -> dict[str, str]:
         """The bucket's endpoint and credentials from this namespace (for pyarrow/s3fs/boto3 clients)."""
@@ -218,14 +240,20 @@ class TwoHostCluster:
                       "--dashboard-host=127.0.0.1 --dashboard-port=8265 --object-store-memory=300000000 "
                       "--disable-usage-stats", timeout=180)
 
-    def start_worker(self, cpus: int = 1) -> None:
+    def start_worker(self, cpus: int = 1, wait: bool = True) -> None:
+        """`ray start --address` on the worker host; with `wait`, until the head counts both hosts."""
         self.worker.run(f"ray start --address={self.head.address}:6379 --node-ip-address={self.worker.address} "
                         f"--num-cpus={cpus} --object-store-memory=300000000 --disable-usage-stats", timeout=180)
-        for _ in range(60):  # bounded: until the head counts both nodes
-            if self.alive_nodes() == 2:
+        if wait:
+            self.wait_nodes(2, "the worker host never joined")
+
+    def wait_nodes(self, n: int, why: str, seconds: int = 60) -> None:
+        """Until the head counts `n` alive nodes (a crashed node counts until its health checks fail)."""
+        for _ in range(seconds):  # bounded
+            if self.alive_nodes() == n:
                 return
             time.sleep(1)
-        raise RuntimeError("the worker host never joined")
+        raise RuntimeError(why)
 
     def alive_nodes(self) -> int:
         r = self.head.run("ray list nodes --filter state=ALIVE --format json", check=False, timeout=60)
@@ -236,17 +264,21 @@ class TwoHostCluster:
         except ValueError:
             return 0
 
-    def submit(self, repo: Path, args: list[str], git_sha: str, timeout: float = 600):
-        """`ray job submit` on the head (as through the README's `ray dashboard` tunnel), the repository as the
-        working directory; returns (exit code, the job's output)."""
+    @staticmethod
+    def submit_command(repo: Path, args: list[str], git_sha: str) -> str:
+        """`ray job submit` on the head (as through the README's `ray dashboard` tunnel) of `jobs/pretrain.py
+        ARGS`, the repository as the working directory."""
         import json
         import shlex
 
         env_json = json.dumps({"env_vars": {"GIT_SHA": git_sha}})
-        cmd = (f"ray job submit --address http://127.0.0.1:8265 --working-dir {shlex.quote(str(repo))} "
-               f"--runtime-env-json {shlex.quote(env_json)} -- python jobs/pretrain.py "
-               + " ".join(shlex.quote(a) for a in args))
-        r = self.head.run(cmd, timeout=timeout, check=False)
+        return (f"ray job submit --address http://127.0.0.1:8265 --working-dir {shlex.quote(str(repo))} "
+                f"--runtime-env-json {shlex.quote(env_json)} -- python jobs/pretrain.py "
+                + " ".join(shlex.quote(a) for a in args))
+
+    def submit(self, repo: Path, args: list[str], git_sha: str, timeout: float = 600):
+        """Submit and wait; returns (exit code, the job's output)."""
+        r = self.head.run(self.submit_command(repo, args, git_sha), timeout=timeout, check=False)
         return r.returncode, r.stdout + r.stderr
 
     def close(self) -> None:

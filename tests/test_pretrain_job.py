@@ -350,9 +350,11 @@ def ft_store(work):
 @pytest.fixture(scope="module")
 def baseline(cluster, prepared, work, ft_store, one_host_reference):
     """An uninterrupted 2-worker run: 8 steps x 2 accumulation micro-steps, several epochs of the subset. Its
-    shards and weights are kept for tests/test_two_hosts.py (the same data and training on two hosts)."""
+    shards, weights and per-step losses are kept for tests/test_two_hosts.py (the same data and training on two
+    hosts)."""
     digest, run_id = _train(prepared, work, "baseline")
-    one_host_reference.update(digest=digest, shards=prepared["validate"].manifest["shards"])
+    one_host_reference.update(digest=digest, shards=prepared["validate"].manifest["shards"],
+                              losses=_history(run_id, "train/loss"))
     return digest, run_id
 
 
