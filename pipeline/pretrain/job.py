@@ -330,7 +330,10 @@ def send_pending(trained: TrainResult, uri: str, wait_s: float) -> None:
     if not log.close(send_s):
         raise tracking.TrackingError(f"could not send the {len(pending['metrics']):,} kept metric values to {uri} in "
                                      f"{send_s:.0f}s; re-run the same command to send them")
-    print(f"[evaluate] sent {len(pending['metrics']):,} metric values kept while the tracking server was away", flush=True)
+    # (the checkpoint holds what was not yet known sent when it was written, outage or not; sending drops what the
+    # server already has)
+    print(f"[evaluate] {len(pending['metrics']):,} metric value(s) the final checkpoint held as unsent are on the "
+          "tracking server", flush=True)
 
 
 def evaluate_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, uri: str) -> dict[str, float]:
