@@ -137,7 +137,7 @@ def eval_batches(ds, files, rate: float, max_rows: int, batch: int, seed: int) -
             for i in range(0, table.num_rows, batch)]
 
 
-def pretrain(cfg, ds, device: str, eval_every: int, out_dir: Path) -> dict[str, Any]:
+def pretrain(cfg, ds, device: str, eval_every: int, out_dir: Path, eval_rows: int = 4096) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
     import torch
@@ -154,8 +154,8 @@ def pretrain(cfg, ds, device: str, eval_every: int, out_dir: Path) -> dict[str, 
                            num_workers=1, num_eval_shards=tc.num_eval_shards, materialized=True)
     table = pa.concat_tables([pq.read_table(f) for f in plan.train_files])
     held = {"eval15": eval_batches(ds, plan.eval_files, 0.15, 512, 64, tc.seed)}
-    final = {"eval15": eval_batches(ds, plan.eval_files, 0.15, 4096, 64, tc.seed),
-             "eval_own": eval_batches(ds, plan.eval_files, ds.policy().mask_rate, 4096, 64, tc.seed)}
+    final = {"eval15": eval_batches(ds, plan.eval_files, 0.15, eval_rows, 64, tc.seed),
+             "eval_own": eval_batches(ds, plan.eval_files, ds.policy().mask_rate, eval_rows, 64, tc.seed)}
     to_batch = Batches(plan, tc.seed)
 
     def feed():
@@ -201,7 +201,8 @@ def pretrain(cfg, ds, device: str, eval_every: int, out_dir: Path) -> dict[str, 
 
 
 def finetune(model_dir: str | None, tokenizer: str, task: Path, lr: float, seed: int, device: str,
-             preset: str = "tiny", epochs: int = 3, max_train: int | None = None) -> dict[str, float]:
+             preset: str = "tiny", epochs: int = 3, max_train: int | None = None,
+             max_seq_length: int = 128) -> dict[str, float]:
     import torch
 
     from model import BertConfig
@@ -215,7 +216,7 @@ def finetune(model_dir: str | None, tokenizer: str, task: Path, lr: float, seed:
     from pipeline.finetune.loop import evaluate
 
     dev = torch.device(device)
-    td = prepare_task("sequence-classification", task / "train.tsv", task / "dev.tsv", tokenizer, max_seq_length=128, seed=seed,
+    td = prepare_task("sequence-classification", task / "train.tsv", task / "dev.tsv", tokenizer, max_seq_length=max_seq_length, seed=seed,
                       max_train_examples=max_train, max_eval_examples=max_train)
     torch.manual_seed(seed)
     head = {"num_labels": td.num_labels, "id2label": td.id2label or None}
