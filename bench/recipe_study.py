@@ -185,7 +185,7 @@ def pretrain(cfg, ds, device: str, eval_every: int, out_dir: Path, eval_rows: in
         if step % eval_every == 0 or step == tc.max_steps:
             m = measure(held["eval15"])
             curve.append({"step": step, "token_slots": step * tc.global_batch_size * seq, "tokens": tokens,
-                          "train_loss": stats.loss, "mlm_accuracy": m["mlm_accuracy"], "nsp_accuracy": m["nsp_accuracy"]})
+                          "train_loss": stats.loss, "mlm_accuracy": m["mlm_accuracy"], "nsp_accuracy": m.get("nsp_accuracy")})
     seconds = time.perf_counter() - start
     f15, fown = measure(final["eval15"]), measure(final["eval_own"])
     save_hf(t.model, out_dir, tokenizer=ds.output)

@@ -109,6 +109,35 @@ def test_vocabulary_other_than_the_checkpoints_is_refused(tmp_path, minilm_dir, 
     check_prepared([str(tmp_path / "nothing-yet")], "cd" * 32, "x")  # not prepared yet: fine
 
 
+def test_a_registered_version_with_storage_on_s3_is_copied_there_and_leaves_no_temporary_directory(
+        tmp_path, tiny_ckpt, s3_env, monkeypatch):
+    """On a cluster with object storage every worker (and the data stage) must read the initial checkpoint from
+    the storage, not from a temporary directory on the driver, and the driver's download must not be left behind."""
+    import os
+
+    import fsspec
+
+    from pipeline import tracking
+
+    path, saved = tiny_ckpt
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = tracking.start_run("exp", "reg", {})
+    tracking.register_hf_model(str(path), "tiny-init", "champion", {"run_id": run_id}, run_id)
+    bucket = s3_env.bucket()
+    tmp = Path(os.environ.get("TMPDIR", "/tmp"))
+    before = set(tmp.iterdir())
+    cfg, init = resolve_init(_cfg(tmp_path, "--model.init", "models:/tiny-init@champion", "--train.storage_path",
+                                  f"s3://{bucket}/runs"))
+    assert init.local_dir == f"s3://{bucket}/runs/init/tiny-init-v1"
+    assert cfg.data.vocab == f"s3://{bucket}/runs/init/tiny-init-v1/vocab.txt" and cfg.data.lowercase is False
+    assert init.weights_sha256 == hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+    fs = fsspec.filesystem("s3")
+    assert fs.cat(f"{bucket}/runs/init/tiny-init-v1/model.safetensors") == (path / "model.safetensors").read_bytes()
+    model = load_initial(worker_config(cfg, init).model, 40)
+    assert all(torch.equal(v, saved.state_dict()[k]) for k, v in model.state_dict().items())
+    assert set(tmp.iterdir()) == before  # neither the driver's download nor the worker's copy is left
+
+
 def test_not_a_checkpoint_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"^model.init .*: not models:/name@alias, models:/name/version, or a directory with config.json$"):
         resolve_init(_cfg(tmp_path, "--model.init", str(tmp_path), "--model.preset", "null"))

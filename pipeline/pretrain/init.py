@@ -41,7 +41,8 @@ class InitCheckpoint:
     spec: str
     """`model.init` as given (URI or path): the `init_model` tag."""
     local_dir: str
-    """A transformers directory on this machine (the download of a `models:/` version)."""
+    """The transformers directory the workers load: `spec` itself, the download of a `models:/` version under
+    `<train.storage_path>/init/`, or with a storage URI its copy there (`load_initial` reads a local copy)."""
     weights_sha256: str
     """sha256 of the weights file (`init_model_sha256`; part of the run identity)."""
     heads: str
@@ -166,26 +167,39 @@ def resolve_init(cfg: Config) -> tuple[Config, InitCheckpoint | None]:
     The returned config takes the architecture (model.overrides = the checkpoint's config plus the user's
     non-architecture overrides, preset as given), the vocabulary (data.vocab) and lowercasing (data.lowercase)
     from the checkpoint. Everything contradicting it is a ConfigError (one line), raised before any work.
-    A `models:/` version is downloaded into `<train.storage_path>/init/` (a local storage path; shared storage on
-    a multi-node cluster, where every worker reads it).
+    A `models:/` version is downloaded into `<train.storage_path>/init/<name>-v<version>` (shared storage on a
+    multi-node cluster, where every worker reads it). With a storage URI (s3://...) it is downloaded into a
+    temporary directory, checked there, copied to that place in the storage and the temporary copy removed.
     """
     spec = cfg.model.init
     if spec is None:
         return cfg, None
-    source_tags: dict[str, str] = {}
-    if spec.startswith("models:/"):
+    from pipeline.io import is_uri
+
+    if spec.startswith("models:/") and is_uri(cfg.train.storage_path):
         import tempfile
 
-        from pipeline.io import is_uri
-        from pipeline.tracking import fetch_registered
+        with tempfile.TemporaryDirectory(prefix="init-") as download:  # then copied to the storage, read from there
+            return _resolve(cfg, *_fetch(spec, download), shared=cfg.train.storage_path)
+    if spec.startswith("models:/"):
+        return _resolve(cfg, *_fetch(spec, os.path.join(cfg.train.storage_path, "init")))
+    return _resolve(cfg, spec, {})
 
-        storage = cfg.train.storage_path
-        download = os.path.join(storage, "init") if not is_uri(storage) else tempfile.mkdtemp(prefix="init-")
-        try:
-            local, source_tags = fetch_registered(spec, download)
-        except Exception as e:  # noqa: BLE001 - one line for the user
-            raise ConfigError(f"model.init {spec}: {str(e).splitlines()[0]}") from None
-    else:
+
+def _fetch(spec: str, download: str) -> tuple[str, dict[str, str]]:
+    from pipeline.tracking import fetch_registered
+
+    try:
+        return fetch_registered(spec, download)
+    except Exception as e:  # noqa: BLE001 - one line for the user
+        raise ConfigError(f"model.init {spec}: {str(e).splitlines()[0]}") from None
+
+
+def _resolve(cfg: Config, local: str, source_tags: dict[str, str], shared: str | None = None):
+    """resolve_init for a checkpoint in the local directory `local`; with `shared` (a storage URI) the checkpoint
+    is copied to `<shared>/init/<its directory name>` and the workers and the data stage read it there."""
+    spec = cfg.model.init
+    if not spec.startswith("models:/"):
         local = spec
         _check((Path(local) / "config.json").is_file(),
                f"model.init {spec}: not models:/name@alias, models:/name/version, or a directory with config.json")
@@ -218,6 +232,14 @@ def resolve_init(cfg: Config) -> tuple[Config, InitCheckpoint | None]:
     if not cfg.data.overwrite:
         check_prepared([d.output for d in phase_data_configs(resolved)], hashlib.sha256(vocab_bytes(tok)).hexdigest(), spec)
     init = InitCheckpoint(spec, str(Path(local).resolve()), sha256_file(weights_file(local)), heads_in(local), source_tags)
+    if shared is not None:
+        from pipeline.io import filesystem, join
+
+        remote = join(shared, "init", Path(local).name)
+        fs, path = filesystem(remote)
+        fs.put(local.rstrip("/") + "/", path, recursive=True)
+        resolved = dataclasses.replace(resolved, data=dataclasses.replace(resolved.data, vocab=cfg.data.vocab or join(remote, vocab.name)))
+        init = dataclasses.replace(init, local_dir=remote)
     return resolved, init
 
 
@@ -228,6 +250,15 @@ def load_initial(model_cfg, vocab_size: int):
     from model import BertForPreTraining
     from model.hf import load_hf
 
+    from pipeline.io import filesystem, is_uri
+
+    if is_uri(model_cfg.init):  # a models:/ version copied to the run's storage (resolve_init): read a local copy
+        import tempfile
+
+        fs, path = filesystem(model_cfg.init)
+        with tempfile.TemporaryDirectory(prefix="init-") as tmp:
+            fs.get(path.rstrip("/") + "/", tmp + "/", recursive=True)
+            return load_initial(dataclasses.replace(model_cfg, init=tmp), vocab_size)
     model = load_hf(model_cfg.init, BertForPreTraining, **{**model_cfg.overrides, "vocab_size": vocab_size})
     missing = [k for k in model.load_report["missing"] if not k.startswith(("cls.", "bert.pooler."))]
     if missing:  # an encoder weight the checkpoint lacks would silently stay random
