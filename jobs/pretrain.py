@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.core import launcher
         from pipeline.data.stages import check_paths
         from pipeline.preflight import artifact_root, check_storage, data_targets
-        from pipeline.tracking import check_tracking_server, redact, tracking_uri
+        from pipeline.tracking_server import check_tracking_server, redact, tracking_uri
 
         args, overrides = parse_cli(parser, argv)
         check_storage([("--config", args.config, "read")])

@@ -10,7 +10,7 @@ import time
 
 from mlflow.exceptions import MlflowException
 
-from pipeline import tracking
+from pipeline import tracking_server
 
 
 def wait_for_server(uri: str, wait_s: float, what: str) -> None:
@@ -23,14 +23,14 @@ def wait_for_server(uri: str, wait_s: float, what: str) -> None:
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            tracking.check_tracking_server(uri, timeout=10)
-        except tracking.ServerUnreachable:
+            tracking_server.check_tracking_server(uri, timeout=10)
+        except tracking_server.ServerUnreachable:
             if since is None:
                 since = time.time()
                 print(f"[tracking] MLflow server {uri} unreachable at {time.strftime('%H:%M:%S')}; waiting up to "
                       f"{wait_s:.0f}s to {what}", flush=True)
             if time.monotonic() >= deadline:
-                raise tracking.ServerUnreachable(
+                raise tracking_server.ServerUnreachable(
                     f"MLflow tracking server {uri} unreachable since {time.strftime('%H:%M:%S', time.localtime(since))} "
                     f"(waited {wait_s:.0f}s), so could not {what}; checkpoints and unsent metrics are kept: re-run the "
                     "same command once the server is back (tracking.server_wait_s sets the wait)") from None
@@ -50,8 +50,8 @@ def server_needed(uri: str, wait_s: float, what: str):
         yield
     except MlflowException:
         try:
-            tracking.check_tracking_server(uri, timeout=10)
-        except tracking.ServerUnreachable as e:
-            raise tracking.ServerUnreachable(f"{e}".split(";")[0] + f" while trying to {what}; re-run the same "
-                                             "command once the server is back") from None
+            tracking_server.check_tracking_server(uri, timeout=10)
+        except tracking_server.ServerUnreachable as e:
+            raise tracking_server.ServerUnreachable(f"{e}".split(";")[0] + f" while trying to {what}; re-run the same "
+                                                    "command once the server is back") from None
         raise

@@ -1,8 +1,9 @@
 """MLflow tracking: the run is created on the driver, rank 0 logs into it, exports are registered with lineage tags.
 
-Everything talks to MLflow through an explicit `MlflowClient(tracking_uri())`, never the fluent global state, so
-the same code works on the driver, in a Ray task and in a Ray Train worker whose working directory differs (the
-default SQLite URI is made absolute for that reason).
+Everything talks to MLflow through an explicit client (`client()`: `MlflowClient(tracking_uri())`), never the fluent
+global state, so the same code works on the driver, in a Ray task and in a Ray Train worker whose working directory
+differs. Reaching the store (its URI, the client, the server probe, redaction) is pipeline.tracking_server;
+`client`, `tracking_uri` and `TrackingError` are imported here too, so code that only tracks needs this module.
 
 Resuming is first-class: `start_run` returns the existing run of the same name, and `RunLogger` never logs a step
 twice for a metric (a worker restarted from a checkpoint at step 40 recomputes steps 41.. that it may already have
@@ -14,185 +15,23 @@ logged before it died; those are dropped, so the run has one value per step).
 
 from __future__ import annotations
 
-import logging
 import os
-import re
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import mlflow
-from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
+
+from pipeline.tracking_server import TrackingError, check_tracking_server, client, redact, tracking_uri
 
 # MLflow limits: 100 params / 1000 metrics per log_batch call; param values up to 6000 characters.
 _MAX_PARAMS_PER_BATCH = 100
 _MAX_METRICS_PER_BATCH = 1000
 _MAX_PARAM_LEN = 6000
-
-
-class TrackingError(RuntimeError):
-    """The tracking server or registry cannot be used; the message is one line that says why."""
-
-
-class ServerUnreachable(TrackingError):
-    """The tracking server does not answer (as opposed to answering with a refusal)."""
-
-
-# MLflow's HTTP client retries a failed request 7 times with a backoff factor of 2 (minutes against a server that is
-# down). A few quick retries cover a blip; a longer outage is handled by the callers: rank 0's metrics wait in an
-# Outbox, and the stages that need the server wait `tracking.server_wait_s` (pipeline.outage). Set either
-# variable in the environment to override.
-_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
-
-
-def _absolute_store_uri(uri: str) -> str:
-    """Make a local store URI absolute: `sqlite:///mlflow.db` -> `sqlite:////cwd/mlflow.db`, `./mlruns` -> `file:///cwd/mlruns`.
-
-    >>> _absolute_store_uri("http://127.0.0.1:5000")
-    'http://127.0.0.1:5000'
-    """
-    if uri.startswith("sqlite:///"):
-        path = uri[len("sqlite:///"):]
-        if not path.startswith("/") and path != ":memory:":
-            path = str(Path(path).resolve())
-        return f"sqlite:///{path}"
-    if uri.startswith("file:"):
-        path = uri[len("file:"):]
-        path = path[2:] if path.startswith("//") else path
-        return Path(path).resolve().as_uri()
-    if "://" not in uri:  # a bare directory: MLflow's file store
-        return Path(uri).resolve().as_uri()
-    return uri
-
-
-def tracking_uri() -> str:
-    """`MLFLOW_TRACKING_URI` (made absolute when it is a local store) or `sqlite:///<abs cwd>/mlflow.db`."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-    return _absolute_store_uri(uri)
-
-
-# `scheme://user:password@` in any text (a URI in a message, a traceback, a log line).
-_CREDENTIALS = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*):[^@/\s]*@")
-
-
-def redact(text: str) -> str:
-    """`text` with the password of every URI in it replaced by `***`; the user name stays (it says whose).
-
-    >>> redact("server http://user:pw@host:9 is unreachable; s3://k:s%2Fx@bucket/p, http://host:5000")
-    'server http://user:***@host:9 is unreachable; s3://k:***@bucket/p, http://host:5000'
-    """
-    return _CREDENTIALS.sub(r"\1:***@", text)
-
-
-def split_credentials(uri: str) -> tuple[str, str | None, str | None]:
-    """(the URI without its user and password, user, password): urllib reads `host` out of `user:pw@host:9` only
-    once they are gone.
-
-    >>> split_credentials("http://user:p%40ss@host:9/x"), split_credentials("http://host:9")
-    (('http://host:9/x', 'user', 'p@ss'), ('http://host:9', None, None))
-    """
-    from urllib.parse import unquote, urlsplit, urlunsplit
-
-    parts = urlsplit(uri)
-    if "@" not in parts.netloc:
-        return uri, None, None
-    userinfo, _, hostport = parts.netloc.rpartition("@")
-    user, _, password = userinfo.partition(":")
-    return urlunsplit(parts._replace(netloc=hostport)), unquote(user), unquote(password) if password else None
-
-
-def _basic_auth_header(uri_user: str | None = None, uri_password: str | None = None) -> dict[str, str]:
-    """`Authorization: Basic ...` from MLFLOW_TRACKING_USERNAME/PASSWORD, as MLflow's own client sends it, else from
-    the URI's own `user:password@`; {} if neither."""
-    import base64
-
-    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
-    if not user and not password:
-        user, password = uri_user, uri_password
-    if not user and not password:
-        return {}
-    token = base64.b64encode(f"{user or ''}:{password or ''}".encode()).decode()
-    return {"Authorization": f"Basic {token}"}
-
-
-def check_tracking_server(uri: str | None = None, timeout: float = 30.0) -> None:
-    """Raise `TrackingError` (one line) when an http(s) tracking server does not answer or refuses this job's
-    credentials (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD); local stores always pass.
-
-    An authenticated read (`experiments/search`, one result) is the probe: `/health` answers without credentials
-    even on a basic-auth server. The message names the server and the problem, never the password. The timeout is
-    generous because the server hashes the password on every request (slow on a busy head); a refused connection
-    still fails at once.
-    """
-    uri = uri or tracking_uri()
-    if not uri.startswith(("http://", "https://")):
-        return
-    path = "/api/2.0/mlflow/experiments/search"
-    bare, uri_user, uri_password = split_credentials(uri)
-    url = f"{bare.rstrip('/')}{path}?max_results=1"
-    user = os.environ.get("MLFLOW_TRACKING_USERNAME") or uri_user
-    req = urllib.request.Request(url, headers=_basic_auth_header(uri_user, uri_password))
-    uri = redact(uri)  # the URI as messages show it
-    try:
-        with urllib.request.urlopen(req, timeout=timeout):  # noqa: S310 - the user's own server
-            return
-    except urllib.error.HTTPError as e:
-        if e.code == 401:
-            problem = (f"rejected the credentials of user {user!r} (HTTP 401); check MLFLOW_TRACKING_USERNAME and "
-                       "MLFLOW_TRACKING_PASSWORD") if user or os.environ.get("MLFLOW_TRACKING_PASSWORD") or uri_password else (
-                       "requires a login (HTTP 401); set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD")
-        elif e.code == 403:
-            problem = f"refused user {user!r} (HTTP 403): no permission to read experiments"
-        else:
-            problem = f"answered HTTP {e.code} on {path}"
-        raise TrackingError(f"MLflow tracking server {uri} {problem}") from None
-    except (urllib.error.URLError, OSError, TimeoutError) as e:
-        reason = getattr(e, "reason", e)
-        raise ServerUnreachable(redact(f"MLflow tracking server {uri} is unreachable ({reason}); start it or fix "
-                                       "MLFLOW_TRACKING_URI")) from None
-
-
-_STORES_READY: set[str] = set()  # SQLite stores this process has opened (created or migrated) under the lock
-
-
-def _open_sqlite_store(uri: str) -> None:
-    """Open (and on first use create) a SQLite store under a file lock beside it (`mlflow.db.lock`), once per
-    process: two jobs that both find the store new would otherwise both run MLflow's schema migration, and one of
-    them die in it (`duplicate column name: ...`)."""
-    from filelock import FileLock  # a dependency of ray and torch
-
-    db = uri[len("sqlite:///"):]
-    if db != ":memory:":
-        Path(db).parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(f"{db}.lock"):
-            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)  # builds the store: tables, migrations
-    _STORES_READY.add(uri)
-
-
-class _NoMlflowRetryWarnings(logging.Filter):
-    """Drops urllib3's "Retrying (...) after connection broken ..." warnings about MLflow's REST API: a server that is
-    away is said once (pipeline.outage), not three times per request; other hosts' retries still show."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "/api/2.0/mlflow" not in record.getMessage()
-
-
-def client(uri: str | None = None) -> MlflowClient:
-    for k, v in _HTTP_DEFAULTS.items():
-        os.environ.setdefault(k, v)
-    pool_log = logging.getLogger("urllib3.connectionpool")
-    if not any(isinstance(f, _NoMlflowRetryWarnings) for f in pool_log.filters):
-        pool_log.addFilter(_NoMlflowRetryWarnings())
-    uri = uri or tracking_uri()
-    if uri.startswith("sqlite:///") and uri not in _STORES_READY:
-        _open_sqlite_store(uri)
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 def _artifact_location(uri: str, experiment: str) -> str | None:
@@ -252,8 +91,8 @@ def newest_run_tagged(experiment: str, key: str, value: str, uri: str | None = N
 
 
 def run_exists(run_id: str, uri: str | None = None) -> bool:
-    """True when `run_id` is a (not deleted) run of the tracking store at `uri`; `ServerUnreachable` when the
-    server does not answer (a run that cannot be looked up is not a missing run)."""
+    """True when `run_id` is a (not deleted) run of the tracking store at `uri`; `tracking_server.ServerUnreachable`
+    when the server does not answer (a run that cannot be looked up is not a missing run)."""
     try:
         return client(uri).get_run(run_id).info.lifecycle_stage != "deleted"
     except MlflowException:

@@ -120,7 +120,7 @@ class MlflowServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> str:
-        from pipeline.tracking import TrackingError, check_tracking_server
+        from pipeline.tracking_server import TrackingError, check_tracking_server
 
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),

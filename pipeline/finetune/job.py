@@ -163,13 +163,13 @@ def run_finetune(
     """
     import ray
 
-    from pipeline import tracking
+    from pipeline import tracking_server
     from pipeline.core import launcher
 
     _check(task in TASKS, f"--task {task!r} is not one of {', '.join(TASKS)}")
     d, t = cfg.data, cfg.train
-    uri = tracking.tracking_uri()
-    tracking.check_tracking_server(uri)
+    uri = tracking_server.tracking_uri()
+    tracking_server.check_tracking_server(uri)
     check_storage([("MLflow artifact root", artifact_root(uri, cfg.tracking.experiment), "write")])
     work = tempfile.mkdtemp(prefix="finetune-")  # registry downloads and the export; removed in every case
     try:
@@ -221,12 +221,12 @@ def _train_and_register(cfg: FinetuneConfig, source: Source, td: TaskData, task:
 
 def _single_run(job: Job, run_name: str, lr_source: str) -> dict[str, Any]:
     """The MLflow run around one Ray Train run: params, label map, fit, the best model exported and registered."""
-    from pipeline import tracking
+    from pipeline import tracking, tracking_server
     from pipeline.server_wait import server_needed
 
     run_id = tracking.start_run(job.cfg.tracking.experiment, run_name, job.tags)
     logger = tracking.RunLogger(run_id, job.shared["tracking_uri"])
-    print(f"[finetune] MLflow run {run_id} ({run_name}) at {tracking.redact(job.shared['tracking_uri'])}", flush=True)
+    print(f"[finetune] MLflow run {run_id} ({run_name}) at {tracking_server.redact(job.shared['tracking_uri'])}", flush=True)
     status = "FAILED"
     try:
         job.log_inputs(logger, job.cfg, {"train.lr_source": lr_source})

@@ -25,7 +25,7 @@ from typing import Any
 import ray.tune
 from ray.train import Checkpoint
 
-from pipeline import tracking
+from pipeline import tracking, tracking_server
 from pipeline.config import ConfigError, resolve_path
 from pipeline.core import launcher
 from pipeline.finetune.runs import Job, best_metrics, fit_run, with_lr
@@ -160,7 +160,7 @@ def run_sweep(job: Job, run_name: str) -> dict[str, Any]:
     check_trial_resources(cfg.train.num_workers, cfg.train.cpus_per_worker, ray.cluster_resources().get("CPU", 0))
     parent_id = tracking.start_run(cfg.tracking.experiment, run_name, job.tags)
     parent = tracking.RunLogger(parent_id, uri)
-    print(f"[tune] MLflow parent run {parent_id} ({run_name}) at {tracking.redact(uri)}: {len(cfg.tune.lr or [])} trials, "
+    print(f"[tune] MLflow parent run {parent_id} ({run_name}) at {tracking_server.redact(uri)}: {len(cfg.tune.lr or [])} trials, "
           f"{cfg.tune.max_concurrent_trials} at a time", flush=True)
     children: dict[float, tuple[str, str]] = {}
     status = "FAILED"

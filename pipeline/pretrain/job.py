@@ -269,7 +269,7 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
     """Create (or reopen) the MLflow run on this driver, log params and artifacts, then fit on the workers."""
     import yaml
 
-    from pipeline import tracking
+    from pipeline import tracking, tracking_server
 
     os.environ["MLFLOW_TRACKING_URI"] = uri
     run_name = run_name_for(cfg, datasets, init)
@@ -296,7 +296,7 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
                 with open(os.path.join(sub, name), "wb") as f:
                     f.write(read_bytes(ds.file(name)))
             log.log_artifacts(sub, os.path.basename(sub))
-    print(f"[train] MLflow run {run_id} ({run_name}) at {tracking.redact(uri)}", flush=True)
+    print(f"[train] MLflow run {run_id} ({run_name}) at {tracking_server.redact(uri)}", flush=True)
     try:
         return run_training(cfg, datasets, run_id, run_name, uri, init=init)
     except BaseException:
