@@ -1,0 +1,46 @@
+"""bench/capacity.py: the capacity tables' arithmetic, checked by hand on one figure of each table."""
+
+from __future__ import annotations
+
+import doctest
+import importlib.util
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def capacity(repo_root):
+    spec = importlib.util.spec_from_file_location("capacity", repo_root / "bench" / "capacity.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_docstring_examples(capacity):
+    result = doctest.testmod(capacity)
+    assert result.attempted >= 4 and result.failed == 0
+
+
+def test_bert_large_phase_1_on_the_paper_schedule(capacity):
+    # 900,000 steps x 256 x 128 = 29,491,200,000 slots; at 96,376 slots/s: 306,001 s = 85.0 GPU-hours
+    assert capacity.gpu_hours(900_000, 256, 128, 96_376) == pytest.approx(29_491_200_000 / 96_376 / 3600)
+    assert capacity.gpu_hours(900_000, 256, 128, 96_376) == pytest.approx(85.0, abs=0.05)
+
+
+def test_ray_path_on_four_nodes(capacity):
+    # 4.4834e9 tokens / (370,319 tokens/CPU-s x 0.969 x 128 cores) = 97.6 s = 0.0271 h
+    hours = capacity.prep_hours(4.4834e9, 370_319, 128, 0.969)
+    assert hours == pytest.approx(4.4834e9 / (370_319 * 0.969 * 128) / 3600)
+    assert hours == pytest.approx(0.0271, abs=0.0001)
+
+
+def test_tables_follow_the_options(capacity, capsys):
+    capacity.main([])
+    default = capsys.readouterr().out
+    # BERT-large, LAMB phase 2 at our H100 rate: 1,563 x 32,768 x 512 / 102,792 / 3600 = 70.86 GPU-hours (35.43 at 2x)
+    assert "| NVIDIA LAMB | phase 2 | 1,563 x 32,768 x 512 | 26.2B | 5.8 | 39.3 | 70.9 |" in default
+    assert "| 4 | 128 | - (one machine) | 0.027 (1.6 min) |" in default
+    capacity.main(["--large-512", str(2 * 102_792), "--ray-rate", str(2 * 370_319)])
+    faster = capsys.readouterr().out
+    assert "| NVIDIA LAMB | phase 2 | 1,563 x 32,768 x 512 | 26.2B | 5.8 | 39.3 | 35.4 |" in faster
+    assert "| 1 | 32 | 0.070 (4.2 min) | 0.053 (3.2 min) |" in faster
