@@ -44,7 +44,8 @@ from pipeline.outage import read_pending
 from pipeline.server_wait import server_needed
 from pipeline.pretrain.init import InitCheckpoint
 from pipeline.pretrain.loader import Batches, PhasePlan
-from pipeline.pretrain.loop import NUM_COUNTS, counts, eval_metrics, train_loop_per_worker
+from pipeline.pretrain.loop import train_loop_per_worker
+from pipeline.pretrain.metrics import NUM_COUNTS, counts, eval_metrics
 
 # TrainConfig fields that do not change the weights a run produces (operational settings).
 _NOT_IN_IDENTITY = ("storage_path", "run_name", "max_failures", "num_to_keep", "checkpoint_every_steps",
