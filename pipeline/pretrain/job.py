@@ -233,7 +233,7 @@ def load_trained(cfg: Config, checkpoint: str, vocab_size: int) -> torch.nn.Modu
 
     from model import BertForPreTraining
 
-    local = launcher.local_copy(checkpoint)
+    local = launcher.local_checkpoint_dir(checkpoint)
     try:
         if (why := damage(local, read_train_state(local), ("model.safetensors",))) is not None:
             raise CheckpointCorrupt(f"checkpoint {checkpoint} is damaged: {why}; re-run the command: it resumes from "
