@@ -82,17 +82,15 @@ def run_name_for(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpo
     return cfg.train.run_name or f"{cfg.model.preset or 'init'}-{run_identity(cfg, datasets, init)[:10]}"
 
 
-def longer_run_notice(cfg: Config, datasets: list[PreparedDataset], uri: str, init: InitCheckpoint | None = None
-                      ) -> str | None:
-    """One console line when this run is new and an earlier run in the store differs from it only by
-    `train.max_steps` (its `identity_without_max_steps` tag): the LR schedule depends on max_steps, so this is a new
-    run from scratch; the line says how to continue the earlier model instead (`--model.init models:/...`)."""
+def longer_run_notice(cfg: Config, name: str, base: str, uri: str) -> str | None:
+    """One console line when run `name` is new and an earlier run in the store differs from it only by
+    `train.max_steps` (its `identity_without_max_steps` tag, `base` for this run): the LR schedule depends on
+    max_steps, so this is a new run from scratch; the line says how to continue the earlier model instead
+    (`--model.init models:/...`)."""
     from pipeline import tracking
 
-    name = run_name_for(cfg, datasets, init)
     if cfg.train.run_name or tracking.find_run(cfg.tracking.experiment, name) is not None:
         return None  # a name the user chose, or this very run resumed
-    base = run_identity(cfg, datasets, init, without=("max_steps",))
     other = tracking.newest_run_tagged(cfg.tracking.experiment, "identity_without_max_steps", base, uri)
     if other is None or other.info.run_name == name:
         return None
@@ -275,10 +273,11 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
     os.environ["MLFLOW_TRACKING_URI"] = uri
     run_name = run_name_for(cfg, datasets, init)
     first = datasets[0]
-    if (notice := longer_run_notice(cfg, datasets, uri, init)) is not None:
+    base = run_identity(cfg, datasets, init, without=("max_steps",))  # runs that differ only by their length share it
+    if (notice := longer_run_notice(cfg, run_name, base, uri)) is not None:
         print(notice, flush=True)
     run_id = tracking.start_run(cfg.tracking.experiment, run_name, {
-        "identity_without_max_steps": run_identity(cfg, datasets, init, without=("max_steps",)),
+        "identity_without_max_steps": base,
         "git_sha": git_sha, "config_hash": config_hash(cfg.to_dict()), "data_manifest_sha256": first.manifest_sha256,
         "vocab_sha256": first.vocab_sha256, "model_preset": cfg.model.preset, "attempt": attempt,
         **(init.tags if init else {})})
