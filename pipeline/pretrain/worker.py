@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from pipeline.core import launcher
-from pipeline.core.checkpoint import check_vocab, load_checkpoint
+from pipeline.core.checkpoint import check_vocab, load_checkpoint, trust
 from pipeline.core.optim import make_optimizer
 from pipeline.core.precision import make_scaler
 from pipeline.core.step import Trainable
@@ -66,6 +66,7 @@ def start_worker(config: dict[str, Any]) -> Worker:
     t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
     state: dict[str, Any] = {"step": 0, "position": {"phase": 0, "epoch": 0, "micro": 0}}
     pending = None  # metrics rank 0 could not send before the checkpoint (the tracking server was away)
+    trust(config.get("verified", ()))  # the files the driver hashed: not read again while unchanged
     if (ckpt := launcher.resume_checkpoint(config.get("damaged", ()), config.get("resume_from"))) is not None:
         with ckpt.as_directory() as d:
             state = load_checkpoint(d, rank, t)
