@@ -170,7 +170,7 @@ def cmd_mlm(a: argparse.Namespace) -> None:
 
     from pipeline.data.dataset import PreparedDataset
     from pipeline.pretrain.loader import PhasePlan
-    from pipeline.pretrain.loop import NUM_COUNTS, counts, summarise
+    from pipeline.pretrain.metrics import NUM_COUNTS, counts, summarise
     from pipeline.core.step import evaluate_sums
     from model import BertForPreTraining
     from model.hf import load_hf

@@ -147,7 +147,8 @@ def pretrain(cfg, ds, device: str, eval_every: int, out_dir: Path, eval_rows: in
     from pipeline.core.precision import make_scaler
     from pipeline.core.step import Trainable, evaluate_sums, train_step
     from pipeline.pretrain.loader import Batches, PhasePlan, epoch_micro_batches
-    from pipeline.pretrain.loop import NUM_COUNTS, build_model, counts, summarise
+    from pipeline.pretrain.metrics import NUM_COUNTS, counts, summarise
+    from pipeline.pretrain.worker import build_model
 
     tc, dev = cfg.train, torch.device(device)
     plan = PhasePlan.build(ds, steps=tc.max_steps, micro_batch_size=tc.global_batch_size, global_batch_size=tc.global_batch_size,
@@ -329,7 +330,8 @@ def cmd_time(a: argparse.Namespace) -> None:
     from pipeline.core.optim import make_optimizer
     from pipeline.core.step import Trainable, train_step
     from pipeline.pretrain.loader import collate
-    from pipeline.pretrain.loop import build_model, counts, summarise
+    from pipeline.pretrain.metrics import counts, summarise
+    from pipeline.pretrain.worker import build_model
 
     torch.set_num_threads(1)
     b, L = 32, 128

@@ -86,7 +86,7 @@ def plain_tokens_per_s(cfg, data, steps: int, skip: int) -> tuple[float, float]:
     """(tokens/s of the plain loop including its data loading, model-only micro-batches/s)."""
     from pipeline.core.optim import make_optimizer
     from pipeline.core.precision import forward
-    from pipeline.pretrain.loop import build_model
+    from pipeline.pretrain.worker import build_model
 
     tc = cfg.train
     torch.set_num_threads(max(1, int(tc.cpus_per_worker)))

@@ -233,6 +233,41 @@ def test_resuming_skips_damaged_newer_checkpoints_and_says_so(tmp_path, capsys):
     assert resume_point(str(tmp_path), "none") == (None, [])
 
 
+def test_a_checkpoint_is_hashed_once_per_process_and_handed_over_until_it_changes(tmp_path, monkeypatch):
+    """The driver's checks (done, resume point) hash each file once; a worker given what the driver verified
+    (`trust`) hashes nothing; a file damaged since is hashed again and refused."""
+    import json
+
+    from model import BertConfig, BertForPreTraining
+    from pipeline.core import checkpoint
+    from pipeline.core.checkpoint import CheckpointCorrupt, trust, verified
+    from pipeline.io import sha256_file
+    from pipeline.pretrain.job import newest_intact, resume_point
+
+    ckpt = tmp_path / "run" / "checkpoint_2026-01-01_00-00-00.000000"
+    _tiny_checkpoint(ckpt, 4)
+    monkeypatch.setattr(checkpoint, "_verified", {})
+    hashed = []
+    monkeypatch.setattr(checkpoint, "sha256_file", lambda p: hashed.append(p) or sha256_file(p))
+    files = sorted(json.loads((ckpt / "train_state.json").read_text())["files"])
+    assert newest_intact(str(tmp_path), "run")[0][1]["step"] == 4
+    assert sorted(p.rsplit("/", 1)[1] for p in hashed) == files == ["model.safetensors", "optimizer.pt", "rank_0.pt"]
+    assert resume_point(str(tmp_path), "run")[0][0] == str(ckpt) and len(hashed) == 3  # not hashed again
+    handed = verified(str(ckpt))
+    assert sorted(f for f, _, _ in handed) == [str(ckpt / n) for n in files]
+
+    monkeypatch.setattr(checkpoint, "_verified", {})  # a worker: another process
+    trust(handed)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
+    t = Trainable(model, *make_optimizer(model, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10))
+    assert load_checkpoint(str(ckpt), 0, t)["step"] == 4 and len(hashed) == 3
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # damaged after the driver checked it
+    with pytest.raises(CheckpointCorrupt, match=r"model.safetensors has sha256 [0-9a-f]{12}, not the"):
+        load_checkpoint(str(ckpt), 0, t)
+    assert hashed[3:] == [str(weights)]
+
+
 def test_docstring_examples_in_pipeline_modules_hold():
     """Every `>>>` example in pipeline/ is run (the model/ ones are in test_model_config.py)."""
     import doctest

@@ -168,6 +168,9 @@ def test_a_run_longer_by_max_steps_only_says_it_is_new_and_how_to_continue(tmp_p
     from pipeline import tracking
     from pipeline.pretrain.job import longer_run_notice
 
+    def notice(cfg):  # what train_stage passes
+        return longer_run_notice(cfg, run_name_for(cfg, datasets), run_identity(cfg, datasets, without=("max_steps",)), uri)
+
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     datasets = [SimpleNamespace(config_hash="c" * 64, vocab_sha256="v" * 64)]
@@ -177,13 +180,13 @@ def test_a_run_longer_by_max_steps_only_says_it_is_new_and_how_to_continue(tmp_p
     tracking.RunLogger(run_id, uri).log_params(short.flat())
 
     longer = _cfg(tmp_path, "--train.max_steps", "48")
-    line = longer_run_notice(longer, datasets, uri)
+    line = notice(longer)
     assert line.startswith(f"[train] only train.max_steps differs from run {run_name_for(short, datasets)} (24 -> 48 steps")
     assert f"{run_name_for(longer, datasets)} is a new run, trained from scratch" in line and "\n" not in line
     assert "no registered version yet" in line and "--model.init models:/bert-pretrain/<version>" in line
 
     tracking.RunLogger(run_id, uri).set_tags({"registered_model": "models:/bert-pretrain/3"})
-    assert "run with --model.init models:/bert-pretrain/3 " in longer_run_notice(longer, datasets, uri)
-    assert longer_run_notice(short, datasets, uri) is None  # resuming the earlier run itself
-    assert longer_run_notice(_cfg(tmp_path, "--train.max_steps", "48", "--train.lr", "7e-4"), datasets, uri) is None
-    assert longer_run_notice(_cfg(tmp_path, "--train.max_steps", "48", "--train.run_name", "mine"), datasets, uri) is None
+    assert "run with --model.init models:/bert-pretrain/3 " in notice(longer)
+    assert notice(short) is None  # resuming the earlier run itself
+    assert notice(_cfg(tmp_path, "--train.max_steps", "48", "--train.lr", "7e-4")) is None
+    assert notice(_cfg(tmp_path, "--train.max_steps", "48", "--train.run_name", "mine")) is None

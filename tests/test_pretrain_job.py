@@ -298,9 +298,9 @@ def weights_digest(checkpoint: str) -> str:
     """sha256 of a checkpoint's weights (sorted names and bytes); a URI checkpoint is copied and the copy removed."""
     from safetensors.torch import load_file
 
-    from pipeline.core.launcher import local_copy
+    from pipeline.core.launcher import local_checkpoint_dir
 
-    local = local_copy(checkpoint)
+    local = local_checkpoint_dir(checkpoint)
     sd = load_file(os.path.join(local, "model.safetensors"))
     if local != checkpoint:  # a copy of a URI checkpoint: nothing left behind in /tmp
         shutil.rmtree(local)

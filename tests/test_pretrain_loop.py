@@ -20,7 +20,7 @@ from pipeline.core.optim import make_optimizer
 from pipeline.core.precision import forward
 from pipeline.core.step import StepStats, Trainable, TrainFigures, all_reduce_sum, train_step
 from pipeline.pretrain.loader import Batches, collate
-from pipeline.pretrain.loop import counts, summarise
+from pipeline.pretrain.metrics import counts, summarise
 
 VOCAB, SEQ = 60, 16
 

@@ -13,7 +13,9 @@ Layout of one checkpoint directory:
 with a vocabulary they were not trained on (`check_vocab`), and `files`, the sha256 of every other file
 ({name: sha256}, every rank's), so that a damaged checkpoint (a truncated copy, a bad disk) is found before it is
 used (`damage`): the driver resumes from the newest intact one, and workers and the export check what they load.
-Checkpoints written before `files` existed carry no hashes and are used unchecked.
+Checkpoints written before `files` existed carry no hashes and are used unchecked. A file is hashed once per
+process while it stays as it was (its fsspec `ukey`: size, mtime, inode; an S3 ETag), and the driver hands what it
+verified to the workers, evaluate and register (`verified`, `trust`): a base-size checkpoint takes seconds to hash.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 from torch import nn
 
 from pipeline.core.step import Trainable
-from pipeline.io import StorageError, join, sha256_file
+from pipeline.io import StorageError, filesystem, join, sha256_file
 
 
 class CheckpointMismatch(ValueError):
@@ -95,10 +97,34 @@ def save_checkpoint(path: str, rank: int, t: Trainable, state: dict[str, Any]) -
             json.dump({**{k: v for k, v in state.items() if k != "position"}, "files": dict(sorted(files.items()))}, f)
 
 
+# {(file path or URI, the sha256 its checkpoint recorded): the file's ukey when its bytes matched it}, in this process
+_verified: dict[tuple[str, str], str] = {}
+
+
+def _ukey(path: str) -> str:
+    """fsspec's "hash of file properties, to tell if it has changed" (stat for local files), asked afresh."""
+    fs, p = filesystem(path)
+    fs.invalidate_cache(p)  # s3fs answers from its listing cache otherwise
+    return fs.ukey(p)
+
+
+def verified(path: str) -> list[tuple[str, str, str]]:
+    """The files of the checkpoint at `path` whose sha256 this process checked (`damage`), to hand to another
+    process (`trust`): (file, recorded sha256, its ukey then)."""
+    under = join(path, "")
+    return [(f, want, key) for (f, want), key in _verified.items() if f.startswith(under)]
+
+
+def trust(entries: list[tuple[str, str, str]] | tuple = ()) -> None:
+    """Take the files another process verified (`verified`) as checked here too, while they stay as they were."""
+    _verified.update({(f, want): key for f, want, key in entries})
+
+
 def damage(path: str, state: dict[str, Any], names: tuple[str, ...] | None = None) -> str | None:
     """What is wrong with the files of the checkpoint at `path` (local path or URI) against the sha256s its
     `train_state.json` (`state`) recorded, or None when they match (all of them, or `names`). A checkpoint
-    written before hashes were recorded has nothing to check against: None.
+    written before hashes were recorded has nothing to check against: None. A file that matched before, in this
+    process or in the one it `trust`s, and has not changed since (its ukey) is not read again.
 
     >>> import tempfile; d = tempfile.mkdtemp(); open(f"{d}/model.safetensors", "wb").write(b"ab")
     2
@@ -112,12 +138,17 @@ def damage(path: str, state: dict[str, Any], names: tuple[str, ...] | None = Non
     for name, want in state.get("files", {}).items():
         if names is not None and name not in names:
             continue
+        file = join(path, name)
         try:
-            got = sha256_file(join(path, name))
+            key = _ukey(file)  # before reading: a change while it is read shows next time
+            if _verified.get((file, want)) == key:
+                continue
+            got = sha256_file(file)
         except FileNotFoundError:
             return f"{name} is missing"
         if got != want:
             return f"{name} has sha256 {got[:12]}, not the {want[:12]} recorded when it was written"
+        _verified[(file, want)] = key
     return None
 
 

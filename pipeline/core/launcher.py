@@ -308,8 +308,9 @@ def resume_checkpoint(damaged: list[str] | tuple[str, ...] = (), resume_from: st
     return ray.train.Checkpoint(posixpath.join(posixpath.dirname(ckpt.path.rstrip("/")), resume_from), ckpt.filesystem)
 
 
-def local_copy(uri: str) -> str:
-    """A local directory with the files of a checkpoint (copied when `uri` is remote; the caller removes it)."""
+def local_checkpoint_dir(uri: str) -> str:
+    """A local directory with the files of a checkpoint: `uri` itself when it is local, else a copy of the whole
+    directory in a new temporary directory (the caller removes it). `pipeline.io.local_copy` copies one file."""
     if "://" not in uri:
         return uri
     import tempfile

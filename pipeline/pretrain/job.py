@@ -34,7 +34,7 @@ import torch
 
 from pipeline.config import Config, DataConfig, config_hash, phase_data_configs
 from pipeline.core import launcher
-from pipeline.core.checkpoint import CheckpointCorrupt, check_init, check_vocab, damage, read_train_state
+from pipeline.core.checkpoint import CheckpointCorrupt, check_init, check_vocab, damage, read_train_state, trust, verified
 from pipeline.core.step import evaluate_sums
 from pipeline.dag import Stage
 from pipeline.data.dataset import PreparedDataset
@@ -44,7 +44,8 @@ from pipeline.outage import read_pending
 from pipeline.server_wait import server_needed
 from pipeline.pretrain.init import InitCheckpoint
 from pipeline.pretrain.loader import Batches, PhasePlan
-from pipeline.pretrain.loop import NUM_COUNTS, counts, eval_metrics, train_loop_per_worker
+from pipeline.pretrain.loop import train_loop_per_worker
+from pipeline.pretrain.metrics import NUM_COUNTS, counts, eval_metrics
 
 # TrainConfig fields that do not change the weights a run produces (operational settings).
 _NOT_IN_IDENTITY = ("storage_path", "run_name", "max_failures", "num_to_keep", "checkpoint_every_steps",
@@ -59,6 +60,9 @@ class TrainResult:
     run_id: str
     run_name: str
     step: int
+    verified: tuple[tuple[str, str, str], ...] = ()
+    """The checkpoint's files the driver checked against their sha256s (`pipeline.core.checkpoint.verified`):
+    evaluate and register do not hash them again while they are unchanged."""
 
 
 def run_identity(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpoint | None = None,
@@ -81,17 +85,15 @@ def run_name_for(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpo
     return cfg.train.run_name or f"{cfg.model.preset or 'init'}-{run_identity(cfg, datasets, init)[:10]}"
 
 
-def longer_run_notice(cfg: Config, datasets: list[PreparedDataset], uri: str, init: InitCheckpoint | None = None
-                      ) -> str | None:
-    """One console line when this run is new and an earlier run in the store differs from it only by
-    `train.max_steps` (its `identity_without_max_steps` tag): the LR schedule depends on max_steps, so this is a new
-    run from scratch; the line says how to continue the earlier model instead (`--model.init models:/...`)."""
+def longer_run_notice(cfg: Config, name: str, base: str, uri: str) -> str | None:
+    """One console line when run `name` is new and an earlier run in the store differs from it only by
+    `train.max_steps` (its `identity_without_max_steps` tag, `base` for this run): the LR schedule depends on
+    max_steps, so this is a new run from scratch; the line says how to continue the earlier model instead
+    (`--model.init models:/...`)."""
     from pipeline import tracking
 
-    name = run_name_for(cfg, datasets, init)
     if cfg.train.run_name or tracking.find_run(cfg.tracking.experiment, name) is not None:
         return None  # a name the user chose, or this very run resumed
-    base = run_identity(cfg, datasets, init, without=("max_steps",))
     other = tracking.newest_run_tagged(cfg.tracking.experiment, "identity_without_max_steps", base, uri)
     if other is None or other.info.run_name == name:
         return None
@@ -218,7 +220,8 @@ def run_training(cfg: Config, datasets: list[PreparedDataset], run_id: str, run_
     # Ray Train hands the workers the checkpoint reported last; they replace a damaged one (launcher.resume_checkpoint)
     config = {"cfg": worker_config(cfg, init), "plans": plans, "run_id": run_id, "tracking_uri": tracking_uri, "vocab_sha256": vocab_sha,
               "on_step": on_step, "damaged": [d.rsplit("/", 1)[-1] for d in damaged],
-              "resume_from": latest[0].rsplit("/", 1)[-1] if latest else None}
+              "resume_from": latest[0].rsplit("/", 1)[-1] if latest else None,
+              "verified": verified(latest[0]) if latest else []}  # the workers need not hash it again
     scale = launcher.Scale(tc.num_workers, tc.use_gpu, tc.cpus_per_worker, tc.placement_strategy, tc.max_failures, tc.num_to_keep)
     result = launcher.fit(train_loop_per_worker, config, name=run_name, storage_path=tc.storage_path, scale=scale,
                           datasets=_ray_datasets(plans, tc.materialize_data),
@@ -226,13 +229,15 @@ def run_training(cfg: Config, datasets: list[PreparedDataset], run_id: str, run_
     return TrainResult(launcher.checkpoint_uri(result, tc.storage_path), run_id, run_name, tc.max_steps)
 
 
-def load_trained(cfg: Config, checkpoint: str, vocab_size: int) -> torch.nn.Module:
-    """The final weights from a checkpoint (path or URI), as a plain `BertForPreTraining` in eval mode."""
+def load_trained(cfg: Config, checkpoint: str, vocab_size: int, checked: tuple = ()) -> torch.nn.Module:
+    """The final weights from a checkpoint (path or URI), as a plain `BertForPreTraining` in eval mode; their
+    sha256 is checked unless the driver did (`checked`, `TrainResult.verified`) and they are unchanged since."""
     from safetensors.torch import load_file
 
     from model import BertForPreTraining
 
-    local = launcher.local_copy(checkpoint)
+    trust(checked)
+    local = launcher.local_checkpoint_dir(checkpoint)  # (a copy of a URI checkpoint is checked: it is what is read)
     try:
         if (why := damage(local, read_train_state(local), ("model.safetensors",))) is not None:
             raise CheckpointCorrupt(f"checkpoint {checkpoint} is damaged: {why}; re-run the command: it resumes from "
@@ -261,7 +266,7 @@ def train_done(cfg: Config, datasets: list[PreparedDataset], uri: str, init: Ini
     run_id = latest[1].get("run_id")
     if not run_id or not tracking.run_exists(run_id, uri):
         return None
-    return TrainResult(latest[0], run_id, name, cfg.train.max_steps)
+    return TrainResult(latest[0], run_id, name, cfg.train.max_steps, tuple(verified(latest[0])))
 
 
 def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri: str, attempt: str,
@@ -274,10 +279,11 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
     os.environ["MLFLOW_TRACKING_URI"] = uri
     run_name = run_name_for(cfg, datasets, init)
     first = datasets[0]
-    if (notice := longer_run_notice(cfg, datasets, uri, init)) is not None:
+    base = run_identity(cfg, datasets, init, without=("max_steps",))  # runs that differ only by their length share it
+    if (notice := longer_run_notice(cfg, run_name, base, uri)) is not None:
         print(notice, flush=True)
     run_id = tracking.start_run(cfg.tracking.experiment, run_name, {
-        "identity_without_max_steps": run_identity(cfg, datasets, init, without=("max_steps",)),
+        "identity_without_max_steps": base,
         "git_sha": git_sha, "config_hash": config_hash(cfg.to_dict()), "data_manifest_sha256": first.manifest_sha256,
         "vocab_sha256": first.vocab_sha256, "model_preset": cfg.model.preset, "attempt": attempt,
         **(init.tags if init else {})})
@@ -346,7 +352,7 @@ def evaluate_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, uri: 
     plan = PhasePlan.build(ds, steps=1, micro_batch_size=mb, global_batch_size=mb, num_workers=1,
                            num_eval_shards=tc.num_eval_shards, materialized=False)
     device = torch.device("cuda" if tc.use_gpu and torch.cuda.is_available() else "cpu")
-    model = load_trained(cfg, trained.checkpoint, ds.vocab_size).to(device)
+    model = load_trained(cfg, trained.checkpoint, ds.vocab_size, trained.verified).to(device)
     torch.manual_seed(tc.seed)
     sums = evaluate_sums(model, _eval_batches(ds, plan, tc.seed), counts=counts, size=NUM_COUNTS, device=device,
                          precision=tc.precision if device.type == "cuda" else "fp32")
@@ -365,7 +371,7 @@ def register_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, git_s
     from pipeline import tracking
 
     os.environ["MLFLOW_TRACKING_URI"] = uri
-    model = load_trained(cfg, trained.checkpoint, ds.vocab_size)
+    model = load_trained(cfg, trained.checkpoint, ds.vocab_size, trained.verified)
     with tempfile.TemporaryDirectory() as d, server_needed(uri, cfg.tracking.server_wait_s, "register the model"):
         tok = os.path.join(d, "tokenizer")
         os.makedirs(tok)

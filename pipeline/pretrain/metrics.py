@@ -1,0 +1,41 @@
+"""The pretraining figures: MLM/NSP outputs -> summed counts -> named metrics.
+
+The figures are kept as sums — (mlm_loss_sum, mlm_correct, mlm_count, nsp_loss_sum, nsp_correct, nsp_count) — so
+that they are exact over accumulation micro-steps and ranks (`counts`, `summarise`). The loop (`loop`) keeps them
+on the device and reads them on the host only on the steps that log, evaluate or checkpoint.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NUM_COUNTS = 6
+
+
+def counts(out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(mlm_loss_sum, mlm_correct, mlm_count, nsp_loss_sum, nsp_correct, nsp_count) of one forward, float64."""
+    mc, nc = out.mlm_count.double(), out.nsp_count.double()
+    return torch.stack([out.mlm_loss.detach().double() * mc, out.mlm_correct.double(), mc,
+                        out.nsp_loss.detach().double() * nc, out.nsp_correct.double(), nc])
+
+
+def summarise(c: torch.Tensor) -> dict[str, float]:
+    """Summed counts -> loss (MLM + NSP), mlm_loss, mlm_accuracy and, when the batches had next-sentence labels
+    (`data.nsp`), nsp_loss and nsp_accuracy: MLM-only data has none, and a 0 would read as a model that fails NSP.
+
+    >>> summarise(torch.tensor([6.0, 1, 4, 0, 0, 0], dtype=torch.float64))
+    {'loss': 1.5, 'mlm_loss': 1.5, 'mlm_accuracy': 0.25}
+    >>> summarise(torch.tensor([6.0, 1, 3, 1.4, 1, 2]))["nsp_accuracy"]
+    0.5
+    """
+    mlm_loss = (c[0] / c[2].clamp(min=1)).item()
+    out = {"loss": mlm_loss, "mlm_loss": mlm_loss, "mlm_accuracy": (c[1] / c[2].clamp(min=1)).item()}
+    if c[5] > 0:
+        nsp_loss = (c[3] / c[5]).item()
+        out.update({"loss": mlm_loss + nsp_loss, "nsp_loss": nsp_loss, "nsp_accuracy": (c[4] / c[5]).item()})
+    return out
+
+
+def eval_metrics(c: torch.Tensor) -> dict[str, float]:
+    """`eval/...` figures of summed held-out counts."""
+    return {**{f"eval/{k}": v for k, v in summarise(c).items()}, "eval/masked_tokens": c[2].item()}
