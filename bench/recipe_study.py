@@ -332,6 +332,7 @@ def cmd_time(a: argparse.Namespace) -> None:
     from pipeline.pretrain.loader import collate
     from pipeline.pretrain.metrics import counts, summarise
     from pipeline.pretrain.worker import build_model
+    from pipeline.config import ModelConfig
 
     torch.set_num_threads(1)
     b, L = 32, 128
@@ -341,7 +342,7 @@ def cmd_time(a: argparse.Namespace) -> None:
                      "next_sentence_label": np.arange(b) % 2})
     times = {}
     for preset in ("tiny", "mini"):
-        model = build_model(SimpleNamespace(preset=preset, overrides={}), 8000)
+        model = build_model(ModelConfig(preset=preset), 8000)
         opt, sched = make_optimizer(model, "adamw", 1e-3, 0.01, warmup_steps=0, total_steps=1000, schedule="linear")
         t = Trainable(model, opt, sched, None)
         run = lambda n: [train_step(t, iter([batch]), accumulation=1, counts=counts, summarise=summarise,  # noqa: E731
