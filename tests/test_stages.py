@@ -191,7 +191,6 @@ def test_dynamic_masking_remote_stages_and_downstream_interface(ray_local, share
     """Stages as Ray tasks, a downstream stage consuming "validate", and load-time masking through Ray Data."""
     inputs = [str(shared_dir / "corpora/books" / b) for b in ("08_Ruth.txt", "41_Mark.txt")]
     cfg = _cfg(inputs, tmp_path / "dyn", minilm_dir, masking="dynamic", whole_word_mask=True, num_shards=2)
-    seen = {}
     consumer = Stage("train", lambda deps: deps["validate"].examples, deps=("validate",))
     res, _ = _run(cfg, tmp_path, remote=True, extra=[consumer])
     v = res["validate"].result
