@@ -49,6 +49,9 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "mask30": {"data.mask_rate": 0.3, "data.max_predictions_per_seq": 39},
     "warmup25": {"train.warmup_frac": 0.25},
     "batch16": {"train.global_batch_size": 16, "train.micro_batch_size": 8, "train.steps_x": 2},
+    # round 2: continuing hurt pydocs_topic in round 1, so the fresh head learns alone first (train.head_only_steps)
+    "head25": {"train.head_only_frac": 0.25},
+    "head25-lr3e-4": {"train.head_only_frac": 0.25, "train.lr": 3e-4},
 }
 
 
@@ -66,6 +69,8 @@ def candidate_config(name: str, inputs: str, work: Path, steps: int):
     over = dict(CANDIDATES[name])
     warm = over.pop("train.warmup_frac", 0.1)
     steps *= over.pop("train.steps_x", 1)
+    if "train.head_only_frac" in over:
+        over["train.head_only_steps"] = round(over.pop("train.head_only_frac") * steps)
     flat = {"data.inputs": [inputs], "model.init": minilm_dir(), "train.max_steps": steps,
             "train.warmup_steps": round(warm * steps), "train.num_workers": 1, **over}
     flat.setdefault("train.micro_batch_size", flat.get("train.global_batch_size", 32))
@@ -123,6 +128,7 @@ def cmd_study(a: argparse.Namespace) -> None:
                       epochs=a.epochs, max_seq_length=a.ft_seq)
         res.update({"candidate": name, "overrides": CANDIDATES[name], "lr": cfg.train.lr,
                     "warmup_steps": cfg.train.warmup_steps, "mask_rate": cfg.data.mask_rate,
+                    "head_only_steps": cfg.train.head_only_steps,
                     "finetune": {"lr": a.ft_lr, "seed": a.ft_seed, "epochs": a.epochs, "seq": a.ft_seq, **ft},
                     "wall_s": time.perf_counter() - t0})
         (out / f"{name}.json").write_text(json.dumps(res, indent=1))
@@ -200,11 +206,12 @@ def cmd_report(a: argparse.Namespace) -> None:
     d = Path(a.dir)
     study = [json.loads(p.read_text()) for p in sorted(d.glob("*.json")) if "candidate" in json.loads(p.read_text())]
     if study:
-        print("| candidate | steps x batch x seq | LR | warmup | mask | held-out MLM acc (15%) | pydocs dev acc (1 seed) | s |")
-        print("|---|---|---:|---:|---:|---:|---:|---:|")
+        print("| candidate | steps x batch x seq | LR | warmup | head only | mask | held-out MLM acc (15%) | pydocs dev acc (1 seed) | s |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in study:
             ft = r["finetune"]
             print(f"| {r['candidate']} | {r['steps']} x {r['global_batch']} x {r['seq']} | {r['lr']:g} | {r['warmup_steps']} | "
+                  f"{r.get('head_only_steps', 0)} | "
                   f"{r['mask_rate']:g} | {r['mlm_accuracy']:.4f} | {ft['accuracy']:.4f} | {r['pretrain_s']:.0f} |")
     comp = [json.loads(p.read_text()) for p in sorted(d.glob("compare-*.json"))]
     if comp:

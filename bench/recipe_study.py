@@ -170,7 +170,8 @@ def pretrain(cfg, ds, device: str, eval_every: int, out_dir: Path, eval_rows: in
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, ds.vocab_size).to(dev)
     opt, sched = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=tc.warmup_steps,
-                                total_steps=tc.max_steps, schedule=tc.schedule, power=tc.poly_power)
+                                total_steps=tc.max_steps, schedule=tc.schedule, power=tc.poly_power,
+                                head_only_steps=tc.head_only_steps)
     t = Trainable(model, opt, sched, make_scaler(dev, tc.precision))
     torch.manual_seed(tc.seed * 1000 + 1)
 

@@ -260,6 +260,9 @@ class TrainConfig(BaseTrainConfig):
     """Empty: one phase on data.output at data.max_seq_length. Else phases run in order on their own data."""
     warmup_steps: int = 10
     """Linear warmup from 0 to lr over this many optimizer steps."""
+    head_only_steps: int = 0
+    """With model.init: the first N steps train only the MLM (and NSP) head, the encoder's LR is 0; then the encoder
+    warms up over warmup_steps. Lets a fresh head learn before its random gradients reach pretrained weights."""
     schedule: Literal["linear", "polynomial"] = "linear"
     """Decay after warmup, to 0 at max_steps."""
     poly_power: float = 1.0
@@ -290,6 +293,8 @@ class TrainConfig(BaseTrainConfig):
         super().__post_init__()
         _check(self.micro_batch_size >= 1, f"train.micro_batch_size {self.micro_batch_size} < 1")
         _check(self.global_batch_size >= 1, f"train.global_batch_size {self.global_batch_size} < 1")
+        _check(0 <= self.head_only_steps < self.max_steps,
+               f"train.head_only_steps {self.head_only_steps} must be >= 0 and < max_steps {self.max_steps}")
         per_step = self.micro_batch_size * self.num_workers
         _check(
             self.global_batch_size % per_step == 0,

@@ -204,8 +204,8 @@ PRESET_HASHES = {
 
 # Data fields added after the capture (dedup: issue 20; MediaWiki dumps: issue 24), left out of the comparison.
 ADDED_SINCE = ("dedup", "dedup_threshold", "dedup_num_perm", "wiki_keep_lists", "wiki_keep_headings")
-# Training fields added since (train.compile: issue 18), left out likewise.
-TRAIN_ADDED_SINCE = ("compile",)
+# Training fields added since (train.compile: issue 18; train.head_only_steps: issue 21), left out likewise.
+TRAIN_ADDED_SINCE = ("compile", "head_only_steps")
 # Tracking fields added since (tracking.server_wait_s: issue 22), left out likewise.
 TRACKING_ADDED_SINCE = ("server_wait_s",)
 

@@ -74,6 +74,39 @@ def test_make_optimizer_excludes_bias_and_layernorm_from_decay(name, cls):
         make_optimizer(model, "sgd", 1e-3, 0.0, warmup_steps=0, total_steps=10)
 
 
+def test_head_only_steps_train_the_heads_alone_then_the_encoder_warms_up_from_there():
+    from model import BertConfig, BertForPreTraining
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
+    opt, sched = make_optimizer(model, "adamw", 1e-2, 0.01, warmup_steps=2, total_steps=10, head_only_steps=3)
+    names = dict(model.named_parameters())
+    group = {id(p): i for i, g in enumerate(opt.param_groups) for p in g["params"]}
+    assert len(group) == len({id(p) for p in names.values()})  # every parameter once
+    heads = {n for n in names if n.startswith("cls.")}
+    assert heads and "bert.embeddings.word_embeddings.weight" in names  # the tied decoder: frozen with the encoder
+    start = {n: p.detach().clone() for n, p in names.items()}
+    ids = torch.randint(5, 64, (4, 16))
+    lrs = []
+    for step in range(6):
+        lrs.append({("head" if n in heads else "body"): opt.param_groups[group[id(p)]]["lr"] for n, p in names.items()})
+        out = model(ids, masked_lm_positions=torch.tensor([[1, 2]] * 4), masked_lm_ids=ids[:, 1:3])
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        changed = {n for n, p in names.items() if not torch.equal(p, start[n])}
+        if step < 3:  # only the heads have moved (step 0's LR is 0: the warmup's first step)
+            assert changed <= heads and (step == 0 or changed), (step, sorted(changed - heads)[:3])
+    assert "bert.encoder.layer.0.attention.self.query.weight" in changed  # the encoder learns from step 3 on
+    assert [round(x["head"] / 1e-2, 3) for x in lrs] == [round(lr_lambda(s, 2, 10), 3) for s in range(6)]
+    assert [round(x["body"] / 1e-2, 3) for x in lrs] == [0.0, 0.0, 0.0, 0.0, 0.5, 1.0]  # its own warmup after 3
+    with pytest.raises(Exception, match=r"train.head_only_steps 10 must be >= 0 and < max_steps 10"):
+        from pipeline.config import load_config
+
+        load_config(None, ["--train.max_steps", "10", "--train.head_only_steps", "10"])
+
+
 def test_fused_adamw_is_chosen_on_cuda_only_and_matches_the_unfused_update():
     """Fused AdamW is what a CUDA run gets; the CPU keeps the unfused loop. torch's CPU build has the fused
     kernel too, so the GPU path's arithmetic is checked here: five steps agree with the unfused one."""

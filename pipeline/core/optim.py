@@ -124,8 +124,15 @@ def make_optimizer(
     schedule: Literal["linear", "polynomial", "constant"] = "linear",
     power: float = 1.0,
     fused: bool | None = None,
+    head_only_steps: int = 0,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW or LAMB over `model`'s parameters (no weight decay on biases and LayerNorm) and its LR schedule.
+
+    `head_only_steps` K > 0: for the first K steps only the pretraining heads (`cls.*`) learn; every other
+    parameter (the encoder, and the word embeddings the MLM decoder is tied to) has LR 0, then warms up over
+    `warmup_steps` from step K and decays to 0 at `total_steps` like the heads. For a checkpoint continued with
+    fresh heads: their random gradients would otherwise reach the pretrained encoder first (LP-FT, Kumar et al.
+    2022, "Fine-Tuning can Distort Pretrained Features").
 
     `fused` (AdamW only): one kernel for the whole update instead of a loop of small ones, and no host read of
     the step count. None = fused when every parameter is on a CUDA device (as torchtitan does), unfused on the
@@ -136,6 +143,15 @@ def make_optimizer(
     ([0.01, 0.0], [1, 1], None)
     """
     groups = param_groups(model, weight_decay)
+    schedules = [lambda s: lr_lambda(s, warmup_steps, total_steps, schedule, power)] * len(groups)
+    if head_only_steps > 0:
+        heads = {id(p) for n, p in model.named_parameters() if n.startswith("cls.") or ".cls." in n}
+        groups = [{**g, "params": [p for p in g["params"] if (id(p) in heads) == is_head]}
+                  for is_head in (True, False) for g in groups]
+        k = head_only_steps
+        body = lambda s: 0.0 if s < k else lr_lambda(s - k, warmup_steps, total_steps - k, schedule, power)  # noqa: E731
+        pairs = [(g, schedules[0] if i < len(groups) // 2 else body) for i, g in enumerate(groups) if g["params"]]
+        groups, schedules = [g for g, _ in pairs], [f for _, f in pairs]
     if name == "adamw":
         if fused is None:
             fused = all(p.is_cuda for g in groups for p in g["params"]) or None  # None: torch's default (unfused)
@@ -144,5 +160,4 @@ def make_optimizer(
         opt = Lamb(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)
     else:
         raise ValueError(f"unknown optimizer {name!r} (adamw, lamb)")
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, warmup_steps, total_steps, schedule, power))
-    return opt, sched
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedules)

@@ -51,6 +51,8 @@ from pipeline.pretrain.metrics import NUM_COUNTS, counts, eval_metrics
 _NOT_IN_IDENTITY = ("storage_path", "run_name", "max_failures", "num_to_keep", "checkpoint_every_steps",
                     "log_every_steps", "eval_every_steps", "eval_batches", "data_cpus", "placement_strategy",
                     "materialize_data", "cpus_per_worker", "use_gpu", "compile")
+# fields added after runs existed: left out of the identity at their default, so those runs keep their names
+_NEWER_DEFAULTS = {"head_only_steps": 0}
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,8 @@ def run_identity(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpo
     the initial weights' sha256 when the run continues a checkpoint (left out without one: identities of runs from
     random weights are what they were before `model.init` existed; the ModelConfig repr leaves `init` out).
     `without` leaves more TrainConfig fields out (`max_steps`: runs that differ only by their length)."""
-    train = {k: v for k, v in dataclasses.asdict(cfg.train).items() if k not in _NOT_IN_IDENTITY + without}
+    train = {k: v for k, v in dataclasses.asdict(cfg.train).items()
+             if k not in _NOT_IN_IDENTITY + without and _NEWER_DEFAULTS.get(k, ...) != v}
     data = [{"config_hash": d.config_hash, "vocab_sha256": d.vocab_sha256} for d in datasets]
     ident: dict[str, Any] = {"model": cfg.model, "train": train, "data": data}
     if init is not None:

@@ -62,7 +62,8 @@ def start_worker(config: dict[str, Any]) -> Worker:
         model.bert.encoder.compile(dynamic=False)
     model = launcher.prepare_model(model)
     optimizer, scheduler = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=tc.warmup_steps,
-                                          total_steps=tc.max_steps, schedule=tc.schedule, power=tc.poly_power)
+                                          total_steps=tc.max_steps, schedule=tc.schedule, power=tc.poly_power,
+                                          head_only_steps=tc.head_only_steps)
     t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
     state: dict[str, Any] = {"step": 0, "position": {"phase": 0, "epoch": 0, "micro": 0}}
     pending = None  # metrics rank 0 could not send before the checkpoint (the tracking server was away)
