@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import doctest
-import importlib.util
 
 import pytest
 
+from conftest import load_bench
+
 
 @pytest.fixture(scope="module")
-def capacity(repo_root):
-    spec = importlib.util.spec_from_file_location("capacity", repo_root / "bench" / "capacity.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def capacity():
+    return load_bench("capacity")
 
 
 def test_docstring_examples(capacity):

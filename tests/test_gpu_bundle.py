@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import zipfile
 
 import pytest
 
+from conftest import load_bench
+
 
 @pytest.fixture(scope="module")
-def bundle(repo_root):
-    spec = importlib.util.spec_from_file_location("gpu_bundle", repo_root / "bench" / "gpu_bundle.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def bundle():
+    return load_bench("gpu_bundle")
 
 
 def _wheel(path, members: dict[str, bytes]) -> None:
