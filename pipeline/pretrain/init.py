@@ -250,15 +250,18 @@ def load_initial(model_cfg, vocab_size: int):
     from model import BertForPreTraining
     from model.hf import load_hf
 
-    from pipeline.io import filesystem, is_uri
+    from pipeline.io import is_uri
 
     if is_uri(model_cfg.init):  # a models:/ version copied to the run's storage (resolve_init): read a local copy
-        import tempfile
+        import shutil
 
-        fs, path = filesystem(model_cfg.init)
-        with tempfile.TemporaryDirectory(prefix="init-") as tmp:
-            fs.get(path.rstrip("/") + "/", tmp + "/", recursive=True)
-            return load_initial(dataclasses.replace(model_cfg, init=tmp), vocab_size)
+        from pipeline.core.launcher import local_checkpoint_dir
+
+        local = local_checkpoint_dir(model_cfg.init)
+        try:
+            return load_initial(dataclasses.replace(model_cfg, init=local), vocab_size)
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
     model = load_hf(model_cfg.init, BertForPreTraining, **{**model_cfg.overrides, "vocab_size": vocab_size})
     missing = [k for k in model.load_report["missing"] if not k.startswith(("cls.", "bert.pooler."))]
     if missing:  # an encoder weight the checkpoint lacks would silently stay random
