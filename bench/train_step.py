@@ -1,16 +1,39 @@
-"""Training-step throughput: our BertForPreTraining against transformers.BertForPreTraining.
+"""Training-step throughput: our BertForPreTraining against transformers.BertForPreTraining, and our variants.
 
-One full step = forward + backward + AdamW step, same data, same weights, same thread count. Timing runs both
-models in this one process, interleaved round by round (the machine is shared and noisy), and reports
-medians. Peak memory is measured per (model, dtype) in a fresh subprocess, because a process's peak RSS only
-ever grows: the resident high-water mark (VmHWM) over warmup + 2 steps minus the RSS before the model
-was built (weights, grads, AdamW state and activations). On CUDA it is torch.cuda.max_memory_allocated.
+One full step = forward + backward + optimizer step, same data, same weights, same thread count. Timing runs every
+implementation in this one process, interleaved round by round (the machine is shared and noisy; the order flips
+each round), and reports medians. Peak memory is measured per (implementation, dtype) in a fresh subprocess,
+because a process's peak RSS only ever grows: the resident high-water mark (VmHWM) over warmup + 2 steps minus the
+RSS before the model was built (weights, grads, optimizer state and activations). On CUDA it is
+torch.cuda.max_memory_allocated.
 
     python bench/train_step.py                                   # CPU, mini, B32 L128 P20, fp32 + bf16
     python bench/train_step.py --device cpu --preset tiny --mfu  # the GPU code path, cheaply, on CPU
     python bench/train_step.py --device cuda --preset large --dtype bf16 --mfu
+    python bench/train_step.py --device cuda --preset base --batch 256 --dtype bf16 --mfu --data packed \\
+        --impls transformers,ours,ours+real,ours+real+compile,ours+real+cudagraphs   # the GPU issue's tries
 
-FLOPs are counted analytically (matmuls only, backward = 2x forward): see `step_flops`.
+An implementation is `transformers`, or `ours` with `+feature`s (issue 18's tries, each one row of the table):
+
+    real        the product's step: pipeline.core.step.train_step with make_optimizer (fused AdamW on CUDA),
+                gradient clipping, figures kept on the device; batches made by the loader's `collate`
+    fused       fused AdamW in the bare step (`real` is fused on CUDA already)
+    mask        pass the attention mask even when no row is padded (the old behaviour: no flash kernel)
+    unpad       padded batches as `unpad_indices`/`cu_seqlens`: dense layers on real tokens, jagged SDPA
+    compile     torch.compile the encoder (static shapes: batches padded to --seq), default mode
+    autotune    the same with mode max-autotune-no-cudagraphs
+    cudagraphs  the same with mode reduce-overhead (CUDA graphs)
+    drop0       attention-probability dropout 0 (MosaicBERT)
+    vocab64     the vocabulary rounded up to a multiple of 64 (the embedding and decoder GEMMs' shapes)
+
+Data (`--data`): `padded` is Google-like NSP data (~10% short sequences, a padding mask in play); `packed` is
+MLM-only data packed to full length (no row padded, no mask passed unless `+mask`).
+
+FLOPs are counted analytically (matmuls only, backward = 2x forward) on the real tokens (see `step_flops`).
+MFU is achieved FLOP/s over `--peak-tflops`, by default on CUDA the H100 SXM's dense bf16 datasheet figure
+(989.4 TFLOP/s: the basis of the published references, ../shared/GPU.md). `--mfu` also measures the dense
+matmul rate of this device and prints the fraction of it ("of GEMM"): how close the step is to what the chip
+delivers here, which is not MFU.
 """
 
 from __future__ import annotations
@@ -23,61 +46,132 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere (no install needed)
 from model import BertConfig, BertForPreTraining  # noqa: E402
 
-IMPLS = ("ours", "transformers")
+FEATURES = ("real", "fused", "mask", "unpad", "compile", "autotune", "cudagraphs", "drop0", "vocab64")
+COMPILE_MODES = {"compile": None, "autotune": "max-autotune-no-cudagraphs", "cudagraphs": "reduce-overhead"}
+H100_BF16_PEAK_TFLOPS = 989.4
+"""The H100 SXM's dense bf16 peak from its datasheet: the one MFU basis (../shared/GPU.md)."""
 
 
-@dataclass
-class Batch:
-    input_ids: torch.Tensor  # (B, L)
-    token_type_ids: torch.Tensor  # (B, L)
-    attention_mask: torch.Tensor  # (B, L)
-    masked_lm_positions: torch.Tensor  # (B, P), -1 padded
-    masked_lm_ids: torch.Tensor  # (B, P), -1 padded
-    next_sentence_label: torch.Tensor  # (B,)
-    labels: torch.Tensor  # (B, L): the same targets in transformers' form, -100 elsewhere
+@dataclass(frozen=True)
+class Impl:
+    """`transformers`, or `ours` with a set of features (`ours+real+compile`)."""
+
+    name: str
+    features: frozenset[str] = frozenset()
+
+    @classmethod
+    def parse(cls, spec: str) -> Impl:
+        """
+        >>> Impl.parse("ours+real+unpad").features == {"real", "unpad"}
+        True
+        >>> Impl.parse("ours+turbo")
+        Traceback (most recent call last):
+        ...
+        ValueError: --impls: unknown feature 'turbo' in 'ours+turbo' (real, fused, mask, unpad, compile, autotune, cudagraphs, drop0, vocab64)
+        """
+        name, *feats = spec.strip().split("+")
+        if name not in ("ours", "transformers"):
+            raise ValueError(f"--impls: {spec!r} is neither ours[+feature...] nor transformers")
+        if name == "transformers" and feats:
+            raise ValueError(f"--impls: {spec!r}: features apply to ours only")
+        for f in feats:
+            if f not in FEATURES:
+                raise ValueError(f"--impls: unknown feature {f!r} in {spec!r} ({', '.join(FEATURES)})")
+        modes = [f for f in feats if f in COMPILE_MODES]
+        if len(modes) > 1:
+            raise ValueError(f"--impls: {spec!r}: one of {', '.join(COMPILE_MODES)}")
+        if "real" in feats and "fused" in feats:
+            raise ValueError(f"--impls: {spec!r}: real takes make_optimizer's AdamW (fused on CUDA, as the loop)")
+        if modes and "unpad" in feats:
+            raise ValueError(f"--impls: {spec!r}: a compiled encoder wants one shape, unpad gives it a new one per batch")
+        return cls(name, frozenset(feats))
+
+    def __str__(self) -> str:
+        return "+".join([self.name, *sorted(self.features, key=FEATURES.index)])
+
+    @property
+    def compile_mode(self) -> str | None | bool:
+        """False when not compiled, else the torch.compile mode (None = default)."""
+        mode = next((f for f in self.features if f in COMPILE_MODES), None)
+        return False if mode is None else COMPILE_MODES[mode]
 
 
-def make_batch(cfg: BertConfig, batch: int, seq: int, masked: int, device: str, seed: int = 0) -> Batch:
-    """Pretraining-like data: ~90% of sequences nearly full, ~10% short (Google's short-sequence rate)."""
-    g = torch.Generator().manual_seed(seed)
-    short = torch.rand(batch, generator=g) < 0.1
+def make_rows(batch: int, seq: int, masked: int, vocab: int, packed: bool, seed: int = 0) -> dict[str, Any]:
+    """Pretraining-like rows in the shards' form (what `collate` takes). `packed`: every row full length, no NSP
+    label (MLM-only data); else ~90% of rows nearly full and ~10% short (Google's short-sequence rate), NSP labels.
+    15% of each row's tokens are masked, at most `masked`."""
+    g = np.random.default_rng(seed)
     lo = max(3, min(16, seq // 2))  # shortest sequence: [CLS] x [SEP] at least
-    lengths = torch.where(short, torch.randint(lo, seq, (batch,), generator=g),
-                          torch.randint(max(lo, seq - 8), seq + 1, (batch,), generator=g))
-    ar = torch.arange(seq)
-    mask = (ar[None] < lengths[:, None]).long()
-    ids = torch.randint(1000, cfg.vocab_size, (batch, seq), generator=g) * mask
-    tt = ((ar[None] >= lengths[:, None] // 2) & mask.bool()).long()
-    pos = torch.full((batch, masked), -1, dtype=torch.long)
-    mlm = torch.full((batch, masked), -1, dtype=torch.long)
-    labels = torch.full((batch, seq), -100, dtype=torch.long)
-    for b in range(batch):
-        n = min(masked, max(1, round(0.15 * int(lengths[b]))))  # 15% of tokens, at most `masked`
-        p = torch.randperm(int(lengths[b]) - 2, generator=g)[:n].sort().values + 1
-        t = torch.randint(1000, cfg.vocab_size, (n,), generator=g)
-        pos[b, :n], mlm[b, :n], labels[b, p] = p, t, t
-    nsl = torch.randint(0, 2, (batch,), generator=g)
-    to = lambda t: t.to(device)  # noqa: E731
-    return Batch(to(ids), to(tt), to(mask), to(pos), to(mlm), to(nsl), to(labels))
+    if packed:
+        lengths = np.full(batch, seq)
+    else:
+        short = g.random(batch) < 0.1
+        lengths = np.where(short, g.integers(lo, seq, batch), g.integers(max(lo, seq - 8), seq + 1, batch))
+    rows: dict[str, Any] = {k: [] for k in ("input_ids", "token_type_ids", "masked_lm_positions", "masked_lm_ids")}
+    for n in map(int, lengths):
+        k = min(masked, max(1, round(0.15 * n)))
+        rows["input_ids"].append(g.integers(1000, vocab, n))
+        rows["token_type_ids"].append((np.arange(n) >= n // 2).astype(np.int64) * (not packed))
+        rows["masked_lm_positions"].append(np.sort(g.permutation(n - 2)[:k] + 1))
+        rows["masked_lm_ids"].append(g.integers(1000, vocab, k))
+    rows["next_sentence_label"] = np.full(batch, -1) if packed else g.integers(0, 2, batch)
+    return rows
 
 
-def build(impl: str, cfg: BertConfig, device: str) -> torch.nn.Module:
+def make_batch(impl: Impl, rows: dict[str, Any], seq: int, device: str) -> dict[str, torch.Tensor]:
+    """The keyword arguments of one step's forward, on `device`: ours through the loader's `collate` (as the
+    training loop makes them), transformers' with (B, L) labels (-100 where nothing is masked)."""
+    from pipeline.pretrain.loader import collate
+
+    b = collate(rows, pad_to=seq if impl.compile_mode is not False else None, unpad="unpad" in impl.features)
+    if impl.name == "ours":
+        if "mask" in impl.features and "attention_mask" not in b and "unpad_indices" not in b:
+            b["attention_mask"] = torch.ones_like(b["input_ids"])
+        if "real" not in impl.features:
+            b.pop("num_tokens")
+        return {k: v if k == "num_tokens" else v.to(device) for k, v in b.items()}
+    labels = torch.full_like(b["input_ids"], -100)
+    pos, ids = b["masked_lm_positions"], b["masked_lm_ids"]
+    rows_, cols = (pos >= 0).nonzero(as_tuple=True)
+    labels[rows_, pos[rows_, cols]] = ids[rows_, cols]
+    # MLM-only rows (label -1) get NSP label 0: transformers returns no loss without one; its head costs ~nothing.
+    out = {"input_ids": b["input_ids"], "token_type_ids": b["token_type_ids"], "labels": labels,
+           "next_sentence_label": b["next_sentence_label"].clamp(min=0)}
+    if "attention_mask" in b:
+        out["attention_mask"] = b["attention_mask"]
+    return {k: v.to(device) for k, v in out.items()}
+
+
+def model_config(impl: Impl, cfg: BertConfig) -> BertConfig:
+    if "drop0" in impl.features:
+        cfg = replace(cfg, attention_probs_dropout_prob=0.0)
+    if "vocab64" in impl.features:
+        cfg = replace(cfg, vocab_size=-(-cfg.vocab_size // 64) * 64)
+    return cfg
+
+
+def build(impl: Impl, cfg: BertConfig, device: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    ours = BertForPreTraining(cfg)
-    if impl == "ours":
-        return ours.to(device).train()
+    ours = BertForPreTraining(model_config(impl, cfg))
+    if impl.name == "ours":
+        model = ours.to(device).train()
+        if impl.compile_mode is not False:  # in place, as the worker does (`train.compile`)
+            model.bert.encoder.compile(dynamic=False, mode=impl.compile_mode)
+        return model
     import transformers
 
     ref = transformers.BertForPreTraining(transformers.BertConfig(**cfg.to_hf_dict(["BertForPreTraining"])))
@@ -86,21 +180,23 @@ def build(impl: str, cfg: BertConfig, device: str) -> torch.nn.Module:
     return ref.to(device).train()
 
 
-def loss_of(impl: str, model: torch.nn.Module, b: Batch) -> torch.Tensor:
-    if impl == "ours":
-        return model(b.input_ids, b.token_type_ids, b.attention_mask, b.masked_lm_positions, b.masked_lm_ids,
-                     b.next_sentence_label).loss
-    return model(input_ids=b.input_ids, token_type_ids=b.token_type_ids, attention_mask=b.attention_mask,
-                 labels=b.labels, next_sentence_label=b.next_sentence_label).loss
+def make_step(impl: Impl, model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: str,
+              device: str) -> Callable[[], Any]:
+    if "real" in impl.features:  # the product's step, exactly as the pretraining loop calls it
+        from pipeline.core.optim import make_optimizer
+        from pipeline.core.step import Trainable, train_step
+        from pipeline.pretrain.metrics import counts, summarise
 
-
-def make_step(impl: str, model: torch.nn.Module, b: Batch, dtype: str, device: str):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+        opt, sched = make_optimizer(model, "adamw", 1e-4, 0.01, warmup_steps=0, total_steps=10**9, schedule="constant")
+        t = Trainable(model, opt, sched)
+        return lambda: train_step(t, [batch], accumulation=1, counts=counts, summarise=summarise,
+                                  device=torch.device(device), precision=dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused="fused" in impl.features or None)
     autocast = torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=dtype == "bf16")
 
-    def step() -> float:
+    def step() -> torch.Tensor:
         with autocast:
-            loss = loss_of(impl, model, b)
+            loss = model(**batch).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -114,23 +210,29 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def step_flops(cfg: BertConfig, batch: int, seq: int, mlm_rows: int) -> float:
-    """Matmul FLOPs of one training step (x3: forward, input grads, weight grads).
+def step_flops(cfg: BertConfig, lengths: list[int], mlm_rows: int) -> float:
+    """Model FLOPs of one training step on the real tokens (x3: forward, input grads, weight grads).
 
-    Per token and layer: QKV + output 4H^2, FFN 2HI multiply-adds; attention scores and mix 2*L*H. Heads: the
-    pooler and NSP per sequence; the MLM transform H^2 and decoder H*V per row that gets logits (B*L rows
-    for transformers, the valid masked positions for ours).
+    Per real token and layer: QKV + output 4H^2 and FFN 2HI multiply-adds (6 x the matmul parameters per token,
+    with the x3); attention scores and mix 2*n*H over the n tokens of its own sequence (12 x layers x seq x hidden
+    per token). Heads: the pooler and NSP per sequence; the MLM transform H^2 and decoder H*V per row that gets
+    logits (every position for transformers, the valid masked positions for ours). Pads count nothing.
+
+    >>> cfg = BertConfig.from_preset("tiny", vocab_size=100)
+    >>> step_flops(cfg, [4, 2], 3) == 6 * (2 * (6 * (4 * 128**2 + 2 * 128 * 512) + 2 * 128 * (16 + 4))
+    ...                                    + 2 * (128**2 + 2 * 128) + 3 * (128**2 + 128 * 100))
+    True
     """
     H, I, V, n = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_hidden_layers
-    tokens = batch * seq
-    macs = tokens * n * (4 * H * H + 2 * H * I + 2 * seq * H)
-    macs += batch * (H * H + 2 * H)
+    tokens = sum(lengths)
+    macs = n * (tokens * (4 * H * H + 2 * H * I) + 2 * H * sum(k * k for k in lengths))
+    macs += len(lengths) * (H * H + 2 * H)
     macs += mlm_rows * (H * H + H * V)
     return 3 * 2 * macs
 
 
 def matmul_rate(device: str, dtype: str) -> float:
-    """Measured dense matmul FLOP/s in `dtype` (the MFU denominator): best of several square GEMMs."""
+    """Measured dense matmul FLOP/s in `dtype` (the "of GEMM" denominator): best of several square GEMMs."""
     n = 8192 if device == "cuda" else 2048
     dt = torch.bfloat16 if dtype == "bf16" else torch.float32
     a = torch.randn(n, n, device=device, dtype=dt)
@@ -160,128 +262,165 @@ def rss_high_water_mark() -> int:
 def memory_child(args: argparse.Namespace) -> None:
     """Subprocess: peak memory of one (impl, dtype) over warmup + 2 steps, printed as JSON."""
     torch.set_num_threads(args.threads)
-    cfg = BertConfig.from_preset(args.preset)
-    b = make_batch(cfg, args.batch, args.seq, args.masked, args.device)
+    impl, cfg = Impl.parse(args.impl), BertConfig.from_preset(args.preset)
+    rows = make_rows(args.batch, args.seq, args.masked, cfg.vocab_size, args.data == "packed")
+    batch = make_batch(impl, rows, args.seq, args.device)
     base = psutil.Process().memory_info().rss  # bytes resident before the model exists
-    model = build(args.impl, cfg, args.device)
-    step = make_step(args.impl, model, b, args.child_dtype, args.device)
+    model = build(impl, cfg, args.device)
+    step = make_step(impl, model, batch, args.child_dtype, args.device)
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     for _ in range(3):
         step()
     sync(args.device)
-    if args.device == "cuda":
-        peak = torch.cuda.max_memory_allocated()
-    else:
-        peak = rss_high_water_mark() - base
+    peak = torch.cuda.max_memory_allocated() if args.device == "cuda" else rss_high_water_mark() - base
     print(json.dumps({"peak_bytes": peak}))
 
 
-def peak_memory(args: argparse.Namespace, impl: str, dtype: str) -> float:
-    cmd = [sys.executable, __file__, "--child-memory", "--impl", impl, "--child-dtype", dtype, "--preset",
+def peak_memory(args: argparse.Namespace, impl: Impl, dtype: str) -> float:
+    cmd = [sys.executable, __file__, "--child-memory", "--impl", str(impl), "--child-dtype", dtype, "--preset",
            args.preset, "--batch", str(args.batch), "--seq", str(args.seq), "--masked", str(args.masked),
-           "--device", args.device, "--threads", str(args.threads)]
+           "--device", args.device, "--threads", str(args.threads), "--data", args.data]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_bytes"]
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="mini")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--masked", type=int, default=20, help="max masked positions per sequence")
+    p.add_argument("--data", choices=("padded", "packed"), default="padded",
+                   help="padded: NSP-like, ~10%% short rows; packed: MLM-only, every row full length")
     p.add_argument("--dtype", choices=("fp32", "bf16", "both"), default="both")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=3, help="timed steps per round")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (ours, theirs alternate)")
-    p.add_argument("--impls", default="ours,transformers", help="comma list; 'ours' alone for big GPU presets")
-    p.add_argument("--mfu", action="store_true", help="also measure the matmul rate and report MFU")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the order flips each round)")
+    p.add_argument("--impls", default="transformers,ours",
+                   help="comma list of transformers and ours[+feature...] (module docstring); the first is the "
+                        "reference of the ratios")
+    p.add_argument("--mfu", action="store_true", help="also measure this device's matmul rate (the 'of GEMM' column)")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help=f"the MFU denominator (default on cuda: {H100_BF16_PEAK_TFLOPS}, the H100 SXM's dense bf16 "
+                        "datasheet peak; on cpu: none, no MFU column)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument("--json", help="also write the rows and the setting to this file")
     p.add_argument("--child-memory", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--impl", default="ours", help=argparse.SUPPRESS)
     p.add_argument("--child-dtype", default="fp32", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.peak_tflops is None and args.device == "cuda":
+        args.peak_tflops = H100_BF16_PEAK_TFLOPS
+    try:
+        args.impl_list = [Impl.parse(s) for s in args.impls.split(",") if s.strip()]
+    except ValueError as e:
+        p.error(str(e))
+    if not args.impl_list:
+        p.error("--impls: empty")
+    return args
+
+
+def time_steps(args: argparse.Namespace, steps: dict[Impl, Callable[[], Any]]) -> dict[Impl, list[float]]:
+    """Warm each up, then `rounds` rounds of `steps` timed steps each, the order reversed every other round."""
+    impls = list(steps)
+    for impl, step in steps.items():  # warmup: allocator, autotuning, compilation, lazy init
+        for _ in range(args.warmup):
+            step()
+    times: dict[Impl, list[float]] = {i: [] for i in impls}
+    for r in range(args.rounds):
+        for impl in impls if r % 2 == 0 else impls[::-1]:
+            for _ in range(args.steps):
+                sync(args.device)
+                t = time.perf_counter()
+                steps[impl]()
+                sync(args.device)
+                times[impl].append(time.perf_counter() - t)
+        print(f"  round {r + 1}/{args.rounds}: " + ", ".join(
+            f"{i} {statistics.median(times[i][-args.steps:]) * 1e3:.1f} ms" for i in impls), flush=True)
+    return times
+
+
+def paired_ratio(times: dict[Impl, list[float]], ref: Impl, impl: Impl, k: int) -> float:
+    """Median over rounds of (reference's round median / impl's round median): adjacent measurements, so load
+    drift on a shared machine cancels better than in two medians taken minutes apart."""
+    rounds = len(times[ref]) // k
+    med = lambda i, r: statistics.median(times[i][r * k:(r + 1) * k])  # noqa: E731
+    return statistics.median(med(ref, r) / med(impl, r) for r in range(rounds))
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device visible to torch")
     if args.child_memory:
-        return memory_child(args)
+        memory_child(args)
+        return []
 
     torch.set_num_threads(args.threads)
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 on both sides
     cfg = BertConfig.from_preset(args.preset)
-    b = make_batch(cfg, args.batch, args.seq, args.masked, args.device)
-    impls = [i for i in args.impls.split(",") if i]
+    impls = args.impl_list
+    rows_in = make_rows(args.batch, args.seq, args.masked, cfg.vocab_size, args.data == "packed")
+    lengths = [len(r) for r in rows_in["input_ids"]]
+    real, slots = sum(lengths), args.batch * args.seq
+    valid = sum(len(r) for r in rows_in["masked_lm_positions"])
     dtypes = ["fp32", "bf16"] if args.dtype == "both" else [args.dtype]
-    tokens = args.batch * args.seq
-    mlm_rows = {"ours": int((b.masked_lm_positions >= 0).sum()), "transformers": tokens}
-    print(f"preset={args.preset} ({cfg.num_hidden_layers}L H{cfg.hidden_size} A{cfg.num_attention_heads}) "
-          f"batch={args.batch} seq={args.seq} masked<={args.masked} (valid {mlm_rows['ours']}) "
-          f"device={args.device} threads={args.threads} torch={torch.__version__}", flush=True)
+    print(f"preset={args.preset} ({cfg.num_hidden_layers}L H{cfg.hidden_size} A{cfg.num_attention_heads} "
+          f"V{cfg.vocab_size}) batch={args.batch} seq={args.seq} data={args.data} ({real} real tokens of {slots}) "
+          f"masked<={args.masked} (valid {valid}) device={args.device} threads={args.threads} "
+          f"torch={torch.__version__}" + (f" gpu={torch.cuda.get_device_name()}" if args.device == "cuda" else ""),
+          flush=True)
 
-    rows = []
-    paired: dict[str, float] = {}
+    rows: list[dict[str, Any]] = []
     for dtype in dtypes:
-        steps = {i: make_step(i, build(i, cfg, args.device), b, dtype, args.device) for i in impls}
-        for impl, step in steps.items():  # warmup: allocator, autotuning, lazy init
-            for _ in range(args.warmup):
-                step()
-        times: dict[str, list[float]] = {i: [] for i in impls}
-        for r in range(args.rounds):
-            for impl in impls if r % 2 == 0 else impls[::-1]:
-                for _ in range(args.steps):
-                    sync(args.device)
-                    t = time.perf_counter()
-                    steps[impl]()
-                    sync(args.device)
-                    times[impl].append(time.perf_counter() - t)
-            print(f"  {dtype} round {r + 1}/{args.rounds}: " + ", ".join(
-                f"{i} {statistics.median(times[i][-args.steps:]) * 1e3:.0f} ms" for i in impls), flush=True)
+        print(f"{dtype}:", flush=True)
+        steps = {i: make_step(i, build(i, cfg, args.device), make_batch(i, rows_in, args.seq, args.device), dtype,
+                              args.device) for i in impls}
+        times = time_steps(args, steps)
         del steps
-        if len(impls) == 2:
-            # Per-round ratio of the two adjacent measurements: load drifts on a shared machine, and pairing
-            # cancels it better than comparing two medians taken minutes apart.
-            k = args.steps
-            per_round = {i: [statistics.median(times[i][r * k:(r + 1) * k]) for r in range(args.rounds)]
-                         for i in impls}
-            paired[dtype] = statistics.median(t / o for o, t in zip(per_round[impls[0]], per_round[impls[1]]))
         rate = matmul_rate(args.device, dtype) if args.mfu else None
         for impl in impls:
             sec = statistics.median(times[impl])
-            flops = step_flops(cfg, args.batch, args.seq, mlm_rows[impl])
+            mlm_rows = valid if impl.name == "ours" else slots
+            flops = step_flops(model_config(impl, cfg), lengths, mlm_rows)
             mem = None if args.no_memory else peak_memory(args, impl, dtype)
-            rows.append({"impl": impl, "dtype": dtype, "ms": sec * 1e3, "best_ms": min(times[impl]) * 1e3,
-                         "tok_s": tokens / sec,
-                         "seq_s": args.batch / sec, "gflop": flops / 1e9, "tflops": flops / sec / 1e12,
-                         "mfu": flops / sec / rate if rate else None, "peak_mib": mem / 2**20 if mem else None,
-                         "rate": rate})
+            rows.append({
+                "impl": str(impl), "dtype": dtype, "ms": sec * 1e3, "best_ms": min(times[impl]) * 1e3,
+                "tok_s": real / sec, "slots_s": slots / sec, "seq_s": args.batch / sec, "gflop": flops / 1e9,
+                "tflops": flops / sec / 1e12,
+                "mfu": flops / sec / (args.peak_tflops * 1e12) if args.peak_tflops else None,
+                "of_gemm": flops / sec / rate if rate else None, "gemm_tflops": rate / 1e12 if rate else None,
+                "peak_mib": mem / 2**20 if mem else None,
+                "vs_first": paired_ratio(times, impls[0], impl, args.steps),
+            })
+    print_table(args, rows)
+    if args.json:
+        setting = {k: v for k, v in vars(args).items() if k != "impl_list" and not k.startswith("child")}
+        Path(args.json).write_text(json.dumps({"setting": {**setting, "torch": torch.__version__}, "rows": rows}, indent=1))
+    return rows
 
+
+def print_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    peak = f"MFU ({args.peak_tflops:g} TFLOP/s peak)" if args.peak_tflops else "MFU"
+    first = str(args.impl_list[0])
     print()
-    print("| model | dtype | step ms (median) | best ms | tokens/s | seq/s | GFLOP/step | achieved TFLOP/s | MFU "
-          "| peak MiB |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| impl | dtype | step ms (median) | best ms | real tokens/s | seq/s | GFLOP/step | achieved TFLOP/s | {peak} "
+          f"| of GEMM | peak MiB | speed ÷ {first} (paired) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    pct = lambda x: f"{x:.1%}" if x is not None else "-"  # noqa: E731
     for r in rows:
-        mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
         mem = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "-"
-        print(f"| {r['impl']} | {r['dtype']} | {r['ms']:.0f} | {r['best_ms']:.0f} | {r['tok_s']:.0f} | "
-              f"{r['seq_s']:.1f} | "
-              f"{r['gflop']:.1f} | {r['tflops']:.3f} | {mfu} | {mem} |")
-    if args.mfu:
-        for dtype in dtypes:
-            rate = next(r["rate"] for r in rows if r["dtype"] == dtype)
-            print(f"measured {dtype} matmul rate: {rate / 1e12:.3f} TFLOP/s")
-    if len(impls) == 2:
-        print()
-        for dtype in dtypes:
-            a, t = (next(r for r in rows if r["impl"] == i and r["dtype"] == dtype) for i in impls)
-            ratio_mem = (f", transformers needs {t['peak_mib'] / a['peak_mib']:.2f}x our peak memory"
-                         if a["peak_mib"] and t["peak_mib"] else "")
-            print(f"{dtype}: ours / transformers throughput = {a['tok_s'] / t['tok_s']:.2f}x (medians), "
-                  f"{paired[dtype]:.2f}x (median of per-round ratios), {t['best_ms'] / a['best_ms']:.2f}x (best) "
-                  f"(FLOP ratio {t['gflop'] / a['gflop']:.2f}x{ratio_mem})")
+        print(f"| {r['impl']} | {r['dtype']} | {r['ms']:.1f} | {r['best_ms']:.1f} | {r['tok_s']:,.0f} | "
+              f"{r['seq_s']:,.1f} | {r['gflop']:.1f} | {r['tflops']:.3f} | {pct(r['mfu'])} | {pct(r['of_gemm'])} | "
+              f"{mem} | {r['vs_first']:.2f}x |")
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
+        gemm = next(r["gemm_tflops"] for r in rows if r["dtype"] == dtype)
+        if gemm:
+            print(f"measured {dtype} matmul rate: {gemm:.3f} TFLOP/s")
 
 
 if __name__ == "__main__":
