@@ -2,10 +2,10 @@
 
 One full step = forward + backward + optimizer step, same data, same weights, same thread count. Timing runs every
 implementation in this one process, interleaved round by round (the machine is shared and noisy; the order flips
-each round), and reports medians. Peak memory is measured per (implementation, dtype) in a fresh subprocess,
-because a process's peak RSS only ever grows: the resident high-water mark (VmHWM) over warmup + 2 steps minus the
-RSS before the model was built (weights, grads, optimizer state and activations). On CUDA it is
-torch.cuda.max_memory_allocated.
+each round), and reports medians. Peak memory (weights, grads, optimizer state and activations) is,
+on CUDA, torch.cuda.max_memory_allocated while one implementation is built and warmed up, above what was allocated
+before it; on the CPU a process's peak RSS only ever grows, so it is measured per (implementation, dtype) in a fresh
+subprocess: the resident high-water mark (VmHWM) over warmup + 2 steps minus the RSS before the model was built.
 
     python bench/train_step.py                                   # CPU, mini, B32 L128 P20, fp32 + bf16
     python bench/train_step.py --device cpu --preset tiny --mfu  # the GPU code path, cheaply, on CPU
@@ -307,7 +307,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"the MFU denominator (default on cuda: {H100_BF16_PEAK_TFLOPS}, the H100 SXM's dense bf16 "
                         "datasheet peak; on cpu: none, no MFU column)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
-    p.add_argument("--json", help="also write the rows and the setting to this file")
+    p.add_argument("--json", help="also append the setting and the rows to this file, as one JSON line")
     p.add_argument("--child-memory", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--impl", default="ours", help=argparse.SUPPRESS)
     p.add_argument("--child-dtype", default="fp32", help=argparse.SUPPRESS)
@@ -323,12 +323,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def time_steps(args: argparse.Namespace, steps: dict[Impl, Callable[[], Any]]) -> dict[Impl, list[float]]:
-    """Warm each up, then `rounds` rounds of `steps` timed steps each, the order reversed every other round."""
-    impls = list(steps)
-    for impl, step in steps.items():  # warmup: allocator, autotuning, compilation, lazy init
+def warm_up(args: argparse.Namespace, cfg: BertConfig, rows_in: dict[str, Any], dtype: str
+            ) -> tuple[dict[Impl, Callable[[], Any]], dict[Impl, float]]:
+    """Build each implementation's step and warm it up (allocator, autotuning, compilation, lazy init), one after
+    the other. On CUDA its peak memory is measured here, in this process: the most allocated while it was built
+    and warmed up, above what was allocated before (the others stay idle meanwhile, their gradients freed)."""
+    steps, peaks = {}, {}
+    for impl in args.impl_list:
+        if args.device == "cuda":
+            sync(args.device)
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        steps[impl] = make_step(impl, build(impl, cfg, args.device), make_batch(impl, rows_in, args.seq, args.device),
+                                dtype, args.device)
         for _ in range(args.warmup):
-            step()
+            steps[impl]()
+        if args.device == "cuda":
+            sync(args.device)
+            peaks[impl] = float(torch.cuda.max_memory_allocated() - before)
+    return steps, peaks
+
+
+def time_steps(args: argparse.Namespace, steps: dict[Impl, Callable[[], Any]]) -> dict[Impl, list[float]]:
+    """`rounds` rounds of `steps` timed steps of each, the order reversed every other round."""
+    impls = list(steps)
     times: dict[Impl, list[float]] = {i: [] for i in impls}
     for r in range(args.rounds):
         for impl in impls if r % 2 == 0 else impls[::-1]:
@@ -378,8 +396,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for dtype in dtypes:
         print(f"{dtype}:", flush=True)
-        steps = {i: make_step(i, build(i, cfg, args.device), make_batch(i, rows_in, args.seq, args.device), dtype,
-                              args.device) for i in impls}
+        steps, peaks = warm_up(args, cfg, rows_in, dtype)
         times = time_steps(args, steps)
         del steps
         rate = matmul_rate(args.device, dtype) if args.mfu else None
@@ -387,7 +404,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             sec = statistics.median(times[impl])
             mlm_rows = valid if impl.name == "ours" else slots
             flops = step_flops(model_config(impl, cfg), lengths, mlm_rows)
-            mem = None if args.no_memory else peak_memory(args, impl, dtype)
+            mem = None if args.no_memory else peaks.get(impl) or peak_memory(args, impl, dtype)
             rows.append({
                 "impl": str(impl), "dtype": dtype, "ms": sec * 1e3, "best_ms": min(times[impl]) * 1e3,
                 "tok_s": real / sec, "slots_s": slots / sec, "seq_s": args.batch / sec, "gflop": flops / 1e9,
@@ -399,8 +416,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             })
     print_table(args, rows)
     if args.json:
-        setting = {k: v for k, v in vars(args).items() if k != "impl_list" and not k.startswith("child")}
-        Path(args.json).write_text(json.dumps({"setting": {**setting, "torch": torch.__version__}, "rows": rows}, indent=1))
+        setting = {k: v for k, v in vars(args).items() if k not in ("impl_list", "impl") and not k.startswith("child")}
+        with open(args.json, "a") as f:
+            f.write(json.dumps({"setting": {**setting, "torch": torch.__version__}, "rows": rows}) + "\n")
     return rows
 
 
