@@ -182,13 +182,15 @@ def test_batches_pin_memory_only_for_cuda_and_change_nothing_else():
     plan = types.SimpleNamespace(dataset=types.SimpleNamespace(dynamic_masking=False))
     rows = _rows(np.random.default_rng(5), 3, [SEQ, SEQ - 3, SEQ])
     table = pa.table({k: [list(map(int, r)) for r in v] if isinstance(v, list) else v.tolist() for k, v in rows.items()})
-    want = collate(rows)
-    for pin in [False] + ([True] if torch.cuda.is_available() else []):
-        got = Batches(plan, seed=0, pin_memory=pin)(table, epoch=0)
-        assert got.keys() == want.keys()
-        for k in want:
-            assert torch.equal(got[k], want[k]), k
-            assert got[k].is_pinned() == (pin and k != "num_tokens"), k
+    for unpad in (False, True):  # unpadded batches: `unpad_indices` and `cu_seqlens` instead of the mask, pinned too
+        want = collate(rows, unpad=unpad)
+        assert ("cu_seqlens" in want) == unpad == ("attention_mask" not in want)
+        for pin in [False] + ([True] if torch.cuda.is_available() else []):
+            got = Batches(plan, seed=0, pin_memory=pin, unpad=unpad)(table, epoch=0)
+            assert got.keys() == want.keys()
+            for k in want:
+                assert torch.equal(got[k], want[k]), k
+                assert got[k].is_pinned() == (pin and k != "num_tokens"), k
 
 
 @pytest.mark.slow  # about 35 s of inductor compilation on a shared 2-core machine
@@ -284,9 +286,13 @@ def test_unpadded_forward_reads_nothing_off_the_device(monkeypatch):
     which SDPA's kernel selection and varlen kernels would otherwise read off the device."""
     batch = collate(_varied_rows(11), unpad=True)
     m = _no_dropout_model()
-    built = []
-    make = torch.nested.nested_tensor_from_jagged
-    monkeypatch.setattr(torch.nested, "nested_tensor_from_jagged", lambda *a, **k: built.append(make(*a, **k)) or built[-1])
+    built, make = [], torch.nested.nested_tensor_from_jagged
+
+    def recorded(*args, **kwargs):
+        built.append(make(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(torch.nested, "nested_tensor_from_jagged", recorded)
 
     def sync(*_a, **_k):
         raise AssertionError("host sync")
