@@ -128,8 +128,9 @@ class BertForPreTraining(BertPreTrainedModel):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, masked_lm_positions: torch.Tensor | None = None,
                 masked_lm_ids: torch.Tensor | None = None,
-                next_sentence_label: torch.Tensor | None = None) -> PreTrainingOutput:
-        out = self.bert(input_ids, token_type_ids, attention_mask)
+                next_sentence_label: torch.Tensor | None = None, unpad_indices: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> PreTrainingOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask, unpad_indices=unpad_indices, cu_seqlens=cu_seqlens)
         h = out.last_hidden_state  # (B, L, H)
         B, L, H = h.shape
         decoder_weight = self.bert.embeddings.word_embeddings.weight  # (V, H), tied

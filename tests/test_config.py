@@ -79,6 +79,13 @@ def test_bad_values_name_the_field(override, message):
         load_config(None, override)
 
 
+def test_unpad_parses_and_is_refused_with_compile():
+    assert load_config(None, ["--train.unpad", "true"]).train.unpad is True
+    assert load_config(None, []).train.unpad is False
+    with pytest.raises(ConfigError, match=re.escape("train.compile and train.unpad cannot both be true")):
+        load_config(None, ["--train.unpad", "true", "--train.compile", "true"])
+
+
 def test_phase_batch_sizes_are_checked():
     with pytest.raises(ConfigError, match=r"train.phases\[1\] global_batch_size 32"):
         TrainConfig(num_workers=2, micro_batch_size=8, global_batch_size=32,
@@ -204,8 +211,8 @@ PRESET_HASHES = {
 
 # Data fields added after the capture (dedup: issue 20; MediaWiki dumps: issue 24), left out of the comparison.
 ADDED_SINCE = ("dedup", "dedup_threshold", "dedup_num_perm", "wiki_keep_lists", "wiki_keep_headings")
-# Training fields added since (train.compile: issue 18; train.head_only_steps: issue 21), left out likewise.
-TRAIN_ADDED_SINCE = ("compile", "head_only_steps")
+# Training fields added since (train.compile, train.unpad: issue 18; train.head_only_steps: issue 21), left out likewise.
+TRAIN_ADDED_SINCE = ("compile", "head_only_steps", "unpad")
 # Tracking fields added since (tracking.server_wait_s: issue 22), left out likewise.
 TRACKING_ADDED_SINCE = ("server_wait_s",)
 

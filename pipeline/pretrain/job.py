@@ -50,7 +50,7 @@ from pipeline.pretrain.metrics import NUM_COUNTS, counts, eval_metrics
 # TrainConfig fields that do not change the weights a run produces (operational settings).
 _NOT_IN_IDENTITY = ("storage_path", "run_name", "max_failures", "num_to_keep", "checkpoint_every_steps",
                     "log_every_steps", "eval_every_steps", "eval_batches", "data_cpus", "placement_strategy",
-                    "materialize_data", "cpus_per_worker", "use_gpu", "compile")
+                    "materialize_data", "cpus_per_worker", "use_gpu", "compile", "unpad")
 # fields added after runs existed: left out of the identity at their default, so those runs keep their names
 _NEWER_DEFAULTS = {"head_only_steps": 0}
 

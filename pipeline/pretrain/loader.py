@@ -40,23 +40,29 @@ def pad_rows(rows: Sequence[np.ndarray], pad: int, dtype=np.int64, width: int | 
     return out
 
 
-def collate(batch: dict[str, Any], pad_to: int | None = None) -> dict[str, torch.Tensor]:
+def collate(batch: dict[str, Any], pad_to: int | None = None, unpad: bool = False) -> dict[str, torch.Tensor]:
     """Rows (dict of column -> sequence of int arrays) -> padded tensors for `BertForPreTraining`.
 
     Sequences are padded with 0 ([PAD]) to the longest in this batch (not to max_seq_length), masked positions
     and labels with -1 (ignored by the model); `num_tokens` counts real tokens for throughput. A batch without
     padding (packed MLM-only rows are all full length) has no `attention_mask`: the model then passes SDPA no
     mask, so it may take its flash kernel, and nothing on the device has to check the mask. `pad_to` pads to that
-    width instead (a compiled encoder then sees one shape: no recompilation per batch width).
+    width instead (a compiled encoder then sees one shape: no recompilation per batch width). `unpad` gives a batch
+    with padding `unpad_indices` (T,) int64, the real tokens' indices into the flattened (B*L), and `cu_seqlens`
+    (B+1,) int32 (what the varlen kernels take) instead of the mask: the model then runs on the real tokens only.
 
-    >>> b = collate({"input_ids": [np.array([2, 5, 3]), np.array([2, 3])], "token_type_ids": [np.zeros(3), np.zeros(2)],
-    ...              "masked_lm_positions": [np.array([1]), np.array([], np.int32)],
-    ...              "masked_lm_ids": [np.array([7]), np.array([], np.int32)], "next_sentence_label": np.array([0, -1])})
+    >>> rows = {"input_ids": [np.array([2, 5, 3]), np.array([2, 3])], "token_type_ids": [np.zeros(3), np.zeros(2)],
+    ...         "masked_lm_positions": [np.array([1]), np.array([], np.int32)],
+    ...         "masked_lm_ids": [np.array([7]), np.array([], np.int32)], "next_sentence_label": np.array([0, -1])}
+    >>> b = collate(rows)
     >>> b["input_ids"].tolist(), b["attention_mask"].tolist(), b["masked_lm_positions"].tolist(), b["num_tokens"].item()
     ([[2, 5, 3], [2, 3, 0]], [[1, 1, 1], [1, 1, 0]], [[1], [-1]], 5)
     >>> "attention_mask" in collate({**{k: v[:1] for k, v in b.items() if k != "num_tokens"}, "input_ids": [np.array([2, 5, 3])],
     ...                              "token_type_ids": [np.zeros(3)], "next_sentence_label": np.array([-1])})
     False
+    >>> u = collate(rows, unpad=True)
+    >>> "attention_mask" in u, u["unpad_indices"].tolist(), u["cu_seqlens"].tolist()
+    (False, [0, 1, 2, 3, 4], [0, 3, 5])
     """
     ids = pad_rows(batch["input_ids"], 0, width=pad_to)  # (B, L)
     lengths = np.fromiter((len(r) for r in batch["input_ids"]), dtype=np.int64)
@@ -75,7 +81,12 @@ def collate(batch: dict[str, Any], pad_to: int | None = None) -> dict[str, torch
         "next_sentence_label": torch.as_tensor(np.asarray(batch["next_sentence_label"], dtype=np.int64)),
         "num_tokens": torch.tensor(int(lengths.sum())),
     }
-    if not mask.all():  # padding somewhere: the model needs the mask
+    if mask.all():
+        return out
+    if unpad and lengths.min() > 0:  # the varlen kernels take no empty row; one would take the mask instead
+        out["unpad_indices"] = torch.from_numpy(np.flatnonzero(mask).astype(np.int64))
+        out["cu_seqlens"] = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    else:  # padding somewhere: the model needs the mask
         out["attention_mask"] = torch.from_numpy(mask)
     return out
 
@@ -234,17 +245,18 @@ class Batches:
 
     `pin_memory` (for a CUDA device) puts the tensors in page-locked memory, so that the step's
     `.to(device, non_blocking=True)` is an asynchronous DMA and the host goes on building the next batch;
-    `pad_to` pads every batch to that width (`collate`)."""
+    `pad_to` pads every batch to that width, `unpad` passes batches with padding as real tokens (`collate`)."""
 
-    def __init__(self, plan: PhasePlan, seed: int, pin_memory: bool = False, pad_to: int | None = None) -> None:
-        self.seed, self.pin_memory, self.pad_to = seed, pin_memory, pad_to
+    def __init__(self, plan: PhasePlan, seed: int, pin_memory: bool = False, pad_to: int | None = None,
+                 unpad: bool = False) -> None:
+        self.seed, self.pin_memory, self.pad_to, self.unpad = seed, pin_memory, pad_to, unpad
         self.policy: MaskingPolicy | None = plan.dataset.policy() if plan.dataset.dynamic_masking else None
 
     def __call__(self, table, epoch: int) -> dict[str, torch.Tensor]:
         rows = arrow_rows(table)
         if self.policy is not None:  # a fresh mask per epoch, a function of (seed, epoch, example_id)
             rows = mask_batch(rows, self.policy, seed=self.seed, epoch=epoch)
-        batch = collate(rows, self.pad_to)
+        batch = collate(rows, self.pad_to, self.unpad)
         if self.pin_memory:  # `num_tokens` stays on the host: it is never copied
             batch = {k: v if k == "num_tokens" else v.pin_memory() for k, v in batch.items()}
         return batch

@@ -38,7 +38,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         if position["phase"] != phase:
             position = {"phase": phase, "epoch": 0, "micro": 0}
         feed = RankFeed(plan, phase, rank, tc.seed, tc.shuffle_buffer_rows, position, pin_memory=device.type == "cuda",
-                        compiled=tc.compile)
+                        compiled=tc.compile, unpad=tc.unpad)
         batches = iter(feed)
         while step < ends[phase]:
             figures.add(train_step(t, batches, accumulation=plan.accumulation_steps, counts=counts, summarise=summarise,
@@ -52,7 +52,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                     log.step(step, {**stats.metrics(), "train/phase": phase})
             if evaluating:
                 if phase not in evals:
-                    evals[phase] = eval_batches(plan, phase, rank, world, tc.seed, tc.eval_batches, tc.compile)
+                    evals[phase] = eval_batches(plan, phase, rank, world, tc.seed, tc.eval_batches, tc.compile, tc.unpad)
                 sums = evaluate_sums(t.model, evals[phase], counts=counts, size=NUM_COUNTS, device=device, precision=tc.precision)
                 if log is not None:
                     log.log_metrics(eval_metrics(sums), step)
