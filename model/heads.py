@@ -4,7 +4,8 @@ Names and losses follow transformers' `modeling_bert.py` so checkpoints and resu
 - `BertForPreTraining` takes `masked_lm_positions`/`masked_lm_ids` (B, P), padded with -1, as Google's
   original does, and gathers the P hidden states BEFORE the MLM transform and the vocabulary decoder. The
   reference computes (B, L, V) logits and throws away all but ~15% of them; with L=128, P=20 this removes
-  ~84% of the head's FLOPs and its (B, L, V) activation memory.
+  ~84% of the head's FLOPs and its (B, L, V) activation memory. Every (b, p) slot gets a row, the -1 ones too
+  (ignored by the loss): a forward never reads a value off the device to size a tensor.
 - The MLM decoder has no weight of its own: it is `F.linear(h, word_embeddings.weight, cls.predictions.bias)`.
   Tying is structural, so it survives `load_state_dict`, optimizer steps, DDP, and `safetensors.save_file`
   (there is no shared tensor to deduplicate). transformers' `cls.predictions.decoder.*` keys are handled in
@@ -33,9 +34,9 @@ class PreTrainingOutput:
     """Mean cross-entropy over valid masked positions (0 when there are none)."""
     nsp_loss: torch.Tensor | None
     """Mean cross-entropy over examples with next_sentence_label >= 0 (0 when there are none)."""
-    mlm_logits: torch.Tensor
-    """(N, V) at the N valid masked positions in row-major (b, p) order when masked_lm_positions is given;
-    else (B, L, V) at every position (fill-mask inference)."""
+    slot_logits: torch.Tensor
+    """(B*P, V), a row per masked-position slot (b, p) in row-major order when masked_lm_positions is given, the
+    padding slots included (theirs are position 0's logits); else (B, L, V) at every position (fill-mask inference)."""
     nsp_logits: torch.Tensor
     """(B, 2): index 0 = B follows A, 1 = B is random."""
     mlm_accuracy: torch.Tensor | None = None
@@ -44,6 +45,15 @@ class PreTrainingOutput:
     nsp_accuracy: torch.Tensor | None = None
     nsp_correct: torch.Tensor | None = None
     nsp_count: torch.Tensor | None = None
+    slot_valid: torch.Tensor | None = None
+    """(B*P,) True at the slots of valid masked positions; None for the every-position logits."""
+
+    @property
+    def mlm_logits(self) -> torch.Tensor:
+        """(N, V) at the N valid masked positions in row-major (b, p) order when masked_lm_positions is given;
+        else (B, L, V) at every position. Selecting the valid rows reads their count off the device (a host sync
+        on a GPU): training reads the sums (`mlm_correct`, `mlm_count`) instead, which never do."""
+        return self.slot_logits if self.slot_valid is None else self.slot_logits[self.slot_valid]
 
 
 @dataclass
@@ -135,27 +145,30 @@ class BertForPreTraining(BertPreTrainedModel):
         B, L, H = h.shape
         decoder_weight = self.bert.embeddings.word_embeddings.weight  # (V, H), tied
 
-        mlm_loss = mlm_correct = mlm_count = mlm_accuracy = None
+        mlm_loss = mlm_correct = mlm_count = mlm_accuracy = slot_valid = None
         if masked_lm_positions is not None:
             pos = masked_lm_positions.long()  # (B, P), -1 = padding
             valid = pos >= 0
             if masked_lm_ids is not None:
                 valid = valid & (masked_lm_ids >= 0)
-            flat = (torch.arange(B, device=pos.device)[:, None] * L + pos)[valid]  # (N,) rows of (B*L, H)
-            # The gather first: transform + decoder run on N rows, not B*L.
-            logits = self.cls.predictions(h.reshape(B * L, H).index_select(0, flat), decoder_weight)  # (N, V)
+            # A row for every (b, p) slot, the padding slots pointing at position 0, and the gather first: the
+            # transform and decoder run on B*P rows, not B*L. Selecting only the valid rows would read their count
+            # off the device, a host sync in every forward on a GPU.
+            flat = (torch.arange(B, device=pos.device)[:, None] * L + pos.clamp(min=0)).reshape(-1)  # (B*P,)
+            logits = self.cls.predictions(h.reshape(B * L, H).index_select(0, flat), decoder_weight)  # (B*P, V)
+            slot_valid = valid.reshape(-1)
             if masked_lm_ids is not None:
-                labels = masked_lm_ids[valid].long()  # (N,)
-                n = labels.shape[0]
+                labels = torch.where(slot_valid, masked_lm_ids.reshape(-1).long(), -100)  # (B*P,), -100 = ignored
                 # Loss and argmax in fp32: under bf16 autocast cross-entropy upcasts anyway, and CPU argmax
                 # over bf16 is several times slower than over fp32.
                 logits32 = logits.float()
-                # Sum / max(N, 1): a batch without masked positions gives 0, not NaN.
-                mlm_loss = F.cross_entropy(logits32, labels, reduction="sum") / max(n, 1)
                 with torch.no_grad():
-                    mlm_correct = (logits32.argmax(-1) == labels).sum()
-                    mlm_count = valid.sum()
+                    mlm_count = slot_valid.sum()
+                    mlm_correct = (logits32.argmax(-1) == labels).sum()  # -100 matches nothing
                     mlm_accuracy = _accuracy(mlm_correct, mlm_count)
+                # Sum / max(N, 1): a batch without masked positions gives 0, not NaN.
+                mlm_loss = (F.cross_entropy(logits32, labels, ignore_index=-100, reduction="sum")
+                            / mlm_count.clamp(min=1))
         else:
             if masked_lm_ids is not None:
                 raise ValueError("masked_lm_ids needs masked_lm_positions (B, P); see PreTrainingOutput")
@@ -177,10 +190,10 @@ class BertForPreTraining(BertPreTrainedModel):
             loss = mlm_loss if nsp_loss is None else mlm_loss + nsp_loss
         else:
             loss = nsp_loss
-        return PreTrainingOutput(loss=loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss, mlm_logits=logits,
+        return PreTrainingOutput(loss=loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss, slot_logits=logits,
                                  nsp_logits=nsp_logits, mlm_accuracy=mlm_accuracy, mlm_correct=mlm_correct,
                                  mlm_count=mlm_count, nsp_accuracy=nsp_accuracy, nsp_correct=nsp_correct,
-                                 nsp_count=nsp_count)
+                                 nsp_count=nsp_count, slot_valid=slot_valid)
 
 
 def _classifier_dropout(cfg: BertConfig) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -244,3 +245,24 @@ def test_shard_dtypes_are_accepted():
         a = model(ids, tt, mask, pos, mlm_ids, nsl)
         b = model(ids.int(), tt.to(torch.int8), mask.to(torch.int8), pos.int(), mlm_ids.int(), nsl.to(torch.int8))
     torch.testing.assert_close(b.loss, a.loss, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_pretraining_step_reads_no_value_off_the_device(padded):
+    """Forward and backward on the meta device, which holds shapes and no values: any tensor sized by data (a
+    boolean selection, `nonzero`) or value read (`.item()`, `bool()`) raises there. On a GPU each would be a host
+    sync in every step; the loop reads its figures only on the steps that log (pipeline/core/step.py)."""
+    from pipeline.pretrain.loader import collate
+
+    lengths = [10, 6 if padded else 10]
+    rows = {"input_ids": [np.arange(2, 2 + n) for n in lengths], "token_type_ids": [np.zeros(n) for n in lengths],
+            "masked_lm_positions": [np.array([1, 3]), np.array([2])], "masked_lm_ids": [np.array([5, 6]), np.array([7])],
+            "next_sentence_label": np.array([0, -1])}
+    batch = {k: v.to("meta") for k, v in collate(rows).items() if k != "num_tokens"}
+    assert ("attention_mask" in batch) == padded
+    with torch.device("meta"):
+        model = BertForPreTraining(BertConfig(**CONFIGS["h32"]))
+    out = model(**batch)
+    out.loss.backward()
+    assert out.slot_logits.shape == (2 * 2, model.config.vocab_size)  # B x P slots, the -1 slot included
+    assert model.bert.embeddings.word_embeddings.weight.grad.shape == (model.config.vocab_size, 32)
