@@ -344,6 +344,24 @@ def warm_up(args: argparse.Namespace, cfg: BertConfig, rows_in: dict[str, Any], 
     return steps, peaks
 
 
+def host_syncs(steps: dict[Impl, Callable[[], Any]]) -> dict[Impl, str]:
+    """CUDA only: run one more step of each under `torch.cuda.set_sync_debug_mode("error")`, which raises at the
+    first operation that waits for the device (a value read, a data-sized tensor, a blocking copy). "none" means the
+    host queued the whole step without waiting: the loop's figures are read only on the steps that log."""
+    out = {}
+    for impl, step in steps.items():
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            step()
+            out[impl] = "none"
+        except RuntimeError as e:
+            out[impl] = str(e).strip().splitlines()[0][:80]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return out
+
+
 def time_steps(args: argparse.Namespace, steps: dict[Impl, Callable[[], Any]]) -> dict[Impl, list[float]]:
     """`rounds` rounds of `steps` timed steps of each, the order reversed every other round."""
     impls = list(steps)
@@ -398,6 +416,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         print(f"{dtype}:", flush=True)
         steps, peaks = warm_up(args, cfg, rows_in, dtype)
         times = time_steps(args, steps)
+        syncs = host_syncs(steps) if args.device == "cuda" else {}  # after the timing: a raise may leave grads behind
         del steps
         rate = matmul_rate(args.device, dtype) if args.mfu else None
         for impl in impls:
@@ -412,7 +431,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 "mfu": flops / sec / (args.peak_tflops * 1e12) if args.peak_tflops else None,
                 "of_gemm": flops / sec / rate if rate else None, "gemm_tflops": rate / 1e12 if rate else None,
                 "peak_mib": mem / 2**20 if mem else None,
-                "vs_first": paired_ratio(times, impls[0], impl, args.steps),
+                "vs_first": paired_ratio(times, impls[0], impl, args.steps), "host_sync": syncs.get(impl),
             })
     print_table(args, rows)
     if args.json:
@@ -435,6 +454,9 @@ def print_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
         print(f"| {r['impl']} | {r['dtype']} | {r['ms']:.1f} | {r['best_ms']:.1f} | {r['tok_s']:,.0f} | "
               f"{r['seq_s']:,.1f} | {r['gflop']:.1f} | {r['tflops']:.3f} | {pct(r['mfu'])} | {pct(r['of_gemm'])} | "
               f"{mem} | {r['vs_first']:.2f}x |")
+    for r in rows:
+        if r["host_sync"] is not None:
+            print(f"host syncs in a step of {r['impl']} ({r['dtype']}): {r['host_sync']}")
     for dtype in dict.fromkeys(r["dtype"] for r in rows):
         gemm = next(r["gemm_tflops"] for r in rows if r["dtype"] == dtype)
         if gemm:
