@@ -10,7 +10,9 @@ commit wheels or corpus copies). It prints what a call would carry against the 6
 The package list is the image's gaps on the pretraining path (jobs/pretrain.py: data stage, Ray Train, the default
 `sqlite:///mlflow.db` store, the registry, the export), found by running bench/gpu_e2e.sh in a venv that holds only
 the image's packages (/work/.library/device/KINDS.md): every ImportError there was a wheel missing here. The SQLite
-store costs SQLAlchemy + alembic + Mako + greenlet, about 5.7 MB. Ray's wheel carries Java workers (`ray/jars/`),
+store costs SQLAlchemy + alembic + Mako + greenlet + cryptography (+ cffi, pycparser), 8.8 MB; Ray's dashboard, which
+the job starts, needs aiohttp-cors, opencensus (+ context), googleapis-common-protos and the Prometheus exporter.
+Measured 2026-11-25: 41 wheels, 48.9 MiB; with the corpora (2.6 MiB) and the tracked files (2.4 MiB), 53.9 MiB. Ray's wheel carries Java workers (`ray/jars/`),
 the dashboard's source maps, RLlib and Ray LLM, which this project never loads: they are taken out, their RECORD lines with them, so pip installs
 the wheel cleanly (79.3 MB -> 42.4 MB). Every wheel over 1 MiB is then recompressed with LZMA, which pip installs like
 any zip (Python's zipfile reads it): Ray 42.4 -> 31.4 MB. On the GPU machine, with `.whl` carried:

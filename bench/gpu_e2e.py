@@ -85,7 +85,7 @@ def load_model(uri: str, device: str) -> dict:
                 "params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 1)}
 
 
-def report(logs: Path, status: Path, uri: str, device: str, out: Path, warm_steps: int) -> int:
+def report(logs: Path, status: Path, uri: str, device: str, out: Path, warm_steps: int, min_drop: float) -> int:
     checks: list[dict] = []
 
     def check(name: str, ok: bool, figure: str) -> None:
@@ -100,11 +100,11 @@ def report(logs: Path, status: Path, uri: str, device: str, out: Path, warm_step
         check("tiny job (configs/tiny.yaml) registers a model", statuses.get("tiny") == 0 and reg is not None,
               f"exit {statuses.get('tiny')}, {reg}")
     if statuses.get("base1") is not None:
-        base_checks(checks, check, summary, base1, base2, statuses, _text(logs / "times.log"), uri, device, warm_steps)
+        base_checks(checks, check, summary, base1, base2, statuses, _text(logs / "times.log"), uri, device, warm_steps, min_drop)
     return write_summary(checks, summary, logs, out, device)
 
 
-def base_checks(checks, check, summary, base1, base2, statuses, times, uri, device, warm_steps) -> None:
+def base_checks(checks, check, summary, base1, base2, statuses, times, uri, device, warm_steps, min_drop) -> None:
     from mlflow import MlflowClient
 
     interrupted = "interrupted; re-running the same command resumes" in base1
@@ -130,7 +130,7 @@ def base_checks(checks, check, summary, base1, base2, statuses, times, uri, devi
         steps = [s for s, _ in loss]
         p0 = [v for s, v in loss if phase.get(s) == 0]
         first, last = (statistics.mean(p0[:5]) if p0 else float("nan")), (statistics.mean(p0[-10:]) if p0 else float("nan"))
-        check("loss falls (phase 0, mean of first 5 vs last 10 logged steps)", bool(p0) and last < first - 0.5,
+        check(f"loss falls by > {min_drop} (phase 0, mean of first 5 vs last 10 logged steps)", bool(p0) and last < first - min_drop,
               f"{first:.3f} -> {last:.3f} over {len(p0)} steps")
         switch = min((s for s, p in phase.items() if p == 1), default=None)
         check("one step count over both phases", steps == list(range(1, max_steps + 1)) and switch is not None
@@ -199,10 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--device", default="cuda")
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--warm-steps", type=int, default=20, help="steps left out of the tokens/s median after a (re)start")
+    r.add_argument("--min-loss-drop", type=float, default=0.5, help="how far phase 0's loss must fall")
     a = ap.parse_args(argv)
     if a.cmd == "wait-checkpoint":
         return wait_checkpoint(a.storage, a.pid, a.timeout)
-    return min(report(a.logs, a.status, a.uri, a.device, a.out, a.warm_steps), 100)
+    return min(report(a.logs, a.status, a.uri, a.device, a.out, a.warm_steps, a.min_loss_drop), 100)
 
 
 if __name__ == "__main__":
