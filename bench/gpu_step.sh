@@ -18,10 +18,10 @@ export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tm
 PY=${PYTHON:-python3}
 DEV=${STEP_DEVICE:-cuda}
 if [ "$DEV" = cuda ]; then
-  base=base large=large b128=256 l128=128 b512=64 l512=32 s128=128 s512=512
+  base=base large=large b128=256 l128=128 b512=64 l512=32 s128=128 s512=512 bloop=32
   common=(--device cuda --dtype bf16 --mfu --warmup 3 --steps 10 --rounds 3)
 else  # dry run: the same runs, the smallest shapes
-  base=tiny large=tiny b128=4 l128=4 b512=2 l512=2 s128=32 s512=64
+  base=tiny large=tiny b128=4 l128=4 b512=2 l512=2 s128=32 s512=64 bloop=4
   common=(--device cpu --dtype bf16 --warmup 1 --steps 1 --rounds 1 --no-memory)
 fi
 failed=0
@@ -51,8 +51,9 @@ step base512 80 --preset $base --batch $b512 --seq $s512 --masked 76 --data padd
   --impls transformers,ours+real,ours+real+unpad
 step large512 80 --preset $large --batch $l512 --seq $s512 --masked 76 --data padded \
   --impls transformers,ours+real,ours+real+unpad
-# 4. NSP data at 128 (base.yaml's phase 1): padded vs unpadded.
-step base128nsp 60 --preset $base --batch $b128 --seq $s128 --masked 20 --data padded \
+# 4. NSP data at 128 (base.yaml's phase 1), padded vs unpadded, at bench/gpu_e2e.sh's micro-batch of 32: ours+real
+#    here is the reference of the loop-vs-step ratio (the e2e base run's steady train/tokens_per_s at 128).
+step base128nsp 60 --preset $base --batch $bloop --seq $s128 --masked 20 --data padded \
   --impls ours+real,ours+real+unpad
 # 5. With what is left: max-autotune (minutes of GEMM autotuning on a GPU).
 step base128autotune 120 --preset $base --batch $b128 --seq $s128 --masked 20 --data packed \
