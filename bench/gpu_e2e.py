@@ -133,10 +133,12 @@ def base_checks(checks, check, summary, base1, base2, statuses, times, uri, devi
         check(f"loss falls by > {min_drop} (phase 0, mean of first 5 vs last 10 logged steps)", bool(p0) and last < first - min_drop,
               f"{first:.3f} -> {last:.3f} over {len(p0)} steps")
         switch = min((s for s, p in phase.items() if p == 1), default=None)
-        check("one step count over both phases", steps == list(range(1, max_steps + 1)) and switch is not None
+        every = int(run.data.params.get("train.log_every_steps", 1))
+        expect = sorted(set(range(every, max_steps + 1, every)) | {max_steps})  # the steps that log (and read)
+        check("one step count over both phases", set(expect) <= set(steps) and switch is not None
               and all(phase[s] == (0 if s < switch else 1) for s in phase),
-              f"steps {steps[0] if steps else '-'}..{steps[-1] if steps else '-'} ({len(steps)} logged, "
-              f"max_steps {max_steps}); phase 1 (512) from step {switch}")
+              f"steps {steps[0] if steps else '-'}..{steps[-1] if steps else '-'} ({len(steps)} logged, every "
+              f"{every}, max_steps {max_steps}); phase 1 (512) from logged step {switch}")
         lrs = [v for _, v in lr]
         peak = max(range(len(lrs)), key=lrs.__getitem__) if lrs else 0
         decay = lrs[peak:]

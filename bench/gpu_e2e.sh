@@ -3,8 +3,8 @@
 #   0. install the carried wheels (.whl/, made by bench/gpu_bundle.py) into /tmp/site;
 #   1. tiny: jobs/pretrain.py --config configs/tiny.yaml --train.use_gpu true --train.precision bf16, its defaults
 #      otherwise, except --train.num_workers 1 (one GPU; 2 workers would each ask for one) and paths under /tmp;
-#   2. base1: BERT-base from configs/base.yaml, 1 worker, 300 steps (90% at 128, then 512: one step count, one LR
-#      schedule), on small shards prepared from the carried corpora (.e2e/corpora), a checkpoint every 100 steps;
+#   2. base1: BERT-base from configs/base.yaml, 1 worker, 1,000 steps (90% at 128, then 512: one step count, one LR
+#      schedule; logged every 10), on small shards of the carried corpora (.e2e/corpora), a checkpoint every 100 steps;
 #      interrupted with SIGINT to its process group (a Ctrl-C) once an intact checkpoint short of the end exists;
 #   3. base2: the SAME command again: it must print "[rank 0] resumed at step N" and finish and register;
 #   4. bench/gpu_e2e.py report: loss falls, one step count + one LR schedule over both phases, the resume, the
@@ -94,21 +94,23 @@ fi
 if [[ $PARTS == *base* ]]; then
   BASE=(--config "$REPO/configs/base.yaml" --data.inputs "$CORPUS" --data.output "$WORK/data/base"
         --data.num_shards 8 --data.dupe_factor 2 --data.chunk_chars 250000 --data.random_pool_size 20000
-        --train.num_workers 1 --train.storage_path "$WORK/runs" --train.num_eval_shards 1 --train.log_every_steps 1
+        --train.num_workers 1 --train.storage_path "$WORK/runs" --train.num_eval_shards 1
         --train.num_to_keep 2 --tracking.system_metrics_every_s 5)
   if [ "$DEVICE" = cuda ]; then
-    # 300 steps of 32 sequences: 270 at 128 (micro-batch 32, no accumulation: bench/train_step.py's shape), 30 at 512
-    # (micro-batch 8, 4 accumulation steps); warmup 10%, evaluation and a checkpoint every 100 steps.
+    # 1,000 steps of 32 sequences: 900 at 128 (micro-batch 32, no accumulation: bench/gpu_step.sh's loop reference),
+    # 100 at 512 (micro-batch 8, 4 accumulation steps); warmup 10%; a figure read and logged every 10 steps, as a
+    # real run would (every step would sync every step); evaluation and a checkpoint every 100 steps. At ~25 ms a
+    # step the first checkpoint comes a few seconds in and the interrupt lands well before the end.
     BASE+=(--data.num_actors 12 --train.use_gpu true --train.precision bf16 --train.cpus_per_worker 4
-           --train.max_steps 300 --train.warmup_steps 30 --train.global_batch_size 32 --train.micro_batch_size 32
-           --train.eval_every_steps 100 --train.checkpoint_every_steps 100 --train.eval_batches 10
+           --train.max_steps 1000 --train.warmup_steps 100 --train.global_batch_size 32 --train.micro_batch_size 32
+           --train.log_every_steps 10 --train.eval_every_steps 100 --train.checkpoint_every_steps 100 --train.eval_batches 10
            --train.phases "[{max_seq_length: 128, fraction: 0.9, max_predictions_per_seq: 20, micro_batch_size: 32}, {max_seq_length: 512, max_predictions_per_seq: 80, micro_batch_size: 8}]")
-    WARM=20 DROP=0.5
+    WARM=50 DROP=0.5
   else
     # BERT-Tiny's shapes on CPU: the job's final evaluation reads the whole held-out shard, which BERT-base in fp32
     # on 2 cores takes many minutes to do; the plumbing checked is the same.
     BASE+=(--model.preset tiny --train.lr 1.0e-3 --data.num_actors 2 --train.use_gpu false --train.precision fp32 --train.cpus_per_worker 1
-           --train.max_steps 20 --train.warmup_steps 4 --train.global_batch_size 4 --train.micro_batch_size 4
+           --train.max_steps 20 --train.warmup_steps 4 --train.global_batch_size 4 --train.micro_batch_size 4 --train.log_every_steps 2
            --train.eval_every_steps 6 --train.checkpoint_every_steps 6 --train.eval_batches 2
            --train.phases "[{max_seq_length: 128, fraction: 0.8, max_predictions_per_seq: 20, micro_batch_size: 4}, {max_seq_length: 512, max_predictions_per_seq: 80, micro_batch_size: 2}]")
     WARM=2 DROP=0.1  # 16 steps of 4 sequences: BERT-Tiny's loss falls ~0.3 (BERT-base on the GPU: several units)
