@@ -20,14 +20,19 @@ An implementation is `transformers`, or `ours` with `+feature`s (issue 18's trie
     fused       fused AdamW in the bare step (`real` is fused on CUDA already)
     mask        pass the attention mask even when no row is padded (the old behaviour: no flash kernel)
     unpad       padded batches as `unpad_indices`/`cu_seqlens`: dense layers on real tokens, jagged SDPA
-    compile     torch.compile the encoder (static shapes: batches padded to --seq), default mode
+    compile     torch.compile the encoder's layers (static shapes: batches padded to --seq), default mode, as
+                `train.compile` does: one graph shared by the layers (regional compilation)
     autotune    the same with mode max-autotune-no-cudagraphs
     cudagraphs  the same with mode reduce-overhead (CUDA graphs)
+    whole       with one of the three above: the whole encoder as one graph instead (compiles every layer)
     drop0       attention-probability dropout 0 (MosaicBERT)
     vocab64     the vocabulary rounded up to a multiple of 64 (the embedding and decoder GEMMs' shapes)
 
 Data (`--data`): `padded` is Google-like NSP data (~10% short sequences, a padding mask in play); `packed` is
 MLM-only data packed to full length (no row padded, no mask passed unless `+mask`).
+
+The "warm-up s" column is the time to build an implementation and run its warm-up steps: for the compiled ones,
+mostly compilation (with inductor's caches as they were: empty on a fresh machine).
 
 FLOPs are counted analytically (matmuls only, backward = 2x forward) on the real tokens (see `step_flops`).
 MFU is achieved FLOP/s over `--peak-tflops`, by default on CUDA the H100 SXM's dense bf16 datasheet figure
@@ -60,7 +65,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere (no install needed)
 from model import BertConfig, BertForPreTraining  # noqa: E402
 
-FEATURES = ("real", "fused", "mask", "unpad", "compile", "autotune", "cudagraphs", "drop0", "vocab64")
+FEATURES = ("real", "fused", "mask", "unpad", "compile", "autotune", "cudagraphs", "whole", "drop0", "vocab64")
 COMPILE_MODES = {"compile": None, "autotune": "max-autotune-no-cudagraphs", "cudagraphs": "reduce-overhead"}
 H100_BF16_PEAK_TFLOPS = 989.4
 """The H100 SXM's dense bf16 peak from its datasheet: the one MFU basis (../shared/GPU.md)."""
@@ -81,7 +86,7 @@ class Impl:
         >>> Impl.parse("ours+turbo")
         Traceback (most recent call last):
         ...
-        ValueError: --impls: unknown feature 'turbo' in 'ours+turbo' (real, fused, mask, unpad, compile, autotune, cudagraphs, drop0, vocab64)
+        ValueError: --impls: unknown feature 'turbo' in 'ours+turbo' (real, fused, mask, unpad, compile, autotune, cudagraphs, whole, drop0, vocab64)
         """
         name, *feats = spec.strip().split("+")
         if name not in ("ours", "transformers"):
@@ -96,6 +101,8 @@ class Impl:
             raise ValueError(f"--impls: {spec!r}: one of {', '.join(COMPILE_MODES)}")
         if "real" in feats and "fused" in feats:
             raise ValueError(f"--impls: {spec!r}: real takes make_optimizer's AdamW (fused on CUDA, as the loop)")
+        if "whole" in feats and not modes:
+            raise ValueError(f"--impls: {spec!r}: whole goes with one of {', '.join(COMPILE_MODES)}")
         if modes and "unpad" in feats:
             raise ValueError(f"--impls: {spec!r}: a compiled encoder wants one shape, unpad gives it a new one per batch")
         return cls(name, frozenset(feats))
@@ -169,8 +176,10 @@ def build(impl: Impl, cfg: BertConfig, device: str) -> torch.nn.Module:
     ours = BertForPreTraining(model_config(impl, cfg))
     if impl.name == "ours":
         model = ours.to(device).train()
-        if impl.compile_mode is not False:  # in place, as the worker does (`train.compile`)
+        if impl.compile_mode is not False and "whole" in impl.features:
             model.bert.encoder.compile(dynamic=False, mode=impl.compile_mode)
+        elif impl.compile_mode is not False:  # in place, as the worker does (`train.compile`)
+            model.bert.encoder.compile_layers(mode=impl.compile_mode)
         return model
     import transformers
 
@@ -324,12 +333,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def warm_up(args: argparse.Namespace, cfg: BertConfig, rows_in: dict[str, Any], dtype: str
-            ) -> tuple[dict[Impl, Callable[[], Any]], dict[Impl, float]]:
+            ) -> tuple[dict[Impl, Callable[[], Any]], dict[Impl, float], dict[Impl, float]]:
     """Build each implementation's step and warm it up (allocator, autotuning, compilation, lazy init), one after
-    the other. On CUDA its peak memory is measured here, in this process: the most allocated while it was built
-    and warmed up, above what was allocated before (the others stay idle meanwhile, their gradients freed)."""
-    steps, peaks = {}, {}
+    the other; returns the steps, the peak memory (CUDA) and the seconds each took to build and warm up. On CUDA
+    its peak memory is measured here, in this process: the most allocated while it was built and warmed up, above
+    what was allocated before (the others stay idle meanwhile, their gradients freed)."""
+    steps, peaks, warm_s = {}, {}, {}
     for impl in args.impl_list:
+        t0 = time.perf_counter()
         if args.device == "cuda":
             sync(args.device)
             torch.cuda.reset_peak_memory_stats()
@@ -341,7 +352,10 @@ def warm_up(args: argparse.Namespace, cfg: BertConfig, rows_in: dict[str, Any], 
         if args.device == "cuda":
             sync(args.device)
             peaks[impl] = float(torch.cuda.max_memory_allocated() - before)
-    return steps, peaks
+        sync(args.device)
+        warm_s[impl] = time.perf_counter() - t0
+        print(f"  {impl}: built and warmed up in {warm_s[impl]:.1f} s", flush=True)
+    return steps, peaks, warm_s
 
 
 def host_syncs(steps: dict[Impl, Callable[[], Any]]) -> dict[Impl, str]:
@@ -414,7 +428,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for dtype in dtypes:
         print(f"{dtype}:", flush=True)
-        steps, peaks = warm_up(args, cfg, rows_in, dtype)
+        steps, peaks, warm_s = warm_up(args, cfg, rows_in, dtype)
         times = time_steps(args, steps)
         syncs = host_syncs(steps) if args.device == "cuda" else {}  # after the timing: a raise may leave grads behind
         del steps
@@ -430,7 +444,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 "tflops": flops / sec / 1e12,
                 "mfu": flops / sec / (args.peak_tflops * 1e12) if args.peak_tflops else None,
                 "of_gemm": flops / sec / rate if rate else None, "gemm_tflops": rate / 1e12 if rate else None,
-                "peak_mib": mem / 2**20 if mem else None,
+                "peak_mib": mem / 2**20 if mem else None, "warmup_s": warm_s[impl],
                 "vs_first": paired_ratio(times, impls[0], impl, args.steps), "host_sync": syncs.get(impl),
             })
     print_table(args, rows)
@@ -446,14 +460,14 @@ def print_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     first = str(args.impl_list[0])
     print()
     print(f"| impl | dtype | step ms (median) | best ms | real tokens/s | seq/s | GFLOP/step | achieved TFLOP/s | {peak} "
-          f"| of GEMM | peak MiB | speed ÷ {first} (paired) |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          f"| of GEMM | peak MiB | warm-up s | speed ÷ {first} (paired) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     pct = lambda x: f"{x:.1%}" if x is not None else "-"  # noqa: E731
     for r in rows:
         mem = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "-"
         print(f"| {r['impl']} | {r['dtype']} | {r['ms']:.1f} | {r['best_ms']:.1f} | {r['tok_s']:,.0f} | "
               f"{r['seq_s']:,.1f} | {r['gflop']:.1f} | {r['tflops']:.3f} | {pct(r['mfu'])} | {pct(r['of_gemm'])} | "
-              f"{mem} | {r['vs_first']:.2f}x |")
+              f"{mem} | {r['warmup_s']:.1f} | {r['vs_first']:.2f}x |")
     for r in rows:
         if r["host_sync"] is not None:
             print(f"host syncs in a step of {r['impl']} ({r['dtype']}): {r['host_sync']}")

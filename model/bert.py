@@ -197,6 +197,14 @@ class BertEncoder(nn.Module):
             x = layer(x, mask)
         return x
 
+    def compile_layers(self, mode: str | None = None) -> None:
+        """`torch.compile` each layer in place, for one input shape (regional compilation, PyTorch's recipe for
+        repeated blocks). The layers run the same code at the same shapes with their weights as graph inputs, so
+        they share one compiled graph: compilation costs one layer's, not the whole stack's (bench/RESULTS.md,
+        "Regional compilation"). Parameter names are unchanged (checkpoints, DDP, optimizers see nothing new)."""
+        for layer in self.layer:
+            layer.compile(dynamic=False, mode=mode)
+
 
 class BertPooler(nn.Module):
     """tanh(dense(h[:, 0])): the [CLS] representation used by NSP and sequence classification."""

@@ -284,7 +284,8 @@ class TrainConfig(BaseTrainConfig):
     run_name: str | None = None
     """Re-running with the same run name resumes it; null derives one from the config hash."""
     compile: bool = False
-    """torch.compile the encoder (static shapes: batches padded to the phase's max_seq_length); for GPUs."""
+    """torch.compile the encoder's layers (one compiled graph shared by all; static shapes: batches padded to the
+    phase's max_seq_length); for GPUs."""
     unpad: bool = False
     """For GPUs: batches with padding run their dense layers on the real tokens only and attention on jagged
     sequences (SDPA on nested tensors); losses equal the padded path within 1e-3."""

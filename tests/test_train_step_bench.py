@@ -35,6 +35,7 @@ def test_tries_run_and_count_the_flops_of_their_own_model(bench, tmp_path):
     for r in rows:
         assert r["ms"] > 0 and r["mfu"] == pytest.approx(r["tflops"] / 2)
         assert r["tok_s"] <= r["slots_s"]  # real tokens only: the padded rows' pads do not count
+        assert r["warmup_s"] > 0
     line = json.loads(out.read_text())
     assert line["setting"]["impls"].startswith("transformers,") and len(line["rows"]) == 4
 
@@ -44,6 +45,7 @@ def test_tries_run_and_count_the_flops_of_their_own_model(bench, tmp_path):
     ("transformers+real", "features apply to ours only"),
     ("ours+compile+unpad", "one shape"),
     ("ours+compile+cudagraphs", "one of compile"),
+    ("ours+real+whole", "whole goes with one of compile"),
     ("ours+real+fused", "make_optimizer"),
     ("mine", "neither"),
 ])

@@ -58,8 +58,8 @@ def start_worker(config: dict[str, Any]) -> Worker:
     torch.set_num_threads(max(1, int(tc.cpus_per_worker)))  # fixed thread count: bit-identical CPU math on restart
     torch.manual_seed(tc.seed)  # identical initial weights on every rank (DDP also broadcasts rank 0's)
     model = build_model(cfg.model, plans[0].dataset.vocab_size)
-    if tc.compile:  # in place: parameter names (checkpoints) unchanged; batches come at one width (RankFeed)
-        model.bert.encoder.compile(dynamic=False)
+    if tc.compile:  # each layer in place: names (checkpoints) unchanged; batches come at one width (RankFeed)
+        model.bert.encoder.compile_layers()
     model = launcher.prepare_model(model)
     optimizer, scheduler = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=tc.warmup_steps,
                                           total_steps=tc.max_steps, schedule=tc.schedule, power=tc.poly_power,
