@@ -8,7 +8,8 @@
 interrupting the job then leaves a point to resume from; exit 1 when PID ends first or the timeout passes.
 
 `report` reads the step logs the script wrote (tiny.log, base1.log: the interrupted run, base2.log: the same
-command again) and the MLflow store, and writes `summary.md` and `summary.json`: each check with its figure.
+command again), the MLflow store and loopref.jsonl (bench/train_step.py's product step at the loop's micro-batch,
+run alone on the same machine), and writes `summary.md` and `summary.json`: each check with its figure.
 Its exit status is the number of failed checks (0: all passed).
 """
 
@@ -85,7 +86,8 @@ def load_model(uri: str, device: str) -> dict:
                 "params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 1)}
 
 
-def report(logs: Path, status: Path, uri: str, device: str, out: Path, warm_steps: int, min_drop: float) -> int:
+def report(logs: Path, status: Path, uri: str, device: str, out: Path, warm_steps: int, min_drop: float,
+           loopref: Path | None = None) -> int:
     checks: list[dict] = []
 
     def check(name: str, ok: bool, figure: str) -> None:
@@ -101,7 +103,29 @@ def report(logs: Path, status: Path, uri: str, device: str, out: Path, warm_step
               f"exit {statuses.get('tiny')}, {reg}")
     if statuses.get("base1") is not None:
         base_checks(checks, check, summary, base1, base2, statuses, _text(logs / "times.log"), uri, device, warm_steps, min_drop)
+        loop_vs_step(check, summary, loopref)
     return write_summary(checks, summary, logs, out, device)
+
+
+LOOP_GOAL = 0.9
+"""Issue 18: the real loop (Ray Train, the loader, logging) keeps >= 90% of the bare step's tokens/s."""
+
+
+def loop_vs_step(check, summary: dict, loopref: Path | None) -> None:
+    """The loop's steady phase-0 train/tokens_per_s over the product step's real tokens/s alone (loopref.jsonl's
+    `ours+real` row, same micro-batch and length; its data synthetic NSP-like, ~93% real tokens)."""
+    loop = (summary.get("tokens_per_s_median") or {}).get(0)
+    line = _text(loopref).strip().splitlines()[-1:] if loopref else []
+    rows = [r for r in json.loads(line[0])["rows"] if r["impl"] == "ours+real"] if line else []
+    if loop is None or not rows:
+        check(f"loop keeps >= {LOOP_GOAL:.0%} of the step's tokens/s", False,
+              f"loop {loop or 0:,.0f} tok/s; step reference {'missing' if not rows else rows[0]['tok_s']}")
+        return
+    step = rows[0]["tok_s"]
+    summary["loop_vs_step"] = {"loop_tok_s": loop, "step_tok_s": step, "ratio": loop / step, "step_row": rows[0]}
+    check(f"loop keeps >= {LOOP_GOAL:.0%} of the step's tokens/s", loop / step >= LOOP_GOAL,
+          f"{loop / step:.2f} = loop {loop:,.0f} / step {step:,.0f} tok/s (phase 0, micro-batch "
+          f"{json.loads(line[0])['setting']['batch']} x 128)")
 
 
 def base_checks(checks, check, summary, base1, base2, statuses, times, uri, device, warm_steps, min_drop) -> None:
@@ -202,10 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--warm-steps", type=int, default=20, help="steps left out of the tokens/s median after a (re)start")
     r.add_argument("--min-loss-drop", type=float, default=0.5, help="how far phase 0's loss must fall")
+    r.add_argument("--loopref", type=Path, help="bench/train_step.py --json output: the step alone at the loop's batch")
     a = ap.parse_args(argv)
     if a.cmd == "wait-checkpoint":
         return wait_checkpoint(a.storage, a.pid, a.timeout)
-    return min(report(a.logs, a.status, a.uri, a.device, a.out, a.warm_steps, a.min_loss_drop), 100)
+    return min(report(a.logs, a.status, a.uri, a.device, a.out, a.warm_steps, a.min_loss_drop, a.loopref), 100)
 
 
 if __name__ == "__main__":

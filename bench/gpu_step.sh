@@ -4,12 +4,17 @@
 # each run under its own time limit so that a slow compile costs its own rows and not the call. Nothing to carry:
 # the image has torch and transformers, and train_step.py imports neither Ray nor MLflow.
 #
-#   the device call:  run(command="bash bench/gpu_step.sh", timeout_s=600)
+#   the device call:  run(command="STEP_BUDGET=280 bash bench/gpu_step.sh", timeout_s=300)   (the lease's call 2:
+#                     bench/RESULTS.md, "What the next lease runs"; STEP_BUDGET = the call's timeout less 20 s)
 #   back in $OUT:     steps.log (every table) and steps.jsonl (one JSON line per run: setting + rows)
 #   a dry run here:   STEP_DEVICE=cpu OUT=/tmp/gpu_step bash bench/gpu_step.sh   (tiny preset, a few seconds a run)
 #
 # Micro-batches of 32k tokens (base) and 16k (large) per GPU, as the issue asks; packed MLM-only data at 128 (no row
 # padded, so the packed path passes SDPA no mask) and Google-like NSP data with ~10% short rows at 512 (unpad).
+# The order: the MFU goals' rows first (base and large at 128: transformers, the product's step eager and compiled),
+# then phase 2 at 512 with and without unpadding, then the other tries at base 128, then max-autotune. A run that
+# would get under 20 s is skipped and named. The loop-vs-step reference (micro-batch 32, NSP data) is in
+# bench/gpu_e2e.sh, on the same machine as the loop it is compared with.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_step}
 mkdir -p "$OUT"
@@ -18,14 +23,14 @@ export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tm
 PY=${PYTHON:-python3}
 DEV=${STEP_DEVICE:-cuda}
 if [ "$DEV" = cuda ]; then
-  base=base large=large b128=256 l128=128 b512=64 l512=32 s128=128 s512=512 bloop=32
+  base=base large=large b128=256 l128=128 b512=64 l512=32 s128=128 s512=512
   common=(--device cuda --dtype bf16 --mfu --warmup 3 --steps 10 --rounds 3)
 else  # dry run: the same runs, the smallest shapes
-  base=tiny large=tiny b128=4 l128=4 b512=2 l512=2 s128=32 s512=64 bloop=4
+  base=tiny large=tiny b128=4 l128=4 b512=2 l512=2 s128=32 s512=64
   common=(--device cpu --dtype bf16 --warmup 1 --steps 1 --rounds 1 --no-memory)
 fi
 failed=0
-budget=${STEP_BUDGET:-585}  # seconds for all runs: the call's 600 less a margin; a run gets at most what is left
+budget=${STEP_BUDGET:-280}  # seconds for all runs: the call's timeout less a margin; a run gets at most what is left
 
 step() {  # step NAME SECONDS ARGS...: one train_step.py run, its table into steps.log, its rows into steps.jsonl
   local name=$1 limit=$2
@@ -40,22 +45,23 @@ step() {  # step NAME SECONDS ARGS...: one train_step.py run, its table into ste
 }
 
 [ "$DEV" = cuda ] && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee -a "$OUT/steps.log"
-# 1. BERT-base at 128, packed: every step-level try against transformers and the old step (mask passed).
-step base128 200 --preset $base --batch $b128 --seq $s128 --masked 20 --data packed \
-  --impls transformers,ours+mask,ours,ours+fused,ours+real,ours+real+drop0,ours+real+vocab64,ours+real+compile,ours+real+cudagraphs
-# 2. BERT-large at 128, packed: the MFU goal's row.
-step large128 150 --preset $large --batch $l128 --seq $s128 --masked 20 --data packed \
-  --impls transformers,ours+real,ours+real+drop0,ours+real+compile
-# 3. Phase 2 at 512 on NSP data with padding: the unpadded path against the padded one.
-step base512 80 --preset $base --batch $b512 --seq $s512 --masked 76 --data padded \
+# 1. The MFU goals' rows: BERT-base and BERT-large at 128, packed: transformers and the product's step, eager; then
+#    the product's step with train.compile (each layer compiled, one graph for all; the warm-up column is the compile
+#    time) beside the eager one, in a run of its own, so that a compile over its limit loses only its own run.
+step base128 40 --preset $base --batch $b128 --seq $s128 --masked 20 --data packed --impls transformers,ours+real
+step large128 50 --preset $large --batch $l128 --seq $s128 --masked 20 --data packed --impls transformers,ours+real
+step base128compile 60 --preset $base --batch $b128 --seq $s128 --masked 20 --data packed --impls ours+real,ours+real+compile
+step large128compile 70 --preset $large --batch $l128 --seq $s128 --masked 20 --data packed --impls ours+real,ours+real+compile
+# 2. Phase 2 at 512 on NSP data with padding: the unpadded path against the padded one.
+step base512 45 --preset $base --batch $b512 --seq $s512 --masked 76 --data padded \
   --impls transformers,ours+real,ours+real+unpad
-step large512 80 --preset $large --batch $l512 --seq $s512 --masked 76 --data padded \
+step large512 45 --preset $large --batch $l512 --seq $s512 --masked 76 --data padded \
   --impls transformers,ours+real,ours+real+unpad
-# 4. NSP data at 128 (base.yaml's phase 1), padded vs unpadded, at bench/gpu_e2e.sh's micro-batch of 32: ours+real
-#    here is the reference of the loop-vs-step ratio (the e2e base run's steady train/tokens_per_s at 128).
-step base128nsp 60 --preset $base --batch $bloop --seq $s128 --masked 20 --data padded \
-  --impls ours+real,ours+real+unpad
-# 5. With what is left: max-autotune (minutes of GEMM autotuning on a GPU).
+# 3. The other tries at base 128 against the product's step: the step of the last lease (mask passed), the bare step,
+#    fused AdamW alone, attention dropout 0, the vocabulary rounded to 64, the whole encoder as one graph, CUDA graphs.
+step base128tries 110 --preset $base --batch $b128 --seq $s128 --masked 20 --data packed \
+  --impls ours+real,ours+mask,ours,ours+fused,ours+real+drop0,ours+real+vocab64,ours+real+compile+whole,ours+real+cudagraphs
+# 4. With what is left: max-autotune (minutes of GEMM autotuning on a GPU).
 step base128autotune 120 --preset $base --batch $b128 --seq $s128 --masked 20 --data packed \
   --impls ours+real+compile,ours+real+autotune
 echo "=== $(date -u +%T) done, failed=$failed" | tee -a "$OUT/steps.log"
