@@ -69,9 +69,14 @@ export GIT_SHA=${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 unset RAY_ADDRESS
 
 # start NAME ARGS...: the job in its own session (so a signal reaches it and everything it started), cwd $WORK.
+# SIGINT is set back to its default before the exec: a command started in the background (`&`) from a shell that
+# itself runs without job control, or under a parent that ignores SIGINT, inherits SIGINT *ignored*, and Python then
+# never raises KeyboardInterrupt: the interrupt below would be lost and the job run to its end (seen in a dry run
+# here, 2026-11-26). A shell cannot undo an ignored signal it inherited; Python can, and exec keeps the default.
 start() {
   local name=$1; shift
-  (cd "$WORK" && exec setsid python3 "$REPO/jobs/pretrain.py" "$@") >"$OUT/$name.log" 2>&1 &
+  (cd "$WORK" && exec setsid python3 -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' \
+    python3 "$REPO/jobs/pretrain.py" "$@") >"$OUT/$name.log" 2>&1 &
   PID=$!
   say "$name started (pid $PID): jobs/pretrain.py $*"
 }
