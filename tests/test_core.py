@@ -315,3 +315,29 @@ def test_docstring_examples_in_pipeline_modules_hold():
         assert result.failed == 0, info.name
         attempted += result.attempted
     assert attempted >= 40
+
+
+def test_free_port_skips_rays_default_ports_and_the_avoided(monkeypatch):
+    """A port the OS draws that Ray's components use by default (or one already handed out) is drawn again: Ray
+    refuses to start when two of its components are given one port."""
+    import socket
+
+    from pipeline.core import launcher
+
+    drawn = iter([52365, 6379, 41000, 41001])
+
+    class FakeSocket:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, addr):
+            self.port = next(drawn)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(socket, "socket", FakeSocket)
+    assert launcher.free_port(avoid=frozenset({41000})) == 41001

@@ -298,14 +298,6 @@ def test_partial_work_from_another_vocabulary_is_never_resumed(ray_local, shared
     assert not (dirty / "_work").exists()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _planted(inputs, shared_dir, tmp_path):
     """The inputs plus planted duplicates: Ruth under another name (exact), Mark in capitals with its spaces
     doubled (exact after normalising), Mark with 1% of its words changed (near), and a multistream Wikipedia dump
@@ -376,10 +368,12 @@ def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, shared_dir, 
         assert "skipped " in r.stderr and "index of a multistream dump" in r.stderr
         return json.loads((out / "manifest.json").read_text())
 
-    dashboard = _free_port()
+    from pipeline.core.launcher import free_port
+
+    dashboard = free_port()
     two = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": dashboard,
-        "dashboard_agent_listen_port": _free_port()})  # the dashboard serves the state API
+        "dashboard_agent_listen_port": free_port(avoid=frozenset({dashboard}))})  # the dashboard serves the state API
     try:
         two.add_node(num_cpus=1)
         two.wait_for_nodes()

@@ -47,10 +47,20 @@ def _reachable(hostport: str, timeout: float = 5.0) -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(avoid: frozenset[int] = frozenset()) -> int:
+    """A loopback port free now, other than Ray's fixed defaults (GCS 6379, dashboard 8265, client server 10001,
+    dashboard agent 52365) and `avoid`. Ray refuses to start when it is handed a port that one of its components
+    uses by default: the OS drew 52365 for a local cluster's dashboard once in CI ("Ray component
+    dashboard_agent_http is trying to use a port number 52365 that is used by other components")."""
+    from ray._private import ray_constants as rc
+
+    taken = {rc.DEFAULT_PORT, rc.DEFAULT_DASHBOARD_PORT, 10001, rc.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT, *avoid}
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            return port
 
 
 @contextlib.contextmanager
@@ -64,7 +74,7 @@ def _own_address(local: bool):
         return
     from ray._private.services import get_node_ip_address
 
-    port = _free_port()
+    port = free_port()
     with environ(RAY_GCS_SERVER_PORT=str(port), RAY_ADDRESS=f"{get_node_ip_address()}:{port}",
                  RAY_DATA_LOGGING_CONFIG=os.environ.get("RAY_DATA_LOGGING_CONFIG") or RAY_DATA_LOGGING):
         yield
@@ -104,10 +114,11 @@ def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
         # files; the console keeps our progress lines, warnings and errors.
         # A local cluster gets a loopback-only dashboard on a free port: Ray Train's placement-group cleaner
         # watches the run through the state API, which the dashboard serves (without it, it warns every second).
-        local = {"num_cpus": num_cpus, "include_dashboard": True, "dashboard_host": "127.0.0.1",
-                 "dashboard_port": _free_port()} if address == "local" else {"include_dashboard": False}
         handler = signal.getsignal(signal.SIGTERM)
         with _own_address(address == "local"):
+            gcs_port = frozenset({int(os.environ["RAY_GCS_SERVER_PORT"])}) if address == "local" else frozenset()
+            local = {"num_cpus": num_cpus, "include_dashboard": True, "dashboard_host": "127.0.0.1",
+                     "dashboard_port": free_port(avoid=gcs_port)} if address == "local" else {"include_dashboard": False}
             ray.init(address=address, configure_logging=False, log_to_driver=log_to_driver,
                      logging_config=ray.LoggingConfig(encoding="TEXT", log_level="WARNING"), **local)
         if callable(handler):  # Ray's core worker installs its own (it aborts the process): keep the job's
