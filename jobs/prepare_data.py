@@ -84,7 +84,7 @@ def run(data, num_cpus: int | None) -> int:
             results = run_graph(stages, remote=False, log=lambda m: print(m, flush=True))
         finally:
             if "ray" in sys.modules:  # not imported at all when the data was prepared in this process
-                sys.modules["ray"].shutdown()
+                launcher.disconnect()
     v = results["validate"].result
     shards = results["shards"]
     print(summary_table(results))

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             state["started"] = True
             results = run_graph(stages, remote=True)
         finally:
-            ray.shutdown()
+            launcher.disconnect()
         print(summary_table(results))
         print(f"registered {results['register'].result['uri']}", flush=True)
         return 0

@@ -341,3 +341,42 @@ def test_free_port_skips_rays_default_ports_and_the_avoided(monkeypatch):
 
     monkeypatch.setattr(socket, "socket", FakeSocket)
     assert launcher.free_port(avoid=frozenset({41000})) == 41001
+
+
+@pytest.mark.slow  # a local Ray cluster's start and stop, ~15 s
+def test_disconnect_leaves_no_forkserver_directory_of_the_local_cluster(monkeypatch):
+    """Ray's dashboard runs a multiprocessing forkserver whose pymp-* directory Ray never removes: `disconnect`
+    does, and leaves a live program's pymp-* directory alone."""
+    import contextlib
+    import shutil
+    import tempfile
+    import time
+    from multiprocessing.connection import Listener
+    from pathlib import Path
+
+    import ray
+
+    from pipeline.core import launcher
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="dc-", dir="/tmp"))  # short: Ray's socket paths under it have a limit
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the cluster's processes inherit it
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    live_dir = tmp_path / "pymp-live"
+    live_dir.mkdir()
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, tmp_path, True)
+        stack.enter_context(Listener(str(live_dir / "listener-x"), family="AF_UNIX"))
+        assert not ray.is_initialized()
+        launcher.connect(1)
+        try:
+            deadline = time.monotonic() + 30
+            while not [d for d in tmp_path.glob("pymp-*") if d != live_dir] and time.monotonic() < deadline:
+                time.sleep(0.5)
+            made = [d for d in tmp_path.glob("pymp-*") if d != live_dir]
+            assert made, "the dashboard made no pymp-* directory: nothing here to clean"
+        finally:
+            launcher.disconnect()
+        assert not ray.is_initialized()
+        assert [d.name for d in tmp_path.glob("pymp-*")] == ["pymp-live"]
+        assert (live_dir / "listener-x").exists()

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
+import tempfile
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from pipeline.config import ConfigError
@@ -95,13 +99,21 @@ def environ(**values: str):
                 os.environ[k] = v
 
 
+_LOCAL_STARTED: float | None = None
+"""When this process started its private local cluster (connect), for `disconnect`'s clean-up; None otherwise."""
+
+
 def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
-    """`ray.init` on RAY_ADDRESS when set, else on a new private local cluster; returns the address used."""
+    """`ray.init` on RAY_ADDRESS when set, else on a new private local cluster; returns the address used.
+    End with `disconnect()`."""
+    global _LOCAL_STARTED
     import ray
 
     if ray.is_initialized():
         return "already connected"
     address = os.environ.get("RAY_ADDRESS") or "local"
+    if address == "local":
+        _LOCAL_STARTED = time.time() - 1  # a second early: directory times are whole seconds on some filesystems
     if address != "local":
         gcs = _gcs_address(address)
         if address == "auto" and gcs is None:
@@ -126,6 +138,45 @@ def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
     except Exception as e:  # noqa: BLE001 - e.g. "node timed out during startup" on an overloaded machine
         raise RayStartError(f"could not start or join Ray ({address}): {str(e).splitlines()[0]}") from None
     return address
+
+
+def disconnect() -> None:
+    """`ray.shutdown()`; after a private local cluster, also remove what its processes left in the temp directory.
+    Ray's dashboard starts a multiprocessing forkserver, whose `pymp-*` directory (one `listener-*` socket) is
+    removed only by Python's exit handlers, which a dashboard ended by Ray never runs: one directory a job. Removed
+    are this user's `pymp-*` directories made since the cluster started that hold nothing but sockets no process
+    holds any more (a live program's directory is never touched; Linux only, elsewhere nothing is removed)."""
+    global _LOCAL_STARTED
+    import ray
+
+    ray.shutdown()
+    started, _LOCAL_STARTED = _LOCAL_STARTED, None
+    if started is None:
+        return
+    candidates = []
+    for d in Path(tempfile.gettempdir()).glob("pymp-*"):
+        with contextlib.suppress(OSError):
+            entries = list(d.iterdir())
+            if (d.stat().st_uid == os.getuid() and d.stat().st_mtime >= started and entries
+                    and all(e.name.startswith("listener-") and e.is_socket() for e in entries)):
+                candidates.append((d, entries))
+    deadline = time.monotonic() + 5  # the forkserver ends a moment after the dashboard that started it
+    while candidates and (bound := _bound_unix_paths()) is not None:
+        candidates = [(d, entries) for d, entries in candidates if any(str(e) in bound for e in entries)
+                      or shutil.rmtree(d, ignore_errors=True)]
+        if not candidates or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+
+
+def _bound_unix_paths() -> set[str] | None:
+    """The paths of the Unix sockets some process holds open (Linux's /proc/net/unix; None elsewhere): read,
+    never connected to, so no program's listener is disturbed."""
+    try:
+        lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    except OSError:
+        return None
+    return {cols[7] for cols in (line.split(maxsplit=7) for line in lines) if len(cols) == 8}
 
 
 def session_log_dir() -> str:

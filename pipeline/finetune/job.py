@@ -188,7 +188,7 @@ def run_finetune(
             return _train_and_register(cfg, source, td, task, train_path, eval_path, output_dir, on_step, uri, work)
         finally:
             if started_ray:
-                ray.shutdown()
+                launcher.disconnect()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
