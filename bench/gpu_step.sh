@@ -4,7 +4,7 @@
 # each run under its own time limit so that a slow compile costs its own rows and not the call. Nothing to carry:
 # the image has torch and transformers, and train_step.py imports neither Ray nor MLflow.
 #
-#   the device call:  run(command="STEP_BUDGET=280 bash bench/gpu_step.sh", timeout_s=300)   (the lease's call 2:
+#   the device call:  run(command="STEP_BUDGET=250 bash bench/gpu_step.sh", timeout_s=270)   (the lease's call 2:
 #                     bench/RESULTS.md, "What the next lease runs"; STEP_BUDGET = the call's timeout less 20 s)
 #   back in $OUT:     steps.log (every table) and steps.jsonl (one JSON line per run: setting + rows)
 #   a dry run here:   STEP_DEVICE=cpu OUT=/tmp/gpu_step bash bench/gpu_step.sh   (tiny preset, a few seconds a run)
@@ -30,7 +30,7 @@ else  # dry run: the same runs, the smallest shapes
   common=(--device cpu --dtype bf16 --warmup 1 --steps 1 --rounds 1 --no-memory)
 fi
 failed=0
-budget=${STEP_BUDGET:-280}  # seconds for all runs: the call's timeout less a margin; a run gets at most what is left
+budget=${STEP_BUDGET:-250}  # seconds for all runs: the call's timeout less a margin; a run gets at most what is left
 
 step() {  # step NAME SECONDS ARGS...: one train_step.py run, its table into steps.log, its rows into steps.jsonl
   local name=$1 limit=$2

@@ -54,7 +54,7 @@ def _reachable(hostport: str, timeout: float = 5.0) -> bool:
 def free_port(avoid: frozenset[int] = frozenset()) -> int:
     """A loopback port free now, other than Ray's fixed defaults (GCS 6379, dashboard 8265, client server 10001,
     dashboard agent 52365) and `avoid`. Ray refuses to start when it is handed a port that one of its components
-    uses by default: the OS drew 52365 for a local cluster's dashboard once in CI ("Ray component
+    uses by default: the OS drew 52365 for a local cluster's GCS or dashboard port once in CI ("Ray component
     dashboard_agent_http is trying to use a port number 52365 that is used by other components")."""
     from ray._private import ray_constants as rc
 
