@@ -72,16 +72,16 @@ def _own_address(local: bool):
     """While a local cluster starts: its GCS on a port chosen here and RAY_ADDRESS naming it, so that every Ray
     process it spawns inherits its own address (and Ray Data's logging config: INFO to its log file only). Ray's state queries inside workers (Ray Train's placement-group
     cleaner) would otherwise fail with "Found multiple active Ray instances" when other clusters run on the
-    machine. The driver's own environment is restored afterwards."""
+    machine. The driver's own environment is restored afterwards. Yields the GCS port (None when not local)."""
     if not local:
-        yield
+        yield None
         return
     from ray._private.services import get_node_ip_address
 
     port = free_port()
     with environ(RAY_GCS_SERVER_PORT=str(port), RAY_ADDRESS=f"{get_node_ip_address()}:{port}",
                  RAY_DATA_LOGGING_CONFIG=os.environ.get("RAY_DATA_LOGGING_CONFIG") or RAY_DATA_LOGGING):
-        yield
+        yield port
 
 
 @contextlib.contextmanager
@@ -127,10 +127,9 @@ def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
         # A local cluster gets a loopback-only dashboard on a free port: Ray Train's placement-group cleaner
         # watches the run through the state API, which the dashboard serves (without it, it warns every second).
         handler = signal.getsignal(signal.SIGTERM)
-        with _own_address(address == "local"):
-            gcs_port = frozenset({int(os.environ["RAY_GCS_SERVER_PORT"])}) if address == "local" else frozenset()
+        with _own_address(address == "local") as gcs_port:
             local = {"num_cpus": num_cpus, "include_dashboard": True, "dashboard_host": "127.0.0.1",
-                     "dashboard_port": free_port(avoid=gcs_port)} if address == "local" else {"include_dashboard": False}
+                     "dashboard_port": free_port(avoid=frozenset({gcs_port}))} if gcs_port else {"include_dashboard": False}
             ray.init(address=address, configure_logging=False, log_to_driver=log_to_driver,
                      logging_config=ray.LoggingConfig(encoding="TEXT", log_level="WARNING"), **local)
         if callable(handler):  # Ray's core worker installs its own (it aborts the process): keep the job's
@@ -153,17 +152,19 @@ def disconnect() -> None:
     started, _LOCAL_STARTED = _LOCAL_STARTED, None
     if started is None:
         return
-    candidates = []
+    candidates: dict[Path, list[Path]] = {}  # directory -> its listener sockets
     for d in Path(tempfile.gettempdir()).glob("pymp-*"):
         with contextlib.suppress(OSError):
-            entries = list(d.iterdir())
-            if (d.stat().st_uid == os.getuid() and d.stat().st_mtime >= started and entries
+            st, entries = d.stat(), list(d.iterdir())
+            if (st.st_uid == os.getuid() and st.st_mtime >= started and entries
                     and all(e.name.startswith("listener-") and e.is_socket() for e in entries)):
-                candidates.append((d, entries))
+                candidates[d] = entries
     deadline = time.monotonic() + 5  # the forkserver ends a moment after the dashboard that started it
     while candidates and (bound := _bound_unix_paths()) is not None:
-        candidates = [(d, entries) for d, entries in candidates if any(str(e) in bound for e in entries)
-                      or shutil.rmtree(d, ignore_errors=True)]
+        for d, entries in list(candidates.items()):
+            if not any(str(e) in bound for e in entries):
+                shutil.rmtree(d, ignore_errors=True)
+                del candidates[d]
         if not candidates or time.monotonic() > deadline:
             break
         time.sleep(0.2)
