@@ -158,7 +158,7 @@ def child_pipeline(corpus: str, out: str, vocab: str, num_cpus: int, local_max_b
     """Child mode: start Ray if the input goes to Ray, then time the data stages from raw text to validated shards."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from pipeline.config import DataConfig
-    from pipeline.dag import run_graph
+    from pipeline.runner.dag import run_graph
     from pipeline.data.stages import data_stages, needs_ray
 
     extra = {} if local_max_bytes is None else {"local_max_bytes": local_max_bytes}

@@ -1,11 +1,11 @@
-"""What the storage preflight (pipeline/preflight.py) costs a job, on a local S3 server (issue 26's goal: under 2 s
+"""What the storage preflight (pipeline/storage/preflight.py) costs a job, on a local S3 server (issue 26's goal: under 2 s
 for a job with 4 URIs).
 
     python bench/preflight_cost.py             # 5 runs per case, median and max
     python bench/preflight_cost.py --runs 3
 
 A real `moto_server` on a loopback port (moto 5.2.5, s3fs 2026.9). Each run is a fresh interpreter, as a job is:
-it times `import pipeline.preflight` plus the first `check_storage` call (what the job pays: s3fs and botocore are
+it times `import pipeline.storage.preflight` plus the first `check_storage` call (what the job pays: s3fs and botocore are
 imported by it) and then the same call again in the same process (warm). The job's URIs: two inputs (read: the
 object must exist), the output and `train.storage_path` (write: the bucket must exist). Failure cases time how
 long a mistake takes to be reported: a misspelt bucket, a wrong endpoint (nothing listens), no credentials.
@@ -28,8 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 CHILD = """
 import json, sys, time
 t0 = time.perf_counter()
-from pipeline.io import StorageError
-from pipeline.preflight import check_storage
+from pipeline.storage.io import StorageError
+from pipeline.storage.preflight import check_storage
 targets = json.loads(sys.argv[1])
 def once():
     try:

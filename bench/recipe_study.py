@@ -113,9 +113,9 @@ def recipe_config(name: str, overrides: dict[str, Any], corpora: str, work: Path
 
 
 def prepare(cfg) -> Any:
-    from pipeline.dag import run_graph
+    from pipeline.runner.dag import run_graph
     from pipeline.data.stages import data_stages
-    from pipeline.io import output_lock
+    from pipeline.storage.io import output_lock
 
     with output_lock(cfg.data.output):
         res = run_graph(data_stages(cfg.data), remote=False, log=lambda m: print(m, file=sys.stderr, flush=True))

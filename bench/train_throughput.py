@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def prepare(work: Path, inputs: list[str], seq: int) -> tuple[object, dict]:
     from pipeline.config import load_config, resolve_paths
-    from pipeline.dag import run_graph
+    from pipeline.runner.dag import run_graph
     from pipeline.data.stages import data_stages
 
     cfg = resolve_paths(load_config(REPO / "configs" / "tiny.yaml", [

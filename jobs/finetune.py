@@ -13,7 +13,7 @@ a private local Ray is started, never a `ray start` cluster found on the machine
 `train.storage_path` (default runs/, relative to the current directory). Progress goes to stdout; the last
 stdout line is one JSON object of the best epoch's eval metrics. Bad input (data, config, source, resources)
 prints one line on stderr and exits 1, without a traceback; any other failure too, naming the log that holds
-its traceback (pipeline.cli.failure_line). Ctrl-C or SIGTERM ends the MLflow run as KILLED.
+its traceback (pipeline.runner.cli.failure_line). Ctrl-C or SIGTERM ends the MLflow run as KILLED.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _usage_error(message: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.cli import config_parser, parse_cli
+    from pipeline.runner.cli import config_parser, parse_cli
     from pipeline.config import ConfigError
     from pipeline.finetune.config import FT_SECTIONS
 
@@ -60,14 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         _usage_error(str(e))
 
-    from pipeline.core.launcher import RayStartError
+    from pipeline.cluster import RayStartError
     from pipeline.finetune.data import FinetuneDataError
     from pipeline.finetune.config import load_finetune_config
     from pipeline.finetune.job import run_finetune
     from pipeline.tracking import TrackingError
 
-    from pipeline.io import StorageError, exists
-    from pipeline.preflight import check_storage
+    from pipeline.storage.io import StorageError, exists
+    from pipeline.storage.preflight import check_storage
 
     signal.signal(signal.SIGTERM, _terminate)
     try:
@@ -86,12 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - every failure is one line; Ray's wrappers (a Train worker's error) unwrapped
-        from pipeline.cli import failure_line, root_cause
+        from pipeline.runner.cli import failure_line, root_cause
 
         cause = root_cause(e)
         if isinstance(cause, (ConfigError, FinetuneDataError, TrackingError, RayStartError, StorageError)):
             print(f"error: {cause}".splitlines()[0], file=sys.stderr)
-        else:  # another user error (pipeline.cli.user_errors) or a bug: one line naming the log with the traceback
+        else:  # another user error (pipeline.runner.cli.user_errors) or a bug: one line naming the log with the traceback
             print(failure_line("finetune", e), file=sys.stderr)
         return 1
     if result["registered"]:

@@ -8,7 +8,7 @@ data.local_max_bytes (1 GiB) are prepared on this machine without Ray (in this p
 processes from 2 MiB up); larger ones on the Ray cluster in RAY_ADDRESS, or a local one it starts. Re-running
 with the same config and inputs does nothing; an interrupted run resumes. Bad input exits 1 with one line on
 stderr. One writer per output directory: a second preparation into the same local directory exits 1 at once,
-naming the holder (pipeline.io.output_lock; no lock on s3:// etc.).
+naming the holder (pipeline.storage.io.output_lock; no lock on s3:// etc.).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def parser():
     """The job's flags (DESIGN.md) beside the `data` section's `--data.field` overrides, all in --help."""
-    from pipeline.cli import config_parser
+    from pipeline.runner.cli import config_parser
     from pipeline.config import DataConfig
 
     ap = config_parser({"data": DataConfig}, __doc__)
@@ -43,13 +43,13 @@ def parser():
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from pipeline.cli import run_job
+    from pipeline.runner.cli import run_job
 
     def body() -> int:
-        from pipeline.cli import parse_cli
+        from pipeline.runner.cli import parse_cli
         from pipeline.config import load_config, resolve_paths
         from pipeline.data.stages import check_paths
-        from pipeline.preflight import check_storage, data_targets
+        from pipeline.storage.preflight import check_storage, data_targets
 
         args, rest = parse_cli(parser(), argv)
         check_storage([("--config", args.config, "read")])
@@ -71,20 +71,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(data, num_cpus: int | None) -> int:
-    from pipeline.core import launcher
-    from pipeline.dag import run_graph, summary_table
+    from pipeline import cluster
+    from pipeline.runner.dag import run_graph, summary_table
     from pipeline.data.stages import data_stages, needs_ray
-    from pipeline.io import output_lock
+    from pipeline.storage.io import output_lock
 
     with output_lock(data.output):  # held by this process for the whole run; fails before Ray starts
         stages = data_stages(data)  # lists inputs and checks the output before Ray starts
         if needs_ray(data):  # inputs up to data.local_max_bytes are prepared without Ray, which never starts
-            launcher.connect(num_cpus)
+            cluster.connect(num_cpus)
         try:
             results = run_graph(stages, remote=False, log=lambda m: print(m, flush=True))
         finally:
             if "ray" in sys.modules:  # not imported at all when the data was prepared in this process
-                launcher.disconnect()
+                cluster.disconnect()
     v = results["validate"].result
     shards = results["shards"]
     print(summary_table(results))

@@ -38,8 +38,8 @@ def git_sha() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.cli import run_job
-    from pipeline.cli import config_parser, parse_cli
+    from pipeline.runner.cli import run_job
+    from pipeline.runner.cli import config_parser, parse_cli
     from pipeline.config import SECTIONS
 
     parser = config_parser(SECTIONS, __doc__)  # --help: --config and every --section.field, documented
@@ -59,10 +59,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         from pipeline.config import load_config, phase_data_configs, resolve_paths
-        from pipeline.core import launcher
+        from pipeline import cluster
         from pipeline.data.stages import check_paths
-        from pipeline.preflight import artifact_root, check_storage, data_targets
-        from pipeline.tracking_server import check_tracking_server, redact, tracking_uri
+        from pipeline.storage.preflight import artifact_root, check_storage, data_targets
+        from pipeline.tracking.server import check_tracking_server, redact, tracking_uri
 
         args, overrides = parse_cli(parser, argv)
         check_storage([("--config", args.config, "read")])
@@ -82,23 +82,23 @@ def main(argv: list[str] | None = None) -> int:
         import ray
         import ray.data
 
-        from pipeline.dag import run_graph, summary_table
+        from pipeline.runner.dag import run_graph, summary_table
         from pipeline.pretrain.job import pretrain_stages
 
-        address = launcher.connect()
+        address = cluster.connect()
         try:
-            launcher.check_resources("train", use_gpu=cfg.train.use_gpu, num_workers=cfg.train.num_workers,
+            cluster.check_resources("train", use_gpu=cfg.train.use_gpu, num_workers=cfg.train.num_workers,
                                      cpus_per_worker=cfg.train.cpus_per_worker)
             ray.data.DataContext.get_current().enable_progress_bars = False  # bars would land after the last line
             res = ray.cluster_resources()
             print(f"tracking: {redact(uri)}; ray: {address} ({res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU); "
-                  f"Ray's logs: {launcher.session_log_dir()}", flush=True)
+                  f"Ray's logs: {cluster.session_log_dir()}", flush=True)
             command = "python jobs/pretrain.py " + " ".join(shlex.quote(a) for a in argv)
             stages = pretrain_stages(cfg, git_sha=git_sha(), tracking_uri=uri, attempt=attempt, command=command, init=init)
             state["started"] = True
             results = run_graph(stages, remote=True)
         finally:
-            launcher.disconnect()
+            cluster.disconnect()
         print(summary_table(results))
         print(f"registered {results['register'].result['uri']}", flush=True)
         return 0

@@ -7,7 +7,7 @@ silently. Relative paths are resolved against the directory the command runs in 
 `BaseTrainConfig` holds the training fields pretraining (`TrainConfig`) and fine-tuning
 (`pipeline.finetune.config`) share.
 
-The command line is jsonargparse's (`pipeline.cli.config_parser`, `parse_cli`), chosen over tyro because it is built for
+The command line is jsonargparse's (`pipeline.runner.cli.config_parser`, `parse_cli`), chosen over tyro because it is built for
 this shape: YAML config files, dotted `--section.field` keys whose values are read as YAML, and help generated from
 the dataclasses with each field's attribute docstring (docstring-parser), type and default; litgpt uses it the
 same way. tyro parses values by type, not as YAML, and has no config files of its own. jsonargparse builds every
@@ -553,7 +553,7 @@ def load_sections(
     `--section.field value` overrides; shared by the pretraining and fine-tuning configs."""
     raw: dict[str, Any] = {}
     if path is not None:
-        from pipeline.io import filesystem  # fsspec: a config file may be a URI (s3://...) like every other input
+        from pipeline.storage.io import filesystem  # fsspec: a config file may be a URI (s3://...) like every other input
 
         fs, p = filesystem(str(path))
         _check(fs.isfile(p), f"config file {path} does not exist")

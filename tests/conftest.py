@@ -33,7 +33,7 @@ os.chmod(_TMP, 0o711)  # traversable (not listable) like /tmp: the unprivileged 
 os.environ["TMPDIR"] = _TMP
 tempfile.tempdir = None  # tempfile re-reads TMPDIR
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_TMP, "torchinductor"))
-# A failed job writes its traceback under PIPELINE_LOG_DIR (pipeline.cli.log_dir): the session's own, not ~/.local.
+# A failed job writes its traceback under PIPELINE_LOG_DIR (pipeline.runner.cli.log_dir): the session's own, not ~/.local.
 os.environ.setdefault("PIPELINE_LOG_DIR", os.path.join(_TMP, "joblogs"))
 
 
@@ -131,7 +131,7 @@ class MlflowServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> str:
-        from pipeline.tracking_server import TrackingError, check_tracking_server
+        from pipeline.tracking.server import TrackingError, check_tracking_server
 
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),

@@ -1,12 +1,12 @@
-"""pipeline.cli's outcome of a job (`run_job`): every failure one stderr line naming a log with the traceback,
+"""pipeline.runner.cli's outcome of a job (`run_job`): every failure one stderr line naming a log with the traceback,
 exit 1; Ray's wrappers unwrapped to the error a user can act on; Ctrl-C exit 130; credentials never shown."""
 
 from __future__ import annotations
 
 import re
 
-from pipeline.cli import root_cause, run_job
-from pipeline.io import StorageError
+from pipeline.runner.cli import root_cause, run_job
+from pipeline.storage.io import StorageError
 
 
 def _line_and_log(capsys) -> tuple[str, str]:

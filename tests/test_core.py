@@ -274,7 +274,7 @@ def test_a_checkpoint_is_hashed_once_per_process_and_handed_over_until_it_change
     from model import BertConfig, BertForPreTraining
     from pipeline.core import checkpoint
     from pipeline.core.checkpoint import CheckpointCorrupt, trust, verified
-    from pipeline.io import sha256_file
+    from pipeline.storage.io import sha256_file
     from pipeline.pretrain.job import newest_intact, resume_point
 
     ckpt = tmp_path / "run" / "checkpoint_2026-01-01_00-00-00.000000"
@@ -322,7 +322,7 @@ def test_free_port_skips_rays_default_ports_and_the_avoided(monkeypatch):
     refuses to start when two of its components are given one port."""
     import socket
 
-    from pipeline.core import launcher
+    from pipeline import cluster
 
     drawn = iter([52365, 6379, 41000, 41001])
 
@@ -340,7 +340,7 @@ def test_free_port_skips_rays_default_ports_and_the_avoided(monkeypatch):
             return ("127.0.0.1", self.port)
 
     monkeypatch.setattr(socket, "socket", FakeSocket)
-    assert launcher.free_port(avoid=frozenset({41000})) == 41001
+    assert cluster.free_port(avoid=frozenset({41000})) == 41001
 
 
 @pytest.mark.slow  # a local Ray cluster's start and stop, ~15 s
@@ -356,7 +356,7 @@ def test_disconnect_leaves_no_forkserver_directory_of_the_local_cluster(monkeypa
 
     import ray
 
-    from pipeline.core import launcher
+    from pipeline import cluster
 
     tmp_path = Path(tempfile.mkdtemp(prefix="dc-", dir="/tmp"))  # short: Ray's socket paths under it have a limit
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -368,7 +368,7 @@ def test_disconnect_leaves_no_forkserver_directory_of_the_local_cluster(monkeypa
         stack.callback(shutil.rmtree, tmp_path, True)
         stack.enter_context(Listener(str(live_dir / "listener-x"), family="AF_UNIX"))
         assert not ray.is_initialized()
-        launcher.connect(1)
+        cluster.connect(1)
         try:
             deadline = time.monotonic() + 30
             while not [d for d in tmp_path.glob("pymp-*") if d != live_dir] and time.monotonic() < deadline:
@@ -376,7 +376,7 @@ def test_disconnect_leaves_no_forkserver_directory_of_the_local_cluster(monkeypa
             made = [d for d in tmp_path.glob("pymp-*") if d != live_dir]
             assert made, "the dashboard made no pymp-* directory: nothing here to clean"
         finally:
-            launcher.disconnect()
+            cluster.disconnect()
         assert not ray.is_initialized()
         assert [d.name for d in tmp_path.glob("pymp-*")] == ["pymp-live"]
         assert (live_dir / "listener-x").exists()

@@ -1,11 +1,11 @@
-"""pipeline.dag: the thin stage graph — order, skipping by a stage's own output check, errors. No Ray needed
+"""pipeline.runner.dag: the thin stage graph — order, skipping by a stage's own output check, errors. No Ray needed
 (remote=False runs the same graph in-process; tests/test_data_stages.py runs stages as Ray tasks)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.dag import Stage, run_graph, summary_table
+from pipeline.runner.dag import Stage, run_graph, summary_table
 
 
 def test_dependencies_run_first_and_receive_results():

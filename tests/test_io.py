@@ -1,4 +1,4 @@
-"""pipeline/io.py: the output directory's writer lock across real processes."""
+"""pipeline/storage/io.py: the output directory's writer lock across real processes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 _HOLD = """
 import sys
-from pipeline.io import output_lock
+from pipeline.storage.io import output_lock
 with output_lock(sys.argv[1]):
     print("held", flush=True)
     sys.stdin.read()
@@ -21,7 +21,7 @@ def test_output_lock_one_writer_per_directory(repo_root, tmp_path):
     import subprocess
     import sys
 
-    from pipeline.io import OutputLockedError, output_lock
+    from pipeline.storage.io import OutputLockedError, output_lock
 
     out = tmp_path / "out"
     for kill in (False, True):

@@ -117,28 +117,28 @@ import sys
 
 import ray
 
-from pipeline.cli import run_job
-from pipeline.core import launcher
-from pipeline.dag import Stage, run_graph
+from pipeline.runner.cli import run_job
+from pipeline import cluster
+from pipeline.runner.dag import Stage, run_graph
 
 state, runs = sys.argv[1:3]
 
 
 def loop(config):  # every worker reads the garbled train_state.json, as a resume does
-    from pipeline.core import launcher
-    from pipeline.io import read_json
+    from pipeline import cluster
+    from pipeline.storage.io import read_json
 
-    launcher.quiet_ray_train()
+    cluster.quiet_ray_train()
     read_json(config["state"])
 
 
 def train(_deps):  # the train stage: a Ray task that runs Ray Train
-    return launcher.fit(loop, {"state": state}, name="garbled", storage_path=runs,
-                        scale=launcher.Scale(num_workers=2, cpus_per_worker=0.5))
+    return cluster.fit(loop, {"state": state}, name="garbled", storage_path=runs,
+                        scale=cluster.Scale(num_workers=2, cpus_per_worker=0.5))
 
 
 def body():
-    launcher.connect(2)  # as the jobs do: a private local Ray
+    cluster.connect(2)  # as the jobs do: a private local Ray
     try:
         return run_graph([Stage("train", train)], remote=True, log=lambda m: None)
     finally:

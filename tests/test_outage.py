@@ -1,4 +1,4 @@
-"""pipeline.outage against a real `mlflow server` that is killed and started again on the same port and store:
+"""pipeline.tracking.outbox against a real `mlflow server` that is killed and started again on the same port and store:
 rank 0's logger neither fails nor blocks while it is away, and every step reaches it exactly once."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import socket
 
 import pytest
 
-from pipeline import outage, server_wait, tracking
+from pipeline import tracking
+from pipeline.tracking import outbox as outage, wait as server_wait
 
 
 def free_port() -> int:

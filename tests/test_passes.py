@@ -20,7 +20,7 @@ from pipeline.data.examples import group_consecutive
 from pipeline.data.arrow import list_array, list_rows
 from pipeline.data.passes import balanced_ranges, examples_for_chunks, shard_plan, tokenize_file, write_shard
 from pipeline.data.pool import merge_pool
-from pipeline.io import write_bytes_atomic, write_parquet_atomic
+from pipeline.storage.io import write_bytes_atomic, write_parquet_atomic
 from pipeline.data.sources import expand_inputs
 from pipeline.data.tokenizer import load_tokenizer
 

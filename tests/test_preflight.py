@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.io import StorageError, read_text, write_bytes_atomic
-from pipeline.preflight import artifact_root, check_storage
+from pipeline.storage.io import StorageError, read_text, write_bytes_atomic
+from pipeline.storage.preflight import artifact_root, check_storage
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
@@ -64,9 +64,9 @@ def test_misspelt_output_bucket_is_refused_not_created(corpus, s3_env, capsys):
 
 
 def test_a_write_never_creates_a_bucket(s3_env):
-    """Below the preflight too: pipeline.io's writes do not mkdir on object stores (s3fs's would make the bucket)."""
+    """Below the preflight too: pipeline.storage.io's writes do not mkdir on object stores (s3fs's would make the bucket)."""
     before = s3_env.buckets()
-    from pipeline.io import StorageError
+    from pipeline.storage.io import StorageError
 
     with pytest.raises(StorageError, match="bucket does not exist writing s3://no-such-bucket-here/prep/vocab.txt$"):
         write_bytes_atomic("s3://no-such-bucket-here/prep/vocab.txt", b"[PAD]\n")
@@ -215,8 +215,8 @@ def test_local_paths_and_other_schemes(tmp_path):
 
 
 def test_preflight_command(corpus, s3_env, capsys):
-    """`python -m pipeline.preflight`: the same check on its own, before a long run."""
-    from pipeline.preflight import main
+    """`python -m pipeline.storage.preflight`: the same check on its own, before a long run."""
+    from pipeline.storage.preflight import main
 
     assert main(["--read", f"s3://{corpus}/in", "--write", f"s3://{corpus}/prep"]) == 0
     assert capsys.readouterr().out == "this machine: ok\n"
@@ -230,7 +230,7 @@ def test_preflight_on_every_node_uses_the_nodes_environment(corpus, s3_env, ray_
     """--every-node checks from each Ray node with that node's environment: this test's Ray was started before the
     test pointed its own process at the S3 server, so the node cannot reach the bucket the driver reaches.
     Adds about 10 s (a local Ray start)."""
-    from pipeline.preflight import main
+    from pipeline.storage.preflight import main
 
     assert main(["--read", f"s3://{corpus}/in", "--every-node"]) == 1
     err = capsys.readouterr().err.strip().splitlines()

@@ -14,7 +14,7 @@ from pipeline.data.executors import LocalExecutor
 from pipeline.data.prepare import discard_other_work, tokenize_pass, work_dir
 from pipeline.data.sources import expand_inputs
 from pipeline.data.tokenizer import load_tokenizer
-from pipeline.io import write_bytes_atomic
+from pipeline.storage.io import write_bytes_atomic
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +140,7 @@ def corpus(small_corpus):
 
 
 def _prepare(inputs, out, minilm_dir, **kw):
-    from pipeline.dag import run_graph
+    from pipeline.runner.dag import run_graph
     from pipeline.data.stages import data_stages
 
     cfg = DataConfig(inputs=inputs, output=str(out), vocab=str(minilm_dir / "vocab.txt"), num_shards=4,

@@ -62,7 +62,7 @@ def work(tmp_path_factory):
 def prepared(cluster, work, shared_dir):
     """The real data stages (vocab -> shards -> validate) on a few books, run once for the module."""
     from pipeline.config import load_config, resolve_paths
-    from pipeline.dag import run_graph
+    from pipeline.runner.dag import run_graph
     from pipeline.data.stages import data_stages
 
     inputs = [str(shared_dir / "corpora" / "books" / b) for b in BOOKS]
@@ -298,7 +298,7 @@ def weights_digest(checkpoint: str) -> str:
     """sha256 of a checkpoint's weights (sorted names and bytes); a URI checkpoint is copied and the copy removed."""
     from safetensors.torch import load_file
 
-    from pipeline.core.launcher import local_checkpoint_dir
+    from pipeline.storage.io import local_checkpoint_dir
 
     local = local_checkpoint_dir(checkpoint)
     sd = load_file(os.path.join(local, "model.safetensors"))
@@ -466,7 +466,7 @@ def test_resuming_with_another_vocabulary_is_refused(baseline, prepared, work, m
     come out different): resuming is refused in one line that names the vocabulary, before any worker starts."""
     from pipeline.config import DataConfig
     from pipeline.core.checkpoint import CheckpointMismatch
-    from pipeline.dag import run_graph
+    from pipeline.runner.dag import run_graph
     from pipeline.data.stages import data_stages
 
     with pytest.raises(Exception):

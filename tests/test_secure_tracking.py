@@ -159,7 +159,7 @@ def test_server_state_is_private_and_secrets_are_not_on_its_command_line(trackin
 
 @pytest.mark.parametrize("password", ["wrong-password", None])
 def test_check_tracking_server_names_server_and_problem(tracking_server, monkeypatch, password):
-    from pipeline.tracking_server import TrackingError, check_tracking_server
+    from pipeline.tracking.server import TrackingError, check_tracking_server
 
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", JOBS_USER)
     if password is None:
@@ -180,7 +180,7 @@ def test_check_tracking_server_names_server_and_problem(tracking_server, monkeyp
 def test_credentials_in_the_uri_itself_are_used_and_never_shown(tracking_server, monkeypatch):
     """MLFLOW_TRACKING_URI=http://user:password@host:port (no MLFLOW_TRACKING_* variables): the probe reads the
     host right and authenticates with the URI's credentials; a wrong one is refused in a line without it."""
-    from pipeline.tracking_server import TrackingError, check_tracking_server
+    from pipeline.tracking.server import TrackingError, check_tracking_server
 
     monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)

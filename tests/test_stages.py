@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import DataConfig
-from pipeline.dag import Stage, run_graph
+from pipeline.runner.dag import Stage, run_graph
 from pipeline.data.dataset import DataValidationError, PreparedDataset, read_manifest, validate_output
 from pipeline.data.masking import mask_batch
 from pipeline.data.prepare import OutputExistsError
@@ -256,7 +256,7 @@ def test_manifest_shard_paths_stay_inside_the_output(two_runs, tmp_path):
 
 
 def test_truncated_shard_is_one_line_naming_the_file(two_runs, tmp_path):
-    from pipeline.io import StorageError, read_table
+    from pipeline.storage.io import StorageError, read_table
 
     tmp, _, _ = two_runs
     c = tmp_path / "trunc"
@@ -277,7 +277,7 @@ def test_partial_work_from_another_vocabulary_is_never_resumed(ray_local, shared
     from pipeline.data.stages import plan
     from pipeline.data.sources import expand_inputs
     from pipeline.data.tokenizer import load_tokenizer
-    from pipeline.io import sha256_file
+    from pipeline.storage.io import sha256_file
 
     inputs = [str(shared_dir / "corpora/books" / b) for b in ("08_Ruth.txt", "57_Phmn.txt")]
     cfg = lambda out: DataConfig(inputs=inputs, output=str(out), vocab=None, vocab_size=800, num_shards=2,
@@ -368,7 +368,7 @@ def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, shared_dir, 
         assert "skipped " in r.stderr and "index of a multistream dump" in r.stderr
         return json.loads((out / "manifest.json").read_text())
 
-    from pipeline.core.launcher import free_port
+    from pipeline.cluster import free_port
 
     dashboard = free_port()
     two = Cluster(initialize_head=True, head_node_args={
@@ -422,7 +422,7 @@ def test_local_workers_do_not_rerun_the_callers_script(inputs, minilm_dir, tmp_p
     script = (
         "import pipeline.data.executors as executors\n"
         "from pipeline.config import DataConfig\n"
-        "from pipeline.dag import run_graph\n"
+        "from pipeline.runner.dag import run_graph\n"
         "from pipeline.data.stages import data_stages\n"
         "executors.LOCAL_WORKER_BYTES = 1\n"
         "print('SCRIPT RAN', flush=True)\n"

@@ -121,7 +121,7 @@ def test_progress_prints_at_a_steady_cadence_and_always_the_last_step(monkeypatc
     from pipeline import tracking
 
     clock = [100.0]
-    monkeypatch.setattr(tracking.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(tracking.runs.time, "monotonic", lambda: clock[0])
     out = io.StringIO()
     p = tracking.Progress(total=30, every_steps=5, every_s=10.0, out=out)
     printed = []

@@ -1,4 +1,4 @@
-"""pipeline.tracking_server: the store's URI, the server probe's one-line messages, credentials kept out of them, and
+"""pipeline.tracking.server: the store's URI, the server probe's one-line messages, credentials kept out of them, and
 the lock that lets two processes create one new SQLite store."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from pipeline import tracking_server
+from pipeline.tracking import server as tracking_server
 
 
 @pytest.fixture()

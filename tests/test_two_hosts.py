@@ -57,7 +57,7 @@ def one_host_run(shared_dir, tmp_path) -> dict:
     import ray
 
     from pipeline.config import load_config, resolve_paths
-    from pipeline.dag import run_graph
+    from pipeline.runner.dag import run_graph
     from pipeline.data.stages import data_stages
 
     inputs = [str(shared_dir / "corpora/books" / b) for b in pj.BOOKS]
@@ -146,7 +146,7 @@ def test_two_hosts_train_like_one(cluster, reference, repo_root, monkeypatch):
     uninterrupted baseline's (one host, two workers), each step is logged once in one MLflow run, and one model
     version is registered."""
     from pipeline import tracking
-    from pipeline.core.launcher import checkpoints
+    from pipeline.cluster import checkpoints
 
     b, name = cluster.bucket, "two-hosts"
     out, crash = run_with_crash(cluster, repo_root, job_args(b, name), name)

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from pipeline.core.step import Trainable
-from pipeline.io import StorageError, filesystem, join, sha256_file
+from pipeline.storage.io import StorageError, filesystem, join, sha256_file
 
 
 class CheckpointMismatch(ValueError):
@@ -180,7 +180,7 @@ def load_checkpoint(path: str, rank: int, t: Trainable) -> dict[str, Any]:
 
 def read_train_state(path: str) -> dict[str, Any]:
     """The `train_state.json` of a checkpoint directory (local path or URI)."""
-    from pipeline.io import read_json
+    from pipeline.storage.io import read_json
 
     return read_json(join(path, "train_state.json"))
 

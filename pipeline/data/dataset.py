@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from pipeline.data.masking import MaskingPolicy
 from pipeline.data.tokenizer import read_vocab
-from pipeline.io import StorageError, exists, filesystem, join, read_bytes, read_json, sha256_file
+from pipeline.storage.io import StorageError, exists, filesystem, join, read_bytes, read_json, sha256_file
 
 SCHEMA = pa.schema(
     [

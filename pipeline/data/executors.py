@@ -41,7 +41,7 @@ from pipeline.data.passes import Batch, encode_pieces, examples_for_chunks, sign
 from pipeline.data.progress import Progress
 from pipeline.data.sources import InputFile
 from pipeline.data.tokenizer import SentenceEncoder, check_pair, read_vocab
-from pipeline.io import filesystem, join, read_table
+from pipeline.storage.io import filesystem, join, read_table
 
 Call = tuple  # (PassWorker method, its arguments, anything the caller wants back with the result)
 
@@ -317,7 +317,7 @@ class RayExecutor(_Executor):
         and only edges come back. The actors are ended first: Ray Data's tasks need their CPUs."""
         import ray.data
 
-        from pipeline.core.launcher import quiet_ray_data
+        from pipeline.cluster import quiet_ray_data
         from pipeline.data import dedup
 
         quiet_ray_data()  # the "[data]" lines are this stage's progress

@@ -52,7 +52,7 @@ from pipeline.data.pool import PoolCandidates, write_pool
 from pipeline.data.sources import Document, InputFile, read_documents
 from pipeline.data.tokenizer import SentenceEncoder
 from pipeline.data.wiki import WikiOptions
-from pipeline.io import (commit, exists, filesystem, join, make_parent, read_table, read_text, sha256_file, temp_name,
+from pipeline.storage.io import (commit, exists, filesystem, join, make_parent, read_table, read_text, sha256_file, temp_name,
                         write_bytes_atomic, write_parquet_atomic, writing)
 
 TOKEN_SCHEMA = pa.schema([("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32())), ("sent_lens", pa.list_(pa.int32()))])

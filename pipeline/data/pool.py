@@ -16,7 +16,7 @@ import pyarrow as pa
 from pipeline.data.arrow import arrow, flat_list_array, numpy_of
 from pipeline.data.examples import RandomPool
 from pipeline.data.tokenizer import gather_runs
-from pipeline.io import read_table, write_parquet_atomic
+from pipeline.storage.io import read_table, write_parquet_atomic
 
 POOL_SCHEMA = pa.schema(
     [("priority", pa.int64()), ("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32())), ("sent_lens", pa.list_(pa.int32()))]

@@ -53,7 +53,7 @@ from pipeline.data.pool import merge_pool
 from pipeline.data.progress import Progress, log
 from pipeline.data.sources import InputError, InputFile, Skipped, split_units
 from pipeline.data.tokenizer import check_pair, read_vocab, sha256_bytes
-from pipeline.io import filesystem, join, read_table, write_bytes_atomic
+from pipeline.storage.io import filesystem, join, read_table, write_bytes_atomic
 
 
 class OutputExistsError(ValueError):

@@ -50,7 +50,7 @@ import fsspec
 
 from pipeline.data import wiki
 from pipeline.data.wiki import WikiOptions
-from pipeline.io import broken_link, find_files, is_local
+from pipeline.storage.io import broken_link, find_files, is_local
 
 Kind = Literal["txt", "jsonl", "wikiext_json", "parquet", "hf", "wikiext", "wiki_xml", "wiki_multistream"]
 

@@ -15,14 +15,14 @@ import os
 from typing import Any
 
 from pipeline.config import DataConfig, config_hash
-from pipeline.dag import Stage
+from pipeline.runner.dag import Stage
 from pipeline.data.dataset import PreparedDataset
 from pipeline.data.prepare import OutputExistsError, output_config_hash, prepare_shards, runs_in_process
 from pipeline.data.passes import wiki_options
 from pipeline.data.progress import log
 from pipeline.data.sources import Document, InputError, InputFile, no_readable_input, read_documents
 from pipeline.data.tokenizer import sha256_bytes
-from pipeline.io import exists, filesystem, join, local_copy, output_lock, read_bytes, read_text, write_bytes_atomic
+from pipeline.storage.io import exists, filesystem, join, local_copy, output_lock, read_bytes, read_text, write_bytes_atomic
 
 
 def needs_ray(cfg: DataConfig) -> bool:
@@ -129,7 +129,7 @@ def _sample_texts(p: Plan) -> Any:
 
 def run_vocab(p: Plan) -> dict[str, Any]:
     """Load the given vocabulary or train one; write vocab.txt + tokenizer.json (+ a key marker) to the output,
-    holding the output's writer lock (a second writer fails at once, see `pipeline.io.output_lock`)."""
+    holding the output's writer lock (a second writer fails at once, see `pipeline.storage.io.output_lock`)."""
     with output_lock(p.cfg.output):
         return _run_vocab(p)
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.data.tokenizer import VocabError, load_tokenizer
-from pipeline.io import filesystem
+from pipeline.storage.io import filesystem
 
 IGNORE_INDEX = -100
 

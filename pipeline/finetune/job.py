@@ -39,8 +39,8 @@ from pipeline.finetune.config import FinetuneConfig, resolve_lr
 from pipeline.finetune.metrics import primary_metric
 from pipeline.finetune.data import TaskData, load_tokenizer, prepare_task
 from pipeline.finetune.runs import Job, fit_run, with_lr
-from pipeline.io import exists, is_uri, local_copy
-from pipeline.preflight import artifact_root, check_storage
+from pipeline.storage.io import exists, is_uri, local_copy
+from pipeline.storage.preflight import artifact_root, check_storage
 
 TASKS = ("sequence-classification", "token-classification", "question-answering")
 DEFAULT_SCRATCH_TOKENIZER = "models:/bert-pretrain@latest-pretrain"
@@ -156,15 +156,15 @@ def run_finetune(
     (`model_dir` is `output_dir`, or None: without it the exported model lives only in the registry). With
     `tune.lr` set these describe the best trial (its child run), plus `parent_run_id` and `lr`.
 
-    Connects to Ray (`launcher.connect`) unless it already is. `on_step(step, rank)` is a test hook called in
+    Connects to Ray (`cluster.connect`) unless it already is. `on_step(step, rank)` is a test hook called in
     every worker after each optimizer step (fault injection). Raises FinetuneDataError / ConfigError /
     TrackingError with one-line messages for bad input; the MLflow run ends FAILED on an error and KILLED on
     KeyboardInterrupt (jobs/finetune.py turns SIGTERM into one).
     """
     import ray
 
-    from pipeline import tracking_server
-    from pipeline.core import launcher
+    from pipeline.tracking import server as tracking_server
+    from pipeline import cluster
 
     _check(task in TASKS, f"--task {task!r} is not one of {', '.join(TASKS)}")
     d, t = cfg.data, cfg.train
@@ -181,14 +181,14 @@ def run_finetune(
         print(f"[finetune] {len(td.train['input_ids'])} train / {len(td.eval['input_ids'])} eval features, "
               f"labels {td.id2label or td.problem_type}", flush=True)
         started_ray = not ray.is_initialized()
-        launcher.connect()
+        cluster.connect()
         try:
-            launcher.check_resources("train", use_gpu=t.use_gpu, num_workers=t.num_workers,
+            cluster.check_resources("train", use_gpu=t.use_gpu, num_workers=t.num_workers,
                                      cpus_per_worker=t.cpus_per_worker)
             return _train_and_register(cfg, source, td, task, train_path, eval_path, output_dir, on_step, uri, work)
         finally:
             if started_ray:
-                launcher.disconnect()
+                cluster.disconnect()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -221,8 +221,9 @@ def _train_and_register(cfg: FinetuneConfig, source: Source, td: TaskData, task:
 
 def _single_run(job: Job, run_name: str, lr_source: str) -> dict[str, Any]:
     """The MLflow run around one Ray Train run: params, label map, fit, the best model exported and registered."""
-    from pipeline import tracking, tracking_server
-    from pipeline.server_wait import server_needed
+    from pipeline import tracking
+    from pipeline.tracking import server as tracking_server
+    from pipeline.tracking.wait import server_needed
 
     run_id = tracking.start_run(job.cfg.tracking.experiment, run_name, job.tags)
     logger = tracking.RunLogger(run_id, job.shared["tracking_uri"])

@@ -21,9 +21,9 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from pipeline.core import launcher
+from pipeline import cluster
 from pipeline.core.checkpoint import load_checkpoint, save_checkpoint, unwrap
-from pipeline.outage import read_pending, write_pending
+from pipeline.tracking.outbox import read_pending, write_pending
 from pipeline.core.optim import make_optimizer
 from pipeline.core.precision import forward, make_scaler
 from pipeline.core.step import Trainable, TrainFigures, train_step
@@ -191,11 +191,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     on_step: Callable[[int, int], None] | None = config.get("on_step")  # test hook: fault injection
     td: TaskData = ray.get(config["data_ref"])
     tc = cfg.train
-    launcher.quiet_ray_train()  # Ray Train's per-report INFO line to its log file only
-    rank, world, device = launcher.worker()
+    cluster.quiet_ray_train()  # Ray Train's per-report INFO line to its log file only
+    rank, world, device = cluster.worker()
     if not tc.use_gpu:  # a fixed thread count: bit-identical CPU math on restart
         torch.set_num_threads(tc.torch_threads or max(1, (os.cpu_count() or 1) // world))
-    model = launcher.prepare_model(build_model(ray.get(config["init_ref"])))
+    model = cluster.prepare_model(build_model(ray.get(config["init_ref"])))
     micro = micro_batches_per_epoch(len(td.train["input_ids"]), world, tc.batch_size)
     per_epoch = steps_per_epoch(len(td.train["input_ids"]), world, tc.batch_size, tc.accumulation_steps)
     total = tc.max_steps or tc.epochs * per_epoch
@@ -211,7 +211,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 best_model.load(d, type(unwrap(model)))
                 pending = read_pending(d, config.get("run_id") or "")
             state = load_checkpoint(d, rank, t)
-        launcher.say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
+        cluster.say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
     else:
         torch.manual_seed(tc.seed * 1000 + rank + 1)  # each rank its own dropout stream
     log = RunLogger(config["run_id"], config["tracking_uri"], total_steps=total, log_every_steps=tc.log_every_steps,
@@ -240,7 +240,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 metrics.update({f"eval/{k}": v for k, v in ev.items()})
                 if log is not None:
                     log.log_metrics({f"eval/{k}": v for k, v in ev.items()}, step)
-                    launcher.say(f"[finetune] epoch {epoch} step {step}/{total} eval " + "  ".join(f"{k} {v:.4f}" for k, v in ev.items()))
+                    cluster.say(f"[finetune] epoch {epoch} step {step}/{total} eval " + "  ".join(f"{k} {v:.4f}" for k, v in ev.items()))
                 score = (ev[primary], -ev["loss"])  # ties on the metric (e.g. F1 0 early on) go to the lower loss
                 if best is None or score > best:
                     best = score
@@ -254,7 +254,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                                                  "run_id": config.get("run_id"), "max_steps": total})
                     if rank == 0:
                         best_model.write(d)
-                    launcher.report(metrics, d)
+                    cluster.report(metrics, d)
             if on_step is not None:
                 on_step(step, rank)
         epoch, done = epoch + 1, 0

@@ -36,12 +36,12 @@ def fit_run(cfg: Any, shared: dict[str, Any], run_id: str, name: str):
     logging into MLflow run `run_id`; `shared` is the loop config every run of the job shares (object refs to the
     task data and the initial weights, the tracking URI, the primary metric, the test hook). A single run and
     every Tune trial of a sweep train through this. Returns Ray's Result."""
-    from pipeline.core import launcher
+    from pipeline import cluster
     from pipeline.finetune.loop import train_loop_per_worker
 
     t = cfg.train
-    scale = launcher.Scale(t.num_workers, t.use_gpu, t.cpus_per_worker, max_failures=t.max_failures, num_to_keep=1)
-    return launcher.fit(train_loop_per_worker, {**shared, "cfg": cfg, "run_id": run_id}, name=name,
+    scale = cluster.Scale(t.num_workers, t.use_gpu, t.cpus_per_worker, max_failures=t.max_failures, num_to_keep=1)
+    return cluster.fit(train_loop_per_worker, {**shared, "cfg": cfg, "run_id": run_id}, name=name,
                         storage_path=resolve_path(t.storage_path), scale=scale)
 
 

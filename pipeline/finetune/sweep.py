@@ -25,9 +25,10 @@ from typing import Any
 import ray.tune
 from ray.train import Checkpoint
 
-from pipeline import tracking, tracking_server
+from pipeline import tracking
+from pipeline.tracking import server as tracking_server
 from pipeline.config import ConfigError, resolve_path
-from pipeline.core import launcher
+from pipeline import cluster
 from pipeline.finetune.runs import Job, best_metrics, fit_run, with_lr
 
 TRIAL_CPUS = 0.05
@@ -55,7 +56,7 @@ def _trial(config: dict[str, Any], base: dict[str, Any]) -> None:
     run_id, name = base["children"][lr]
     result = fit_run(with_lr(base["cfg"], lr), base["shared"], run_id, name)
     ray.tune.report({**{f"eval/{k}": v for k, v in best_metrics(result.checkpoint).items()}, "lr": lr,
-                     "checkpoint": launcher.checkpoint_uri(result, base["cfg"].train.storage_path)})
+                     "checkpoint": cluster.checkpoint_uri(result, base["cfg"].train.storage_path)})
 
 
 class _TrialLines(ray.tune.Callback):
@@ -108,7 +109,7 @@ def _tune(job: Job, run_name: str, children: dict[float, tuple[str, str]]) -> ra
     )
     # Tune's legacy console output at verbose=0 prints nothing (the new engine still prints a banner), and without
     # Tune's SIGINT handler Ctrl-C interrupts the job as it does a single run (Tune's would end the sweep quietly)
-    with launcher.environ(RAY_AIR_NEW_OUTPUT="0", TUNE_DISABLE_SIGINT_HANDLER="1"):
+    with cluster.environ(RAY_AIR_NEW_OUTPUT="0", TUNE_DISABLE_SIGINT_HANDLER="1"):
         grid = tuner.fit()
     if grid.errors:
         raise grid.errors[0]

@@ -151,7 +151,7 @@ def tokenizer_files(model_dir: str | Path) -> tuple[Path, bool]:
 def check_prepared(outputs: list[str], vocab_sha256: str, spec: str) -> None:
     """Refuse (one line naming both) a prepared data directory whose vocabulary is not the checkpoint's: its ids
     would mean other words to the loaded embeddings. A directory not prepared yet passes."""
-    from pipeline.io import exists, join, read_json
+    from pipeline.storage.io import exists, join, read_json
 
     for out in outputs:
         if exists(join(out, "manifest.json")):
@@ -174,7 +174,7 @@ def resolve_init(cfg: Config) -> tuple[Config, InitCheckpoint | None]:
     spec = cfg.model.init
     if spec is None:
         return cfg, None
-    from pipeline.io import is_uri
+    from pipeline.storage.io import is_uri
 
     if spec.startswith("models:/") and is_uri(cfg.train.storage_path):
         import tempfile
@@ -212,7 +212,7 @@ def _resolve(cfg: Config, local: str, source_tags: dict[str, str], shared: str |
 
     vocab, lower = tokenizer_files(local)
     if cfg.data.vocab is not None:
-        from pipeline.io import read_bytes
+        from pipeline.storage.io import read_bytes
 
         given, theirs = hashlib.sha256(read_bytes(cfg.data.vocab)).hexdigest(), sha256_file(vocab)
         other = Path(local) / ("vocab.txt" if vocab.name == "tokenizer.json" else "tokenizer.json")
@@ -233,7 +233,7 @@ def _resolve(cfg: Config, local: str, source_tags: dict[str, str], shared: str |
         check_prepared([d.output for d in phase_data_configs(resolved)], hashlib.sha256(vocab_bytes(tok)).hexdigest(), spec)
     init = InitCheckpoint(spec, str(Path(local).resolve()), sha256_file(weights_file(local)), heads_in(local), source_tags)
     if shared is not None:
-        from pipeline.io import filesystem, join
+        from pipeline.storage.io import filesystem, join
 
         remote = join(shared, "init", Path(local).name)
         fs, path = filesystem(remote)
@@ -250,12 +250,12 @@ def load_initial(model_cfg, vocab_size: int):
     from model import BertForPreTraining
     from model.hf import load_hf
 
-    from pipeline.io import is_uri
+    from pipeline.storage.io import is_uri
 
     if is_uri(model_cfg.init):  # a models:/ version copied to the run's storage (resolve_init): read a local copy
         import shutil
 
-        from pipeline.core.launcher import local_checkpoint_dir
+        from pipeline.storage.io import local_checkpoint_dir
 
         local = local_checkpoint_dir(model_cfg.init)
         try:

@@ -7,7 +7,7 @@ real output proves it done.
   intact checkpoint when there is one (its vocabulary sha256 must match the data's, or the job refuses in one line).
   Intact: its files match the sha256s its `train_state.json` recorded; a damaged newer one is named in one line and
   skipped, and a run with none intact is refused in one line that says how to start over. The driver holds an
-  advisory lock on `<storage_path>/<run_name>` (`pipeline.io.output_lock`) from before this check until the job
+  advisory lock on `<storage_path>/<run_name>` (`pipeline.storage.io.output_lock`) from before this check until the job
   ends, so a second identical command fails at once, naming the holder, instead of training into the same
   directory and MLflow run and registering a second version of it.
 - evaluate: always (cheap); it reserves the CPUs (or GPU) it computes on.
@@ -33,15 +33,15 @@ from typing import Any, Callable
 import torch
 
 from pipeline.config import Config, DataConfig, config_hash, phase_data_configs
-from pipeline.core import launcher
+from pipeline import cluster
 from pipeline.core.checkpoint import CheckpointCorrupt, check_init, check_vocab, damage, read_train_state, trust, verified
 from pipeline.core.step import evaluate_sums
-from pipeline.dag import Stage
+from pipeline.runner.dag import Stage
 from pipeline.data.dataset import PreparedDataset
 from pipeline.data.stages import data_stages
-from pipeline.io import exists, join, output_lock, read_bytes, read_json, write_bytes_atomic
-from pipeline.outage import read_pending
-from pipeline.server_wait import server_needed
+from pipeline.storage.io import exists, join, local_checkpoint_dir, output_lock, read_bytes, read_json, write_bytes_atomic
+from pipeline.tracking.outbox import read_pending
+from pipeline.tracking.wait import server_needed
 from pipeline.pretrain.init import InitCheckpoint
 from pipeline.pretrain.loader import Batches, PhasePlan
 from pipeline.pretrain.loop import train_loop_per_worker
@@ -126,7 +126,7 @@ def newest_intact(storage_path: str, run_name: str) -> tuple[tuple[str, dict[str
     """((path, train_state) of the run's newest checkpoint whose files match their recorded sha256s, or None),
     and (path, what is wrong) for each newer one that is damaged or unreadable."""
     bad = []
-    for uri, state, why in launcher.checkpoints(storage_path, run_name):
+    for uri, state, why in cluster.checkpoints(storage_path, run_name):
         if state is not None and (why := damage(uri, state)) is None:
             return (uri, state), bad
         bad.append((uri, why))
@@ -218,18 +218,18 @@ def run_training(cfg: Config, datasets: list[PreparedDataset], run_id: str, run_
     # preserve_order: each rank's rows arrive in file order, which is what makes resumption exact.
     limits = ExecutionResources(cpu=tc.data_cpus) if tc.data_cpus else ExecutionResources()
     exec_opts = ExecutionOptions(preserve_order=True, resource_limits=limits)
-    launcher.quiet_ray_data()  # the datasets carry this context to the workers: no bars in the job log
+    cluster.quiet_ray_data()  # the datasets carry this context to the workers: no bars in the job log
     ray.data.DataContext.get_current().execution_options = exec_opts  # also for materialize() here
-    # Ray Train hands the workers the checkpoint reported last; they replace a damaged one (launcher.resume_checkpoint)
+    # Ray Train hands the workers the checkpoint reported last; they replace a damaged one (cluster.resume_checkpoint)
     config = {"cfg": worker_config(cfg, init), "plans": plans, "run_id": run_id, "tracking_uri": tracking_uri, "vocab_sha256": vocab_sha,
               "on_step": on_step, "damaged": [d.rsplit("/", 1)[-1] for d in damaged],
               "resume_from": latest[0].rsplit("/", 1)[-1] if latest else None,
               "verified": verified(latest[0]) if latest else []}  # the workers need not hash it again
-    scale = launcher.Scale(tc.num_workers, tc.use_gpu, tc.cpus_per_worker, tc.placement_strategy, tc.max_failures, tc.num_to_keep)
-    result = launcher.fit(train_loop_per_worker, config, name=run_name, storage_path=tc.storage_path, scale=scale,
+    scale = cluster.Scale(tc.num_workers, tc.use_gpu, tc.cpus_per_worker, tc.placement_strategy, tc.max_failures, tc.num_to_keep)
+    result = cluster.fit(train_loop_per_worker, config, name=run_name, storage_path=tc.storage_path, scale=scale,
                           datasets=_ray_datasets(plans, tc.materialize_data),
                           dataset_config=RayDataConfig(datasets_to_split=[], execution_options=exec_opts))
-    return TrainResult(launcher.checkpoint_uri(result, tc.storage_path), run_id, run_name, tc.max_steps)
+    return TrainResult(cluster.checkpoint_uri(result, tc.storage_path), run_id, run_name, tc.max_steps)
 
 
 def load_trained(cfg: Config, checkpoint: str, vocab_size: int, checked: tuple = ()) -> torch.nn.Module:
@@ -240,7 +240,7 @@ def load_trained(cfg: Config, checkpoint: str, vocab_size: int, checked: tuple =
     from model import BertForPreTraining
 
     trust(checked)
-    local = launcher.local_checkpoint_dir(checkpoint)  # (a copy of a URI checkpoint is checked: it is what is read)
+    local = local_checkpoint_dir(checkpoint)  # (a copy of a URI checkpoint is checked: it is what is read)
     try:
         if (why := damage(local, read_train_state(local), ("model.safetensors",))) is not None:
             raise CheckpointCorrupt(f"checkpoint {checkpoint} is damaged: {why}; re-run the command: it resumes from "
@@ -277,7 +277,8 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
     """Create (or reopen) the MLflow run on this driver, log params and artifacts, then fit on the workers."""
     import yaml
 
-    from pipeline import tracking, tracking_server
+    from pipeline import tracking
+    from pipeline.tracking import server as tracking_server
 
     os.environ["MLFLOW_TRACKING_URI"] = uri
     run_name = run_name_for(cfg, datasets, init)
@@ -317,7 +318,7 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
 
 
 def _eval_batches(ds: PreparedDataset, plan: PhasePlan, seed: int):
-    from pipeline.io import read_table
+    from pipeline.storage.io import read_table
 
     to_batch = Batches(plan, seed)
     for path in plan.eval_files or plan.ranks[0].files[-1:]:
@@ -423,7 +424,7 @@ def register_done(cfg: Config, trained: TrainResult, uri: str) -> dict[str, str]
 
 def _later_phase_stage(name: str, dcfg: DataConfig, deps: tuple[str, ...]) -> Stage:
     """A later phase's data stages, planned when they run (their vocabulary is the first phase's output)."""
-    from pipeline.dag import run_graph
+    from pipeline.runner.dag import run_graph
 
     return Stage(name, lambda _deps: run_graph(data_stages(dcfg), remote=False)["validate"].result, deps=deps)
 

@@ -12,10 +12,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pipeline.core import launcher
+from pipeline import cluster
 from pipeline.core.checkpoint import save_checkpoint
 from pipeline.core.step import TrainFigures, evaluate_sums, train_step
-from pipeline.outage import write_pending
+from pipeline.tracking.outbox import write_pending
 from pipeline.pretrain.feed import RankFeed, eval_batches
 from pipeline.pretrain.metrics import NUM_COUNTS, counts, eval_metrics, summarise
 from pipeline.pretrain.worker import start_worker
@@ -62,7 +62,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                         write_pending(d, config["run_id"], log.pending())
                     save_checkpoint(d, rank, t, {"step": step, "position": feed.position, "vocab_sha256": vocab_sha,
                                                  "run_id": config["run_id"], "max_steps": tc.max_steps})
-                    launcher.report({"step": step, "loss": stats.loss}, d)
+                    cluster.report({"step": step, "loss": stats.loss}, d)
             if on_step is not None:
                 on_step(step, rank)
     if log is not None:

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from pipeline.core import launcher
+from pipeline import cluster
 from pipeline.core.checkpoint import check_vocab, load_checkpoint, trust
 from pipeline.core.optim import make_optimizer
 from pipeline.core.precision import make_scaler
 from pipeline.core.step import Trainable
-from pipeline.outage import read_pending
+from pipeline.tracking.outbox import read_pending
 
 if TYPE_CHECKING:
     from pipeline.tracking import RunLogger
@@ -53,14 +53,14 @@ def start_worker(config: dict[str, Any]) -> Worker:
 
     cfg, plans = config["cfg"], config["plans"]
     tc = cfg.train
-    launcher.quiet_ray_data()
-    rank, world, device = launcher.worker()
+    cluster.quiet_ray_data()
+    rank, world, device = cluster.worker()
     torch.set_num_threads(max(1, int(tc.cpus_per_worker)))  # fixed thread count: bit-identical CPU math on restart
     torch.manual_seed(tc.seed)  # identical initial weights on every rank (DDP also broadcasts rank 0's)
     model = build_model(cfg.model, plans[0].dataset.vocab_size)
     if tc.compile:  # each layer in place: names (checkpoints) unchanged; batches come at one width (RankFeed)
         model.bert.encoder.compile_layers()
-    model = launcher.prepare_model(model)
+    model = cluster.prepare_model(model)
     optimizer, scheduler = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=tc.warmup_steps,
                                           total_steps=tc.max_steps, schedule=tc.schedule, power=tc.poly_power,
                                           head_only_steps=tc.head_only_steps)
@@ -68,15 +68,15 @@ def start_worker(config: dict[str, Any]) -> Worker:
     state: dict[str, Any] = {"step": 0, "position": {"phase": 0, "epoch": 0, "micro": 0}}
     pending = None  # metrics rank 0 could not send before the checkpoint (the tracking server was away)
     trust(config.get("verified", ()))  # the files the driver hashed: not read again while unchanged
-    if (ckpt := launcher.resume_checkpoint(config.get("damaged", ()), config.get("resume_from"))) is not None:
+    if (ckpt := cluster.resume_checkpoint(config.get("damaged", ()), config.get("resume_from"))) is not None:
         with ckpt.as_directory() as d:
             state = load_checkpoint(d, rank, t)
             pending = read_pending(d, config["run_id"]) if rank == 0 else None
         check_vocab(state, config["vocab_sha256"], ckpt.path)
-        launcher.say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
+        cluster.say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
     else:
         torch.manual_seed(tc.seed * 1000 + rank + 1)  # each rank its own dropout stream
-    nodes = launcher.num_nodes(world)  # a collective: every rank takes part
+    nodes = cluster.num_nodes(world)  # a collective: every rank takes part
     log = RunLogger(config["run_id"], config["tracking_uri"], cfg.tracking.system_metrics_every_s, total_steps=tc.max_steps,
                     log_every_steps=tc.log_every_steps, background=True, pending=pending) if rank == 0 else None
     if log is not None:  # where the workers ran: a multi-node run shows num_nodes > 1

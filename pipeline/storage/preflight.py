@@ -8,7 +8,7 @@ server's artifact root where the client knows it) `check_storage` checks, on the
   S3-compatible stores such as MinIO), the bucket exists and these credentials may use it;
 - a URI the job reads exists.
 
-It never creates anything: a misspelt bucket is refused, not made (see also `pipeline.io.make_parent`). A failure is
+It never creates anything: a misspelt bucket is refused, not made (see also `pipeline.storage.io.make_parent`). A failure is
 a StorageError naming the field, the URI and the cause:
 
     data.output s3://corpp/prep: bucket corpp does not exist (endpoint http://10.0.0.5:9000)
@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterable
 from typing import Literal
 
-from pipeline.io import StorageError, is_uri, missing_filesystem
+from pipeline.storage.io import StorageError, is_uri, missing_filesystem
 
 Mode = Literal["read", "write"]
 Target = tuple[str, str | None, Mode]  # (the field or flag that names it, the path or URI, read or write)
@@ -154,12 +154,12 @@ def check_on_every_node(targets: list[Target]) -> list[tuple[str, str | None]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m pipeline.preflight --read s3://b/corpora --write s3://b/prep [--every-node]`: the jobs' storage
+    """`python -m pipeline.storage.preflight --read s3://b/corpora --write s3://b/prep [--every-node]`: the jobs' storage
     check on its own, before a long run; with --every-node on each node of the Ray cluster in RAY_ADDRESS."""
     import argparse
     import sys
 
-    ap = argparse.ArgumentParser(prog="python -m pipeline.preflight", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m pipeline.storage.preflight", description=main.__doc__)
     ap.add_argument("--read", action="append", default=[], help="a URI the job will read (must exist)")
     ap.add_argument("--write", action="append", default=[], help="a URI the job will write (its bucket must exist)")
     ap.add_argument("--every-node", action="store_true", help="check from every node of the Ray cluster (RAY_ADDRESS)")

@@ -24,12 +24,12 @@ from pipeline.config import ConfigError
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean bad input or an unusable environment (not a bug): reported in one line."""
     from pipeline.core.checkpoint import CheckpointMismatch
-    from pipeline.core.launcher import RayStartError
+    from pipeline.cluster import RayStartError
     from pipeline.data.dataset import DataValidationError
     from pipeline.data.prepare import OutputExistsError
     from pipeline.data.sources import InputError
     from pipeline.data.tokenizer import VocabError
-    from pipeline.io import StorageError
+    from pipeline.storage.io import StorageError
     from pipeline.tracking import TrackingError
 
     return (ConfigError, CheckpointMismatch, RayStartError, DataValidationError, OutputExistsError, InputError,
@@ -94,7 +94,7 @@ def write_failure_log(name: str, e: BaseException) -> str:
     import datetime
     import traceback
 
-    from pipeline.tracking_server import redact
+    from pipeline.tracking.server import redact
 
     text = redact(f"{name} {' '.join(sys.argv[1:])}\n\n" + "".join(traceback.format_exception(e)))
     text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # Ray colours the remote tracebacks it carries
@@ -110,7 +110,7 @@ def write_failure_log(name: str, e: BaseException) -> str:
 
 def failure_line(name: str, e: BaseException, extra_errors: tuple[type[BaseException], ...] = ()) -> str:
     """The one stderr line of a failed job: a user error's message, or a bug's type and message; then the log."""
-    from pipeline.tracking_server import redact
+    from pipeline.tracking.server import redact
 
     cause = root_cause(e)
     msg = (str(cause).strip().splitlines() or [""])[0]

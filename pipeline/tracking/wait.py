@@ -1,6 +1,6 @@
 """The stages that cannot go on without the tracking server (evaluate, register; fine-tuning's export and
 register): a bounded wait for it (`tracking.server_wait_s`), then one line that says what could not be done and
-that a re-run completes it. Training itself never waits: its metrics wait in `pipeline.outage.Outbox`.
+that a re-run completes it. Training itself never waits: its metrics wait in `pipeline.tracking.outbox.Outbox`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 from mlflow.exceptions import MlflowException
 
-from pipeline import tracking_server
+from pipeline.tracking import server as tracking_server
 
 
 def wait_for_server(uri: str, wait_s: float, what: str) -> None:

@@ -315,3 +315,18 @@ def output_lock(directory: str, busy: str | None = None) -> Iterator[None]:
         del _HELD[path]
         os.unlink(path)  # before unlocking: a waiter that opened this file sees it gone and retries
         os.close(fd)
+
+
+def local_checkpoint_dir(uri: str) -> str:
+    """A local directory with the files of a checkpoint: `uri` itself when it is local, else a copy of the whole
+    directory in a new temporary directory (the caller removes it). `pipeline.storage.io.local_copy` copies one file."""
+    if "://" not in uri:
+        return uri
+    import tempfile
+
+    import pyarrow.fs as pafs
+
+    fs, path = pafs.FileSystem.from_uri(uri)
+    dst = tempfile.mkdtemp(prefix="ckpt-")
+    pafs.copy_files(path, dst, source_filesystem=fs)
+    return dst

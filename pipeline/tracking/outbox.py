@@ -1,6 +1,6 @@
 """Training that outlives the tracking server: a run's metrics and tags on their way to MLflow, sent by a
 background thread (`Outbox`, used by `pipeline.tracking.RunLogger(background=True)` on rank 0 of the training
-loops); the stages that cannot go on without the server wait for it in `pipeline.server_wait`.
+loops); the stages that cannot go on without the server wait for it in `pipeline.tracking.wait`.
 
 MLflow's own async logging (`log_batch(synchronous=False)`) does not do this: a batch that fails is logged as an
 error and dropped (`AsyncLoggingQueue._log_run_data` in mlflow/utils/async_logging). Here a batch that fails stays
@@ -45,7 +45,7 @@ PENDING_FILE = "mlflow_pending.json"
 
 
 def _say(line: str) -> None:
-    print(line, file=sys.__stdout__, flush=True)  # the real stdout: see pipeline.core.launcher.say
+    print(line, file=sys.__stdout__, flush=True)  # the real stdout: see pipeline.cluster.say
 
 
 def _clock(t: float) -> str:
@@ -282,7 +282,7 @@ def write_pending(directory: str, run_id: str, pending: dict[str, Any]) -> None:
 
 def read_pending(checkpoint: str, run_id: str) -> dict[str, Any] | None:
     """The pending metrics and tags of `run_id` stored in a checkpoint (a local path or a URI), or None."""
-    from pipeline.io import exists, join, read_bytes
+    from pipeline.storage.io import exists, join, read_bytes
 
     path = join(checkpoint, PENDING_FILE)
     if not exists(path):

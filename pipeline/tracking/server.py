@@ -2,7 +2,7 @@
 line why a server cannot be used (`check_tracking_server`), and URIs with their passwords redacted for messages.
 
 `client()` is where connecting is tuned once per process: MLflow's HTTP retries cut to a few quick ones (a longer
-outage is the callers' business, pipeline.outage), urllib3's per-retry warnings about MLflow's API dropped, and a
+outage is the callers' business, pipeline.tracking.outbox), urllib3's per-retry warnings about MLflow's API dropped, and a
 new SQLite store created under a file lock. pipeline.tracking (runs, logging, the registry) builds on this module
 and never the other way round.
 
@@ -32,7 +32,7 @@ class ServerUnreachable(TrackingError):
 
 # MLflow's HTTP client retries a failed request 7 times with a backoff factor of 2 (minutes against a server that is
 # down). A few quick retries cover a blip; a longer outage is handled by the callers: rank 0's metrics wait in an
-# Outbox, and the stages that need the server wait `tracking.server_wait_s` (pipeline.outage). Set either
+# Outbox, and the stages that need the server wait `tracking.server_wait_s` (pipeline.tracking.outbox). Set either
 # variable in the environment to override.
 _HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
 
@@ -163,7 +163,7 @@ def _open_sqlite_store(uri: str) -> None:
 
 class _NoMlflowRetryWarnings(logging.Filter):
     """Drops urllib3's "Retrying (...) after connection broken ..." warnings about MLflow's REST API: a server that is
-    away is said once (pipeline.outage), not three times per request; other hosts' retries still show."""
+    away is said once (pipeline.tracking.outbox), not three times per request; other hosts' retries still show."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "/api/2.0/mlflow" not in record.getMessage()

@@ -1,0 +1,13 @@
+"""The Ray cluster: connecting to it or starting a private local one (`connect`), and Ray Train's launch and what a
+worker asks of it (`train`). Code that runs on the cluster imports the package (`from pipeline import cluster`)
+and calls the names below.
+"""
+
+from pipeline.cluster.connect import (RayStartError, check_resources, connect, disconnect, environ, free_port,
+                                      quiet_ray_data, quiet_ray_train, session_log_dir)
+from pipeline.cluster.train import (Scale, checkpoint_uri, checkpoints, fit, num_nodes, prepare_model, report,
+                                    resume_checkpoint, say, worker)
+
+__all__ = ["RayStartError", "Scale", "check_resources", "checkpoint_uri", "checkpoints", "connect", "disconnect",
+           "environ", "fit", "free_port", "num_nodes", "prepare_model", "quiet_ray_data", "quiet_ray_train", "report",
+           "resume_checkpoint", "say", "session_log_dir", "worker"]

@@ -1,0 +1,139 @@
+"""Ray Train: the launcher (ScalingConfig / RunConfig / FailureConfig around a per-worker loop) shared by
+pretraining and fine-tuning, the run's checkpoints in storage, and what a worker asks of Ray Train (its rank and
+device, DDP, reports, the checkpoint to resume from, one console line).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How many workers, on what, placed how, recovering from how many failures."""
+
+    num_workers: int = 1
+    use_gpu: bool = False
+    cpus_per_worker: float = 0.5
+    placement_strategy: str = "PACK"
+    max_failures: int = 0
+    num_to_keep: int = 2
+
+
+def fit(loop: Callable[[dict[str, Any]], None], config: dict[str, Any], *, name: str, storage_path: str, scale: Scale,
+        datasets: dict[str, Any] | None = None, dataset_config: Any = None):
+    """Run `loop(config)` on `scale.num_workers` Ray Train workers (DDP set up by Ray); a run of the same
+    `name` in `storage_path` is resumed from its latest checkpoint. Returns Ray's Result; raises its error."""
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    resources = {"CPU": scale.cpus_per_worker, **({"GPU": 1} if scale.use_gpu else {})}
+    kwargs: dict[str, Any] = {"datasets": datasets} if datasets else {}
+    if dataset_config is not None:
+        kwargs["dataset_config"] = dataset_config
+    trainer = TorchTrainer(
+        loop,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=scale.num_workers, use_gpu=scale.use_gpu,
+                                     resources_per_worker=resources, placement_strategy=scale.placement_strategy),
+        run_config=RunConfig(name=name, storage_path=storage_path,
+                             failure_config=FailureConfig(max_failures=scale.max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=scale.num_to_keep),
+                             # Ray Train's INFO (worker group start, checkpoints, reports) to its log files only
+                             logging_config=LoggingConfig(log_level="WARNING")),
+        **kwargs,
+    )
+    result = trainer.fit()
+    if result.error is not None:
+        raise result.error
+    return result
+
+
+def checkpoint_uri(result, storage_path: str) -> str:
+    """The final checkpoint of a Result as a path or URI (a URI storage path gives a path inside its filesystem)."""
+    path = result.checkpoint.path
+    return path if "://" not in storage_path else f"{storage_path.split('://', 1)[0]}://{path}"
+
+
+def checkpoints(storage_path: str, name: str) -> list[tuple[str, dict[str, Any] | None, str | None]]:
+    """(path or URI, train_state or None, why it is unreadable or None) of every checkpoint of run `name` in
+    storage, newest first: highest step (an unreadable train_state.json first: it could be the newest), among
+    equal steps the later directory name (Ray Train's names are report times)."""
+    from pipeline.storage.io import StorageError, filesystem, join, read_json
+
+    run_dir = join(storage_path, name)
+    fs, p = filesystem(run_dir)
+    found: list[tuple[float, str, str, dict[str, Any] | None, str | None]] = []
+    dirs = [d for d, info in fs.glob(join(p, "checkpoint_*"), detail=True).items() if info["type"] == "directory"]
+    for ckpt in dirs:  # (Ray Train's checkpoint_manager_snapshot.json matches the pattern too)
+        ckpt = ckpt.rstrip("/")
+        uri = ckpt if "://" not in storage_path else f"{storage_path.split('://', 1)[0]}://{ckpt}"
+        try:
+            state, why = read_json(join(uri, "train_state.json")), None
+        except StorageError as e:
+            state, why = None, str(e)
+        step = int(state.get("step", -1)) if isinstance(state, dict) else float("inf")
+        found.append((step, ckpt.rsplit("/", 1)[-1], uri, state if isinstance(state, dict) else None,
+                      why or (None if isinstance(state, dict) else "train_state.json is not a JSON object")))
+    return [(uri, state, why) for _, _, uri, state, why in sorted(found, key=lambda f: (f[0], f[1]), reverse=True)]
+
+
+def say(line: str) -> None:
+    """A console line from a Ray Train worker, printed once. Ray Train's print patch sends `print()` both to the
+    worker's stdout and to its logger on stderr, and Ray forwards both streams: every line would appear twice.
+    A write to the real stdout bypasses the patch."""
+    import sys
+
+    print(line, file=sys.__stdout__, flush=True)
+
+
+def worker() -> tuple[int, int, Any]:
+    """(rank, world size, torch device) inside a Ray Train worker."""
+    import ray.train
+    import ray.train.torch
+
+    ctx = ray.train.get_context()
+    return ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device()
+
+
+def num_nodes(world: int) -> int:
+    """How many distinct nodes the workers run on (a collective: every rank must call it)."""
+    import ray
+    import torch.distributed as dist
+
+    nodes = [ray.get_runtime_context().get_node_id()] * world
+    if world > 1:
+        dist.all_gather_object(nodes, nodes[0])
+    return len(set(nodes))
+
+
+def prepare_model(model):
+    """Move to the worker's device and wrap in DDP when there are several workers (Ray Train's own)."""
+    import ray.train.torch
+
+    return ray.train.torch.prepare_model(model)
+
+
+def report(metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
+    """Report metrics (and a checkpoint directory, copied into storage by Ray Train) from every rank."""
+    import ray.train
+
+    ckpt = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
+    ray.train.report(metrics, checkpoint=ckpt)
+
+
+def resume_checkpoint(damaged: list[str] | tuple[str, ...] = (), resume_from: str | None = None):
+    """Inside a worker: the checkpoint to resume from. Ray Train's own (the one reported last), unless the driver
+    found it damaged (`damaged`: checkpoint directory names): then `resume_from`, the newest intact checkpoint of
+    the run (a directory name beside it in storage), or None."""
+    import posixpath
+
+    import ray.train
+
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is None or posixpath.basename(ckpt.path.rstrip("/")) not in damaged:
+        return ckpt
+    if resume_from is None:
+        return None
+    return ray.train.Checkpoint(posixpath.join(posixpath.dirname(ckpt.path.rstrip("/")), resume_from), ckpt.filesystem)
