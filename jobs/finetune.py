@@ -13,14 +13,14 @@ a private local Ray is started, never a `ray start` cluster found on the machine
 `train.storage_path` (default runs/, relative to the current directory). Progress goes to stdout; the last
 stdout line is one JSON object of the best epoch's eval metrics. Bad input (data, config, source, resources)
 prints one line on stderr and exits 1, without a traceback; any other failure too, naming the log that holds
-its traceback (pipeline.runner.cli.failure_line). Ctrl-C or SIGTERM ends the MLflow run as KILLED.
+its traceback (pipeline.runner.cli.run_job, as for every job). Ctrl-C or SIGTERM ends the MLflow run as KILLED
+(exit code 130).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -33,44 +33,36 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "false")
 
 
-def _terminate(signum, frame):  # noqa: ARG001 - SIGTERM (ray job stop, kill) unwinds like Ctrl-C: run KILLED
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def _usage_error(message: str):
-    """Usage errors as one line and exit code 1 (argparse's own are two lines and exit 2)."""
-    print(f"error: {message} (see --help)", file=sys.stderr)
-    sys.exit(1)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from pipeline.runner.cli import config_parser, parse_cli
-    from pipeline.config import ConfigError
+def parser():
+    """The job's flags (DESIGN.md) beside every `--section.field` of its config sections, all in --help."""
     from pipeline.finetune.config import FT_SECTIONS
+    from pipeline.runner.cli import config_parser
 
-    ap = config_parser(FT_SECTIONS, __doc__)  # --help: these flags and every --section.field, documented
+    ap = config_parser(FT_SECTIONS, __doc__)
     ap.add_argument("--model", required=True, help="models:/name@alias, models:/name/version, a HF dir, or scratch:<preset>")
     ap.add_argument("--task", required=True, choices=["sequence-classification", "token-classification", "question-answering"])
     ap.add_argument("--train", required=True, help="training file (TSV/CSV/JSONL, CoNLL, or SQuAD JSON)")
     ap.add_argument("--eval", required=True, help="evaluation file, same format")
     ap.add_argument("--config", default=None, help="YAML with sections data/model/train/eval/tracking")
     ap.add_argument("--output", default=None, help="also keep the fine-tuned HF directory here")
-    try:
-        args, overrides = parse_cli(ap, sys.argv[1:] if argv is None else argv)
-    except ConfigError as e:
-        _usage_error(str(e))
+    return ap
 
-    from pipeline.cluster import RayStartError
-    from pipeline.finetune.data import FinetuneDataError
-    from pipeline.finetune.config import load_finetune_config
-    from pipeline.finetune.job import run_finetune
-    from pipeline.tracking import TrackingError
 
-    from pipeline.storage.io import StorageError, exists
-    from pipeline.storage.preflight import check_storage
+def main(argv: list[str] | None = None) -> int:
+    from pipeline.runner.cli import run_job
 
-    signal.signal(signal.SIGTERM, _terminate)
-    try:
+    argv = sys.argv[1:] if argv is None else argv
+
+    def body() -> int:
+        from pipeline.config import ConfigError
+        from pipeline.finetune.config import load_finetune_config
+        from pipeline.finetune.data import FinetuneDataError
+        from pipeline.finetune.job import run_finetune
+        from pipeline.runner.cli import parse_cli
+        from pipeline.storage.io import exists
+        from pipeline.storage.preflight import check_storage
+
+        args, overrides = parse_cli(parser(), argv)
         check_storage([("--config", args.config, "read")])
         cfg = load_finetune_config(args.config, overrides)
         check_storage([("--train", args.train, "read"), ("--eval", args.eval, "read"),
@@ -82,22 +74,12 @@ def main(argv: list[str] | None = None) -> int:
             if not exists(p):
                 raise FinetuneDataError(f"{p}: file does not exist (relative paths resolve against {os.getcwd()})")
         result = run_finetune(cfg, args.model, args.task, args.train, args.eval, args.output)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - every failure is one line; Ray's wrappers (a Train worker's error) unwrapped
-        from pipeline.runner.cli import failure_line, root_cause
+        if result["registered"]:
+            print(f"registered {result['registered']} (run {result['run_id']})", flush=True)
+        print(json.dumps(result["metrics"], sort_keys=True), flush=True)
+        return 0
 
-        cause = root_cause(e)
-        if isinstance(cause, (ConfigError, FinetuneDataError, TrackingError, RayStartError, StorageError)):
-            print(f"error: {cause}".splitlines()[0], file=sys.stderr)
-        else:  # another user error (pipeline.runner.cli.user_errors) or a bug: one line naming the log with the traceback
-            print(failure_line("finetune", e), file=sys.stderr)
-        return 1
-    if result["registered"]:
-        print(f"registered {result['registered']} (run {result['run_id']})", flush=True)
-    print(json.dumps(result["metrics"], sort_keys=True), flush=True)
-    return 0
+    return run_job("finetune", body)
 
 
 if __name__ == "__main__":

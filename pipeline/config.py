@@ -37,8 +37,10 @@ from typing import Any, Literal
 
 import yaml
 
+from pipeline.errors import PipelineError
 
-class ConfigError(ValueError):
+
+class ConfigError(PipelineError, ValueError):
     """A bad config file, section, field or value; the message names it."""
 
 

@@ -73,3 +73,24 @@ def test_a_cluster_failure_is_named_as_rays_not_as_a_bug(capsys):
     assert run_job("pretrain", lambda: (_ for _ in ()).throw(RayTaskError("shards", "tb", oom).as_instanceof_cause())) == 1
     line, _ = _line_and_log(capsys)
     assert line.startswith("pretrain: error: Ray: OutOfMemoryError: Task was killed due to the node running low on memory. (log: ")
+
+
+def test_every_error_class_of_the_pipeline_derives_from_the_one_base():
+    """The command line catches one type: every exception class defined in `pipeline` is a PipelineError (a user
+    can mend it), and each keeps the built-in base it had (ValueError or RuntimeError) for callers that catch that."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import pipeline
+    from pipeline.errors import PipelineError
+
+    found = {}
+    for mod in pkgutil.walk_packages(pipeline.__path__, "pipeline."):
+        m = importlib.import_module(mod.name)
+        for name, obj in vars(m).items():
+            if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == mod.name:
+                found[f"{mod.name}.{name}"] = obj
+    assert len(found) >= 13, sorted(found)  # ConfigError, StorageError, TrackingError, ... (pipeline.errors' own too)
+    assert [n for n, c in found.items() if not issubclass(c, PipelineError)] == []
+    assert [n for n, c in found.items() if c is not PipelineError and not issubclass(c, (ValueError, RuntimeError))] == []

@@ -94,7 +94,7 @@ def test_cli_lr_value(tmp_path, field, value, error):
     if error is None:
         assert "--model" in p.stderr and field not in p.stderr, p.stderr
     else:
-        assert p.stderr.strip() == f"error: {error}", p.stderr
+        assert p.stderr.strip().startswith(f"finetune: error: {error} (log: "), p.stderr
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs").exists()
 
 

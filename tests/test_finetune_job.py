@@ -162,7 +162,7 @@ def test_cli_use_gpu_without_gpu_is_one_line(tmp_path, minilm_dir):
     p = _job("--model", str(minilm_dir), "--task", "sequence-classification", "--train", "train.tsv", "--eval", "train.tsv",
              "--train.use_gpu", "true", cwd=tmp_path, env=env)
     assert p.returncode == 1, p.stderr[-2000:]
-    assert p.stderr.strip().splitlines()[-1].startswith("error: train.use_gpu is true but the Ray cluster has no GPU"), p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("finetune: error: train.use_gpu is true but the Ray cluster has no GPU"), p.stderr
     assert "Traceback" not in p.stderr
 
 

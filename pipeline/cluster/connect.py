@@ -18,12 +18,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from pipeline.errors import PipelineError
 from pipeline.config import ConfigError
 
 RAY_DATA_LOGGING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_data_logging.yaml")
 
 
-class RayStartError(RuntimeError):
+class RayStartError(PipelineError, RuntimeError):
     """Ray could not be started or joined; the message is one line that says which address and why."""
 
 

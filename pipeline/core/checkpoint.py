@@ -29,11 +29,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipeline.errors import PipelineError
 from pipeline.core.step import Trainable
 from pipeline.storage.io import StorageError, filesystem, join, sha256_file
 
 
-class CheckpointMismatch(ValueError):
+class CheckpointMismatch(PipelineError, ValueError):
     """A checkpoint that belongs to other data than the run about to use it; the message says what differs."""
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.errors import PipelineError
 from pipeline.data.masking import MaskingPolicy
 from pipeline.data.tokenizer import read_vocab
 from pipeline.storage.io import StorageError, exists, filesystem, join, read_bytes, read_json, sha256_file
@@ -53,7 +54,7 @@ MANIFEST_KEYS = (
 )
 
 
-class DataValidationError(ValueError):
+class DataValidationError(PipelineError, ValueError):
     """A prepared dataset that fails its manifest's checks; the message names the file and the problem."""
 
 

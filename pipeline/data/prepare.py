@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from pipeline.errors import PipelineError
 from pipeline.config import DataConfig, config_hash
 from pipeline.data.executors import make_executor
 from pipeline.data.arrow import arrow, numpy_of
@@ -56,7 +57,7 @@ from pipeline.data.tokenizer import check_pair, read_vocab, sha256_bytes
 from pipeline.storage.io import filesystem, join, read_table, write_bytes_atomic
 
 
-class OutputExistsError(ValueError):
+class OutputExistsError(PipelineError, ValueError):
     """The output directory holds a dataset prepared with a different config."""
 
 

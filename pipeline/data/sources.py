@@ -48,6 +48,7 @@ from typing import Literal, NamedTuple
 
 import fsspec
 
+from pipeline.errors import PipelineError
 from pipeline.data import wiki
 from pipeline.data.wiki import WikiOptions
 from pipeline.storage.io import broken_link, find_files, is_local
@@ -68,7 +69,7 @@ MAX_WORD_CHARS = 1000
 _LONG_WORD = re.compile(r"\S{%d}" % (MAX_WORD_CHARS + 1))
 
 
-class InputError(ValueError):
+class InputError(PipelineError, ValueError):
     """A missing input path or an unusable corpus; the message names it."""
 
 

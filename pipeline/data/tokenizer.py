@@ -30,12 +30,13 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from pipeline.errors import PipelineError
 from pipeline.storage.io import read_bytes
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
-class VocabError(ValueError):
+class VocabError(PipelineError, ValueError):
     """A vocabulary file that cannot be used; the message names it."""
 
 

@@ -28,13 +28,14 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.errors import PipelineError
 from pipeline.data.tokenizer import VocabError, load_tokenizer
 from pipeline.storage.io import filesystem
 
 IGNORE_INDEX = -100
 
 
-class FinetuneDataError(ValueError):
+class FinetuneDataError(PipelineError, ValueError):
     """Bad fine-tuning data; the message is one line naming file, row and problem."""
 
 

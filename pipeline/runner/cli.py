@@ -19,21 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipeline.config import ConfigError
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Exception types that mean bad input or an unusable environment (not a bug): reported in one line."""
-    from pipeline.core.checkpoint import CheckpointMismatch
-    from pipeline.cluster import RayStartError
-    from pipeline.data.dataset import DataValidationError
-    from pipeline.data.prepare import OutputExistsError
-    from pipeline.data.sources import InputError
-    from pipeline.data.tokenizer import VocabError
-    from pipeline.storage.io import StorageError
-    from pipeline.tracking import TrackingError
-
-    return (ConfigError, CheckpointMismatch, RayStartError, DataValidationError, OutputExistsError, InputError,
-            VocabError, StorageError, TrackingError)
+from pipeline.errors import PipelineError
 
 
 def _is_ray_wrapper(e: BaseException) -> bool:
@@ -54,7 +40,7 @@ def _wrapped(e: BaseException) -> BaseException | None:
         # One rank's own error is usually the story; the others often died of it (a collective that timed out).
         # The lowest rank whose error is a user error, else the lowest rank.
         causes = [root_cause(failures[r]) for r in sorted(failures)]
-        return next((c for c in causes if isinstance(c, user_errors())), causes[0])
+        return next((c for c in causes if isinstance(c, PipelineError)), causes[0])
     for attr in ("cause", "controller_failure", "failure", "_base_exc"):
         inner = getattr(e, attr, None)
         if isinstance(inner, BaseException):
@@ -108,14 +94,14 @@ def write_failure_log(name: str, e: BaseException) -> str:
         return f"not written: {err}"
 
 
-def failure_line(name: str, e: BaseException, extra_errors: tuple[type[BaseException], ...] = ()) -> str:
+def failure_line(name: str, e: BaseException) -> str:
     """The one stderr line of a failed job: a user error's message, or a bug's type and message; then the log."""
     from pipeline.tracking.server import redact
 
     cause = root_cause(e)
     msg = (str(cause).strip().splitlines() or [""])[0]
     log = write_failure_log(name, e)
-    if isinstance(cause, user_errors() + extra_errors):
+    if isinstance(cause, PipelineError):
         return redact(f"{name}: error: {msg} (log: {log})")
     what = f"{type(cause).__name__}: {msg}" if msg else type(cause).__name__
     if _is_ray_wrapper(cause):  # the cluster's own failure (a node out of memory, an actor that died), no bug
@@ -127,8 +113,7 @@ def _terminate(signum, frame):  # noqa: ARG001 - signal handler signature
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def run_job(name: str, body: Callable[[], int], *, extra_errors: tuple[type[BaseException], ...] = (),
-            on_abort: Callable[[str], None] | None = None) -> int:
+def run_job(name: str, body: Callable[[], int], *, on_abort: Callable[[str], None] | None = None) -> int:
     """Run `body()`; any exception becomes one stderr line (`failure_line`) and exit 1, Ctrl-C/SIGTERM exit 130.
     `on_abort(status)` runs first on either path (status "FAILED" or "KILLED"), e.g. to end the job's MLflow runs."""
     signal.signal(signal.SIGTERM, _terminate)
@@ -145,7 +130,7 @@ def run_job(name: str, body: Callable[[], int], *, extra_errors: tuple[type[Base
     except Exception as e:  # noqa: BLE001 - every failure, bugs included, ends as one line; the log keeps the rest
         if on_abort is not None:
             on_abort("FAILED")
-        print(failure_line(name, e, extra_errors), file=sys.stderr, flush=True)
+        print(failure_line(name, e), file=sys.stderr, flush=True)
         return 1
 
 

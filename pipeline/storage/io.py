@@ -26,8 +26,10 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.errors import PipelineError
 
-class StorageError(ValueError):
+
+class StorageError(PipelineError, ValueError):
     """A file that cannot be read as what it should be, or written; the message names the file."""
 
 

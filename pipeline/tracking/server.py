@@ -21,8 +21,10 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
+from pipeline.errors import PipelineError
 
-class TrackingError(RuntimeError):
+
+class TrackingError(PipelineError, RuntimeError):
     """The tracking server or registry cannot be used; the message is one line that says why."""
 
 
