@@ -33,17 +33,23 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "false")
 
 
+# The flags --model, --train and --eval (DESIGN.md) share their names with config sections, and jsonargparse reads
+# `--train.lr` as a key of whatever option is called `--train`: the parser knows them by these names, and
+# `parse(..., renames=FLAGS)` rewrites what the user typed.
+FLAGS = {"--model": "--model-source", "--train": "--train-file", "--eval": "--eval-file"}
+
+
 def parser():
     """The job's flags (DESIGN.md) beside every `--section.field` of its config sections, all in --help."""
+    from pipeline.config import config_parser
     from pipeline.finetune.config import FT_SECTIONS
-    from pipeline.runner.cli import config_parser
 
     ap = config_parser(FT_SECTIONS, __doc__)
-    ap.add_argument("--model", required=True, help="models:/name@alias, models:/name/version, a HF dir, or scratch:<preset>")
+    ap.add_argument("--model-source", required=True, help="--model SRC: models:/name@alias, models:/name/version, a "
+                    "HF dir, or scratch:<preset>")
     ap.add_argument("--task", required=True, choices=["sequence-classification", "token-classification", "question-answering"])
-    ap.add_argument("--train", required=True, help="training file (TSV/CSV/JSONL, CoNLL, or SQuAD JSON)")
-    ap.add_argument("--eval", required=True, help="evaluation file, same format")
-    ap.add_argument("--config", default=None, help="YAML with sections data/model/train/eval/tracking")
+    ap.add_argument("--train-file", required=True, help="--train FILE: training file (TSV/CSV/JSONL, CoNLL, or SQuAD JSON)")
+    ap.add_argument("--eval-file", required=True, help="--eval FILE: evaluation file, same format")
     ap.add_argument("--output", default=None, help="also keep the fine-tuned HF directory here")
     return ap
 
@@ -54,26 +60,25 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
 
     def body() -> int:
-        from pipeline.config import ConfigError
-        from pipeline.finetune.config import load_finetune_config
-        from pipeline.finetune.data import FinetuneDataError
+        from pipeline.config import ConfigError, config_path, parse
+        from pipeline.finetune.config import FT_SECTIONS, FinetuneConfig
         from pipeline.finetune.job import run_finetune
-        from pipeline.runner.cli import parse_cli
+        from pipeline.finetune.readers import FinetuneDataError
         from pipeline.storage.io import exists
         from pipeline.storage.preflight import check_storage
 
-        args, overrides = parse_cli(parser(), argv)
-        check_storage([("--config", args.config, "read")])
-        cfg = load_finetune_config(args.config, overrides)
-        check_storage([("--train", args.train, "read"), ("--eval", args.eval, "read"),
+        check_storage([("--config", config_path(argv), "read")])
+        args, sections = parse(parser(), argv, FT_SECTIONS, renames=FLAGS)
+        cfg = FinetuneConfig(**sections)
+        check_storage([("--train", args.train_file, "read"), ("--eval", args.eval_file, "read"),
                        ("--data.tokenizer", cfg.data.tokenizer, "read"),
                        ("train.storage_path", cfg.train.storage_path, "write")])
         if args.output and "://" in args.output:
             raise ConfigError(f"--output {args.output}: a local directory only (the registry keeps the model)")
-        for p in (args.train, args.eval):  # local files (URIs were checked above), through fsspec like the reader
+        for p in (args.train_file, args.eval_file):  # local files (URIs were checked above), through fsspec like the reader
             if not exists(p):
                 raise FinetuneDataError(f"{p}: file does not exist (relative paths resolve against {os.getcwd()})")
-        result = run_finetune(cfg, args.model, args.task, args.train, args.eval, args.output)
+        result = run_finetune(cfg, args.model_source, args.task, args.train_file, args.eval_file, args.output)
         if result["registered"]:
             print(f"registered {result['registered']} (run {result['run_id']})", flush=True)
         print(json.dumps(result["metrics"], sort_keys=True), flush=True)

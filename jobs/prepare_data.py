@@ -13,7 +13,7 @@ naming the holder (pipeline.storage.io.output_lock; no lock on s3:// etc.).
 
 from __future__ import annotations
 
-import json
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -22,20 +22,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def parser():
-    """The job's flags (DESIGN.md) beside the `data` section's `--data.field` overrides, all in --help."""
-    from pipeline.runner.cli import config_parser
-    from pipeline.config import DataConfig
+    """The job's flags (DESIGN.md): short names of `data` fields in the same parser as every `--data.field`, all in
+    --help. A flag given overrides the config file; `--vocab-size` also drops a config file's `vocab`."""
+    from pipeline.config import DataConfig, alias, config_parser
+    from pipeline.config.parser import AppendAlias
+
+    class VocabSize(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):  # noqa: ARG002 - argparse's signature
+            namespace["data.vocab_size"], namespace["data.vocab"] = values, None
 
     ap = config_parser({"data": DataConfig}, __doc__)
-    ap.add_argument("--input", action="append", default=None, help="file or folder; repeat for several")
-    ap.add_argument("--output", default=None, help="output directory or URI")
+    alias(ap, "--input", "data.inputs", action=AppendAlias, help="file or folder; repeat for several (data.inputs)")
+    alias(ap, "--output", "data.output", help="output directory or URI (data.output)")
     voc = ap.add_mutually_exclusive_group()
-    voc.add_argument("--vocab", default=None, help="existing vocab.txt or tokenizer.json")
-    voc.add_argument("--vocab-size", type=int, default=None, help="train a WordPiece vocabulary of this size")
-    ap.add_argument("--max-seq-length", type=int, default=None)
-    ap.add_argument("--masking", choices=["static", "dynamic"], default=None)
-    ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--config", default=None, help="YAML with a `data` section")
+    alias(voc, "--vocab", "data.vocab", help="existing vocab.txt or tokenizer.json (data.vocab)")
+    alias(voc, "--vocab-size", "data.vocab_size", type=int, action=VocabSize,
+          help="train a WordPiece vocabulary of this size (data.vocab_size)")
+    alias(ap, "--max-seq-length", "data.max_seq_length", type=int, help="(data.max_seq_length)")
+    alias(ap, "--masking", "data.masking", choices=["static", "dynamic"], help="(data.masking)")
+    alias(ap, "--seed", "data.seed", type=int, help="(data.seed)")
     ap.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray started when RAY_ADDRESS is unset")
     return ap
 
@@ -46,23 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.runner.cli import run_job
 
     def body() -> int:
-        from pipeline.runner.cli import parse_cli
-        from pipeline.config import load_config, resolve_paths
+        from pipeline.config import config_path, parse, resolve_paths
+        from pipeline.config.sections import Config
         from pipeline.data.stages import check_paths
         from pipeline.storage.preflight import check_storage, data_targets
 
-        args, rest = parse_cli(parser(), argv)
-        check_storage([("--config", args.config, "read")])
-
-        flags = {"inputs": args.input, "output": args.output, "vocab": args.vocab, "vocab_size": args.vocab_size,
-                 "max_seq_length": args.max_seq_length, "masking": args.masking, "seed": args.seed}
-        overrides = list(rest)
-        if args.vocab_size is not None:  # training a vocabulary: a config file's `vocab` must not win
-            overrides += ["--data.vocab", "null"]
-        for k, v in flags.items():
-            if v is not None:
-                overrides += [f"--data.{k}", json.dumps(v)]
-        cfg = resolve_paths(load_config(args.config, overrides))
+        check_storage([("--config", config_path(argv), "read")])
+        args, sections = parse(parser(), argv, {"data": None})
+        cfg = resolve_paths(Config(data=sections["data"]))
         check_storage(data_targets(cfg.data))  # every URI: filesystem, credentials, endpoint, bucket
         check_paths(cfg.data)  # before Ray starts
         return run(cfg.data, args.num_cpus)

@@ -38,9 +38,8 @@ def git_sha() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pipeline.config import SECTIONS, config_parser
     from pipeline.runner.cli import run_job
-    from pipeline.runner.cli import config_parser, parse_cli
-    from pipeline.config import SECTIONS
 
     parser = config_parser(SECTIONS, __doc__)  # --help: --config and every --section.field, documented
     argv = sys.argv[1:] if argv is None else argv
@@ -58,15 +57,15 @@ def main(argv: list[str] | None = None) -> int:
                 pass
 
     def body() -> int:
-        from pipeline.config import load_config, phase_data_configs, resolve_paths
+        from pipeline.config import Config, config_path, parse, phase_data_configs, resolve_paths
         from pipeline import cluster
         from pipeline.data.stages import check_paths
-        from pipeline.storage.preflight import artifact_root, check_storage, data_targets
-        from pipeline.tracking.server import check_tracking_server, redact, tracking_uri
+        from pipeline.storage.preflight import check_storage, data_targets
+        from pipeline.tracking.server import artifact_root, check_tracking_server, redact, tracking_uri
 
-        args, overrides = parse_cli(parser, argv)
-        check_storage([("--config", args.config, "read")])
-        cfg = resolve_paths(load_config(args.config, overrides))
+        check_storage([("--config", config_path(argv), "read")])
+        _, sections = parse(parser, argv, SECTIONS)
+        cfg = resolve_paths(Config(**sections))
         check_storage(data_targets(cfg.data) + [("train.storage_path", cfg.train.storage_path, "write")]
                       + [(f"train.phases[{i}].output", d.output, "write")
                          for i, d in enumerate(phase_data_configs(cfg) if cfg.train.phases else [])])

@@ -57,7 +57,7 @@ def test_phases_parse_from_the_command_line():
     cfg = load_config(None, ["--train.max_steps", "20", "--train.phases", "[{fraction: 0.5, max_seq_length: 64}, {max_seq_length: 128, micro_batch_size: 8}]"])
     assert cfg.train.phases == [PhaseConfig(max_seq_length=64, fraction=0.5), PhaseConfig(max_seq_length=128, micro_batch_size=8)]
     assert cfg.train.phase_steps() == [10, 10]
-    with pytest.raises(ConfigError, match=r"unknown train.phases\[0\] field"):
+    with pytest.raises(ConfigError, match=r"^train.phases: Option 'seq_len' is not accepted$"):
         load_config(None, ["--train.phases", "[{seq_len: 64}]"])
 
 
@@ -92,9 +92,11 @@ def test_phase_batch_sizes_are_checked():
                     phases=[{"fraction": 0.5}, {"micro_batch_size": 24}], max_steps=10)
 
 
-def test_model_section_accepts_bertconfig_fields_as_overrides():
-    cfg = load_config(None, ["--model.preset", "mini", "--model.hidden_dropout_prob", "0.0"])
+def test_model_overrides_take_bertconfig_fields():
+    cfg = load_config(None, ["--model.preset", "mini", "--model.overrides.hidden_dropout_prob", "0.0"])
     assert cfg.model.preset == "mini" and cfg.model.overrides == {"hidden_dropout_prob": 0.0}
+    with pytest.raises(ConfigError, match=r"^unrecognized arguments: --model.hidden_dropout_prob 0.0$"):
+        load_config(None, ["--model.hidden_dropout_prob", "0.0"])  # a BertConfig field goes under model.overrides
 
 
 # ------------------------------------------------------------------------------------------ errors, before any work
@@ -106,10 +108,10 @@ def test_model_section_accepts_bertconfig_fields_as_overrides():
     (["--train.global_batch_size", "48", "--train.micro_batch_size", "32"], "train.global_batch_size 48 is not a multiple"),
     (["--train.phases", "[{max_seq_length: 64, micro_batch_size: 0}]"], r"train.phases\[0\].micro_batch_size 0 < 1"),
     (["--model.preset", "huge"], "model: unknown preset 'huge'"),
-    (["--model.num_attention_heads", "3"], "model: hidden_size 128 is not divisible by num_attention_heads 3"),
+    (["--model.overrides.num_attention_heads", "3"], "model: hidden_size 128 is not divisible by num_attention_heads 3"),
     (["--data.max_seq_length", "1024"], "data.max_seq_length 1024 > model max_position_embeddings 512"),
     (["--train.phases", "[{max_seq_length: 1024}]"], r"train.phases\[0\].max_seq_length 1024 > model max_position_embeddings 512"),
-    (["--model.max_position_embeddings", "64"], "data.max_seq_length 128 > model max_position_embeddings 64"),
+    (["--model.overrides.max_position_embeddings", "64"], "data.max_seq_length 128 > model max_position_embeddings 64"),
     (["--train.lr", "abc"], "train.lr 'abc' is not a number"),
     (["--train.max_steps", "1.5"], "train.max_steps 1.5 is not an integer"),
     (["--train.use_gpu", "maybe"], "train.use_gpu 'maybe' is not true or false"),
@@ -121,19 +123,37 @@ def test_bad_values_name_the_section_and_field(args, message):
         load_config(REPO / "configs" / "tiny.yaml", args)
 
 
-def test_yaml_1_1_numbers_are_coerced_by_field_type(tmp_path):
+def test_values_are_read_as_yaml_1_2(tmp_path):
+    """PyYAML's YAML 1.1 reads `1e-4` as a string and `off` as false; the parser reads YAML 1.2: a number, a string.
+    One path given alone is a one-element list."""
     p = tmp_path / "c.yaml"
-    p.write_text("train:\n  lr: 1e-4\n  max_steps: '30'\n  use_gpu: 'false'\ndata:\n  inputs: /data/books\n")
-    cfg = load_config(p, ["--train.warmup_steps", "1e1", "--train.weight_decay", "1e-2"])
+    p.write_text("train:\n  lr: 1e-4\n  max_steps: 30\n  use_gpu: false\ndata:\n  inputs: /data/books\n  dedup: off\n")
+    cfg = load_config(p, ["--train.warmup_steps", "10", "--train.weight_decay", "1e-2"])
     assert cfg.train.lr == 1e-4 and isinstance(cfg.train.lr, float)
     assert cfg.train.max_steps == 30 and cfg.train.warmup_steps == 10 and cfg.train.weight_decay == 0.01
-    assert cfg.train.use_gpu is False and cfg.data.inputs == ["/data/books"]
+    assert cfg.train.use_gpu is False and cfg.data.inputs == ["/data/books"] and cfg.data.dedup == "off"
+    assert load_config(None, ["--data.inputs", "[/a, /b]"]).data.inputs == ["/a", "/b"]
+
+
+def test_quoted_numbers_and_booleans_are_still_taken_and_a_float_is_no_integer(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  max_steps: '30'\n  use_gpu: 'false'\n")
+    cfg = load_config(p)
+    assert cfg.train.max_steps == 30 and cfg.train.use_gpu is False
+    with pytest.raises(ConfigError, match=r"^train.warmup_steps 10.0 is not an integer$"):
+        load_config(None, ["--train.warmup_steps", "1e1"])
+
+
+def test_a_config_file_is_read_first_wherever_it_stands(repo_root):
+    """`--section.field` flags override the config file even when `--config` comes after them."""
+    cfg = load_config(None, ["--train.max_steps", "7", "--config", str(repo_root / "configs" / "tiny.yaml")])
+    assert cfg.train.max_steps == 7 and cfg.data.inputs == ["../shared/corpora"]
 
 
 @pytest.mark.parametrize("text,message", [
     ("train: 5\n", "config section train must be a mapping"),
     ("train:\n  - lr\n", "config section train must be a mapping"),
-    ("train:\n  phases: {max_seq_length: 64}\n", "train.phases must be a list"),
+    ("train:\n  phases: {max_seq_length: 64}\n", "train.phases .* is not a list"),
     ("- a\n- b\n", "must be a mapping of sections"),
 ])
 def test_non_mapping_sections_are_named(tmp_path, text, message):
@@ -232,3 +252,26 @@ def test_presets_load_to_the_same_values_as_before(name):
     d["train"] = {k: v for k, v in d["train"].items() if k not in TRAIN_ADDED_SINCE}
     d["tracking"] = {k: v for k, v in d["tracking"].items() if k not in TRACKING_ADDED_SINCE}
     assert config_hash(d) == PRESET_HASHES[name]
+
+
+def test_prepare_data_short_flags_are_aliases_in_the_one_parser(repo_root, tmp_path):
+    """`--input` (repeatable), `--output`, `--vocab-size`... set their `data` fields; flags override the config file
+    (`--input` replaces its inputs, `--vocab-size` drops its vocab); `--data.field` and a short flag mean the same."""
+    import importlib.util
+
+    from pipeline.config import parse
+
+    spec = importlib.util.spec_from_file_location("prepare_data_job", repo_root / "jobs" / "prepare_data.py")
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("data:\n  inputs: [/from/config]\n  vocab: /v.txt\n  seed: 3\n")
+    args, s = parse(job.parser(), ["--input", "/a", "--config", str(cfg), "--input", "/b", "--output", "o",
+                                   "--vocab-size", "600", "--masking", "dynamic", "--num-cpus", "2"], {"data": None})
+    d = s["data"]
+    assert d.inputs == ["/a", "/b"] and d.output == "o" and d.vocab is None and d.vocab_size == 600
+    assert d.masking == "dynamic" and d.seed == 3 and args.num_cpus == 2
+    _, s = parse(job.parser(), ["--config", str(cfg), "--data.max_seq_length", "64"], {"data": None})
+    assert s["data"].inputs == ["/from/config"] and s["data"].vocab == "/v.txt" and s["data"].max_seq_length == 64
+    with pytest.raises(ConfigError, match="not allowed with argument"):
+        parse(job.parser(), ["--vocab", "v.txt", "--vocab-size", "600"], {"data": None})

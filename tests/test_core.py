@@ -242,7 +242,7 @@ def test_resuming_skips_damaged_newer_checkpoints_and_says_so(tmp_path, capsys):
     """The driver's choice: the newest intact checkpoint, one console line for the damaged newer ones; with none
     intact, one line that says how to start over."""
     from pipeline.core.checkpoint import CheckpointCorrupt
-    from pipeline.pretrain.job import resume_point
+    from pipeline.pretrain.identity import resume_point
 
     run = tmp_path / "run"
     for i, step in enumerate((4, 8, 12)):
@@ -275,7 +275,7 @@ def test_a_checkpoint_is_hashed_once_per_process_and_handed_over_until_it_change
     from pipeline.core import checkpoint
     from pipeline.core.checkpoint import CheckpointCorrupt, trust, verified
     from pipeline.storage.io import sha256_file
-    from pipeline.pretrain.job import newest_intact, resume_point
+    from pipeline.pretrain.identity import newest_intact, resume_point
 
     ckpt = tmp_path / "run" / "checkpoint_2026-01-01_00-00-00.000000"
     _tiny_checkpoint(ckpt, 4)

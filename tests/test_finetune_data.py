@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.finetune import data as D
+from pipeline.finetune import readers as R
 
 DATA = Path(__file__).parent / "data"
 
@@ -31,7 +32,7 @@ def test_tokenizer_of_a_checkpoint_dir(tmp_path, minilm_dir):
     (tmp_path / "tokenizer_config.json").write_text('{"do_lower_case": false}')
     assert D.load_tokenizer(tmp_path).encode("Naomi", add_special_tokens=False).tokens == ["[UNK]"]
     (tmp_path / "empty").mkdir()
-    with pytest.raises(D.FinetuneDataError, match="empty has no tokenizer.json or vocab.txt"):
+    with pytest.raises(R.FinetuneDataError, match="empty has no tokenizer.json or vocab.txt"):
         D.prepare_task("sequence-classification", tmp_path / "t.tsv", tmp_path / "e.tsv", tmp_path / "empty")
 
 
@@ -47,7 +48,7 @@ def test_tokenizer_of_a_checkpoint_dir(tmp_path, minilm_dir):
     ],
 )
 def test_read_classification_formats(tmp_path, name, text):
-    ex = D.read_classification(write(tmp_path, name, text))
+    ex = R.read_classification(write(tmp_path, name, text))
     assert [e.text_a.strip() for e in ex] == ['And Ruth said "Intreat me not"', "Naomi wept"]
     assert [e.label for e in ex] == ["b", "a"] and ex[0].text_b is None
 
@@ -56,16 +57,16 @@ def test_datasets_table_as_jsonl(tmp_path):
     """README: a `datasets` table goes in through `to_json` (JSON lines)."""
     datasets = pytest.importorskip("datasets")
     datasets.Dataset.from_dict({"sentence": ["Naomi wept", "Ruth clave"], "label": [1, 0]}).to_json(tmp_path / "t.jsonl")
-    ex = D.read_classification(tmp_path / "t.jsonl")
+    ex = R.read_classification(tmp_path / "t.jsonl")
     assert [(e.text_a, e.label) for e in ex] == [("Naomi wept", "1"), ("Ruth clave", "0")]
 
 
 def test_sentence_pairs_and_label_inference(tmp_path):
-    ex = D.read_classification(write(tmp_path, "p.tsv", "sentence1\tsentence2\tlabel\nA\tB\t3.8\nC\tD\t5.000\n"))
+    ex = R.read_classification(write(tmp_path, "p.tsv", "sentence1\tsentence2\tlabel\nA\tB\t3.8\nC\tD\t5.000\n"))
     assert (ex[0].text_a, ex[0].text_b) == ("A", "B")
-    assert D.infer_labels([e.label for e in ex]) == ("regression", [])
-    assert D.infer_labels(["b", "a", "b"]) == ("classification", ["a", "b"])
-    assert D.infer_labels(["10", "2", "0"]) == ("classification", ["0", "2", "10"])
+    assert R.infer_labels([e.label for e in ex]) == ("regression", [])
+    assert R.infer_labels(["b", "a", "b"]) == ("classification", ["a", "b"])
+    assert R.infer_labels(["10", "2", "0"]) == ("classification", ["0", "2", "10"])
 
 
 def test_pydocs_task_label_map(shared_dir, minilm_dir):
@@ -87,7 +88,7 @@ def test_pydocs_task_label_map(shared_dir, minilm_dir):
 def test_pair_encoding_matches_transformers(tok, minilm_dir):
     transformers = pytest.importorskip("transformers")
     ref = transformers.BertTokenizerFast.from_pretrained(str(minilm_dir))
-    ex = [D.TextExample("Naomi said unto Ruth, Go!", "And Ruth clave unto her " * 10, "a", 1)]
+    ex = [R.TextExample("Naomi said unto Ruth, Go!", "And Ruth clave unto her " * 10, "a", 1)]
     enc = D.encode_classification(tok, ex, 24)
     want = ref("Naomi said unto Ruth, Go!", "And Ruth clave unto her " * 10, truncation="longest_first", max_length=24)
     assert enc["input_ids"][0] == want["input_ids"] and enc["token_type_ids"][0] == want["token_type_ids"]
@@ -108,10 +109,10 @@ def test_pad_batch():
 
 def test_conll_first_wordpiece_labels(tmp_path, tok):
     p = write(tmp_path, "a.conll", "-DOCSTART- -X- O\n\nNaomi NNP B-PER\nunto IN O\nBethlehemjudah NNP B-LOC\n\nthe O\nLORD B-DEITY\nGod I-DEITY\n")
-    sents = D.read_conll(p)
+    sents = R.read_conll(p)
     assert [s.words for s in sents] == [["Naomi", "unto", "Bethlehemjudah"], ["the", "LORD", "God"]]
     assert sents[0].row == 3 and sents[1].row == 7
-    names = D.tag_labels(sents)
+    names = R.tag_labels(sents)
     assert names == ["O", "B-DEITY", "I-DEITY", "B-LOC", "B-PER"]
     l2i = {n: i for i, n in enumerate(names)}
     enc = D.encode_tokens(tok, sents, l2i, 32)
@@ -124,7 +125,7 @@ def test_conll_first_wordpiece_labels(tmp_path, tok):
 
 
 def test_bible_fixture_tags(tok):
-    sents = D.read_conll(DATA / "bible_ner_train.conll")
+    sents = R.read_conll(DATA / "bible_ner_train.conll")
     tags = {t for s in sents for t in s.tags}
     assert tags == {"O", "B-PER", "B-LOC", "B-DEITY", "I-DEITY"}
     words = [w for s in sents for w, t in zip(s.words, s.tags) if t == "B-DEITY"]
@@ -145,15 +146,15 @@ def test_read_squad_v1_v2(tmp_path):
     ctx = "Naomi had a kinsman of her husband's, a mighty man of wealth, and his name was Boaz."
     v1 = write(tmp_path, "v1.json", _squad([{"id": "a", "question": "who was the kinsman?",
                                               "answers": [{"text": "Boaz", "answer_start": ctx.index("Boaz")}]}]))
-    ex, v2 = D.read_squad(v1)
+    ex, v2 = R.read_squad(v1)
     assert not v2 and ex[0].answers[0]["text"] == "Boaz"
     p = write(tmp_path, "v2.json", _squad([{"id": "u", "question": "who wept?", "answers": [], "is_impossible": True}]))
-    ex, v2 = D.read_squad(p)
+    ex, v2 = R.read_squad(p)
     assert v2 and ex[0].is_impossible and ex[0].answers == []
 
 
 def test_qa_windows_stride_and_positions(tmp_path, tok):
-    ex, _ = D.read_squad(DATA / "bible_squad_train.json")
+    ex, _ = R.read_squad(DATA / "bible_squad_train.json")
     feats, windows = D.encode_qa(tok, ex[:40], max_seq_length=64, doc_stride=16, max_query_length=24)
     by_q: dict[str, list[int]] = {}
     for i, w in enumerate(windows):
@@ -180,7 +181,7 @@ def test_qa_windows_stride_and_positions(tmp_path, tok):
         assert ctx_offs[0][0][0] == 0 and ctx_offs[-1][-1][1] == len(e.context.rstrip())
 
 
-def reference_qa(tok, ex: D.QAExample, max_seq_length: int, doc_stride: int, max_query_length: int):
+def reference_qa(tok, ex: R.QAExample, max_seq_length: int, doc_stride: int, max_query_length: int):
     """Doc-stride windows the straightforward way (what encode_qa did by hand before the tokenizer did it):
     question and context encoded alone, a window of `room` context tokens moved by `room - doc_stride`."""
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
@@ -204,18 +205,18 @@ def reference_qa(tok, ex: D.QAExample, max_seq_length: int, doc_stride: int, max
         begin += room - doc_stride
 
 
-def _long_examples() -> list[D.QAExample]:
+def _long_examples() -> list[R.QAExample]:
     """One context of ten fixture contexts (about 1,000 tokens), questions longer than max_query_length with
     accents, CJK and punctuation, answers at the start, in the middle and at the very end."""
-    ex, _ = D.read_squad(DATA / "bible_squad_train.json")
+    ex, _ = R.read_squad(DATA / "bible_squad_train.json")
     ctx = " ".join(list(dict.fromkeys(e.context for e in ex))[:10]) + " Naïve café 北京, don't — Boaz."
     q = "Who, in the café of 北京 (naïve!), said unto Naomi: " + " ".join(e.question for e in ex[:12])
     out = []
     for k, start in enumerate([0, 1, len(ctx) // 3, len(ctx) // 2 + 7, len(ctx) - 5]):
         text = ctx[start : start + 17]
-        out.append(D.QAExample(f"long-{k}", q if k % 2 else ex[k].question, ctx, [{"text": text, "answer_start": start}]))
-    out.append(D.QAExample("long-none", q, ctx, [], True))
-    out.append(D.QAExample("empty", "Who?", "", [], True))
+        out.append(R.QAExample(f"long-{k}", q if k % 2 else ex[k].question, ctx, [{"text": text, "answer_start": start}]))
+    out.append(R.QAExample("long-none", q, ctx, [], True))
+    out.append(R.QAExample("empty", "Who?", "", [], True))
     return out
 
 
@@ -223,7 +224,7 @@ def _long_examples() -> list[D.QAExample]:
 @pytest.mark.parametrize("examples", ["fixtures", "long"])
 def test_qa_windows_equal_the_straightforward_ones(tok, examples, max_seq_length, doc_stride, max_query_length):
     if examples == "fixtures":
-        ex = D.read_squad(DATA / "bible_squad_train.json")[0] + D.read_squad(DATA / "bible_squad_dev.json")[0]
+        ex = R.read_squad(DATA / "bible_squad_train.json")[0] + R.read_squad(DATA / "bible_squad_dev.json")[0]
     else:
         ex = _long_examples()
     feats, windows = D.encode_qa(tok, ex, max_seq_length, doc_stride, max_query_length)
@@ -263,15 +264,15 @@ def test_qa_windows_are_run_qa_windows(tok, minilm_dir):
     ],
 )
 def test_classification_bad_data(tmp_path, name, text, msg):
-    with pytest.raises(D.FinetuneDataError) as e:
-        D.read_classification(write(tmp_path, name, text))
+    with pytest.raises(R.FinetuneDataError) as e:
+        R.read_classification(write(tmp_path, name, text))
     assert msg in str(e.value) and "\n" not in str(e.value)
 
 
 def test_unknown_eval_label(tmp_path, minilm_dir):
     tr = write(tmp_path, "train.tsv", "sentence\tlabel\nNaomi wept\ta\nRuth clave\tb\n")
     ev = write(tmp_path, "dev.tsv", "sentence\tlabel\nNaomi wept\ta\nBoaz\tc\n")
-    with pytest.raises(D.FinetuneDataError, match=r"dev.tsv: row 3: unknown label 'c' \(not in the training labels: a, b\)"):
+    with pytest.raises(R.FinetuneDataError, match=r"dev.tsv: row 3: unknown label 'c' \(not in the training labels: a, b\)"):
         D.prepare_task("sequence-classification", tr, ev, minilm_dir)
 
 
@@ -284,38 +285,38 @@ def test_unknown_eval_label(tmp_path, minilm_dir):
     ],
 )
 def test_conll_bad_data(tmp_path, text, msg):
-    with pytest.raises(D.FinetuneDataError, match=msg):
-        D.read_conll(write(tmp_path, "x.conll", text))
+    with pytest.raises(R.FinetuneDataError, match=msg):
+        R.read_conll(write(tmp_path, "x.conll", text))
 
 
 def test_conll_unknown_eval_tag(tmp_path, minilm_dir):
     tr = write(tmp_path, "tr.conll", "Naomi B-PER\nwept O\n")
     ev = write(tmp_path, "ev.conll", "Naomi B-PER\n\nMoab B-LOC\n")
-    with pytest.raises(D.FinetuneDataError, match=r"ev.conll: row 3: unknown label 'B-LOC'"):
+    with pytest.raises(R.FinetuneDataError, match=r"ev.conll: row 3: unknown label 'B-LOC'"):
         D.prepare_task("token-classification", tr, ev, minilm_dir)
 
 
 def test_squad_bad_answer_and_missing_data(tmp_path):
     p = write(tmp_path, "s.json", _squad([{"id": "q7", "question": "who?", "answers": [{"text": "Boaz", "answer_start": 3}]}]))
-    with pytest.raises(D.FinetuneDataError, match=r"s.json: row q7: answer 'Boaz' is not at answer_start 3"):
-        D.read_squad(p)
+    with pytest.raises(R.FinetuneDataError, match=r"s.json: row q7: answer 'Boaz' is not at answer_start 3"):
+        R.read_squad(p)
     p = write(tmp_path, "n.json", json.dumps({"version": "1.1"}))
-    with pytest.raises(D.FinetuneDataError, match="missing top-level 'data'"):
-        D.read_squad(p)
+    with pytest.raises(R.FinetuneDataError, match="missing top-level 'data'"):
+        R.read_squad(p)
     p = write(tmp_path, "b.json", '{"data": [')
-    with pytest.raises(D.FinetuneDataError, match=r"b.json: row 1: malformed JSON"):
-        D.read_squad(p)
+    with pytest.raises(R.FinetuneDataError, match=r"b.json: row 1: malformed JSON"):
+        R.read_squad(p)
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(D.FinetuneDataError, match="does not exist"):
-        D.read_classification(tmp_path / "nope.tsv")
+    with pytest.raises(R.FinetuneDataError, match="does not exist"):
+        R.read_classification(tmp_path / "nope.tsv")
 
 
-@pytest.mark.parametrize("name, reader", [("t.tsv", D.read_classification), ("t.conll", D.read_conll),
-                                          ("t.json", D.read_squad)])
+@pytest.mark.parametrize("name, reader", [("t.tsv", R.read_classification), ("t.conll", R.read_conll),
+                                          ("t.json", R.read_squad)])
 def test_non_utf8_file_is_one_line_error(tmp_path, name, reader):
     p = tmp_path / name
     p.write_bytes(b"sentence\tlabel\n\xff\xfe caf\xe9\ta\n")
-    with pytest.raises(D.FinetuneDataError, match=rf"{name}: not valid UTF-8 \(byte 15\)"):
+    with pytest.raises(R.FinetuneDataError, match=rf"{name}: not valid UTF-8 \(byte 15\)"):
         reader(p)

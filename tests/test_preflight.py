@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.storage.io import StorageError, read_text, write_bytes_atomic
-from pipeline.storage.preflight import artifact_root, check_storage
+from pipeline.storage.preflight import check_storage
+from pipeline.tracking.server import artifact_root
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
@@ -182,8 +183,9 @@ def test_finetune_cli_reads_s3_task_files(s3_env, minilm_dir, tmp_path, monkeypa
         assert rc == 1 and "Traceback" not in err, err
         return err.strip().splitlines()
 
-    assert job(f"s3://{bucket}/t/train.tsv")[-1].startswith(f"error: s3://{bucket}/t/dev.tsv: row 2: unknown label 'c'")
-    assert job(f"s3://{bucket}/t/nope.tsv") == [f"error: --train s3://{bucket}/t/nope.tsv: does not exist"]
+    assert job(f"s3://{bucket}/t/train.tsv")[-1].startswith(f"finetune: error: s3://{bucket}/t/dev.tsv: row 2: unknown label 'c'")
+    missing = job(f"s3://{bucket}/t/nope.tsv")
+    assert len(missing) == 1 and missing[0].startswith(f"finetune: error: --train s3://{bucket}/t/nope.tsv: does not exist (log: ")
     assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
 
 

@@ -208,8 +208,8 @@ def test_dedup_drops_planted_copies_and_says_so(shared_dir, minilm_dir, tmp_path
     ("dedup_num_perm", 8, "data.dedup_num_perm 8 is not in [16, 1024]"),
 ])
 def test_bad_dedup_values_name_the_field(field, value, message):
-    from pipeline.config import ConfigError
+    from pipeline.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError) as e:
-        DataConfig(**{field: value})
+    with pytest.raises(ConfigError) as e:  # as a user gives them: on the command line (the parser checks the type)
+        load_config(None, [f"--data.{field}", str(value)])
     assert str(e.value) == message

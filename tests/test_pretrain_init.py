@@ -13,7 +13,8 @@ import torch
 
 from pipeline.config import ConfigError, load_config, resolve_paths
 from pipeline.pretrain.init import check_prepared, load_initial, resolve_init
-from pipeline.pretrain.job import run_identity, run_name_for, worker_config
+from pipeline.pretrain.identity import run_identity, run_name_for
+from pipeline.pretrain.job import worker_config
 
 
 def _cfg(tmp_path: Path, *args: str):
@@ -38,7 +39,7 @@ def tiny_ckpt(tmp_path):
 
 def test_minilm_directory_gives_architecture_vocabulary_and_lowercasing(tmp_path, minilm_dir):
     cfg, init = resolve_init(_cfg(tmp_path, "--model.init", str(minilm_dir), "--model.preset", "null",
-                                  "--model.hidden_dropout_prob", "0.0"))
+                                  "--model.overrides.hidden_dropout_prob", "0.0"))
     bc = cfg.model.bert_config()
     assert (bc.hidden_size, bc.num_hidden_layers, bc.num_attention_heads, bc.vocab_size) == (384, 6, 12, 30522)
     assert bc.hidden_dropout_prob == 0.0  # a non-architecture override applies on top
@@ -84,7 +85,7 @@ def test_a_checkpoint_with_heads_loads_them_and_an_agreeing_preset_is_fine(tmp_p
 @pytest.mark.parametrize("args,expect", [
     (["--model.preset", "base"], "model.preset base: hidden_size 768 != 384 in {src}/config.json"),
     (["--model.preset", "mini"], "model.preset mini: hidden_size 256 != 384 in {src}/config.json"),
-    (["--model.preset", "null", "--model.num_hidden_layers", "4"], "model.overrides num_hidden_layers: 4 != 6 in {src}/config.json"),
+    (["--model.preset", "null", "--model.overrides.num_hidden_layers", "4"], "model.overrides num_hidden_layers: 4 != 6 in {src}/config.json"),
 ])
 def test_a_contradicting_architecture_is_one_line_naming_both(tmp_path, minilm_dir, args, expect):
     with pytest.raises(ConfigError) as e:
@@ -166,7 +167,7 @@ def test_a_run_longer_by_max_steps_only_says_it_is_new_and_how_to_continue(tmp_p
     version as `--model.init`; the run itself (resumed), another LR, or a chosen run name get none. About 20 s,
     most of it MLflow creating the SQLite store."""
     from pipeline import tracking
-    from pipeline.pretrain.job import longer_run_notice
+    from pipeline.pretrain.identity import longer_run_notice
 
     def notice(cfg):  # what train_stage passes
         return longer_run_notice(cfg, run_name_for(cfg, datasets), run_identity(cfg, datasets, without=("max_steps",)), uri)

@@ -258,7 +258,7 @@ def test_a_second_identical_command_is_refused_while_the_first_holds_the_run(clu
     import ray
 
     from pipeline import tracking
-    from pipeline.pretrain.job import run_lock
+    from pipeline.pretrain.identity import run_lock
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     storage = work / "runs-locked"
@@ -391,7 +391,8 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(baseline, pr
     re-run fails in one line, and the run that registered a version stays FINISHED. ~40 s."""
     from pipeline import tracking
     from pipeline.core.checkpoint import CheckpointCorrupt
-    from pipeline.pretrain.job import TrainResult, newest_intact, register_stage, train_stage
+    from pipeline.pretrain.identity import newest_intact
+    from pipeline.pretrain.job import TrainResult, register_stage, train_stage
 
     runs = work / "ft-runs"
     shutil.copytree(runs / "baseline", runs / "damaged")

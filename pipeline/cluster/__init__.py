@@ -6,8 +6,8 @@ and calls the names below.
 from pipeline.cluster.connect import (RayStartError, check_resources, connect, disconnect, environ, free_port,
                                       quiet_ray_data, quiet_ray_train, session_log_dir)
 from pipeline.cluster.train import (Scale, checkpoint_uri, checkpoints, fit, num_nodes, prepare_model, report,
-                                    resume_checkpoint, say, worker)
+                                    resume_checkpoint, worker)
 
 __all__ = ["RayStartError", "Scale", "check_resources", "checkpoint_uri", "checkpoints", "connect", "disconnect",
            "environ", "fit", "free_port", "num_nodes", "prepare_model", "quiet_ray_data", "quiet_ray_train", "report",
-           "resume_checkpoint", "say", "session_log_dir", "worker"]
+           "resume_checkpoint", "session_log_dir", "worker"]

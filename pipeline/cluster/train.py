@@ -1,6 +1,6 @@
 """Ray Train: the launcher (ScalingConfig / RunConfig / FailureConfig around a per-worker loop) shared by
 pretraining and fine-tuning, the run's checkpoints in storage, and what a worker asks of Ray Train (its rank and
-device, DDP, reports, the checkpoint to resume from, one console line).
+device, DDP, reports, the checkpoint to resume from).
 """
 
 from __future__ import annotations
@@ -21,10 +21,14 @@ class Scale:
     num_to_keep: int = 2
 
 
-def fit(loop: Callable[[dict[str, Any]], None], config: dict[str, Any], *, name: str, storage_path: str, scale: Scale,
+def fit(loop: Callable[[Any], None], handoff: Any, *, name: str, storage_path: str, scale: Scale,
         datasets: dict[str, Any] | None = None, dataset_config: Any = None):
-    """Run `loop(config)` on `scale.num_workers` Ray Train workers (DDP set up by Ray); a run of the same
-    `name` in `storage_path` is resumed from its latest checkpoint. Returns Ray's Result; raises its error."""
+    """Run `loop(handoff)` on `scale.num_workers` Ray Train workers (DDP set up by Ray); `handoff` is what the
+    driver gives every worker, a frozen dataclass (`PretrainHandoff`, `FinetuneHandoff`), pickled once per worker.
+    A run of the same `name` in `storage_path` is resumed from its latest checkpoint. Returns Ray's Result; raises
+    its error."""
+    import functools
+
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -33,8 +37,7 @@ def fit(loop: Callable[[dict[str, Any]], None], config: dict[str, Any], *, name:
     if dataset_config is not None:
         kwargs["dataset_config"] = dataset_config
     trainer = TorchTrainer(
-        loop,
-        train_loop_config=config,
+        functools.partial(loop, handoff),  # no train_loop_config: Ray Train calls a loop without arguments as it is
         scaling_config=ScalingConfig(num_workers=scale.num_workers, use_gpu=scale.use_gpu,
                                      resources_per_worker=resources, placement_strategy=scale.placement_strategy),
         run_config=RunConfig(name=name, storage_path=storage_path,
@@ -77,15 +80,6 @@ def checkpoints(storage_path: str, name: str) -> list[tuple[str, dict[str, Any] 
         found.append((step, ckpt.rsplit("/", 1)[-1], uri, state if isinstance(state, dict) else None,
                       why or (None if isinstance(state, dict) else "train_state.json is not a JSON object")))
     return [(uri, state, why) for _, _, uri, state, why in sorted(found, key=lambda f: (f[0], f[1]), reverse=True)]
-
-
-def say(line: str) -> None:
-    """A console line from a Ray Train worker, printed once. Ray Train's print patch sends `print()` both to the
-    worker's stdout and to its logger on stderr, and Ray forwards both streams: every line would appear twice.
-    A write to the real stdout bypasses the patch."""
-    import sys
-
-    print(line, file=sys.__stdout__, flush=True)
 
 
 def worker() -> tuple[int, int, Any]:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import sys
 import time
 
+from pipeline.console import say
+
 PROGRESS_EVERY_S = 10.0  # a "[data] <pass>: k/n ..." line at most this often while a pass runs
 
 
 def log(msg: str) -> None:
-    print(f"[data] {msg}", file=sys.stderr, flush=True)
+    say(f"[data] {msg}", sys.stderr)
 
 
 class Progress:

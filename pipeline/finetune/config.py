@@ -1,6 +1,6 @@
 """Fine-tuning configuration: sections data/model/train/eval/tracking/tune (configs/finetune.yaml holds the defaults).
 
-Loaded like pretraining's (`pipeline.config.load_sections`: YAML plus `--section.field value`, coerced by field
+Loaded like pretraining's (`pipeline.config.load_sections`: YAML plus `--section.field value`, checked by field
 type, validated); `jobs/finetune.py --help` lists every field. `FtTrainConfig` extends the training fields shared
 with pretraining (`pipeline.config.BaseTrainConfig`) with epochs, batch sizes and the warmup ratio, and makes
 `lr` default to `auto` (`resolve_lr`). Imports only `pipeline.config`, never `pipeline.pretrain`.
@@ -13,7 +13,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from pipeline.config import BaseTrainConfig, _check, flatten, load_sections
+from pipeline.config import BaseTrainConfig, ConfigError, flatten, load_sections
+from pipeline.config.sections import _check
 
 
 @dataclass
@@ -108,16 +109,25 @@ class FtEvalConfig:
 class FtTuneConfig:
     """An LR sweep with Ray Tune (`pipeline.finetune.sweep`); no LRs = one run at train.lr."""
 
-    lr: list[float] | None = None
-    """Peak LRs to try, one trial each (`--tune.lr 1e-4,3e-4,1e-3`); the best trial's model is registered."""
+    lr: list[float] | str | None = None
+    """Peak LRs to try, one trial each (`--tune.lr 1e-4,3e-4,1e-3` or a list); the best trial's model is registered."""
     max_concurrent_trials: int = 1
     """Trials at once; 1 keeps a small machine's cores for one trial's workers."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.lr, (str, float, int)):  # `1e-4,3e-4`: numbers never hold a comma
+            self.lr = [_number(x.strip(), f"tune.lr[{i}]") for i, x in enumerate(str(self.lr).split(","))]
         for x in self.lr or []:
             _check(0 < x < math.inf, f"tune.lr {x:g} must be > 0")
         _check(len(set(self.lr or [])) == len(self.lr or []), f"tune.lr {self.lr} lists an LR twice")
         _check(self.max_concurrent_trials >= 1, f"tune.max_concurrent_trials {self.max_concurrent_trials} < 1")
+
+
+def _number(text: str, where: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{where} {text!r} is not a number") from None
 
 
 @dataclass

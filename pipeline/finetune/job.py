@@ -34,13 +34,16 @@ from typing import Any, Callable
 
 import torch
 
-from pipeline.config import ConfigError, _check, resolve_path
+from pipeline.config import ConfigError, resolve_path
+from pipeline.config.sections import _check
 from pipeline.finetune.config import FinetuneConfig, resolve_lr
 from pipeline.finetune.metrics import primary_metric
 from pipeline.finetune.data import TaskData, load_tokenizer, prepare_task
+from pipeline.finetune.loop import FinetuneHandoff
 from pipeline.finetune.runs import Job, fit_run, with_lr
 from pipeline.storage.io import exists, is_uri, local_copy
-from pipeline.storage.preflight import artifact_root, check_storage
+from pipeline.storage.preflight import check_storage
+from pipeline.tracking.server import artifact_root
 
 TASKS = ("sequence-classification", "token-classification", "question-answering")
 DEFAULT_SCRATCH_TOKENIZER = "models:/bert-pretrain@latest-pretrain"
@@ -205,7 +208,7 @@ def _train_and_register(cfg: FinetuneConfig, source: Source, td: TaskData, task:
     init = {"class": type(model).__name__, "config": asdict(model.config), "state_dict": model.state_dict()}
     primary = primary_metric(task, td.problem_type)
     tags = {**source.tags, "task": task, "train_file": resolve_path(train_path), "eval_file": resolve_path(eval_path)}
-    shared = {"data_ref": ray.put(td), "init_ref": ray.put(init), "tracking_uri": uri, "primary": primary, "on_step": on_step}
+    shared = FinetuneHandoff(ray.put(td), ray.put(init), uri, primary, on_step)
     job = Job(cfg, source, task, td, primary, tags, shared, work, output_dir)
     run_name = cfg.tracking.run_name or run_name_for(task, source)
     if cfg.tune.lr:

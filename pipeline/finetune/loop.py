@@ -16,12 +16,14 @@ import json
 import math
 import os
 import tempfile
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
 from pipeline import cluster
+from pipeline.console import say
 from pipeline.core.checkpoint import load_checkpoint, save_checkpoint, unwrap
 from pipeline.tracking.outbox import read_pending, write_pending
 from pipeline.core.optim import make_optimizer
@@ -150,6 +152,26 @@ def build_model(init: dict[str, Any]) -> torch.nn.Module:
     return model
 
 
+@dataclass(frozen=True)
+class FinetuneHandoff:
+    """What the driver gives every fine-tuning worker. The runs of one job (a single run, or each trial of a sweep)
+    share all of it but `cfg` (a trial's LR) and `run_id` (`fit_run` sets both)."""
+
+    data_ref: Any
+    """Ray object ref to the task's `TaskData` (tokenized once on the driver)."""
+    init_ref: Any
+    """Ray object ref to the initial model: {"class", "config", "state_dict"}."""
+    tracking_uri: str
+    primary: str
+    """The eval metric that picks the best epoch (accuracy, f1, pearson, ...)."""
+    on_step: Callable[[int, int], None] | None = None
+    """Test hook called in every worker after each step (fault injection)."""
+    cfg: Any = None
+    """This run's `FinetuneConfig`."""
+    run_id: str | None = None
+    """The MLflow run rank 0 logs into; None logs nothing."""
+
+
 class BestModel:
     """Rank 0's best epoch so far: a CPU copy of the model in memory (nothing in /tmp to leave behind when a
     worker dies), written into every checkpoint as `best/` (a transformers directory + eval_metrics.json)."""
@@ -180,22 +202,21 @@ class BestModel:
                 json.dump(self.info, f, indent=1)
 
 
-def train_loop_per_worker(config: dict[str, Any]) -> None:
+def train_loop_per_worker(h: FinetuneHandoff) -> None:
     """Fine-tune with DDP; resumes from `ray.train.get_checkpoint()` exactly (weights, optimizer, RNGs, data)."""
     import ray
     import ray.train
 
     from pipeline.tracking import RunLogger
 
-    cfg, primary = config["cfg"], config["primary"]
-    on_step: Callable[[int, int], None] | None = config.get("on_step")  # test hook: fault injection
-    td: TaskData = ray.get(config["data_ref"])
+    cfg, primary, on_step = h.cfg, h.primary, h.on_step
+    td: TaskData = ray.get(h.data_ref)
     tc = cfg.train
     cluster.quiet_ray_train()  # Ray Train's per-report INFO line to its log file only
     rank, world, device = cluster.worker()
     if not tc.use_gpu:  # a fixed thread count: bit-identical CPU math on restart
         torch.set_num_threads(tc.torch_threads or max(1, (os.cpu_count() or 1) // world))
-    model = cluster.prepare_model(build_model(ray.get(config["init_ref"])))
+    model = cluster.prepare_model(build_model(ray.get(h.init_ref)))
     micro = micro_batches_per_epoch(len(td.train["input_ids"]), world, tc.batch_size)
     per_epoch = steps_per_epoch(len(td.train["input_ids"]), world, tc.batch_size, tc.accumulation_steps)
     total = tc.max_steps or tc.epochs * per_epoch
@@ -209,13 +230,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         with ckpt.as_directory() as d:
             if rank == 0:  # first: building the copy draws from the RNGs that load_checkpoint then restores
                 best_model.load(d, type(unwrap(model)))
-                pending = read_pending(d, config.get("run_id") or "")
+                pending = read_pending(d, h.run_id or "")
             state = load_checkpoint(d, rank, t)
-        cluster.say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
+        say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
     else:
         torch.manual_seed(tc.seed * 1000 + rank + 1)  # each rank its own dropout stream
-    log = RunLogger(config["run_id"], config["tracking_uri"], total_steps=total, log_every_steps=tc.log_every_steps,
-                    background=True, pending=pending) if rank == 0 and config.get("run_id") else None
+    log = RunLogger(h.run_id, h.tracking_uri, total_steps=total, log_every_steps=tc.log_every_steps,
+                    background=True, pending=pending) if rank == 0 and h.run_id else None
 
     step, (epoch, done) = state["step"], (state["position"]["epoch"], state["position"]["micro"])
     best = tuple(state["best"]) if state["best"] is not None else None
@@ -240,7 +261,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 metrics.update({f"eval/{k}": v for k, v in ev.items()})
                 if log is not None:
                     log.log_metrics({f"eval/{k}": v for k, v in ev.items()}, step)
-                    cluster.say(f"[finetune] epoch {epoch} step {step}/{total} eval " + "  ".join(f"{k} {v:.4f}" for k, v in ev.items()))
+                    say(f"[finetune] epoch {epoch} step {step}/{total} eval " + "  ".join(f"{k} {v:.4f}" for k, v in ev.items()))
                 score = (ev[primary], -ev["loss"])  # ties on the metric (e.g. F1 0 early on) go to the lower loss
                 if best is None or score > best:
                     best = score
@@ -249,9 +270,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             if checkpointing:
                 with tempfile.TemporaryDirectory() as d:
                     if log is not None:  # what the tracking server has not got yet travels with the checkpoint
-                        write_pending(d, config["run_id"], log.pending())
+                        write_pending(d, h.run_id, log.pending())
                     save_checkpoint(d, rank, t, {"step": step, "position": position, "best": best,
-                                                 "run_id": config.get("run_id"), "max_steps": total})
+                                                 "run_id": h.run_id, "max_steps": total})
                     if rank == 0:
                         best_model.write(d)
                     cluster.report(metrics, d)

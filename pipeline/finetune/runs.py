@@ -11,10 +11,13 @@ import os
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.config import resolve_path
 from pipeline.finetune.data import TaskData
+
+if TYPE_CHECKING:
+    from pipeline.finetune.loop import FinetuneHandoff
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -31,17 +34,16 @@ def with_lr(cfg: Any, lr: float) -> Any:
     return replace(cfg, train=replace(cfg.train, lr=lr))
 
 
-def fit_run(cfg: Any, shared: dict[str, Any], run_id: str, name: str):
+def fit_run(cfg: Any, shared: FinetuneHandoff, run_id: str, name: str):
     """One Ray Train run of `train_loop_per_worker` at `cfg` (checkpoints in `train.storage_path`/`name`), rank 0
-    logging into MLflow run `run_id`; `shared` is the loop config every run of the job shares (object refs to the
-    task data and the initial weights, the tracking URI, the primary metric, the test hook). A single run and
+    logging into MLflow run `run_id`; `shared` is what every run of the job hands its workers. A single run and
     every Tune trial of a sweep train through this. Returns Ray's Result."""
     from pipeline import cluster
     from pipeline.finetune.loop import train_loop_per_worker
 
     t = cfg.train
     scale = cluster.Scale(t.num_workers, t.use_gpu, t.cpus_per_worker, max_failures=t.max_failures, num_to_keep=1)
-    return cluster.fit(train_loop_per_worker, {**shared, "cfg": cfg, "run_id": run_id}, name=name,
+    return cluster.fit(train_loop_per_worker, replace(shared, cfg=cfg, run_id=run_id), name=name,
                         storage_path=resolve_path(t.storage_path), scale=scale)
 
 
@@ -65,7 +67,7 @@ class Job:
     """The eval metric that picks the best epoch (and the best trial)."""
     tags: dict[str, str]
     """Every run's MLflow tags: the source's lineage, the task and its files."""
-    shared: dict[str, Any]
+    shared: FinetuneHandoff
     """The loop config every Ray Train run shares (see `fit_run`)."""
     work: str
     """The job's temporary directory (removed at the end)."""

@@ -19,7 +19,7 @@ each trial's Ray Train checkpoints `train.storage_path`/<child name>.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray.tune
@@ -29,6 +29,7 @@ from pipeline import tracking
 from pipeline.tracking import server as tracking_server
 from pipeline.config import ConfigError, resolve_path
 from pipeline import cluster
+from pipeline.finetune.loop import FinetuneHandoff
 from pipeline.finetune.runs import Job, best_metrics, fit_run, with_lr
 
 TRIAL_CPUS = 0.05
@@ -50,13 +51,24 @@ def pick_best(results: list[dict[str, Any]], primary: str) -> int:
     return max(range(len(results)), key=key)
 
 
-def _trial(config: dict[str, Any], base: dict[str, Any]) -> None:
-    """One Tune trial: the job's Ray Train run at this trial's LR, then its best epoch's eval metrics to Tune."""
+@dataclass(frozen=True)
+class _Trials:
+    """What the driver gives every trial: the job's config (storage made absolute), what its Ray Train runs share,
+    and each LR's child run {lr: (MLflow run id, Ray Train run name)}."""
+
+    cfg: Any
+    shared: FinetuneHandoff
+    children: dict[float, tuple[str, str]]
+
+
+def _trial(config: dict[str, Any], trials: _Trials) -> None:
+    """One Tune trial: the job's Ray Train run at this trial's LR, then its best epoch's eval metrics to Tune.
+    (`config` is Tune's: this trial's point of the grid.)"""
     lr = config["train_loop_config"]["lr"]
-    run_id, name = base["children"][lr]
-    result = fit_run(with_lr(base["cfg"], lr), base["shared"], run_id, name)
+    run_id, name = trials.children[lr]
+    result = fit_run(with_lr(trials.cfg, lr), trials.shared, run_id, name)
     ray.tune.report({**{f"eval/{k}": v for k, v in best_metrics(result.checkpoint).items()}, "lr": lr,
-                     "checkpoint": cluster.checkpoint_uri(result, base["cfg"].train.storage_path)})
+                     "checkpoint": cluster.checkpoint_uri(result, trials.cfg.train.storage_path)})
 
 
 class _TrialLines(ray.tune.Callback):
@@ -98,14 +110,14 @@ def _tune(job: Job, run_name: str, children: dict[float, tuple[str, str]]) -> ra
     """Tune's grid over the children's LRs; raises the first trial's error, if any."""
     cfg = job.cfg
     storage = resolve_path(cfg.train.storage_path)  # absolute: a trial runs in its own working directory
-    base = {"cfg": replace(cfg, train=replace(cfg.train, storage_path=storage)), "shared": job.shared, "children": children}
+    trials = _Trials(replace(cfg, train=replace(cfg.train, storage_path=storage)), job.shared, children)
     tuner = ray.tune.Tuner(
-        ray.tune.with_resources(ray.tune.with_parameters(_trial, base=base), {"CPU": TRIAL_CPUS}),
+        ray.tune.with_resources(ray.tune.with_parameters(_trial, trials=trials), {"CPU": TRIAL_CPUS}),
         param_space={"train_loop_config": {"lr": ray.tune.grid_search(list(children))}},
         tune_config=ray.tune.TuneConfig(max_concurrent_trials=cfg.tune.max_concurrent_trials),
         run_config=ray.tune.RunConfig(name=run_name, storage_path=storage, verbose=0,
                                       failure_config=ray.tune.FailureConfig(fail_fast=True),  # as a single run fails
-                                      callbacks=[_TrialLines(children, job.primary, job.shared["tracking_uri"])]),
+                                      callbacks=[_TrialLines(children, job.primary, job.shared.tracking_uri)]),
     )
     # Tune's legacy console output at verbose=0 prints nothing (the new engine still prints a banner), and without
     # Tune's SIGINT handler Ctrl-C interrupts the job as it does a single run (Tune's would end the sweep quietly)
@@ -123,7 +135,7 @@ def _open_children(job: Job, run_name: str, parent_id: str) -> dict[float, tuple
         name = f"{run_name}-lr{lr:g}"
         run_id = tracking.start_run(job.cfg.tracking.experiment, name,
                                     {**job.tags, "mlflow.parentRunId": parent_id, "tune_lr": f"{lr:g}"})
-        logger = tracking.RunLogger(run_id, job.shared["tracking_uri"])
+        logger = tracking.RunLogger(run_id, job.shared.tracking_uri)
         job.log_inputs(logger, with_lr(job.cfg, lr), {"train.lr_source": "tune.lr"})
         logger.client.update_run(run_id, status="SCHEDULED")
         children[lr] = (run_id, name)
@@ -145,7 +157,7 @@ def check_trial_resources(num_workers: int, cpus_per_worker: float, cluster_cpus
     >>> check_trial_resources(2, 1.0, 2.0)
     Traceback (most recent call last):
     ...
-    pipeline.config.ConfigError: tune.lr: a trial needs train.num_workers 2 x train.cpus_per_worker 1 + 0.05 (the trial's own actor) = 2.05 CPUs; the cluster has 2
+    pipeline.config.sections.ConfigError: tune.lr: a trial needs train.num_workers 2 x train.cpus_per_worker 1 + 0.05 (the trial's own actor) = 2.05 CPUs; the cluster has 2
     """
     need = num_workers * cpus_per_worker + TRIAL_CPUS
     if cluster_cpus < need:
@@ -157,7 +169,7 @@ def check_trial_resources(num_workers: int, cpus_per_worker: float, cluster_cpus
 def run_sweep(job: Job, run_name: str) -> dict[str, Any]:
     """The parent run around Tune's sweep; the best trial exported and registered. Returns run_finetune's dict for
     the best trial (its child run) plus `parent_run_id` and `lr`."""
-    cfg, uri = job.cfg, job.shared["tracking_uri"]
+    cfg, uri = job.cfg, job.shared.tracking_uri
     check_trial_resources(cfg.train.num_workers, cfg.train.cpus_per_worker, ray.cluster_resources().get("CPU", 0))
     parent_id = tracking.start_run(cfg.tracking.experiment, run_name, job.tags)
     parent = tracking.RunLogger(parent_id, uri)

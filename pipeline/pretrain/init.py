@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import Config, ConfigError, _check, phase_data_configs
+from pipeline.config import Config, ConfigError, phase_data_configs
+from pipeline.config.sections import _check
 
 # BertConfig fields that decide the shapes and the function of the weights: they must match the checkpoint.
 ARCHITECTURE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
@@ -119,7 +120,7 @@ def check_architecture(preset: str | None, overrides: dict[str, Any], ckpt: dict
     >>> check_architecture("mini", {}, {"hidden_size": 384, "num_hidden_layers": 6}, "/m/config.json")
     Traceback (most recent call last):
     ...
-    pipeline.config.ConfigError: model.preset mini: hidden_size 256 != 384 in /m/config.json
+    pipeline.config.sections.ConfigError: model.preset mini: hidden_size 256 != 384 in /m/config.json
     >>> check_architecture(None, {"hidden_dropout_prob": 0.0}, {"hidden_size": 384}, "/m/config.json")
     """
     from model.config import BertConfig

@@ -8,7 +8,6 @@ a GPU never waits for the host in between.
 from __future__ import annotations
 
 import tempfile
-from typing import Any, Callable
 
 import numpy as np
 
@@ -18,15 +17,14 @@ from pipeline.core.step import TrainFigures, evaluate_sums, train_step
 from pipeline.tracking.outbox import write_pending
 from pipeline.pretrain.feed import RankFeed, eval_batches
 from pipeline.pretrain.metrics import NUM_COUNTS, counts, eval_metrics, summarise
-from pipeline.pretrain.worker import start_worker
+from pipeline.pretrain.worker import PretrainHandoff, start_worker
 
 
-def train_loop_per_worker(config: dict[str, Any]) -> None:
+def train_loop_per_worker(h: PretrainHandoff) -> None:
     """Pretrain with DDP from where `start_worker` resumed (step 0, or a checkpoint exactly)."""
-    cfg, plans, vocab_sha = config["cfg"], config["plans"], config["vocab_sha256"]
-    on_step: Callable[[int, int], None] | None = config.get("on_step")  # test hook: fault injection
+    cfg, plans, vocab_sha, on_step = h.cfg, h.plans, h.vocab_sha256, h.on_step
     tc = cfg.train
-    w = start_worker(config)
+    w = start_worker(h)
     rank, world, device, t, log = w.rank, w.world, w.device, w.trainable, w.log
 
     ends = np.cumsum([p.steps for p in plans]).tolist()
@@ -59,9 +57,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             if checkpointing:
                 with tempfile.TemporaryDirectory() as d:
                     if log is not None:  # what the tracking server has not got yet travels with the checkpoint
-                        write_pending(d, config["run_id"], log.pending())
+                        write_pending(d, h.run_id, log.pending())
                     save_checkpoint(d, rank, t, {"step": step, "position": feed.position, "vocab_sha256": vocab_sha,
-                                                 "run_id": config["run_id"], "max_steps": tc.max_steps})
+                                                 "run_id": h.run_id, "max_steps": tc.max_steps})
                     cluster.report({"step": step, "loss": stats.loss}, d)
             if on_step is not None:
                 on_step(step, rank)

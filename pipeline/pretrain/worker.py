@@ -5,12 +5,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
 
 from pipeline import cluster
+from pipeline.console import say
 from pipeline.core.checkpoint import check_vocab, load_checkpoint, trust
 from pipeline.core.optim import make_optimizer
 from pipeline.core.precision import make_scaler
@@ -18,7 +19,32 @@ from pipeline.core.step import Trainable
 from pipeline.tracking.outbox import read_pending
 
 if TYPE_CHECKING:
+    from pipeline.config import Config
+    from pipeline.pretrain.loader import PhasePlan
     from pipeline.tracking import RunLogger
+
+
+@dataclass(frozen=True)
+class PretrainHandoff:
+    """What the driver gives every pretraining worker (`pipeline.pretrain.job.run_training`)."""
+
+    cfg: Config
+    """The run's config, `model.init` resolved to a local directory (`pipeline.pretrain.init.worker_config`)."""
+    plans: list[PhasePlan]
+    """Each phase's data: its shards, rank row ranges and steps."""
+    run_id: str
+    """The MLflow run rank 0 logs into (created on the driver)."""
+    tracking_uri: str
+    vocab_sha256: str
+    """The vocabulary the data was prepared with: a checkpoint of another one is refused."""
+    damaged: tuple[str, ...] = ()
+    """Checkpoint directory names the driver found damaged: Ray Train's own resume point is replaced when it is one."""
+    resume_from: str | None = None
+    """The newest intact checkpoint's directory name (when Ray Train's is damaged)."""
+    verified: tuple = ()
+    """The checkpoint files the driver hashed (`core.checkpoint.verified`): not read again while unchanged."""
+    on_step: Callable[[int, int], None] | None = None
+    """Test hook called in every worker after each step (fault injection)."""
 
 
 def build_model(model_cfg, vocab_size: int) -> nn.Module:
@@ -46,12 +72,12 @@ class Worker:
     """Rank 0's; None on the other ranks."""
 
 
-def start_worker(config: dict[str, Any]) -> Worker:
+def start_worker(h: PretrainHandoff) -> Worker:
     """This worker's model, optimizer and logger, resumed from `ray.train.get_checkpoint()` (or, when the driver
     found that one damaged, the newest intact one) exactly: weights, optimizer, RNGs, data position."""
     from pipeline.tracking import RunLogger
 
-    cfg, plans = config["cfg"], config["plans"]
+    cfg, plans = h.cfg, h.plans
     tc = cfg.train
     cluster.quiet_ray_data()
     rank, world, device = cluster.worker()
@@ -67,17 +93,17 @@ def start_worker(config: dict[str, Any]) -> Worker:
     t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
     state: dict[str, Any] = {"step": 0, "position": {"phase": 0, "epoch": 0, "micro": 0}}
     pending = None  # metrics rank 0 could not send before the checkpoint (the tracking server was away)
-    trust(config.get("verified", ()))  # the files the driver hashed: not read again while unchanged
-    if (ckpt := cluster.resume_checkpoint(config.get("damaged", ()), config.get("resume_from"))) is not None:
+    trust(h.verified)  # the files the driver hashed: not read again while unchanged
+    if (ckpt := cluster.resume_checkpoint(h.damaged, h.resume_from)) is not None:
         with ckpt.as_directory() as d:
             state = load_checkpoint(d, rank, t)
-            pending = read_pending(d, config["run_id"]) if rank == 0 else None
-        check_vocab(state, config["vocab_sha256"], ckpt.path)
-        cluster.say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
+            pending = read_pending(d, h.run_id) if rank == 0 else None
+        check_vocab(state, h.vocab_sha256, ckpt.path)
+        say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
     else:
         torch.manual_seed(tc.seed * 1000 + rank + 1)  # each rank its own dropout stream
     nodes = cluster.num_nodes(world)  # a collective: every rank takes part
-    log = RunLogger(config["run_id"], config["tracking_uri"], cfg.tracking.system_metrics_every_s, total_steps=tc.max_steps,
+    log = RunLogger(h.run_id, h.tracking_uri, cfg.tracking.system_metrics_every_s, total_steps=tc.max_steps,
                     log_every_steps=tc.log_every_steps, background=True, pending=pending) if rank == 0 else None
     if log is not None:  # where the workers ran: a multi-node run shows num_nodes > 1
         log.set_tags({"world_size": world, "num_nodes": nodes, "device": str(device)})

@@ -121,25 +121,6 @@ def data_targets(data, field: str = "data") -> list[Target]:
             (f"{field}.output", data.output, "write")])
 
 
-def artifact_root(tracking_uri: str, experiment: str) -> str | None:
-    """The experiment's artifact location on a tracking server when the client writes there itself (s3://... and
-    the like); None when the server proxies artifacts (mlflow-artifacts:/), the experiment does not exist yet, or the
-    store is a local database (its artifacts are local files beside it; opening it here would create it)."""
-    from pipeline.tracking import client
-
-    if not tracking_uri.startswith(("http://", "https://")):
-        return None
-    try:
-        exp = client(tracking_uri).get_experiment_by_name(experiment)
-    except Exception:  # noqa: BLE001 - the tracking check itself reports an unreachable server
-        return None
-    loc = exp.artifact_location if exp else None
-    if not loc or not is_uri(loc) or loc.startswith(("file:", "mlflow-artifacts:", "http:", "https:")):
-        return None
-    return loc
-
-
-
 def check_on_every_node(targets: list[Target]) -> list[tuple[str, str | None]]:
     """Run `check_storage(targets)` on every alive node of the connected Ray cluster (one zero-CPU task pinned
     to each): each node's own s3fs, credentials and route to the endpoint. [(node IP, error line or None)]."""

@@ -6,13 +6,13 @@ Code that only tracks imports the package (`from pipeline import tracking`) and 
 submodules are where each lives.
 """
 
-from pipeline.tracking.server import TrackingError, check_tracking_server, client, redact, tracking_uri
+from pipeline.tracking.server import TrackingError, artifact_root, check_tracking_server, client, redact, tracking_uri
 from pipeline.tracking.runs import (EXPERIMENT_KIND, Progress, RunLogger, end_attempt_runs, experiment_id, find_run,
                                     newest_run_tagged, run_exists, start_run)
 from pipeline.tracking.registry import (download_model, fetch_registered, find_version, model_version_info,
                                         register_hf_model, version_description, write_tokenizer_config)
 
-__all__ = ["EXPERIMENT_KIND", "Progress", "RunLogger", "TrackingError", "check_tracking_server", "client",
+__all__ = ["EXPERIMENT_KIND", "Progress", "RunLogger", "TrackingError", "artifact_root", "check_tracking_server", "client",
            "download_model", "end_attempt_runs", "experiment_id", "fetch_registered", "find_run", "find_version",
            "model_version_info", "newest_run_tagged", "redact", "register_hf_model", "run_exists", "start_run",
            "tracking_uri", "version_description", "write_tokenizer_config"]

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -37,15 +36,13 @@ from typing import Any, Callable
 from mlflow.entities import Metric, RunTag
 from mlflow.exceptions import MlflowException
 
+from pipeline.console import say
+
 Row = tuple[str, float, int, int]
 """(key, value, timestamp in ms, step)"""
 
 PENDING_FILE = "mlflow_pending.json"
 """The unsent metrics and tags of a run, in a checkpoint directory (written by rank 0)."""
-
-
-def _say(line: str) -> None:
-    print(line, file=sys.__stdout__, flush=True)  # the real stdout: see pipeline.cluster.say
 
 
 def _clock(t: float) -> str:
@@ -60,7 +57,7 @@ def _duration(s: float) -> str:
 class Outbox:
     """Queue of one run's metric rows and tags; a daemon thread sends them with `client.log_batch`."""
 
-    def __init__(self, client, run_id: str, *, say: Callable[[str], None] = _say, max_in_memory: int = 100_000,
+    def __init__(self, client, run_id: str, *, say: Callable[[str], None] = say, max_in_memory: int = 100_000,
                  batch_size: int = 1000, max_backoff_s: float = 30.0):
         self.client, self.run_id, self.say = client, run_id, say
         self.max_in_memory, self.batch_size, self.max_backoff_s = max(1, max_in_memory), batch_size, max_backoff_s
@@ -290,6 +287,6 @@ def read_pending(checkpoint: str, run_id: str) -> dict[str, Any] | None:
     try:
         data = json.loads(read_bytes(path))
     except ValueError as e:  # unreadable: training must not stop for it (those metric values stay missing)
-        _say(f"[tracking] ignoring {path}: not JSON ({e}); the metric values it held are not sent")
+        say(f"[tracking] ignoring {path}: not JSON ({e}); the metric values it held are not sent")
         return None
     return data if isinstance(data, dict) and data.get("run_id") == run_id else None

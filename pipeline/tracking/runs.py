@@ -24,6 +24,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
+from pipeline.console import say
 from pipeline.tracking.server import check_tracking_server, client, tracking_uri
 
 # MLflow limits: 100 params / 1000 metrics per log_batch call; param values up to 6000 characters.
@@ -193,11 +194,7 @@ class Progress:
         if self.total and done > 0 and step < self.total:
             eta = (now - self._t0) / done * (self.total - step)
             line += f"  eta {int(eta // 60)}m{int(eta % 60):02d}s"
-        import sys
-
-        # The real stdout: in a Ray Train worker `print` to sys.stdout is patched to go to stdout *and* the
-        # worker's logger (stderr), and Ray forwards both, so every line would appear twice.
-        print(line, file=self.out or sys.__stdout__, flush=True)
+        say(line, self.out)
         return line
 
 

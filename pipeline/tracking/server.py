@@ -22,6 +22,7 @@ from pathlib import Path
 from mlflow import MlflowClient
 
 from pipeline.errors import PipelineError
+from pipeline.storage.io import is_uri
 
 
 class TrackingError(PipelineError, RuntimeError):
@@ -181,3 +182,19 @@ def client(uri: str | None = None) -> MlflowClient:
     if uri.startswith("sqlite:///") and uri not in _STORES_READY:
         _open_sqlite_store(uri)
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def artifact_root(tracking_uri: str, experiment: str) -> str | None:
+    """The experiment's artifact location on a tracking server when the client writes there itself (s3://... and
+    the like); None when the server proxies artifacts (mlflow-artifacts:/), the experiment does not exist yet, or the
+    store is a local database (its artifacts are local files beside it; opening it here would create it)."""
+    if not tracking_uri.startswith(("http://", "https://")):
+        return None
+    try:
+        exp = client(tracking_uri).get_experiment_by_name(experiment)
+    except Exception:  # noqa: BLE001 - the tracking check itself reports an unreachable server
+        return None
+    loc = exp.artifact_location if exp else None
+    if not loc or not is_uri(loc) or loc.startswith(("file:", "mlflow-artifacts:", "http:", "https:")):
+        return None
+    return loc

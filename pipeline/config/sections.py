@@ -1,28 +1,12 @@
-"""Configuration: one dataclass per concern, loaded from a YAML preset plus `--section.field value` overrides.
+"""The configuration's sections: one dataclass per concern (`DataConfig`, `ModelConfig`, `TrainConfig` with its
+`PhaseConfig`s, `TrackingConfig`, and `Config` holding them), each field with its type, default and a docstring
+line, validated at construction with errors that name the field. `BaseTrainConfig` holds the training fields
+pretraining (`TrainConfig`) and fine-tuning (`pipeline.finetune.config`) share. They are read from YAML and the
+command line by `pipeline.config.parser`.
 
-A config file has the sections `data`, `model`, `train`, `tracking` (DESIGN.md). Every field can be overridden on
-the command line as `--section.field value`; the value is parsed as YAML, and a scalar given for a list field
-becomes a one-element list. Unknown sections or fields are errors that name them, so a typo never passes
-silently. Relative paths are resolved against the directory the command runs in (`resolve_paths`).
-`BaseTrainConfig` holds the training fields pretraining (`TrainConfig`) and fine-tuning
-(`pipeline.finetune.config`) share.
-
-The command line is jsonargparse's (`pipeline.runner.cli.config_parser`, `parse_cli`), chosen over tyro because it is built for
-this shape: YAML config files, dotted `--section.field` keys whose values are read as YAML, and help generated from
-the dataclasses with each field's attribute docstring (docstring-parser), type and default; litgpt uses it the
-same way. tyro parses values by type, not as YAML, and has no config files of its own. jsonargparse builds every
-job's parser and `--help` and parses the job's own flags. The `--section.field` values are still coerced here
-(`coerce`, `build_section`, `load_sections`), because jsonargparse's type checks reject what this project's
-syntax has always accepted: a scalar for a list (`--data.inputs /data/books`), a whole number written as a float
-for an int (`--train.warmup_steps 1e1`), a comma list of numbers (`--tune.lr 1e-4,3e-4`). Its errors are also
-several lines (`Parser key "train.lr": Expected a <class 'float'>`), where jobs print one line naming the field
-(`train.lr 'abc' is not a number`).
-
-    >>> cfg = load_config(None, ["--train.max_steps", "30", "--data.inputs", "/data/books"])
-    >>> cfg.train.max_steps, cfg.data.inputs
-    (30, ['/data/books'])
+    >>> TrainConfig(max_steps=10, phases=[{"fraction": 0.9}, {"max_seq_length": 512}]).phase_steps()
+    [9, 1]
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -30,12 +14,9 @@ import hashlib
 import json
 import math
 import os
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-
-import yaml
 
 from pipeline.errors import PipelineError
 
@@ -53,7 +34,7 @@ def _check(cond: bool, msg: str) -> None:
 class DataConfig:
     """Where the raw text is, how it is tokenized, and how examples are built and masked."""
 
-    inputs: list[str] = field(default_factory=list)
+    inputs: list[str] | str = field(default_factory=list)
     """Files or folders (recursively) of .txt/.txt.gz books, .jsonl/.jsonl.gz, .parquet, or a `save_to_disk` dir."""
     output: str = "data/prepared"
     """Output directory: manifest.json, vocab.txt, tokenizer.json, shards/*.parquet."""
@@ -118,12 +99,10 @@ class DataConfig:
     """MediaWiki dumps: keep section headings as text."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.inputs, (str, Path)):
-            self.inputs = [str(self.inputs)]
-        _check(self.dedup in ("off", "exact", "near"), f"data.dedup {self.dedup!r} is not one of off, exact, near")
+        if isinstance(self.inputs, str):  # one path given alone: `--data.inputs /data/books`
+            self.inputs = [self.inputs]
         _check(0.0 < self.dedup_threshold <= 1.0, f"data.dedup_threshold {self.dedup_threshold} is not in (0, 1]")
         _check(16 <= self.dedup_num_perm <= 1024, f"data.dedup_num_perm {self.dedup_num_perm} is not in [16, 1024]")
-        _check(self.masking in ("static", "dynamic"), f"data.masking {self.masking!r} is not 'static' or 'dynamic'")
         _check(16 <= self.max_seq_length <= 4096, f"data.max_seq_length {self.max_seq_length} is not in [16, 4096]")
         _check(0.0 < self.mask_rate < 1.0, f"data.mask_rate {self.mask_rate} is not in (0, 1)")
         _check(0.0 <= self.short_seq_prob <= 1.0, f"data.short_seq_prob {self.short_seq_prob} is not in [0, 1]")
@@ -141,13 +120,13 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    """Which BertConfig preset to build, with per-field overrides (e.g. `--model.hidden_dropout_prob 0.0`)."""
+    """Which BertConfig preset to build, with per-field overrides (e.g. `--model.overrides.hidden_dropout_prob 0.0`)."""
 
     preset: str | None = "tiny"
     """One of tiny, mini, small, medium, base, large (model.config.PRESETS); null with model.init: the checkpoint's."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """BertConfig fields that differ from the preset; vocab_size is taken from the prepared vocabulary."""
-    init: str | None = field(default=None, repr=False)  # repr=False: run identities hash the repr (pretrain/job.py)
+    init: str | None = field(default=None, repr=False)  # repr=False: run identities hash the repr (pretrain/identity.py)
     """Continue pretraining from models:/name@alias, models:/name/version or a transformers directory: architecture
     and vocabulary come from it (a contradicting preset or override is an error); null starts from random weights."""
 
@@ -186,6 +165,17 @@ class PhaseConfig:
     """Per-worker micro-batch in this phase (longer sequences need smaller ones); null keeps train's."""
     global_batch_size: int | None = None
     """Examples per optimizer step in this phase; null keeps train's."""
+
+    @classmethod
+    def of(cls, value: PhaseConfig | dict[str, Any], where: str) -> PhaseConfig:
+        """A phase given as itself or as a mapping (`TrainConfig(phases=[{"fraction": 0.9}, ...])`)."""
+        if isinstance(value, PhaseConfig):
+            return value
+        _check(isinstance(value, dict), f"{where} must be a mapping of field: value, got {value!r}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - names)
+        _check(not unknown, f"unknown {where} field(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+        return cls(**value)
 
     def __post_init__(self) -> None:
         _check(16 <= self.max_seq_length <= 4096, f"train.phases max_seq_length {self.max_seq_length} is not in [16, 4096]")
@@ -234,8 +224,6 @@ class BaseTrainConfig:
         _check(self.num_workers >= 1, f"train.num_workers {self.num_workers} < 1")
         _check(self.cpus_per_worker > 0, f"train.cpus_per_worker {self.cpus_per_worker} must be > 0")
         _check(self.max_steps is None or self.max_steps >= 1, f"train.max_steps {self.max_steps} < 1")
-        _check(self.optimizer in ("adamw", "lamb"), f"train.optimizer {self.optimizer!r} is not adamw or lamb")
-        _check(self.precision in ("fp32", "bf16", "fp16"), f"train.precision {self.precision!r} is not fp32/bf16/fp16")
         _check(self.lr == "auto" or 0 < self.lr < math.inf, f"train.lr {self.lr} must be > 0")
         _check(self.max_grad_norm >= 0, f"train.max_grad_norm {self.max_grad_norm} < 0")
         _check(self.log_every_steps >= 1, f"train.log_every_steps {self.log_every_steps} < 1")
@@ -294,8 +282,7 @@ class TrainConfig(BaseTrainConfig):
 
     def __post_init__(self) -> None:
         _check(isinstance(self.phases, list), f"train.phases must be a list of phases, got {self.phases!r}")
-        self.phases = [p if isinstance(p, PhaseConfig) else build_section(PhaseConfig, p, f"train.phases[{i}]")
-                       for i, p in enumerate(self.phases or [])]
+        self.phases = [PhaseConfig.of(p, f"train.phases[{i}]") for i, p in enumerate(self.phases)]
         super().__post_init__()
         _check(self.micro_batch_size >= 1, f"train.micro_batch_size {self.micro_batch_size} < 1")
         _check(self.global_batch_size >= 1, f"train.global_batch_size {self.global_batch_size} < 1")
@@ -315,7 +302,6 @@ class TrainConfig(BaseTrainConfig):
             gb = ph.global_batch_size or self.global_batch_size
             _check(gb % (mb * self.num_workers) == 0,
                    f"train.phases[{i}] global_batch_size {gb} is not a multiple of micro_batch_size * num_workers = {mb * self.num_workers}")
-        _check(self.schedule in ("linear", "polynomial"), f"train.schedule {self.schedule!r} is not linear or polynomial")
         _check(self.warmup_steps >= 0, f"train.warmup_steps {self.warmup_steps} < 0")
         _check(self.poly_power > 0, f"train.poly_power {self.poly_power} must be > 0")
         _check(self.num_eval_shards >= 0, f"train.num_eval_shards {self.num_eval_shards} < 0")
@@ -410,171 +396,7 @@ def config_hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-_NUMBER = {int: "an integer", float: "a number"}
-
-
-def _number(value: Any, tp: type) -> int | float | None:
-    """`value` (int, float or numeric string) as `tp`; None when it is not one (or not whole, for int)."""
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    if tp is float:
-        return x
-    if isinstance(value, int):
-        return value
-    return int(x) if x.is_integer() else None
-
-
-def _describe(tp: Any) -> str:
-    """What a value of type `tp` is, for an error message: `a number`, `auto`, `a list`."""
-    if typing.get_origin(tp) is Literal:
-        return " or ".join(map(str, typing.get_args(tp)))
-    return _NUMBER.get(tp) or f"a {getattr(typing.get_origin(tp) or tp, '__name__', tp)}"
-
-
-def coerce(value: Any, tp: Any, where: str) -> Any:
-    """`value` as type `tp` (a dataclass field's annotation), or a ConfigError that names `where`.
-
-    YAML 1.1 reads `1e-4` as a string, and command-line values arrive as YAML scalars: numbers are converted by
-    the field's type, lists accept a scalar (and a list of numbers a comma-separated string: `--tune.lr 1e-4,3e-4`),
-    Literal fields list their choices, and a value no member of a union takes names what each accepts.
-
-    >>> coerce("1e-4", float, "train.lr"), coerce("3", int | None, "x"), coerce("a", list[str], "data.inputs")
-    (0.0001, 3, ['a'])
-    >>> coerce("1e-4,3e-4", list[float], "tune.lr"), coerce("auto", float | Literal["auto"], "train.lr")
-    ([0.0001, 0.0003], 'auto')
-    >>> coerce("abc", float, "train.lr")
-    Traceback (most recent call last):
-    ...
-    pipeline.config.ConfigError: train.lr 'abc' is not a number
-    """
-    args = typing.get_args(tp)
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        if value is None and type(None) in args:
-            return None
-        options = [a for a in args if a is not type(None)]
-        if len(options) == 1:
-            return coerce(value, options[0], where)
-        for a in options:  # str | Path and the like: the first that takes it
-            try:
-                return coerce(value, a, where)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{where} {value!r} is not {' or '.join(map(_describe, options))}")
-    if origin is Literal:
-        if isinstance(value, bool) and ("off" if value is False else "on") in args:
-            value = "off" if value is False else "on"  # YAML 1.1 reads a bare off/on as a boolean
-        _check(value in args, f"{where} {value!r} is not one of {', '.join(map(str, args))}")
-        return value
-    if origin is list:
-        if isinstance(value, str) and args and args[0] in (int, float):  # numbers never hold a comma
-            value = [v.strip() for v in value.split(",")]
-        items = value if isinstance(value, list) else [value]
-        return [coerce(v, args[0], f"{where}[{i}]") if args else v for i, v in enumerate(items)]
-    if origin is dict or tp is dict:
-        _check(isinstance(value, dict), f"{where} must be a mapping, got {value!r}")
-        return value
-    if tp is bool:
-        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
-            return value.lower() in ("true", "yes", "on", "1")
-        _check(isinstance(value, bool), f"{where} {value!r} is not true or false")
-        return value
-    if tp in (int, float):
-        if isinstance(value, bool) or value is None:
-            raise ConfigError(f"{where} {value!r} is not {_NUMBER[tp]}")
-        num = _number(value, tp)
-        _check(num is not None, f"{where} {value!r} is not {_NUMBER[tp]}")
-        return num
-    if tp is str:
-        _check(value is not None and not isinstance(value, (dict, list)), f"{where} {value!r} is not a string")
-        return str(value)
-    return value
-
-
-def build_section(cls: type, values: dict[str, Any] | None, section: str) -> Any:
-    """Build dataclass `cls` from a mapping, each value coerced by its field's type; unknown keys, wrong types
-    and a non-mapping section are ConfigErrors that name `section.field`."""
-    _check(values is None or isinstance(values, dict),
-           f"config section {section} must be a mapping of field: value, got {type(values).__name__} {values!r}")
-    values = dict(values or {})
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
-    if cls is ModelConfig:
-        # `model:` may list BertConfig fields directly beside `preset`; they become overrides.
-        extra = {k: values.pop(k) for k in unknown}
-        values.setdefault("overrides", {})
-        values["overrides"] = {**values["overrides"], **extra}
-        unknown = []
-    _check(not unknown, f"unknown {section} field(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
-    for name, value in list(values.items()):
-        if dataclasses.is_dataclass(value) or (name == "phases" and cls is TrainConfig):
-            continue  # nested sections build themselves
-        values[name] = coerce(value, hints[name], f"{section}.{name}")
-    try:
-        return cls(**values)
-    except TypeError as e:  # e.g. a nested mapping where a scalar belongs
-        raise ConfigError(f"bad {section} section: {e}") from None
-
-
-def parse_overrides(args: list[str]) -> dict[str, dict[str, Any]]:
-    """`["--train.max_steps", "30"]` (or `--train.max_steps=30`) -> `{"train": {"max_steps": 30}}`."""
-    out: dict[str, dict[str, Any]] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        _check(arg.startswith("--") and "." in arg, f"unrecognised argument {arg!r} (expected --section.field value)")
-        if "=" in arg:
-            key, raw = arg[2:].split("=", 1)
-            i += 1
-        else:
-            _check(i + 1 < len(args), f"{arg} needs a value")
-            key, raw = arg[2:], args[i + 1]
-            i += 2
-        section, _, name = key.partition(".")
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError:
-            value = raw
-        if section == "model" and name.startswith("overrides."):
-            out.setdefault("model", {}).setdefault("overrides", {})[name.split(".", 1)[1]] = value
-        else:
-            out.setdefault(section, {})[name] = value
-    return out
-
-
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "tracking": TrackingConfig}
-
-
-def load_sections(
-    path: str | os.PathLike | None, overrides: list[str] | None, sections: dict[str, type]
-) -> dict[str, Any]:
-    """{section: dataclass instance} from a YAML file (or the defaults when `path` is None) plus
-    `--section.field value` overrides; shared by the pretraining and fine-tuning configs."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        from pipeline.storage.io import filesystem  # fsspec: a config file may be a URI (s3://...) like every other input
-
-        fs, p = filesystem(str(path))
-        _check(fs.isfile(p), f"config file {path} does not exist")
-        try:
-            raw = yaml.safe_load(fs.read_text(p, encoding="utf-8")) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
-        _check(isinstance(raw, dict), f"config file {path} must be a mapping of sections")
-    for section, values in parse_overrides(list(overrides or [])).items():
-        _check(section in sections, f"unknown config section {section!r}; known: {', '.join(sections)}")
-        raw[section] = {**(raw.get(section) or {}), **values}
-    unknown = sorted(set(raw) - set(sections))
-    _check(not unknown, f"unknown config section(s): {', '.join(unknown)}; known: {', '.join(sections)}")
-    return {name: build_section(cls, raw.get(name), name) for name, cls in sections.items()}
-
-
-def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> Config:
-    """Read a YAML preset (or the defaults when `path` is None) and apply `--section.field value` overrides."""
-    return Config(**load_sections(path, overrides, SECTIONS))
 
 
 def resolve_path(p: str | None, base: str | os.PathLike | None = None) -> str | None:

@@ -1,0 +1,118 @@
+"""A pretraining run's identity and where it resumes: the run name (`<preset>-<identity>`, the identity a hash of
+everything the weights depend on), the notice for a run that differs from an earlier one only by its length, the
+initial weights a run started from (`init.json`, so resuming from others is refused), the newest intact
+checkpoint to resume from (damaged newer ones named and skipped), and the advisory lock one job holds on a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from pipeline import cluster
+from pipeline.config import Config, config_hash
+from pipeline.core.checkpoint import CheckpointCorrupt, check_init, damage
+from pipeline.data.dataset import PreparedDataset
+from pipeline.pretrain.init import InitCheckpoint
+from pipeline.storage.io import exists, join, output_lock, read_json, write_bytes_atomic
+
+
+# TrainConfig fields that do not change the weights a run produces (operational settings).
+_NOT_IN_IDENTITY = ("storage_path", "run_name", "max_failures", "num_to_keep", "checkpoint_every_steps",
+                    "log_every_steps", "eval_every_steps", "eval_batches", "data_cpus", "placement_strategy",
+                    "materialize_data", "cpus_per_worker", "use_gpu", "compile", "unpad")
+
+
+# fields added after runs existed: left out of the identity at their default, so those runs keep their names
+_NEWER_DEFAULTS = {"head_only_steps": 0}
+
+
+def run_identity(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpoint | None = None,
+                 without: tuple[str, ...] = ()) -> str:
+    """Hash of what the weights depend on: model, training settings, each phase's data config and vocabulary, and
+    the initial weights' sha256 when the run continues a checkpoint (left out without one: identities of runs from
+    random weights are what they were before `model.init` existed; the ModelConfig repr leaves `init` out).
+    `without` leaves more TrainConfig fields out (`max_steps`: runs that differ only by their length)."""
+    train = {k: v for k, v in dataclasses.asdict(cfg.train).items()
+             if k not in _NOT_IN_IDENTITY + without and _NEWER_DEFAULTS.get(k, ...) != v}
+    data = [{"config_hash": d.config_hash, "vocab_sha256": d.vocab_sha256} for d in datasets]
+    ident: dict[str, Any] = {"model": cfg.model, "train": train, "data": data}
+    if init is not None:
+        ident["init_sha256"] = init.weights_sha256
+    return config_hash(ident)
+
+
+def run_name_for(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpoint | None = None) -> str:
+    """`train.run_name`, or `<preset>-<first 10 hex of the identity>` (`init-...` for a checkpoint's architecture
+    without a preset): the same command and data resume."""
+    return cfg.train.run_name or f"{cfg.model.preset or 'init'}-{run_identity(cfg, datasets, init)[:10]}"
+
+
+def longer_run_notice(cfg: Config, name: str, base: str, uri: str) -> str | None:
+    """One console line when run `name` is new and an earlier run in the store differs from it only by
+    `train.max_steps` (its `identity_without_max_steps` tag, `base` for this run): the LR schedule depends on
+    max_steps, so this is a new run from scratch; the line says how to continue the earlier model instead
+    (`--model.init models:/...`)."""
+    from pipeline import tracking
+
+    if cfg.train.run_name or tracking.find_run(cfg.tracking.experiment, name) is not None:
+        return None  # a name the user chose, or this very run resumed
+    other = tracking.newest_run_tagged(cfg.tracking.experiment, "identity_without_max_steps", base, uri)
+    if other is None or other.info.run_name == name:
+        return None
+    was = other.data.params.get("train.max_steps", "?")
+    model = other.data.tags.get("registered_model")
+    how = (f"to continue its model instead, run with --model.init {model} (its weights, a new LR schedule over "
+           f"--train.max_steps more steps)" if model else
+           f"it has no registered version yet: re-run its command to finish it, then continue it with "
+           f"--model.init models:/{cfg.tracking.model_name}/<version>")
+    return (f"[train] only train.max_steps differs from run {other.info.run_name} ({was} -> {cfg.train.max_steps} "
+            f"steps; the LR schedule depends on it): {name} is a new run, trained from scratch; {how}")
+
+
+def check_run_init(storage_path: str, run_name: str, init: InitCheckpoint | None) -> None:
+    """Refuse resuming `run_name` when it started from other initial weights (its `init.json`) than `init`."""
+    path = join(storage_path, run_name, "init.json")
+    check_init(read_json(path) if exists(path) else None, init.weights_sha256 if init else None, join(storage_path, run_name))
+
+
+def record_run_init(storage_path: str, run_name: str, init: InitCheckpoint | None) -> None:
+    """Write the run's `init.json` (only for a run that starts from a checkpoint: others stay as they were)."""
+    if init is not None:
+        write_bytes_atomic(join(storage_path, run_name, "init.json"), json.dumps(init.tags).encode())
+
+
+def newest_intact(storage_path: str, run_name: str) -> tuple[tuple[str, dict[str, Any]] | None, list[tuple[str, str]]]:
+    """((path, train_state) of the run's newest checkpoint whose files match their recorded sha256s, or None),
+    and (path, what is wrong) for each newer one that is damaged or unreadable."""
+    bad = []
+    for uri, state, why in cluster.checkpoints(storage_path, run_name):
+        if state is not None and (why := damage(uri, state)) is None:
+            return (uri, state), bad
+        bad.append((uri, why))
+    return None, bad
+
+
+def resume_point(storage_path: str, run_name: str) -> tuple[tuple[str, dict[str, Any]] | None, list[str]]:
+    """(the checkpoint a run resumes from, None when it has none yet; the newer, damaged ones it skips). These are
+    named in one console line; with checkpoints but none intact, CheckpointCorrupt says so in one line and how to
+    start over."""
+    good, bad = newest_intact(storage_path, run_name)
+    named = "; ".join(f"{uri} ({why})" for uri, why in bad)
+    if bad and good is None:
+        run_dir = join(storage_path, run_name)
+        raise CheckpointCorrupt(f"run {run_dir} has no intact checkpoint: {named}; to start over, delete {run_dir} "
+                                "(or use another --train.run_name)")
+    if bad:
+        print(f"[train] damaged checkpoint{'s' if len(bad) > 1 else ''} {named}: resuming from step "
+              f"{good[1].get('step')} ({good[0]})", flush=True)
+    return good, [uri for uri, _ in bad]
+
+
+def run_lock(storage_path: str, run_name: str):
+    """The advisory lock on `<storage_path>/<run_name>` that one job holds while it trains, evaluates and registers
+    the run (OutputLockedError, one line naming the holder, for a second one)."""
+    return output_lock(join(storage_path, run_name),
+                       busy=f"run {join(storage_path, run_name)} is being trained by another job ({{holder}}); wait "
+                            "for it to finish (the same command then finds it done)")
