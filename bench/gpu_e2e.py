@@ -4,7 +4,7 @@
     python bench/gpu_e2e.py report --logs DIR --uri URI --device cuda --out DIR   # checks -> summary.md/json
 
 `wait-checkpoint` returns (exit 0, `checkpoint step N`) once the run under STORAGE has an intact checkpoint
-(pipeline.pretrain.job.newest_intact: every file matches its recorded sha256) short of its last step, so that
+(pipeline.pretrain.identity.newest_intact: every file matches its recorded sha256) short of its last step, so that
 interrupting the job then leaves a point to resume from; exit 1 when PID ends first or the timeout passes.
 
 `report` reads the step logs the script wrote (tiny.log, base1.log: the interrupted run, base2.log: the same
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def wait_checkpoint(storage: str, pid: int, timeout: float) -> int:
-    from pipeline.pretrain.job import newest_intact
+    from pipeline.pretrain.identity import newest_intact
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
