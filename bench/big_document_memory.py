@@ -1,14 +1,16 @@
 """Per-document memory: one ~100 MB document (a .txt book is one document) through `jobs/prepare_data.py`.
 
-    python bench/big_document_memory.py                      # 100 MB, bert-base-uncased vocab, 2 CPUs
+    python bench/big_document_memory.py                      # 100 MB, bert-base-uncased vocab, 2 CPUs, dedup near
+    python bench/big_document_memory.py --dedup off          # the same without the dedup pass
     python bench/big_document_memory.py --mb 50 --keep /tmp/bigdoc
 
 The document is ../shared/corpora/books/*.txt joined by blank lines and repeated `reps` times. The job runs in a
 child process (its own local Ray); every 0.2 s the RSS of the child and of every process it started is read
 with psutil. Printed: the largest single process ever seen (the goal: <= 1.5 GiB), the largest sum over the tree,
-the wall time, and the token check: the tokens the tokenize pass wrote (manifest `source_tokens`) against
-`reps` x the tokens of one repetition encoded here, sentence by sentence, in one piece (equal when every piece
-cut fell between sentences, i.e. all of the text reached the token chunks).
+the wall time, the tree's CPU-seconds (less sensitive than the wall to a loaded machine), and the token check:
+the tokens the tokenize pass wrote (manifest `source_tokens`) against `reps` x the tokens of one repetition
+encoded here, sentence by sentence, in one piece (equal when every piece cut fell between sentences, i.e. all of
+the text reached the token chunks). `--dedup` is the job's data.dedup (near by default, as the job's).
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mb", type=float, default=100.0, help="size of the one document in MB")
     ap.add_argument("--num-cpus", type=int, default=2)
+    ap.add_argument("--dedup", choices=["near", "exact", "off"], default="near",
+                    help="data.dedup (near, the default, signs every document in the dedup pass first)")
     ap.add_argument("--keep", default=None, help="work directory to keep (default: a temporary one, removed)")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more prepare_data arguments")
     args = ap.parse_args()
@@ -121,7 +125,7 @@ def main() -> int:
     unit, reps = build_document(doc, args.mb)
     expected = reps * unit_tokens(unit, vocab)
     cmd = [sys.executable, str(REPO / "jobs/prepare_data.py"), "--input", str(doc), "--output", str(out),
-           "--vocab", str(vocab), "--num-cpus", str(args.num_cpus), *args.extra]
+           "--vocab", str(vocab), "--num-cpus", str(args.num_cpus), "--data.dedup", args.dedup, *args.extra]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
     print(f"document: {doc} ({doc.stat().st_size / 1e6:.1f} MB, {reps} x {len(unit) / 1e6:.2f}M chars)", flush=True)
@@ -132,10 +136,12 @@ def main() -> int:
         return 1
     m = json.loads((out / "manifest.json").read_text())
     rows = [
-        ("document", f"{doc.stat().st_size / 1e6:.1f} MB, 1 document, {m['document_pieces']} pieces"),
+        ("document", f"{doc.stat().st_size / 1e6:.1f} MB, 1 document, {m['document_pieces']} pieces, "
+                     f"dedup {args.dedup}"),
         ("largest process, peak RSS", f"{sampler.peak_one / GIB:.2f} GiB ({sampler.peak_name})"),
         ("process tree, peak RSS sum", f"{sampler.peak_sum / GIB:.2f} GiB"),
         ("wall", f"{wall:.1f} s"),
+        ("CPU-seconds, process tree", f"{sampler.cpu_seconds:.1f}"),
         ("tokens written by the tokenize pass", f"{m['source_tokens']} (expected {expected}: "
                                                 f"{'equal' if m['source_tokens'] == expected else 'DIFFERENT'})"),
         ("examples / tokens in shards", f"{m['examples']} / {m['tokens']}"),

@@ -5,7 +5,10 @@ markers, determinism)."""
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import random
+import sys
 
 import fsspec
 import numpy as np
@@ -17,12 +20,16 @@ from pipeline.config import DataConfig
 from pipeline.data.masking import MaskingPolicy
 from pipeline.data.dataset import SCHEMA
 from pipeline.data.examples import group_consecutive
-from pipeline.data.arrow import list_array, list_rows
-from pipeline.data.passes import balanced_ranges, examples_for_chunks, shard_plan, tokenize_file, write_shard
+from pipeline.data.arrow import fixed_rows, list_array, list_rows
+from pipeline.data.passes import (balanced_ranges, dedup_params, examples_for_chunks, shard_plan, sign_unit,
+                                  tokenize_file, write_shard)
 from pipeline.data.pool import merge_pool
 from pipeline.storage.io import write_bytes_atomic, write_parquet_atomic
 from pipeline.data.sources import expand_inputs
+from pipeline.data.signing import records
 from pipeline.data.tokenizer import load_tokenizer
+
+from conftest import load_bench
 
 
 def test_group_consecutive_covers_everything_in_order():
@@ -129,3 +136,37 @@ def test_examples_for_chunks_is_deterministic(tokenized, minilm_dir, tmp_path):
     assert t.schema == SCHEMA and max(t.column("num_tokens").to_pylist()) <= cfg.max_seq_length
     random.seed(0)  # global random state plays no part
     assert examples_for_chunks(chunk, pool, cfg, policy, 101, 102, str(tmp_path / "a" / "e0.parquet")) == m1
+
+
+def test_sign_unit_writes_the_records_of_its_documents(tmp_path):
+    """Documents signed one at a time from the unit's reader: the rows are `records` of all the texts at once;
+    a rejected record has none."""
+    texts = ["The LORD said unto Moses, " * 50, "short", "the lord  SAID unto moses, " * 50]
+    lines = [json.dumps({"id": "a", "text": texts[0]}), "not json", json.dumps({"text": texts[1]}),
+             json.dumps({"id": "c", "text": texts[2]})]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    files, _ = expand_inputs([str(tmp_path / "in.jsonl")])
+    cfg = DataConfig(inputs=[], dedup_num_perm=64)
+    t = pq.read_table(sign_unit(files[0], cfg, str(tmp_path / "s.parquet"))["path"])
+    keys, sigs = records(texts, dedup_params(cfg))
+    assert t.column("doc_id").to_pylist() == [0, 2, 3]
+    assert t.column("name").to_pylist() == ["a", "in.jsonl:3", "c"]
+    assert np.array_equal(np.stack([t.column("exact_hi").to_numpy(), t.column("exact_lo").to_numpy()], 1), keys)
+    assert np.array_equal(fixed_rows(t.column("sig"), np.uint32), sigs)
+
+
+def test_signing_one_big_document_is_bounded(shared_dir, tmp_path):
+    """Issue 37: signing held ~20x a document (all its words and shingles at once): this 16 MB book took 410 MiB,
+    a 100 MB one 2 GiB. A window at a time it holds the text and a constant (170 MiB measured, 76 MiB of it the
+    imports): the child's largest RSS, sampled as bench/big_document_memory.py samples it, stays under a fixed
+    cap."""
+    bench = load_bench("big_document_memory")
+    doc = tmp_path / "book.txt"
+    bench.build_document(doc, 16)
+    code = ("from pipeline.config import DataConfig; from pipeline.data.passes import sign_unit; "
+            "from pipeline.data.sources import InputFile; "
+            f"sign_unit(InputFile({str(doc)!r}, 'txt', 0), DataConfig(inputs=[]), {str(tmp_path / 's.parquet')!r})")
+    proc, log, _, sampler = bench.run_sampled([sys.executable, "-c", code], env=dict(os.environ))
+    assert proc.returncode == 0, log
+    assert len(pq.read_table(tmp_path / "s.parquet")) == 1
+    assert sampler.peak_one < 280 * 2**20, f"{sampler.peak_one / 2**20:.0f} MiB"

@@ -47,22 +47,17 @@ The Ray executor (wired in pipeline/data/prepare.py) does, per block / group / a
 The exact-key groupby can emit the representatives directly (each group's min order with its signature) instead
 of an anti-join on the edges. rensa may use Rayon threads for big batches: set RAYON_NUM_THREADS to the actor's
 CPUs.
-Memory is bounded by the signatures (4 * num_perm bytes a document, 512 B at the default) plus the edges.
+Memory is bounded by the signatures (4 * num_perm bytes a document, 512 B at the default) plus the edges; signing
+holds one window of a document's text (pipeline/data/signing.py), never all of its words or shingles.
 
 Defaults (threshold 0.8, num_perm 128, shingle_size 5, bands x rows from `lsh_bands`: 14 x 9 at the default)
 were chosen by bench/dedup_quality.py on the shared corpora with planted copies (bench/RESULTS.md, section
 "Deduplication"): recall of copies with true Jaccard >= 0.9 and documents dropped with no kept document above
 Jaccard 0.5 over a grid of threshold x num_perm.
 
-MinHash implementation: rensa's full-set R-MinHash (`RMinHash.digest_matrix_from_flat_token_hashes`, one call
-per batch, 32-bit slots), fed our own shingle hashes. Measured by bench/dedup_quality.py on the shared corpora
-(66 books + 483 wiki documents, 1.44M shingles, num_perm 128): the sketch itself takes ~0.003 s in rensa, ~0.46 s
-in a vectorised numpy MinHash (multiply-shift hash functions, `np.minimum.reduceat` per document) and ~1 s in
-datasketch 2.0.0 (`update_batch`), so the pass's cost is the normalising and shingle hashing around it. Its
-estimates are as close to the true Jaccard as classical MinHash's (RESULTS.md). Word hashes are blake2b (never
-Python's salted `hash()`), shingle hashes a polynomial of them finished with splitmix64, and rensa's slots are
-seeded by `seed`, so signatures are identical in every process and on every machine, for one rensa algorithm
-version (rensa 0.5 is version 2; the dependency is pinned below 0.6: signatures are never stored across runs).
+Keys and signatures (`normalise`, `exact_keys`, `shingle_hashes`, `signatures`, `records`) are computed in
+pipeline/data/signing.py, a window of a document at a time, and imported here: the MinHash implementation (rensa's
+R-MinHash over our own shingle hashes) and why signatures are the same on every machine are described there.
 
     >>> normalise("  The  LORD\\n\\tsaid ")
     'the lord said'
@@ -86,44 +81,26 @@ version (rensa 0.5 is version 2; the dependency is pinned below 0.6: signatures 
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-from rensa import RMinHash
+
+from pipeline.data.signing import (  # noqa: F401 - the signing functions are this module's API too
+    SHINGLE_MUL,
+    exact_keys,
+    normalise,
+    records,
+    shingle_hashes,
+    signatures,
+    signatures_of_shingles,
+    splitmix,
+)
 
 Mode = Literal["off", "exact", "near"]
 EXACT, NEAR = 0, 1
 """Values of `Duplicates.kind`."""
-
-_M64 = (1 << 64) - 1
-_SHINGLE_MUL = np.uint64(0x9E3779B97F4A7C15)  # odd: the polynomial over word hashes stays a bijection per step
-
-
-def normalise(text: str) -> str:
-    """Case-folded, whitespace runs collapsed to one space, stripped: the text both dedup kinds compare.
-
-    >>> normalise("Straße\\u00a0 IS\\r\\nhere")
-    'strasse is here'
-    """
-    return " ".join(text.casefold().split())  # str.split() splits on runs of Unicode whitespace, as \\s+ does
-
-
-def exact_keys(texts: Iterable[str]) -> np.ndarray:
-    """(n, 2) uint64: the 16-byte blake2b of each normalised text, as two words (two Arrow columns, no bytes).
-
-    >>> k = exact_keys(["A  b", "a b", "a c"])
-    >>> bool((k[0] == k[1]).all()), bool((k[0] == k[2]).all())
-    (True, False)
-    """
-    return _exact_keys_of_normalised(normalise(t) for t in texts)
-
-
-def _exact_keys_of_normalised(norms: Iterable[str]) -> np.ndarray:
-    digests = b"".join(hashlib.blake2b(t.encode("utf-8"), digest_size=16).digest() for t in norms)
-    return np.frombuffer(digests, dtype="<u8").reshape(-1, 2).copy()
 
 
 @functools.lru_cache(maxsize=64)  # ~40 ms a call, and every DedupParams asks
@@ -196,87 +173,6 @@ class DedupParams:
             )
 
 
-def _splitmix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, elementwise on uint64 (wrapping arithmetic)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def shingle_hashes(text: str, shingle_size: int = 5) -> np.ndarray:
-    """uint64 hashes of the word `shingle_size`-grams of `normalise(text)` (one shingle of all words when shorter).
-
-    >>> len(shingle_hashes("a b c d e f", 5)), len(shingle_hashes("a b", 5)), len(shingle_hashes("", 5))
-    (2, 1, 1)
-    >>> bool((shingle_hashes("A  B c d e") == shingle_hashes("a b c d e")).all())
-    True
-    """
-    return _shingles_of_normalised(normalise(text), shingle_size)
-
-
-_WORD_HASHES: dict[str, int] = {}  # word -> its 8-byte blake2b, across documents (a corpus repeats its words)
-_WORD_CACHE_MAX = 500_000
-
-
-def _shingles_of_normalised(norm: str, shingle_size: int) -> np.ndarray:
-    return _shingles_of_words(norm.split(" "), shingle_size)
-
-
-def _shingles_of_words(words: list[str], shingle_size: int) -> np.ndarray:
-    table = _WORD_HASHES
-    new = [w for w in dict.fromkeys(words) if w not in table]
-    if len(table) + len(new) > _WORD_CACHE_MAX:
-        table.clear()
-        new = list(dict.fromkeys(words))
-    digests = b"".join(hashlib.blake2b(w.encode("utf-8"), digest_size=8).digest() for w in new)
-    table.update(zip(new, np.frombuffer(digests, dtype="<u8").tolist()))
-    w = np.array(list(map(table.__getitem__, words)), dtype=np.uint64)
-    k = min(shingle_size, len(w))
-    m = len(w) - k + 1
-    acc = w[:m].copy()
-    with np.errstate(over="ignore"):
-        for i in range(1, k):
-            acc = acc * _SHINGLE_MUL + w[i : m + i]
-        return _splitmix(acc + np.uint64(k))  # k mixed in: a 2-word text is not a 5-gram
-
-
-def signatures_of_shingles(shingles: Sequence[np.ndarray], params: DedupParams) -> np.ndarray:
-    """(n, num_perm) uint32 MinHash (rensa's full-set R-MinHash) of each document's shingle hashes (each non-empty).
-
-    One call for the whole batch: the hashes go to rensa as one flat uint64 buffer with row offsets.
-    """
-    if len(shingles) == 0:
-        return np.zeros((0, params.num_perm), dtype=np.uint32)
-    flat = np.ascontiguousarray(np.concatenate(shingles), dtype=np.uint64)
-    offsets = np.zeros(len(shingles) + 1, dtype=np.uint64)
-    np.cumsum([len(x) for x in shingles], out=offsets[1:])
-    matrix = RMinHash.digest_matrix_from_flat_token_hashes(flat, offsets, params.num_perm, params.seed)
-    return np.array(matrix.to_rows(), dtype=np.uint32).reshape(len(shingles), params.num_perm)
-
-
-def signatures(texts: Iterable[str], params: DedupParams) -> np.ndarray:
-    """(n, num_perm) uint32 MinHash signatures of the texts' word shingles; the same on every machine.
-
-    >>> p = DedupParams(num_perm=16)
-    >>> s = signatures(["a b c d e f g", "A B C D E F G", "x y z"], p)
-    >>> bool((s[0] == s[1]).all()), float(similarity(s[0], s[2]))
-    (True, 0.0)
-    """
-    return signatures_of_shingles([shingle_hashes(t, params.shingle_size) for t in texts], params)
-
-
-def records(texts: Sequence[str], params: DedupParams) -> tuple[np.ndarray, np.ndarray | None]:
-    """(exact_keys(texts), signatures(texts, params) or None when params.mode is not near), each text normalised
-    once: what the dedup pass keeps of a batch of documents."""
-    words = [t.casefold().split() or [""] for t in texts]  # normalise(t) == " ".join(words), split once
-    keys = _exact_keys_of_normalised(" ".join(w) for w in words)
-    if params.mode != "near":
-        return keys, None
-    return keys, signatures_of_shingles([_shingles_of_words(w, params.shingle_size) for w in words], params)
-
-
 def similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Estimated Jaccard: the fraction of equal signature values (along the last axis; broadcasts)."""
     return (np.asarray(a) == np.asarray(b)).mean(axis=-1)
@@ -294,9 +190,9 @@ def band_keys(sig: np.ndarray, params: DedupParams) -> np.ndarray:
     n = sig.shape[0]
     v = sig[:, : params.bands * params.rows].astype(np.uint64).reshape(n, params.bands, params.rows)
     with np.errstate(over="ignore"):
-        acc = np.broadcast_to(_splitmix(np.arange(params.bands, dtype=np.uint64) + np.uint64(1)), (n, params.bands))
+        acc = np.broadcast_to(splitmix(np.arange(params.bands, dtype=np.uint64) + np.uint64(1)), (n, params.bands))
         for r in range(params.rows):
-            acc = _splitmix(acc * _SHINGLE_MUL + v[:, :, r])
+            acc = splitmix(acc * SHINGLE_MUL + v[:, :, r])
     return np.ascontiguousarray(acc)
 
 

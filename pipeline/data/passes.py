@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from pipeline.config import DataConfig
 from pipeline.data.arrow import arrow, fixed_rows_array, list_array, list_rows, numpy_of, string_array
 from pipeline.data.dataset import SCHEMA
-from pipeline.data.dedup import DedupParams, records
+from pipeline.data.dedup import DedupParams
 from pipeline.data.examples import (
     RandomPool,
     create_instances_from_document,
@@ -49,6 +49,7 @@ from pipeline.data.examples import (
 )
 from pipeline.data.masking import MaskingPolicy, mask_rows
 from pipeline.data.pool import PoolCandidates, write_pool
+from pipeline.data.signing import records
 from pipeline.data.sources import Document, InputFile, read_documents
 from pipeline.data.tokenizer import SentenceEncoder
 from pipeline.data.wiki import WikiOptions
@@ -69,41 +70,27 @@ def dedup_params(cfg: DataConfig) -> DedupParams:
 def sign_unit(f: InputFile, cfg: DataConfig, path: str) -> dict[str, Any]:
     """Pass 0 (dedup): every document of one unit as a compact record, written to `path`: its doc_id (the keep
     rule's order), its name (for duplicates.jsonl), the 16-byte key of its normalised text and, for near
-    duplicates, its MinHash signature. Texts are read in batches of about `chunk_chars` characters and dropped
-    after, so memory is bounded by the signatures. Skipped when `path` exists (resume)."""
+    duplicates, its MinHash signature. Documents are signed one at a time, each a window at a time
+    (`signing.records`), and dropped after, so memory is bounded by the records, whatever a document's size.
+    Skipped when `path` exists (resume)."""
     if exists(path):
         return {"path": path}
-    params = dedup_params(cfg)
     ids: list[int] = []
     names: list[str] = []
-    keys: list[np.ndarray] = []
-    sigs: list[np.ndarray] = []
-    texts: list[str] = []
-    chars = 0
 
-    def flush() -> None:
-        k, sig = records(texts, params)
-        keys.append(k)
-        if sig is not None:
-            sigs.append(sig)
-        texts.clear()
+    def texts() -> Iterator[str]:
+        for item in read_documents(f, cfg.text_column, wiki_options(cfg)):
+            if isinstance(item, Document):
+                ids.append(item.doc_id)
+                names.append(item.name)
+                yield item.text
+            del item  # the text is not held while the next document is read
 
-    for item in read_documents(f, cfg.text_column, wiki_options(cfg)):
-        if isinstance(item, Document):
-            ids.append(item.doc_id)
-            names.append(item.name)
-            texts.append(item.text)
-            chars += len(item.text)
-            if chars >= cfg.chunk_chars:
-                flush()
-                chars = 0
-    if texts or not keys:
-        flush()
-    key = np.concatenate(keys)
+    key, sig = records(texts(), dedup_params(cfg))
     cols = [arrow(ids, pa.int64()), string_array(names), arrow(key[:, 0], pa.uint64()), arrow(key[:, 1], pa.uint64())]
     names_ = ["doc_id", "name", "exact_hi", "exact_lo"]
-    if sigs:
-        cols.append(fixed_rows_array(np.concatenate(sigs)))
+    if sig is not None:
+        cols.append(fixed_rows_array(sig))
         names_.append("sig")
     write_parquet_atomic(path, pa.table(cols, names=names_), compression="lz4")
     return {"path": path}

@@ -1,0 +1,269 @@
+"""What the dedup pass keeps of a document, computed a window at a time: the exact key (blake2b of the normalised
+text) and the MinHash signature of its word shingles (pipeline/data/dedup.py says what they are compared for).
+
+Memory per document is a constant plus its signature, whatever its length: the text is normalised, shingled and
+hashed `window_chars` characters at a time (`windows`), and shingle hashes go to rensa in batches of at most
+about `batch_shingles`. No list of all words, all shingles or the whole normalised text is ever built; the text
+itself is the caller's (a .txt book is read whole by pipeline/data/sources.py, as for the tokenize pass).
+
+Why the windows give the one-shot values, byte for byte
+    words: a window ends just before a whitespace character, so no word is cut; str.casefold maps each character
+    on its own and str.split() splits on the same characters whatever the cut, so the windows' words, in order,
+    are `normalise(text).split(" ")`.
+    exact key: blake2b is updated with each window's words joined by one space, and one space between windows:
+    the bytes of `normalise(text)`.
+    shingles: each window's word hashes are preceded by the last shingle_size - 1 of the words before it
+    (`_Shingles`), so the windows' shingles are the document's, in order; a document with fewer words than
+    shingle_size is still one shingle of all of them (of the empty word when it has none).
+    signature: R-MinHash keeps, per slot, the minimum over the shingles of a seeded hash of each; the signature
+    of a set is the elementwise minimum of its parts' signatures, and a shingle seen twice changes no minimum.
+    Each window's hashes are one row of a rensa call, and a document's signature the minimum of its rows'.
+tests/test_signing.py checks both against the one-shot computation and against values pinned before streaming.
+
+MinHash implementation: rensa's full-set R-MinHash (`RMinHash.digest_matrix_from_flat_token_hashes`, one call
+per batch, 32-bit slots), fed our own shingle hashes. Measured by bench/dedup_quality.py on the shared corpora
+(66 books + 483 wiki documents, 1.44M shingles, num_perm 128): the sketch itself takes ~0.003 s in rensa, ~0.46 s
+in a vectorised numpy MinHash (multiply-shift hash functions, `np.minimum.reduceat` per document) and ~1 s in
+datasketch 2.0.0 (`update_batch`), so the pass's cost is the normalising and shingle hashing around it. Its
+estimates are as close to the true Jaccard as classical MinHash's (RESULTS.md). Word hashes are blake2b (never
+Python's salted `hash()`), shingle hashes a polynomial of them finished with splitmix64, and rensa's slots are
+seeded by `seed`, so signatures are identical in every process and on every machine, for one rensa algorithm
+version (rensa 0.5 is version 2; the dependency is pinned below 0.6: signatures are never stored across runs).
+
+    >>> from pipeline.data.dedup import DedupParams
+    >>> p = DedupParams(num_perm=16)
+    >>> text = "The LORD  said unto Moses, " * 40
+    >>> keys, sigs = records([text], p)
+    >>> keys2, sigs2 = records([text], p, window_chars=7, batch_shingles=3)   # many windows and rensa calls
+    >>> bool((keys == keys2).all()), bool((sigs == sigs2).all()), sigs.shape
+    (True, True, (1, 16))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from rensa import RMinHash
+
+if TYPE_CHECKING:
+    from pipeline.data.dedup import DedupParams
+
+WINDOW_CHARS = 1 << 20
+"""Characters of a document normalised and shingled at a time (~180k words: ~15 MB of Python objects)."""
+BATCH_SHINGLES = 1 << 21
+"""Shingle hashes (8 bytes each) collected, from one document or many, for one rensa call."""
+
+SHINGLE_MUL = np.uint64(0x9E3779B97F4A7C15)  # odd: the polynomial over word hashes stays a bijection per step
+_SPACE = re.compile(r"\s")  # what str.split() splits on: both are Py_UNICODE_ISSPACE (tests/test_signing.py)
+_NO_SLOT = np.uint32(0xFFFFFFFF)  # a signature slot before any shingle (above every value rensa gives)
+
+
+def normalise(text: str) -> str:
+    """Case-folded, whitespace runs collapsed to one space, stripped: the text both dedup kinds compare.
+
+    >>> normalise("Straße\\u00a0 IS\\r\\nhere")
+    'strasse is here'
+    """
+    return " ".join(text.casefold().split())  # str.split() splits on runs of Unicode whitespace, as \\s+ does
+
+
+def windows(text: str, window_chars: int = WINDOW_CHARS) -> Iterator[list[str]]:
+    """The words of `normalise(text)`, about `window_chars` characters of text at a time; a window ends just
+    before a whitespace character (or at the end), so it never cuts a word. A window may have no word.
+
+    >>> list(windows("The  LORD\\nsaid unto", 5))
+    [['the', 'lord'], ['said'], ['unto']]
+    """
+    a, n = 0, len(text)
+    while a < n:
+        b = a + window_chars
+        if b < n:
+            space = _SPACE.search(text, b)
+            b = space.start() if space else n
+        yield text[a:b].casefold().split()
+        a = b
+
+
+def splitmix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise on uint64 (wrapping arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+_WORD_HASHES: dict[str, int] = {}  # word -> its 8-byte blake2b, across documents (a corpus repeats its words)
+_WORD_CACHE_MAX = 500_000
+
+
+def _word_hashes(words: list[str]) -> np.ndarray:
+    """(len(words),) uint64: each word's 8-byte blake2b, little-endian."""
+    table = _WORD_HASHES
+    new = [w for w in dict.fromkeys(words) if w not in table]
+    if len(table) + len(new) > _WORD_CACHE_MAX:
+        table.clear()
+        new = list(dict.fromkeys(words))
+    digests = b"".join(hashlib.blake2b(w.encode("utf-8"), digest_size=8).digest() for w in new)
+    table.update(zip(new, np.frombuffer(digests, dtype="<u8").tolist()))
+    return np.array(list(map(table.__getitem__, words)), dtype=np.uint64)
+
+
+def _poly_shingles(w: np.ndarray, k: int) -> np.ndarray:
+    """The len(w) - k + 1 hashes of the k-word runs of word hashes `w` (len(w) >= k >= 1)."""
+    m = len(w) - k + 1
+    acc = w[:m].copy()
+    with np.errstate(over="ignore"):
+        for i in range(1, k):
+            acc = acc * SHINGLE_MUL + w[i : m + i]
+        return splitmix(acc + np.uint64(k))  # k mixed in: a 2-word text is not a 5-gram
+
+
+def shingle_hashes(text: str, shingle_size: int = 5) -> np.ndarray:
+    """uint64 hashes of the word `shingle_size`-grams of `normalise(text)` (one shingle of all words when shorter),
+    all at once: for a document that fits in memory several times over (tests, bench/dedup_quality.py).
+
+    >>> len(shingle_hashes("a b c d e f", 5)), len(shingle_hashes("a b", 5)), len(shingle_hashes("", 5))
+    (2, 1, 1)
+    >>> bool((shingle_hashes("A  B c d e") == shingle_hashes("a b c d e")).all())
+    True
+    """
+    w = _word_hashes(normalise(text).split(" "))
+    return _poly_shingles(w, min(shingle_size, len(w)))
+
+
+class _Shingles:
+    """One document's shingle hashes from its words' hashes, a window at a time: together the same hashes, in the
+    same order, as `shingle_hashes` of the whole text."""
+
+    def __init__(self, shingle_size: int) -> None:
+        self.k = shingle_size
+        self.tail = np.zeros(0, np.uint64)  # the last k - 1 word hashes so far (all of them while fewer)
+        self.full = False  # whether a shingle of k words has been made
+
+    def add(self, hashes: np.ndarray) -> np.ndarray:
+        w = np.concatenate([self.tail, hashes])
+        self.tail = w[max(0, len(w) - (self.k - 1)) :].copy()  # a copy: the window's hashes are not kept
+        if len(w) < self.k:
+            return w[:0]
+        self.full = True
+        return _poly_shingles(w, self.k)
+
+    def finish(self) -> np.ndarray:
+        """The one shingle of all words of a document with fewer than k of them (the empty word when none)."""
+        if self.full:
+            return self.tail[:0]
+        w = self.tail if len(self.tail) else _word_hashes([""])
+        return _poly_shingles(w, len(w))
+
+
+def signatures_of_shingles(shingles: Sequence[np.ndarray], params: DedupParams) -> np.ndarray:
+    """(n, num_perm) uint32 MinHash (rensa's full-set R-MinHash) of each row of shingle hashes (each non-empty).
+
+    One call for the whole batch: the hashes go to rensa as one flat uint64 buffer with row offsets.
+    """
+    if len(shingles) == 0:
+        return np.zeros((0, params.num_perm), dtype=np.uint32)
+    flat = np.ascontiguousarray(np.concatenate(shingles), dtype=np.uint64)
+    offsets = np.zeros(len(shingles) + 1, dtype=np.uint64)
+    np.cumsum([len(x) for x in shingles], out=offsets[1:])
+    matrix = RMinHash.digest_matrix_from_flat_token_hashes(flat, offsets, params.num_perm, params.seed)
+    return np.array(matrix.to_rows(), dtype=np.uint32).reshape(len(shingles), params.num_perm)
+
+
+class _MinHashes:
+    """Documents' signatures as their shingle hashes come, in document order: rows of hashes are collected up
+    to `batch` hashes, then signed in one rensa call; a document's signature is the elementwise minimum of its
+    rows' (one row per window, so a long document spans several rows and calls)."""
+
+    def __init__(self, params: DedupParams, batch: int) -> None:
+        self.params, self.batch = params, batch
+        self.sigs = np.full((0, params.num_perm), _NO_SLOT, np.uint32)  # grown by doubling, 4 * num_perm B a row
+        self.rows: list[np.ndarray] = []
+        self.owners: list[int] = []  # each row's document
+        self.pending = 0
+
+    def add(self, doc: int, hashes: np.ndarray) -> None:
+        if len(hashes):
+            self.rows.append(hashes)
+            self.owners.append(doc)
+            self.pending += len(hashes)
+            if self.pending >= self.batch:
+                self.flush()
+
+    def flush(self) -> None:
+        if not self.rows:
+            return
+        n = self.owners[-1] + 1
+        if n > len(self.sigs):
+            grown = np.full((max(n, 2 * len(self.sigs)), self.params.num_perm), _NO_SLOT, np.uint32)
+            grown[: len(self.sigs)] = self.sigs
+            self.sigs = grown
+        np.minimum.at(self.sigs, np.asarray(self.owners), signatures_of_shingles(self.rows, self.params))
+        self.rows, self.owners, self.pending = [], [], 0
+
+    def finish(self, n: int) -> np.ndarray:
+        self.flush()
+        return self.sigs[:n].copy()
+
+
+def _sign(texts: Iterable[str], params: DedupParams | None, window_chars: int, batch_shingles: int
+          ) -> tuple[np.ndarray, np.ndarray | None]:
+    """(exact keys, signatures or None when `params` is None) of `texts`, each read once, a window at a time."""
+    keys: list[bytes] = []
+    minhashes = None if params is None else _MinHashes(params, batch_shingles)
+    for text in texts:  # not enumerate(): its cached result tuple would hold the text while the next is read
+        doc = len(keys)
+        key = hashlib.blake2b(digest_size=16)
+        shingles = None if params is None else _Shingles(params.shingle_size)
+        space = b""  # the one space between two windows' words in the normalised text
+        for words in windows(text, window_chars):
+            if not words:
+                continue
+            key.update(space)
+            key.update(" ".join(words).encode("utf-8"))
+            space = b" "
+            if minhashes is not None:
+                minhashes.add(doc, shingles.add(_word_hashes(words)))
+        if minhashes is not None:
+            minhashes.add(doc, shingles.finish())
+        keys.append(key.digest())
+        del text  # not held while the next document is read
+    exact = np.frombuffer(b"".join(keys), dtype="<u8").reshape(-1, 2).copy()
+    return exact, None if minhashes is None else minhashes.finish(len(keys))
+
+
+def exact_keys(texts: Iterable[str], window_chars: int = WINDOW_CHARS) -> np.ndarray:
+    """(n, 2) uint64: the 16-byte blake2b of each normalised text, as two words (two Arrow columns, no bytes).
+
+    >>> k = exact_keys(["A  b", "a b", "a c"])
+    >>> bool((k[0] == k[1]).all()), bool((k[0] == k[2]).all())
+    (True, False)
+    """
+    return _sign(texts, None, window_chars, BATCH_SHINGLES)[0]
+
+
+def signatures(texts: Iterable[str], params: DedupParams, window_chars: int = WINDOW_CHARS,
+               batch_shingles: int = BATCH_SHINGLES) -> np.ndarray:
+    """(n, num_perm) uint32 MinHash signatures of the texts' word shingles; the same on every machine.
+
+    >>> from pipeline.data.dedup import DedupParams, similarity
+    >>> s = signatures(["a b c d e f g", "A B C D E F G", "x y z"], DedupParams(num_perm=16))
+    >>> bool((s[0] == s[1]).all()), float(similarity(s[0], s[2]))
+    (True, 0.0)
+    """
+    sigs = _sign(texts, params, window_chars, batch_shingles)[1]
+    assert sigs is not None
+    return sigs
+
+
+def records(texts: Iterable[str], params: DedupParams, window_chars: int = WINDOW_CHARS,
+            batch_shingles: int = BATCH_SHINGLES) -> tuple[np.ndarray, np.ndarray | None]:
+    """(exact_keys(texts), signatures(texts, params) or None when params.mode is not near), each text read once:
+    what the dedup pass keeps of a unit's documents. `texts` may be a generator: a text is not held after it is
+    signed, and memory is a window and a batch of hashes plus 16 + 4 * num_perm bytes a document."""
+    return _sign(texts, params if params.mode == "near" else None, window_chars, batch_shingles)
