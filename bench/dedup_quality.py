@@ -43,14 +43,12 @@ SHARED = REPO.parent / "shared"
 if not (SHARED / "corpora").exists():
     SHARED = Path("/work/shared")
 
-from pipeline.data.dedup import (  # noqa: E402
+from pipeline.data.dedup import dedup_local, find_edges, resolve  # noqa: E402
+from pipeline.data.signing import (  # noqa: E402
     DedupParams,
-    dedup_local,
     exact_keys,
-    find_edges,
     lsh_bands,
     normalise,
-    resolve,
     shingle_hashes,
     signatures,
     signatures_of_shingles,

@@ -14,20 +14,16 @@ import pytest
 from pipeline.data.dedup import (
     EXACT,
     NEAR,
-    DedupParams,
     Edges,
     band_keys,
     dedup_local,
     edges_for_group,
     exact_edges_for_group,
-    exact_keys,
     find_edges,
     groups,
-    normalise,
     resolve,
-    shingle_hashes,
-    signatures,
 )
+from pipeline.data.signing import DedupParams, exact_keys, normalise, shingle_hashes, signatures
 
 
 def _jaccard(a: str, b: str) -> float:
@@ -86,7 +82,7 @@ def test_signatures_same_in_another_process():
     """No salted hash() anywhere: a child with another PYTHONHASHSEED computes the same signatures."""
     texts = ["In the beginning God created the heaven and the earth.", "short", "Was ist das? Das ist Straße."]
     code = (
-        "import sys, hashlib; from pipeline.data.dedup import *; "
+        "import sys, hashlib; from pipeline.data.signing import *; "
         f"print(hashlib.sha256(signatures({texts!r}, DedupParams()).tobytes()).hexdigest())"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from rensa import RMinHash
 
-from pipeline.data.dedup import DedupParams
+from pipeline.data.signing import DedupParams
 from pipeline.data.signing import (
     exact_keys,
     normalise,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -31,7 +31,9 @@ from torch import nn
 
 from pipeline.errors import PipelineError
 from pipeline.core.step import Trainable
+from pipeline.console import say
 from pipeline.storage.io import StorageError, filesystem, join, sha256_file
+from pipeline.tracking.outbox import read_pending
 
 
 class CheckpointMismatch(PipelineError, ValueError):
@@ -218,3 +220,28 @@ def check_init(recorded: dict[str, Any] | None, init_sha256: str | None, run_dir
     now = f"weights sha256 {init_sha256[:12]}" if init_sha256 else "unset (random weights)"
     raise CheckpointMismatch(f"run {run_dir} started from {was}, but model.init is now {now}; use a new "
                              f"--train.run_name (or storage_path), or the model.init it started from")
+
+
+def resume(ckpt: Any, rank: int, t: Trainable, fresh: dict[str, Any], *, seed: int, run_id: str | None,
+           on_rank0: Callable[[str], None] | None = None,
+           check: Callable[[dict[str, Any], str], None] | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Where a worker starts, the one resume of pretraining and fine-tuning: (`fresh`, None) with this rank's own
+    dropout stream when `ckpt` (a Ray Train checkpoint) is None; else its state restored exactly (weights,
+    optimizer, scheduler, scaler, RNGs, data position: `load_checkpoint`) and, on rank 0, the metric values it had
+    not sent to the tracking server (`pending`). `on_rank0(dir)` runs on rank 0 before the restore (a reader that
+    draws from the RNGs the restore then sets); `check(state, path)` may refuse the checkpoint before the console
+    line says it resumed."""
+    if ckpt is None:
+        torch.manual_seed(seed * 1000 + rank + 1)  # each rank its own dropout stream
+        return fresh, None
+    pending = None
+    with ckpt.as_directory() as d:
+        if rank == 0:
+            if on_rank0 is not None:
+                on_rank0(d)
+            pending = read_pending(d, run_id or "")
+        state = load_checkpoint(d, rank, t)
+    if check is not None:
+        check(state, ckpt.path)
+    say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
+    return state, pending

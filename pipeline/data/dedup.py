@@ -55,10 +55,11 @@ were chosen by bench/dedup_quality.py on the shared corpora with planted copies 
 "Deduplication"): recall of copies with true Jaccard >= 0.9 and documents dropped with no kept document above
 Jaccard 0.5 over a grid of threshold x num_perm.
 
-Keys and signatures (`normalise`, `exact_keys`, `shingle_hashes`, `signatures`, `records`) are computed in
-pipeline/data/signing.py, a window of a document at a time, and imported here: the MinHash implementation (rensa's
-R-MinHash over our own shingle hashes) and why signatures are the same on every machine are described there.
+Keys, signatures and their parameters (`normalise`, `exact_keys`, `shingle_hashes`, `signatures`, `records`,
+`DedupParams`) are pipeline/data/signing.py's, computed a window of a document at a time: the MinHash implementation
+(rensa's R-MinHash over our own shingle hashes) and why signatures are the same on every machine are described there.
 
+    >>> from pipeline.data.signing import normalise
     >>> normalise("  The  LORD\\n\\tsaid ")
     'the lord said'
     >>> p = DedupParams(threshold=0.8, num_perm=128)
@@ -80,97 +81,15 @@ R-MinHash over our own shingle hashes) and why signatures are the same on every 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.data.signing import (  # noqa: F401 - the signing functions are this module's API too
-    SHINGLE_MUL,
-    exact_keys,
-    normalise,
-    records,
-    shingle_hashes,
-    signatures,
-    signatures_of_shingles,
-    splitmix,
-)
+from pipeline.data.signing import SHINGLE_MUL, DedupParams, exact_keys, signatures, splitmix
 
-Mode = Literal["off", "exact", "near"]
 EXACT, NEAR = 0, 1
 """Values of `Duplicates.kind`."""
-
-
-@functools.lru_cache(maxsize=64)  # ~40 ms a call, and every DedupParams asks
-def lsh_bands(threshold: float, num_perm: int, fn_weight: float = 0.9) -> tuple[int, int]:
-    """(bands, rows) with bands * rows <= num_perm minimising the weighted areas under the LSH S-curve
-    P(candidate | J) = 1 - (1 - J**rows)**bands: false positives (J < threshold) weighted 1 - fn_weight, false
-    negatives (J >= threshold) weighted fn_weight. datasketch's `_optimal_param` with weights 0.5/0.5; here false
-    negatives weigh more because every candidate is verified with the signatures, so a false positive costs one
-    comparison while a false negative is a missed duplicate (measured in bench/dedup_quality.py).
-
-    >>> lsh_bands(0.8, 128), lsh_bands(0.8, 128, fn_weight=0.5)
-    ((14, 9), (9, 13))
-    """
-    j = np.linspace(0.0, 1.0, 2001)
-    below, above = j < threshold, j >= threshold
-    best, best_err = (1, 1), float("inf")
-    for b in range(1, num_perm + 1):
-        for r in range(1, num_perm // b + 1):
-            p = 1.0 - (1.0 - j**r) ** b
-            fp = np.trapezoid(p[below], j[below]) if below.sum() > 1 else 0.0
-            fn = np.trapezoid(1.0 - p[above], j[above]) if above.sum() > 1 else 0.0
-            err = (1.0 - fn_weight) * fp + fn_weight * fn
-            if err < best_err - 1e-12:
-                best, best_err = (b, r), err
-    return best
-
-
-@dataclass(frozen=True)
-class DedupParams:
-    """How duplicates are found. Field errors name the config field they come from (`data.dedup_*`)."""
-
-    mode: Mode = "near"
-    """off: keep everything; exact: normalised-text hash only; near: exact, then MinHash + LSH."""
-    threshold: float = 0.8
-    """Estimated Jaccard of the word-shingle sets at or above which a later document is dropped."""
-    num_perm: int = 128
-    """MinHash values per document: estimate error ~ sqrt(J(1-J)/num_perm) (0.035 at J 0.8)."""
-    shingle_size: int = 5
-    """Words per shingle."""
-    seed: int = 0
-    """Seeds the MinHash hash functions; signatures only compare within one seed."""
-    max_leaders: int = 32
-    """Per LSH group, at most this many mutually dissimilar earliest members are compared with each member."""
-    bands: int = field(default=0)
-    """LSH bands; 0 = chosen by `lsh_bands(threshold, num_perm)`."""
-    rows: int = field(default=0)
-    """Signature values per band; 0 = chosen with `bands`."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("off", "exact", "near"):
-            raise ValueError(f"data.dedup {self.mode!r} is not one of off, exact, near")
-        if not 0.0 < self.threshold <= 1.0:
-            raise ValueError(f"data.dedup_threshold {self.threshold} is not in (0, 1]")
-        if not 16 <= self.num_perm <= 1024:
-            raise ValueError(f"data.dedup_num_perm {self.num_perm} is not in [16, 1024]")
-        if self.shingle_size < 1:
-            raise ValueError(f"data.dedup_shingle_size {self.shingle_size} is not >= 1")
-        if self.max_leaders < 1:
-            raise ValueError(f"data.dedup_max_leaders {self.max_leaders} is not >= 1")
-        if (self.bands == 0) != (self.rows == 0):
-            raise ValueError(f"data.dedup_bands {self.bands} and data.dedup_rows {self.rows}: give both or neither")
-        if self.bands == 0:
-            b, r = lsh_bands(self.threshold, self.num_perm)
-            object.__setattr__(self, "bands", b)
-            object.__setattr__(self, "rows", r)
-        elif self.bands < 1 or self.rows < 1 or self.bands * self.rows > self.num_perm:
-            raise ValueError(
-                f"data.dedup_bands {self.bands} x data.dedup_rows {self.rows} must be >= 1 and fit in "
-                f"data.dedup_num_perm {self.num_perm}"
-            )
 
 
 def similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -34,7 +34,8 @@ import pyarrow as pa
 
 from pipeline.config import DataConfig
 from pipeline.data.arrow import fixed_rows, numpy_of
-from pipeline.data.dedup import DedupParams, Edges, find_edges
+from pipeline.data.dedup import Edges, find_edges
+from pipeline.data.signing import DedupParams
 from pipeline.data.examples import RandomPool
 from pipeline.data.masking import MaskingPolicy
 from pipeline.data.passes import Batch, encode_pieces, examples_for_chunks, sign_unit, tokenize_file, write_shard

@@ -36,7 +36,6 @@ import pyarrow.parquet as pq
 from pipeline.config import DataConfig
 from pipeline.data.arrow import arrow, fixed_rows_array, list_array, list_rows, numpy_of, string_array
 from pipeline.data.dataset import SCHEMA
-from pipeline.data.dedup import DedupParams
 from pipeline.data.examples import (
     RandomPool,
     create_instances_from_document,
@@ -49,7 +48,7 @@ from pipeline.data.examples import (
 )
 from pipeline.data.masking import MaskingPolicy, mask_rows
 from pipeline.data.pool import PoolCandidates, write_pool
-from pipeline.data.signing import records
+from pipeline.data.signing import DedupParams, records
 from pipeline.data.sources import Document, InputFile, read_documents
 from pipeline.data.tokenizer import SentenceEncoder
 from pipeline.data.wiki import WikiOptions

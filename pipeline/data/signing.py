@@ -1,5 +1,6 @@
 """What the dedup pass keeps of a document, computed a window at a time: the exact key (blake2b of the normalised
-text) and the MinHash signature of its word shingles (pipeline/data/dedup.py says what they are compared for).
+text) and the MinHash signature of its word shingles (pipeline/data/dedup.py says what they are compared for), with
+the parameters both take (`DedupParams`: mode, threshold, num_perm, shingle size, the LSH bands of `lsh_bands`).
 
 Memory per document is a constant plus its signature, whatever its length: the text is normalised, shingled and
 hashed `window_chars` characters at a time (`windows`), and shingle hashes go to rensa in batches of at most
@@ -30,7 +31,6 @@ Python's salted `hash()`), shingle hashes a polynomial of them finished with spl
 seeded by `seed`, so signatures are identical in every process and on every machine, for one rensa algorithm
 version (rensa 0.5 is version 2; the dependency is pinned below 0.6: signatures are never stored across runs).
 
-    >>> from pipeline.data.dedup import DedupParams
     >>> p = DedupParams(num_perm=16)
     >>> text = "The LORD  said unto Moses, " * 40
     >>> keys, sigs = records([text], p)
@@ -41,16 +41,15 @@ version (rensa 0.5 is version 2; the dependency is pinned below 0.6: signatures 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 from rensa import RMinHash
-
-if TYPE_CHECKING:
-    from pipeline.data.dedup import DedupParams
 
 WINDOW_CHARS = 1 << 20
 """Characters of a document normalised and shingled at a time (~180k words: ~15 MB of Python objects)."""
@@ -61,6 +60,79 @@ SHINGLE_MUL = np.uint64(0x9E3779B97F4A7C15)  # odd: the polynomial over word has
 _SPACE = re.compile(r"\s")  # what str.split() splits on: both are Py_UNICODE_ISSPACE (tests/test_signing.py)
 _NO_SLOT = np.uint32(0xFFFFFFFF)  # a signature slot before any shingle (above every value rensa gives)
 
+
+
+Mode = Literal["off", "exact", "near"]
+
+
+@functools.lru_cache(maxsize=64)  # ~40 ms a call, and every DedupParams asks
+def lsh_bands(threshold: float, num_perm: int, fn_weight: float = 0.9) -> tuple[int, int]:
+    """(bands, rows) with bands * rows <= num_perm minimising the weighted areas under the LSH S-curve
+    P(candidate | J) = 1 - (1 - J**rows)**bands: false positives (J < threshold) weighted 1 - fn_weight, false
+    negatives (J >= threshold) weighted fn_weight. datasketch's `_optimal_param` with weights 0.5/0.5; here false
+    negatives weigh more because every candidate is verified with the signatures, so a false positive costs one
+    comparison while a false negative is a missed duplicate (measured in bench/dedup_quality.py).
+
+    >>> lsh_bands(0.8, 128), lsh_bands(0.8, 128, fn_weight=0.5)
+    ((14, 9), (9, 13))
+    """
+    j = np.linspace(0.0, 1.0, 2001)
+    below, above = j < threshold, j >= threshold
+    best, best_err = (1, 1), float("inf")
+    for b in range(1, num_perm + 1):
+        for r in range(1, num_perm // b + 1):
+            p = 1.0 - (1.0 - j**r) ** b
+            fp = np.trapezoid(p[below], j[below]) if below.sum() > 1 else 0.0
+            fn = np.trapezoid(1.0 - p[above], j[above]) if above.sum() > 1 else 0.0
+            err = (1.0 - fn_weight) * fp + fn_weight * fn
+            if err < best_err - 1e-12:
+                best, best_err = (b, r), err
+    return best
+
+
+@dataclass(frozen=True)
+class DedupParams:
+    """How duplicates are found. Field errors name the config field they come from (`data.dedup_*`)."""
+
+    mode: Mode = "near"
+    """off: keep everything; exact: normalised-text hash only; near: exact, then MinHash + LSH."""
+    threshold: float = 0.8
+    """Estimated Jaccard of the word-shingle sets at or above which a later document is dropped."""
+    num_perm: int = 128
+    """MinHash values per document: estimate error ~ sqrt(J(1-J)/num_perm) (0.035 at J 0.8)."""
+    shingle_size: int = 5
+    """Words per shingle."""
+    seed: int = 0
+    """Seeds the MinHash hash functions; signatures only compare within one seed."""
+    max_leaders: int = 32
+    """Per LSH group, at most this many mutually dissimilar earliest members are compared with each member."""
+    bands: int = field(default=0)
+    """LSH bands; 0 = chosen by `lsh_bands(threshold, num_perm)`."""
+    rows: int = field(default=0)
+    """Signature values per band; 0 = chosen with `bands`."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("off", "exact", "near"):
+            raise ValueError(f"data.dedup {self.mode!r} is not one of off, exact, near")
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"data.dedup_threshold {self.threshold} is not in (0, 1]")
+        if not 16 <= self.num_perm <= 1024:
+            raise ValueError(f"data.dedup_num_perm {self.num_perm} is not in [16, 1024]")
+        if self.shingle_size < 1:
+            raise ValueError(f"data.dedup_shingle_size {self.shingle_size} is not >= 1")
+        if self.max_leaders < 1:
+            raise ValueError(f"data.dedup_max_leaders {self.max_leaders} is not >= 1")
+        if (self.bands == 0) != (self.rows == 0):
+            raise ValueError(f"data.dedup_bands {self.bands} and data.dedup_rows {self.rows}: give both or neither")
+        if self.bands == 0:
+            b, r = lsh_bands(self.threshold, self.num_perm)
+            object.__setattr__(self, "bands", b)
+            object.__setattr__(self, "rows", r)
+        elif self.bands < 1 or self.rows < 1 or self.bands * self.rows > self.num_perm:
+            raise ValueError(
+                f"data.dedup_bands {self.bands} x data.dedup_rows {self.rows} must be >= 1 and fit in "
+                f"data.dedup_num_perm {self.num_perm}"
+            )
 
 def normalise(text: str) -> str:
     """Case-folded, whitespace runs collapsed to one space, stripped: the text both dedup kinds compare.

@@ -229,13 +229,13 @@ def _single_run(job: Job, run_name: str, lr_source: str) -> dict[str, Any]:
     from pipeline.tracking.wait import server_needed
 
     run_id = tracking.start_run(job.cfg.tracking.experiment, run_name, job.tags)
-    logger = tracking.RunLogger(run_id, job.shared["tracking_uri"])
-    print(f"[finetune] MLflow run {run_id} ({run_name}) at {tracking_server.redact(job.shared['tracking_uri'])}", flush=True)
+    logger = tracking.RunLogger(run_id, job.shared.tracking_uri)
+    print(f"[finetune] MLflow run {run_id} ({run_name}) at {tracking_server.redact(job.shared.tracking_uri)}", flush=True)
     status = "FAILED"
     try:
         job.log_inputs(logger, job.cfg, {"train.lr_source": lr_source})
         result = fit_run(job.cfg, job.shared, run_id, run_name)
-        with server_needed(job.shared["tracking_uri"], job.cfg.tracking.server_wait_s, "register the fine-tuned model"):
+        with server_needed(job.shared.tracking_uri, job.cfg.tracking.server_wait_s, "register the fine-tuned model"):
             best, out = job.export(result.checkpoint)
             logger.log_metrics({f"best/{k}": v for k, v in best.items()}, step=int(best["step"]))
             registered = job.register(out, best, run_id, logger)

@@ -24,8 +24,8 @@ import torch
 
 from pipeline import cluster
 from pipeline.console import say
-from pipeline.core.checkpoint import load_checkpoint, save_checkpoint, unwrap
-from pipeline.tracking.outbox import read_pending, write_pending
+from pipeline.core.checkpoint import resume, save_checkpoint, unwrap
+from pipeline.tracking.outbox import write_pending
 from pipeline.core.optim import make_optimizer
 from pipeline.core.precision import forward, make_scaler
 from pipeline.core.step import Trainable, TrainFigures, train_step
@@ -224,17 +224,9 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
                                           total_steps=total, schedule=tc.schedule)
     t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
     best_model = BestModel()
-    state: dict[str, Any] = {"step": 0, "best": None, "position": {"epoch": 1, "micro": 0}}
-    pending = None  # metrics rank 0 could not send before the checkpoint (the tracking server was away)
-    if (ckpt := ray.train.get_checkpoint()) is not None:
-        with ckpt.as_directory() as d:
-            if rank == 0:  # first: building the copy draws from the RNGs that load_checkpoint then restores
-                best_model.load(d, type(unwrap(model)))
-                pending = read_pending(d, h.run_id or "")
-            state = load_checkpoint(d, rank, t)
-        say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
-    else:
-        torch.manual_seed(tc.seed * 1000 + rank + 1)  # each rank its own dropout stream
+    # on rank 0 the best model is read first: building its copy draws from the RNGs that the restore then sets
+    state, pending = resume(ray.train.get_checkpoint(), rank, t, {"step": 0, "best": None, "position": {"epoch": 1, "micro": 0}},
+                            seed=tc.seed, run_id=h.run_id, on_rank0=lambda d: best_model.load(d, type(unwrap(model))))
     log = RunLogger(h.run_id, h.tracking_uri, total_steps=total, log_every_steps=tc.log_every_steps,
                     background=True, pending=pending) if rank == 0 and h.run_id else None
 

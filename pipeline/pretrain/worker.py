@@ -5,18 +5,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn
 
 from pipeline import cluster
-from pipeline.console import say
-from pipeline.core.checkpoint import check_vocab, load_checkpoint, trust
+from pipeline.core.checkpoint import check_vocab, resume, trust
 from pipeline.core.optim import make_optimizer
 from pipeline.core.precision import make_scaler
 from pipeline.core.step import Trainable
-from pipeline.tracking.outbox import read_pending
 
 if TYPE_CHECKING:
     from pipeline.config import Config
@@ -91,17 +89,11 @@ def start_worker(h: PretrainHandoff) -> Worker:
                                           total_steps=tc.max_steps, schedule=tc.schedule, power=tc.poly_power,
                                           head_only_steps=tc.head_only_steps)
     t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
-    state: dict[str, Any] = {"step": 0, "position": {"phase": 0, "epoch": 0, "micro": 0}}
-    pending = None  # metrics rank 0 could not send before the checkpoint (the tracking server was away)
     trust(h.verified)  # the files the driver hashed: not read again while unchanged
-    if (ckpt := cluster.resume_checkpoint(h.damaged, h.resume_from)) is not None:
-        with ckpt.as_directory() as d:
-            state = load_checkpoint(d, rank, t)
-            pending = read_pending(d, h.run_id) if rank == 0 else None
-        check_vocab(state, h.vocab_sha256, ckpt.path)
-        say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
-    else:
-        torch.manual_seed(tc.seed * 1000 + rank + 1)  # each rank its own dropout stream
+    # pending: the metrics rank 0 could not send before the checkpoint (the tracking server was away)
+    state, pending = resume(cluster.resume_checkpoint(h.damaged, h.resume_from), rank, t,
+                            {"step": 0, "position": {"phase": 0, "epoch": 0, "micro": 0}}, seed=tc.seed, run_id=h.run_id,
+                            check=lambda st, path: check_vocab(st, h.vocab_sha256, path))
     nodes = cluster.num_nodes(world)  # a collective: every rank takes part
     log = RunLogger(h.run_id, h.tracking_uri, cfg.tracking.system_metrics_every_s, total_steps=tc.max_steps,
                     log_every_steps=tc.log_every_steps, background=True, pending=pending) if rank == 0 else None
