@@ -101,8 +101,18 @@ def test_pearson_spearman_hand():
         ([], []),
     ],
 )
-def test_get_entities(tags, expected):
-    assert M.get_entities(tags) == expected
+def test_entity_chunks_follow_conlleval(tags, expected):
+    """The chunks conlleval reads in `tags` are `expected`: the same chunks written canonically (B- then I-) score
+    F1 1 against them, and with one chunk missing recall (n-1)/n."""
+    def canonical(chunks):
+        out = ["O"] * len(tags)
+        for typ, start, end in chunks:
+            out[start:end + 1] = [f"B-{typ}"] + [f"I-{typ}"] * (end - start)
+        return out
+
+    assert M.entity_metrics([tags], [canonical(expected)])["f1"] == (1.0 if expected else 0.0)
+    if expected:
+        assert M.entity_metrics([tags], [canonical(expected[1:])])["recall"] == pytest.approx((len(expected) - 1) / len(expected))
 
 
 def test_entity_metrics_hand():
