@@ -49,7 +49,7 @@ from pipeline.data.examples import (
 )
 from pipeline.data.masking import MaskingPolicy, mask_rows
 from pipeline.data.pool import PoolCandidates, write_pool
-from pipeline.data.sources import Document, InputFile, read_documents
+from pipeline.data.sources import Document, InputFile, Skipped, read_documents
 from pipeline.data.tokenizer import SentenceEncoder
 from pipeline.data.wiki import WikiOptions
 from pipeline.io import (commit, exists, filesystem, join, make_parent, read_table, read_text, sha256_file, temp_name,
@@ -200,6 +200,9 @@ def file_batches(f: InputFile, cfg: DataConfig, merge: FileMerge, dropped: Mappi
     chars = 0
     dropped = dropped or {}
     for item in read_documents(f, cfg.text_column, wiki_options(cfg)):
+        if isinstance(item, Skipped):  # the file, or the rest of it, could not be read: the manifest names it
+            merge.stats["skipped_files"].append(list(item))
+            continue
         merge.stats["documents_read"] += 1
         if isinstance(item, Document) and item.doc_id in dropped:
             merge.reasons[dropped[item.doc_id]] += 1
@@ -276,7 +279,7 @@ class FileMerge:
     def __init__(self, f: InputFile, cfg: DataConfig, work: str) -> None:
         self.f, self.cfg, self.work = f, cfg, work
         self.stats: dict[str, Any] = {"file": f.path, "documents_read": 0, "documents_written": 0, "pieces": 0,
-                                      "tokens": 0, "sentences": 0, "chunks": []}
+                                      "tokens": 0, "sentences": 0, "chunks": [], "skipped_files": []}
         self.reasons: Counter[str] = Counter()
         self.pool = PoolCandidates.empty()
         self.doc_has_tokens = False  # of the document whose pieces are being added
