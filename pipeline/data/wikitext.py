@@ -36,11 +36,13 @@ broken for every later call.
 
 from __future__ import annotations
 
+import bisect
 import html
 import re
 from dataclasses import dataclass
 
-from mwparserfromhell.definitions import PARSER_BLACKLIST, SINGLE
+import numpy as np
+from mwparserfromhell.definitions import PARSER_BLACKLIST, SINGLE, URI_SCHEMES
 from mwparserfromhell.parser import Parser
 from mwparserfromhell.parser import tokens as T
 
@@ -224,10 +226,12 @@ length; each one the budget admits costs up to about three times a clean page's 
 MARKUP_SLACK = 1 << 16
 """Characters of rescanning every page may cost whatever its length (a short page with a few stray openers)."""
 
-# One pass over every opener and closer the tokenizer routes on: comments; templates and arguments ({{ }}); links
-# ([[ ]]); tables ({| |} at a line start; `|}}` there closes a template); tags (<name, </name); external links with a scheme ([http: ...]).
-_MARKUP = re.compile(r"<!--|\{\{|\}\}|\[\[|\]\]|^[ \t]*(?:\{\||\|\}(?!\}))|<(/?)([A-Za-z][A-Za-z0-9]*)|\[(?:[A-Za-z][A-Za-z0-9+.-]*:|//)",
-                     re.MULTILINE)
+# The openers and closers other than `{{ }}` and `[[ ]]` (counted with numpy, `_bracket_cost`), one pattern per
+# first character, so that the regex engine finds each by its literal first character and skips text fast.
+_ANGLE = re.compile(r"<(?:(?P<comment>!--)|(?P<slash>/?)(?P<tag>[A-Za-z][A-Za-z0-9]*))")  # comments, tags
+_TABLE_OPEN, _TABLE_CLOSE = re.compile(r"\{\|"), re.compile(r"\|\}(?!\})")  # `|}}` closes a template
+# [http://x label]; lowercase schemes only: a case-insensitive branch costs the engine its fast scan for `[`
+_LINK = re.compile(r"\[(?://|(?:%s):)" % "|".join(sorted(URI_SCHEMES)))
 _OPAQUE = frozenset(t.lower() for t in PARSER_BLACKLIST)  # nowiki, pre, math, source, ...: content is not parsed
 _SINGLE = frozenset(t.lower() for t in SINGLE)  # br, hr, li, td, ...: no closing tag needed
 
@@ -251,67 +255,144 @@ class _Next:
         return self.at
 
 
+def _doubled(raw: np.ndarray, byte: int) -> np.ndarray:
+    """Where `byte` twice starts, as a left-to-right scan finds them (`{{{{` is two, at 0 and 2).
+
+    >>> _doubled(np.frombuffer(b"{{{ {{{{", np.uint8), ord("{")).tolist()
+    [0, 4, 6]
+    """
+    hit = np.flatnonzero((raw[:-1] == byte) & (raw[1:] == byte))
+    if len(hit) < 2:
+        return hit
+    starts = np.ones(len(hit), bool)
+    starts[1:] = np.diff(hit) != 1  # a run of the byte gives consecutive hits: keep every other from its first
+    run_first = np.flatnonzero(starts)[np.cumsum(starts) - 1]
+    return hit[(np.arange(len(hit)) - run_first) % 2 == 0]
+
+
+def _bracket_cost(raw: np.ndarray, opener: int, closer: int) -> int:
+    """Σ (bytes after it) over each doubled `opener` no later doubled `closer` closes (last-in first-out):
+    an opener is closed where the depth first drops below the depth it opened."""
+    opens, closes = _doubled(raw, opener), _doubled(raw, closer)
+    if not len(opens):
+        return 0
+    pos = np.concatenate([opens, closes])
+    order = np.argsort(pos, kind="stable")
+    pos = pos[order]
+    sign = np.concatenate([np.ones(len(opens), np.int64), -np.ones(len(closes), np.int64)])[order]
+    depth = np.cumsum(sign)
+    floor = np.minimum.accumulate(depth[::-1])[::-1]  # the lowest depth from each position on
+    unclosed = (sign > 0) & (floor >= depth)
+    return int((len(raw) - pos[unclosed]).sum())
+
+
 def markup_cost(wikitext: str) -> int:
-    """Characters the tokenizer may read again for markup that is never closed, in one linear pass: for each
-    opener (`<!--`, `{{`, `[[`, `{|`, a tag that needs a closing tag) with no closer after it, the text after it; for
-    a tag with no `>` before the next `<`, the text after it; for an external link with no `]` on its line, the
-    rest of the line. Openers are matched to closers last-in first-out per kind (per name for tags); the contents
-    of comments and of unparsed tags (nowiki, pre, math, ...) are skipped, as the tokenizer skips them.
+    """Characters the tokenizer may read again for markup that is never closed, in linear time: for each opener
+    (`{{`, `[[`, `{|`, `<!--`, a tag that needs a closing tag) with no closer after it, the text after it; for a
+    tag with no `>` before the next `<`, the text after it; for an external link with no `]` on its line, the rest
+    of the line. Openers are matched to closers last-in first-out per kind (per name for tags); the contents of
+    comments and of unparsed tags (nowiki, pre, math, ...) hold no tags, tables or links.
 
     >>> markup_cost("A [[link]], {{t|x}} and <ref>r</ref>."), markup_cost("{{a|" * 3)
     (0, 24)
     """
     n = len(wikitext)
-    cost = 0
-    open_at: dict[str, list[int]] = {}  # kind ("{{", "[[", "{|", or a tag name) -> positions of unclosed openers
-    comment_end, gt, lt = _Next(wikitext, "-->"), _Next(wikitext, ">"), _Next(wikitext, "<")
+    raw = np.frombuffer(wikitext.encode("utf-8", "surrogatepass"), np.uint8)
+    brackets = _bracket_cost(raw, ord("{"), ord("}")) + _bracket_cost(raw, ord("["), ord("]"))
+    tags = _Tags(wikitext)
+    cost = brackets * n // max(1, len(raw)) + tags.cost()  # bytes to characters
+    hidden = tags.hidden
+    tables: list[int] = []
+    for a in sorted([m.start() for m in _TABLE_OPEN.finditer(wikitext)] + [-1 - m.start() for m in
+                                                                            _TABLE_CLOSE.finditer(wikitext)], key=abs):
+        at = a if a >= 0 else -1 - a  # closers are coded -1 - position
+        if hidden.covers(at) or not _at_line_start(wikitext, at):
+            continue
+        if a >= 0:
+            tables.append(at)
+        elif tables:
+            tables.pop()
     newline, bracket = _Next(wikitext, "\n"), _Next(wikitext, "]")
-    closers: dict[str, _Next] = {}
-    pos = 0
-    while m := _MARKUP.search(wikitext, pos):
-        a, pos, tok = m.start(), m.end(), m.group().lstrip(" \t")
-        if tok == "<!--":
-            end = comment_end(pos)
-            if end < n:
-                pos = end + 3  # the comment's content is not markup
+    for m in _LINK.finditer(wikitext):  # its label ends at the line's end
+        if bracket(m.end()) >= newline(m.end()) and not hidden.covers(m.start()):  # equal: neither is there
+            cost += newline(m.end()) - m.start()
+    return cost + sum(n - a for a in tables)
+
+
+def _at_line_start(text: str, a: int) -> bool:
+    """Whether only spaces and tabs stand between the line's start and `a` (a table's `{|` and `|}`)."""
+    while a > 0 and text[a - 1] in " \t":
+        a -= 1
+    return a == 0 or text[a - 1] == "\n"
+
+
+class _Spans:
+    """Disjoint spans [start, end), added in order of position; `covers` answers for positions in any order."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def add(self, start: int, end: int) -> None:
+        self.starts.append(start)
+        self.ends.append(end)
+
+    def covers(self, pos: int) -> bool:
+        k = bisect.bisect_right(self.starts, pos) - 1
+        return k >= 0 and pos < self.ends[k]
+
+
+class _Tags:
+    """`markup_cost` for comments and tags, in one walk over every `<`: an unclosed comment costs the text after
+    it; a `<name` with no `>` before the next `<` costs the text after it; an opening tag that needs a closing tag
+    and never gets one costs the text after it; the contents of comments and unparsed tags are `hidden`."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.hidden = _Spans()
+        self.open_at: dict[str, list[int]] = {}  # tag name -> positions of its unclosed opening tags
+        self.gt, self.lt, self.comment_end = _Next(text, ">"), _Next(text, "<"), _Next(text, "-->")
+        self.closers: dict[str, _Next] = {}
+
+    def cost(self) -> int:
+        text, n = self.text, len(self.text)
+        cost = skip = 0
+        for m in _ANGLE.finditer(text):
+            a = m.start()
+            if a < skip:
+                continue
+            if m.group("comment"):
+                end = self.comment_end(m.end())
+                if end == n:
+                    cost += n - a
+                else:
+                    self.hidden.add(a, end + 3)
+                    skip = end + 3
             else:
-                cost += n - a
-        elif tok in ("{{", "[[", "{|"):
-            open_at.setdefault(tok, []).append(a)
-        elif tok in ("}}", "]]", "|}"):
-            stack = open_at.get({"}}": "{{", "]]": "[[", "|}": "{|"}[tok])
-            if stack:
-                stack.pop()
-        elif tok.startswith("["):  # an external link: its label ends at the line's end
-            if bracket(pos) > newline(pos):
-                cost += newline(pos) - a
-        else:
-            cost, pos = _tag_cost(wikitext, m, cost, open_at, closers, gt, lt)
-    return cost + sum(n - a for stack in open_at.values() for a in stack)
+                cost, skip = self._tag(m, cost, skip)
+        return cost + sum(n - a for stack in self.open_at.values() for a in stack)
 
-
-def _tag_cost(text: str, m: re.Match, cost: int, open_at: dict[str, list[int]], closers: dict[str, _Next],
-         gt: _Next, lt: _Next) -> tuple[int, int]:
-    """`markup_cost` for one `<name` or `</name` at `m`: (the cost so far, where to go on)."""
-    n, a, pos = len(text), m.start(), m.end()
-    closing, name = m.group(1) == "/", m.group(2).lower()
-    end = gt(pos)
-    if end == n or lt(pos) < end:  # no `>` before the next `<`: the tokenizer reads attributes to no end
-        return cost + n - a, pos
-    if closing:
-        stack = open_at.get(name)
-        if stack:
-            stack.pop()
-        return cost, pos
-    if text[end - 1] == "/" or name in _SINGLE:
-        return cost, pos
-    if name in _OPAQUE:  # its content is text up to its closing tag
-        if name not in closers:
-            closers[name] = _Next(text, re.compile(r"</" + name + r"\b", re.IGNORECASE))
-        close = closers[name](end)
-        return (cost, close) if close < n else (cost + n - a, pos)
-    open_at.setdefault(name, []).append(a)
-    return cost, pos
+    def _tag(self, m: re.Match, cost: int, skip: int) -> tuple[int, int]:
+        text, n, a, pos = self.text, len(self.text), m.start(), m.end()
+        name = m.group("tag").lower()
+        end = self.gt(pos)
+        if end == n or self.lt(pos) < end:  # the tokenizer reads its attributes to no end
+            return cost + n - a, skip
+        if m.group("slash"):
+            if self.open_at.get(name):
+                self.open_at[name].pop()
+        elif text[end - 1] != "/" and name not in _SINGLE:
+            if name not in _OPAQUE:
+                self.open_at.setdefault(name, []).append(a)
+                return cost, skip
+            if name not in self.closers:  # its content is text up to its closing tag
+                self.closers[name] = _Next(text, re.compile(r"</" + name + r"\b", re.IGNORECASE))
+            close = self.closers[name](end)
+            if close == n:
+                return cost + n - a, skip
+            self.hidden.add(end, close)
+            return cost, close
+        return cost, skip
 
 
 def over_budget(wikitext: str) -> bool:

@@ -134,7 +134,7 @@ def read_wikiext(f: InputFile) -> Iterator[Item]:
 
     Every line that opens a block is a record. A block is rejected as `bad_doc_tag` (its line has no `>`),
     `invalid_utf8`, `unterminated_doc` (the next `<doc` line came before its `</doc>`) or `truncated_doc` (the
-    file ended inside it); text between blocks is no record."""
+    file ended inside it), the first of these it has; text between blocks is no record."""
     i = 0
     inside = False
     attrs: dict[str, str] = {}
@@ -144,8 +144,8 @@ def read_wikiext(f: InputFile) -> Iterator[Item]:
         with open_bytes(f.path) as fh:
             for raw in fh:
                 if _DOC_OPEN.match(raw):
-                    if inside:
-                        yield Rejected(f.path, i, "unterminated_doc")
+                    if inside:  # a block's first damage is its reason
+                        yield Rejected(f.path, i, bad or "unterminated_doc")
                         i += 1
                     inside, lines = True, []
                     attrs, bad = _doc_attrs(raw)
@@ -163,7 +163,7 @@ def read_wikiext(f: InputFile) -> Iterator[Item]:
         yield from stopped(f, i, e)
         return
     if inside:
-        yield Rejected(f.path, i, "truncated_doc")  # a block without its </doc>
+        yield Rejected(f.path, i, bad or "truncated_doc")  # a block without its </doc>
 
 
 def _wikiext_doc(f: InputFile, i: int, attrs: dict[str, str], lines: list[str]) -> Document | Rejected:
