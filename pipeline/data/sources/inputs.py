@@ -50,20 +50,25 @@ def sniff_kind(path: str) -> Kind | None:
     """The kind of a file by its first bytes (decompressed when bz2 or gzip), or None when not recognised:
     a MediaWiki dump, WikiExtractor's `<doc ...>` blocks or JSON lines. Only files whose name has no known
     extension are sniffed."""
+    return _sniff(path)[0]
+
+
+def _sniff(path: str) -> tuple[Kind | None, str]:
+    """(`sniff_kind`, "") or, when the first bytes cannot be read or decompressed, (None, why)."""
     fs, p = fs_of(path)
     try:
         with fs.open(p, "rb") as raw, wiki.open_decompressed(raw) as fh:
             head = fh.read(_SNIFF_BYTES)
-    except READ_ERRORS + (ValueError,):
-        return None
+    except READ_ERRORS + (ValueError,) as e:
+        return None, f"unreadable: {error_text(e)}"
     head = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     if head.startswith(b"<mediawiki") or (head.startswith(b"<?xml") and b"<mediawiki" in head):
-        return "wiki_xml"
+        return "wiki_xml", ""
     if head.startswith((b"<doc ", b"<doc\t")):
-        return "wikiext"
+        return "wikiext", ""
     if _JSON_RECORD.match(head):
-        return "wikiext_json"
-    return None
+        return "wikiext_json", ""
+    return None, ""
 
 
 def _kind_and_reason(fs: fsspec.AbstractFileSystem, path: str, explicit: bool) -> tuple[Kind | None, str]:
@@ -76,7 +81,9 @@ def _kind_and_reason(fs: fsspec.AbstractFileSystem, path: str, explicit: bool) -
         if fs.exists(dump):
             return None, "index of a multistream dump"
         return None, "index of a multistream dump that is not there"
-    k = sniff_kind(path)
+    k, error = _sniff(path)
+    if error:  # a damaged compressed file: named with why, in a folder or alone
+        return None, error
     if k == "wiki_xml":
         index = wiki.index_name(path)
         return ("wiki_multistream" if index and fs.exists(index) else "wiki_xml"), ""
@@ -91,7 +98,7 @@ def expand_inputs(paths: list[str]) -> tuple[list[InputFile], list[Skipped]]:
     A folder is walked recursively; a folder holding `state.json` + `dataset_info.json` is a `datasets`
     save_to_disk directory. A file whose name has no known extension is recognised by content (`sniff_kind`);
     in a folder one that is not recognised is skipped ("unknown format"), named explicitly it is read as a
-    text book. A multistream dump's index is no input of its own ("index of a multistream dump"): the dump
+    text book; one whose first bytes cannot be decompressed is skipped ("unreadable: zlib.error: ..."). A multistream dump's index is no input of its own ("index of a multistream dump"): the dump
     beside it is read as `wiki_multistream`.
 
     >>> expand_inputs(["/no/such/dir"])
