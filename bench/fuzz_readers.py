@@ -1,8 +1,7 @@
-"""Malformed input (issue 38): seeded mutations of small real inputs through every reader, and the time wikitext
-conversion takes on hostile markup.
+"""Malformed input (issue 38): seeded mutations of small real inputs through every reader, each case judged for
+unhandled exceptions, records lost without a reason, and time.
 
     python bench/fuzz_readers.py --cases 3000 --seed 0         # fuzz counts: unhandled, lost records, slow cases
-    python bench/fuzz_readers.py --markup --sizes 20,40,80     # seconds per hostile page size (linear or rejected)
 
 Fuzzing. Seed inputs are built from ../shared/corpora in a temporary folder: a book (`.txt`, `.txt.gz`), JSON lines
 (`.jsonl`, `.jsonl.gz`), WikiExtractor's `<doc>` form (plain, .bz2, .gz) and `--json` form (plain, .bz2), the
@@ -28,9 +27,8 @@ Each case is one of:
 Reported: counts per outcome, per input form and per mutation, and the first cases of each bad outcome (seed and
 case number reproduce them: `--only CASE`). tests/test_fuzz_readers.py runs `fuzz` with a small budget in CI.
 
-Markup (`--markup`): wikitext of one hostile pattern repeated to each size goes through `wiki.page_text` (the
-dump reader's conversion, with its markup budget); a size is not run once the previous one took over `--cap`
-seconds. Everything is written under a temporary directory, removed at the end.
+bench/reader_timing.py measures the time side (hostile markup, long lines) and checks that good inputs give the
+same documents as before. Everything is written under a temporary directory, removed at the end.
 """
 
 from __future__ import annotations
@@ -409,71 +407,6 @@ def report(outcomes: list[Outcome], show: int = 3) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------------------------- markup timing
-
-MARKUP = ["<!--", "<ref>", "<ref ", "[[a|", "{{a|", "<b>", "{|\n", "<p>", "[http://x ", " ", "(" + " " * 200]
-
-
-def _repeat(pattern: str, kib: int) -> str:
-    return (pattern * (kib * 1024 // len(pattern) + 1))[: kib * 1024]
-
-
-def markup_seconds(pattern: str, kib: int) -> tuple[float, str]:
-    """(seconds, outcome) of `wiki.page_text` on a page of `pattern` repeated to `kib` KiB."""
-    from pipeline.data.wiki import Page, page_text
-
-    text = _repeat(pattern, kib) + "x"
-    start = time.perf_counter()
-    _, reason = page_text(Page(0, "1", "T", 0, False, text))
-    return time.perf_counter() - start, reason or "converted"
-
-
-def long_words_seconds(kib: int) -> tuple[float, str]:
-    """`check_text` on 25 x `kib` KiB of 1,000-character words (the longest a document may hold): 0.5, 1, 2 MiB
-    for 20, 40, 80 (the cost was in each word's length, so it takes MiB to show)."""
-    from pipeline.data.sources import check_text
-
-    text = _repeat("a" * 1000 + " ", 25 * kib)
-    start = time.perf_counter()
-    reason = check_text(text)
-    return time.perf_counter() - start, reason or "accepted"
-
-
-def doc_tag_seconds(kib: int) -> tuple[float, str]:
-    """Reading a WikiExtractor file whose second line is `<doc` and `kib` KiB of spaces without `>`."""
-    from pipeline.data.sources import Rejected, expand_inputs, read_documents
-
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "wiki_00"
-        path.write_bytes(b'<doc id="1" url="u" title="T">\nT\n\nText.\n</doc>\n<doc' + b" " * (kib * 1024) + b"\n")
-        start = time.perf_counter()
-        files, _ = expand_inputs([str(path)])
-        items = [x for f in files for x in read_documents(f)]
-        seconds = time.perf_counter() - start
-    return seconds, ", ".join(x.reason for x in items if isinstance(x, Rejected)) or f"{len(items)} record(s)"
-
-
-def markup_table(sizes: list[int], cap: float) -> str:
-    """Seconds per size for each hostile pattern; a size is not run once the previous one took over `cap`."""
-    rows = [(f"page_text `{p[:12]!r}`", lambda k, p=p: markup_seconds(p, k)) for p in MARKUP]
-    rows += [("check_text, 1,000-char words (x 25: MiB)", long_words_seconds),
-             ("`<doc` + spaces, no `>`", doc_tag_seconds)]
-    lines = ["| case | " + " | ".join(f"{k} KiB" for k in sizes) + " | outcome |",
-             "|---|" + "---:|" * len(sizes) + "---|"]
-    for label, fn in rows:
-        times: list[float | None] = []
-        outcome = ""
-        for k in sizes:
-            if times and (times[-1] is None or times[-1] > cap):
-                times.append(None)
-                continue
-            s, outcome = fn(k)
-            times.append(s)
-        cells = " | ".join("-" if s is None else f"{s:.3f}" for s in times)
-        lines.append(f"| {label} | {cells} | {outcome} |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", type=int, default=3000)
@@ -481,13 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=None, help="stop after this long")
     ap.add_argument("--slow", type=float, default=2.0, help="a case slower than this (s) is `slow`")
     ap.add_argument("--only", type=int, default=None, help="run this case number alone")
-    ap.add_argument("--markup", action="store_true", help="the hostile-markup timing table instead")
-    ap.add_argument("--sizes", default="20,40,80", help="page sizes in KiB for --markup")
-    ap.add_argument("--cap", type=float, default=30.0, help="--markup: no larger size after one this slow (s)")
     args = ap.parse_args(argv)
-    if args.markup:
-        print(markup_table([int(k) for k in args.sizes.split(",")], args.cap))
-        return 0
     start = time.perf_counter()
     outcomes = fuzz(args.cases, args.seed, args.seconds, args.slow, args.only)
     print(report(outcomes, show=3 if args.only is None else 1))
