@@ -49,7 +49,7 @@ from pipeline.data.examples import (
 )
 from pipeline.data.masking import MaskingPolicy, mask_rows
 from pipeline.data.pool import PoolCandidates, write_pool
-from pipeline.data.sources import Document, InputFile, Skipped, read_documents
+from pipeline.data.sources import Document, InputFile, read_documents, read_records
 from pipeline.data.tokenizer import SentenceEncoder
 from pipeline.data.wiki import WikiOptions
 from pipeline.io import (commit, exists, filesystem, join, make_parent, read_table, read_text, sha256_file, temp_name,
@@ -199,10 +199,7 @@ def file_batches(f: InputFile, cfg: DataConfig, merge: FileMerge, dropped: Mappi
     batch: Batch = []
     chars = 0
     dropped = dropped or {}
-    for item in read_documents(f, cfg.text_column, wiki_options(cfg)):
-        if isinstance(item, Skipped):  # the file, or the rest of it, could not be read: the manifest names it
-            merge.stats["skipped_files"].append(list(item))
-            continue
+    for item in read_records(f, cfg.text_column, wiki_options(cfg), merge.stats["skipped_files"]):
         merge.stats["documents_read"] += 1
         if isinstance(item, Document) and item.doc_id in dropped:
             merge.reasons[dropped[item.doc_id]] += 1

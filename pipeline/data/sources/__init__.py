@@ -51,7 +51,7 @@ from pipeline.data.wiki import WikiOptions
 
 __all__ = ["MAX_WORD_CHARS", "Document", "InputError", "InputFile", "Item", "Kind", "Rejected", "Skipped",
            "check_text", "decode_text", "expand_inputs", "fingerprint", "kind_of", "no_readable_input",
-           "read_documents", "skipped_summary", "sniff_kind", "split_units"]
+           "read_documents", "read_records", "skipped_summary", "sniff_kind", "split_units"]
 
 
 def _read_wiki(f: InputFile, options: WikiOptions) -> Iterator[Item]:
@@ -101,3 +101,13 @@ def read_documents(
         yield from _read_wiki(f, wiki_options)
     else:
         yield from read_hf(f, text_column)
+
+
+def read_records(f: InputFile, text_column: str, wiki_options: WikiOptions, skipped: list[Skipped]
+                 ) -> Iterator[Document | Rejected]:
+    """`read_documents` without its `Skipped` items, which are appended to `skipped` (the manifest's skipped_files)."""
+    for item in read_documents(f, text_column, wiki_options):
+        if isinstance(item, Skipped):
+            skipped.append(item)
+        else:
+            yield item
