@@ -273,6 +273,19 @@ def test_parquet_damaged_row_group_rejects_its_rows_and_reads_the_next(tmp_path)
     assert skipped == ["unreadable from record 2: OSError: Corrupt snappy compressed data."]
 
 
+def test_parquet_row_group_that_decodes_to_no_rows_has_them_rejected(tmp_path):
+    """A flipped byte in a data page header (fuzz case 1778): Arrow read the row group as 0 rows, with no error."""
+    import io
+
+    data = bytearray(_parquet_bytes([f"Row {i} words." for i in range(6)], row_group_size=2, compression="none"))
+    data[pq.ParquetFile(io.BytesIO(bytes(data))).metadata.row_group(1).column(0).data_page_offset + 1] = 41
+    (tmp_path / "p.parquet").write_bytes(bytes(data))
+    items = _items(tmp_path / "p.parquet")
+    assert _summary(items) == (["Row 0 words.", "Row 1 words.", "Row 4 words.", "Row 5 words."],
+                               ["unreadable", "unreadable"], ["unreadable from record 2: row group 1 gave 0 of its 2 rows"])
+    assert [x.record for x in items if isinstance(x, Rejected)] == [2, 3]
+
+
 def test_parquet_string_that_is_not_utf8_rejects_its_row(tmp_path):
     data = _parquet_bytes(["Good one.", "Python here.", "Good two."], compression="none")
     (tmp_path / "p.parquet").write_bytes(data.replace(b"Python", b"Pyth\xff\xfe", 1))

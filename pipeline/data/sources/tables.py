@@ -1,8 +1,9 @@
 """Readers of Arrow tables: Parquet files and `datasets` save_to_disk directories, one record a row.
 
 A Parquet file whose footer or schema cannot be read (empty, bad magic, a footer longer than the file) is named
-as skipped with no record. A row group that cannot be decoded (a corrupt page) has its rows rejected as
-`unreadable` (their number is in the footer) and the file is named; the next row group is read. A string value
+as skipped with no record. A row group that cannot be decoded (a corrupt page), or that decodes to fewer rows
+than the footer says, has its missing rows rejected as `unreadable` (their number is in the footer) and the file
+is named; the next row group is read. A string value
 that is not UTF-8 (Arrow does not check when reading) is its row's `invalid_utf8`.
 """
 
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pipeline.data.sources.inputs import fs_of
-from pipeline.data.sources.records import READ_ERRORS, InputFile, Item, Rejected, stopped, unreadable
+from pipeline.data.sources.records import READ_ERRORS, InputFile, Item, Rejected, Skipped, stopped, unreadable
 from pipeline.data.sources.text import base_name, record
 
 _NOT_UTF8 = object()  # a value whose bytes are not UTF-8
@@ -84,14 +85,20 @@ def read_parquet(f: InputFile, column: str) -> Iterator[Item]:
         cols = ([column] + (["id"] if "id" in names and column != "id" else [])) if column in names else None
         i = 0
         for g, size in enumerate(sizes):
-            end = i + size
+            start, end = i, i + size
             try:
                 for item in _read_arrow_batches(f, pf.iter_batches(batch_size=1024, row_groups=[g], columns=cols),
                                                 column, i):
+                    if i == end:  # more rows than the footer says: they would take the next group's numbers
+                        break
                     yield item
                     i += 1
             except errors as e:  # a corrupt page: the rest of this row group's rows, and the file named
                 yield from stopped(f, i, e, "unreadable", end)
+                i = end
+            if i < end:  # a damaged page can decode to fewer rows than the footer says, with no error
+                yield from (Rejected(f.path, k, "unreadable") for k in range(i, end))
+                yield Skipped(f.path, f"unreadable from record {i}: row group {g} gave {i - start} of its {size} rows")
             i = end
 
 
