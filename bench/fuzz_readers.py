@@ -76,7 +76,8 @@ def _records(n: int = 6, chars: int = 1500) -> list[dict]:
 
 def _doc_block(r: dict) -> str:
     body = html.escape(r["text"], quote=False)
-    return f'<doc id="{r["id"]}" url="{html.escape(r["url"])}" title="{html.escape(r["title"])}">\n{r["title"]}\n\n{body}\n</doc>\n'
+    head = f'<doc id="{r["id"]}" url="{html.escape(r["url"])}" title="{html.escape(r["title"])}">'
+    return f"{head}\n{r['title']}\n\n{body}\n</doc>\n"
 
 
 def _parquet(recs: list[dict]) -> bytes:
@@ -165,10 +166,13 @@ def _deep_json(rng: random.Random, data: bytes) -> bytes:
     d = rng.choice([900, 990, 1000, 1100, 5000])
     lines = data.split(b"\n")
     k = rng.randrange(len(lines))
-    lines[k] = rng.choice([b'{"text": ' + b"[" * d + b"]" * d + b"}", b"[" * d + b"]" * d, b'{"a":' * d + b"1" + b"}" * d])
+    deep = [b'{"text": ' + b"[" * d + b"]" * d + b"}", b"[" * d + b"]" * d, b'{"a":' * d + b"1" + b"}" * d]
+    lines[k] = rng.choice(deep)
     return b"\n".join(lines)
 
 
+_NOT_UTF8 = [b"\xff", b"\xc3", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80"]
+_DOC_CLOSERS = [b"</DOC>", b"</doc >", b"  </doc>", b"</dco>"]  # the first three close a block, the last does not
 _HOSTILE = [b"<!--", b"<ref ", b"[[a|", b"{{a|", b"<b>", b"{|\n", b"<p>", b"[http://x ", b" "]
 
 
@@ -187,14 +191,14 @@ CONTENT = {  # mutation -> (forms it applies to, function of (rng, plain bytes))
     "flip": (None, _flip),
     "truncate": (None, lambda r, d: d[: _at(r, d)]),
     "nul": (None, lambda r, d: _insert(r, d, b"\x00" * r.randint(1, 4))),
-    "invalid_utf8": (None, lambda r, d: _insert(r, d, r.choice([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80"]))),
+    "invalid_utf8": (None, lambda r, d: _insert(r, d, r.choice(_NOT_UTF8))),
     "splice": (None, lambda r, d: _insert(r, d, d[_at(r, d):][: r.randint(1, 400)])),
     "drop_close": ({"wikiext", "xml", "multistream"},
                    lambda r, d: _replace_one(r, d, r.choice([b"</doc>", b"</page>", b"</text>", b"</revision>"]), b"")),
     "misspell_close": ({"wikiext", "xml", "multistream"},
-                       lambda r, d: _replace_one(r, _replace_one(r, d, b"</doc>", r.choice([b"</DOC>", b"</doc >", b"  </doc>", b"</dco>"])),
-                                                 b"</page>", r.choice([b"</Page>", b"</page >", b"</pgae>"]))),
-    "open_tag": ({"wikiext"}, lambda r, d: re.sub(rb'(<doc [^>\n]*)>', lambda m: m.group(1) if r.random() < 0.3 else m.group(0), d)),
+                       lambda r, d: _replace_one(r, _replace_one(r, d, b"</doc>", r.choice(_DOC_CLOSERS)), b"</page>",
+                                                 r.choice([b"</Page>", b"</page >", b"</pgae>"]))),
+    "open_tag": ({"wikiext"}, lambda r, d: re.sub(rb"(<doc [^>\n]*)>", lambda m: m.group(1 if r.random() < 0.3 else 0), d)),
     "long_doc_tag": ({"wikiext"}, lambda r, d: _insert(r, d, b"\n<doc" + b" " * 20000 + b"\n")),
     "nested_page": ({"xml", "multistream"}, lambda r, d: _replace_one(r, d, b"<title>", b"<page>\n<title>")),
     "raw_lt": ({"xml", "multistream"}, lambda r, d: _replace_one(r, d, b"</text>", b" a < b </text>")),

@@ -147,8 +147,9 @@ def same_as(old: Path, repeats: int) -> str:
             runs: dict[str, list[list[str]]] = {"old": [], "new": []}
             for _ in range(repeats):
                 for name, checkout in (("old", old), ("new", REPO)):
+                    env = {"PYTHONPATH": str(checkout.resolve()), "PATH": "/usr/bin:/bin"}
                     out = subprocess.run([sys.executable, "-c", _READ, str(path)], capture_output=True, text=True,
-                                         check=True, env={"PYTHONPATH": str(checkout.resolve()), "PATH": "/usr/bin:/bin"})
+                                         check=True, env=env)
                     runs[name].append(out.stdout.split())
             o, n = runs["old"][0], runs["new"][0]
             cpu = {k: statistics.median(float(r[2]) for r in v) for k, v in runs.items()}

@@ -244,8 +244,8 @@ def _xml_dump(lang: str, texts: list[str], damage=lambda page, k: page) -> bytes
     """A MediaWiki dump of one article per text; `damage(page_xml, k)` may spoil page k."""
     import html
 
-    pages = [damage(f"  <page>\n    <title>{lang} {k}</title>\n    <ns>0</ns>\n    <id>{k + 1}</id>\n    <revision><id>9"
-                    f"</id><text>{html.escape(t, quote=False)}</text></revision>\n  </page>\n", k)
+    pages = [damage(f"  <page>\n    <title>{lang} {k}</title>\n    <ns>0</ns>\n    <id>{k + 1}</id>\n"
+                    f"    <revision><id>9</id><text>{html.escape(t, quote=False)}</text></revision>\n  </page>\n", k)
              for k, t in enumerate(texts)]
     return ("<mediawiki>\n" + "".join(pages) + "</mediawiki>\n").encode()
 
@@ -262,7 +262,8 @@ def _damaged_folder(root, fuzz):
     (good / "ruth.txt").write_bytes((fuzz.CORPORA / "books/08_Ruth.txt").read_bytes())
     (good / "w.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs[0:6]))
     (good / "AA" / "wiki_00").write_text("".join(fuzz._doc_block(r) for r in recs[6:12]))
-    (good / "enwiki-pages-articles.xml").write_bytes((fuzz.CORPORA / "wikidump/enwiki-sample-pages-articles.xml").read_bytes())
+    sample = fuzz.CORPORA / "wikidump/enwiki-sample-pages-articles.xml"
+    (good / "enwiki-pages-articles.xml").write_bytes(sample.read_bytes())
     (good / "p.parquet").write_bytes(fuzz._parquet(recs[12:18]))
     # Parquet: a footer that is not Parquet's; a string value that is not UTF-8
     (bad / "footer.parquet").write_bytes(fuzz._parquet(recs[18:20])[:-4] + b"PAR2")

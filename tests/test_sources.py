@@ -281,8 +281,8 @@ def test_parquet_row_group_that_decodes_to_no_rows_has_them_rejected(tmp_path):
     data[pq.ParquetFile(io.BytesIO(bytes(data))).metadata.row_group(1).column(0).data_page_offset + 1] = 41
     (tmp_path / "p.parquet").write_bytes(bytes(data))
     items = _items(tmp_path / "p.parquet")
-    assert _summary(items) == (["Row 0 words.", "Row 1 words.", "Row 4 words.", "Row 5 words."],
-                               ["unreadable", "unreadable"], ["unreadable from record 2: row group 1 gave 0 of its 2 rows"])
+    assert _summary(items) == (["Row 0 words.", "Row 1 words.", "Row 4 words.", "Row 5 words."], ["unreadable"] * 2,
+                               ["unreadable from record 2: row group 1 gave 0 of its 2 rows"])
     assert [x.record for x in items if isinstance(x, Rejected)] == [2, 3]
 
 
@@ -294,7 +294,8 @@ def test_parquet_string_that_is_not_utf8_rejects_its_row(tmp_path):
 
 @pytest.mark.parametrize("name", ["w.jsonl", "wiki_00"])  # JSON lines, WikiExtractor's --json form
 def test_json_nested_a_thousand_deep_and_lone_surrogates_are_rejected(tmp_path, name):
-    lines = ['{"id": "1", "text": "Good."}', "[" * 1000 + "]" * 1000, '{"id": "3", "text": ' + "[" * 5000 + "]" * 5000 + "}",
+    lines = ['{"id": "1", "text": "Good."}', "[" * 1000 + "]" * 1000,
+             '{"id": "3", "text": ' + "[" * 5000 + "]" * 5000 + "}",
              '{"id": "4", "text": "lone \\ud800 surrogate"}', '{"id": "\\udc00", "text": "An id that is not UTF-8."}',
              '{"id": "6", "text": "Good \\u00e9 \\ud83d\\ude00."}']  # a surrogate pair is one character: kept
     (tmp_path / name).write_text("\n".join(lines) + "\n")
@@ -310,8 +311,8 @@ def test_book_named_alone_whose_extension_lies_is_rejected_and_named(tmp_path, n
     items = _items(tmp_path / name)
     assert [type(x).__name__ for x in items] == ["Rejected", "Skipped"]
     assert items[0].reason == "unreadable" and items[1].path == str(tmp_path / name)
-    assert re.fullmatch(r"unreadable from record 0: (OSError: Invalid data stream|gzip\.BadGzipFile: Not a gzipped file.*)",
-                        items[1].reason), items[1].reason
+    error = r"(OSError: Invalid data stream|gzip\.BadGzipFile: Not a gzipped file.*)"
+    assert re.fullmatch(f"unreadable from record 0: {error}", items[1].reason), items[1].reason
 
 
 def test_truncated_or_damaged_gzip_names_the_file(tmp_path):

@@ -3,11 +3,11 @@
 Reading. A dump is a stream of `<page>` elements after a `<mediawiki>` + `<siteinfo>` header. Pages are cut out
 of the decompressed bytes one at a time (the bytes between `<page>` and `</page>`; wikitext inside `<text>` is
 XML-escaped, so these tags never occur in it) and each is parsed alone with `xml.etree.ElementTree.fromstring`:
-memory holds one read chunk (64 KiB, or 1 MiB of a multistream unit) plus one page, whatever the dump's size, and a byte range of a multistream
-dump (a fragment: some `<page>` elements, maybe the header before them or `</mediawiki>` after them) needs no
-special case. `ElementTree.iterparse` with element clearing reads the same 4,000 pages (14 MiB) in 0.085 s of CPU
-against 0.099 s here: 3% of what the wikitext below costs, so fragments without special cases won (see
-bench/RESULTS.md, "Wikipedia").
+memory holds one read chunk (64 KiB decompressed; 1 MiB compressed of a multistream unit) plus one page, whatever
+the dump's size, and a byte range of a multistream dump (a fragment: some `<page>` elements, maybe the header
+before them or `</mediawiki>` after them) needs no special case. `ElementTree.iterparse` with element clearing
+reads the same 4,000 pages (14 MiB) in 0.085 s of CPU against 0.099 s here: 3% of what the wikitext costs, so
+fragments without special cases won (see bench/RESULTS.md, "Wikipedia").
 
 Multistream. `*-pages-articles-multistream.xml.bz2` is a concatenation of bz2 streams, each of about 100 pages,
 each decompressing on its own; `*-pages-articles-multistream-index.txt.bz2` beside it lists every page as

@@ -98,8 +98,9 @@ def expand_inputs(paths: list[str]) -> tuple[list[InputFile], list[Skipped]]:
     A folder is walked recursively; a folder holding `state.json` + `dataset_info.json` is a `datasets`
     save_to_disk directory. A file whose name has no known extension is recognised by content (`sniff_kind`);
     in a folder one that is not recognised is skipped ("unknown format"), named explicitly it is read as a
-    text book; one whose first bytes cannot be decompressed is skipped ("unreadable: zlib.error: ..."). A multistream dump's index is no input of its own ("index of a multistream dump"): the dump
-    beside it is read as `wiki_multistream`.
+    text book; one whose first bytes cannot be decompressed is skipped ("unreadable: zlib.error: ..."). A
+    multistream dump's index is no input of its own ("index of a multistream dump"): the dump beside it is read as
+    `wiki_multistream`.
 
     >>> expand_inputs(["/no/such/dir"])
     Traceback (most recent call last):

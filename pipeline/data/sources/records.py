@@ -134,7 +134,8 @@ def error_text(e: BaseException) -> str:
     return f"{name}: {msg}" if msg else name
 
 
-def stopped(f: InputFile, record: int, e: BaseException, reason: str = "", last: int = 0) -> Iterator[Rejected | Skipped]:
+def stopped(f: InputFile, record: int, e: BaseException, reason: str = "", last: int = 0
+            ) -> Iterator[Rejected | Skipped]:
     """What a reader yields when `f` cannot be read on at `record`: that record (through `last`, exclusive, when
     more are known to follow) rejected as `reason` (default: `truncated_gzip` for a truncated stream, else
     `unreadable`), then `f` named with the error.

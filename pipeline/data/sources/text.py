@@ -50,7 +50,10 @@ def read_txt(f: InputFile) -> Iterator[Item]:
     text, reason = decode_text(data)
     del data  # a book can be 100s of MB: keep the text only, not its bytes too, while it is being consumed
     reason = reason or check_text(text)  # type: ignore[arg-type]
-    yield Rejected(f.path, 0, reason) if reason else Document(doc_id, f.path, text, base_name(f.path))  # type: ignore[arg-type]
+    if reason:
+        yield Rejected(f.path, 0, reason)
+    else:
+        yield Document(doc_id, f.path, text, base_name(f.path))  # type: ignore[arg-type]
 
 
 def record(f: InputFile, i: int, rec: object, column: str, where: str = "", unescape: bool = False
