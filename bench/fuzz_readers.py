@@ -22,7 +22,7 @@ Each case is one of:
     (the file named as skipped, or a `truncated_*`/`unreadable` rejection of the record where reading stopped);
   - extra: more records than the file holds (unexplained, as for lost), or two documents with one doc_id;
   - bad_text: a document whose text cannot be encoded as UTF-8 (a lone surrogate);
-  - slow: the case took longer than `--slow` seconds;
+  - slow: the case took more than `--slow` CPU seconds (CPU, not wall time: a shared machine's load does not count);
   - ok.
 Reported: counts per outcome, per input form and per mutation, and the first cases of each bad outcome (seed and
 case number reproduce them: `--only CASE`). tests/test_fuzz_readers.py runs `fuzz` with a small budget in CI.
@@ -323,7 +323,7 @@ def run_case(case: Case, root: Path, slow: float) -> Outcome:
     for name, data in case.files.items():
         (d / name).write_bytes(data)
     main = str(d / next(iter(case.files)))
-    start = time.perf_counter()
+    start = time.process_time()
     items: list = []
     try:
         files, skipped = expand_inputs([main])
@@ -333,10 +333,10 @@ def run_case(case: Case, root: Path, slow: float) -> Outcome:
     except Exception as e:  # noqa: BLE001 - what escapes the readers is what this harness counts
         t = type(e)
         name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
-        return Outcome(case, "crash", f"{name}: {str(e)[:120]}", seconds=time.perf_counter() - start)
+        return Outcome(case, "crash", f"{name}: {str(e)[:120]}", seconds=time.process_time() - start)
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    seconds = time.perf_counter() - start
+    seconds = time.process_time() - start
     docs = [x for x in items if isinstance(x, Document)]
     rejected = [x for x in items if isinstance(x, Rejected)]
     named = [x for x in items if isinstance(x, Skipped)] + [s for s in skipped if "index" not in s.reason]
@@ -358,7 +358,7 @@ def run_case(case: Case, root: Path, slow: float) -> Outcome:
     elif records < expected and not excused:
         out.verdict, out.detail = "lost", f"{records} records of {expected}"
     if out.verdict == "ok" and seconds > slow:
-        out.verdict, out.detail = "slow", f"{seconds:.2f}s"
+        out.verdict, out.detail = "slow", f"{seconds:.2f} CPU s"
     return out
 
 
@@ -393,7 +393,7 @@ def report(outcomes: list[Outcome], show: int = 3) -> str:
              f"records lost without a reason: {sum(o.expected - o.records for o in outcomes if o.verdict == 'lost')}"
              f" in {verdicts['lost']} files; records of named (skipped) files not read: "
              f"{sum(o.missing for o in outcomes if o.verdict == 'ok' and o.missing)}",
-             f"slowest case: {max((o.seconds for o in outcomes), default=0):.2f}s", ""]
+             f"slowest case: {max((o.seconds for o in outcomes), default=0):.2f} CPU s", ""]
     by = Counter((o.case.seed.form, o.verdict) for o in outcomes)
     forms = sorted({o.case.seed.form for o in outcomes})
     cols = sorted(verdicts)
@@ -415,8 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", type=int, default=3000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--seconds", type=float, default=None, help="stop after this long")
-    ap.add_argument("--slow", type=float, default=2.0, help="a case slower than this (s) is `slow`")
+    ap.add_argument("--seconds", type=float, default=None, help="stop after this long (wall time)")
+    ap.add_argument("--slow", type=float, default=2.0, help="a case taking more CPU seconds than this is `slow`")
     ap.add_argument("--only", type=int, default=None, help="run this case number alone")
     args = ap.parse_args(argv)
     start = time.perf_counter()

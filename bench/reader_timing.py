@@ -4,10 +4,11 @@ on hostile input as it grows, and whether good inputs still give the same docume
     python bench/reader_timing.py --markup --sizes 20,40,80      # seconds per size: linear, or rejected
     python bench/reader_timing.py --same-as ../old --repeats 3    # good inputs: same documents as an old checkout
 
-Markup (`--markup`): wikitext of one hostile pattern repeated to each size goes through `wiki.page_text` (the dump
-reader's conversion, with its markup budget); then `check_text` on 1,000-character words (25 x the size: the cost
-was in each word's length) and a WikiExtractor file whose `<doc` line is the size in spaces without `>`. A size is
-not run once the previous one took over `--cap` seconds.
+Times are CPU seconds of this process (a shared machine's load does not count). Markup (`--markup`): wikitext
+of one hostile pattern repeated to each size goes through `wiki.page_text` (the dump reader's conversion, with its
+markup budget); then `check_text` on 1,000-character words (25 x the size: the cost was in each word's length)
+and a WikiExtractor file whose `<doc` line is the size in spaces without `>`. A size is not run once the previous
+one took over `--cap` seconds.
 
 Good inputs (`--same-as OLD`): the shared corpora, WikiExtractor's two forms and Parquet of the 483 wiki articles,
 and a 4,000-page dump (the sample's articles replicated with new ids, as bench/wiki_compare.py makes it) plain and
@@ -43,9 +44,9 @@ def markup_seconds(pattern: str, kib: int) -> tuple[float, str]:
     from pipeline.data.wiki import Page, page_text
 
     text = _repeat(pattern, kib) + "x"
-    start = time.perf_counter()
+    start = time.process_time()
     _, reason = page_text(Page(0, "1", "T", 0, False, text))
-    return time.perf_counter() - start, reason or "converted"
+    return time.process_time() - start, reason or "converted"
 
 
 def long_words_seconds(kib: int) -> tuple[float, str]:
@@ -54,9 +55,9 @@ def long_words_seconds(kib: int) -> tuple[float, str]:
     from pipeline.data.sources import check_text
 
     text = _repeat("a" * 1000 + " ", 25 * kib)
-    start = time.perf_counter()
+    start = time.process_time()
     reason = check_text(text)
-    return time.perf_counter() - start, reason or "accepted"
+    return time.process_time() - start, reason or "accepted"
 
 
 def doc_tag_seconds(kib: int) -> tuple[float, str]:
@@ -66,15 +67,15 @@ def doc_tag_seconds(kib: int) -> tuple[float, str]:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "wiki_00"
         path.write_bytes(b'<doc id="1" url="u" title="T">\nT\n\nText.\n</doc>\n<doc' + b" " * (kib * 1024) + b"\n")
-        start = time.perf_counter()
+        start = time.process_time()
         files, _ = expand_inputs([str(path)])
         items = [x for f in files for x in read_documents(f)]
-        seconds = time.perf_counter() - start
+        seconds = time.process_time() - start
     return seconds, ", ".join(x.reason for x in items if isinstance(x, Rejected)) or f"{len(items)} record(s)"
 
 
 def markup_table(sizes: list[int], cap: float) -> str:
-    """Seconds per size for each hostile pattern; a size is not run once the previous one took over `cap`."""
+    """CPU seconds per size for each hostile pattern; a size is not run once the previous one took over `cap`."""
     rows = [(f"page_text `{p[:12]!r}`", lambda k, p=p: markup_seconds(p, k)) for p in MARKUP]
     rows += [("check_text, 1,000-char words (x 25: MiB)", long_words_seconds),
              ("`<doc` + spaces, no `>`", doc_tag_seconds)]

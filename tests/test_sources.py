@@ -368,8 +368,8 @@ def test_checks_of_long_lines_take_linear_time(tmp_path):
 
     from pipeline.data.sources import check_text
 
-    start = time.perf_counter()
+    start = time.process_time()
     assert check_text(("a" * 1000 + " ") * 2100) is None and check_text("a " + "b" * 1001) == "word_too_long"
     (tmp_path / "wiki_00").write_text(_doc(1) + "<doc" + " " * 20000 + "\n" + _doc(3))
     assert _summary(_items(tmp_path / "wiki_00")) == (["Text 1.", "Text 3."], ["bad_doc_tag"], [])
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0

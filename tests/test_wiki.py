@@ -322,9 +322,9 @@ def test_hostile_markup_is_rejected_over_the_budget_in_linear_time(pattern):
     from pipeline.data.wikitext import markup_cost
 
     text = (pattern * (40 * 1024 // len(pattern)))
-    start = time.perf_counter()
+    start = time.process_time()
     assert page_text(wiki.Page(0, "1", "T", 0, False, text)) == (None, "markup_budget")
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
     assert markup_cost(text) > 4 * len(text)
 
 
