@@ -3,12 +3,18 @@ on hostile input as it grows, and whether good inputs still give the same docume
 
     python bench/reader_timing.py --markup --sizes 20,40,80      # seconds per size: linear, or rejected
     python bench/reader_timing.py --same-as ../old --repeats 3    # good inputs: same documents as an old checkout
+    python bench/reader_timing.py --budget-search 300 --seed 0    # the slowest page the markup budget lets through
 
 Times are CPU seconds of this process (a shared machine's load does not count). Markup (`--markup`): wikitext
 of one hostile pattern repeated to each size goes through `wiki.page_text` (the dump reader's conversion, with its
 markup budget); then `check_text` on 1,000-character words (25 x the size: the cost was in each word's length)
 and a WikiExtractor file whose `<doc` line is the size in spaces without `>`. A size is not run once the previous
 one took over `--cap` seconds.
+
+Budget search (`--budget-search N`): N random pages of 20, 40 or 80 KiB, either real wikitext (the sample's
+articles) with 1-30 hostile fragments inserted at random places, or a mixture of 1-4 kinds of fragments alone
+(openers, closers, tags, brackets, newlines, text); the pages the markup budget admits are converted and timed.
+Reported: how many were admitted, the worst CPU microseconds per character among them, and a clean page's.
 
 Good inputs (`--same-as OLD`): the shared corpora, WikiExtractor's two forms and Parquet of the 483 wiki articles,
 and a 4,000-page dump (the sample's articles replicated with new ids, as bench/wiki_compare.py makes it) plain and
@@ -159,6 +165,47 @@ def same_as(old: Path, repeats: int) -> str:
     return "\n".join(lines)
 
 
+_FRAGMENTS = ["<!--", "-->", "<ref>", "</ref>", "<ref ", "<ref name=a/>", "[[a|", "[[", "]]", "{{a|", "{{", "}}", "<b>",
+              "</b>", "{|\n", "\n|}\n", "<p>", "<span>", "<div>", "</div>", "[http://x ", "]", " ", "\n", "x<y ", ">", "<",
+              "(", ")", "'''", "==", "<nowiki>", "</nowiki>", "&amp;", "|", "=", "text "]
+
+
+def budget_search(pages: int, seed: int) -> str:
+    """The slowest conversion among random hostile pages the markup budget admits (see the module docstring)."""
+    import random
+    import re
+
+    from pipeline.data.wikitext import over_budget, wikitext_to_text
+
+    sample = (CORPORA / "wikidump" / "enwiki-sample-pages-articles.xml").read_text()
+    clean = "\n\n".join(html.unescape(t) for t in re.findall(r"<text[^>]*>(.*?)</text>", sample, re.S)) * 8
+    rng = random.Random(seed)
+
+    def cpu_per_char(text: str) -> float:
+        start = time.process_time()
+        wikitext_to_text(text)
+        return (time.process_time() - start) / len(text) * 1e6
+
+    base = min(cpu_per_char(clean[: 80 * 1024]) for _ in range(3))
+    admitted, worst = 0, (0.0, "")
+    for _ in range(pages):
+        size = rng.choice([20, 40, 80]) * 1024
+        if rng.random() < 0.3:
+            text = clean[:size]
+            for _ in range(rng.randint(1, 30)):
+                k = rng.randrange(len(text))
+                text = text[:k] + rng.choice(_FRAGMENTS) + text[k:]
+        else:
+            kinds = rng.sample(_FRAGMENTS, rng.randint(1, 4))
+            text = "".join(rng.choice(kinds) for _ in range(size // 3))[:size]
+        if over_budget(text):
+            continue
+        admitted += 1
+        worst = max(worst, (cpu_per_char(text), text[:40]))
+    return (f"{admitted} of {pages} pages within the budget; the slowest {worst[0]:.2f} CPU us/char ({worst[1]!r}), "
+            f"a clean page {base:.2f} us/char: {worst[0] / base:.1f}x")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--markup", action="store_true", help="the hostile-markup timing table")
@@ -166,11 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cap", type=float, default=30.0, help="--markup: no larger size after one this slow (s)")
     ap.add_argument("--same-as", type=Path, default=None, help="an old checkout: read good inputs with both")
     ap.add_argument("--repeats", type=int, default=3, help="--same-as: runs of each checkout per input")
+    ap.add_argument("--budget-search", type=int, default=0, help="random hostile pages to try against the budget")
+    ap.add_argument("--seed", type=int, default=0, help="--budget-search: the random pages' seed")
     args = ap.parse_args(argv)
     if args.markup:
         print(markup_table([int(k) for k in args.sizes.split(",")], args.cap))
     if args.same_as:
         print(same_as(args.same_as, args.repeats))
+    if args.budget_search:
+        print(budget_search(args.budget_search, args.seed))
     return 0
 
 
