@@ -373,3 +373,15 @@ def test_checks_of_long_lines_take_linear_time(tmp_path):
     (tmp_path / "wiki_00").write_text(_doc(1) + "<doc" + " " * 20000 + "\n" + _doc(3))
     assert _summary(_items(tmp_path / "wiki_00")) == (["Text 1.", "Text 3."], ["bad_doc_tag"], [])
     assert time.process_time() - start < 1.0
+
+
+def test_datasets_directory_whose_state_cannot_be_read_is_named(tmp_path):
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "dataset_info.json").write_text("{}")
+    (tmp_path / "hf" / "state.json").write_text('{"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}')
+    (tmp_path / "hf" / "data-00000-of-00001.arrow").write_bytes(b"not an Arrow stream")
+    docs, reasons, skipped = _summary(_items(tmp_path / "hf"))
+    assert not docs and not reasons and skipped[0].startswith("unreadable from record 0: pyarrow.lib.ArrowInvalid")
+    (tmp_path / "hf" / "state.json").write_text("{not json")
+    docs, reasons, skipped = _summary(_items(tmp_path / "hf"))
+    assert not docs and skipped[0].startswith("unreadable from state.json: json.decoder.JSONDecodeError")
