@@ -303,13 +303,13 @@ def markup_cost(wikitext: str) -> int:
     cost = brackets * n // max(1, len(raw)) + tags.cost()  # bytes to characters
     hidden = tags.hidden
     tables: list[int] = []
-    for a in sorted([m.start() for m in _TABLE_OPEN.finditer(wikitext)] + [-1 - m.start() for m in
-                                                                            _TABLE_CLOSE.finditer(wikitext)], key=abs):
-        at = a if a >= 0 else -1 - a  # closers are coded -1 - position
-        if hidden.covers(at) or not _at_line_start(wikitext, at):
+    events = sorted([(m.start(), 1) for m in _TABLE_OPEN.finditer(wikitext)]
+                    + [(m.start(), -1) for m in _TABLE_CLOSE.finditer(wikitext)])
+    for a, step in events:
+        if hidden.covers(a) or not _at_line_start(wikitext, a):
             continue
-        if a >= 0:
-            tables.append(at)
+        if step > 0:
+            tables.append(a)
         elif tables:
             tables.pop()
     newline, bracket = _Next(wikitext, "\n"), _Next(wikitext, "]")
