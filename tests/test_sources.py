@@ -5,6 +5,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import json
+import re
 from collections import Counter
 
 import fsspec
@@ -217,3 +218,170 @@ def test_dangling_symlinks_and_loops_are_skipped_with_their_reason(shared_dir, t
                        (str(root / "sub" / "up"), f"symlink loop (to {root}, a folder above it)")]
     with pytest.raises(InputError, match=r"dangling.txt is a dangling symlink \(to /nonexistent/gone.txt\)$"):
         expand_inputs([str(root / "dangling.txt")])
+
+
+# ---------------------------------------------------------------------------------------------- malformed input
+# Minimal reproducers of what fuzzing the readers found (issue 38; bench/fuzz_readers.py, tests/test_fuzz_readers.py):
+# every record read or rejected with a reason, a file that cannot be read named with the exception, never raised.
+
+
+def _items(path, column="text"):
+    files, _ = expand_inputs([str(path)])
+    return [x for f in files for x in read_documents(f, column)]
+
+
+def _summary(items):
+    """(documents' texts, rejection reasons in order, skipped files' reasons)"""
+    return ([x.text for x in items if isinstance(x, Document)], [x.reason for x in items if isinstance(x, Rejected)],
+            [x.reason for x in items if isinstance(x, Skipped)])
+
+
+def _parquet_bytes(texts, **kw):
+    import io
+
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"text": texts}), buf, **kw)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(("damage", "error"), [
+    (lambda d: b"", "ArrowInvalid: Parquet file size is 0 bytes"),
+    (lambda d: d[:-4] + b"PAR2", "ArrowInvalid: Parquet magic bytes not found in footer"),
+    (lambda d: d[:-8] + (len(d) * 4).to_bytes(4, "little") + b"PAR1", "ArrowInvalid: "),
+])
+def test_parquet_whose_footer_cannot_be_read_is_skipped_and_named(tmp_path, damage, error):
+    (tmp_path / "p.parquet").write_bytes(damage(_parquet_bytes(["One.", "Two."])))
+    docs, reasons, skipped = _summary(_items(tmp_path / "p.parquet"))
+    assert not docs and not reasons and len(skipped) == 1
+    assert skipped[0].startswith("unreadable: pyarrow.lib.") and error in skipped[0], skipped
+
+
+def test_parquet_damaged_row_group_rejects_its_rows_and_reads_the_next(tmp_path):
+    data = bytearray(_parquet_bytes([f"Row {i} " + "words " * 20 for i in range(6)], row_group_size=2,
+                                    compression="snappy", use_dictionary=False))
+    import io
+
+    c = pq.ParquetFile(io.BytesIO(bytes(data))).metadata.row_group(1).column(0)
+    end = c.data_page_offset + c.total_compressed_size
+    for k in range(end - 12, end - 2):  # the second row group's compressed values
+        data[k] ^= 0xFF
+    (tmp_path / "p.parquet").write_bytes(bytes(data))
+    items = _items(tmp_path / "p.parquet")
+    docs, reasons, skipped = _summary(items)
+    assert [t.split()[1] for t in docs] == ["0", "1", "4", "5"] and reasons == ["unreadable", "unreadable"]
+    assert [x.record for x in items if isinstance(x, Rejected)] == [2, 3]
+    assert skipped == ["unreadable from record 2: OSError: Corrupt snappy compressed data."]
+
+
+def test_parquet_row_group_that_decodes_to_no_rows_has_them_rejected(tmp_path):
+    """A flipped byte in a data page header (fuzz case 1778): Arrow read the row group as 0 rows, with no error."""
+    import io
+
+    data = bytearray(_parquet_bytes([f"Row {i} words." for i in range(6)], row_group_size=2, compression="none"))
+    data[pq.ParquetFile(io.BytesIO(bytes(data))).metadata.row_group(1).column(0).data_page_offset + 1] = 41
+    (tmp_path / "p.parquet").write_bytes(bytes(data))
+    items = _items(tmp_path / "p.parquet")
+    assert _summary(items) == (["Row 0 words.", "Row 1 words.", "Row 4 words.", "Row 5 words."], ["unreadable"] * 2,
+                               ["unreadable from record 2: row group 1 gave 0 of its 2 rows"])
+    assert [x.record for x in items if isinstance(x, Rejected)] == [2, 3]
+
+
+def test_parquet_string_that_is_not_utf8_rejects_its_row(tmp_path):
+    data = _parquet_bytes(["Good one.", "Python here.", "Good two."], compression="none")
+    (tmp_path / "p.parquet").write_bytes(data.replace(b"Python", b"Pyth\xff\xfe", 1))
+    assert _summary(_items(tmp_path / "p.parquet")) == (["Good one.", "Good two."], ["invalid_utf8"], [])
+
+
+@pytest.mark.parametrize("name", ["w.jsonl", "wiki_00"])  # JSON lines, WikiExtractor's --json form
+def test_json_nested_a_thousand_deep_and_lone_surrogates_are_rejected(tmp_path, name):
+    lines = ['{"id": "1", "text": "Good."}', "[" * 1000 + "]" * 1000,
+             '{"id": "3", "text": ' + "[" * 5000 + "]" * 5000 + "}",
+             '{"id": "4", "text": "lone \\ud800 surrogate"}', '{"id": "\\udc00", "text": "An id that is not UTF-8."}',
+             '{"id": "6", "text": "Good \\u00e9 \\ud83d\\ude00."}']  # a surrogate pair is one character: kept
+    (tmp_path / name).write_text("\n".join(lines) + "\n")
+    docs, reasons, skipped = _summary(_items(tmp_path / name))
+    assert docs == ["Good.", "Good é 😀."] and not skipped
+    assert reasons == ["invalid_json", "invalid_json", "lone_surrogate", "lone_surrogate"]
+
+
+@pytest.mark.parametrize("name", ["notes.bz2", "notes.gz", "notes.txt.gz"])
+def test_book_named_alone_whose_extension_lies_is_rejected_and_named(tmp_path, name):
+    """Plain text under a compressed name, given as --input (in a folder it is an unknown format)."""
+    (tmp_path / name).write_text("Plain words under a compressed name.")
+    items = _items(tmp_path / name)
+    assert [type(x).__name__ for x in items] == ["Rejected", "Skipped"]
+    assert items[0].reason == "unreadable" and items[1].path == str(tmp_path / name)
+    error = r"(OSError: Invalid data stream|gzip\.BadGzipFile: Not a gzipped file.*)"
+    assert re.fullmatch(f"unreadable from record 0: {error}", items[1].reason), items[1].reason
+
+
+def test_truncated_or_damaged_gzip_names_the_file(tmp_path):
+    body = "".join(json.dumps({"text": f"Record {i} " + "words " * 50}) + "\n" for i in range(500)).encode()
+    data = bytearray(gzip.compress(body))
+    (tmp_path / "t.jsonl.gz").write_bytes(bytes(data[: len(data) // 2]))
+    data[len(data) // 2 :] = bytes(b ^ 0x55 for b in data[len(data) // 2 :])
+    (tmp_path / "d.jsonl.gz").write_bytes(bytes(data))
+    for name, reason, error in [("t", "truncated_gzip", r"EOFError: Compressed file ended"),
+                                ("d", "unreadable", r"(zlib\.error|gzip\.BadGzipFile): ")]:  # bad data or CRC
+        items = _items(tmp_path / f"{name}.jsonl.gz")
+        assert [x.reason for x in items if isinstance(x, Rejected)] == [reason]
+        (skip,) = [x for x in items if isinstance(x, Skipped)]
+        n = sum(isinstance(x, Document) for x in items)
+        assert re.match(f"unreadable from record {n}: {error}", skip.reason), skip
+
+
+def _doc(i, body="Text", open_=">", close="</doc>"):
+    return f'<doc id="{i}" url="u" title="T{i}"{open_}\nT{i}\n\n{body} {i}.\n{close}\n'
+
+
+@pytest.mark.parametrize(("block", "outcome"), [
+    (_doc(2), "Text 2."),
+    (_doc(2, close="</DOC>"), "Text 2."),
+    (_doc(2, close="</doc >"), "Text 2."),
+    (_doc(2, close="  </doc>"), "Text 2."),
+    (_doc(2, open_=""), "bad_doc_tag"),  # the opening line without `>`
+    ("  " + _doc(2), "Text 2."),  # an indented opening line
+    (_doc(2).replace('title="T2"', 'title="T\xff"'), "invalid_utf8"),
+    (_doc(2, body="Bad \xff byte"), "invalid_utf8"),
+    (_doc(2, close="</dco>"), "unterminated_doc"),  # the next <doc> line ends it
+    (_doc(2, close=""), "unterminated_doc"),
+])
+def test_wikiextractor_block_is_read_or_rejected_and_the_next_one_read(tmp_path, block, outcome):
+    raw = (_doc(1) + block + _doc(3)).encode("utf-8", "surrogateescape")
+    raw = raw.replace("\xff".encode(), b"\xff")  # the invalid byte itself, not its UTF-8 encoding
+    (tmp_path / "wiki_00").write_bytes(raw)
+    items = _items(tmp_path / "wiki_00")
+    assert [x.record if isinstance(x, Rejected) else x.doc_id for x in items] == [0, 1, 2]  # each <doc line: a record
+    middle = items[1].text if isinstance(items[1], Document) else items[1].reason
+    assert (items[0].text, middle, items[2].text) == ("Text 1.", outcome, "Text 3.")
+
+
+def test_wikiextractor_file_cut_inside_a_block(tmp_path):
+    (tmp_path / "wiki_00").write_text(_doc(1) + _doc(2)[:40])  # inside its text
+    assert _summary(_items(tmp_path / "wiki_00")) == (["Text 1."], ["truncated_doc"], [])
+
+
+def test_checks_of_long_lines_take_linear_time(tmp_path):
+    """Were quadratic: the long-word check on 2 MiB of 1,000-character words (3.3 s), a `<doc` line of 20,000
+    spaces and no `>` (1.9 s). Each now takes a few milliseconds; the bounds leave room for a loaded machine."""
+    import time
+
+    from pipeline.data.sources import check_text
+
+    start = time.process_time()
+    assert check_text(("a" * 1000 + " ") * 2100) is None and check_text("a " + "b" * 1001) == "word_too_long"
+    (tmp_path / "wiki_00").write_text(_doc(1) + "<doc" + " " * 20000 + "\n" + _doc(3))
+    assert _summary(_items(tmp_path / "wiki_00")) == (["Text 1.", "Text 3."], ["bad_doc_tag"], [])
+    assert time.process_time() - start < 1.0
+
+
+def test_datasets_directory_whose_state_cannot_be_read_is_named(tmp_path):
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "dataset_info.json").write_text("{}")
+    (tmp_path / "hf" / "state.json").write_text('{"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}')
+    (tmp_path / "hf" / "data-00000-of-00001.arrow").write_bytes(b"not an Arrow stream")
+    docs, reasons, skipped = _summary(_items(tmp_path / "hf"))
+    assert not docs and not reasons and skipped[0].startswith("unreadable from record 0: pyarrow.lib.ArrowInvalid")
+    (tmp_path / "hf" / "state.json").write_text("{not json")
+    docs, reasons, skipped = _summary(_items(tmp_path / "hf"))
+    assert not docs and skipped[0].startswith("unreadable from state.json: json.decoder.JSONDecodeError")

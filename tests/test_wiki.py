@@ -203,3 +203,137 @@ def test_wikiextractor_output_is_read_back(tmp_path, sample, form):
     archer = docs[1].text
     assert archer.startswith("Archer is a slab serif typeface") and "\nStructure.\n" in archer
     assert "Hoefler & Frere-Jones" in archer and "&amp;" not in archer  # WikiExtractor escapes &: both forms undo it
+
+
+# ---------------------------------------------------------------------------------------------- malformed dumps
+# Minimal reproducers of what fuzzing the readers found (issue 38): every <page> a record, the next page read after
+# a damaged one, a stream that cannot be read named, a damaged index no reason to lose the dump, bounded time.
+
+
+def _records(items):
+    return [(x.record, x.reason) if isinstance(x, Rejected) else (x.doc_id & 0xFFFFFFFF, "doc")
+            for x in items if not isinstance(x, Skipped)]
+
+
+def _dump(tmp_path, pages, tail="</mediawiki>\n", name="d.xml"):
+    (tmp_path / name).write_text("<mediawiki>\n" + "".join(pages) + tail)
+    return tmp_path / name
+
+
+@pytest.mark.parametrize(("damage", "middle"), [
+    (lambda p: p.replace("</text>", " a < b</text>"), ["unparsable_page"]),  # a raw `<`
+    (lambda p: p.replace("</text>", "&bogus;</text>"), ["unparsable_page"]),
+    (lambda p: p.replace("<ns>0</ns>", "<ns>1.5</ns>"), ["unparsable_page"]),
+    (lambda p: p.replace("<title>", "<title>\x00"), ["unparsable_page"]),
+    (lambda p: p.replace("</text>", "&#xd800;</text>"), ["unparsable_page"]),  # not an XML character
+    (lambda p: p.replace("</page>", ""), ["unterminated_page"]),  # the next <page> comes first
+    (lambda p: p.replace("<title>", "<page>\n<title>"), ["unterminated_page", "doc"]),  # a <page> inside a page
+])
+def test_a_damaged_page_is_rejected_and_the_next_one_read(tmp_path, damage, middle):
+    """One unparsable page was one `unreadable` rejection and every later page of the file went uncounted."""
+    pages = [_page("First article.", pid=1), damage(_page("Second article.", pid=2)), _page("Third article.", pid=3)]
+    _, _, items = _read([_dump(tmp_path, pages)])
+    assert _records(items) == list(enumerate(["doc", *middle, "doc"]))  # every <page> a record, numbered in order
+    assert not any(isinstance(x, Skipped) for x in items)
+
+
+@pytest.mark.parametrize("cut", [-120, -300])  # inside the last page's text; inside it before <text>
+def test_a_dump_cut_inside_a_page_rejects_it(tmp_path, cut):
+    pages = [_page("First article.", pid=1), _page("Second article. " * 10, pid=2)]
+    path = _dump(tmp_path, pages)
+    path.write_bytes(path.read_bytes()[:cut])
+    _, _, items = _read([path])
+    assert _records(items) == [(0, "doc"), (1, "truncated_page")]
+
+
+@pytest.mark.parametrize("compress", ["gz", "bz2"])
+def test_a_damaged_compressed_dump_names_the_file(tmp_path, sample, compress):
+    """A .xml.gz whose deflate data is damaged raised zlib.error and killed the job; now the page being read is
+    rejected and the file named with the exception."""
+    import gzip
+
+    data = bytearray((gzip.compress if compress == "gz" else bz2.compress)(sample.read_bytes()))
+    for k in range(len(data) // 2, len(data) // 2 + 40):
+        data[k] ^= 0x5A
+    path = tmp_path / f"enwiki-pages-articles.xml.{compress}"
+    path.write_bytes(bytes(data))
+    _, skipped, items = _read([path])
+    (named,) = [x for x in items if isinstance(x, Skipped)]
+    assert named.path == str(path) and re.match(r"unreadable from record \d+: (zlib\.error|OSError|gzip\.BadGzipFile)",
+                                                named.reason), named
+    assert _records(items)[-1][1] == "unreadable"
+
+
+@pytest.mark.parametrize("index", [b"\x00garbage" * 8, b"not:an:index\n", b""])
+def test_a_damaged_or_empty_index_reads_the_dump_whole(tmp_path, sample, index):
+    """Garbage or a truncated .bz2 index raised from split_units naming no file; an empty one gave no record."""
+    dump = _multistream(tmp_path, sample)
+    whole = _docs(_read([tmp_path / "dump"])[2])
+    index_path = tmp_path / "dump" / dump.name.replace("multistream.xml", "multistream-index.txt")
+    good = index_path.read_bytes()
+    for data in ([bz2.compress(index)] if index else [b"", bz2.compress(b"")]) + [good[: len(good) // 2]]:
+        index_path.write_bytes(data)
+        files, _ = expand_inputs([str(tmp_path / "dump")])
+        units = split_units(files[0], 1)
+        assert [(u.kind, u.length) for u in units] == [("wiki_xml", 0)]
+        items = [x for u in units for x in read_documents(u)]
+        assert _docs(items) == whole and len(_records(items)) == 11
+        (named,) = [x for x in items if isinstance(x, Skipped)]
+        assert named.path == str(index_path) and "its dump read whole" in named.reason
+
+
+def test_a_damaged_stream_of_a_unit_rejects_the_pages_the_index_lists_in_it(tmp_path, sample):
+    dump = _multistream(tmp_path, sample, per_stream=3)
+    files, _ = expand_inputs([str(tmp_path / "dump")])
+    units = split_units(files[0], 10**9)  # one unit of four streams
+    o, n, _ = stream_ranges(wiki.index_name(str(dump)), dump.stat().st_size)[1]  # the second stream: pages 3-5
+    data = bytearray(dump.read_bytes())
+    data[o + n // 2] ^= 0xFF
+    dump.write_bytes(bytes(data))
+    items = [x for u in units for x in read_documents(u)]
+    records = _records(items)
+    assert [r for r, _ in records] == list(range(11))  # every page the index lists is a record
+    assert [r for r, why in records if why == "unreadable"] == list(range(3, 11))
+    (named,) = [x for x in items if isinstance(x, Skipped)]
+    assert named.reason.startswith(f"unreadable from bytes {units[0].offset}+{units[0].length}, record 3: OSError")
+
+
+def test_a_page_the_index_does_not_list_is_rejected_not_given_the_next_units_doc_id(tmp_path, sample):
+    dump = _multistream(tmp_path, sample, per_stream=3)
+    index_path = tmp_path / "dump" / dump.name.replace("multistream.xml", "multistream-index.txt")
+    lines = bz2.decompress(index_path.read_bytes()).splitlines(keepends=True)
+    index_path.write_bytes(bz2.compress(b"".join(lines[:2] + lines[3:])))  # the first stream's third page unlisted
+    files, _ = expand_inputs([str(tmp_path / "dump")])
+    items = [x for u in split_units(files[0], 1) for x in read_documents(u)]
+    docs = [x for x in items if isinstance(x, Document)]
+    assert len({d.doc_id for d in docs}) == len(docs)
+    assert [x.record for x in items if isinstance(x, Rejected) and x.reason == "index_mismatch"] == [2]
+
+
+HOSTILE = ["<!--", "<ref>", "<ref ", "[[a|", "{{a|", "<b>", "{|\n", "<p>", "[http://x ", "<nowiki>", "x<y "]
+
+
+@pytest.mark.parametrize("pattern", HOSTILE)
+def test_hostile_markup_is_rejected_over_the_budget_in_linear_time(pattern):
+    """Each pattern repeated over 40 KiB took 2-60 s (time growing with the square of the page: bench/RESULTS.md,
+    "Malformed input"); now the markup budget rejects the page after one linear pass."""
+    import time
+
+    from pipeline.data.wikitext import markup_cost
+
+    text = (pattern * (40 * 1024 // len(pattern)))
+    start = time.process_time()
+    assert page_text(wiki.Page(0, "1", "T", 0, False, text)) == (None, "markup_budget")
+    assert time.process_time() - start < 1.0
+    assert markup_cost(text) > 4 * len(text)
+
+
+def test_real_pages_cost_nothing_and_a_few_stray_openers_stay_within_the_budget(sample):
+    from pipeline.data.wikitext import markup_cost, over_budget
+
+    pages = [p for p in read_pages(str(sample)) if isinstance(p, wiki.Page)]
+    assert [markup_cost(p.wikitext) for p in pages] == [0] * 11
+    long = next(p.wikitext for p in pages if p.page_id == "7697611") * 20  # 55,000 characters
+    for stray in ["{{", "[[", "<ref>", "<!--", "[http://x y\n", "x<y z "]:
+        assert not over_budget(stray * 3 + long), stray  # three at the top: each costs about the page's length
+    assert over_budget("{{" * 7 + long)

@@ -49,7 +49,7 @@ from pipeline.data.examples import (
 from pipeline.data.masking import MaskingPolicy, mask_rows
 from pipeline.data.pool import PoolCandidates, write_pool
 from pipeline.data.signing import DedupParams, records
-from pipeline.data.sources import Document, InputFile, read_documents
+from pipeline.data.sources import Document, InputFile, read_documents, read_records
 from pipeline.data.tokenizer import SentenceEncoder
 from pipeline.data.wiki import WikiOptions
 from pipeline.storage.io import (commit, exists, filesystem, join, make_parent, read_table, read_text, sha256_file, temp_name,
@@ -185,7 +185,7 @@ def file_batches(f: InputFile, cfg: DataConfig, merge: FileMerge, dropped: Mappi
     batch: Batch = []
     chars = 0
     dropped = dropped or {}
-    for item in read_documents(f, cfg.text_column, wiki_options(cfg)):
+    for item in read_records(f, cfg.text_column, wiki_options(cfg), merge.stats["skipped_files"]):
         merge.stats["documents_read"] += 1
         if isinstance(item, Document) and item.doc_id in dropped:
             merge.reasons[dropped[item.doc_id]] += 1
@@ -262,7 +262,7 @@ class FileMerge:
     def __init__(self, f: InputFile, cfg: DataConfig, work: str) -> None:
         self.f, self.cfg, self.work = f, cfg, work
         self.stats: dict[str, Any] = {"file": f.path, "documents_read": 0, "documents_written": 0, "pieces": 0,
-                                      "tokens": 0, "sentences": 0, "chunks": []}
+                                      "tokens": 0, "sentences": 0, "chunks": [], "skipped_files": []}
         self.reasons: Counter[str] = Counter()
         self.pool = PoolCandidates.empty()
         self.doc_has_tokens = False  # of the document whose pieces are being added

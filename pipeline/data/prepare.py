@@ -52,7 +52,7 @@ from pipeline.data.passes import (
 )
 from pipeline.data.pool import merge_pool
 from pipeline.data.progress import Progress, log
-from pipeline.data.sources import InputError, InputFile, Skipped, split_units
+from pipeline.data.sources import InputError, InputFile, Skipped, skipped_summary, split_units
 from pipeline.data.tokenizer import check_pair, read_vocab, sha256_bytes
 from pipeline.storage.io import filesystem, join, read_table, write_bytes_atomic
 
@@ -92,6 +92,19 @@ def discard_other_work(output: str, keep: str) -> list[str]:
     if gone:
         log(f"discarded partial work from another config or vocabulary: {', '.join(gone)}")
     return gone
+
+
+def log_skipped(skipped: list[Skipped], show: int = 5) -> None:
+    """Name the first `show` files not read (or not read to their end) and why, and how many more there are."""
+    for sk in skipped[:show]:
+        log(f"skipped {sk.path}: {sk.reason}")
+    if len(skipped) > show:
+        log(f"skipped {len(skipped) - show} more file(s) (manifest.json: skipped_files)")
+
+
+def read_skips(file_stats: list[dict[str, Any]]) -> list[Skipped]:
+    """The files the tokenize pass could not read (or not to their end), from its units' stats, in order."""
+    return sorted({Skipped(*s) for st in file_stats for s in st.get("skipped_files", [])})
 
 
 def runs_in_process(cfg: DataConfig, files: list[InputFile]) -> bool:
@@ -225,6 +238,9 @@ def prepare_shards(
         dups = dedup_pass(ex, units, cfg, work)
         file_stats = sorted(tokenize_pass(ex, units, cfg, work, dups.dropped_by_file() if dups else None),
                             key=lambda s: s["pool"])
+        unread = read_skips(file_stats)
+        log_skipped(unread)
+        skipped = sorted(set(skipped) | set(unread))
         reasons: Counter[str] = Counter()
         for s in file_stats:
             reasons.update(s["rejected_reasons"])
@@ -232,7 +248,8 @@ def prepare_shards(
         docs_written = sum(s["documents_written"] for s in file_stats)
         if docs_written == 0:
             detail = ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())) or "no records"
-            raise InputError(f"no usable document in {len(files)} input file(s) ({docs_read} read: {detail})")
+            named = f"; {skipped_summary(unread)}" if unread else ""
+            raise InputError(f"no usable document in {len(files)} input file(s) ({docs_read} read: {detail}{named})")
         chunks = [c for s in file_stats for c in s["chunks"]]
         log(f"tokenize: {docs_written}/{docs_read} documents, {sum(s['tokens'] for s in file_stats)} tokens, "
             f"{len(chunks)} chunks")

@@ -17,7 +17,7 @@ from typing import Any
 from pipeline.config import DataConfig, config_hash
 from pipeline.runner.dag import Stage
 from pipeline.data.dataset import PreparedDataset
-from pipeline.data.prepare import OutputExistsError, output_config_hash, prepare_shards, runs_in_process
+from pipeline.data.prepare import OutputExistsError, log_skipped, output_config_hash, prepare_shards, runs_in_process
 from pipeline.data.passes import wiki_options
 from pipeline.data.progress import log
 from pipeline.data.sources import Document, InputError, InputFile, no_readable_input, read_documents
@@ -51,10 +51,7 @@ def plan(cfg: DataConfig) -> Plan:
     files, skipped = expand_inputs(list(cfg.inputs))
     if not files:
         raise no_readable_input(list(cfg.inputs), skipped)
-    for sk in skipped[:5]:
-        log(f"skipped {sk.path}: {sk.reason}")
-    if len(skipped) > 5:
-        log(f"skipped {len(skipped) - 5} more file(s) (manifest.json: skipped_files)")
+    log_skipped(skipped)
     vocab_sha = None
     if cfg.vocab:
         if not exists(cfg.vocab):
