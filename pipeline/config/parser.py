@@ -68,15 +68,14 @@ def _yaml12_loader() -> type:
 
 
 def _free_section_flag(parser: Any, name: str) -> None:
-    """jsonargparse gives each section a `--<section> FILE` option (a config file for that section alone), and the
-    section's keys hang off that option's dest. Its flag moves out of the way (`--<section>-file`, not in --help):
-    --config is this project's one config file, and fine-tuning's `--model`, `--train`, `--eval` flags are a
-    contract (DESIGN.md) that shares its names with sections."""
+    """jsonargparse gives each section a `--<section> FILE` option (a config file for that section alone). Its flag
+    moves out of the way and out of --help (`--<section>-config`): --config is this project's one config file, and
+    `--model`, `--train`, `--eval` are fine-tuning's own flags (DESIGN.md; `jobs/finetune.py` renames them)."""
     action = parser._option_string_actions.pop(f"--{name}", None)
     if action is not None:
-        action.option_strings = [f"--{name}-file"]
+        action.option_strings = [f"--{name}-config"]
         action.help = argparse.SUPPRESS
-        parser._option_string_actions[f"--{name}-file"] = action
+        parser._option_string_actions[f"--{name}-config"] = action
 
 
 class Given(list):
