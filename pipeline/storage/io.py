@@ -138,25 +138,27 @@ def commit(fs: fsspec.AbstractFileSystem, tmp: str, final: str) -> None:
         fs.mv(tmp, final)  # object stores: the object appears whole on completion of the copy
 
 
-def write_bytes_atomic(path: str, data: bytes) -> None:
-    """Write to a temporary name beside `path`, then rename: readers see all of it or nothing."""
+@contextlib.contextmanager
+def open_atomic(path: str) -> Iterator[Any]:
+    """A binary file to write `path` through: written under a temporary name beside it and renamed when the block
+    ends, so readers see all of it or nothing; an OSError is one StorageError naming `path` (`writing`)."""
     fs, p = filesystem(path)
     tmp = temp_name(p)
     with writing(path, fs, tmp):
         make_parent(fs, p)
         with fs.open(tmp, "wb") as f:
-            f.write(data)
+            yield f
         commit(fs, tmp, p)
+
+
+def write_bytes_atomic(path: str, data: bytes) -> None:
+    with open_atomic(path) as f:
+        f.write(data)
 
 
 def write_parquet_atomic(path: str, table: pa.Table, compression: str = "zstd") -> None:
-    fs, p = filesystem(path)
-    tmp = temp_name(p)
-    with writing(path, fs, tmp):
-        make_parent(fs, p)
-        with fs.open(tmp, "wb") as f:
-            pq.write_table(table, f, compression=compression)
-        commit(fs, tmp, p)
+    with open_atomic(path) as f:
+        pq.write_table(table, f, compression=compression)
 
 
 def sha256_file(path: str) -> str:
