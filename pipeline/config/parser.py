@@ -13,8 +13,8 @@ litgpt uses it the same way. What the project adds, each in the library's own te
   a one-element list), and `tune.lr: list[float] | str` takes `1e-4,3e-4` (split in the dataclass).
 - A config file's values come first and `--section.field` flags override them, wherever `--config` stands.
 - A config file may be a URI (s3://...), read through fsspec like every other input; it is checked to be a mapping
-  of known sections, each a mapping, with one-line errors.
-- Every error is one line naming the field (`ConfigError`): `train.lr 'abc' is not a float`.
+  of sections, each a mapping, with one-line errors (an unknown section or field is jsonargparse's error).
+- Every error is one line naming the field (`ConfigError`): `train.lr 'abc' is not a number`.
 
 Quoted numbers and booleans (`max_steps: '30'`, `use_gpu: 'false'`) are still taken: jsonargparse reads a string
 value once more by the field's type. Not kept from the hand-written coercer this replaced: a whole number written
@@ -31,6 +31,7 @@ BertConfig fields directly under `model` (`--model.hidden_dropout_prob 0.0` is n
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 from typing import Any
@@ -47,24 +48,19 @@ def _yaml12_load(text: str) -> Any:
     return yaml.load(text, Loader=_yaml12_loader())
 
 
-_LOADER: type | None = None
-
-
+@functools.cache
 def _yaml12_loader() -> type:
-    global _LOADER
-    if _LOADER is None:
-        from jsonargparse._loaders_dumpers import get_yaml_default_loader  # its float resolver (1e-4, 1.5e3, .5)
+    from jsonargparse._loaders_dumpers import get_yaml_default_loader  # its float resolver (1e-4, 1.5e3, .5)
 
-        base = get_yaml_default_loader()
+    base = get_yaml_default_loader()
 
-        class Yaml12Loader(base):  # type: ignore[misc, valid-type]
-            yaml_implicit_resolvers = {k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:bool"]
-                                       for k, v in base.yaml_implicit_resolvers.items()}
+    class Yaml12Loader(base):  # type: ignore[misc, valid-type]
+        yaml_implicit_resolvers = {k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:bool"]
+                                   for k, v in base.yaml_implicit_resolvers.items()}
 
-        Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                                           list("tTfF"))
-        _LOADER = Yaml12Loader
-    return _LOADER
+    Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                       list("tTfF"))
+    return Yaml12Loader
 
 
 def _free_section_flag(parser: Any, name: str) -> None:
@@ -214,9 +210,8 @@ def parse(parser: Any, argv: list[str], sections: dict[str, type],
     first, whatever its place, so that every `--section.field` flag overrides it. `renames` maps a flag the user
     types to the name the parser knows it by. A bad argument is a ConfigError."""
     renames = renames or {}
-    argv = [renames.get(a, a) if "=" not in a else renames.get(a.split("=", 1)[0], a.split("=", 1)[0]) + "=" +
-            a.split("=", 1)[1] for a in argv]
-    path, rest = _split_config(_values_as_values(list(argv)))
+    argv = [renames.get(flag, flag) + eq + value for flag, eq, value in (a.partition("=") for a in argv)]
+    path, rest = _split_config(_values_as_values(argv))
     config = ["--config", read_config_file(path)] if path not in (None, "", "null") else []
     try:
         ns = parser.parse_args(config + rest)
