@@ -62,7 +62,6 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         from pipeline.config import ConfigError, config_path, parse
         from pipeline.finetune.config import FT_SECTIONS, FinetuneConfig
-        from pipeline.finetune.job import run_finetune
         from pipeline.finetune.readers import FinetuneDataError
         from pipeline.storage.io import exists
         from pipeline.storage.preflight import check_storage
@@ -78,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         for p in (args.train_file, args.eval_file):  # local files (URIs were checked above), through fsspec like the reader
             if not exists(p):
                 raise FinetuneDataError(f"{p}: file does not exist (relative paths resolve against {os.getcwd()})")
+        from pipeline.finetune.job import run_finetune  # torch and Ray: after the command line is checked
+
         result = run_finetune(cfg, args.model_source, args.task, args.train_file, args.eval_file, args.output)
         if result["registered"]:
             print(f"registered {result['registered']} (run {result['run_id']})", flush=True)

@@ -30,20 +30,22 @@ import tempfile
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline.config import ConfigError, resolve_path
 from pipeline.config.sections import _check
 from pipeline.finetune.config import FinetuneConfig, resolve_lr
-from pipeline.finetune.metrics import primary_metric
 from pipeline.finetune.data import TaskData, load_tokenizer, prepare_task
-from pipeline.finetune.loop import FinetuneHandoff
-from pipeline.finetune.runs import Job, fit_run, with_lr
 from pipeline.storage.io import exists, is_uri, local_copy
 from pipeline.storage.preflight import check_storage
 from pipeline.tracking.server import artifact_root
+
+if TYPE_CHECKING:
+    import torch
+
+    from pipeline.finetune.runs import Job
+
+# torch, mlflow, scikit-learn and the loop are imported where training starts: bad input fails in a second or two
 
 TASKS = ("sequence-classification", "token-classification", "question-answering")
 DEFAULT_SCRATCH_TOKENIZER = "models:/bert-pretrain@latest-pretrain"
@@ -67,7 +69,7 @@ class Source:
 def resolve_source(spec: str, tokenizer: str | None = None, download_dir: str | None = None) -> Source:
     """`models:/...` | local transformers dir | `scratch:<preset>` -> Source. Registry versions are downloaded
     into `download_dir` (the caller removes it), or a new temporary directory when it is None."""
-    from pipeline.tracking import fetch_registered
+    from pipeline import tracking  # its registry (and mlflow) loads only for models:/ specs
 
     if spec.startswith("scratch:"):
         from model import PRESETS
@@ -78,7 +80,7 @@ def resolve_source(spec: str, tokenizer: str | None = None, download_dir: str | 
         tags = {"source_model": spec, "scratch_tokenizer": tok_spec}
         if tok_spec.startswith("models:/"):
             try:
-                tok_path, tok_tags = fetch_registered(tok_spec, download_dir)
+                tok_path, tok_tags = tracking.fetch_registered(tok_spec, download_dir)
             except Exception as e:  # noqa: BLE001 - one line for the user
                 raise ConfigError(
                     f"--model {spec} takes its vocabulary from {tok_spec}, which failed ({str(e).splitlines()[0]}); "
@@ -95,7 +97,7 @@ def resolve_source(spec: str, tokenizer: str | None = None, download_dir: str | 
             _check(Path(tok_path).exists(), f"--data.tokenizer {tok_spec} does not exist")
         return Source(spec, None, preset, tok_path, tags)
     if spec.startswith("models:/"):
-        local, tags = fetch_registered(spec, download_dir)
+        local, tags = tracking.fetch_registered(spec, download_dir)
         return Source(spec, local, None, local, tags)
     p = Path(spec)
     _check((p / "config.json").is_file(), f"--model {spec}: not models:/name@alias, models:/name/version, "
@@ -201,6 +203,11 @@ def _train_and_register(cfg: FinetuneConfig, source: Source, td: TaskData, task:
                         work: str) -> dict[str, Any]:
     """The initial model, then one run at `train.lr` (resolved when `auto`) or a Ray Tune sweep over `tune.lr`."""
     import ray
+    import torch
+
+    from pipeline.finetune.loop import FinetuneHandoff
+    from pipeline.finetune.metrics import primary_metric
+    from pipeline.finetune.runs import Job, with_lr
 
     torch.manual_seed(cfg.train.seed)  # the new head's initialisation
     vocab_size = load_tokenizer(source.tokenizer_path).get_vocab_size()
@@ -227,6 +234,7 @@ def _single_run(job: Job, run_name: str, lr_source: str) -> dict[str, Any]:
     from pipeline import tracking
     from pipeline.tracking import server as tracking_server
     from pipeline.tracking.wait import server_needed
+    from pipeline.finetune.runs import fit_run
 
     run_id = tracking.start_run(job.cfg.tracking.experiment, run_name, job.tags)
     logger = tracking.RunLogger(run_id, job.shared.tracking_uri)

@@ -6,13 +6,30 @@ Code that only tracks imports the package (`from pipeline import tracking`) and 
 submodules are where each lives.
 """
 
-from pipeline.tracking.server import TrackingError, artifact_root, check_tracking_server, client, redact, tracking_uri
-from pipeline.tracking.runs import (EXPERIMENT_KIND, Progress, RunLogger, end_attempt_runs, experiment_id, find_run,
-                                    newest_run_tagged, run_exists, start_run)
-from pipeline.tracking.registry import (download_model, fetch_registered, find_version, model_version_info,
-                                        register_hf_model, version_description, write_tokenizer_config)
+import importlib
+from typing import Any
 
-__all__ = ["EXPERIMENT_KIND", "Progress", "RunLogger", "TrackingError", "artifact_root", "check_tracking_server", "client",
-           "download_model", "end_attempt_runs", "experiment_id", "fetch_registered", "find_run", "find_version",
-           "model_version_info", "newest_run_tagged", "redact", "register_hf_model", "run_exists", "start_run",
-           "tracking_uri", "version_description", "write_tokenizer_config"]
+# Each name loads its submodule on first use (PEP 562, as `model` does): mlflow takes seconds to import, and a job
+# that fails on its input, or a Train worker that never logs, should not pay for it.
+_WHERE = {
+    **dict.fromkeys(["TrackingError", "artifact_root", "check_tracking_server", "client", "redact", "tracking_uri"],
+                    "server"),
+    **dict.fromkeys(["EXPERIMENT_KIND", "Progress", "RunLogger", "end_attempt_runs", "experiment_id", "find_run",
+                     "newest_run_tagged", "run_exists", "start_run"], "runs"),
+    **dict.fromkeys(["download_model", "fetch_registered", "find_version", "model_version_info", "register_hf_model",
+                     "version_description", "write_tokenizer_config"], "registry"),
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'pipeline.tracking' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"pipeline.tracking.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

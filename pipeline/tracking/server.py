@@ -18,11 +18,14 @@ import re
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mlflow import MlflowClient
 
 from pipeline.errors import PipelineError
 from pipeline.storage.io import is_uri
+
+if TYPE_CHECKING:  # mlflow costs seconds to import: a job that fails on its input never needs it
+    from mlflow import MlflowClient
 
 
 class TrackingError(PipelineError, RuntimeError):
@@ -155,6 +158,7 @@ def _open_sqlite_store(uri: str) -> None:
     process: two jobs that both find the store new would otherwise both run MLflow's schema migration, and one of
     them die in it (`duplicate column name: ...`)."""
     from filelock import FileLock  # a dependency of ray and torch
+    from mlflow import MlflowClient
 
     db = uri[len("sqlite:///"):]
     if db != ":memory:":
@@ -173,6 +177,8 @@ class _NoMlflowRetryWarnings(logging.Filter):
 
 
 def client(uri: str | None = None) -> MlflowClient:
+    from mlflow import MlflowClient
+
     for k, v in _HTTP_DEFAULTS.items():
         os.environ.setdefault(k, v)
     pool_log = logging.getLogger("urllib3.connectionpool")
