@@ -235,3 +235,21 @@ def s3_env(s3_server, monkeypatch):
     s3fs.S3FileSystem.clear_instance_cache()  # fsspec caches instances, each with the endpoint it was made with
     yield s3_server
     s3fs.S3FileSystem.clear_instance_cache()
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update"]
+
+
+@pytest.fixture()
+def browser_page():
+    """A page in Debian's Chromium driven by playwright (never a downloaded browser): what a person sees."""
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: .ci/run installs Debian's chromium (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        yield browser.new_page(viewport={"width": 1400, "height": 1000})
+        browser.close()

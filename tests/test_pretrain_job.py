@@ -1,5 +1,6 @@
 """End-to-end pretraining on real components: a local Ray cluster with the job server, real data stages on a
-subset of ../shared/corpora, a real MLflow store (SQLite, then a real `mlflow server` on loopback).
+subset of ../shared/corpora, a real MLflow store (SQLite, then a real `mlflow server` on loopback, whose UI is read in Debian's Chromium driven
+by playwright).
 
 One prepared dataset (module fixture) is shared by every test; the first job finds it up to date. Crash/resume
 tests call `pipeline.pretrain.job.run_training` on the same cluster and compare final weights bit for bit.
@@ -187,14 +188,22 @@ def _ours(local: str):
 # ------------------------------------------------------------------------------------------------ through Ray Jobs
 
 
-def test_job_end_to_end_sqlite(cluster, prepared, work, repo_root, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def sqlite_job(cluster, prepared, work, repo_root):
+    """The main job through Ray Jobs into a SQLite store, run once for the module: (args, store URI, logs).
+
+    Two phases in one schedule (as base/large do): steps 1-12 on the fixture's 128-token shards, 13-24 on 64-token
+    shards that the job prepares itself with phase 1's vocabulary."""
     uri = f"sqlite:///{work / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    # Two phases in one schedule (as base/large do): steps 1-12 on the fixture's 128-token shards, 13-24 on
-    # 64-token shards that the job prepares itself with phase 1's vocabulary.
     phases = json.dumps([{"fraction": 0.5, "max_seq_length": 128, "output": prepared["validate"].output},
                          {"max_seq_length": 64, "max_predictions_per_seq": 10, "output": str(work / "data-64")}])
-    logs = submit(cluster, repo_root, job_args(prepared, work, "sqlite", "--train.phases", phases), {"MLFLOW_TRACKING_URI": uri})
+    args = job_args(prepared, work, "sqlite", "--train.phases", phases)
+    return args, uri, submit(cluster, repo_root, args, {"MLFLOW_TRACKING_URI": uri})
+
+
+def test_job_end_to_end_sqlite(sqlite_job, prepared, work, repo_root, tmp_path, monkeypatch):
+    _, uri, logs = sqlite_job
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     assert "[stage shards] up to date" in logs  # the prepared fixture's shards were reused
     run_id = check_registered(logs, "bert-pretrain", prepared, repo_root, tmp_path)
     from pipeline import tracking
@@ -207,25 +216,29 @@ def test_job_end_to_end_sqlite(cluster, prepared, work, repo_root, tmp_path, mon
     assert tracking.client().get_run(run_id).data.params["train.phases"].count("max_seq_length") == 2
 
 
-def test_stage_truth_comes_from_the_current_tracking_store(cluster, prepared, work, repo_root, tmp_path, monkeypatch):
-    """The same command against a second, empty store registers there (it used to print a version that store did
-    not have); against the first store again, every stage is found done by its real output and skipped."""
+def test_stage_truth_comes_from_the_current_tracking_store(sqlite_job, cluster, repo_root, tmp_path, monkeypatch):
+    """The module's main-job command against a second, empty store registers there (it used to print a version
+    that store did not have); against the first store again, every stage is found done by its real output and
+    skipped."""
     from pipeline import tracking
 
-    args = job_args(prepared, work, "stores", "--train.max_steps", "4", "--tracking.model_name", "bert-stores")
-    for store, expect in (("a", "running"), ("b", "running"), ("a", "up to date")):
-        uri = f"sqlite:///{tmp_path / store}.db"
+    args, first, first_logs = sqlite_job
+    registered = first_logs.strip().splitlines()[-1]
+    for uri, expect in ((f"sqlite:///{tmp_path / 'b.db'}", "running"), (first, "up to date")):
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
         logs = submit(cluster, repo_root, args, {"MLFLOW_TRACKING_URI": uri})
-        assert logs.strip().splitlines()[-1] == "registered models:/bert-stores/1", logs[-3000:]
         assert f"[stage register] {expect}" in logs
-        info = tracking.model_version_info("models:/bert-stores@latest-pretrain")
-        assert info["version"] == "1" and tracking.run_exists(info["tags"]["run_id"])  # its run is in this store
+        last = logs.strip().splitlines()[-1]
+        assert last == (registered if uri == first else "registered models:/bert-pretrain/1"), logs[-3000:]
+        info = tracking.model_version_info(f"models:/bert-pretrain/{last.rsplit('/', 1)[1]}")
+        assert tracking.run_exists(info["tags"]["run_id"])  # its run is in this store
         assert tracking.client().get_run(info["tags"]["run_id"]).info.status == "FINISHED"
     assert "[stage train] up to date" in logs and "[stage shards] up to date" in logs
 
 
-def test_job_end_to_end_mlflow_server(cluster, prepared, work, repo_root, tmp_path, monkeypatch, mlflow_server):
+def test_job_end_to_end_mlflow_server(cluster, prepared, work, repo_root, tmp_path, monkeypatch, mlflow_server,
+                                      browser_page):
+    """Through a real `mlflow server`, then what a person sees of it in a real browser."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     args = job_args(prepared, work, "server", "--tracking.model_name", "bert-pretrain-srv")
     logs = submit(cluster, repo_root, args, {"MLFLOW_TRACKING_URI": mlflow_server})
@@ -233,6 +246,31 @@ def test_job_end_to_end_mlflow_server(cluster, prepared, work, repo_root, tmp_pa
     from pipeline import tracking
 
     assert tracking.client().get_run(run_id).info.artifact_uri.startswith("mlflow-artifacts:")  # served by the server
+    info = tracking.model_version_info("models:/bert-pretrain-srv@latest-pretrain")
+    exp = tracking.client().get_experiment_by_name("bert-pretrain")
+    check_in_browser(browser_page, mlflow_server, "bert-pretrain-srv", info, exp, tmp_path)
+
+
+def check_in_browser(page, uri: str, model_name: str, info: dict, exp, shots) -> None:
+    """The run's charts and the registered version as the MLflow UI shows them (screenshots under `shots`)."""
+    assert exp.tags.get("mlflow.experimentKind") == "custom_model_development"  # opens on the training view
+    run_id = info["run_id"]
+    page.goto(f"{uri}/#/experiments/{exp.experiment_id}/runs/{run_id}/model-metrics")
+    # Metric names grouped by prefix: the UI makes a section of each ("train (N)", "eval (N)", "system (N)").
+    page.get_by_text("eval", exact=True).first.wait_for(timeout=60_000)
+    assert page.get_by_text("train", exact=True).count() >= 1
+    page.get_by_placeholder("Search metric charts").fill("train/loss")
+    page.get_by_text("(train/loss)").first.wait_for(timeout=30_000)  # the chart's legend: run name (metric)
+    page.screenshot(path=str(shots / "run.png"))
+
+    page.goto(f"{uri}/#/models/{model_name}/versions/{info['version']}")
+    page.get_by_text("latest-pretrain").first.wait_for(timeout=60_000)
+    text = page.inner_text("body")
+    for tag in ("data_manifest_sha256", "vocab_sha256", "config_hash", "git_sha", "run_id"):
+        assert tag in text, tag
+    assert info["tags"]["run_id"] in text
+    assert "BERT pretrained for 24 steps" in text and "jobs/pretrain.py" in text and "from_pretrained" in text
+    page.screenshot(path=str(shots / "version.png"))
 
 
 def test_unreachable_tracking_server_fails_before_training(repo_root, work, tmp_path):

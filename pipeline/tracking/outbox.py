@@ -33,9 +33,6 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-from mlflow.entities import Metric, RunTag
-from mlflow.exceptions import MlflowException
-
 from pipeline.console import say
 
 Row = tuple[str, float, int, int]
@@ -236,6 +233,8 @@ class Outbox:
                 self._cv.notify_all()
 
     def _send(self, rows: list[Row], tags: dict[str, str]) -> None:
+        from mlflow.entities import Metric, RunTag  # here: the other ranks read the outbox without mlflow
+
         sent: dict[str, int] = {}
         metrics = []
         for key, value, ts, step in rows:
@@ -266,6 +265,8 @@ class Outbox:
 
 def _rejected(e: Exception) -> bool:
     """True for an HTTP 4xx answer (other than 429, too many requests): the server is there and refuses the batch."""
+    from mlflow.exceptions import MlflowException
+
     code = e.get_http_status_code() if isinstance(e, MlflowException) else None
     return code is not None and 400 <= code < 500 and code != 429
 
