@@ -7,9 +7,8 @@
 from __future__ import annotations
 
 import sys
-import time
 
-from pipeline.console import say
+from pipeline.console import Every, say
 
 PROGRESS_EVERY_S = 10.0  # a "[data] <pass>: k/n ..." line at most this often while a pass runs
 
@@ -25,12 +24,10 @@ class Progress:
     def __init__(self, what: str, unit: str, total: int | None = None) -> None:
         self.what, self.unit, self.total = what, unit, total
         self.done = 0
-        self.start = self.last = time.monotonic()
+        self.every = Every(PROGRESS_EVERY_S)
 
     def step(self) -> None:
         self.done += 1
-        now = time.monotonic()
-        if now - self.last >= PROGRESS_EVERY_S and self.done != self.total:
-            self.last = now
+        if self.done != self.total and self.every.due():
             of = f"/{self.total}" if self.total is not None else ""
-            log(f"{self.what}: {self.done}{of} {self.unit} done ({now - self.start:.0f}s)")
+            log(f"{self.what}: {self.done}{of} {self.unit} done ({self.every.elapsed():.0f}s)")

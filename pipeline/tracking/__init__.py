@@ -23,7 +23,12 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
+_SUBMODULES = ("outbox", "registry", "runs", "server", "wait")
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"pipeline.tracking.{name}")
     if name not in _WHERE:
         raise AttributeError(f"module 'pipeline.tracking' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"pipeline.tracking.{_WHERE[name]}"), name)

@@ -24,7 +24,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
-from pipeline.console import say
+from pipeline.console import Every, say
 from pipeline.tracking.server import check_tracking_server, client, tracking_uri
 
 # MLflow limits: 100 params / 1000 metrics per log_batch call; param values up to 6000 characters.
@@ -169,21 +169,22 @@ class Progress:
     """
 
     def __init__(self, total: int | None, every_steps: int = 1, every_s: float = 10.0, out=None) -> None:
-        self.total, self.every_steps, self.every_s = total, max(1, every_steps), every_s
+        self.total, self.every_steps = total, max(1, every_steps)
         self.out = out
-        self._t0: float | None = None
-        self._s0 = 0
-        self._last_t = 0.0
+        self.every = Every(every_s)
+        self._s0: int | None = None  # the first step this process saw (a resumed run starts mid-way)
         self._last_step = 0
 
     def update(self, step: int, metrics: dict[str, float]) -> str | None:
         now = time.monotonic()
-        if self._t0 is None:  # the first step seen by this process (a resumed run starts mid-way)
-            self._t0, self._s0, self._last_t, self._last_step = now, step, now, step - 1
-        due = step - self._last_step >= self.every_steps and now - self._last_t >= self.every_s
-        if not (due or step == self.total):
+        if self._s0 is None:
+            self.every.start(now)
+            self._s0, self._last_step = step, step - 1
+        if step - self._last_step < self.every_steps and step != self.total:
             return None
-        self._last_t, self._last_step = now, step
+        if not self.every.due(now, force=step == self.total):
+            return None
+        self._last_step = step
         line = f"step {step}/{self.total}" if self.total else f"step {step}"
         for key, label in (("train/loss", "loss"), ("train/mlm_accuracy", "mlm_acc"), ("train/accuracy", "acc")):
             if key in metrics:
@@ -192,7 +193,7 @@ class Progress:
             line += f"  {metrics['train/tokens_per_s']:,.0f} tok/s"
         done = step - self._s0
         if self.total and done > 0 and step < self.total:
-            eta = (now - self._t0) / done * (self.total - step)
+            eta = self.every.elapsed(now) / done * (self.total - step)
             line += f"  eta {int(eta // 60)}m{int(eta % 60):02d}s"
         say(line, self.out)
         return line
