@@ -27,6 +27,8 @@ RAY_DATA_LOGGING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray
 class RayStartError(PipelineError, RuntimeError):
     """Ray could not be started or joined; the message is one line that says which address and why."""
 
+    transient = True
+
 
 def _gcs_address(address: str) -> str | None:
     """host:port of the GCS that `address` names, when it can be checked with a TCP connect (else None)."""

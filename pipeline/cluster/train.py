@@ -32,17 +32,20 @@ def fit(loop: Callable[[Any], None], handoff: Any, *, name: str, storage_path: s
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    from pipeline.cluster.failfast import FailFast
+
     resources = {"CPU": scale.cpus_per_worker, **({"GPU": 1} if scale.use_gpu else {})}
     kwargs: dict[str, Any] = {"datasets": datasets} if datasets else {}
     if dataset_config is not None:
         kwargs["dataset_config"] = dataset_config
     trainer = TorchTrainer(
-        functools.partial(loop, handoff),  # no train_loop_config: Ray Train calls a loop without arguments as it is
+        functools.partial(_noting_traceback, loop, handoff),  # no train_loop_config: Ray Train calls it as it is
         scaling_config=ScalingConfig(num_workers=scale.num_workers, use_gpu=scale.use_gpu,
                                      resources_per_worker=resources, placement_strategy=scale.placement_strategy),
         run_config=RunConfig(name=name, storage_path=storage_path,
                              failure_config=FailureConfig(max_failures=scale.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=scale.num_to_keep),
+                             callbacks=[FailFast()],
                              # Ray Train's INFO (worker group start, checkpoints, reports) to its log files only
                              logging_config=LoggingConfig(log_level="WARNING")),
         **kwargs,
@@ -51,6 +54,20 @@ def fit(loop: Callable[[Any], None], handoff: Any, *, name: str, storage_path: s
     if result.error is not None:
         raise result.error
     return result
+
+
+def _noting_traceback(loop: Callable[[Any], None], handoff: Any) -> None:
+    """`loop(handoff)`, with a user error's traceback kept as a note on it: Ray Train hands the controller (and
+    `FailFast`) the bare exception, and the job's failure log shows the note (`pipeline.runner.cli`)."""
+    from pipeline.errors import PipelineError
+
+    try:
+        loop(handoff)
+    except PipelineError as e:
+        import traceback
+
+        e.add_note(f"Traceback in the Ray Train worker:\n{traceback.format_exc()}")
+        raise
 
 
 def checkpoint_uri(result, storage_path: str) -> str:

@@ -16,44 +16,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from pipeline.errors import PipelineError
-
-
-def _is_ray_wrapper(e: BaseException) -> bool:
-    """True for Ray's own exception types (and the RayTaskError subclasses Ray makes of a task's error)."""
-    return any(c.__module__.startswith("ray.") for c in type(e).__mro__[:-1])
-
-
-def _wrapped(e: BaseException) -> BaseException | None:
-    """The exception one Ray wrapper holds, or None. Where each lives (Ray 2.60):
-    RayTaskError `.cause`; Ray Train V2's WorkerGroupError `.worker_failures` ({rank: the worker's exception},
-    UserExceptionWithTraceback already unwrapped), ControllerError `.controller_failure`,
-    WorkerHealthCheckFailedError `.failure`, UserExceptionWithTraceback `._base_exc`; Train V1's
-    TrainingFailedError `__cause__`."""
-    if not _is_ray_wrapper(e):
-        return None
-    failures = getattr(e, "worker_failures", None)
-    if isinstance(failures, dict) and failures:
-        # One rank's own error is usually the story; the others often died of it (a collective that timed out).
-        # The lowest rank whose error is a user error, else the lowest rank.
-        causes = [root_cause(failures[r]) for r in sorted(failures)]
-        return next((c for c in causes if isinstance(c, PipelineError)), causes[0])
-    for attr in ("cause", "controller_failure", "failure", "_base_exc"):
-        inner = getattr(e, attr, None)
-        if isinstance(inner, BaseException):
-            return inner
-    return e.__cause__
-
-
-def root_cause(e: BaseException) -> BaseException:
-    """A stage's or a Train worker's own exception, out of Ray's wrappers (see `_wrapped`), however nested
-    (a RayTaskError of the train stage holds Ray Train's WorkerGroupError, which holds the worker's error)."""
-    for _ in range(20):
-        inner = _wrapped(e)
-        if inner is None or inner is e:
-            break
-        e = inner
-    return e
+from pipeline.errors import PipelineError, is_ray_wrapper, root_cause
 
 
 def log_dir() -> Path:
@@ -79,7 +42,11 @@ def write_failure_log(name: str, e: BaseException) -> str:
 
     from pipeline.tracking.server import redact
 
-    text = redact(f"{name} {' '.join(sys.argv[1:])}\n\n" + "".join(traceback.format_exception(e)))
+    text = f"{name} {' '.join(sys.argv[1:])}\n\n" + "".join(traceback.format_exception(e))
+    for note in getattr(root_cause(e), "__notes__", ()):  # a Train worker's own traceback (pipeline.cluster.train)
+        if note not in text:
+            text += f"\n{note}"
+    text = redact(text)
     text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # Ray colours the remote tracebacks it carries
     try:
         d = log_dir()
@@ -101,7 +68,7 @@ def failure_line(name: str, e: BaseException) -> str:
     if isinstance(cause, PipelineError):
         return redact(f"{name}: error: {msg} (log: {log})")
     what = f"{type(cause).__name__}: {msg}" if msg else type(cause).__name__
-    if _is_ray_wrapper(cause):  # the cluster's own failure (a node out of memory, an actor that died), no bug
+    if is_ray_wrapper(cause):  # the cluster's own failure (a node out of memory, an actor that died), no bug
         return redact(f"{name}: error: Ray: {what} (log: {log})")
     return redact(f"{name}: internal error: {what} (a bug; traceback in {log})")
 

@@ -65,7 +65,10 @@ def writing(path: str, fs: fsspec.AbstractFileSystem | None = None, tmp: str | N
         if tmp is not None and fs is not None:
             with contextlib.suppress(OSError):
                 fs.rm(tmp)
-        raise StorageError(f"{os_reason(e)} {operation} {path}") from e
+        reason = os_reason(e)
+        err = StorageError(f"{reason} {operation} {path}")
+        err.transient = reason not in _REASONS.values()  # a full or read-only disk, a refused permission: not
+        raise err from e
 
 
 def join(base: str, *parts: str) -> str:

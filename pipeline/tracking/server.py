@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # mlflow costs seconds to import: a job that fails on its inp
 class TrackingError(PipelineError, RuntimeError):
     """The tracking server or registry cannot be used; the message is one line that says why."""
 
+    transient = True  # a server may come back
+
 
 class ServerUnreachable(TrackingError):
     """The tracking server does not answer (as opposed to answering with a refusal)."""
