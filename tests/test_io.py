@@ -43,3 +43,20 @@ def test_output_lock_one_writer_per_directory(repo_root, tmp_path):
         assert not (out / ".lock").exists()
     with output_lock("memory://nolock/out"):
         pass
+
+
+@pytest.mark.parametrize("err, transient", [
+    (OSError(28, "No space left on device"), False),  # the same next time: the user frees space
+    (OSError(13, "Permission denied"), False),
+    (OSError(104, "Connection reset by peer"), True),  # object storage hiccup: worth a retry
+])
+def test_a_write_error_says_whether_trying_again_can_help(err, transient):
+    """What Ray Train retries (pipeline.cluster.failfast): a user's error never, the environment's yes."""
+    from pipeline.errors import PipelineError, is_transient
+    from pipeline.storage.io import StorageError, writing
+
+    with pytest.raises(StorageError) as caught:
+        with writing("s3://b/out/shard-0.parquet"):
+            raise err
+    assert is_transient(caught.value) is transient and caught.value.__cause__ is err
+    assert is_transient(RuntimeError("a worker died")) and not is_transient(PipelineError("bad value"))
