@@ -71,6 +71,13 @@ def test_pydocs_topic_from_minilm(ray_local, store, shared_dir, minilm_dir):
     assert label_map["id2label"]["5"] == "whatsnew"
     mv = c.get_model_version("pydocs-minilm", "1")
     assert mv.run_id == res["run_id"] and mv.tags["task"] == "sequence-classification"
+    # the run's Datasets panel: the task files, each with its sha256 and what was made of it
+    import hashlib
+
+    inputs = {d.tags[0].value: d.dataset for d in run.inputs.dataset_inputs}
+    assert {k: d.name for k, d in inputs.items()} == {"training": "train.tsv", "eval": "dev.tsv"}
+    assert inputs["training"].digest == hashlib.sha256((task / "train.tsv").read_bytes()).hexdigest()[:36]
+    assert json.loads(inputs["eval"].profile)["features"] == 400 and json.loads(inputs["training"].profile)["features"] == 2400
 
     # the registered directory is a transformers checkpoint with the label names; its logits match ours
     transformers = pytest.importorskip("transformers")

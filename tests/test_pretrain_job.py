@@ -159,6 +159,19 @@ def check_registered(logs: str, model_name: str, prepared: dict, repo_root: Path
     assert not any("/" not in k for k in run.data.metrics), sorted(run.data.metrics)  # every metric in a group
     mv = client.get_model_version(model_name, version)
     assert f"{prepared['validate'].examples:,} examples" in mv.description and "jobs/pretrain.py" in mv.description
+    # the run's Datasets panel: the prepared data (training) and its held-out shard (eval), tied to the manifest
+    inputs = {(d.dataset.name, d.tags[0].value): d.dataset for d in run.inputs.dataset_inputs}
+    data_name = Path(prepared["validate"].output).name
+    assert {(data_name, "training"), (f"{data_name}-heldout", "eval")} <= set(inputs), sorted(inputs)
+    assert f"the run's dataset `{data_name}`" in mv.description
+    for (name, context), d in inputs.items():
+        assert d.digest == tags["data_manifest_sha256"][:36] or name.endswith(("-phase1", "-phase1-heldout"))
+        profile, schema = json.loads(d.profile), json.loads(d.schema)["mlflow_colspec"]
+        assert [c["name"] for c in schema][:2] == ["input_ids", "token_type_ids"] and profile["examples"] > 0
+        assert d.source_type == "local" and json.loads(d.source)["uri"].rstrip("/").endswith(name.split("-phase")[0].removesuffix("-heldout"))
+    first = json.loads(inputs[(data_name, "training")].profile)
+    assert first["manifest_sha256"] == tags["data_manifest_sha256"] and first["shards"] == 3
+    assert first["examples"] + json.loads(inputs[(f"{data_name}-heldout", "eval")].profile)["examples"] == prepared["validate"].examples
     arts = {a.path for a in client.list_artifacts(run_id)} | {a.path for a in client.list_artifacts(run_id, "data")}
     assert {"config.yaml", "data/manifest.json", "data/vocab.txt", "model"} <= arts
 

@@ -134,3 +134,36 @@ def test_progress_prints_at_a_steady_cadence_and_always_the_last_step(monkeypatc
     lines = out.getvalue().splitlines()
     assert lines[-1] == "step 30/30  loss 4.0000  mlm_acc 0.3000  1,234 tok/s"
     assert lines[0].startswith("step 5/30  loss 6.5000  mlm_acc 0.0500  1,234 tok/s  eta 1m15s")
+
+
+def test_prepared_data_is_logged_as_the_runs_datasets(tmp_path):
+    """mlflow.log_input's datasets from a manifest: names, contexts, the digest tied to the manifest's sha256, the
+    shard schema and a profile whose training and held-out examples add up (a real SQLite store)."""
+    import hashlib
+    import json
+
+    from mlflow import MlflowClient
+
+    from pipeline.data.dataset import SCHEMA, PreparedDataset
+    from pipeline.tracking.lineage import log_datasets, prepared_datasets
+
+    out = tmp_path / "tiny"
+    (out / "shards").mkdir(parents=True)
+    manifest = {"documents_written": 3, "examples": 10, "tokens": 700, "duplicates": {"exact": 1, "near": 2},
+                "config": {"max_seq_length": 128}, "vocab_sha256": "ab" * 32}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    sha = hashlib.sha256((out / "manifest.json").read_bytes()).hexdigest()
+    shards = ((str(out / "shards/a.parquet"), 4), (str(out / "shards/b.parquet"), 3), (str(out / "shards/c.parquet"), 3))
+    ds = PreparedDataset(str(out), manifest, sha, ("[PAD]",), shards)
+    c = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+    run = c.create_run(c.create_experiment("lineage"))
+    log_datasets(c, run.info.run_id, prepared_datasets(ds, phase=0, num_eval_shards=1, arrow_schema=SCHEMA))
+    got = {(d.dataset.name, d.tags[0].value): d.dataset for d in c.get_run(run.info.run_id).inputs.dataset_inputs}
+    assert sorted(got) == [("tiny", "training"), ("tiny-heldout", "eval")]
+    train, held = json.loads(got[("tiny", "training")].profile), json.loads(got[("tiny-heldout", "eval")].profile)
+    assert (train["examples"], train["shards"], held["examples"], held["shards"]) == (7, 2, 3, 1)
+    assert (train["duplicates_exact"], train["duplicates_near"], train["manifest_sha256"]) == (1, 2, sha)
+    assert all(d.digest == sha[:36] and json.loads(d.source)["uri"] == str(out) for d in got.values())
+    cols = json.loads(got[("tiny", "training")].schema)["mlflow_colspec"]
+    assert [c["name"] for c in cols] == SCHEMA.names and cols[0] == {"type": "array", "items": {"type": "integer"},
+                                                                      "name": "input_ids", "required": True}

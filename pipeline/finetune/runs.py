@@ -87,6 +87,21 @@ class Job:
         label_map.write_text(json.dumps({"task": self.task, "problem_type": self.td.problem_type,
                                          "id2label": {str(k): v for k, v in self.td.id2label.items()}}, indent=1))
         logger.log_artifact(str(label_map))
+        self.log_task_files(logger)
+
+    def log_task_files(self, logger) -> None:
+        """The run's Datasets panel: the training file (context `training`) and the evaluation file (`eval`), each
+        with its sha256 and what was made of it (pipeline.tracking.lineage)."""
+        from pipeline.storage.io import sha256_file
+        from pipeline.tracking.lineage import PreparedData, log_datasets
+
+        entries = []
+        for key, context, feats in (("train_file", "training", self.td.train), ("eval_file", "eval", self.td.eval)):
+            path = self.tags[key]
+            profile = {"task": self.task, "features": len(feats["input_ids"]),
+                       "labels": [self.td.id2label[k] for k in sorted(self.td.id2label)]}
+            entries.append((PreparedData(path, os.path.basename(path), sha256_file(path), None, profile), context))
+        log_datasets(logger.client, logger.run_id, entries)
 
     def export(self, checkpoint) -> tuple[dict[str, float], Path]:
         """The best epoch's model out of a run's final checkpoint, with the tokenizer: (its eval metrics, directory)."""

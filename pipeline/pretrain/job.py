@@ -179,6 +179,15 @@ def train_done(cfg: Config, datasets: list[PreparedDataset], uri: str, init: Ini
     return TrainResult(latest[0], run_id, name, cfg.train.max_steps, tuple(verified(latest[0])))
 
 
+def log_prepared_data(client, run_id: str, datasets: list[PreparedDataset], num_eval_shards: int) -> None:
+    """The run's Datasets panel: each phase's prepared data (context `training`) and held-out shards (`eval`)."""
+    from pipeline.data.dataset import SCHEMA
+    from pipeline.tracking.lineage import log_datasets, prepared_datasets
+
+    log_datasets(client, run_id, [entry for i, ds in enumerate(datasets) for entry in
+                                  prepared_datasets(ds, phase=i, num_eval_shards=num_eval_shards, arrow_schema=SCHEMA)])
+
+
 def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri: str, attempt: str,
                 init: InitCheckpoint | None = None) -> TrainResult:
     """Create (or reopen) the MLflow run on this driver, log params and artifacts, then fit on the workers."""
@@ -213,6 +222,7 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
                 with open(os.path.join(sub, name), "wb") as f:
                     f.write(read_bytes(ds.file(name)))
             log.log_artifacts(sub, os.path.basename(sub))
+    log_prepared_data(log.client, run_id, datasets, cfg.train.num_eval_shards)
     print(f"[train] MLflow run {run_id} ({run_name}) at {tracking_server.redact(uri)}", flush=True)
     try:
         return run_training(cfg, datasets, run_id, run_name, uri, init=init)
@@ -280,6 +290,7 @@ def register_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, git_s
     """Export the final weights in transformers format, register them with lineage tags, move the alias."""
     from model.hf import save_hf
     from pipeline import tracking
+    from pipeline.tracking.lineage import dataset_name
 
     os.environ["MLFLOW_TRACKING_URI"] = uri
     model = load_trained(cfg, trained.checkpoint, ds.vocab_size, trained.verified)
@@ -300,7 +311,8 @@ def register_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, git_s
                 **(init.tags if init else {})}
         description = tracking.version_description(
             cfg.tracking.model_name, data={"manifest_sha256": ds.manifest_sha256, "documents": ds.manifest["documents_written"],
-                                           "tokens": ds.tokens, "examples": ds.examples},
+                                           "tokens": ds.tokens, "examples": ds.examples,
+                                           "dataset": dataset_name(ds.output)},
             steps=trained.step, final_eval=final_eval, command=command,
             init=f"{init.spec} (weights sha256 `{init.weights_sha256[:16]}`)" if init else None)
         version = tracking.register_hf_model(str(export), cfg.tracking.model_name, cfg.tracking.alias, tags,

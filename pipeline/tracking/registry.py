@@ -76,7 +76,8 @@ def version_description(name: str, *, data: dict[str, Any], steps: int, final_ev
     return "\n".join([
         f"{start} for {steps} steps on {data.get('documents', '?')} documents "
         f"({data.get('tokens', '?'):,} tokens, {data.get('examples', '?'):,} examples; data manifest sha256 "
-        f"`{str(data.get('manifest_sha256', ''))[:16]}`).",
+        f"`{str(data.get('manifest_sha256', ''))[:16]}`"
+        + (f"; the run's dataset `{data['dataset']}`" if data.get("dataset") else "") + ").",
         "",
         f"Final held-out evaluation: {acc or 'n/a'}.",
         "",
