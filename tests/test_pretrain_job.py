@@ -268,6 +268,9 @@ def check_in_browser(page, uri: str, model_name: str, info: dict, exp, shots) ->
     """The run's charts and the registered version as the MLflow UI shows them (screenshots under `shots`)."""
     assert exp.tags.get("mlflow.experimentKind") == "custom_model_development"  # opens on the training view
     run_id = info["run_id"]
+    page.goto(f"{uri}/#/experiments/{exp.experiment_id}/runs/{run_id}")
+    page.get_by_text("data-heldout").first.wait_for(timeout=60_000)  # the Datasets panel: the held-out shards (eval)
+    page.screenshot(path=str(shots / "run-overview.png"))
     page.goto(f"{uri}/#/experiments/{exp.experiment_id}/runs/{run_id}/model-metrics")
     # Metric names grouped by prefix: the UI makes a section of each ("train (N)", "eval (N)", "system (N)").
     page.get_by_text("eval", exact=True).first.wait_for(timeout=60_000)
