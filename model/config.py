@@ -36,8 +36,24 @@ ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 
 
+class _EncoderConfig:
+    """What both encoders' configs derive the same way from their fields."""
+
+    hidden_size: int
+    num_attention_heads: int
+    id2label: dict[int, str] | None
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def label2id(self) -> dict[str, int] | None:
+        return None if self.id2label is None else {v: k for k, v in self.id2label.items()}
+
+
 @dataclass
-class BertConfig:
+class BertConfig(_EncoderConfig):
     """BERT hyper-parameters (transformers' names). Defaults are BERT-base's except the sizes (see PRESETS)."""
 
     vocab_size: int = 30522
@@ -84,14 +100,6 @@ class BertConfig:
             raise ValueError(f"hidden_act {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
         if not (isinstance(self.layer_norm_eps, (int, float)) and self.layer_norm_eps > 0):
             raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
-    def label2id(self) -> dict[str, int] | None:
-        return None if self.id2label is None else {v: k for k, v in self.id2label.items()}
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> BertConfig:
@@ -150,7 +158,7 @@ MODERNBERT_PRESETS: dict[str, dict[str, Any]] = {
 
 
 @dataclass
-class ModernBertConfig:
+class ModernBertConfig(_EncoderConfig):
     """ModernBERT hyper-parameters under transformers' `ModernBertConfig` names; defaults are ModernBERT-base's.
 
     Departures: the layer pattern is `global_attn_every_n_layers` (what configs on the Hub carry; transformers 5
@@ -241,14 +249,6 @@ class ModernBertConfig:
                 raise ValueError(f"{name} must be > 0, got {value!r}")
         if self.classifier_pooling not in ("cls", "mean"):
             raise ValueError(f"classifier_pooling {self.classifier_pooling!r} is not 'cls' or 'mean'")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
-    def label2id(self) -> dict[str, int] | None:
-        return None if self.id2label is None else {v: k for k, v in self.id2label.items()}
 
     @property
     def layer_types(self) -> list[str]:

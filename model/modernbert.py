@@ -318,8 +318,8 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
         return masked_lm(h, lambda x: self.decoder(self.head(x), weight), masked_lm_positions, masked_lm_ids)
 
 
-class ModernBertForSequenceClassification(ModernBertPreTrainedModel):
-    """First-token ("cls") or mean pooling -> head -> dropout -> linear; losses as `BertForSequenceClassification`."""
+class ModernBertWithClassifier(ModernBertPreTrainedModel):
+    """Shared body of the fine-tuning heads: encoder, then prediction head -> dropout -> `classifier`."""
 
     def __init__(self, cfg: ModernBertConfig):
         super().__init__()
@@ -330,6 +330,13 @@ class ModernBertForSequenceClassification(ModernBertPreTrainedModel):
         self.drop = nn.Dropout(cfg.classifier_dropout)
         self.classifier = nn.Linear(cfg.hidden_size, cfg.num_labels)
         self.init_weights()
+
+    def classify(self, h: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.drop(self.head(h)))  # (..., num_labels)
+
+
+class ModernBertForSequenceClassification(ModernBertWithClassifier):
+    """First-token ("cls") or mean pooling -> head -> dropout -> linear; losses as `BertForSequenceClassification`."""
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None) -> SequenceClassifierOutput:
@@ -339,52 +346,33 @@ class ModernBertForSequenceClassification(ModernBertPreTrainedModel):
         else:
             keep = torch.ones(h.shape[:2], device=h.device) if attention_mask is None else attention_mask.to(h.dtype)
             pooled = (h * keep[..., None]).sum(1) / keep.sum(1, keepdim=True)  # (B, H)
-        logits = self.classifier(self.drop(self.head(pooled)))  # (B, num_labels)
+        logits = self.classify(pooled)  # (B, num_labels)
         loss = None if labels is None else sequence_classification_loss(logits, labels, self.config.problem_type)
         return SequenceClassifierOutput(loss=loss, logits=logits)
 
 
-class ModernBertForTokenClassification(ModernBertPreTrainedModel):
+class ModernBertForTokenClassification(ModernBertWithClassifier):
     """Per-token head -> dropout -> linear; labels (B, L) with -100 ignored."""
-
-    def __init__(self, cfg: ModernBertConfig):
-        super().__init__()
-        self.config = cfg
-        self.num_labels = cfg.num_labels
-        self.model = ModernBertModel(cfg)
-        self.head = ModernBertPredictionHead(cfg)
-        self.drop = nn.Dropout(cfg.classifier_dropout)
-        self.classifier = nn.Linear(cfg.hidden_size, cfg.num_labels)
-        self.init_weights()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None) -> TokenClassifierOutput:
-        h = self.model(input_ids, attention_mask).last_hidden_state  # (B, L, H)
-        logits = self.classifier(self.drop(self.head(h)))  # (B, L, num_labels)
+        logits = self.classify(self.model(input_ids, attention_mask).last_hidden_state)  # (B, L, num_labels)
         loss = None if labels is None else token_classification_loss(logits, labels)
         return TokenClassifierOutput(loss=loss, logits=logits)
 
 
-class ModernBertForQuestionAnswering(ModernBertPreTrainedModel):
+class ModernBertForQuestionAnswering(ModernBertWithClassifier):
     """Extractive QA: per-token head -> dropout -> linear to start/end logits; loss as transformers."""
 
     def __init__(self, cfg: ModernBertConfig):
-        super().__init__()
         if cfg.num_labels != 2:
             raise ValueError(f"num_labels must be 2 (start, end) for question answering, got {cfg.num_labels}")
-        self.config = cfg
-        self.num_labels = cfg.num_labels
-        self.model = ModernBertModel(cfg)
-        self.head = ModernBertPredictionHead(cfg)
-        self.drop = nn.Dropout(cfg.classifier_dropout)
-        self.classifier = nn.Linear(cfg.hidden_size, cfg.num_labels)
-        self.init_weights()
+        super().__init__(cfg)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 start_positions: torch.Tensor | None = None,
                 end_positions: torch.Tensor | None = None) -> QuestionAnsweringOutput:
-        h = self.model(input_ids, attention_mask).last_hidden_state  # (B, L, H)
-        logits = self.classifier(self.drop(self.head(h)))  # (B, L, 2)
+        logits = self.classify(self.model(input_ids, attention_mask).last_hidden_state)  # (B, L, 2)
         start_logits, end_logits = logits[..., 0].contiguous(), logits[..., 1].contiguous()  # (B, L) each
         loss = None
         if start_positions is not None and end_positions is not None:
