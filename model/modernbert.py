@@ -30,6 +30,7 @@ nothing is computed on pad tokens (there are none).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -52,7 +53,7 @@ from model.heads import (
 __all__ = ["ModernBertConfig", "ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
            "ModernBertForTokenClassification", "ModernBertForQuestionAnswering"]
 
-Masks = dict[str, Any]  # layer kind -> boolean SDPA mask (B or 1, 1, L, L) / (B, 1, 1, L), or None
+Masks = dict[str, Any]  # layer kind -> boolean SDPA mask (B or 1, 1, L, L) / (B, 1, 1, L), a Banded one, or None
 
 
 class ModernBertEmbeddings(nn.Module):
@@ -98,14 +99,17 @@ class ModernBertAttention(nn.Module):
         self.out_drop = nn.Dropout(cfg.attention_dropout) if cfg.attention_dropout > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor | None) -> torch.Tensor:
+                mask: torch.Tensor | Banded | None) -> torch.Tensor:
         B, L, H = x.shape
         qkv = self.Wqkv(x).view(B, L, 3, self.num_heads, self.head_dim)
         qk = apply_rotary(qkv[:, :, :2], *rope)  # q and k rotated in one pass: (B, L, 2, nh, hd)
         q, k = qk.transpose(1, 3).unbind(2)  # each (B, nh, L, hd)
         v = qkv[:, :, 2].transpose(1, 2)  # (B, nh, L, hd)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim ** -0.5,
-                                             dropout_p=self.dropout_p if self.training else 0.0)
+        dropout_p, scale = self.dropout_p if self.training else 0.0, self.head_dim ** -0.5
+        if isinstance(mask, Banded):
+            out = banded_attention(q, k, v, mask, dropout_p, scale)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
         return self.out_drop(self.Wo(out.transpose(1, 2).reshape(B, L, H)))
 
 
@@ -138,7 +142,7 @@ class ModernBertEncoderLayer(nn.Module):
         self.mlp = ModernBertMLP(cfg)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor | None) -> torch.Tensor:
+                mask: torch.Tensor | Banded | None) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), rope, mask)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -159,23 +163,73 @@ def document_layout(B: int, L: int, cu_seqlens: torch.Tensor) -> tuple[torch.Ten
     return torch.where(inside, doc, -1).view(B, L), pos.view(B, L)
 
 
+@dataclass(frozen=True)
+class Banded:
+    """A local layer's attention in chunks: the queries in chunks of `size` (= local_attention // 2), each chunk
+    against the keys of itself and its two neighbours (3 * size), which hold every key in its queries' windows.
+    On a row of L tokens that is L * 3 * size scores instead of L * L (a third at 1,024 tokens and window 128)."""
+
+    mask: torch.Tensor
+    """(B * C, 1, size, 3 * size) boolean, C = ceil(L / size) chunks: True = attend."""
+    size: int
+
+
+def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, band: Banded, dropout_p: float,
+                     scale: float) -> torch.Tensor:
+    """SDPA of (B, nh, L, hd) q, k, v chunk by chunk under `band` -> (B, nh, L, hd)."""
+    B, nh, L, hd = q.shape
+    c = band.size
+    C = -(-L // c)
+    tail = C * c - L  # the last chunk padded up to c queries
+    # Keys/values padded by a chunk on each side, then the windows of 3c starting every c tokens (one copy).
+    kb, vb = (F.pad(t, (0, 0, c, c + tail)).unfold(2, 3 * c, c)  # (B, nh, C, hd, 3c)
+              .permute(0, 2, 1, 4, 3).reshape(B * C, nh, 3 * c, hd) for t in (k, v))
+    qb = F.pad(q, (0, 0, 0, tail)).view(B, nh, C, c, hd).transpose(1, 2).reshape(B * C, nh, c, hd)
+    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=band.mask, dropout_p=dropout_p, scale=scale)
+    return out.view(B, C, nh, c, hd).transpose(1, 2).reshape(B, nh, C * c, hd)[:, :, :L]
+
+
+def banded_mask(doc: torch.Tensor, half: int, documents: bool) -> Banded:
+    """The Banded mask of rows whose tokens carry document ids `doc` (B, L) (-1 = padding): keys that are real,
+    within `half` of the query and, when `documents`, of the query's document."""
+    B, L = doc.shape
+    c = half
+    C = -(-L // c)
+    tail = C * c - L
+    dk = F.pad(doc, (c, c + tail), value=-1).unfold(1, 3 * c, c)[:, :, None, :]  # (B, C, 1, 3c): the keys' docs
+    r, t = torch.arange(c, device=doc.device), torch.arange(3 * c, device=doc.device)
+    near = (r[:, None] + c - t[None, :]).abs() <= half  # (c, 3c): query c*i + r vs key c*(i-1) + t
+    keep = near & (dk >= 0)  # (B, C, c, 3c)
+    if documents:
+        keep = keep & (F.pad(doc, (0, tail), value=-1).view(B, C, c, 1) == dk)
+    return Banded(keep.reshape(B * C, 1, c, 3 * c), c)
+
+
 def attention_masks(cfg: ModernBertConfig, B: int, L: int, device: torch.device,
                     attention_mask: torch.Tensor | None, doc: torch.Tensor | None) -> Masks:
-    """Each layer kind's boolean SDPA mask (True = attend): real keys of the same document, and on local layers
-    only those at most local_attention // 2 away. None where nothing is masked. A query with nothing to attend
-    (a pad token far from any real one) gets zeros from SDPA (torch >= 2.5), not NaN, as in transformers."""
+    """Each layer kind's mask: real keys of the same document, and on local layers only those at most
+    local_attention // 2 away. Global layers get a boolean SDPA mask, None where nothing is masked; local layers
+    a Banded mask once rows reach 4 chunks (below that the whole row costs little more), else a boolean one.
+    Without documents a pad query attends to real keys, as in transformers; a query with nothing to attend gets
+    zeros from SDPA (torch >= 2.5), not NaN, as in transformers."""
     half = cfg.local_attention // 2
-    i = torch.arange(L, device=device)
-    band = ((i[:, None] - i[None, :]).abs() <= half)[None, None] if L - 1 > half else None  # (1, 1, L, L)
     if doc is None:
-        masks: Masks = {"full_attention": padding_mask(attention_mask), "sliding_attention": band}
-        if attention_mask is not None and band is not None:
-            masks["sliding_attention"] = band & attention_mask.bool()[:, None, None, :]
+        ids = torch.zeros(B, L, dtype=torch.long, device=device)
+        ids = ids if attention_mask is None else ids.masked_fill(~attention_mask.bool(), -1)
+        masks: Masks = {"full_attention": padding_mask(attention_mask)}
     else:
-        same = doc[:, :, None] == doc[:, None, :]  # (B, L, L)
-        keep = doc >= 0 if attention_mask is None else (doc >= 0) & attention_mask.bool()
-        same = (same & keep[:, None, :])[:, None]  # (B, 1, L, L)
-        masks = {"full_attention": same, "sliding_attention": same if band is None else same & band}
+        ids = doc if attention_mask is None else doc.masked_fill(~attention_mask.bool(), -1)
+        same = (ids[:, :, None] == ids[:, None, :]) & (ids[:, None, :] >= 0)  # (B, L, L)
+        masks = {"full_attention": same[:, None]}  # (B, 1, L, L)
+    if L >= 4 * half:
+        masks["sliding_attention"] = banded_mask(ids, half, documents=doc is not None)
+        return masks
+    i = torch.arange(L, device=device)
+    band = ((i[:, None] - i[None, :]).abs() <= half)[None, None]  # (1, 1, L, L)
+    if doc is None:
+        masks["sliding_attention"] = band if attention_mask is None else band & (ids >= 0)[:, None, None, :]
+    else:
+        masks["sliding_attention"] = masks["full_attention"] & band
     return masks
 
 

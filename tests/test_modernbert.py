@@ -18,10 +18,12 @@ from model import (
 )
 from model.hf import load_hf, save_hf
 from model.modernbert import (
+    Banded,
     ModernBertForQuestionAnswering,
     ModernBertForSequenceClassification,
     ModernBertForTokenClassification,
     attention_masks,
+    banded_attention,
     document_layout,
 )
 
@@ -173,22 +175,29 @@ def test_masked_positions_give_the_full_logits_rows_and_their_loss():
     assert torch.allclose(out.loss, expected, atol=1e-6)
 
 
-def test_document_layout_and_masks_keep_documents_and_windows():
+@pytest.mark.parametrize("window", [4, 8])  # half 2: banded chunks (12 >= 4 * 2); half 4: a dense band mask
+def test_document_layout_and_masks_keep_documents_and_windows(window):
     doc, pos = document_layout(2, 12, torch.tensor([0, 3, 12, 22]))  # row 0: 3 + 9 tokens; row 1: 10 + 2 pad
     assert doc.tolist() == [[0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1], [2] * 10 + [-1, -1]]
     assert pos.tolist() == [[0, 1, 2, 0, 1, 2, 3, 4, 5, 6, 7, 8], list(range(10)) + [0, 0]]
-    cfg = tiny_cfg(local_attention=4)  # half-window 2
+    cfg, half = tiny_cfg(local_attention=window), window // 2
     masks = attention_masks(cfg, 2, 12, torch.device("cpu"), None, doc)
-    g, loc = masks["full_attention"][:, 0], masks["sliding_attention"][:, 0]  # (2, 12, 12)
     i = torch.arange(12)
-    same = (doc[:, :, None] == doc[:, None, :]) & (doc[:, None, :] >= 0)
-    assert torch.equal(g, same)
-    assert torch.equal(loc, same & ((i[:, None] - i[None]).abs() <= 2))
-    assert loc[0, 4].nonzero().flatten().tolist() == [3, 4, 5, 6]  # 2 is the previous document
-    assert not g[1, :, 10:].any()  # nobody attends to padding
+    same = (doc[:, :, None] == doc[:, None, :]) & (doc[:, None, :] >= 0)  # (2, 12, 12)
+    assert torch.equal(masks["full_attention"][:, 0], same)
+    assert not masks["full_attention"][1, 0, :, 10:].any()  # nobody attends to padding
+    local = same & ((i[:, None] - i[None]).abs() <= half)
+    assert local[0, 4].nonzero().flatten().tolist() == list(range(3, 5 + half))  # 2 is the previous document
+    assert isinstance(masks["sliding_attention"], Banded) == (half == 2)
+    # The local layer's attention equals SDPA under the full (12 x 12) local mask, computed here independently.
+    q, k, v = torch.randn(3, 2, 3, 12, 16).unbind(0)
+    got = (banded_attention(q, k, v, masks["sliding_attention"], 0.0, 0.25) if half == 2
+           else F.scaled_dot_product_attention(q, k, v, attn_mask=masks["sliding_attention"], scale=0.25))
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=local[:, None], scale=0.25)
+    real = doc >= 0
+    assert (got - want).abs().amax(dim=(1, 3))[real].max() <= 1e-6
     plain = attention_masks(cfg, 2, 12, torch.device("cpu"), None, None)
     assert plain["full_attention"] is None  # no padding, no documents: no mask, nothing masked or wasted
-    assert torch.equal(plain["sliding_attention"][0, 0], (i[:, None] - i[None]).abs() <= 2)
 
 
 def test_packed_rows_give_each_document_its_own_outputs():
