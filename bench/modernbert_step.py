@@ -10,7 +10,7 @@ Rounds are interleaved, the order flipping each round (the machine is shared); t
 
     python bench/modernbert_step.py                          # modernbert-tiny, 4 rows x 1024, vocab 8000
     python bench/modernbert_step.py --preset modernbert-mini --rounds 3
-    python bench/modernbert_step.py --attention [--flex-compile]   # the attention kernels the model chose between
+    python bench/modernbert_step.py --threads 1 --attention [--flex-compile]   # the attention kernels compared
 
 `--attention` times one attention call (2 heads of 64, the same packed rows) for each way the issue named:
 SDPA with the document (+ window) boolean mask per row, which the model uses; SDPA on jagged tensors (documents as
@@ -36,7 +36,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention 
 
 from model import ModernBertConfig, ModernBertForMaskedLM  # noqa: E402
 from model.hf import save_hf  # noqa: E402
-from model.modernbert import attention_masks, document_layout  # noqa: E402
+from model.modernbert import attention_masks, banded_attention, document_layout  # noqa: E402
 
 IMPLS = ("transformers", "transformers+sparse", "ours", "ours-nodoc")
 
@@ -114,7 +114,8 @@ def check_losses_agree(cfg: ModernBertConfig, batch: dict[str, torch.Tensor]) ->
 
 
 def median_ms(fn: Callable[[], torch.Tensor], backward: bool, repeats: int = 3) -> float:
-    """Median milliseconds of fn() (and .sum().backward() when `backward`), after one warm-up call."""
+    """Median CPU milliseconds of fn() (and .sum().backward() when `backward`), after one warm-up call: this
+    process's CPU time, which on a shared machine counts the work and not the waiting (use --threads 1)."""
     def once() -> None:
         out = fn()
         if backward:
@@ -122,9 +123,9 @@ def median_ms(fn: Callable[[], torch.Tensor], backward: bool, repeats: int = 3) 
     once()
     times = []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = time.process_time()
         once()
-        times.append(1000 * (time.perf_counter() - t))
+        times.append(1000 * (time.process_time() - t))
     return statistics.median(times)
 
 
@@ -152,17 +153,27 @@ def attention_table(batch: dict[str, torch.Tensor], cfg: ModernBertConfig, flex_
         return create_block_mask(mask_mod, B, None, L, L, device="cpu")
 
     flex = torch.compile(flex_attention, dynamic=False) if flex_compile else flex_attention
-    rows = []
-    for kind, window in (("full_attention", False), ("sliding_attention", True)):
-        mask = masks[kind]
-        rows.append((f"SDPA + boolean mask ({kind}, chosen)", lambda m=mask: F.scaled_dot_product_attention(
-            q, k, v, attn_mask=m), True))
-        block = flex_mask(window)
-        rows.append((f"FlexAttention {'compiled' if flex_compile else 'eager'} ({kind})",
-                     lambda b=block: flex(q.detach(), k.detach(), v.detach(), block_mask=b), False))
-    rows.append(("SDPA on jagged tensors (full_attention; no window possible)", jagged, True))
-    print("\n| attention (one call) | forward ms | forward + backward ms |\n| --- | ---: | ---: |")
+    i = torch.arange(L)
+    dense_local = masks["full_attention"] & ((i[:, None] - i[None, :]).abs() <= half)  # (B, 1, L, L)
+    kind = "flex compiled" if flex_compile else "flex eager"
+    rows = [("global: SDPA + boolean document mask (chosen)",
+             lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=masks["full_attention"]), True),
+            ("global: SDPA, no mask (rows not packed)", lambda: F.scaled_dot_product_attention(q, k, v), True),
+            ("global: SDPA on jagged tensors (documents as rows)", jagged, True),
+            (f"global: FlexAttention, document BlockMask ({kind})",
+             lambda b=flex_mask(False): flex(q.detach(), k.detach(), v.detach(), block_mask=b), False),
+            ("local: banded SDPA, chunks of 64 against 192 keys (chosen)",
+             lambda: banded_attention(q, k, v, masks["sliding_attention"], 0.0, hd ** -0.5), True),
+            ("local: SDPA + boolean document & window mask (L x L)",
+             lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense_local), True),
+            ("local: SDPA on jagged tensors", None, False),
+            (f"local: FlexAttention, document & window BlockMask ({kind})",
+             lambda b=flex_mask(True): flex(q.detach(), k.detach(), v.detach(), block_mask=b), False)]
+    print("\n| attention (one call) | forward CPU ms | forward + backward CPU ms |\n| --- | ---: | ---: |")
     for name, fn, trains in rows:
+        if fn is None:
+            print(f"| {name} | takes no mask: no window | |")
+            continue
         fwd = median_ms(lambda f=fn: f().detach(), backward=False)
         both = f"{median_ms(fn, backward=True):.1f}" if trains else "no CPU backward"
         print(f"| {name} | {fwd:.1f} | {both} |")
