@@ -13,18 +13,23 @@ Module and parameter names follow transformers' `modeling_modernbert.py` (`model
   each document and attention never crosses a boundary, so a packed row gives each document's outputs as if it
   ran alone; a local layer's window stays inside its document.
 
-How attention is done, and why (bench/RESULTS.md, "Modern encoder"): one `F.scaled_dot_product_attention` per
-layer with a boolean mask per row: same document (and, on local layers, |i - j| <= local_attention // 2), built
-once per forward for each layer kind. Measured on the CPU (torch 2.13, 2 cores, 4 rows x 1,024 tokens, 2 heads
-of 64, fwd+bwd): that is 129 ms (global) and 137 ms (local). The two alternatives the issue names lose there:
+How attention is done, and why (bench/RESULTS.md, "Modern encoder"; `python bench/modernbert_step.py --threads 1
+--attention`): `F.scaled_dot_product_attention` on dense (B, nh, L, hd) rows. Global layers take a boolean
+(B, 1, L, L) same-document mask (none at all without padding or documents). Local layers, once a row holds 4
+windows' halves, attend in chunks (`Banded`): each chunk of local_attention // 2 queries against its own and its two
+neighbouring chunks' keys, under a (chunk, 3 chunks) mask of window and document, so a row of 1,024 costs 3/16 of the
+full scores. CPU time of one call at 4 rows x 1,024, 17 documents, 2 heads of 64, forward + backward, one thread:
+global 112 ms with the document mask (91 ms unmasked); local 49 ms banded against 106 ms with an L x L mask.
+The two ways the issue names lose on the CPU, on facts before timings:
 - FlexAttention (document mask + sliding window as a BlockMask) has no backward on the CPU in torch 2.13
-  ("FlexAttention does not support backward on CPU"), so it cannot train here at all; compiled, its forward alone
-  takes 64 to 93 ms after an 80 s compile, and eager it takes 1.6 s.
-- SDPA on jagged (nested) tensors takes no attention mask, so a local layer's window cannot be expressed, and
-  on the CPU its kernel took 960 ms forward / 1.38 s fwd+bwd for the global layers.
-On a GPU the jagged varlen kernels (BERT's `Jagged` path) or FlexAttention would skip the masked-out blocks; that
-is for the GPU issue to measure. With no padding and no `cu_seqlens` the global layers take no mask at all and
-nothing is computed on pad tokens (there are none).
+  ("FlexAttention does not support backward on CPU"), so it cannot train here at all; eager, its forward alone
+  takes 274 ms (global) and 308 ms (local), and compiling it costs over a minute.
+- SDPA on jagged (nested) tensors takes no attention mask, so a local layer's window cannot be expressed at all,
+  and for the global layers its CPU kernel took 481 ms forward + backward, 4.3x the masked dense call.
+On a GPU the jagged varlen kernels (BERT's `Jagged` path in model/bert.py) or FlexAttention would skip the
+masked-out blocks of the global layers too; that is for the GPU issue to measure. Without padding and without
+`cu_seqlens` the global layers take no mask and nothing is computed on pad tokens (there are none); with padding,
+pad positions are computed (dense rows) but never attended to.
 """
 
 from __future__ import annotations
