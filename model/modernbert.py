@@ -154,13 +154,17 @@ class ModernBertEncoderLayer(nn.Module):
 
 def document_layout(B: int, L: int, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Document index and position in the document of every token of a (B, L) batch, from boundaries (D+1,) in
-    its flattened B*L order; tokens past cu_seqlens[-1] get index -1 (padding). Each document lies in one row.
+    its flattened B*L order; tokens past cu_seqlens[-1] get index -1 (padding). Each document lies in one row,
+    checked on the CPU only (on an accelerator the check would wait for the device every forward).
 
     >>> doc, pos = document_layout(1, 6, torch.tensor([0, 2, 5]))
     >>> doc.tolist(), pos.tolist()
     ([[0, 0, 1, 1, 1, -1]], [[0, 1, 0, 1, 2, 0]])
     """
     cu = cu_seqlens.long()
+    if cu.device.type == "cpu" and (cu[0] != 0 or bool((cu[1:] <= cu[:-1]).any()) or cu[-1] > B * L
+                                    or bool((cu[:-1] // L != (cu[1:] - 1) // L).any())):
+        raise ValueError(f"cu_seqlens {cu.tolist()} must rise from 0 to at most B*L={B * L}, a document per row")
     flat = torch.arange(B * L, device=cu.device)
     doc = torch.searchsorted(cu[1:], flat, right=True)  # (B*L,), D past the last boundary
     inside = doc < cu.numel() - 1

@@ -175,6 +175,12 @@ def test_masked_positions_give_the_full_logits_rows_and_their_loss():
     assert torch.allclose(out.loss, expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("cu", [[0, 5, 14], [1, 6], [0, 6, 6], [0, 30]])  # crosses a row; not from 0; empty; too long
+def test_document_boundaries_are_checked(cu):
+    with pytest.raises(ValueError, match="a document per row"):
+        document_layout(2, 12, torch.tensor(cu))
+
+
 @pytest.mark.parametrize("window", [4, 8])  # half 2: banded chunks (12 >= 4 * 2); half 4: a dense band mask
 def test_document_layout_and_masks_keep_documents_and_windows(window):
     doc, pos = document_layout(2, 12, torch.tensor([0, 3, 12, 22]))  # row 0: 3 + 9 tokens; row 1: 10 + 2 pad
