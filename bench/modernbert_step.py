@@ -179,7 +179,8 @@ def attention_table(batch: dict[str, torch.Tensor], cfg: ModernBertConfig, flex_
         print(f"| {name} | {fwd:.1f} | {both} |")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
+    """Prints the table; returns {implementation: (median wall s, median CPU s)} ({} with --attention)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="modernbert-tiny")
     p.add_argument("--rows", type=int, default=4)
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
           f"torch {torch.__version__}, transformers {transformers.__version__}")
     if args.attention:
         attention_table(batch, cfg, args.flex_compile)
-        return
+        return {}
     print(f"loss check without documents: |ours - transformers| = {check_losses_agree(cfg, batch):.2e}")
     times = time_steps(cfg, batch, args.rounds, args.steps)
     tokens = args.rows * args.seq
@@ -214,6 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     for impl in IMPLS:
         print(f"| {impl} | {wall[impl]:.3f} | {tokens / wall[impl]:,.0f} | {wall['transformers'] / wall[impl]:.2f}x "
               f"| {cpu[impl]:.3f} | {cpu['transformers'] / cpu[impl]:.2f}x |")
+    return {impl: (wall[impl], cpu[impl]) for impl in IMPLS}
 
 
 if __name__ == "__main__":
