@@ -94,7 +94,8 @@ def test_invalid_fields_are_named(kwargs, message):
 
 
 def test_config_json_both_spellings_and_transformers_reads_ours():
-    cfg = tiny_cfg(global_attn_every_n_layers=2, global_rope_theta=80000.0, num_labels=3, id2label={0: "a", 1: "b", 2: "c"})
+    cfg = tiny_cfg(global_attn_every_n_layers=2, global_rope_theta=80000.0, num_labels=3,
+                   id2label={0: "a", 1: "b", 2: "c"})
     d = cfg.to_hf_dict(["ModernBertForMaskedLM"])
     theirs = transformers.ModernBertConfig(**d)
     assert theirs.layer_types == ["full_attention", "sliding_attention"] * 2
