@@ -1,4 +1,4 @@
-"""BERT in plain PyTorch: config, encoder, task heads, and transformers-format load/save (model.hf).
+"""BERT and ModernBERT in plain PyTorch: configs, encoders, task heads, transformers-format load/save (model.hf).
 
 The names below load on first use (PEP 562), so `model.config` (plain dataclasses) can be imported without
 torch: the data jobs read model presets and would otherwise pay torch's ~1.2 s import for nothing
@@ -18,6 +18,13 @@ _WHERE = {
     "BertForQuestionAnswering": "model.heads",
     "BertForSequenceClassification": "model.heads",
     "BertForTokenClassification": "model.heads",
+    "MODERNBERT_PRESETS": "model.config",
+    "ModernBertConfig": "model.config",
+    "ModernBertModel": "model.modernbert",
+    "ModernBertForMaskedLM": "model.modernbert",
+    "ModernBertForQuestionAnswering": "model.modernbert",
+    "ModernBertForSequenceClassification": "model.modernbert",
+    "ModernBertForTokenClassification": "model.modernbert",
 }
 
 __all__ = sorted(_WHERE)

@@ -16,6 +16,8 @@ Names and losses follow transformers' `modeling_bert.py` so checkpoints and resu
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -33,12 +35,13 @@ class PreTrainingOutput:
     mlm_loss: torch.Tensor | None
     """Mean cross-entropy over valid masked positions (0 when there are none)."""
     nsp_loss: torch.Tensor | None
-    """Mean cross-entropy over examples with next_sentence_label >= 0 (0 when there are none)."""
+    """Mean cross-entropy over examples with next_sentence_label >= 0 (0 when there are none); None without
+    next_sentence_label."""
     slot_logits: torch.Tensor
     """(B*P, V), a row per masked-position slot (b, p) in row-major order when masked_lm_positions is given, the
     padding slots included (theirs are position 0's logits); else (B, L, V) at every position (fill-mask inference)."""
-    nsp_logits: torch.Tensor
-    """(B, 2): index 0 = B follows A, 1 = B is random."""
+    nsp_logits: torch.Tensor | None
+    """(B, 2): index 0 = B follows A, 1 = B is random; None for MLM-only models (ModernBertForMaskedLM)."""
     mlm_accuracy: torch.Tensor | None = None
     mlm_correct: torch.Tensor | None = None
     mlm_count: torch.Tensor | None = None
@@ -115,6 +118,45 @@ def _accuracy(correct: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     return correct.float() / count.clamp(min=1).float()
 
 
+def masked_lm(h: torch.Tensor, predict: Callable[[torch.Tensor], torch.Tensor],
+              masked_lm_positions: torch.Tensor | None, masked_lm_ids: torch.Tensor | None) -> PreTrainingOutput:
+    """The MLM half of a PreTrainingOutput: `predict` (hidden -> vocabulary logits) on the (B, P) masked slots of
+    h (B, L, H) when positions are given, else at every position; loss, accuracy and counts when ids are given.
+    loss is mlm_loss; the NSP fields stay None."""
+    B, L, H = h.shape
+    mlm_loss = mlm_correct = mlm_count = mlm_accuracy = slot_valid = None
+    if masked_lm_positions is not None:
+        pos = masked_lm_positions.long()  # (B, P), -1 = padding
+        valid = pos >= 0
+        if masked_lm_ids is not None:
+            valid = valid & (masked_lm_ids >= 0)
+        # A row for every (b, p) slot, the padding slots pointing at position 0, and the gather first: the
+        # transform and decoder run on B*P rows, not B*L. Selecting only the valid rows would read their count
+        # off the device, a host sync in every forward on a GPU.
+        flat = (torch.arange(B, device=pos.device)[:, None] * L + pos.clamp(min=0)).reshape(-1)  # (B*P,)
+        logits = predict(h.reshape(B * L, H).index_select(0, flat))  # (B*P, V)
+        slot_valid = valid.reshape(-1)
+        if masked_lm_ids is not None:
+            labels = torch.where(slot_valid, masked_lm_ids.reshape(-1).long(), -100)  # (B*P,), -100 = ignored
+            # Loss and argmax in fp32: under bf16 autocast cross-entropy upcasts anyway, and CPU argmax
+            # over bf16 is several times slower than over fp32.
+            logits32 = logits.float()
+            with torch.no_grad():
+                mlm_count = slot_valid.sum()
+                mlm_correct = (logits32.argmax(-1) == labels).sum()  # -100 matches nothing
+                mlm_accuracy = _accuracy(mlm_correct, mlm_count)
+            # Sum / max(N, 1): a batch without masked positions gives 0, not NaN.
+            mlm_loss = (F.cross_entropy(logits32, labels, ignore_index=-100, reduction="sum")
+                        / mlm_count.clamp(min=1))
+    else:
+        if masked_lm_ids is not None:
+            raise ValueError("masked_lm_ids needs masked_lm_positions (B, P); see PreTrainingOutput")
+        logits = predict(h)  # (B, L, V)
+    return PreTrainingOutput(loss=mlm_loss, mlm_loss=mlm_loss, nsp_loss=None, slot_logits=logits, nsp_logits=None,
+                             mlm_accuracy=mlm_accuracy, mlm_correct=mlm_correct, mlm_count=mlm_count,
+                             slot_valid=slot_valid)
+
+
 class BertForPreTraining(BertPreTrainedModel):
     """BERT with the MLM (tied decoder) and NSP heads.
 
@@ -142,37 +184,9 @@ class BertForPreTraining(BertPreTrainedModel):
                 cu_seqlens: torch.Tensor | None = None) -> PreTrainingOutput:
         out = self.bert(input_ids, token_type_ids, attention_mask, unpad_indices=unpad_indices, cu_seqlens=cu_seqlens)
         h = out.last_hidden_state  # (B, L, H)
-        B, L, H = h.shape
         decoder_weight = self.bert.embeddings.word_embeddings.weight  # (V, H), tied
 
-        mlm_loss = mlm_correct = mlm_count = mlm_accuracy = slot_valid = None
-        if masked_lm_positions is not None:
-            pos = masked_lm_positions.long()  # (B, P), -1 = padding
-            valid = pos >= 0
-            if masked_lm_ids is not None:
-                valid = valid & (masked_lm_ids >= 0)
-            # A row for every (b, p) slot, the padding slots pointing at position 0, and the gather first: the
-            # transform and decoder run on B*P rows, not B*L. Selecting only the valid rows would read their count
-            # off the device, a host sync in every forward on a GPU.
-            flat = (torch.arange(B, device=pos.device)[:, None] * L + pos.clamp(min=0)).reshape(-1)  # (B*P,)
-            logits = self.cls.predictions(h.reshape(B * L, H).index_select(0, flat), decoder_weight)  # (B*P, V)
-            slot_valid = valid.reshape(-1)
-            if masked_lm_ids is not None:
-                labels = torch.where(slot_valid, masked_lm_ids.reshape(-1).long(), -100)  # (B*P,), -100 = ignored
-                # Loss and argmax in fp32: under bf16 autocast cross-entropy upcasts anyway, and CPU argmax
-                # over bf16 is several times slower than over fp32.
-                logits32 = logits.float()
-                with torch.no_grad():
-                    mlm_count = slot_valid.sum()
-                    mlm_correct = (logits32.argmax(-1) == labels).sum()  # -100 matches nothing
-                    mlm_accuracy = _accuracy(mlm_correct, mlm_count)
-                # Sum / max(N, 1): a batch without masked positions gives 0, not NaN.
-                mlm_loss = (F.cross_entropy(logits32, labels, ignore_index=-100, reduction="sum")
-                            / mlm_count.clamp(min=1))
-        else:
-            if masked_lm_ids is not None:
-                raise ValueError("masked_lm_ids needs masked_lm_positions (B, P); see PreTrainingOutput")
-            logits = self.cls.predictions(h, decoder_weight)  # (B, L, V)
+        mlm = masked_lm(h, lambda x: self.cls.predictions(x, decoder_weight), masked_lm_positions, masked_lm_ids)
 
         nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
         nsp_loss = nsp_correct = nsp_count = nsp_accuracy = None
@@ -186,14 +200,48 @@ class BertForPreTraining(BertPreTrainedModel):
             nsp_loss = (F.cross_entropy(nsp_logits.float(), nsl, ignore_index=-1, reduction="sum")
                         / nsp_count.clamp(min=1))
 
-        if mlm_loss is not None:
-            loss = mlm_loss if nsp_loss is None else mlm_loss + nsp_loss
+        if mlm.mlm_loss is not None:
+            loss = mlm.mlm_loss if nsp_loss is None else mlm.mlm_loss + nsp_loss
         else:
             loss = nsp_loss
-        return PreTrainingOutput(loss=loss, mlm_loss=mlm_loss, nsp_loss=nsp_loss, slot_logits=logits,
-                                 nsp_logits=nsp_logits, mlm_accuracy=mlm_accuracy, mlm_correct=mlm_correct,
-                                 mlm_count=mlm_count, nsp_accuracy=nsp_accuracy, nsp_correct=nsp_correct,
-                                 nsp_count=nsp_count, slot_valid=slot_valid)
+        return dataclasses.replace(mlm, loss=loss, nsp_loss=nsp_loss, nsp_logits=nsp_logits, nsp_accuracy=nsp_accuracy,
+                                   nsp_correct=nsp_correct, nsp_count=nsp_count)
+
+
+def sequence_classification_loss(logits: torch.Tensor, labels: torch.Tensor, problem: str | None) -> torch.Tensor:
+    """transformers' loss for (B, num_labels) logits: `problem` (the config's problem_type), else regression (MSE)
+    for one label, cross-entropy for integer labels, BCE-with-logits for float multi-hot labels."""
+    num_labels = logits.shape[-1]
+    if problem is None:
+        if num_labels == 1:
+            problem = "regression"
+        elif labels.dtype in (torch.long, torch.int):
+            problem = "single_label_classification"
+        else:
+            problem = "multi_label_classification"
+    if problem == "regression":
+        if num_labels == 1:
+            return F.mse_loss(logits.float().squeeze(), labels.float().squeeze())
+        return F.mse_loss(logits.float(), labels.float())
+    if problem == "single_label_classification":
+        return F.cross_entropy(logits.float().view(-1, num_labels), labels.long().view(-1))
+    return F.binary_cross_entropy_with_logits(logits.float(), labels.to(torch.float32))
+
+
+def token_classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of (B, L, num_labels) logits against (B, L) labels, -100 ignored."""
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.long().view(-1), ignore_index=-100)
+
+
+def span_loss(start_logits: torch.Tensor, end_logits: torch.Tensor, start_positions: torch.Tensor,
+              end_positions: torch.Tensor) -> torch.Tensor:
+    """Extractive-QA loss as transformers: mean of start and end cross-entropies over (B, L) logits; positions
+    outside the input are clamped to L and ignored."""
+    ignored = start_logits.shape[1]
+    start = start_positions.reshape(-1).long().clamp(0, ignored)
+    end = end_positions.reshape(-1).long().clamp(0, ignored)
+    return (F.cross_entropy(start_logits.float(), start, ignore_index=ignored)
+            + F.cross_entropy(end_logits.float(), end, ignore_index=ignored)) / 2
 
 
 def _classifier_dropout(cfg: BertConfig) -> float:
@@ -221,25 +269,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
                 labels: torch.Tensor | None = None) -> SequenceClassifierOutput:
         pooled = self.bert(input_ids, token_type_ids, attention_mask).pooler_output  # (B, H)
         logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
-        loss = None
-        if labels is not None:
-            problem = self.config.problem_type
-            if problem is None:
-                if self.num_labels == 1:
-                    problem = "regression"
-                elif labels.dtype in (torch.long, torch.int):
-                    problem = "single_label_classification"
-                else:
-                    problem = "multi_label_classification"
-            if problem == "regression":
-                if self.num_labels == 1:
-                    loss = F.mse_loss(logits.float().squeeze(), labels.float().squeeze())
-                else:
-                    loss = F.mse_loss(logits.float(), labels.float())
-            elif problem == "single_label_classification":
-                loss = F.cross_entropy(logits.float().view(-1, self.num_labels), labels.long().view(-1))
-            else:
-                loss = F.binary_cross_entropy_with_logits(logits.float(), labels.to(torch.float32))
+        loss = None if labels is None else sequence_classification_loss(logits, labels, self.config.problem_type)
         return SequenceClassifierOutput(loss=loss, logits=logits)
 
 
@@ -260,10 +290,7 @@ class BertForTokenClassification(BertPreTrainedModel):
                 labels: torch.Tensor | None = None) -> TokenClassifierOutput:
         h = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # (B, L, H)
         logits = self.classifier(self.dropout(h))  # (B, L, num_labels)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.float().view(-1, self.num_labels), labels.long().view(-1),
-                                   ignore_index=-100)
+        loss = None if labels is None else token_classification_loss(logits, labels)
         return TokenClassifierOutput(loss=loss, logits=logits)
 
 
@@ -288,9 +315,5 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         start_logits, end_logits = logits[..., 0].contiguous(), logits[..., 1].contiguous()  # (B, L) each
         loss = None
         if start_positions is not None and end_positions is not None:
-            ignored = start_logits.shape[1]  # positions outside the input are clamped to L and ignored
-            start = start_positions.reshape(-1).long().clamp(0, ignored)
-            end = end_positions.reshape(-1).long().clamp(0, ignored)
-            loss = (F.cross_entropy(start_logits.float(), start, ignore_index=ignored)
-                    + F.cross_entropy(end_logits.float(), end, ignore_index=ignored)) / 2
+            loss = span_loss(start_logits, end_logits, start_positions, end_positions)
         return QuestionAnsweringOutput(loss=loss, start_logits=start_logits, end_logits=end_logits)

@@ -1,4 +1,5 @@
-"""Load and save transformers-format BERT directories (config.json + model.safetensors [+ tokenizer files]).
+"""Load and save transformers-format BERT and ModernBERT directories (config.json + model.safetensors [+ tokenizer
+files]).
 
 `load_hf(dir, cls)` reads any transformers BERT checkpoint: safetensors (single file or sharded index) or
 `pytorch_model.bin` via `torch.load(weights_only=True)` (never arbitrary unpickling). It maps the
@@ -8,6 +9,8 @@ folds transformers' tied `cls.predictions.decoder.*` keys into our structurally 
 still missing or unexpected is reported by name (`model.load_report`, a logging warning; `strict=True`
 raises). `save_hf` writes exactly the key set transformers 5 itself writes for these classes, so
 `transformers.AutoModel.from_pretrained(dir)` / `BertFor*.from_pretrained(dir)` load it without warnings.
+ModernBERT goes the same way: config.json's model_type picks the config class, the base-model prefix is `model.`
+instead of `bert.`, and the tied `decoder.weight` some checkpoints carry folds into the token embeddings.
 """
 
 from __future__ import annotations
@@ -22,22 +25,35 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from model.bert import BertModel
-from model.config import BertConfig
+from model.config import BertConfig, ModernBertConfig
 from model.heads import (
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
 )
+from model.modernbert import (
+    ModernBertForMaskedLM,
+    ModernBertForQuestionAnswering,
+    ModernBertForSequenceClassification,
+    ModernBertForTokenClassification,
+    ModernBertModel,
+)
 
 log = logging.getLogger(__name__)
 
 CLASSES: dict[str, type[torch.nn.Module]] = {c.__name__: c for c in (
     BertModel, BertForPreTraining, BertForSequenceClassification, BertForTokenClassification,
-    BertForQuestionAnswering)}
+    BertForQuestionAnswering, ModernBertModel, ModernBertForMaskedLM, ModernBertForSequenceClassification,
+    ModernBertForTokenClassification, ModernBertForQuestionAnswering)}
+# config.json's model_type -> (config class, base-model prefix, the base model's top-level modules)
+FAMILIES: dict[str, tuple[type, str, tuple[str, ...]]] = {
+    "bert": (BertConfig, "bert.", ("embeddings.", "encoder.", "pooler.")),
+    "modernbert": (ModernBertConfig, "model.", ("embeddings.", "layers.", "final_norm.")),
+}
 
 # Keys transformers may hold that carry no information for us: tied copies and non-persistent buffers.
-_TIED_DECODER_WEIGHT = "cls.predictions.decoder.weight"
+_TIED_DECODER_WEIGHT = {"bert": "cls.predictions.decoder.weight", "modernbert": "decoder.weight"}
 _TIED_DECODER_BIAS = "cls.predictions.decoder.bias"
 _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -77,7 +93,9 @@ def convert_state_dict(sd: dict[str, torch.Tensor], model: torch.nn.Module) -> d
     ['pooler.dense.bias']
     """
     target = model.state_dict()
-    has_prefix = any(k.startswith("bert.") for k in target)
+    family = _family(type(model))
+    _, prefix, roots = FAMILIES[family]
+    has_prefix = any(k.startswith(prefix) for k in target)
     out: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
         for wrapper in ("module.", "_orig_mod."):  # DDP / torch.compile wrappers
@@ -86,22 +104,22 @@ def convert_state_dict(sd: dict[str, torch.Tensor], model: torch.nn.Module) -> d
             k = k[: -len("gamma")] + "weight"
         elif k.endswith(".beta"):
             k = k[: -len("beta")] + "bias"
-        base = k.startswith(("embeddings.", "encoder.", "pooler."))
-        if has_prefix and base:
-            k = "bert." + k
-        elif not has_prefix and k.startswith("bert."):
-            k = k.removeprefix("bert.")
+        if has_prefix and k.startswith(roots):
+            k = prefix + k
+        elif not has_prefix and k.startswith(prefix):
+            k = k.removeprefix(prefix)
         out[k] = v
     # transformers ties decoder.weight to the word embeddings and decoder.bias to cls.predictions.bias; we
     # keep one copy. An old checkpoint with only decoder.bias still provides the bias.
     bias = out.pop(_TIED_DECODER_BIAS, None)
     if bias is not None and "cls.predictions.bias" in target:
         out.setdefault("cls.predictions.bias", bias)
-    dec = out.pop(_TIED_DECODER_WEIGHT, None)
-    emb_key = "bert.embeddings.word_embeddings.weight" if has_prefix else "embeddings.word_embeddings.weight"
+    dec = out.pop(_TIED_DECODER_WEIGHT[family], None)
+    emb_key = (prefix if has_prefix else "") + ("embeddings.word_embeddings.weight" if family == "bert"
+                                                else "embeddings.tok_embeddings.weight")
     if dec is not None and emb_key in out and not torch.equal(dec, out[emb_key]):
         log.warning("checkpoint's %s differs from %s; this model ties them and keeps the embeddings",
-                    _TIED_DECODER_WEIGHT, emb_key)
+                    _TIED_DECODER_WEIGHT[family], emb_key)
     for k in list(out):
         if k.endswith(_BUFFERS) and k not in target:
             del out[k]
@@ -113,7 +131,8 @@ def convert_state_dict(sd: dict[str, torch.Tensor], model: torch.nn.Module) -> d
 
 def load_hf(path: str | Path, cls: type[torch.nn.Module] | str = BertModel, *, strict: bool = False,
             **config_overrides: Any) -> torch.nn.Module:
-    """Build `cls` from a transformers BERT directory; `config_overrides` (e.g. num_labels=6) beat config.json.
+    """Build `cls` from a transformers BERT or ModernBERT directory (its config.json's model_type must be `cls`'s);
+    `config_overrides` (e.g. num_labels=6) beat config.json.
 
     `cls` is one of our classes or its name (e.g. config.json's `architectures[0]`). Weights the checkpoint
     lacks (e.g. a new classifier) keep BERT's initialisation; missing and unexpected names go to
@@ -127,8 +146,14 @@ def load_hf(path: str | Path, cls: type[torch.nn.Module] | str = BertModel, *, s
     config_file = path / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{config_file} not found")
-    cfg = BertConfig.from_hf_dict(json.loads(config_file.read_text()), **config_overrides)
-    model = cls(cfg)
+    config = json.loads(config_file.read_text())
+    model_type = config.get("model_type", "bert")
+    if model_type not in FAMILIES:
+        raise ValueError(f"{config_file}: model_type {model_type!r} is not one of {', '.join(FAMILIES)}")
+    if _family(cls) != model_type:
+        raise ValueError(f"{path} holds a {model_type} model; {cls.__name__} is a {_family(cls)} class "
+                         f"(choose one of {', '.join(n for n, c in CLASSES.items() if _family(c) == model_type)})")
+    model = cls(FAMILIES[model_type][0].from_hf_dict(config, **config_overrides))
     sd = convert_state_dict(read_state_dict(path), model)
     target = model.state_dict()
     missing = sorted(k for k in target if k not in sd)
@@ -145,6 +170,11 @@ def load_hf(path: str | Path, cls: type[torch.nn.Module] | str = BertModel, *, s
                     path, cls.__name__, missing, unexpected)
     model.load_report = {"missing": missing, "unexpected": unexpected}
     return model
+
+
+def _family(cls: type[torch.nn.Module]) -> str:
+    """The model_type of one of our classes: "modernbert" for ModernBert*, else "bert"."""
+    return "modernbert" if getattr(cls, "config_class", None) is ModernBertConfig else "bert"
 
 
 def save_hf(model: torch.nn.Module, path: str | Path, tokenizer: Any = None) -> Path:

@@ -1,0 +1,35 @@
+"""bench/modernbert_step.py at the smallest shapes: the packed batch it builds, and every implementation steps and
+lands in the table."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import load_bench
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_bench("modernbert_step")
+
+
+def test_batch_packs_documents_into_full_rows_and_masks_its_share(bench):
+    b = bench.make_batch(rows=3, seq=700, vocab=100, mask_rate=0.3)
+    cu = b["cu_seqlens"].tolist()
+    assert cu[0] == 0 and cu[-1] == 2100 and all(x < y for x, y in zip(cu, cu[1:]))
+    assert {700, 1400} <= set(cu)  # no document crosses a row
+    assert b["masked_lm_positions"].shape == (3, 210)
+    rows = b["masked_lm_positions"]
+    assert (b["input_ids"].gather(1, rows) == 4).all()  # [MASK] at the masked positions
+    assert (b["labels"] != -100).sum(1).tolist() == [210] * 3
+    assert (b["labels"].gather(1, rows) == b["masked_lm_ids"]).all()
+
+
+def test_every_implementation_steps_and_is_timed(bench, capsys):
+    out = bench.main(["--rows", "1", "--seq", "64", "--vocab", "100", "--rounds", "1", "--steps", "1"])
+    assert list(out) == list(bench.IMPLS)
+    assert all(wall > 0 and cpu > 0 for wall, cpu in out.values())
+    text = capsys.readouterr().out
+    loss_gap = float(text.split("|ours - transformers| = ")[1].split()[0])
+    assert loss_gap <= 1e-5
+    assert text.count("\n| ") == 2 + len(bench.IMPLS) and "| transformers | " in text
