@@ -241,13 +241,17 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path):
 def test_resuming_skips_damaged_newer_checkpoints_and_says_so(tmp_path, capsys):
     """The driver's choice: the newest intact checkpoint, one console line for the damaged newer ones; with none
     intact, one line that says how to start over."""
+    import json
+
     from pipeline.core.checkpoint import CheckpointCorrupt
     from pipeline.pretrain.identity import resume_point
 
     run = tmp_path / "run"
     for i, step in enumerate((4, 8, 12)):
         _tiny_checkpoint(run / f"checkpoint_2026-01-0{i + 1}_00-00-00.000000", step)
-    (run / "checkpoint_manager_snapshot.json").write_text("{}")  # Ray Train's, beside the checkpoints
+    # Ray Train's list of the run's checkpoints, beside them (its snapshot names each checkpoint directory)
+    (run / "checkpoint_manager_snapshot.json").write_text(json.dumps({"ray_version": "2.60.0", "checkpoint_results": [
+        {"version": 0, "checkpoint_dir_name": d.name, "metrics": {}} for d in run.glob("checkpoint_*")]}))
     assert resume_point(str(tmp_path), "run")[0][1]["step"] == 12 and capsys.readouterr().out == ""
     newest, middle, oldest = sorted(run.glob("checkpoint_*/"), reverse=True)
     (newest / "model.safetensors").write_bytes(b"")
@@ -257,8 +261,13 @@ def test_resuming_skips_damaged_newer_checkpoints_and_says_so(tmp_path, capsys):
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and out[0].startswith(f"[train] damaged checkpoints {middle} ({middle}/train_state.json is not valid JSON")
     assert f"; {newest} (model.safetensors has sha256 " in out[0] and out[0].endswith(f"resuming from step 4 ({oldest})")
-    (run / "checkpoint_2026-01-04_00-00-00.000000").mkdir()  # an upload cut short: no train_state.json
-    assert resume_point(str(tmp_path), "run")[1][0] == str(run / "checkpoint_2026-01-04_00-00-00.000000")
+    cut = run / "checkpoint_2026-01-04_00-00-00.000000"
+    cut.mkdir()  # an upload a crash cut short: no train_state.json, and Ray Train's snapshot never listed it
+    (cut / "model.safetensors").write_bytes(b"half")
+    assert resume_point(str(tmp_path), "run")[1] == [str(middle), str(newest)] and not cut.exists()  # removed
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0] == (f"[train] removed 1 checkpoint a crashed run left half-written: {cut} ({cut}/train_state.json "
+                      f"does not exist)") and out[1].startswith("[train] damaged checkpoints ")
     (oldest / "optimizer.pt").unlink()
     with pytest.raises(CheckpointCorrupt, match=rf"^run {run} has no intact checkpoint: .*{oldest} \(optimizer.pt is "
                                                 rf"missing\); to start over, delete {run} \(or use another --train.run_name\)$"):

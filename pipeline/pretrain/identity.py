@@ -15,7 +15,7 @@ from pipeline.config import Config, config_hash
 from pipeline.core.checkpoint import CheckpointCorrupt, check_init, damage
 from pipeline.data.dataset import PreparedDataset
 from pipeline.pretrain.init import InitCheckpoint
-from pipeline.storage.io import exists, join, output_lock, read_json, write_bytes_atomic
+from pipeline.storage.io import exists, filesystem, join, output_lock, read_json, read_text, write_bytes_atomic
 
 
 # TrainConfig fields that do not change the weights a run produces (operational settings).
@@ -94,11 +94,30 @@ def newest_intact(storage_path: str, run_name: str) -> tuple[tuple[str, dict[str
     return None, bad
 
 
+def remove_half_written(storage_path: str, run_name: str, bad: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Delete the damaged checkpoints (`bad`, (path, why)) that Ray Train's run snapshot does not list: a host that
+    crashed while writing one left it behind, and nothing would ever read or rotate it out. Those the snapshot
+    lists stay (Ray Train refuses to restore a snapshot whose checkpoints are gone, and rotates them out itself).
+    Returns the ones removed; names them in one console line."""
+    snapshot = join(storage_path, run_name, "checkpoint_manager_snapshot.json")
+    listed = read_text(snapshot) if exists(snapshot) else ""
+    gone = [(uri, why) for uri, why in bad if uri.rstrip("/").rsplit("/", 1)[-1] not in listed]
+    for uri, _ in gone:
+        fs, path = filesystem(uri)
+        fs.rm(path, recursive=True)
+    if gone:
+        print(f"[train] removed {len(gone)} checkpoint{'s' if len(gone) > 1 else ''} a crashed run left half-written: "
+              + "; ".join(f"{uri} ({why})" for uri, why in gone), flush=True)
+    return gone
+
+
 def resume_point(storage_path: str, run_name: str) -> tuple[tuple[str, dict[str, Any]] | None, list[str]]:
-    """(the checkpoint a run resumes from, None when it has none yet; the newer, damaged ones it skips). These are
-    named in one console line; with checkpoints but none intact, CheckpointCorrupt says so in one line and how to
-    start over."""
+    """(the checkpoint a run resumes from, None when it has none yet; the newer, damaged ones it skips). Half-written
+    ones no run refers to are removed first (`remove_half_written`); the others are named in one console line; with
+    checkpoints but none intact, CheckpointCorrupt says so in one line and how to start over."""
     good, bad = newest_intact(storage_path, run_name)
+    gone = remove_half_written(storage_path, run_name, bad)
+    bad = [b for b in bad if b not in gone]
     named = "; ".join(f"{uri} ({why})" for uri, why in bad)
     if bad and good is None:
         run_dir = join(storage_path, run_name)
