@@ -115,6 +115,10 @@ def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
     address = os.environ.get("RAY_ADDRESS") or "local"
     if address == "local":
         _LOCAL_STARTED = time.time() - 1  # a second early: directory times are whole seconds on some filesystems
+        # One machine that no autoscaler drains: Ray Train's preemption watcher (an actor per run, whose start
+        # prints a core-worker error about its constructor arguments on every job's console) has nothing to watch.
+        # The cluster's processes inherit this environment; on a real cluster (RAY_ADDRESS) the watcher stays.
+        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     if address != "local":
         gcs = _gcs_address(address)
         if address == "auto" and gcs is None:
