@@ -27,8 +27,8 @@ The keep rule (deterministic, partition-free)
 
 How the resolution runs without all-pairs
     1. group by exact key (`exact_edges`): `exact_edges_for_group(orders)` -> edges min order -> every other member.
-    2. for the representatives only (`near_edges`), group by each band key (band index mixed into the key, so band b of one
-       document only meets band b of another): `edges_for_group(orders, sigs, params)` -> verified edges
+    2. for the representatives only (`near_edges`), group by each band key (band index mixed into the key, so
+       band b of one document only meets band b of another): `edges_for_group(orders, sigs, params)` -> verified edges
        earlier -> later member. Inside a group each member is compared with the group's "leaders" (members that
        matched no earlier leader, at most `max_leaders` of them), so a group of near copies costs one
        comparison per member and a group of unrelated documents at most `max_leaders` per member. (A pair
@@ -52,8 +52,10 @@ The Ray executor (pipeline/data/executors.py) shuffles ids, not signatures: at m
     driver:  resolve(exact Edges, near Edges) -> Duplicates
 So the shuffles carry 24 B (exact) + 16 B x bands (band ids) a document, plus one signature row (512 B at the
 default) per candidate: 248-776 B a document against 7,928 B when every band row carried its signature
-(bench/RESULTS.md, "Dedup shuffle"). The driver holds the candidate rows (16 B each) and the edges. rensa may use
-Rayon threads for big batches: set RAYON_NUM_THREADS to the actor's CPUs.
+(bench/RESULTS.md, "Dedup shuffle"). The driver holds the candidate rows (16 B each) and the edges; a verify task
+holds its partition's candidates, whole components (528 B a candidate), so one component of a million templated
+near-copies would be half a gigabyte in one task. rensa may use Rayon threads for big batches: set
+RAYON_NUM_THREADS to the actor's CPUs.
 Memory is bounded by the signatures (4 * num_perm bytes a document, 512 B at the default) plus the edges; signing
 holds one window of a document's text (pipeline/data/signing.py), never all of its words or shingles.
 
@@ -285,7 +287,8 @@ def near_edges(orders: np.ndarray, sigs: np.ndarray, params: DedupParams) -> Edg
     """
     orders = np.asarray(orders, dtype=np.int64)
     keys = band_keys(sigs, params)
-    return Edges.concat(edges_for_group(orders[g], sigs[g], params) for b in range(params.bands) for g in groups(keys[:, b]))
+    return Edges.concat(edges_for_group(orders[g], sigs[g], params)
+                        for b in range(params.bands) for g in groups(keys[:, b]))
 
 
 def candidate_rows(keys: np.ndarray, orders: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

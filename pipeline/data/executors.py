@@ -394,8 +394,9 @@ def ray_duplicate_edges(paths: list[str], params: DedupParams) -> tuple[Edges, E
         return _key_table(*dedup.candidate_rows(numpy_of(t["key"]), numpy_of(t["doc_id"])))
 
     sigs = ray.data.read_parquet(paths, columns=["doc_id", "sig"])
-    found = [t for t in sigs.map_batches(band_rows, batch_format="pyarrow").repartition(parts, keys=["key"]).map_batches(
-        candidates, batch_format="pyarrow", batch_size=None).iter_batches(batch_format="pyarrow", batch_size=None)]
+    bands = sigs.map_batches(band_rows, batch_format="pyarrow").repartition(parts, keys=["key"])
+    found = list(bands.map_batches(candidates, batch_format="pyarrow", batch_size=None).iter_batches(
+        batch_format="pyarrow", batch_size=None))
     rows = pa.concat_tables([_key_table(np.zeros(0, np.uint64), np.zeros(0, np.int64)), *found])
     if rows.num_rows == 0:
         return exact, Edges.empty()
