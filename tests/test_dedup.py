@@ -1,5 +1,6 @@
 """pipeline/data/dedup.py without Ray: normalisation, exact and near duplicates against brute-force Jaccard,
-the keep-first rule, independence from partitioning, parameter validation."""
+the keep-first rule, independence from partitioning, the Ray executor's id-only band shuffle + component
+verification against the band grouping with signatures, parameter validation."""
 
 from __future__ import annotations
 
@@ -16,11 +17,14 @@ from pipeline.data.dedup import (
     NEAR,
     Edges,
     band_keys,
+    candidate_rows,
+    components,
     dedup_local,
     edges_for_group,
     exact_edges_for_group,
     find_edges,
     groups,
+    near_edges,
     resolve,
 )
 from pipeline.data.signing import DedupParams, exact_keys, normalise, shingle_hashes, signatures
@@ -214,6 +218,85 @@ def test_partitioned_groups_give_the_local_result(paragraphs, seed):
     got = resolve(exact_edges, Edges.concat(flat))
     assert got.equals(expected)
     assert resolve(*find_edges(orders, exact, sigs, params)).equals(expected)
+
+
+def _band_grouping_with_signatures(orders, sigs, params) -> Edges:
+    """The Ray executor's grouping before issue 36, as it ran: every band row (key, order, signature) grouped by
+    key alone (across bands), `edges_for_group` on each group of two or more rows."""
+    keys = band_keys(sigs, params).T.ravel()  # band-major rows, as `band_rows` made them
+    rows_order, rows_sig = np.tile(orders, params.bands), np.tile(sigs, (params.bands, 1))
+    return Edges.concat(edges_for_group(rows_order[g], rows_sig[g], params) for g in groups(keys))
+
+
+def _id_shuffle_and_verify(orders, sigs, params, rng, parts=4):
+    """The Ray executor's grouping now, with random hash partitions: band rows (key, order) partitioned by key ->
+    `candidate_rows` per partition -> `components` of them all -> each candidate's (order, signature) once,
+    partitioned by component -> `near_edges` per partition. Returns (edges, signature rows shipped)."""
+    keys = band_keys(sigs, params).T.ravel()
+    rows_order = np.tile(orders, params.bands)
+    assert keys.dtype == np.uint64 and rows_order.dtype == np.int64  # 16 bytes a band row, no signature
+    salt = rng.randrange(1 << 30)
+    part = (keys ^ np.uint64(salt)) % np.uint64(parts)
+    found = [candidate_rows(keys[part == p], rows_order[part == p]) for p in range(parts)]
+    cand, label = components(np.concatenate([k for k, _ in found]), np.concatenate([o for _, o in found]))
+    where = {int(o): i for i, o in enumerate(orders)}
+    vpart = (label * 7919 + salt) % parts
+    edges = []
+    for p in rng.sample(range(parts), parts):  # partitions finish in any order
+        mine = cand[vpart == p]
+        edges.append(near_edges(mine, sigs[[where[int(o)] for o in mine]], params))
+    return Edges.concat(edges), cand
+
+
+def _edge_set(e: Edges) -> set:
+    return set(zip(e.src.tolist(), e.dst.tolist(), e.similarity.tolist()))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_id_shuffle_verifies_the_same_edges_as_the_band_grouping(paragraphs, seed):
+    """Crafted near duplicates (1% and 3% edits, case copies, exact copies, chains of edits of edits, distinct
+    paragraphs): the id-only band shuffle + per-component verification gives exactly the edges of the band
+    grouping that shipped signatures, hence the same kept set as `dedup_local`; and each candidate's signature
+    is shipped once (one row a candidate, no more rows than documents)."""
+    rng = random.Random(seed)
+    base = paragraphs[:40]
+    chain = [_edit(base[0], 0.02, rng)]
+    for _ in range(4):
+        chain.append(_edit(chain[-1], 0.02, rng))  # each near the one before, drifting away from the first
+    texts = base + [_edit(t, 0.01, rng) for t in base[:15]] + [t.upper() for t in base[10:20]] + base[30:35]
+    texts += [_edit(t, 0.03, rng) for t in base[5:15]] + chain
+    rng.shuffle(texts)
+    orders = np.array(sorted(rng.sample(range(1 << 40), len(texts))), dtype=np.int64)
+    params = DedupParams()
+    exact, sigs = exact_keys(texts), signatures(texts, params)
+    exact_e, _ = find_edges(orders, exact, sigs, params)
+    reps = ~np.isin(orders, exact_e.dst)
+    old = _band_grouping_with_signatures(orders[reps], sigs[reps], params)
+    new, cand = _id_shuffle_and_verify(orders[reps], sigs[reps], params, rng)
+    assert len(old) >= 40 and _edge_set(new) == _edge_set(old)
+    assert resolve(exact_e, new).equals(dedup_local(orders, texts, params))
+    assert len(cand) == len(np.unique(cand)) and 0 < len(cand) < reps.sum()  # one signature row per candidate
+
+
+def test_components_join_groups_through_shared_documents():
+    """A~B share band 0, B~C band 1, D~E band 0 elsewhere: two components; the leaders' cap still applies per
+    band group inside a component (a partition holding the component verifies each group as before)."""
+    p = DedupParams(num_perm=16, bands=4, rows=4, threshold=0.5)
+    rng = np.random.default_rng(0)
+    s = rng.integers(0, 2**32, (5, 16), dtype=np.uint32)
+    s[1, :4] = s[0, :4]  # B shares A's band 0 only (similarity 0.25: a candidate, not an edge)
+    s[2, 4:16] = s[1, 4:16]  # C shares B's bands 1-3 (0.75: an edge)
+    s[4, :12] = s[3, :12]  # E shares D's bands 0-2
+    orders = np.array([10, 20, 30, 40, 50])
+    keys = band_keys(s, p).T.ravel()
+    k, o = candidate_rows(keys, np.tile(orders, p.bands))
+    assert sorted(set(o.tolist())) == [10, 20, 30, 40, 50] and len(k) == 2 + 3 * 2 + 3 * 2
+    cand, label = components(k, o)
+    assert cand.tolist() == [10, 20, 30, 40, 50] and label.tolist() == [10, 10, 10, 40, 40]
+    e = near_edges(cand, s, p)
+    assert _edge_set(e) == _edge_set(_band_grouping_with_signatures(orders, s, p))
+    assert sorted(set(zip(e.src.tolist(), e.dst.tolist()))) == [(20, 30), (40, 50)]
+    assert components(np.zeros(0, np.uint64), np.zeros(0, np.int64))[0].size == 0
 
 
 @pytest.mark.parametrize(

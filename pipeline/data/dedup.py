@@ -26,9 +26,9 @@ The keep rule (deterministic, partition-free)
     similarity).
 
 How the resolution runs without all-pairs
-    1. group by exact key: `exact_edges_for_group(orders)` -> edges min order -> every other member.
-    2. for the representatives only, group by each band key (band index mixed into the key, so band b of one
-       document only meets band b of another): `edges_for_group(orders, sigs, params)` -> verified edges
+    1. group by exact key (`exact_edges`): `exact_edges_for_group(orders)` -> edges min order -> every other member.
+    2. for the representatives only (`near_edges`), group by each band key (band index mixed into the key, so
+       band b of one document only meets band b of another): `edges_for_group(orders, sigs, params)` -> verified edges
        earlier -> later member. Inside a group each member is compared with the group's "leaders" (members that
        matched no earlier leader, at most `max_leaders` of them), so a group of near copies costs one
        comparison per member and a group of unrelated documents at most `max_leaders` per member. (A pair
@@ -38,15 +38,24 @@ How the resolution runs without all-pairs
     `resolve` sorts its input, so any partitioning of the groups gives the same result (tests/test_dedup.py
     checks random partitions against `dedup_local`). Only orders, keys and signatures travel; never texts.
 
-The Ray executor (wired in pipeline/data/prepare.py) does, per block / group / at the end:
-    map_batches (actors):   orders, texts -> exact_keys(texts), signatures(texts, params)
-    groupby(exact key):     exact_edges_for_group(orders)            -> Edges; representatives = no incoming edge
-    flat rows per band:     band_keys(sigs, params)[:, b] for each representative (with its order and signature)
-    groupby(band key):      edges_for_group(orders, sigs, params)    -> Edges
-    driver:                 resolve(Edges.concat(exact), Edges.concat(near)) -> Duplicates
-The exact-key groupby can emit the representatives directly (each group's min order with its signature) instead
-of an anti-join on the edges. rensa may use Rayon threads for big batches: set RAYON_NUM_THREADS to the actor's
-CPUs.
+The Ray executor (pipeline/data/executors.py) shuffles ids, not signatures: at most one signature row a document
+    exact:   records (order, exact key) hash-partitioned by the key; `exact_edges` per partition -> Edges
+    bands:   each representative's band keys, ids only: rows (key, order), `bands` a document (16 B each), hash-
+             partitioned by the key; `candidate_rows` per partition keeps the rows of keys shared by two or more
+             rows -> the driver
+    plan:    `components(keys, orders)` on the driver: the candidates (documents in a shared band group), each
+             labelled with its connected component (documents joined by sharing any band group)
+    verify:  each candidate's (order, signature), read once from the records, hash-partitioned by its component;
+             `near_edges` per partition -> Edges. A partition holds whole components, so every band group of
+             two or more representatives lies wholly inside one partition and `near_edges` there finds exactly the
+             groups (and edges) it finds over all representatives.
+    driver:  resolve(exact Edges, near Edges) -> Duplicates
+So the shuffles carry 24 B (exact) + 16 B x bands (band ids) a document, plus one signature row (512 B at the
+default) per candidate: 248-776 B a document against 7,928 B when every band row carried its signature
+(bench/RESULTS.md, "Dedup shuffle"). The driver holds the candidate rows (16 B each) and the edges; a verify task
+holds its partition's candidates, whole components (528 B a candidate), so one component of a million templated
+near-copies would be half a gigabyte in one task. rensa may use Rayon threads for big batches: set
+RAYON_NUM_THREADS to the actor's CPUs.
 Memory is bounded by the signatures (4 * num_perm bytes a document, 512 B at the default) plus the edges; signing
 holds one window of a document's text (pipeline/data/signing.py), never all of its words or shingles.
 
@@ -259,17 +268,77 @@ def resolve(exact: Edges, near: Edges) -> Duplicates:
     )
 
 
+def exact_edges(orders: np.ndarray, exact: np.ndarray) -> Edges:
+    """The exact edges of records (orders, exact keys (n, 2)): `exact_edges_for_group` of each key shared by two or
+    more of them. Whole groups in, their edges out: the same for any partition of the records by key."""
+    orders = np.asarray(orders, dtype=np.int64)
+    return Edges.concat(exact_edges_for_group(orders[g]) for g in groups(exact))
+
+
+def near_edges(orders: np.ndarray, sigs: np.ndarray, params: DedupParams) -> Edges:
+    """The verified LSH edges among representatives (orders, signatures): `edges_for_group` of every band group of
+    two or more of them. The same for any subset that holds each such group whole (the verify step on Ray).
+
+    >>> p = DedupParams(num_perm=16, bands=4, rows=4)
+    >>> s = np.zeros((3, 16), np.uint32); s[1, 15] = 1; s[2] = 7    # 0 and 1 share 3 bands, 2 none
+    >>> e = near_edges(np.array([4, 2, 9]), s, p)
+    >>> e.src.tolist(), e.dst.tolist(), e.similarity.tolist()
+    ([2, 2, 2], [4, 4, 4], [0.9375, 0.9375, 0.9375])
+    """
+    orders = np.asarray(orders, dtype=np.int64)
+    keys = band_keys(sigs, params)
+    return Edges.concat(edges_for_group(orders[g], sigs[g], params)
+                        for b in range(params.bands) for g in groups(keys[:, b]))
+
+
+def candidate_rows(keys: np.ndarray, orders: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The band rows (key, order) whose key two or more rows share, sorted by (key, order): one shuffle partition's
+    candidates (a partition holds every row of its keys).
+
+    >>> k, o = candidate_rows(np.array([5, 3, 5, 8], np.uint64), np.array([10, 11, 12, 13]))
+    >>> k.tolist(), o.tolist()
+    ([5, 5], [10, 12])
+    """
+    keys, orders = np.asarray(keys, dtype=np.uint64), np.asarray(orders, dtype=np.int64)
+    by = np.lexsort((orders, keys))
+    k = keys[by]
+    shared = np.r_[k[1:] == k[:-1], False] | np.r_[False, k[1:] == k[:-1]]  # equal to the row before or after
+    return k[shared], orders[by][shared]
+
+
+def components(keys: np.ndarray, orders: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(candidates, label): the distinct orders of candidate rows (key, order), sorted, and for each the smallest
+    candidate order of its connected component (documents joined by sharing a band key, directly or through
+    others). A component holds every band group of each of its documents.
+
+    >>> c, label = components(np.array([7, 7, 9, 9, 4, 4], np.uint64), np.array([1, 5, 5, 8, 3, 6]))
+    >>> c.tolist(), label.tolist()
+    ([1, 3, 5, 6, 8], [1, 3, 1, 3, 1])
+    """
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    keys, orders = np.asarray(keys, dtype=np.uint64), np.asarray(orders, dtype=np.int64)
+    cands, node = np.unique(orders, return_inverse=True)
+    by = np.lexsort((orders, keys))
+    k, v = keys[by], node[by]
+    link = np.flatnonzero(k[1:] == k[:-1])  # each row to the next row of its key: a chain through the group
+    n = len(cands)
+    graph = coo_matrix((np.ones(len(link), np.int8), (v[link], v[link + 1])), shape=(n, n))
+    _, comp = connected_components(graph, directed=False)
+    first = np.full(comp.max(initial=-1) + 1, n, np.int64)
+    np.minimum.at(first, comp, np.arange(n))  # candidates are sorted: a component's first index is its smallest
+    return cands, cands[first[comp]]
+
+
 def find_edges(orders: np.ndarray, exact: np.ndarray, sigs: np.ndarray | None, params: DedupParams) -> tuple[Edges, Edges]:
     """Local grouping: (exact edges, near edges) for records (orders, exact keys (n, 2), signatures or None)."""
     orders = np.asarray(orders, dtype=np.int64)
-    exact_edges = Edges.concat(exact_edges_for_group(orders[g]) for g in groups(exact))
+    exact_e = exact_edges(orders, exact)
     if params.mode != "near" or sigs is None:
-        return exact_edges, Edges.empty()
-    reps = ~np.isin(orders, exact_edges.dst)
-    r_orders, r_sigs = orders[reps], sigs[reps]
-    keys = band_keys(r_sigs, params)
-    near = [edges_for_group(r_orders[g], r_sigs[g], params) for b in range(params.bands) for g in groups(keys[:, b])]
-    return exact_edges, Edges.concat(near)
+        return exact_e, Edges.empty()
+    reps = ~np.isin(orders, exact_e.dst)
+    return exact_e, near_edges(orders[reps], sigs[reps], params)
 
 
 def dedup_local(orders: np.ndarray, texts: Sequence[str], params: DedupParams) -> Duplicates:

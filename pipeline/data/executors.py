@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.config import DataConfig
-from pipeline.data.arrow import fixed_rows, numpy_of
+from pipeline.data.arrow import arrow, fixed_rows, numpy_of
 from pipeline.data.dedup import Edges, find_edges
 from pipeline.data.signing import DedupParams
 from pipeline.data.examples import RandomPool
@@ -313,52 +313,13 @@ class RayExecutor(_Executor):
             ready[seq] = (call, ray.get(ref))
 
     def duplicate_edges(self, paths: list[str], params: DedupParams) -> tuple[Edges, Edges]:
-        """The dedup pass's grouping on Ray Data, across the cluster: exact keys grouped (`exact_edges_for_group`),
-        then each representative's band keys grouped (`edges_for_group`); only orders, keys and signatures travel,
-        and only edges come back. The actors are ended first: Ray Data's tasks need their CPUs."""
-        import ray.data
-
+        """The dedup pass's grouping on Ray Data, across the cluster (`ray_duplicate_edges`). The actors are ended
+        first: Ray Data's tasks need their CPUs."""
         from pipeline.cluster import quiet_ray_data
-        from pipeline.data import dedup
 
         quiet_ray_data()  # the "[data]" lines are this stage's progress
         self.release()
-
-        def collect(ds: Any) -> Edges:
-            parts = [Edges(b["src"].astype(np.int64), b["dst"].astype(np.int64), b["similarity"].astype(np.float32))
-                     for b in ds.iter_batches(batch_format="numpy", batch_size=None) if len(b["src"])]
-            return Edges.concat(parts)
-
-        def edges_dict(e: Edges) -> dict[str, np.ndarray]:
-            return {"src": e.src, "dst": e.dst, "similarity": e.similarity}
-
-        records = ray.data.read_parquet(paths, columns=["doc_id", "exact_hi", "exact_lo"]
-                                        + (["sig"] if params.mode == "near" else []))
-        # Shuffle partitions: Ray Data's default (200) costs seconds of task overhead on a small corpus; one per
-        # CPU, or per ~20k documents (~160 MB of band rows at the default) on a large one.
-        docs = sum(_parquet_rows(p) for p in paths)
-        parts = int(max(ray.cluster_resources().get("CPU", 1), min(200, docs // 20_000)))
-        exact = collect(records.groupby(["exact_hi", "exact_lo"], num_partitions=parts).map_groups(
-            lambda g: edges_dict(dedup.exact_edges_for_group(g["doc_id"])), batch_format="numpy"))
-        if params.mode != "near":
-            return exact, Edges.empty()
-        followers = np.unique(exact.dst)  # members of an exact group other than its first: not in the near step
-
-        def band_rows(b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            keep = ~np.isin(b["doc_id"], followers)
-            orders, sig_bytes = b["doc_id"][keep], b["sig"][keep]
-            sigs = np.frombuffer(b"".join(sig_bytes.tolist()), np.uint32).reshape(len(orders), params.num_perm)
-            keys = dedup.band_keys(sigs, params)  # (n, bands)
-            return {"key": keys.T.ravel(), "doc_id": np.tile(orders, params.bands),
-                    "sig": np.tile(sig_bytes, params.bands)}
-
-        def near_group(g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            sigs = np.frombuffer(b"".join(g["sig"].tolist()), np.uint32).reshape(len(g["doc_id"]), params.num_perm)
-            return edges_dict(dedup.edges_for_group(g["doc_id"], sigs, params) if len(g["doc_id"]) > 1 else Edges.empty())
-
-        near = collect(records.map_batches(band_rows, batch_format="numpy").groupby("key", num_partitions=parts).map_groups(
-            near_group, batch_format="numpy"))
-        return exact, near
+        return ray_duplicate_edges(paths, params)
 
     def close(self) -> None:
         import ray
@@ -374,6 +335,87 @@ def _parquet_rows(path: str) -> int:
     fs, p = filesystem(path)
     with fs.open(p, "rb") as f:
         return pq.read_metadata(f).num_rows
+
+
+def _partitions(rows: int) -> int:
+    """Shuffle partitions: Ray Data's default (200) costs seconds of task overhead on a small corpus; one per CPU,
+    or one per ~20k documents on a large one."""
+    import ray
+
+    return int(max(ray.cluster_resources().get("CPU", 1), min(200, rows // 20_000)))
+
+
+def _edges_of(ds: Any) -> Edges:
+    """The Edges a dataset of edge tables holds, gathered on the driver."""
+    parts = [Edges(numpy_of(t["src"]), numpy_of(t["dst"]), numpy_of(t["similarity"]))
+             for t in ds.iter_batches(batch_format="pyarrow", batch_size=None) if t.num_rows]
+    return Edges.concat(parts)
+
+
+def _edge_table(e: Edges) -> pa.Table:
+    return pa.table([arrow(e.src, pa.int64()), arrow(e.dst, pa.int64()), arrow(e.similarity, pa.float32())],
+                    names=["src", "dst", "similarity"])
+
+
+def _key_table(keys: np.ndarray, orders: np.ndarray) -> pa.Table:
+    return pa.table([arrow(keys, pa.uint64()), arrow(orders, pa.int64())], names=["key", "doc_id"])
+
+
+def ray_duplicate_edges(paths: list[str], params: DedupParams) -> tuple[Edges, Edges]:
+    """(exact, near) edges of the records `sign` wrote to `paths`, on Ray Data (pipeline/data/dedup.py's module
+    docstring has the steps). Three hash shuffles: exact keys with ids; band keys with ids (`bands` rows of 16 B a
+    representative); and each candidate's signature once, partitioned by its component. A partition is one block
+    (`repartition(keys=...)`, as under `groupby().map_groups`), so each function below sees whole groups and
+    whole components. The same edges as `dedup.find_edges` over all records."""
+    import ray.data
+
+    from pipeline.data import dedup
+
+    parts = _partitions(sum(_parquet_rows(p) for p in paths))
+
+    def exact_part(t: pa.Table) -> pa.Table:
+        keys = np.stack([numpy_of(t["exact_hi"]), numpy_of(t["exact_lo"])], 1)
+        return _edge_table(dedup.exact_edges(numpy_of(t["doc_id"]), keys))
+
+    ids = ray.data.read_parquet(paths, columns=["doc_id", "exact_hi", "exact_lo"])
+    exact = _edges_of(ids.repartition(parts, keys=["exact_hi", "exact_lo"]).map_batches(
+        exact_part, batch_format="pyarrow", batch_size=None))
+    if params.mode != "near":
+        return exact, Edges.empty()
+    followers = np.unique(exact.dst)  # members of an exact group other than its first: not in the near step
+
+    def band_rows(t: pa.Table) -> pa.Table:
+        orders = numpy_of(t["doc_id"])
+        keep = ~np.isin(orders, followers)
+        keys = dedup.band_keys(fixed_rows(t["sig"], np.uint32)[keep], params)  # (n, bands); the signature stays
+        return _key_table(keys.T.ravel(), np.tile(orders[keep], params.bands))
+
+    def candidates(t: pa.Table) -> pa.Table:
+        return _key_table(*dedup.candidate_rows(numpy_of(t["key"]), numpy_of(t["doc_id"])))
+
+    sigs = ray.data.read_parquet(paths, columns=["doc_id", "sig"])
+    bands = sigs.map_batches(band_rows, batch_format="pyarrow").repartition(parts, keys=["key"])
+    found = list(bands.map_batches(candidates, batch_format="pyarrow", batch_size=None).iter_batches(
+        batch_format="pyarrow", batch_size=None))
+    rows = pa.concat_tables([_key_table(np.zeros(0, np.uint64), np.zeros(0, np.int64)), *found])
+    if rows.num_rows == 0:
+        return exact, Edges.empty()
+    cands, label = dedup.components(numpy_of(rows["key"]), numpy_of(rows["doc_id"]))
+    del rows, found
+
+    def fetch(t: pa.Table) -> pa.Table:
+        orders = numpy_of(t["doc_id"])
+        at = np.minimum(np.searchsorted(cands, orders), len(cands) - 1)
+        hit = np.flatnonzero(cands[at] == orders)
+        return pa.table([arrow(orders[hit], pa.int64()), arrow(label[at[hit]], pa.int64()),
+                         t["sig"].take(arrow(hit, pa.int64()))], names=["doc_id", "component", "sig"])
+
+    def verify(t: pa.Table) -> pa.Table:
+        return _edge_table(dedup.near_edges(numpy_of(t["doc_id"]), fixed_rows(t["sig"], np.uint32), params))
+
+    near = _edges_of(sigs.map_batches(fetch, batch_format="pyarrow").repartition(
+        _partitions(len(cands)), keys=["component"]).map_batches(verify, batch_format="pyarrow", batch_size=None))
+    return exact, near
 
 
 class _RayWorker(PassWorker):
