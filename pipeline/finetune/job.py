@@ -24,7 +24,6 @@ set, steps 3-4 become a Ray Tune sweep (`pipeline.finetune.sweep`): one trial pe
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
 import uuid
@@ -149,8 +148,9 @@ def run_name_for(task: str, source: Source) -> str:
         src = f"scratch-{source.preset}"
     else:
         src = Path(source.spec.rstrip("/")).name
-    src = re.sub(r"[^A-Za-z0-9._-]+", "-", src).strip("-")[:40] or "model"
-    return f"{_TASK_SHORT[task]}-{src}-{uuid.uuid4().hex[:6]}"
+    from pipeline.tracking.runs import run_name
+
+    return run_name(_TASK_SHORT[task], src, tag=uuid.uuid4().hex[:6])  # a new run each time: fine-tuning never resumes by name
 
 
 def run_finetune(

@@ -46,7 +46,9 @@ def run_identity(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpo
 def run_name_for(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpoint | None = None) -> str:
     """`train.run_name`, or `<preset>-<first 10 hex of the identity>` (`init-...` for a checkpoint's architecture
     without a preset): the same command and data resume."""
-    return cfg.train.run_name or f"{cfg.model.preset or 'init'}-{run_identity(cfg, datasets, init)[:10]}"
+    from pipeline.tracking.runs import run_name
+
+    return cfg.train.run_name or run_name(cfg.model.preset or "init", tag=run_identity(cfg, datasets, init)[:10])
 
 
 def longer_run_notice(cfg: Config, name: str, base: str, uri: str) -> str | None:

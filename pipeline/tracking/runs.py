@@ -16,6 +16,7 @@ logged before it died; those are dropped, so the run has one value per step).
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -122,6 +123,17 @@ def end_attempt_runs(experiment: str, attempt: str, status: str, uri: str | None
     for r in runs:
         c.set_terminated(r.info.run_id, status=_end_status(r.data.tags, status))
     return [r.info.run_id for r in runs]
+
+
+def run_name(*parts: str, tag: str) -> str:
+    """Every run's name (pretraining's `<preset>-<identity>`, fine-tuning's `<task>-<source>-<random>`): the parts
+    and the tag joined by '-', each part made safe as a directory name (other characters become '-') and cut to 40.
+
+    >>> run_name("cls", "models:/bert pretrain@v3", tag="0a1b2c")
+    'cls-models-bert-pretrain-v3-0a1b2c'
+    """
+    safe = [re.sub(r"[^A-Za-z0-9._-]+", "-", p).strip("-")[:40] or "model" for p in parts]
+    return "-".join([*safe, tag])
 
 
 def start_run(experiment: str, run_name: str | None, tags: dict[str, Any] | None = None) -> str:
