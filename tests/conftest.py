@@ -31,8 +31,8 @@ SHARED = REPO.parent / "shared"
 # under one directory of the session's own (TMPDIR), removed at the end. Left to themselves, Ray keeps its session
 # directories in /tmp/ray, multiprocessing leaves pymp-* behind for workers that were killed, MLflow a
 # db_init_lock-* per SQLite store, torch._dynamo /tmp/torchinductor_<user>, and pytest its tmp_path trees.
-# (Under the TMPDIR the session started with: pytest-xdist's workers, started by this process, get their own
-# directory beside it, not inside it, where Ray's socket paths would outgrow the 107 bytes AF_UNIX allows.)
+# (Under the TMPDIR the first session started with: a pytest started by this one, such as a pytest-xdist worker,
+# gets its own directory beside it, not inside it, where Ray's socket paths would outgrow AF_UNIX's 107 bytes.)
 _ROOT = os.environ.setdefault("PYTEST_ORIGINAL_TMPDIR", tempfile.gettempdir())
 _TMP = tempfile.mkdtemp(prefix="pytest-tmp-", dir=_ROOT)
 os.chmod(_TMP, 0o711)  # traversable (not listable) like /tmp: the unprivileged PostgreSQL user reaches its own dir
