@@ -69,6 +69,9 @@ def test_phases_parse_from_the_command_line():
         (["--train.schedule", "cosine"], "train.schedule 'cosine'"),
         (["--train.precision", "fp8"], "train.precision 'fp8'"),
         (["--train.poly_power", "0"], "train.poly_power 0"),
+        (["--train.decay_fraction", "1.5"], "train.decay_fraction 1.5 is not in [0, 1]"),
+        (["--train.schedule", "wsd", "--train.max_steps", "20", "--train.warmup_steps", "10",
+          "--train.decay_fraction", "0.6"], "train.decay_fraction 0.6 (12 steps) and train.warmup_steps 10"),
         (["--train.checkpoint_every_steps", "0"], "train.checkpoint_every_steps 0"),
         (["--train.cpus_per_worker", "0"], "train.cpus_per_worker 0"),
         (["--train.phases", "[{fraction: 2.0}]"], "fraction 2.0"),
@@ -232,7 +235,7 @@ PRESET_HASHES = {
 # Data fields added after the capture (dedup: issue 20; MediaWiki dumps: issue 24), left out of the comparison.
 ADDED_SINCE = ("dedup", "dedup_threshold", "dedup_num_perm", "wiki_keep_lists", "wiki_keep_headings")
 # Training fields added since (train.compile, train.unpad: issue 18; train.head_only_steps: issue 21), left out likewise.
-TRAIN_ADDED_SINCE = ("compile", "head_only_steps", "unpad")
+TRAIN_ADDED_SINCE = ("compile", "head_only_steps", "unpad", "decay_fraction")  # decay_fraction: issue 33
 # Tracking fields added since (tracking.server_wait_s: issue 22), left out likewise.
 TRACKING_ADDED_SINCE = ("server_wait_s",)
 

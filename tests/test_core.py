@@ -37,6 +37,27 @@ def test_polynomial_schedule_matches_transformers(power):
         assert lr_lambda(step, 4, 20, "polynomial", power) == pytest.approx(ref.lr_lambdas[0](step), abs=1e-12)
 
 
+@pytest.mark.parametrize("warmup,decay,total", [(2, 4, 10), (0, 3, 12), (5, 0, 8), (3, 17, 20)])
+def test_wsd_schedule_matches_transformers(warmup, decay, total):
+    from transformers import get_wsd_schedule
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    ref = get_wsd_schedule(opt, warmup, decay, num_training_steps=total, decay_type="linear")
+    for step in range(total + 1):
+        assert lr_lambda(step, warmup, total, "wsd", decay_steps=decay) == pytest.approx(ref.lr_lambdas[0](step), abs=1e-12)
+
+
+def test_wsd_optimizer_lrs_warm_hold_and_decay():
+    opt, sched = make_optimizer(torch.nn.Linear(2, 2), "adamw", 0.1, 0.0, warmup_steps=2, total_steps=8,
+                                schedule="wsd", decay_steps=3)
+    lrs = []
+    for _ in range(8):
+        lrs.append(round(sched.get_last_lr()[0], 6))
+        opt.step()
+        sched.step()
+    assert lrs == [0.0, 0.05, 0.1, 0.1, 0.1, 0.1, 0.066667, 0.033333]
+
+
 def test_lamb_one_step_by_hand():
     """Step 1: Adam's bias-corrected update is g/|g| elementwise; plus decay; scaled by ||w|| / ||u||."""
     w0 = [3.0, 4.0]

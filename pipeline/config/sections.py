@@ -253,10 +253,13 @@ class TrainConfig(BaseTrainConfig):
     head_only_steps: int = 0
     """With model.init: the first N steps train only the MLM (and NSP) head, the encoder's LR is 0; then the encoder
     warms up over warmup_steps. Lets a fresh head learn before its random gradients reach pretrained weights."""
-    schedule: Literal["linear", "polynomial"] = "linear"
-    """Decay after warmup, to 0 at max_steps."""
+    schedule: Literal["linear", "polynomial", "wsd"] = "linear"
+    """Decay after warmup, to 0 at max_steps; wsd (warmup-stable-decay, ModernBERT's): the peak LR held after
+    warmup, then a linear decay to 0 over the last decay_fraction of max_steps."""
     poly_power: float = 1.0
     """Power of the polynomial decay (NVIDIA's LAMB recipe uses 0.5)."""
+    decay_fraction: float = 0.1
+    """schedule wsd: share of max_steps in the final decay (the stable phase is what warmup and decay leave)."""
     materialize_data: bool = False
     """Read each worker's shards once into the Ray object store (small corpora: epochs then cost nothing to re-read)."""
     shuffle_buffer_rows: int = 16384
@@ -304,12 +307,25 @@ class TrainConfig(BaseTrainConfig):
                    f"train.phases[{i}] global_batch_size {gb} is not a multiple of micro_batch_size * num_workers = {mb * self.num_workers}")
         _check(self.warmup_steps >= 0, f"train.warmup_steps {self.warmup_steps} < 0")
         _check(self.poly_power > 0, f"train.poly_power {self.poly_power} must be > 0")
+        _check(0 <= self.decay_fraction <= 1, f"train.decay_fraction {self.decay_fraction} is not in [0, 1]")
+        _check(self.schedule != "wsd" or self.warmup_steps + self.decay_steps <= self.max_steps,
+               f"train.decay_fraction {self.decay_fraction} ({self.decay_steps} steps) and train.warmup_steps "
+               f"{self.warmup_steps} leave no room in train.max_steps {self.max_steps} for schedule wsd")
         _check(self.num_eval_shards >= 0, f"train.num_eval_shards {self.num_eval_shards} < 0")
         _check(self.num_to_keep >= 1, f"train.num_to_keep {self.num_to_keep} < 1")
         _check(self.shuffle_buffer_rows >= 1, f"train.shuffle_buffer_rows {self.shuffle_buffer_rows} < 1")
         _check(not (self.compile and self.unpad), "train.compile and train.unpad cannot both be true: the compiled "
                "encoder wants one shape, unpadded batches have one per batch")
         self.phase_steps()  # validates the phase split
+
+    @property
+    def decay_steps(self) -> int:
+        """schedule wsd: optimizer steps of the final decay.
+
+        >>> TrainConfig(max_steps=50, schedule="wsd", decay_fraction=0.2).decay_steps
+        10
+        """
+        return int(round(self.decay_fraction * self.max_steps))
 
     @property
     def accumulation_steps(self) -> int:
