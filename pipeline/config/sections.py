@@ -52,6 +52,9 @@ class DataConfig:
     """Probability of a shorter target length (Google's algorithm), so the model sees short inputs too."""
     nsp: bool = True
     """Next-sentence pairs when true; MLM-only packing of whole sentences when false."""
+    pack_documents: bool = False
+    """MLM-only (nsp false): consecutive documents' packs share rows up to max_seq_length, each `[CLS] ... [SEP]`,
+    their lengths in the shard column doc_lengths (ModernBERT keeps them apart); false: a row holds one document."""
     masking: Literal["static", "dynamic"] = "static"
     """static: masked at preparation (dupe_factor copies); dynamic: masked at load time per epoch."""
     mask_rate: float = 0.15
@@ -104,6 +107,7 @@ class DataConfig:
         _check(0.0 < self.dedup_threshold <= 1.0, f"data.dedup_threshold {self.dedup_threshold} is not in (0, 1]")
         _check(16 <= self.dedup_num_perm <= 1024, f"data.dedup_num_perm {self.dedup_num_perm} is not in [16, 1024]")
         _check(16 <= self.max_seq_length <= 4096, f"data.max_seq_length {self.max_seq_length} is not in [16, 4096]")
+        _check(not (self.pack_documents and self.nsp), "data.pack_documents needs data.nsp false (MLM-only rows)")
         _check(0.0 < self.mask_rate < 1.0, f"data.mask_rate {self.mask_rate} is not in (0, 1)")
         _check(0.0 <= self.short_seq_prob <= 1.0, f"data.short_seq_prob {self.short_seq_prob} is not in [0, 1]")
         _check(self.max_predictions_per_seq >= 1, f"data.max_predictions_per_seq {self.max_predictions_per_seq} < 1")
@@ -120,29 +124,37 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    """Which BertConfig preset to build, with per-field overrides (e.g. `--model.overrides.hidden_dropout_prob 0.0`)."""
+    """Which encoder preset to build, with per-field overrides (e.g. `--model.overrides.hidden_dropout_prob 0.0`)."""
 
     preset: str | None = "tiny"
-    """One of tiny, mini, small, medium, base, large (model.config.PRESETS); null with model.init: the checkpoint's."""
+    """One of tiny, mini, small, medium, base, large (BERT: model.config.PRESETS) or modernbert-tiny, -mini, -base,
+    -large (ModernBERT: MODERNBERT_PRESETS); null with model.init: the checkpoint's."""
     overrides: dict[str, Any] = field(default_factory=dict)
-    """BertConfig fields that differ from the preset; vocab_size is taken from the prepared vocabulary."""
+    """Config fields (BertConfig or ModernBertConfig) that differ from the preset; vocab_size is taken from the
+    prepared vocabulary."""
     init: str | None = field(default=None, repr=False)  # repr=False: run identities hash the repr (pretrain/identity.py)
     """Continue pretraining from models:/name@alias, models:/name/version or a transformers directory: architecture
     and vocabulary come from it (a contradicting preset or override is an error); null starts from random weights."""
 
     def __post_init__(self) -> None:
         _check(self.preset is not None or self.init is not None, "model.preset null needs model.init (a checkpoint)")
-        self.bert_config()  # an unknown preset or a bad override fails here, before any work
+        self.encoder_config()  # an unknown preset or a bad override fails here, before any work
 
-    def bert_config(self, **extra: Any):
-        """The BertConfig this section describes (plus `extra`, e.g. the prepared vocab_size). With preset null
-        (model.init resolved by `pipeline.pretrain.init`) the overrides hold the checkpoint's whole config."""
-        from model.config import BertConfig
+    @property
+    def modernbert(self) -> bool:
+        """Whether this section builds ModernBERT (MLM only, packed rows by document) rather than BERT."""
+        from model.config import is_modernbert
+
+        return is_modernbert(self.preset, self.overrides)
+
+    def encoder_config(self, **extra: Any):
+        """The BertConfig or ModernBertConfig this section describes (plus `extra`, e.g. the prepared vocab_size).
+        With preset null (model.init resolved by `pipeline.pretrain.init`) the overrides hold the checkpoint's
+        whole config."""
+        from model.config import encoder_config
 
         try:
-            if self.preset is None:
-                return BertConfig(**{**self.overrides, **extra})
-            return BertConfig.from_preset(self.preset, **{**self.overrides, **extra})
+            return encoder_config(self.preset, **{**self.overrides, **extra})
         except (ValueError, TypeError) as e:
             raise ConfigError(f"model: {e}") from None
 
@@ -379,7 +391,7 @@ class Config:
 
     def __post_init__(self) -> None:
         # Cross-section checks: sequence lengths must fit the model's position table.
-        max_pos = self.model.bert_config().max_position_embeddings
+        max_pos = self.model.encoder_config().max_position_embeddings
         _check(self.data.max_seq_length <= max_pos,
                f"data.max_seq_length {self.data.max_seq_length} > model max_position_embeddings {max_pos}")
         for i, ph in enumerate(self.train.phases):

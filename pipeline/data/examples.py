@@ -34,8 +34,12 @@ import random
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pipeline.config import DataConfig
 
 # A sentence ends at . ! ? (plus closing quotes/brackets) followed by space and an upper-case letter, digit or
 # opening quote. Abbreviations ("Mr. Smith") split too; acceptable for BERT pairs, and 100x faster than a model.
@@ -352,3 +356,67 @@ def pack_sentences(
     if cur:
         flush()
     return out
+
+
+def pack_documents(pieces: list[np.ndarray], max_seq_length: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Fill rows with consecutive documents' pieces (each `[CLS] ... [SEP]`, from `pack_sentences`) up to
+    `max_seq_length`, in order: a piece that does not fit starts the next row. Returns each row's ids and its
+    documents' lengths (the `doc_lengths` shard column, summing to the row's length), so that a model can keep
+    the documents apart (ModernBERT's `cu_seqlens`).
+
+    >>> [(r.tolist(), d.tolist()) for r, d in pack_documents([np.array([1, 5, 2]), np.array([1, 6, 7, 2]),
+    ...                                                       np.array([1, 8, 2])], max_seq_length=7)]
+    [([1, 5, 2, 1, 6, 7, 2], [3, 4]), ([1, 8, 2], [3])]
+    """
+    rows: list[tuple[np.ndarray, np.ndarray]] = []
+    cur: list[np.ndarray] = []
+    n = 0
+    for p in pieces:
+        if cur and n + len(p) > max_seq_length:
+            rows.append((_cat(cur).astype(np.int32), np.array([len(x) for x in cur], np.int32)))
+            cur, n = [], 0
+        cur.append(p)
+        n += len(p)
+    if cur:
+        rows.append((_cat(cur).astype(np.int32), np.array([len(x) for x in cur], np.int32)))
+    return rows
+
+
+def unit_rows(docs: list[tuple[int, list[np.ndarray]]], pool: RandomPool, cfg: DataConfig, cls_id: int, sep_id: int,
+              unit: str) -> tuple[list, list, list, list, list]:
+    """A unit's unmasked rows: input ids, token types, NSP labels, example ids and documents' lengths (empty: the
+    row is one document). NSP pairs or MLM-only packs per document with an RNG from (seed, doc_id, dupe); with
+    `data.pack_documents` the packs of consecutive documents share rows (`pack_documents`)."""
+    dupes = cfg.dupe_factor if cfg.masking == "static" else 1
+    ids: list[np.ndarray] = []
+    types, nsp, ex_ids, doc_lens = [], [], [], []
+    for dupe in range(dupes):  # dupe-major, as Google: copies of one document are not adjacent
+        pieces: list[np.ndarray] = []
+        for doc_id, sents in docs:
+            rng = random.Random(derive_seed(cfg.seed, "pairs", doc_id, dupe))
+            if cfg.nsp:
+                insts = create_instances_from_document(
+                    sents, doc_id, pool, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob,
+                    rng=rng, cls_id=cls_id, sep_id=sep_id,
+                )
+            else:
+                insts = pack_sentences(
+                    sents, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob, rng=rng,
+                    cls_id=cls_id, sep_id=sep_id,
+                )
+            if cfg.pack_documents:
+                pieces.extend(inst.input_ids for inst in insts)
+                continue
+            for k, inst in enumerate(insts):
+                ids.append(inst.input_ids)
+                types.append(inst.token_type_ids)
+                nsp.append(inst.next_sentence_label)
+                ex_ids.append(derive_seed(cfg.seed, "example", doc_id, dupe, k))
+                doc_lens.append(np.zeros(0, np.int32))
+        for k, (row, lens) in enumerate(pack_documents(pieces, cfg.max_seq_length)):
+            ids.append(row)
+            types.append(np.zeros(len(row), np.int8))
+            nsp.append(-1)
+            ex_ids.append(derive_seed(cfg.seed, "packed-example", unit, dupe, k))
+            doc_lens.append(lens)
+    return ids, types, nsp, ex_ids, doc_lens
