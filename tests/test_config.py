@@ -75,6 +75,10 @@ def test_phases_parse_from_the_command_line():
         (["--train.checkpoint_every_steps", "0"], "train.checkpoint_every_steps 0"),
         (["--train.cpus_per_worker", "0"], "train.cpus_per_worker 0"),
         (["--train.phases", "[{fraction: 2.0}]"], "fraction 2.0"),
+        (["--model.preset", "modernbert-tiny", "--data.nsp", "true"],
+         "model.preset modernbert-tiny is MLM-only (no NSP head): set data.nsp false"),
+        (["--model.preset", "modernbert-tiny", "--data.nsp", "false", "--train.unpad", "true"],
+         "train.unpad and train.compile are BERT's"),
     ],
 )
 def test_bad_values_name_the_field(override, message):
@@ -233,7 +237,7 @@ PRESET_HASHES = {
 
 
 # Data fields added after the capture (dedup: issue 20; MediaWiki dumps: issue 24), left out of the comparison.
-ADDED_SINCE = ("dedup", "dedup_threshold", "dedup_num_perm", "wiki_keep_lists", "wiki_keep_headings")
+ADDED_SINCE = ("dedup", "dedup_threshold", "dedup_num_perm", "wiki_keep_lists", "wiki_keep_headings", "pack_documents")
 # Training fields added since (train.compile, train.unpad: issue 18; train.head_only_steps: issue 21), left out likewise.
 TRAIN_ADDED_SINCE = ("compile", "head_only_steps", "unpad", "decay_fraction")  # decay_fraction: issue 33
 # Tracking fields added since (tracking.server_wait_s: issue 22), left out likewise.

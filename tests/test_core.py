@@ -166,6 +166,61 @@ def test_collate_pads_to_longest_in_batch():
     assert all(v.dtype == torch.int64 for v in b.values())
 
 
+def _packed_rows(doc_lengths):
+    """Two rows: documents [2 5 3] + [2 6 7 3] in one, [2 8 9 3] alone (padded), as packed shards hold them."""
+    return {
+        "input_ids": [np.array([2, 5, 3, 2, 6, 7, 3], np.int32), np.array([2, 8, 9, 3], np.int32)],
+        "token_type_ids": [np.zeros(7, np.int8), np.zeros(4, np.int8)],
+        "masked_lm_positions": [np.array([1, 5], np.int32), np.array([2], np.int32)],
+        "masked_lm_ids": [np.array([9, 4], np.int32), np.array([5], np.int32)],
+        "next_sentence_label": np.array([-1, -1], np.int8),
+        **({"doc_lengths": doc_lengths} if doc_lengths is not None else {}),
+    }
+
+
+def test_collate_for_modernbert_turns_doc_lengths_into_cu_seqlens():
+    b = collate(_packed_rows([np.array([3, 4], np.int32), np.array([4], np.int32)]), modernbert=True)
+    # row 0: documents at 0..3 and 3..7; row 1 starts at 7: its document 7..11, its padding 11..14 a segment alone
+    assert b["cu_seqlens"].tolist() == [0, 3, 7, 11, 14]
+    assert b["input_ids"].tolist() == [[2, 5, 3, 2, 6, 7, 3], [2, 8, 9, 3, 0, 0, 0]]
+    assert set(b) == {"input_ids", "masked_lm_positions", "masked_lm_ids", "num_tokens", "cu_seqlens"}
+    # shards without the column (written before it, or not packed): one document a row, BERT's mask for padding
+    old = collate(_packed_rows(None), modernbert=True)
+    assert "cu_seqlens" not in old and old["attention_mask"].tolist() == [[1] * 7, [1, 1, 1, 1, 0, 0, 0]]
+    assert "token_type_ids" not in old and "next_sentence_label" not in old
+
+
+def test_modernbert_on_a_collated_packed_batch_equals_each_document_alone():
+    """cu_seqlens from the loader keep documents apart: every masked slot's logits equal its document's run alone."""
+    from model import ModernBertConfig, ModernBertForMaskedLM
+    from pipeline.core.precision import forward
+
+    torch.manual_seed(0)
+    m = ModernBertForMaskedLM(ModernBertConfig.from_preset("modernbert-tiny", vocab_size=16, local_attention=4)).eval()
+    b = collate(_packed_rows([np.array([3, 4], np.int32), np.array([4], np.int32)]), modernbert=True)
+    with torch.no_grad():
+        packed = forward(m, b, torch.device("cpu"), "fp32").slot_logits  # (B*P, V): slots (0,0) (0,1) (1,0) (1,1)
+        alone = [m(torch.tensor([ids])).mlm_logits[0] for ids in ([2, 5, 3], [2, 6, 7, 3], [2, 8, 9, 3])]
+    torch.testing.assert_close(packed[0], alone[0][1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed[1], alone[1][2], atol=1e-5, rtol=0)  # position 5 of the row: 2 of its document
+    torch.testing.assert_close(packed[2], alone[2][2], atol=1e-5, rtol=0)
+    assert (packed[1] - m(torch.tensor([[2, 5, 3, 2, 6, 7, 3]])).mlm_logits[0, 5]).abs().max() > 1e-3
+
+
+def test_pretraining_counts_of_an_mlm_only_model_have_no_nsp():
+    from pipeline.pretrain.metrics import counts, summarise
+    from model import ModernBertConfig, ModernBertForMaskedLM
+
+    torch.manual_seed(0)
+    m = ModernBertForMaskedLM(ModernBertConfig.from_preset("modernbert-tiny", vocab_size=16))
+    b = collate(_packed_rows([np.array([3, 4], np.int32), np.array([4], np.int32)]), modernbert=True)
+    out = m(**{k: v for k, v in b.items() if k != "num_tokens"})
+    c = counts(out, b)
+    assert c[2].item() == 3 and c[3:].tolist() == [0.0, 0.0, 0.0]
+    assert set(summarise(c)) == {"loss", "mlm_loss", "mlm_accuracy"}
+    assert summarise(c)["loss"] == pytest.approx(out.mlm_loss.item(), rel=1e-6)
+
+
 @pytest.mark.parametrize("rows,world", [([5, 5, 4], 2), ([100, 3, 50, 7], 3), ([10], 4)])
 def test_rank_ranges_are_equal_and_disjoint(rows, world):
     ranges = rank_row_ranges(rows, world)

@@ -46,13 +46,14 @@ class PretrainHandoff:
 
 
 def build_model(model_cfg, vocab_size: int) -> nn.Module:
-    from model import BertForPreTraining
+    """The pretraining model of the config's family (`model.build`): BertForPreTraining or ModernBertForMaskedLM."""
+    from model.build import build_model as build
 
     if model_cfg.init is not None:  # continued pretraining: a local transformers directory here (pretrain/init.py)
         from pipeline.pretrain.init import load_initial
 
         return load_initial(model_cfg, vocab_size)
-    return BertForPreTraining(model_cfg.bert_config(vocab_size=vocab_size))
+    return build(model_cfg.encoder_config(vocab_size=vocab_size), "pretraining")
 
 
 @dataclass
