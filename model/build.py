@@ -64,6 +64,15 @@ def build_model(cfg: BertConfig | ModernBertConfig, task: str = "pretraining") -
     return model_class(family_of(cfg), task)(cfg)
 
 
+def rebuild(class_name: str, config: dict[str, Any]) -> nn.Module:
+    """A fresh model from its class name and config fields, what crosses a process boundary (fine-tuning's
+    hand-off to its workers): `rebuild(type(m).__name__, dataclasses.asdict(m.config))`."""
+    for (family, _), cls in CLASSES.items():
+        if cls.__name__ == class_name:
+            return cls((ModernBertConfig if family == "modernbert" else BertConfig)(**config))
+    raise ValueError(f"unknown model class {class_name!r}; choose one of {', '.join(c.__name__ for c in CLASSES.values())}")
+
+
 def checkpoint_family(path: str | Path) -> Family:
     """The family of a transformers directory, from its config.json's model_type (BERT when it names none)."""
     config_file = Path(path) / "config.json"
