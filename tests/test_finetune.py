@@ -317,14 +317,21 @@ def test_regression_labels_and_metrics(minilm_dir, tmp_path):
 
 @pytest.fixture(scope="module")
 def modernbert_dir(tmp_path_factory, minilm_dir):
-    """A transformers ModernBERT directory (what pretraining registers for modernbert-tiny) with MiniLM's vocabulary."""
+    """A ModernBERT directory written by transformers itself (`save_pretrained` of a modernbert-tiny MLM model,
+    random weights) with MiniLM's vocabulary."""
+    import shutil
+
+    from transformers import AutoModelForMaskedLM
+
     from model.build import build_model as build
     from model.config import encoder_config
     from model.hf import save_hf
 
     torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("modernbert")
-    save_hf(build(encoder_config("modernbert-tiny", vocab_size=30522)), d, tokenizer=str(minilm_dir))
+    ours, d = tmp_path_factory.mktemp("ours"), tmp_path_factory.mktemp("modernbert")
+    save_hf(build(encoder_config("modernbert-tiny", vocab_size=30522)), ours)
+    AutoModelForMaskedLM.from_pretrained(ours).save_pretrained(d)
+    shutil.copyfile(minilm_dir / "vocab.txt", d / "vocab.txt")
     return d
 
 

@@ -1,9 +1,12 @@
 """The main job with the modern encoder, through the command line (issue 33): `jobs/pretrain.py --config
 configs/modernbert-tiny.yaml` on two shared books at a tiny budget prepares rows packed by document, trains
-ModernBertForMaskedLM on them and registers a version that transformers' AutoModelForMaskedLM loads with our logits."""
+ModernBertForMaskedLM on them and registers a version that transformers' AutoModelForMaskedLM loads with our logits;
+`jobs/finetune.py --model models:/...` fine-tunes it."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import subprocess
 import sys
@@ -68,3 +71,23 @@ def test_modernbert_tiny_job_registers_a_version_transformers_loads(tmp_path, sh
         a = ours(ids, attention_mask=mask).mlm_logits
         b = theirs(input_ids=ids, attention_mask=mask).logits
     assert (a - b)[mask.bool()].abs().max().item() < 1e-4
+
+    # fine-tuning starts from the registered version: its class is ModernBERT's, and it trains
+    task = shared_dir / "tasks" / "pydocs_topic"
+    ft = subprocess.run(
+        [sys.executable, str(REPO / "jobs" / "finetune.py"), "--model", "models:/mb-e2e@e2e",
+         "--task", "sequence-classification", "--train", str(task / "train.tsv"), "--eval", str(task / "dev.tsv"),
+         "--data.max_seq_length", "64", "--data.max_train_examples", "128", "--data.max_eval_examples", "64",
+         "--train.max_steps", "8", "--train.batch_size", "16", "--train.lr", "1e-3",
+         "--train.storage_path", str(tmp_path / "ft-runs")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert ft.returncode == 0, ft.stderr[-3000:]
+    result = json.loads(ft.stdout.strip().splitlines()[-1])
+    assert 0.0 <= result["accuracy"] <= 1.0 and math.isfinite(result["loss"])
+    version = c.get_model_version("bert-finetune-sequence-classification", "1")
+    assert version.tags["source_model"] == "models:/mb-e2e/1"
+    config = json.loads(Path(tracking.download_model("models:/bert-finetune-sequence-classification/1",
+                                                     str(tmp_path / "ft-dl")), "config.json").read_text())
+    assert config["model_type"] == "modernbert" and config["architectures"] == ["ModernBertForSequenceClassification"]
+

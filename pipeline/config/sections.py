@@ -53,8 +53,9 @@ class DataConfig:
     nsp: bool = True
     """Next-sentence pairs when true; MLM-only packing of whole sentences when false."""
     pack_documents: bool = False
-    """MLM-only (nsp false): consecutive documents' packs share rows up to max_seq_length, each `[CLS] ... [SEP]`,
-    their lengths in the shard column doc_lengths (ModernBERT keeps them apart); false: a row holds one document."""
+    """MLM-only (nsp false): documents back to back in full rows of max_seq_length (cut at a row's end, going on in
+    the next), each piece `[CLS] ... [SEP]`, their lengths in the shard column doc_lengths (ModernBERT keeps them
+    apart; short_seq_prob does not apply); false: a row holds one document."""
     masking: Literal["static", "dynamic"] = "static"
     """static: masked at preparation (dupe_factor copies); dynamic: masked at load time per epoch."""
     mask_rate: float = 0.15

@@ -10,8 +10,8 @@
    (`FileMerge`). `tokenize_file` runs the three in a row; the driver may instead spread one big file's batches
    over several workers (pipeline.data.prepare) with the same chunks, pool and stats.
 2. examples: one unit is a run of consecutive token chunks; NSP pairs (or MLM-only packs) per document with an
-   RNG from (seed, doc_id, dupe), with `data.pack_documents` consecutive documents' packs filling rows together
-   (their lengths in `doc_lengths`), masked (static) with pipeline.masking, shuffled within the unit; one example
+   RNG from (seed, doc_id, dupe) (with `data.pack_documents`: documents back to back in full rows, their pieces'
+   lengths in `doc_lengths`), masked (static) with pipeline.masking, shuffled within the unit; one example
    chunk (`examples_for_chunks`).
 3. shards: example chunks (in a hashed order, `in_chunk_order`) form one sequence cut into `num_shards`
    contiguous parts whose sizes differ by at most one row (`shard_plan`); each shard is streamed to a temporary
