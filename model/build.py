@@ -18,33 +18,18 @@ from typing import Any, Literal
 from torch import nn
 
 from model.config import BertConfig, ModernBertConfig
-from model.heads import (
-    BertForPreTraining,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-)
-from model.modernbert import (
-    ModernBertForMaskedLM,
-    ModernBertForQuestionAnswering,
-    ModernBertForSequenceClassification,
-    ModernBertForTokenClassification,
-)
+from model.hf import CLASSES as BY_NAME, load_hf
 
 Task = Literal["pretraining", "sequence-classification", "token-classification", "question-answering"]
 Family = Literal["bert", "modernbert"]
 
 # (family, task) -> class; "pretraining" is MLM + NSP for BERT, MLM alone for ModernBERT (no NSP head).
+_NAMES = {"pretraining": ("BertForPreTraining", "ModernBertForMaskedLM"),
+          "sequence-classification": ("BertForSequenceClassification", "ModernBertForSequenceClassification"),
+          "token-classification": ("BertForTokenClassification", "ModernBertForTokenClassification"),
+          "question-answering": ("BertForQuestionAnswering", "ModernBertForQuestionAnswering")}
 CLASSES: dict[tuple[str, str], type[nn.Module]] = {
-    ("bert", "pretraining"): BertForPreTraining,
-    ("bert", "sequence-classification"): BertForSequenceClassification,
-    ("bert", "token-classification"): BertForTokenClassification,
-    ("bert", "question-answering"): BertForQuestionAnswering,
-    ("modernbert", "pretraining"): ModernBertForMaskedLM,
-    ("modernbert", "sequence-classification"): ModernBertForSequenceClassification,
-    ("modernbert", "token-classification"): ModernBertForTokenClassification,
-    ("modernbert", "question-answering"): ModernBertForQuestionAnswering,
-}
+    (family, task): BY_NAME[names[i]] for task, names in _NAMES.items() for i, family in enumerate(("bert", "modernbert"))}
 
 
 def family_of(cfg: BertConfig | ModernBertConfig) -> Family:
@@ -87,6 +72,4 @@ def checkpoint_family(path: str | Path) -> Family:
 def load_model(path: str | Path, task: str = "pretraining", **config_overrides: Any) -> nn.Module:
     """The model for `task` of the family a transformers directory holds, its weights loaded (`model.hf.load_hf`:
     weights it lacks, such as a new task head, stay freshly initialised and are listed in `load_report`)."""
-    from model.hf import load_hf
-
     return load_hf(path, model_class(checkpoint_family(path), task), **config_overrides)

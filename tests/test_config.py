@@ -12,7 +12,7 @@ from pipeline.config import ConfigError, PhaseConfig, TrainConfig, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 
-PRESETS = ["tiny", "base", "large"]
+PRESETS = ["tiny", "base", "large", "modernbert-tiny"]
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -26,6 +26,17 @@ def test_presets_load_and_every_key_is_commented(repo_root, name):
         # every `key: value` line (not list items inside a phase) carries a comment saying why
         if re.match(r"^\s+[a-z_]+:\s*\S", line) or re.match(r"^\s+- [a-z_]+:", line):
             assert "#" in line, f"{name}.yaml: uncommented key: {line.strip()}"
+
+
+def test_modernbert_tiny_is_tinys_budget_packed_by_document(repo_root):
+    """The modern encoder's main job: MLM-only rows packed by document at 30%, the wsd schedule, and tiny's token
+    slots a step (its step count: bench/modernbert_budget.py)."""
+    cfg, tiny = load_config(repo_root / "configs" / "modernbert-tiny.yaml"), load_config(repo_root / "configs" / "tiny.yaml")
+    assert cfg.model.modernbert and not tiny.model.modernbert
+    assert (cfg.data.nsp, cfg.data.pack_documents, cfg.data.mask_rate, cfg.train.schedule) == (False, True, 0.3, "wsd")
+    assert cfg.data.max_predictions_per_seq >= cfg.data.mask_rate * cfg.data.max_seq_length
+    assert (cfg.train.global_batch_size * cfg.data.max_seq_length == tiny.train.global_batch_size * tiny.data.max_seq_length)
+    assert cfg.data.inputs == tiny.data.inputs and cfg.data.vocab_size == tiny.data.vocab_size
 
 
 def test_tiny_reads_the_shared_corpora(repo_root):

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_modernbert_tiny_job_registers_a_version_transformers_loads(tmp_path, shared_dir):
+def test_modernbert_tiny_job_registers_a_version_transformers_loads(tmp_path, shared_dir, monkeypatch):
     import pyarrow.parquet as pq
     from mlflow import MlflowClient
     from transformers import AutoModelForMaskedLM
@@ -32,6 +32,7 @@ def test_modernbert_tiny_job_registers_a_version_transformers_loads(tmp_path, sh
     # RAY_ADDRESS=local: the job starts its own private cluster
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONUNBUFFERED": "1",
            "RAY_ADDRESS": "local"}
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])  # this process reads the same store
     books = [str(shared_dir / "corpora" / "books" / b) for b in ("08_Ruth.txt", "41_Mark.txt")]
     pre = subprocess.run(
         [sys.executable, str(REPO / "jobs" / "pretrain.py"), "--config", str(REPO / "configs" / "modernbert-tiny.yaml"),
