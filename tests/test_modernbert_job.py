@@ -56,9 +56,11 @@ def test_modernbert_tiny_job_registers_a_version_transformers_loads(tmp_path, sh
     # the run logged MLM figures and no NSP ones
     c = MlflowClient(env["MLFLOW_TRACKING_URI"])
     mv = c.get_model_version_by_alias("mb-e2e", "e2e")
-    metrics = c.get_run(mv.tags["run_id"]).data.metrics
+    run = c.get_run(mv.tags["run_id"])
+    metrics = run.data.metrics
     assert {"train/loss", "train/mlm_accuracy", "eval/final_mlm_accuracy"} <= set(metrics)
     assert not any("nsp" in k for k in metrics)
+    assert all("doc_lengths" in d.dataset.schema for d in run.inputs.dataset_inputs)  # the logged data's schema
 
     # transformers loads the registered version as its ModernBertForMaskedLM and gives our logits
     local = tracking.download_model("models:/mb-e2e/1", str(tmp_path / "dl"))

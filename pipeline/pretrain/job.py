@@ -181,11 +181,14 @@ def train_done(cfg: Config, datasets: list[PreparedDataset], uri: str, init: Ini
 
 def log_prepared_data(client, run_id: str, datasets: list[PreparedDataset], num_eval_shards: int) -> None:
     """The run's Datasets panel: each phase's prepared data (context `training`) and held-out shards (`eval`)."""
-    from pipeline.data.dataset import SCHEMA
+    from pipeline.data.dataset import PACKED_SCHEMA, SCHEMA
     from pipeline.tracking.lineage import log_datasets, prepared_datasets
 
+    def schema(ds: PreparedDataset):  # packed by document: the doc_lengths column too
+        return PACKED_SCHEMA if ds.manifest["config"].get("pack_documents") else SCHEMA
+
     log_datasets(client, run_id, [entry for i, ds in enumerate(datasets) for entry in
-                                  prepared_datasets(ds, phase=i, num_eval_shards=num_eval_shards, arrow_schema=SCHEMA)])
+                                  prepared_datasets(ds, phase=i, num_eval_shards=num_eval_shards, arrow_schema=schema(ds))])
 
 
 def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri: str, attempt: str,
