@@ -12,7 +12,7 @@ from pipeline.config import ConfigError, PhaseConfig, TrainConfig, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 
-PRESETS = ["tiny", "base", "large"]
+PRESETS = ["tiny", "base", "large", "modernbert-tiny"]
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -26,6 +26,17 @@ def test_presets_load_and_every_key_is_commented(repo_root, name):
         # every `key: value` line (not list items inside a phase) carries a comment saying why
         if re.match(r"^\s+[a-z_]+:\s*\S", line) or re.match(r"^\s+- [a-z_]+:", line):
             assert "#" in line, f"{name}.yaml: uncommented key: {line.strip()}"
+
+
+def test_modernbert_tiny_is_tinys_budget_packed_by_document(repo_root):
+    """The modern encoder's main job: MLM-only rows packed by document at 30%, the wsd schedule, and tiny's token
+    slots a step (its step count: bench/modernbert_budget.py)."""
+    cfg, tiny = load_config(repo_root / "configs" / "modernbert-tiny.yaml"), load_config(repo_root / "configs" / "tiny.yaml")
+    assert cfg.model.modernbert and not tiny.model.modernbert
+    assert (cfg.data.nsp, cfg.data.pack_documents, cfg.data.mask_rate, cfg.train.schedule) == (False, True, 0.3, "wsd")
+    assert cfg.data.max_predictions_per_seq >= cfg.data.mask_rate * cfg.data.max_seq_length
+    assert (cfg.train.global_batch_size * cfg.data.max_seq_length == tiny.train.global_batch_size * tiny.data.max_seq_length)
+    assert cfg.data.inputs == tiny.data.inputs and cfg.data.vocab_size == tiny.data.vocab_size
 
 
 def test_tiny_reads_the_shared_corpora(repo_root):
@@ -69,9 +80,16 @@ def test_phases_parse_from_the_command_line():
         (["--train.schedule", "cosine"], "train.schedule 'cosine'"),
         (["--train.precision", "fp8"], "train.precision 'fp8'"),
         (["--train.poly_power", "0"], "train.poly_power 0"),
+        (["--train.decay_fraction", "1.5"], "train.decay_fraction 1.5 is not in [0, 1]"),
+        (["--train.schedule", "wsd", "--train.max_steps", "20", "--train.warmup_steps", "10",
+          "--train.decay_fraction", "0.6"], "train.decay_fraction 0.6 (12 steps) and train.warmup_steps 10"),
         (["--train.checkpoint_every_steps", "0"], "train.checkpoint_every_steps 0"),
         (["--train.cpus_per_worker", "0"], "train.cpus_per_worker 0"),
         (["--train.phases", "[{fraction: 2.0}]"], "fraction 2.0"),
+        (["--model.preset", "modernbert-tiny", "--data.nsp", "true"],
+         "model.preset modernbert-tiny is MLM-only (no NSP head): set data.nsp false"),
+        (["--model.preset", "modernbert-tiny", "--data.nsp", "false", "--train.unpad", "true"],
+         "train.unpad and train.compile are BERT's"),
     ],
 )
 def test_bad_values_name_the_field(override, message):
@@ -230,9 +248,9 @@ PRESET_HASHES = {
 
 
 # Data fields added after the capture (dedup: issue 20; MediaWiki dumps: issue 24), left out of the comparison.
-ADDED_SINCE = ("dedup", "dedup_threshold", "dedup_num_perm", "wiki_keep_lists", "wiki_keep_headings")
+ADDED_SINCE = ("dedup", "dedup_threshold", "dedup_num_perm", "wiki_keep_lists", "wiki_keep_headings", "pack_documents")
 # Training fields added since (train.compile, train.unpad: issue 18; train.head_only_steps: issue 21), left out likewise.
-TRAIN_ADDED_SINCE = ("compile", "head_only_steps", "unpad")
+TRAIN_ADDED_SINCE = ("compile", "head_only_steps", "unpad", "decay_fraction")  # decay_fraction: issue 33
 # Tracking fields added since (tracking.server_wait_s: issue 22), left out likewise.
 TRACKING_ADDED_SINCE = ("server_wait_s",)
 

@@ -37,6 +37,27 @@ def test_polynomial_schedule_matches_transformers(power):
         assert lr_lambda(step, 4, 20, "polynomial", power) == pytest.approx(ref.lr_lambdas[0](step), abs=1e-12)
 
 
+@pytest.mark.parametrize("warmup,decay,total", [(2, 4, 10), (0, 3, 12), (5, 0, 8), (3, 17, 20)])
+def test_wsd_schedule_matches_transformers(warmup, decay, total):
+    from transformers import get_wsd_schedule
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    ref = get_wsd_schedule(opt, warmup, decay, num_training_steps=total, decay_type="linear")
+    for step in range(total + 1):
+        assert lr_lambda(step, warmup, total, "wsd", decay_steps=decay) == pytest.approx(ref.lr_lambdas[0](step), abs=1e-12)
+
+
+def test_wsd_optimizer_lrs_warm_hold_and_decay():
+    opt, sched = make_optimizer(torch.nn.Linear(2, 2), "adamw", 0.1, 0.0, warmup_steps=2, total_steps=8,
+                                schedule="wsd", decay_steps=3)
+    lrs = []
+    for _ in range(8):
+        lrs.append(round(sched.get_last_lr()[0], 6))
+        opt.step()
+        sched.step()
+    assert lrs == [0.0, 0.05, 0.1, 0.1, 0.1, 0.1, 0.066667, 0.033333]
+
+
 def test_lamb_one_step_by_hand():
     """Step 1: Adam's bias-corrected update is g/|g| elementwise; plus decay; scaled by ||w|| / ||u||."""
     w0 = [3.0, 4.0]
@@ -145,6 +166,61 @@ def test_collate_pads_to_longest_in_batch():
     assert all(v.dtype == torch.int64 for v in b.values())
 
 
+def _packed_rows(doc_lengths):
+    """Two rows: documents [2 5 3] + [2 6 7 3] in one, [2 8 9 3] alone (padded), as packed shards hold them."""
+    return {
+        "input_ids": [np.array([2, 5, 3, 2, 6, 7, 3], np.int32), np.array([2, 8, 9, 3], np.int32)],
+        "token_type_ids": [np.zeros(7, np.int8), np.zeros(4, np.int8)],
+        "masked_lm_positions": [np.array([1, 5], np.int32), np.array([2], np.int32)],
+        "masked_lm_ids": [np.array([9, 4], np.int32), np.array([5], np.int32)],
+        "next_sentence_label": np.array([-1, -1], np.int8),
+        **({"doc_lengths": doc_lengths} if doc_lengths is not None else {}),
+    }
+
+
+def test_collate_for_modernbert_turns_doc_lengths_into_cu_seqlens():
+    b = collate(_packed_rows([np.array([3, 4], np.int32), np.array([4], np.int32)]), modernbert=True)
+    # row 0: documents at 0..3 and 3..7; row 1 starts at 7: its document 7..11, its padding 11..14 a segment alone
+    assert b["cu_seqlens"].tolist() == [0, 3, 7, 11, 14]
+    assert b["input_ids"].tolist() == [[2, 5, 3, 2, 6, 7, 3], [2, 8, 9, 3, 0, 0, 0]]
+    assert set(b) == {"input_ids", "masked_lm_positions", "masked_lm_ids", "num_tokens", "cu_seqlens"}
+    # shards without the column (written before it, or not packed): one document a row, BERT's mask for padding
+    old = collate(_packed_rows(None), modernbert=True)
+    assert "cu_seqlens" not in old and old["attention_mask"].tolist() == [[1] * 7, [1, 1, 1, 1, 0, 0, 0]]
+    assert "token_type_ids" not in old and "next_sentence_label" not in old
+
+
+def test_modernbert_on_a_collated_packed_batch_equals_each_document_alone():
+    """cu_seqlens from the loader keep documents apart: every masked slot's logits equal its document's run alone."""
+    from model import ModernBertConfig, ModernBertForMaskedLM
+    from pipeline.core.precision import forward
+
+    torch.manual_seed(0)
+    m = ModernBertForMaskedLM(ModernBertConfig.from_preset("modernbert-tiny", vocab_size=16, local_attention=4)).eval()
+    b = collate(_packed_rows([np.array([3, 4], np.int32), np.array([4], np.int32)]), modernbert=True)
+    with torch.no_grad():
+        packed = forward(m, b, torch.device("cpu"), "fp32").slot_logits  # (B*P, V): slots (0,0) (0,1) (1,0) (1,1)
+        alone = [m(torch.tensor([ids])).mlm_logits[0] for ids in ([2, 5, 3], [2, 6, 7, 3], [2, 8, 9, 3])]
+    torch.testing.assert_close(packed[0], alone[0][1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed[1], alone[1][2], atol=1e-5, rtol=0)  # position 5 of the row: 2 of its document
+    torch.testing.assert_close(packed[2], alone[2][2], atol=1e-5, rtol=0)
+    assert (packed[1] - m(torch.tensor([[2, 5, 3, 2, 6, 7, 3]])).mlm_logits[0, 5]).abs().max() > 1e-3
+
+
+def test_pretraining_counts_of_an_mlm_only_model_have_no_nsp():
+    from pipeline.pretrain.metrics import counts, summarise
+    from model import ModernBertConfig, ModernBertForMaskedLM
+
+    torch.manual_seed(0)
+    m = ModernBertForMaskedLM(ModernBertConfig.from_preset("modernbert-tiny", vocab_size=16))
+    b = collate(_packed_rows([np.array([3, 4], np.int32), np.array([4], np.int32)]), modernbert=True)
+    out = m(**{k: v for k, v in b.items() if k != "num_tokens"})
+    c = counts(out, b)
+    assert c[2].item() == 3 and c[3:].tolist() == [0.0, 0.0, 0.0]
+    assert set(summarise(c)) == {"loss", "mlm_loss", "mlm_accuracy"}
+    assert summarise(c)["loss"] == pytest.approx(out.mlm_loss.item(), rel=1e-6)
+
+
 @pytest.mark.parametrize("rows,world", [([5, 5, 4], 2), ([100, 3, 50, 7], 3), ([10], 4)])
 def test_rank_ranges_are_equal_and_disjoint(rows, world):
     ranges = rank_row_ranges(rows, world)
@@ -176,34 +252,46 @@ def test_epoch_order_is_a_seeded_permutation_and_resumes_exactly(chunk):
         assert [b for _, b in rest] == full[start:] and [i for i, _ in rest] == list(range(start, len(full)))
 
 
-def test_checkpoint_round_trip_restores_weights_optimizer_and_rngs(tmp_path):
+@pytest.mark.parametrize("preset", ["tiny", "modernbert-tiny"])
+def test_checkpoint_round_trip_restores_weights_optimizer_and_rngs(tmp_path, preset):
     import random
 
-    from model import BertConfig, BertForPreTraining
+    from model.build import build_model
+    from model.config import encoder_config
+    from pipeline.core.precision import forward
+
+    def step(m, o, s):  # BERT's batch keys; ModernBERT's forward leaves token types and NSP labels behind
+        ids = torch.arange(5, 21).view(2, 8)
+        batch = {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "masked_lm_positions": torch.tensor([[1], [2]]),
+                 "masked_lm_ids": ids[:, 1:2], "next_sentence_label": torch.tensor([0, 1])}
+        forward(m, batch, torch.device("cpu"), "fp32").loss.backward()
+        o.step()
+        s.step()
+        o.zero_grad()
 
     torch.manual_seed(0)
-    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
+    model = build_model(encoder_config(preset, vocab_size=64))
     opt, sched = make_optimizer(model, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10)
-    ids = torch.randint(5, 64, (2, 8))
-    model(ids, masked_lm_positions=torch.tensor([[1], [2]]), masked_lm_ids=ids[:, 1:2],
-          next_sentence_label=torch.tensor([0, 1])).loss.backward()
-    opt.step()
-    sched.step()
+    step(model, opt, sched)
     np.random.seed(3)
     random.seed(4)
     save_checkpoint(str(tmp_path), 0, Trainable(model, opt, sched), {"step": 1, "position": {"phase": 0, "epoch": 2, "micro": 5}})
     expect = (torch.rand(3), np.random.rand(), random.random())
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    step(model, opt, sched)  # the uninterrupted run's next step (dropout draws from the RNG after `expect`)
 
     torch.manual_seed(99)
-    fresh = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
+    fresh = build_model(encoder_config(preset, vocab_size=64))
     opt2, sched2 = make_optimizer(fresh, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10)
     state = load_checkpoint(str(tmp_path), 0, Trainable(fresh, opt2, sched2))
     assert state == {"step": 1, "position": {"phase": 0, "epoch": 2, "micro": 5}}  # the recorded hashes left out
     assert (torch.rand(3), np.random.rand(), random.random()) == (pytest.approx(expect[0]), expect[1], expect[2])
-    for (n, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
+    for (n, a), b in zip(saved.items(), fresh.state_dict().values()):
         assert torch.equal(a, b), n
-    assert sched2.last_epoch == 1 and opt2.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
+    assert sched2.last_epoch == 1 and opt2.state_dict()["state"][0]["step"] == 1
     assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "rank_0.pt").is_file()
+    step(fresh, opt2, sched2)  # the resumed run's next step is the uninterrupted run's, bit for bit
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
 
 
 def _tiny_checkpoint(path, step: int, seed: int = 0) -> None:

@@ -199,3 +199,21 @@ def test_long_document_is_tokenized_in_pieces_with_every_token(shared_dir, minil
     assert ids(cut) == ids(whole)
     doc_ids = [d for c in cut["chunks"] for d in pq.read_table(c["path"]).column("doc_id").to_pylist()]
     assert doc_ids[0] == files[0].index << 32 and len(set(doc_ids)) == len(doc_ids) == cut["pieces"]
+
+
+def test_pack_documents_fills_rows_and_cuts_documents_at_row_ends():
+    from pipeline.data.examples import MIN_PIECE, pack_documents
+
+    assert MIN_PIECE == 16
+    docs = [[np.arange(10, 15), np.arange(15, 20)], [np.arange(100, 130)], [np.arange(200, 203)]]
+    rows = pack_documents(docs, max_seq_length=24, cls_id=1, sep_id=2)
+    # row 0: doc 0 (10 tokens + CLS/SEP); the 10 tokens of room left would cut doc 1 into a piece under MIN_PIECE,
+    # so the row ends. Row 1: 22 of doc 1's 30. Row 2: doc 1's last 8, then doc 2 whole.
+    assert [d.tolist() for _, d in rows] == [[12], [24], [10, 5]]
+    assert rows[1][0].tolist() == [1, *range(100, 122), 2]
+    assert rows[2][0].tolist() == [1, *range(122, 130), 2, 1, 200, 201, 202, 2]
+    # with room for a piece of at least MIN_PIECE, a row is filled to the last token
+    wide = pack_documents(docs, max_seq_length=30, cls_id=1, sep_id=2)
+    assert [d.tolist() for _, d in wide] == [[12, 18], [16, 5]]
+    text = [t for r, _ in wide for t in r.tolist() if t > 2]
+    assert text == [t for d in docs for s in d for t in s.tolist()]  # every text token once, in order

@@ -313,3 +313,72 @@ def test_regression_labels_and_metrics(minilm_dir, tmp_path):
     res = evaluate(m, td, FinetuneConfig())
     assert res["mse"] == pytest.approx((9 + 1 + 0) / 3) and res["pearson"] == 0.0  # constant prediction
     assert res["loss"] == pytest.approx(10 / 3)  # the model's own MSE loss agrees
+
+
+@pytest.fixture(scope="module")
+def modernbert_dir(tmp_path_factory, minilm_dir):
+    """A ModernBERT directory written by transformers itself (`save_pretrained` of a modernbert-tiny MLM model,
+    random weights) with MiniLM's vocabulary."""
+    import shutil
+
+    from transformers import AutoModelForMaskedLM
+
+    from model.build import build_model as build
+    from model.config import encoder_config
+    from model.hf import save_hf
+
+    torch.manual_seed(0)
+    ours, d = tmp_path_factory.mktemp("ours"), tmp_path_factory.mktemp("modernbert")
+    save_hf(build(encoder_config("modernbert-tiny", vocab_size=30522)), ours)
+    AutoModelForMaskedLM.from_pretrained(ours).save_pretrained(d)
+    shutil.copyfile(minilm_dir / "vocab.txt", d / "vocab.txt")
+    return d
+
+
+def _task_files(task, shared_dir, tmp_path):
+    if task == "sequence-classification":
+        t = shared_dir / "tasks" / "pydocs_topic"
+        return t / "train.tsv", t / "dev.tsv", {"max_train_examples": 16, "max_eval_examples": 16}
+    if task == "token-classification":
+        f = tmp_path / "t.conll"
+        f.write_text("Naomi B-PER\nwent O\nto O\nBethlehemjudah B-LOC\n\nthe O\nLORD B-DEITY\n")
+        return f, f, {}
+    return DATA / "bible_squad_dev.json", DATA / "bible_squad_dev.json", {"doc_stride": 16, "max_train_examples": 4,
+                                                                           "max_eval_examples": 8}
+
+
+@pytest.mark.parametrize("task,cls,head", [
+    ("sequence-classification", "ModernBertForSequenceClassification", "classifier"),
+    ("token-classification", "ModernBertForTokenClassification", "classifier"),
+    ("question-answering", "ModernBertForQuestionAnswering", "classifier"),
+])
+def test_a_modernbert_checkpoint_fine_tunes_every_task(modernbert_dir, shared_dir, tmp_path, task, cls, head):
+    """The same builder as BERT's: the family from config.json, the encoder's weights from the file, a fresh head;
+    BERT's token_type_ids in the task batches stay behind (pipeline.core.precision.forward), and it learns."""
+    from safetensors.torch import load_file
+
+    from pipeline.core.precision import forward
+    from pipeline.finetune.data import pad_batch
+
+    train, dev, kw = _task_files(task, shared_dir, tmp_path)
+    td = prepare_task(task, train, dev, modernbert_dir, 96 if task == "question-answering" else 32, **kw)
+    m = build_model(resolve_source(str(modernbert_dir)), task, td, {}, 30522)
+    assert type(m).__name__ == cls and sorted(m.load_report["missing"]) == [f"{head}.bias", f"{head}.weight"]
+    ref = load_file(str(modernbert_dir / "model.safetensors"))
+    assert torch.equal(m.state_dict()["model.layers.2.mlp.Wo.weight"], ref["model.layers.2.mlp.Wo.weight"])
+    res = evaluate(m, td, FinetuneConfig())
+    assert {"sequence-classification": "accuracy", "token-classification": "f1",
+            "question-answering": "exact_match"}[task] in res and math.isfinite(res["loss"])
+    batch = {k: torch.as_tensor(v) for k, v in pad_batch(td.train, list(range(min(4, len(td.train["input_ids"]))))).items()}
+    assert "token_type_ids" in batch
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+    m.train()
+    losses = []
+    for _ in range(8):
+        loss = forward(m, batch, torch.device("cpu"), "fp32").loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] * 0.7, losses  # it fits one batch: the head and the encoder train
+

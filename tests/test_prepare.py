@@ -213,3 +213,34 @@ def test_bad_dedup_values_name_the_field(field, value, message):
     with pytest.raises(ConfigError) as e:  # as a user gives them: on the command line (the parser checks the type)
         load_config(None, [f"--data.{field}", str(value)])
     assert str(e.value) == message
+
+
+def test_packed_documents_write_doc_lengths_and_keep_every_token(corpus, minilm_dir, tmp_path):
+    """data.pack_documents: full rows of documents back to back, each piece [CLS] ... [SEP], their lengths in
+    doc_lengths; the same text tokens as the unpacked preparation, in fewer rows."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    kw = dict(nsp=False, masking="dynamic", max_seq_length=256, short_seq_prob=0.0, dedup="off")
+    packed = _prepare(corpus, tmp_path / "packed", minilm_dir, pack_documents=True, **kw)["validate"].result.manifest
+    plain = _prepare(corpus, tmp_path / "plain", minilm_dir, **kw)["validate"].result.manifest
+    t = pq.read_table([str(tmp_path / "packed" / s["path"]) for s in packed["shards"]])
+    ids, lens = t.column("input_ids").to_pylist(), t.column("doc_lengths").to_pylist()
+    assert all(sum(d) == len(r) == n <= 256 for r, d, n in zip(ids, lens, t.column("num_tokens").to_pylist()))
+    starts = [np.cumsum([0, *d])[:-1] for d in lens]
+    assert all(r[a] == 101 and r[a + n - 1] == 102 for r, s, d in zip(ids, starts, lens) for a, n in zip(s, d))
+    pieces = sum(len(d) for d in lens)
+    assert packed["tokens"] - 2 * pieces == plain["tokens"] - 2 * plain["examples"]  # every text token, once
+    # rows are full but for the last of each unit (8 units) and those ended to avoid a piece under 16 tokens
+    short = sum(n < 256 - 16 for n in t.column("num_tokens").to_pylist())
+    assert short <= 8 and max(len(d) for d in lens) >= 3 and packed["examples"] < plain["examples"]
+    plain_table = pq.read_table(str(tmp_path / "plain" / plain["shards"][0]["path"]))
+    assert "doc_lengths" not in plain_table.column_names  # unpacked shards keep their columns (and bytes)
+
+
+def test_pack_documents_needs_mlm_only_rows():
+    from pipeline.config import ConfigError
+
+    with pytest.raises(ConfigError, match="data.pack_documents needs data.nsp false"):
+        DataConfig(pack_documents=True)
+

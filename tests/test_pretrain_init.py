@@ -40,7 +40,7 @@ def tiny_ckpt(tmp_path):
 def test_minilm_directory_gives_architecture_vocabulary_and_lowercasing(tmp_path, minilm_dir):
     cfg, init = resolve_init(_cfg(tmp_path, "--model.init", str(minilm_dir), "--model.preset", "null",
                                   "--model.overrides.hidden_dropout_prob", "0.0"))
-    bc = cfg.model.bert_config()
+    bc = cfg.model.encoder_config()
     assert (bc.hidden_size, bc.num_hidden_layers, bc.num_attention_heads, bc.vocab_size) == (384, 6, 12, 30522)
     assert bc.hidden_dropout_prob == 0.0  # a non-architecture override applies on top
     assert cfg.data.vocab == str(minilm_dir / "tokenizer.json") and cfg.data.lowercase is True

@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 
 from pipeline.config.parser import alias, config_parser, config_path, load_sections, parse
+from pipeline.config.paths import phase_data_configs, resolve_path, resolve_paths
 from pipeline.config.sections import (SECTIONS, BaseTrainConfig, Config, ConfigError, DataConfig, ModelConfig,
-                                      PhaseConfig, TrackingConfig, TrainConfig, config_hash, flatten,
-                                      phase_data_configs, resolve_path, resolve_paths)
+                                      PhaseConfig, TrackingConfig, TrainConfig, config_hash, flatten)
 
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> Config:

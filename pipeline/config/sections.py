@@ -13,9 +13,7 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.errors import PipelineError
@@ -52,6 +50,10 @@ class DataConfig:
     """Probability of a shorter target length (Google's algorithm), so the model sees short inputs too."""
     nsp: bool = True
     """Next-sentence pairs when true; MLM-only packing of whole sentences when false."""
+    pack_documents: bool = False
+    """MLM-only (nsp false): documents back to back in full rows of max_seq_length (cut at a row's end, going on in
+    the next), each piece `[CLS] ... [SEP]`, their lengths in the shard column doc_lengths (ModernBERT keeps them
+    apart; short_seq_prob does not apply); false: a row holds one document."""
     masking: Literal["static", "dynamic"] = "static"
     """static: masked at preparation (dupe_factor copies); dynamic: masked at load time per epoch."""
     mask_rate: float = 0.15
@@ -104,6 +106,7 @@ class DataConfig:
         _check(0.0 < self.dedup_threshold <= 1.0, f"data.dedup_threshold {self.dedup_threshold} is not in (0, 1]")
         _check(16 <= self.dedup_num_perm <= 1024, f"data.dedup_num_perm {self.dedup_num_perm} is not in [16, 1024]")
         _check(16 <= self.max_seq_length <= 4096, f"data.max_seq_length {self.max_seq_length} is not in [16, 4096]")
+        _check(not (self.pack_documents and self.nsp), "data.pack_documents needs data.nsp false (MLM-only rows)")
         _check(0.0 < self.mask_rate < 1.0, f"data.mask_rate {self.mask_rate} is not in (0, 1)")
         _check(0.0 <= self.short_seq_prob <= 1.0, f"data.short_seq_prob {self.short_seq_prob} is not in [0, 1]")
         _check(self.max_predictions_per_seq >= 1, f"data.max_predictions_per_seq {self.max_predictions_per_seq} < 1")
@@ -120,29 +123,37 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    """Which BertConfig preset to build, with per-field overrides (e.g. `--model.overrides.hidden_dropout_prob 0.0`)."""
+    """Which encoder preset to build, with per-field overrides (e.g. `--model.overrides.hidden_dropout_prob 0.0`)."""
 
     preset: str | None = "tiny"
-    """One of tiny, mini, small, medium, base, large (model.config.PRESETS); null with model.init: the checkpoint's."""
+    """One of tiny, mini, small, medium, base, large (BERT: model.config.PRESETS) or modernbert-tiny, -mini, -base,
+    -large (ModernBERT: MODERNBERT_PRESETS); null with model.init: the checkpoint's."""
     overrides: dict[str, Any] = field(default_factory=dict)
-    """BertConfig fields that differ from the preset; vocab_size is taken from the prepared vocabulary."""
+    """Config fields (BertConfig or ModernBertConfig) that differ from the preset; vocab_size is taken from the
+    prepared vocabulary."""
     init: str | None = field(default=None, repr=False)  # repr=False: run identities hash the repr (pretrain/identity.py)
     """Continue pretraining from models:/name@alias, models:/name/version or a transformers directory: architecture
     and vocabulary come from it (a contradicting preset or override is an error); null starts from random weights."""
 
     def __post_init__(self) -> None:
         _check(self.preset is not None or self.init is not None, "model.preset null needs model.init (a checkpoint)")
-        self.bert_config()  # an unknown preset or a bad override fails here, before any work
+        self.encoder_config()  # an unknown preset or a bad override fails here, before any work
 
-    def bert_config(self, **extra: Any):
-        """The BertConfig this section describes (plus `extra`, e.g. the prepared vocab_size). With preset null
-        (model.init resolved by `pipeline.pretrain.init`) the overrides hold the checkpoint's whole config."""
-        from model.config import BertConfig
+    @property
+    def modernbert(self) -> bool:
+        """Whether this section builds ModernBERT (MLM only, packed rows by document) rather than BERT."""
+        from model.config import is_modernbert
+
+        return is_modernbert(self.preset, self.overrides)
+
+    def encoder_config(self, **extra: Any):
+        """The BertConfig or ModernBertConfig this section describes (plus `extra`, e.g. the prepared vocab_size).
+        With preset null (model.init resolved by `pipeline.pretrain.init`) the overrides hold the checkpoint's
+        whole config."""
+        from model.config import encoder_config
 
         try:
-            if self.preset is None:
-                return BertConfig(**{**self.overrides, **extra})
-            return BertConfig.from_preset(self.preset, **{**self.overrides, **extra})
+            return encoder_config(self.preset, **{**self.overrides, **extra})
         except (ValueError, TypeError) as e:
             raise ConfigError(f"model: {e}") from None
 
@@ -253,10 +264,13 @@ class TrainConfig(BaseTrainConfig):
     head_only_steps: int = 0
     """With model.init: the first N steps train only the MLM (and NSP) head, the encoder's LR is 0; then the encoder
     warms up over warmup_steps. Lets a fresh head learn before its random gradients reach pretrained weights."""
-    schedule: Literal["linear", "polynomial"] = "linear"
-    """Decay after warmup, to 0 at max_steps."""
+    schedule: Literal["linear", "polynomial", "wsd"] = "linear"
+    """Decay after warmup, to 0 at max_steps; wsd (warmup-stable-decay, ModernBERT's): the peak LR held after
+    warmup, then a linear decay to 0 over the last decay_fraction of max_steps."""
     poly_power: float = 1.0
     """Power of the polynomial decay (NVIDIA's LAMB recipe uses 0.5)."""
+    decay_fraction: float = 0.1
+    """schedule wsd: share of max_steps in the final decay (the stable phase is what warmup and decay leave)."""
     materialize_data: bool = False
     """Read each worker's shards once into the Ray object store (small corpora: epochs then cost nothing to re-read)."""
     shuffle_buffer_rows: int = 16384
@@ -304,12 +318,25 @@ class TrainConfig(BaseTrainConfig):
                    f"train.phases[{i}] global_batch_size {gb} is not a multiple of micro_batch_size * num_workers = {mb * self.num_workers}")
         _check(self.warmup_steps >= 0, f"train.warmup_steps {self.warmup_steps} < 0")
         _check(self.poly_power > 0, f"train.poly_power {self.poly_power} must be > 0")
+        _check(0 <= self.decay_fraction <= 1, f"train.decay_fraction {self.decay_fraction} is not in [0, 1]")
+        _check(self.schedule != "wsd" or self.warmup_steps + self.decay_steps <= self.max_steps,
+               f"train.decay_fraction {self.decay_fraction} ({self.decay_steps} steps) and train.warmup_steps "
+               f"{self.warmup_steps} leave no room in train.max_steps {self.max_steps} for schedule wsd")
         _check(self.num_eval_shards >= 0, f"train.num_eval_shards {self.num_eval_shards} < 0")
         _check(self.num_to_keep >= 1, f"train.num_to_keep {self.num_to_keep} < 1")
         _check(self.shuffle_buffer_rows >= 1, f"train.shuffle_buffer_rows {self.shuffle_buffer_rows} < 1")
         _check(not (self.compile and self.unpad), "train.compile and train.unpad cannot both be true: the compiled "
                "encoder wants one shape, unpadded batches have one per batch")
         self.phase_steps()  # validates the phase split
+
+    @property
+    def decay_steps(self) -> int:
+        """schedule wsd: optimizer steps of the final decay.
+
+        >>> TrainConfig(max_steps=50, schedule="wsd", decay_fraction=0.2).decay_steps
+        10
+        """
+        return int(round(self.decay_fraction * self.max_steps))
 
     @property
     def accumulation_steps(self) -> int:
@@ -363,9 +390,14 @@ class Config:
 
     def __post_init__(self) -> None:
         # Cross-section checks: sequence lengths must fit the model's position table.
-        max_pos = self.model.bert_config().max_position_embeddings
+        max_pos = self.model.encoder_config().max_position_embeddings
         _check(self.data.max_seq_length <= max_pos,
                f"data.max_seq_length {self.data.max_seq_length} > model max_position_embeddings {max_pos}")
+        if self.model.modernbert:  # MLM only, and its own way of skipping padding (documents, not unpad/compile)
+            _check(not self.data.nsp, f"model.preset {self.model.preset} is MLM-only (no NSP head): set data.nsp false")
+            _check(not (self.train.unpad or self.train.compile),
+                   f"train.unpad and train.compile are BERT's; model.preset {self.model.preset} keeps packed "
+                   "documents apart itself")
         for i, ph in enumerate(self.train.phases):
             _check(ph.max_seq_length <= max_pos,
                    f"train.phases[{i}].max_seq_length {ph.max_seq_length} > model max_position_embeddings {max_pos}")
@@ -397,40 +429,3 @@ def config_hash(obj: Any) -> str:
 
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "tracking": TrackingConfig}
-
-
-def resolve_path(p: str | None, base: str | os.PathLike | None = None) -> str | None:
-    """Absolute local path for a relative one (against `base` or the cwd); URIs (`s3://...`) are kept as they are."""
-    if p is None or "://" in str(p):
-        return p
-    return str((Path(base or os.getcwd()) / os.path.expanduser(str(p))).resolve())
-
-
-def resolve_paths(cfg: Config, base: str | os.PathLike | None = None) -> Config:
-    """Resolve every path field against the directory the command runs in, before work is shipped to Ray."""
-    cfg.data.inputs = [resolve_path(p, base) for p in cfg.data.inputs]  # type: ignore[misc]
-    cfg.data.output = resolve_path(cfg.data.output, base)  # type: ignore[assignment]
-    cfg.data.vocab = resolve_path(cfg.data.vocab, base)
-    if cfg.model.init and not cfg.model.init.startswith("models:/"):
-        cfg.model.init = resolve_path(cfg.model.init, base)
-    cfg.train.storage_path = resolve_path(cfg.train.storage_path, base)  # type: ignore[assignment]
-    return cfg
-
-
-def phase_data_configs(cfg: Config) -> list[DataConfig]:
-    """One DataConfig per training phase: phase i's max_seq_length, masking cap and output directory.
-
-    Phases after the first reuse the first phase's vocabulary, so all phases share one embedding table.
-    """
-    if not cfg.train.phases:
-        return [cfg.data]
-    out: list[DataConfig] = []
-    for i, ph in enumerate(cfg.train.phases):
-        changes: dict[str, Any] = {"max_seq_length": ph.max_seq_length,
-                                   "output": resolve_path(ph.output) if ph.output else f"{cfg.data.output}-{ph.max_seq_length}"}
-        if ph.max_predictions_per_seq:
-            changes["max_predictions_per_seq"] = ph.max_predictions_per_seq
-        if i > 0 and cfg.data.vocab is None:
-            changes["vocab"] = f"{out[0].output}/vocab.txt"
-        out.append(dataclasses.replace(cfg.data, **changes))
-    return out

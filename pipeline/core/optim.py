@@ -1,5 +1,9 @@
 """Optimisation shared by pretraining and fine-tuning: the LR schedule, AdamW/LAMB with decay groups.
 
+Schedules: linear or polynomial decay after warmup (BERT), constant, and warmup-stable-decay (`wsd`, the
+"trapezoidal" schedule of ModernBERT: peak LR held after warmup, then a linear decay to 0 over the last
+`decay_steps`; ModernBERT's own decay is 1-sqrt, linear here as the other schedules).
+
     >>> opt, sched = make_optimizer(nn.Linear(4, 2), "adamw", 1e-3, 0.01, warmup_steps=1, total_steps=4)
     >>> [round(lr_lambda(s, 1, 4), 3) for s in range(5)]
     [0.0, 1.0, 0.667, 0.333, 0.0]
@@ -12,15 +16,19 @@ from typing import Literal
 import torch
 from torch import nn
 
+Schedule = Literal["linear", "polynomial", "constant", "wsd"]
+
 
 def lr_lambda(
     step: int,
     warmup_steps: int,
     total_steps: int,
-    schedule: Literal["linear", "polynomial", "constant"] = "linear",
+    schedule: Schedule = "linear",
     power: float = 1.0,
+    decay_steps: int = 0,
 ) -> float:
-    """LR multiplier after `step` optimizer steps: linear warmup to 1, then linear or polynomial decay to 0.
+    """LR multiplier after `step` optimizer steps: linear warmup to 1, then linear or polynomial decay to 0, or
+    (wsd) 1 until the last `decay_steps` steps and a linear decay to 0 over them.
 
     Same convention as transformers' `get_linear_schedule_with_warmup` (and Google's BERT): step 0 is 0.
 
@@ -28,17 +36,21 @@ def lr_lambda(
     [0.0, 0.5, 1.0, 0.75, 0.5, 0.25, 0.0]
     >>> round(lr_lambda(4, 2, 6, "polynomial", power=2.0), 3)
     0.25
+    >>> [round(lr_lambda(s, 2, 10, "wsd", decay_steps=4), 2) for s in range(11)]
+    [0.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
     """
     if step < warmup_steps:
         return step / max(1, warmup_steps)
     if schedule == "constant":
         return 1.0
+    if schedule == "wsd":  # stable at 1 until the decay starts, then linear to 0 at total_steps
+        return min(1.0, max(0.0, (total_steps - step) / max(1, decay_steps)))
     remaining = max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
     if schedule == "linear":
         return remaining
     if schedule == "polynomial":
         return remaining**power
-    raise ValueError(f"unknown schedule {schedule!r} (linear, polynomial, constant)")
+    raise ValueError(f"unknown schedule {schedule!r} (linear, polynomial, constant, wsd)")
 
 
 class Lamb(torch.optim.Optimizer):
@@ -121,8 +133,9 @@ def make_optimizer(
     *,
     warmup_steps: int,
     total_steps: int,
-    schedule: Literal["linear", "polynomial", "constant"] = "linear",
+    schedule: Schedule = "linear",
     power: float = 1.0,
+    decay_steps: int = 0,
     fused: bool | None = None,
     head_only_steps: int = 0,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
@@ -143,13 +156,13 @@ def make_optimizer(
     ([0.01, 0.0], [1, 1], None)
     """
     groups = param_groups(model, weight_decay)
-    schedules = [lambda s: lr_lambda(s, warmup_steps, total_steps, schedule, power)] * len(groups)
+    schedules = [lambda s: lr_lambda(s, warmup_steps, total_steps, schedule, power, decay_steps)] * len(groups)
     if head_only_steps > 0:
         heads = {id(p) for n, p in model.named_parameters() if n.startswith("cls.") or ".cls." in n}
         groups = [{**g, "params": [p for p in g["params"] if (id(p) in heads) == is_head]}
                   for is_head in (True, False) for g in groups]
         k = head_only_steps
-        body = lambda s: 0.0 if s < k else lr_lambda(s - k, warmup_steps, total_steps - k, schedule, power)  # noqa: E731
+        body = lambda s: 0.0 if s < k else lr_lambda(s - k, warmup_steps, total_steps - k, schedule, power, decay_steps)  # noqa: E731
         pairs = [(g, schedules[0] if i < len(groups) // 2 else body) for i, g in enumerate(groups) if g["params"]]
         groups, schedules = [g for g, _ in pairs], [f for _, f in pairs]
     if name == "adamw":

@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from typing import Literal
 
 import torch
@@ -28,8 +30,26 @@ def make_scaler(device: torch.device, precision: Precision) -> torch.amp.GradSca
     return torch.amp.GradScaler(device.type) if precision == "fp16" else None
 
 
+# Batch keys a model may not take: BERT's segments and NSP labels (ModernBERT has neither), the loader's count.
+_OPTIONAL = ("num_tokens", "token_type_ids", "next_sentence_label")
+
+
+@functools.lru_cache(maxsize=None)
+def _takes(cls: type, key: str) -> bool:
+    return key in inspect.signature(cls.forward).parameters
+
+
 def forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device, precision: Precision):
-    """`model(**batch)` on `device` under `precision`; keys the model does not take (`num_tokens`) stay behind."""
-    inputs = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k != "num_tokens"}
+    """`model(**batch)` on `device` under `precision`; `num_tokens`, and BERT's `token_type_ids` and
+    `next_sentence_label` for a model that takes none (ModernBERT), stay behind.
+
+    >>> class M(torch.nn.Module):
+    ...     def forward(self, input_ids): return input_ids.sum()
+    >>> forward(M(), {"input_ids": torch.ones(1, 2), "token_type_ids": torch.zeros(1, 2)}, torch.device("cpu"), "fp32").item()
+    2.0
+    """
+    cls = type(getattr(model, "module", model))  # under DDP: the wrapped model's forward says what it takes
+    inputs = {k: v.to(device, non_blocking=True) for k, v in batch.items()
+              if k not in _OPTIONAL or (k != "num_tokens" and _takes(cls, k))}
     with autocast(device, precision):
         return model(**inputs)

@@ -37,6 +37,9 @@ SCHEMA = pa.schema(
         ("example_id", pa.int64()),  # extension: identity for dynamic-masking seeds
     ]
 )
+# Extension (issue 33), only in shards of `data.pack_documents` (others keep their bytes): the lengths of the
+# documents packed into each row, in order, summing to num_tokens. A shard without it holds a document a row.
+PACKED_SCHEMA = SCHEMA.append(pa.field("doc_lengths", pa.list_(pa.int32())))
 MANIFEST_KEYS = (
     "documents_read",
     "documents_written",
@@ -118,7 +121,7 @@ def validate_output(directory: str, *, checksums: bool = True) -> dict[str, Any]
                 schema, n = md.schema_arrow, md.metadata.num_rows
         except (pa.ArrowInvalid, OSError) as e:
             raise DataValidationError(f"shard {path} is not a readable Parquet file ({str(e).splitlines()[0]})") from None
-        for field in SCHEMA:
+        for field in PACKED_SCHEMA if "doc_lengths" in schema.names else SCHEMA:
             if field.name not in schema.names or schema.field(field.name).type != field.type:
                 got = schema.field(field.name).type if field.name in schema.names else "missing"
                 raise DataValidationError(f"shard {path}: column {field.name} is {got}, expected {field.type}")

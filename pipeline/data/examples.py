@@ -34,8 +34,12 @@ import random
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pipeline.config import DataConfig
 
 # A sentence ends at . ! ? (plus closing quotes/brackets) followed by space and an upper-case letter, digit or
 # opening quote. Abbreviations ("Mr. Smith") split too; acceptable for BERT pairs, and 100x faster than a model.
@@ -352,3 +356,85 @@ def pack_sentences(
     if cur:
         flush()
     return out
+
+
+MIN_PIECE = 16
+"""Packing by document: a document's cut piece shorter than this does not start at the end of a row (next row)."""
+
+
+def pack_documents(docs: list[list[np.ndarray]], max_seq_length: int, cls_id: int, sep_id: int
+                   ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """ModernBERT's packing: documents (lists of sentences) back to back in rows of `max_seq_length`, each piece
+    `[CLS] ... [SEP]`; a document that does not fit the rest of a row is cut there and goes on in the next (unless
+    the cut piece would be under MIN_PIECE tokens: the row ends instead). Returns each row's ids and its pieces'
+    lengths (the `doc_lengths` shard column, summing to the row's length), so a model can keep them apart.
+
+    >>> [(r.tolist(), d.tolist()) for r, d in pack_documents([[np.array([5, 6])], [np.array([7, 8, 9])]],
+    ...                                                      max_seq_length=7, cls_id=1, sep_id=2)]
+    [([1, 5, 6, 2], [4]), ([1, 7, 8, 9, 2], [5])]
+    >>> [d.tolist() for _, d in pack_documents([[np.array([5])], [np.arange(10, 30)]], max_seq_length=24, cls_id=1,
+    ...                                        sep_id=2)]
+    [[3, 21], [3]]
+    """
+    rows: list[tuple[np.ndarray, np.ndarray]] = []
+    cur: list[np.ndarray] = []
+    n = 0
+
+    def flush() -> None:
+        nonlocal cur, n
+        if cur:
+            rows.append((_cat(cur), np.array([len(x) for x in cur], np.int32)))
+        cur, n = [], 0
+
+    for sents in docs:
+        toks = _cat(sents)
+        while len(toks):
+            room = max_seq_length - n - 2  # tokens of this document the row still takes, besides [CLS] and [SEP]
+            if room < 1 or (room < len(toks) and room < MIN_PIECE and cur):
+                flush()
+                continue
+            piece, toks = toks[:room], toks[room:]
+            cur.append(np.concatenate([[cls_id], piece, [sep_id]]).astype(np.int32))
+            n += len(piece) + 2
+    flush()
+    return rows
+
+
+def unit_rows(docs: list[tuple[int, list[np.ndarray]]], pool: RandomPool, cfg: DataConfig, cls_id: int, sep_id: int,
+              unit: str) -> tuple[list, list, list, list, list]:
+    """A unit's unmasked rows: input ids, token types, NSP labels, example ids and documents' lengths (empty: the
+    row is one document). NSP pairs or MLM-only packs per document with an RNG from (seed, doc_id, dupe); with
+    `data.pack_documents` the documents back to back in full rows instead (`pack_documents`)."""
+    dupes = cfg.dupe_factor if cfg.masking == "static" else 1
+    ids: list[np.ndarray] = []
+    types, nsp, ex_ids, doc_lens = [], [], [], []
+    for dupe in range(dupes):  # dupe-major, as Google: copies of one document are not adjacent
+        pieces: list[list[np.ndarray]] = []  # packing by document: each document's sentences
+        for doc_id, sents in docs:
+            if cfg.pack_documents:  # the documents go on across rows (pack_documents)
+                pieces.append(sents)
+                continue
+            rng = random.Random(derive_seed(cfg.seed, "pairs", doc_id, dupe))
+            if cfg.nsp:
+                insts = create_instances_from_document(
+                    sents, doc_id, pool, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob,
+                    rng=rng, cls_id=cls_id, sep_id=sep_id,
+                )
+            else:
+                insts = pack_sentences(
+                    sents, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob, rng=rng,
+                    cls_id=cls_id, sep_id=sep_id,
+                )
+            for k, inst in enumerate(insts):
+                ids.append(inst.input_ids)
+                types.append(inst.token_type_ids)
+                nsp.append(inst.next_sentence_label)
+                ex_ids.append(derive_seed(cfg.seed, "example", doc_id, dupe, k))
+                doc_lens.append(np.zeros(0, np.int32))
+        for k, (row, lens) in enumerate(pack_documents(pieces, cfg.max_seq_length, cls_id, sep_id)):
+            ids.append(row)
+            types.append(np.zeros(len(row), np.int8))
+            nsp.append(-1)
+            ex_ids.append(derive_seed(cfg.seed, "packed-example", unit, dupe, k))
+            doc_lens.append(lens)
+    return ids, types, nsp, ex_ids, doc_lens

@@ -10,7 +10,8 @@
    (`FileMerge`). `tokenize_file` runs the three in a row; the driver may instead spread one big file's batches
    over several workers (pipeline.data.prepare) with the same chunks, pool and stats.
 2. examples: one unit is a run of consecutive token chunks; NSP pairs (or MLM-only packs) per document with an
-   RNG from (seed, doc_id, dupe), masked (static) with pipeline.masking, shuffled within the unit; one example
+   RNG from (seed, doc_id, dupe) (with `data.pack_documents`: documents back to back in full rows, their pieces'
+   lengths in `doc_lengths`), masked (static) with pipeline.masking, shuffled within the unit; one example
    chunk (`examples_for_chunks`).
 3. shards: example chunks (in a hashed order, `in_chunk_order`) form one sequence cut into `num_shards`
    contiguous parts whose sizes differ by at most one row (`shard_plan`); each shard is streamed to a temporary
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import random
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -35,14 +35,13 @@ import pyarrow.parquet as pq
 
 from pipeline.config import DataConfig
 from pipeline.data.arrow import arrow, fixed_rows_array, list_array, list_rows, numpy_of, string_array
-from pipeline.data.dataset import SCHEMA
+from pipeline.data.dataset import PACKED_SCHEMA, SCHEMA
 from pipeline.data.examples import (
     RandomPool,
-    create_instances_from_document,
     derive_seed,
     group_consecutive,
-    pack_sentences,
     piece_id,
+    unit_rows,
     split_document,
     split_sentences,
 )
@@ -340,32 +339,12 @@ def examples_for_chunks(
     toks = list_rows(t.column("tokens"))
     lens = list_rows(t.column("sent_lens"))
     docs = [(int(d), split_rows(tk, ln)) for d, tk, ln in zip(doc_ids, toks, lens)]
-    dupes = cfg.dupe_factor if cfg.masking == "static" else 1
-    ids: list[np.ndarray] = []
-    types, nsp, ex_ids = [], [], []
-    for dupe in range(dupes):  # dupe-major, as Google: copies of one document are not adjacent
-        for doc_id, sents in docs:
-            rng = random.Random(derive_seed(cfg.seed, "pairs", doc_id, dupe))
-            if cfg.nsp:
-                insts = create_instances_from_document(
-                    sents, doc_id, pool, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob,
-                    rng=rng, cls_id=cls_id, sep_id=sep_id,
-                )
-            else:
-                insts = pack_sentences(
-                    sents, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob, rng=rng,
-                    cls_id=cls_id, sep_id=sep_id,
-                )
-            for k, inst in enumerate(insts):
-                ids.append(inst.input_ids)
-                types.append(inst.token_type_ids)
-                nsp.append(inst.next_sentence_label)
-                ex_ids.append(derive_seed(cfg.seed, "example", doc_id, dupe, k))
+    ids, types, nsp, ex_ids, doc_lens = unit_rows(docs, pool, cfg, cls_id, sep_id, out_path.rsplit("/", 1)[-1])
     # Google shuffles all instances; here each unit's examples are shuffled (a deterministic permutation keyed
     # by the unit's name) and the units themselves are put in a hashed order before sharding (prepare_shards).
     perm = np.random.default_rng(derive_seed(cfg.seed, "shuffle", out_path.rsplit("/", 1)[-1])).permutation(len(ids))
     ids, types = [ids[i] for i in perm], [types[i] for i in perm]
-    nsp, ex_ids = [nsp[i] for i in perm], [ex_ids[i] for i in perm]
+    nsp, ex_ids, doc_lens = [nsp[i] for i in perm], [ex_ids[i] for i in perm], [doc_lens[i] for i in perm]
     if cfg.masking == "static":  # the same function the loader uses for dynamic masking, at epoch 0
         ids, positions, labels = mask_rows(ids, np.asarray(ex_ids, np.int64), policy, seed=cfg.seed, epoch=0)
     else:
@@ -379,8 +358,9 @@ def examples_for_chunks(
             arrow(nsp, pa.int8()),
             arrow(np.fromiter((len(x) for x in ids), np.int32, len(ids)), pa.int32()),
             arrow(ex_ids, pa.int64()),
+            *([list_array(doc_lens, pa.int32())] if cfg.pack_documents else []),
         ],
-        schema=SCHEMA,
+        schema=PACKED_SCHEMA if cfg.pack_documents else SCHEMA,
     )
     write_parquet_atomic(out_path, table, compression="lz4")
     nsp_arr = np.asarray(nsp, dtype=np.int8)
@@ -418,9 +398,11 @@ def write_shard(path: str, parts: list[tuple[str, int, int]]) -> dict[str, Any]:
     rows = 0
     with writing(path, fs, tmp):
         make_parent(fs, p)
-        with fs.open(tmp, "wb") as f, pq.ParquetWriter(f, SCHEMA, compression="zstd") as w:
-            for chunk, a, b in parts:
-                t = read_table(chunk).slice(a, b - a)
+        tables = (read_table(chunk).slice(a, b - a) for chunk, a, b in parts)
+        first = next(tables, None)  # its columns say whether the rows are packed (doc_lengths)
+        schema = PACKED_SCHEMA if first is not None and "doc_lengths" in first.column_names else SCHEMA
+        with fs.open(tmp, "wb") as f, pq.ParquetWriter(f, schema, compression="zstd") as w:
+            for t in itertools.chain([first] if first is not None else [], tables):
                 w.write_table(t)
                 rows += t.num_rows
         commit(fs, tmp, p)

@@ -68,6 +68,8 @@ _NOT_HASHED = ("inputs", "output", "num_actors", "overwrite", "vocab", "local_ma
 def output_config_hash(cfg: DataConfig, fingerprint: list, vocab_source: str | None) -> str:
     """Hash of what determines the output: config fields, input fingerprint, the given vocabulary's sha256."""
     d = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_HASHED}
+    if not d["pack_documents"]:  # added in issue 33: off, a config hashes as it did before the field
+        del d["pack_documents"]
     return config_hash({"data": d, "inputs": fingerprint, "vocab": vocab_source, "format": 1})
 
 

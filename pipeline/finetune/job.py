@@ -71,10 +71,11 @@ def resolve_source(spec: str, tokenizer: str | None = None, download_dir: str | 
     from pipeline import tracking  # its registry (and mlflow) loads only for models:/ specs
 
     if spec.startswith("scratch:"):
-        from model import PRESETS
+        from model import MODERNBERT_PRESETS, PRESETS
 
         preset = spec.split(":", 1)[1]
-        _check(preset in PRESETS, f"--model {spec}: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        known = [*PRESETS, *MODERNBERT_PRESETS]
+        _check(preset in known, f"--model {spec}: unknown preset {preset!r}; choose one of {', '.join(known)}")
         tok_spec = tokenizer or DEFAULT_SCRATCH_TOKENIZER
         tags = {"source_model": spec, "scratch_tokenizer": tok_spec}
         if tok_spec.startswith("models:/"):
@@ -105,24 +106,19 @@ def resolve_source(spec: str, tokenizer: str | None = None, download_dir: str | 
 
 
 def build_model(source: Source, task: str, td: TaskData, overrides: dict[str, Any], vocab_size: int) -> torch.nn.Module:
-    """The head class for `task` with the source's weights (or random for scratch) and the task's labels."""
-    from model import BertConfig, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
-    from model.hf import load_hf
+    """The head class for `task` of the source's family (BERT or ModernBERT, `model.build`) with the source's
+    weights (or random for scratch) and the task's labels."""
+    from model.build import build_model as build, load_model
+    from model.config import encoder_config
 
-    cls = {
-        "sequence-classification": BertForSequenceClassification,
-        "token-classification": BertForTokenClassification,
-        "question-answering": BertForQuestionAnswering,
-    }[task]
     head: dict[str, Any] = {"num_labels": td.num_labels, "id2label": td.id2label or None}
     if task == "sequence-classification":
         head["problem_type"] = td.problem_type
     if task == "question-answering":
         head = {"num_labels": 2, "id2label": None}
     if source.model_dir is None:
-        cfg = BertConfig.from_preset(source.preset, vocab_size=vocab_size, **head, **overrides)
-        return cls(cfg)
-    model = load_hf(source.model_dir, cls, **head, **overrides)
+        return build(encoder_config(source.preset, vocab_size=vocab_size, **head, **overrides), task)
+    model = load_model(source.model_dir, task, **head, **overrides)
     _check(model.config.vocab_size >= vocab_size,
            f"the tokenizer has {vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}")
     return model

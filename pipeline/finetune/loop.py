@@ -143,11 +143,9 @@ def evaluate(model: torch.nn.Module, td: TaskData, cfg: Any, device: torch.devic
 
 def build_model(init: dict[str, Any]) -> torch.nn.Module:
     """The driver's model (class name, config, initial weights) rebuilt in the worker."""
-    from model import BertConfig
-    from model.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+    from model.build import rebuild
 
-    cls = {c.__name__: c for c in (BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering)}
-    model = cls[init["class"]](BertConfig(**init["config"]))
+    model = rebuild(init["class"], init["config"])
     model.load_state_dict(init["state_dict"])
     return model
 

@@ -17,14 +17,14 @@ class RankFeed:
     one after the last micro-batch handed out (what a checkpoint stores)."""
 
     def __init__(self, plan: PhasePlan, phase: int, rank: int, seed: int, shuffle_rows: int, position: dict[str, int],
-                 pin_memory: bool = False, compiled: bool = False, unpad: bool = False):
+                 pin_memory: bool = False, compiled: bool = False, unpad: bool = False, modernbert: bool = False):
         import ray.train
 
         self.plan, self.phase, self.rank, self.seed, self.shuffle_rows = plan, phase, rank, seed, shuffle_rows
         self.position = dict(position)
         self.shard = ray.train.get_dataset_shard(f"p{phase}_r{rank}")
         self.to_batch = Batches(plan, seed, pin_memory, pad_to=plan.dataset.max_seq_length if compiled else None,
-                                unpad=unpad)
+                                unpad=unpad, modernbert=modernbert)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         mine, mb = self.plan.ranks[self.rank], self.plan.micro_batch_size
@@ -42,13 +42,14 @@ class RankFeed:
 
 
 def eval_batches(plan: PhasePlan, phase: int, rank: int, world: int, seed: int, limit: int,
-                 compiled: bool = False, unpad: bool = False) -> list[dict[str, torch.Tensor]]:
+                 compiled: bool = False, unpad: bool = False, modernbert: bool = False) -> list[dict[str, torch.Tensor]]:
     """This rank's share of the held-out batches (fixed masks: epoch 0), read once and kept in memory."""
     import ray.train
 
     if not plan.eval_files:
         return []
-    to_batch, out = Batches(plan, seed, pad_to=plan.dataset.max_seq_length if compiled else None, unpad=unpad), []
+    to_batch, out = Batches(plan, seed, pad_to=plan.dataset.max_seq_length if compiled else None, unpad=unpad,
+                            modernbert=modernbert), []
     tables = ray.train.get_dataset_shard(f"p{phase}_eval").iter_batches(batch_size=plan.micro_batch_size, batch_format="pyarrow")
     for i, tbl in enumerate(tables):
         if limit and i >= limit * world:

@@ -25,7 +25,7 @@ _NOT_IN_IDENTITY = ("storage_path", "run_name", "max_failures", "num_to_keep", "
 
 
 # fields added after runs existed: left out of the identity at their default, so those runs keep their names
-_NEWER_DEFAULTS = {"head_only_steps": 0}
+_NEWER_DEFAULTS = {"head_only_steps": 0, "decay_fraction": 0.1}
 
 
 def run_identity(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpoint | None = None,

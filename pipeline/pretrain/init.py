@@ -248,8 +248,7 @@ def load_initial(model_cfg, vocab_size: int):
     """The `BertForPreTraining` a run starts from: `model_cfg.init` is a local transformers directory here (the
     train stage hands the workers the resolved one). Missing heads keep their fresh initialisation, so call it
     after seeding, identically on every rank."""
-    from model import BertForPreTraining
-    from model.hf import load_hf
+    from model.build import load_model
 
     from pipeline.storage.io import is_uri
 
@@ -263,8 +262,9 @@ def load_initial(model_cfg, vocab_size: int):
             return load_initial(dataclasses.replace(model_cfg, init=local), vocab_size)
         finally:
             shutil.rmtree(local, ignore_errors=True)
-    model = load_hf(model_cfg.init, BertForPreTraining, **{**model_cfg.overrides, "vocab_size": vocab_size})
-    missing = [k for k in model.load_report["missing"] if not k.startswith(("cls.", "bert.pooler."))]
+    model = load_model(model_cfg.init, "pretraining", **{**model_cfg.overrides, "vocab_size": vocab_size})
+    heads = ("cls.", "bert.pooler.", "head.", "decoder.")  # BERT's MLM/NSP heads and pooler, ModernBERT's MLM head
+    missing = [k for k in model.load_report["missing"] if not k.startswith(heads)]
     if missing:  # an encoder weight the checkpoint lacks would silently stay random
         raise ValueError(f"model.init {model_cfg.init}: the checkpoint lacks encoder weights {missing[:5]}")
     return model

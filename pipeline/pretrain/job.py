@@ -140,11 +140,11 @@ def run_training(cfg: Config, datasets: list[PreparedDataset], run_id: str, run_
 
 
 def load_trained(cfg: Config, checkpoint: str, vocab_size: int, checked: tuple = ()) -> torch.nn.Module:
-    """The final weights from a checkpoint (path or URI), as a plain `BertForPreTraining` in eval mode; their
+    """The final weights from a checkpoint (path or URI), as a plain pretraining model in eval mode; their
     sha256 is checked unless the driver did (`checked`, `TrainResult.verified`) and they are unchanged since."""
     from safetensors.torch import load_file
 
-    from model import BertForPreTraining
+    from model.build import build_model
 
     trust(checked)
     local = local_checkpoint_dir(checkpoint)  # (a copy of a URI checkpoint is checked: it is what is read)
@@ -152,7 +152,7 @@ def load_trained(cfg: Config, checkpoint: str, vocab_size: int, checked: tuple =
         if (why := damage(local, read_train_state(local), ("model.safetensors",))) is not None:
             raise CheckpointCorrupt(f"checkpoint {checkpoint} is damaged: {why}; re-run the command: it resumes from "
                                     "the newest intact checkpoint")
-        model = BertForPreTraining(cfg.model.bert_config(vocab_size=vocab_size))  # the architecture; weights below
+        model = build_model(cfg.model.encoder_config(vocab_size=vocab_size))  # the architecture; weights below
         model.load_state_dict(load_file(os.path.join(local, "model.safetensors")))
     finally:
         if local != checkpoint:
@@ -181,11 +181,14 @@ def train_done(cfg: Config, datasets: list[PreparedDataset], uri: str, init: Ini
 
 def log_prepared_data(client, run_id: str, datasets: list[PreparedDataset], num_eval_shards: int) -> None:
     """The run's Datasets panel: each phase's prepared data (context `training`) and held-out shards (`eval`)."""
-    from pipeline.data.dataset import SCHEMA
+    from pipeline.data.dataset import PACKED_SCHEMA, SCHEMA
     from pipeline.tracking.lineage import log_datasets, prepared_datasets
 
+    def schema(ds: PreparedDataset):  # packed by document: the doc_lengths column too
+        return PACKED_SCHEMA if ds.manifest["config"].get("pack_documents") else SCHEMA
+
     log_datasets(client, run_id, [entry for i, ds in enumerate(datasets) for entry in
-                                  prepared_datasets(ds, phase=i, num_eval_shards=num_eval_shards, arrow_schema=SCHEMA)])
+                                  prepared_datasets(ds, phase=i, num_eval_shards=num_eval_shards, arrow_schema=schema(ds))])
 
 
 def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri: str, attempt: str,
@@ -234,10 +237,10 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
         raise
 
 
-def _eval_batches(ds: PreparedDataset, plan: PhasePlan, seed: int):
+def _eval_batches(ds: PreparedDataset, plan: PhasePlan, seed: int, modernbert: bool = False):
     from pipeline.storage.io import read_table
 
-    to_batch = Batches(plan, seed)
+    to_batch = Batches(plan, seed, modernbert=modernbert)
     for path in plan.eval_files or plan.ranks[0].files[-1:]:
         table = read_table(path)
         for i in range(0, table.num_rows, plan.micro_batch_size):
@@ -275,7 +278,8 @@ def evaluate_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, uri: 
     device = torch.device("cuda" if tc.use_gpu and torch.cuda.is_available() else "cpu")
     model = load_trained(cfg, trained.checkpoint, ds.vocab_size, trained.verified).to(device)
     torch.manual_seed(tc.seed)
-    sums = evaluate_sums(model, _eval_batches(ds, plan, tc.seed), counts=counts, size=NUM_COUNTS, device=device,
+    batches = _eval_batches(ds, plan, tc.seed, cfg.model.modernbert)
+    sums = evaluate_sums(model, batches, counts=counts, size=NUM_COUNTS, device=device,
                          precision=tc.precision if device.type == "cuda" else "fp32")
     final = {k.replace("eval/", "eval/final_"): v for k, v in eval_metrics(sums).items()}
     with server_needed(uri, cfg.tracking.server_wait_s, "log the final evaluation"):

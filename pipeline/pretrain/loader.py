@@ -40,7 +40,25 @@ def pad_rows(rows: Sequence[np.ndarray], pad: int, dtype=np.int64, width: int | 
     return out
 
 
-def collate(batch: dict[str, Any], pad_to: int | None = None, unpad: bool = False) -> dict[str, torch.Tensor]:
+def document_boundaries(doc_lengths: Sequence[np.ndarray], lengths: np.ndarray, width: int) -> np.ndarray:
+    """`cu_seqlens` (D+1,) int32 of a batch padded to `width`: every row's documents (`doc_lengths`; an empty one
+    is the whole row) as offsets into the flattened (B*width) batch, and a row's padding as a segment of its own
+    (attended by nothing real), so that each segment lies in one row as ModernBERT's `document_layout` wants.
+
+    >>> document_boundaries([np.array([2, 3]), np.array([], np.int32)], np.array([5, 4]), 6).tolist()
+    [0, 2, 5, 6, 10, 12]
+    """
+    cuts = [0]
+    for b, (docs, n) in enumerate(zip(doc_lengths, lengths)):
+        row = b * width
+        cuts.extend((row + np.cumsum(docs if len(docs) else [n])).tolist())
+        if n < width:
+            cuts.append(row + width)
+    return np.asarray(cuts, dtype=np.int32)
+
+
+def collate(batch: dict[str, Any], pad_to: int | None = None, unpad: bool = False,
+            modernbert: bool = False) -> dict[str, torch.Tensor]:
     """Rows (dict of column -> sequence of int arrays) -> padded tensors for `BertForPreTraining`.
 
     Sequences are padded with 0 ([PAD]) to the longest in this batch (not to max_seq_length), masked positions
@@ -50,6 +68,9 @@ def collate(batch: dict[str, Any], pad_to: int | None = None, unpad: bool = Fals
     width instead (a compiled encoder then sees one shape: no recompilation per batch width). `unpad` gives a batch
     with padding `unpad_indices` (T,) int64, the real tokens' indices into the flattened (B*L), and `cu_seqlens`
     (B+1,) int32 (what the varlen kernels take) instead of the mask: the model then runs on the real tokens only.
+    `modernbert` makes the batch `ModernBertForMaskedLM` takes: no token types or NSP labels, and when a row holds
+    several documents (the `doc_lengths` column) their boundaries as `cu_seqlens` (`document_boundaries`) instead
+    of the mask, so attention stays inside each document.
 
     >>> rows = {"input_ids": [np.array([2, 5, 3]), np.array([2, 3])], "token_type_ids": [np.zeros(3), np.zeros(2)],
     ...         "masked_lm_positions": [np.array([1]), np.array([], np.int32)],
@@ -81,6 +102,13 @@ def collate(batch: dict[str, Any], pad_to: int | None = None, unpad: bool = Fals
         "next_sentence_label": torch.as_tensor(np.asarray(batch["next_sentence_label"], dtype=np.int64)),
         "num_tokens": torch.tensor(int(lengths.sum())),
     }
+    if modernbert:
+        del out["token_type_ids"], out["next_sentence_label"]  # no segments, no NSP head
+        docs = batch.get("doc_lengths")
+        if docs is not None and any(len(d) > 1 for d in docs):
+            out["cu_seqlens"] = torch.from_numpy(document_boundaries(docs, lengths, ids.shape[1]))
+            return out
+        unpad = False  # its unpadded attention is the documents'
     if mask.all():
         return out
     if unpad and lengths.min() > 0:  # the varlen kernels take no empty row; one would take the mask instead
@@ -245,18 +273,20 @@ class Batches:
 
     `pin_memory` (for a CUDA device) puts the tensors in page-locked memory, so that the step's
     `.to(device, non_blocking=True)` is an asynchronous DMA and the host goes on building the next batch;
-    `pad_to` pads every batch to that width, `unpad` passes batches with padding as real tokens (`collate`)."""
+    `pad_to` pads every batch to that width, `unpad` passes batches with padding as real tokens, `modernbert` makes
+    ModernBERT's batches (`collate`)."""
 
     def __init__(self, plan: PhasePlan, seed: int, pin_memory: bool = False, pad_to: int | None = None,
-                 unpad: bool = False) -> None:
+                 unpad: bool = False, modernbert: bool = False) -> None:
         self.seed, self.pin_memory, self.pad_to, self.unpad = seed, pin_memory, pad_to, unpad
+        self.modernbert = modernbert
         self.policy: MaskingPolicy | None = plan.dataset.policy() if plan.dataset.dynamic_masking else None
 
     def __call__(self, table, epoch: int) -> dict[str, torch.Tensor]:
         rows = arrow_rows(table)
         if self.policy is not None:  # a fresh mask per epoch, a function of (seed, epoch, example_id)
             rows = mask_batch(rows, self.policy, seed=self.seed, epoch=epoch)
-        batch = collate(rows, self.pad_to, self.unpad)
+        batch = collate(rows, self.pad_to, self.unpad, self.modernbert)
         if self.pin_memory:  # `num_tokens` stays on the host: it is never copied
             batch = {k: v if k == "num_tokens" else v.pin_memory() for k, v in batch.items()}
         return batch

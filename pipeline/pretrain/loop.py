@@ -36,7 +36,7 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
         if position["phase"] != phase:
             position = {"phase": phase, "epoch": 0, "micro": 0}
         feed = RankFeed(plan, phase, rank, tc.seed, tc.shuffle_buffer_rows, position, pin_memory=device.type == "cuda",
-                        compiled=tc.compile, unpad=tc.unpad)
+                        compiled=tc.compile, unpad=tc.unpad, modernbert=cfg.model.modernbert)
         batches = iter(feed)
         while step < ends[phase]:
             figures.add(train_step(t, batches, accumulation=plan.accumulation_steps, counts=counts, summarise=summarise,
@@ -50,7 +50,8 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
                     log.step(step, {**stats.metrics(), "train/phase": phase})
             if evaluating:
                 if phase not in evals:
-                    evals[phase] = eval_batches(plan, phase, rank, world, tc.seed, tc.eval_batches, tc.compile, tc.unpad)
+                    evals[phase] = eval_batches(plan, phase, rank, world, tc.seed, tc.eval_batches, tc.compile, tc.unpad,
+                                                 cfg.model.modernbert)
                 sums = evaluate_sums(t.model, evals[phase], counts=counts, size=NUM_COUNTS, device=device, precision=tc.precision)
                 if log is not None:
                     log.log_metrics(eval_metrics(sums), step)

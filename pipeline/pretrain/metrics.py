@@ -14,9 +14,12 @@ NUM_COUNTS = 6
 
 def counts(out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """(mlm_loss_sum, mlm_correct, mlm_count, nsp_loss_sum, nsp_correct, nsp_count) of one forward, float64."""
-    mc, nc = out.mlm_count.double(), out.nsp_count.double()
-    return torch.stack([out.mlm_loss.detach().double() * mc, out.mlm_correct.double(), mc,
-                        out.nsp_loss.detach().double() * nc, out.nsp_correct.double(), nc])
+    mc = out.mlm_count.double()
+    mlm = [out.mlm_loss.detach().double() * mc, out.mlm_correct.double(), mc]
+    if out.nsp_count is None:  # an MLM-only model (ModernBertForMaskedLM): no NSP figures, counted as none
+        return torch.stack([*mlm, *torch.zeros(3, dtype=torch.float64, device=mc.device)])
+    nc = out.nsp_count.double()
+    return torch.stack([*mlm, out.nsp_loss.detach().double() * nc, out.nsp_correct.double(), nc])
 
 
 def summarise(c: torch.Tensor) -> dict[str, float]:

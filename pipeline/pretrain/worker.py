@@ -46,13 +46,14 @@ class PretrainHandoff:
 
 
 def build_model(model_cfg, vocab_size: int) -> nn.Module:
-    from model import BertForPreTraining
+    """The pretraining model of the config's family (`model.build`): BertForPreTraining or ModernBertForMaskedLM."""
+    from model.build import build_model as build
 
     if model_cfg.init is not None:  # continued pretraining: a local transformers directory here (pretrain/init.py)
         from pipeline.pretrain.init import load_initial
 
         return load_initial(model_cfg, vocab_size)
-    return BertForPreTraining(model_cfg.bert_config(vocab_size=vocab_size))
+    return build(model_cfg.encoder_config(vocab_size=vocab_size), "pretraining")
 
 
 @dataclass
@@ -87,6 +88,7 @@ def start_worker(h: PretrainHandoff) -> Worker:
     model = cluster.prepare_model(model)
     optimizer, scheduler = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=tc.warmup_steps,
                                           total_steps=tc.max_steps, schedule=tc.schedule, power=tc.poly_power,
+                                          decay_steps=tc.decay_steps,
                                           head_only_steps=tc.head_only_steps)
     t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
     trust(h.verified)  # the files the driver hashed: not read again while unchanged

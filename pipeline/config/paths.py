@@ -1,0 +1,47 @@
+"""Paths in a config: relative ones resolved against the directory the command runs in (`resolve_paths`), and each
+training phase's data config with its own output directory (`phase_data_configs`)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from pipeline.config.sections import Config, DataConfig
+
+
+def resolve_path(p: str | None, base: str | os.PathLike | None = None) -> str | None:
+    """Absolute local path for a relative one (against `base` or the cwd); URIs (`s3://...`) are kept as they are."""
+    if p is None or "://" in str(p):
+        return p
+    return str((Path(base or os.getcwd()) / os.path.expanduser(str(p))).resolve())
+
+
+def resolve_paths(cfg: Config, base: str | os.PathLike | None = None) -> Config:
+    """Resolve every path field against the directory the command runs in, before work is shipped to Ray."""
+    cfg.data.inputs = [resolve_path(p, base) for p in cfg.data.inputs]  # type: ignore[misc]
+    cfg.data.output = resolve_path(cfg.data.output, base)  # type: ignore[assignment]
+    cfg.data.vocab = resolve_path(cfg.data.vocab, base)
+    if cfg.model.init and not cfg.model.init.startswith("models:/"):
+        cfg.model.init = resolve_path(cfg.model.init, base)
+    cfg.train.storage_path = resolve_path(cfg.train.storage_path, base)  # type: ignore[assignment]
+    return cfg
+
+
+def phase_data_configs(cfg: Config) -> list[DataConfig]:
+    """One DataConfig per training phase: phase i's max_seq_length, masking cap and output directory.
+
+    Phases after the first reuse the first phase's vocabulary, so all phases share one embedding table.
+    """
+    if not cfg.train.phases:
+        return [cfg.data]
+    out: list[DataConfig] = []
+    for i, ph in enumerate(cfg.train.phases):
+        changes: dict[str, Any] = {"max_seq_length": ph.max_seq_length,
+                                   "output": resolve_path(ph.output) if ph.output else f"{cfg.data.output}-{ph.max_seq_length}"}
+        if ph.max_predictions_per_seq:
+            changes["max_predictions_per_seq"] = ph.max_predictions_per_seq
+        if i > 0 and cfg.data.vocab is None:
+            changes["vocab"] = f"{out[0].output}/vocab.txt"
+        out.append(dataclasses.replace(cfg.data, **changes))
+    return out
