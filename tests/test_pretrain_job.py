@@ -261,15 +261,20 @@ def test_job_end_to_end_mlflow_server(cluster, prepared, work, repo_root, tmp_pa
     assert tracking.client().get_run(run_id).info.artifact_uri.startswith("mlflow-artifacts:")  # served by the server
     info = tracking.model_version_info("models:/bert-pretrain-srv@latest-pretrain")
     exp = tracking.client().get_experiment_by_name("bert-pretrain")
-    check_in_browser(browser_page, mlflow_server, "bert-pretrain-srv", info, exp, tmp_path)
+    check_in_browser(browser_page, mlflow_server, "bert-pretrain-srv", info, exp, Path(prepared["validate"].output).name,
+                     tmp_path)
 
 
-def check_in_browser(page, uri: str, model_name: str, info: dict, exp, shots) -> None:
-    """The run's charts and the registered version as the MLflow UI shows them (screenshots under `shots`)."""
+def check_in_browser(page, uri: str, model_name: str, info: dict, exp, data_name: str, shots) -> None:
+    """The run's datasets and charts and the registered version as the MLflow UI shows them (screenshots under
+    `shots`)."""
     assert exp.tags.get("mlflow.experimentKind") == "custom_model_development"  # opens on the training view
     run_id = info["run_id"]
     page.goto(f"{uri}/#/experiments/{exp.experiment_id}/runs/{run_id}")
-    page.get_by_text("data-heldout").first.wait_for(timeout=60_000)  # the Datasets panel: the held-out shards (eval)
+    # the Datasets panel: the prepared data as "<name> (<digest>)", the manifest's sha256 cut to MLflow's 36
+    # characters, with its context (the held-out shards' entry sits behind a "+1")
+    page.get_by_text(f"{data_name} ({info['tags']['data_manifest_sha256'][:36]})").first.wait_for(timeout=60_000)
+    assert "Training" in page.inner_text("body")
     page.screenshot(path=str(shots / "run-overview.png"))
     page.goto(f"{uri}/#/experiments/{exp.experiment_id}/runs/{run_id}/model-metrics")
     # Metric names grouped by prefix: the UI makes a section of each ("train (N)", "eval (N)", "system (N)").
