@@ -20,7 +20,6 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-
 from pipeline.errors import PipelineError
 from pipeline.storage.io import is_uri
 
