@@ -201,7 +201,11 @@ def make_step(impl: Impl, model: torch.nn.Module, batch: dict[str, torch.Tensor]
 
         opt, sched = make_optimizer(model, "adamw", 1e-4, 0.01, warmup_steps=0, total_steps=10**9, schedule="constant")
         t = Trainable(model, opt, sched)
-        flops = flop_counter(model.config) if device == "cuda" else None  # the loop counts train/mfu on a GPU only
+        # The loop counts train/mfu on a GPU, from the host batch; this batch is already on the device, so its count
+        # is taken once here (counting it each step read it off the device: a host sync the loop does not have).
+        host = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        work = flop_counter(model.config)(host) if device == "cuda" else None
+        flops = (lambda _b: work) if work is not None else None
         return lambda: train_step(t, [batch], accumulation=1, counts=counts, summarise=summarise,
                                   device=torch.device(device), precision=dtype, flops=flops)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused="fused" in impl.features or None)

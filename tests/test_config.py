@@ -72,6 +72,17 @@ def test_phases_parse_from_the_command_line():
         load_config(None, ["--train.phases", "[{seq_len: 64}]"])
 
 
+def test_phases_on_the_command_line_replace_the_config_files(repo_root):
+    """A typed list is the list: nothing of the YAML's phases (their `output` here) is merged into it, found when
+    the GPU run's `--data.output` and `--train.phases` still wrote configs/base.yaml's /mnt/shared paths."""
+    base = repo_root / "configs" / "base.yaml"
+    assert load_config(base, []).train.phases[0].output == "/mnt/shared/data/base-128"
+    cfg = load_config(base, ["--data.output", "/tmp/b", "--train.phases=[{max_seq_length: 128, fraction: 0.5}, {max_seq_length: 256}]"])
+    assert cfg.train.phases == [PhaseConfig(max_seq_length=128, fraction=0.5), PhaseConfig(max_seq_length=256)]
+    with pytest.raises(ConfigError, match="fraction 2.0"):  # checked again after the replacement
+        load_config(base, ["--train.phases", "[{fraction: 2.0}]"])
+
+
 @pytest.mark.parametrize(
     "override,message",
     [
