@@ -204,7 +204,8 @@ class Progress:
         if "train/tokens_per_s" in metrics:
             line += f"  {metrics['train/tokens_per_s']:,.0f} tok/s"
         if "train/mfu" in metrics:  # GPU runs only (pipeline.pretrain.metrics.device_peak)
-            line += f"  mfu {metrics['train/mfu']:.1%}"
+            m = metrics["train/mfu"]
+            line += f"  mfu {m:.1%}" if m >= 0.01 else f"  mfu {m:.2%}"  # a tiny model: 0.04%, not 0.0%
         done = step - self._s0
         if self.total and done > 0 and step < self.total:
             eta = self.every.elapsed(now) / done * (self.total - step)
