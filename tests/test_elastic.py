@@ -194,3 +194,34 @@ def test_a_checkpoint_loads_at_another_world_size_and_in_the_format_before_world
     state = load_checkpoint(str(tmp_path), 0, t2, world=1)
     assert state == {"step": 4, "position": {"phase": 0, "epoch": 2, "micro": 6}, "world_size": 1}
     assert torch.equal(torch.rand(2), expect)  # this rank's RNG restored
+
+
+def test_the_run_name_leaves_the_number_of_workers_out_and_earlier_runs_keep_theirs(repo_root, tmp_path, capsys):
+    """Any num_workers or micro_batch_size: one name. A run the code before this change named (its names below,
+    computed by that code for tiny.yaml) keeps its name while it has checkpoints and the new name has none."""
+    import dataclasses
+
+    from pipeline.config import load_config
+    from pipeline.pretrain.identity import legacy_run_notice, run_name_for
+
+    ds = [SimpleNamespace(config_hash="c" * 64, vocab_sha256="v" * 64)]
+    tiny = load_config(repo_root / "configs" / "tiny.yaml", ["--train.storage_path", str(tmp_path)])
+
+    def cfg(**train):
+        return dataclasses.replace(tiny, train=dataclasses.replace(tiny.train, **train))
+
+    new = run_name_for(cfg(), ds)
+    assert new.startswith("tiny-") and new not in ("tiny-f6dfe608fd", "tiny-d6927a33d1")
+    assert run_name_for(cfg(num_workers=1, micro_batch_size=32), ds) == new
+    assert run_name_for(cfg(num_workers=3), ds) == new
+    assert run_name_for(cfg(global_batch_size=64), ds) != new  # the global batch stays in it
+    assert legacy_run_notice(cfg(), ds, new) is None
+
+    (tmp_path / "tiny-f6dfe608fd" / "checkpoint_2026-01-01_00-00-00.000000").mkdir(parents=True)
+    assert run_name_for(cfg(), ds) == "tiny-f6dfe608fd"  # 2 workers x 16: the name it had
+    assert run_name_for(cfg(num_workers=1, micro_batch_size=32), ds) == new  # not at its size
+    assert legacy_run_notice(cfg(), ds, "tiny-f6dfe608fd").startswith(
+        "[train] tiny-f6dfe608fd was named before the data order stopped depending on the number of workers: it "
+        "resumes at its own size (train.num_workers 2)")
+    (tmp_path / new / "checkpoint_2026-01-02_00-00-00.000000").mkdir(parents=True)
+    assert run_name_for(cfg(), ds) == new  # once the new name has checkpoints, it is the run

@@ -42,8 +42,8 @@ from pipeline.data.stages import data_stages
 from pipeline.storage.io import local_checkpoint_dir, read_bytes
 from pipeline.tracking.outbox import read_pending
 from pipeline.tracking.wait import server_needed
-from pipeline.pretrain.identity import (check_run_init, longer_run_notice, newest_intact, record_run_init, resume_point,
-                                        run_identity, run_lock, run_name_for)
+from pipeline.pretrain.identity import (check_run_init, legacy_run_notice, longer_run_notice, newest_intact,
+                                        record_run_init, resume_point, run_identity, run_lock, run_name_for)
 from pipeline.pretrain.init import InitCheckpoint
 from pipeline.pretrain.loader import Batches, PhasePlan
 from pipeline.pretrain.loop import train_loop_per_worker
@@ -202,8 +202,9 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
     run_name = run_name_for(cfg, datasets, init)
     first = datasets[0]
     base = run_identity(cfg, datasets, init, without=("max_steps",))  # runs that differ only by their length share it
-    if (notice := longer_run_notice(cfg, run_name, base, uri)) is not None:
-        print(notice, flush=True)
+    for notice in (longer_run_notice(cfg, run_name, base, uri), legacy_run_notice(cfg, datasets, run_name, init)):
+        if notice is not None:
+            print(notice, flush=True)
     run_id = tracking.start_run(cfg.tracking.experiment, run_name, {
         "identity_without_max_steps": base,
         "git_sha": git_sha, "config_hash": config_hash(cfg.to_dict()), "data_manifest_sha256": first.manifest_sha256,
