@@ -225,3 +225,41 @@ def test_the_run_name_leaves_the_number_of_workers_out_and_earlier_runs_keep_the
         "resumes at its own size (train.num_workers 2)")
     (tmp_path / new / "checkpoint_2026-01-02_00-00-00.000000").mkdir(parents=True)
     assert run_name_for(cfg(), ds) == new  # once the new name has checkpoints, it is the run
+
+
+def test_min_workers_makes_an_elastic_run_that_says_when_its_size_changes(monkeypatch, tmp_path, capfd):
+    """`train.min_workers` -> Ray Train's ScalingConfig(num_workers=(min, max)) (checked on a 2-CPU local Ray by
+    hand: (1, 4) workers of 0.75 CPU start 2); its controller callback prints a line at the first start and at
+    each start at another size."""
+    import ray.train.torch
+
+    from pipeline import cluster
+    from pipeline.cluster.resize import WorkerCount
+    from pipeline.config import ConfigError, load_config
+
+    assert load_config(None, ["--train.num_workers", "4", "--train.min_workers", "2"]).train.min_workers == 2
+    with pytest.raises(ConfigError, match=r"train.min_workers 5 must be >= 1 and <= num_workers 4"):
+        load_config(None, ["--train.num_workers", "4", "--train.min_workers", "5"])
+
+    made = {}
+
+    class Trainer:  # what fit hands Ray Train
+        def __init__(self, loop, **kwargs):
+            made.update(kwargs)
+
+        def fit(self):
+            return SimpleNamespace(error=None)
+
+    monkeypatch.setattr(ray.train.torch, "TorchTrainer", Trainer)
+    for scale, workers in ((cluster.Scale(4, min_workers=2), (2, 4)), (cluster.Scale(4), 4), (cluster.Scale(4, min_workers=4), 4)):
+        cluster.fit(lambda h: None, None, name="r", storage_path=str(tmp_path), scale=scale)
+        assert made["scaling_config"].num_workers == workers
+    cluster.fit(lambda h: None, None, name="r", storage_path=str(tmp_path), scale=cluster.Scale(4, min_workers=2))
+    count = next(c for c in made["run_config"].callbacks if isinstance(c, WorkerCount))
+    capfd.readouterr()
+    for n in (4, 4, 3, 3, 4):
+        count.before_worker_group_start(SimpleNamespace(num_workers=n))
+    assert capfd.readouterr().out.splitlines() == [
+        "[train] 4 workers (elastic: train.min_workers 2)",
+        "[train] worker count 4 -> 3: resuming from the newest checkpoint",
+        "[train] worker count 3 -> 4: resuming from the newest checkpoint"]

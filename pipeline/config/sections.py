@@ -249,6 +249,10 @@ class TrainConfig(BaseTrainConfig):
 
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
     """How Ray places the workers: PACK fills a node first, SPREAD puts them on different nodes."""
+    min_workers: int | None = None
+    """Elastic training: when workers are lost for good (preempted nodes), the run goes on from its newest
+    checkpoint with as few as this many, and grows back towards num_workers when capacity returns (needs
+    max_failures != 0); the losses are those of a run at any other size. Null: exactly num_workers."""
     data_cpus: float | None = None
     """Cap on the CPUs Ray Data reading may use (ExecutionResources); null lets Ray Data decide."""
     max_steps: int = 100
@@ -305,6 +309,8 @@ class TrainConfig(BaseTrainConfig):
         _check(self.global_batch_size >= 1, f"train.global_batch_size {self.global_batch_size} < 1")
         _check(0 <= self.head_only_steps < self.max_steps,
                f"train.head_only_steps {self.head_only_steps} must be >= 0 and < max_steps {self.max_steps}")
+        _check(self.min_workers is None or 1 <= self.min_workers <= self.num_workers,
+               f"train.min_workers {self.min_workers} must be >= 1 and <= num_workers {self.num_workers}")
         _check(self.num_workers <= self.global_batch_size,
                f"train.num_workers {self.num_workers} > global_batch_size {self.global_batch_size}: every worker "
                "needs at least one example of each step")

@@ -131,7 +131,8 @@ def run_training(cfg: Config, datasets: list[PreparedDataset], run_id: str, run_
                               resume_from=latest[0].rsplit("/", 1)[-1] if latest else None,
                               verified=tuple(verified(latest[0])) if latest else (),  # the workers need not hash it again
                               on_step=on_step)
-    scale = cluster.Scale(tc.num_workers, tc.use_gpu, tc.cpus_per_worker, tc.placement_strategy, tc.max_failures, tc.num_to_keep)
+    scale = cluster.Scale(tc.num_workers, tc.use_gpu, tc.cpus_per_worker, tc.placement_strategy, tc.max_failures,
+                          tc.num_to_keep, min_workers=tc.min_workers)
     result = cluster.fit(train_loop_per_worker, handoff, name=run_name, storage_path=tc.storage_path, scale=scale,
                           datasets=_ray_datasets(plans, tc.materialize_data),
                           dataset_config=RayDataConfig(datasets_to_split=[], execution_options=exec_opts))
