@@ -23,7 +23,7 @@ from model import BertConfig, BertForPreTraining
 from pipeline.core.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.core.optim import make_optimizer
 from pipeline.core.step import Trainable, train_step
-from pipeline.pretrain.loader import Batches, PhasePlan, StepFeed
+from pipeline.pretrain.loader import Batches, PhasePlan, StepFeed, split_global_batch
 from pipeline.pretrain.metrics import counts, step_loss, summarise
 
 VOCAB, SEQ, ROWS, BATCH, CAP, CHUNK, STEPS = 60, 16, 50, 12, 4, 20, 8
@@ -78,6 +78,29 @@ def test_every_step_is_the_same_global_batch_at_any_world_size():
     first_epoch = sum(one[:4], [])
     assert len(set(first_epoch)) == 48 and set(first_epoch) <= every and len(every) == ROWS
     assert one[4:] != one[:4]  # the next epoch: another order
+
+
+def test_dynamic_masks_and_the_global_counts_are_the_same_at_any_world_size():
+    """Dynamically masked data: every rank draws the masks of the whole global batch to count them, and its share
+    holds the masks the whole batch got (1, 2 and 3 workers: the same positions, ids and counts)."""
+    from pipeline.data.masking import MaskingPolicy
+
+    policy = MaskingPolicy(mask_rate=0.3, max_predictions_per_seq=4, vocab_size=VOCAB, mask_token_id=4,
+                           special_ids=(0, 1, 2, 3, 4))
+    dynamic = PhasePlan(SimpleNamespace(dynamic_masking=True, policy=lambda: policy, max_seq_length=SEQ), STEPS, BATCH,
+                        CAP, ("a",), ROWS, (), False)
+    table = pa.concat_tables(TABLES).drop_columns(["masked_lm_positions", "masked_lm_ids"])
+    table = table.append_column("example_id", pa.array(range(ROWS), pa.int64()))
+    batch = table.slice(0, BATCH)
+    seen = {}
+    for world in (1, 2, 3):
+        parts = [Batches(dynamic, 7).step(batch, 2, s) for s in split_global_batch(BATCH, world, CAP)]
+        assert len({(p.masked_tokens, p.nsp_examples) for p in parts}) == 1
+        micro = [b for p in parts for b in p.micro_batches]
+        seen[world] = (parts[0].masked_tokens, [int((b["masked_lm_positions"] >= 0).sum()) for b in micro],
+                       sorted(tuple(row[row >= 0].tolist()) for b in micro for row in b["masked_lm_ids"]))
+        assert seen[world][0] == sum(seen[world][1])  # the count is the masks the ranks train on
+    assert seen[1][0] == seen[2][0] == seen[3][0] > 0 and seen[1][2] == seen[2][2] == seen[3][2]
 
 
 def _group(store, rank: int, world: int):

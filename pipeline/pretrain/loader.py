@@ -326,12 +326,21 @@ class Batches:
 
     def step(self, table, epoch: int, slices: Sequence[tuple[int, int]]) -> Step:
         """A global batch (`table`) -> this rank's micro-batches (`slices` of its rows) and the whole batch's loss
-        denominators. Every rank masks all the rows (masks are per row, so a slice's are what masking it alone
-        gives) and counts them: no collective is needed to know the global batch's masked tokens."""
-        rows = self.rows(table, epoch)
-        masked = int(sum(len(p) for p in rows["masked_lm_positions"]))
-        nsp = int((np.asarray(rows["next_sentence_label"]) >= 0).sum())
-        return Step([self.collate({k: v[a:b] for k, v in rows.items()}) for a, b in slices], masked, nsp)
+        denominators, counted by every rank from all the rows: no collective is needed to know them. Static masks
+        are counted in the table; dynamic ones are drawn for every row first (masks are per row, so a slice's are
+        what masking it alone gives), the rank's share only converted otherwise."""
+        import pyarrow.compute as pc
+
+        lo, hi = slices[0][0], slices[-1][1]
+        nsp = int(pc.sum(pc.greater_equal(table["next_sentence_label"], 0)).as_py() or 0)
+        if self.policy is None:
+            masked = int(pc.sum(pc.list_value_length(table["masked_lm_positions"])).as_py() or 0)
+            rows = arrow_rows(table.slice(lo, hi - lo))
+        else:
+            every = self.rows(table, epoch)
+            masked = int(sum(len(p) for p in every["masked_lm_positions"]))
+            rows = {k: v[lo:hi] for k, v in every.items()}
+        return Step([self.collate({k: v[a - lo : b - lo] for k, v in rows.items()}) for a, b in slices], masked, nsp)
 
 
 class StepFeed:

@@ -83,7 +83,7 @@ def start_worker(h: PretrainHandoff) -> Worker:
     torch.set_num_threads(max(1, int(tc.cpus_per_worker)))  # fixed thread count: bit-identical CPU math on restart
     torch.manual_seed(tc.seed)  # identical initial weights on every rank (DDP also broadcasts rank 0's)
     model = build_model(cfg.model, plans[0].dataset.vocab_size)
-    if tc.compile:  # each layer in place: names (checkpoints) unchanged; batches come at one width (RankFeed)
+    if tc.compile:  # each layer in place: names (checkpoints) unchanged; batches come at one width (rank_steps)
         model.bert.encoder.compile_layers()
     model = cluster.prepare_model(model)
     optimizer, scheduler = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=tc.warmup_steps,
