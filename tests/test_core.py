@@ -13,6 +13,7 @@ import torch
 
 from pipeline.core.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.core.optim import Lamb, lr_lambda, make_optimizer
+from pipeline.core.precision import HOST_ONLY
 from pipeline.core.step import Trainable
 from pipeline.pretrain.loader import collate, epoch_batches, split_global_batch
 
@@ -183,7 +184,8 @@ def test_collate_for_modernbert_turns_doc_lengths_into_cu_seqlens():
     # row 0: documents at 0..3 and 3..7; row 1 starts at 7: its document 7..11, its padding 11..14 a segment alone
     assert b["cu_seqlens"].tolist() == [0, 3, 7, 11, 14]
     assert b["input_ids"].tolist() == [[2, 5, 3, 2, 6, 7, 3], [2, 8, 9, 3, 0, 0, 0]]
-    assert set(b) == {"input_ids", "masked_lm_positions", "masked_lm_ids", "num_tokens", "cu_seqlens"}
+    assert set(b) == {"input_ids", "masked_lm_positions", "masked_lm_ids", "num_tokens", "spans", "cu_seqlens"}
+    assert b["spans"].tolist() == [3, 4, 4]  # attention's spans (for MFU): each document, the padding none
     # shards without the column (written before it, or not packed): one document a row, BERT's mask for padding
     old = collate(_packed_rows(None), modernbert=True)
     assert "cu_seqlens" not in old and old["attention_mask"].tolist() == [[1] * 7, [1, 1, 1, 1, 0, 0, 0]]
@@ -214,7 +216,7 @@ def test_pretraining_counts_of_an_mlm_only_model_have_no_nsp():
     torch.manual_seed(0)
     m = ModernBertForMaskedLM(ModernBertConfig.from_preset("modernbert-tiny", vocab_size=16))
     b = collate(_packed_rows([np.array([3, 4], np.int32), np.array([4], np.int32)]), modernbert=True)
-    out = m(**{k: v for k, v in b.items() if k != "num_tokens"})
+    out = m(**{k: v for k, v in b.items() if k not in HOST_ONLY})
     c = counts(out, b)
     assert c[2].item() == 3 and c[3:].tolist() == [0.0, 0.0, 0.0]
     assert set(summarise(c)) == {"loss", "mlm_loss", "mlm_accuracy"}

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from pipeline.data.dataset import PreparedDataset
+from pipeline.core.precision import HOST_ONLY
 from pipeline.data.masking import MaskingPolicy, mask_batch
 
 
@@ -74,7 +75,9 @@ def collate(batch: dict[str, Any], pad_to: int | None = None, unpad: bool = Fals
     width instead (a compiled encoder then sees one shape: no recompilation per batch width). `unpad` gives a batch
     with padding `unpad_indices` (T,) int64, the real tokens' indices into the flattened (B*L), and `cu_seqlens`
     (B+1,) int32 (what the varlen kernels take) instead of the mask: the model then runs on the real tokens only.
-    `modernbert` makes the batch `ModernBertForMaskedLM` takes: no token types or NSP labels, and when a row holds
+    `spans` (host, never copied, like `num_tokens`) holds the real-token lengths of what attention runs over (each
+    row; each document of a packed ModernBERT row): the step's model FLOPs (`model.flops.train_flops`) for
+    `train/mfu`. `modernbert` makes the batch `ModernBertForMaskedLM` takes: no token types or NSP labels, and when a row holds
     several documents (the `doc_lengths` column) their boundaries as `cu_seqlens` (`document_boundaries`) instead
     of the mask, so attention stays inside each document.
 
@@ -107,12 +110,15 @@ def collate(batch: dict[str, Any], pad_to: int | None = None, unpad: bool = Fals
         "masked_lm_ids": torch.from_numpy(labels),
         "next_sentence_label": torch.as_tensor(np.asarray(batch["next_sentence_label"], dtype=np.int64)),
         "num_tokens": torch.tensor(int(lengths.sum())),
+        "spans": torch.from_numpy(lengths),
     }
     if modernbert:
         del out["token_type_ids"], out["next_sentence_label"]  # no segments, no NSP head
         docs = batch.get("doc_lengths")
         if docs is not None and any(len(d) > 1 for d in docs):
             out["cu_seqlens"] = torch.from_numpy(document_boundaries(docs, lengths, ids.shape[1]))
+            out["spans"] = torch.from_numpy(np.concatenate(
+                [np.asarray(d, dtype=np.int64) if len(d) else lengths[i:i + 1] for i, d in enumerate(docs)]))
             return out
         unpad = False  # its unpadded attention is the documents'
     if mask.all():
@@ -317,8 +323,8 @@ class Batches:
 
     def collate(self, rows: dict[str, Any]) -> dict[str, torch.Tensor]:
         batch = collate(rows, self.pad_to, self.unpad, self.modernbert)
-        if self.pin_memory:  # `num_tokens` stays on the host: it is never copied
-            batch = {k: v if k == "num_tokens" else v.pin_memory() for k, v in batch.items()}
+        if self.pin_memory:  # `num_tokens` and `spans` stay on the host: they are never copied
+            batch = {k: v if k in HOST_ONLY else v.pin_memory() for k, v in batch.items()}
         return batch
 
     def __call__(self, table, epoch: int) -> dict[str, torch.Tensor]:

@@ -2,7 +2,8 @@
 Its setup (build, resume, logger) is `worker`, its data `feed`, its figures `metrics`; the step itself is shared
 with fine-tuning (`pipeline.core`). The MLM/NSP sums stay on the device (`TrainFigures`) and are all-reduced and
 copied to the host only on the steps that log (`train.log_every_steps`), evaluate or checkpoint, and on the last:
-a GPU never waits for the host in between.
+a GPU never waits for the host in between. On a GPU the step line also carries `train/mfu`: model FLOPs counted on
+the host from each batch (`metrics.flop_counter`) over the device's dense bf16 peak (`model.flops`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pipeline.core.checkpoint import save_checkpoint
 from pipeline.core.step import TrainFigures, evaluate_sums, train_step
 from pipeline.tracking.outbox import write_pending
 from pipeline.pretrain.feed import eval_batches, rank_steps
-from pipeline.pretrain.metrics import NUM_COUNTS, counts, eval_metrics, step_loss, summarise
+from model.flops import mfu
+from pipeline.pretrain.metrics import NUM_COUNTS, counts, device_peak, eval_metrics, flop_counter, step_loss, summarise
 from pipeline.pretrain.worker import PretrainHandoff, start_worker
 
 
@@ -30,6 +32,8 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
     ends = np.cumsum([p.steps for p in plans]).tolist()
     step, evals = w.step, {}
     figures = TrainFigures()  # sums stay on the device between the steps that read them
+    peak = device_peak(device, say=print if rank == 0 else None)  # a GPU's: train/mfu; None on a CPU
+    flops = flop_counter(getattr(t.model, "module", t.model).config) if peak else None
     while step < tc.max_steps:
         phase = next(i for i, e in enumerate(ends) if step < e)
         plan, begun = plans[phase], ends[phase] - plans[phase].steps  # the phase's first step
@@ -40,7 +44,7 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
             s = next(steps)  # this rank's share of the step's global batch; the loss is the whole batch's mean
             figures.add(train_step(t, s.micro_batches, accumulation=len(s.micro_batches), counts=counts,
                                    summarise=summarise, device=device, precision=tc.precision,
-                                   max_grad_norm=tc.max_grad_norm,
+                                   max_grad_norm=tc.max_grad_norm, flops=flops,
                                    loss=lambda out, s=s: step_loss(out, s.masked_tokens, s.nsp_examples, world)))
             step += 1
             evaluating = (tc.eval_every_steps and step % tc.eval_every_steps == 0) or step == tc.max_steps
@@ -48,7 +52,10 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
             if step % tc.log_every_steps == 0 or evaluating or checkpointing:  # the host syncs, on every rank
                 stats = figures.read()
                 if log is not None:
-                    log.step(step, {**stats.metrics(), "train/phase": phase})
+                    metrics = {**stats.metrics(), "train/phase": phase}
+                    if peak:  # on the datasheet's dense bf16 basis (model.flops), per GPU
+                        metrics["train/mfu"] = mfu(stats.flops, stats.seconds, peak, world)
+                    log.step(step, metrics)
             if evaluating:
                 if phase not in evals:
                     evals[phase] = eval_batches(plan, phase, rank, world, tc.seed, tc.eval_batches * tc.num_workers,

@@ -8,6 +8,8 @@ on the device and reads them on the host only on the steps that log, evaluate or
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 NUM_COUNTS = 6
@@ -61,3 +63,41 @@ def summarise(c: torch.Tensor) -> dict[str, float]:
 def eval_metrics(c: torch.Tensor) -> dict[str, float]:
     """`eval/...` figures of summed held-out counts."""
     return {**{f"eval/{k}": v for k, v in summarise(c).items()}, "eval/masked_tokens": c[2].item()}
+
+
+def flop_counter(model_cfg) -> Callable[[dict[str, torch.Tensor]], float]:
+    """A host batch (`pipeline.pretrain.loader.collate`'s: `spans`, `masked_lm_positions`) -> its model FLOPs for
+    `model_cfg` (`model.flops.train_flops`), read from host tensors only: nothing waits for the device.
+
+    >>> from model.config import BertConfig
+    >>> from model.flops import train_flops
+    >>> cfg = BertConfig.from_preset("tiny", vocab_size=100)
+    >>> b = {"input_ids": torch.zeros(2, 4), "spans": torch.tensor([4, 2]), "masked_lm_positions": torch.tensor([[1, 2], [0, -1]])}
+    >>> flop_counter(cfg)(b) == train_flops(cfg, [4, 2], 3)
+    True
+    """
+    from model.flops import train_flops
+
+    def count(batch: dict[str, torch.Tensor]) -> float:
+        rows = int((batch["masked_lm_positions"] >= 0).sum())
+        return train_flops(model_cfg, batch["spans"].tolist(), rows, sequences=len(batch["input_ids"]))
+
+    return count
+
+
+def device_peak(device: torch.device, say: Callable[[str], None] | None = print) -> float | None:
+    """The dense bf16 peak FLOP/s of a CUDA `device` (`model.flops.dense_bf16_peak`) for `train/mfu`; None on a
+    CPU, and None with one line through `say` for a GPU the table does not know.
+
+    >>> device_peak(torch.device("cpu")) is None
+    True
+    """
+    if device.type != "cuda":
+        return None
+    from model.flops import dense_bf16_peak
+
+    name = torch.cuda.get_device_name(device)
+    peak = dense_bf16_peak(name)
+    if peak is None and say is not None:
+        say(f"[train] no train/mfu: the dense bf16 peak of {name!r} is not in model.flops.DENSE_BF16_PEAK")
+    return peak
