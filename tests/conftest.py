@@ -100,6 +100,17 @@ def small_corpus(shared_dir, tmp_path_factory) -> list[str]:
     return [str(root / "books" / b) for b in BOOKS] + [str(wiki)]
 
 
+@pytest.fixture()
+def one_thread():
+    """Tiny models: one thread is fastest, and on a shared machine more spin against each other (8 s vs 0.3 s)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     """A real local Ray cluster in this process (2 CPUs), shut down after the module."""

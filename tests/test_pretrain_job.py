@@ -539,6 +539,33 @@ def test_resuming_with_another_vocabulary_is_refused(baseline, prepared, work, m
         _train(prepared, work, "vocabswap", data=rebuilt)
 
 
+def test_a_run_resumes_on_fewer_workers_with_the_same_losses(prepared, work, ft_store, capsys):
+    """Through Ray Train: a 2-worker run, and a copy of it whose step-8 checkpoint is damaged re-run on 1 worker:
+    it resumes from the step-4 checkpoint the 2 workers wrote and logs steps 5-8 with the 2-worker run's losses
+    within 1e-3 relative (no dropout: each rank's dropout draws are its own, the one thing a resize changes;
+    the same on 1, 2 and 3 workers in this process: tests/test_elastic.py). Two Ray Train runs: 65-120 s on a
+    busy 2-core machine."""
+    from pipeline import tracking
+
+    no_dropout = ("--model.overrides.hidden_dropout_prob", "0.0", "--model.overrides.attention_probs_dropout_prob", "0.0")
+    _, two = _train(prepared, work, "two-workers", *no_dropout)
+    runs = work / "ft-runs"
+    shutil.copytree(runs / "two-workers", runs / "one-worker")
+    newest = max((d for d in (runs / "one-worker").glob("checkpoint_*") if d.is_dir()),
+                 key=lambda d: json.loads((d / "train_state.json").read_text())["step"])
+    (newest / "model.safetensors").write_bytes(b"")
+    capsys.readouterr()
+    _, one = _train(prepared, work, "one-worker", *no_dropout, "--train.num_workers", "1")
+    assert ": resuming from step 4 (" in capsys.readouterr().out
+    assert tracking.client().get_run(one).data.tags["world_size"] == "1"
+    both, resumed = _history(two, "train/loss"), _history(one, "train/loss")
+    assert [s for s, _ in both] == list(range(1, 9)) and [s for s, _ in resumed] == [5, 6, 7, 8]
+    for (step, want), (_, got) in zip(both[4:], resumed):
+        assert got == pytest.approx(want, rel=1e-3), step
+    print(f"largest relative loss difference, 2 workers vs resumed on 1: "
+          f"{max(abs(got / want - 1) for (_, want), (_, got) in zip(both[4:], resumed)):.1e}")
+
+
 def test_two_node_ddp_matches_single_node(baseline, prepared, work):
     """Two nodes with 1 CPU each, one worker per node (SPREAD): DDP over gloo across nodes, same weights;
     checkpoints go to a file:// URI."""

@@ -24,15 +24,7 @@ from pipeline.pretrain.loader import Batches, collate
 from pipeline.pretrain.metrics import counts, summarise
 
 VOCAB, SEQ = 60, 16
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one thread is fastest, and on a shared machine more spin against each other (8 s vs 0.3 s)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _rows(rng: np.random.Generator, n: int, lengths: list[int] | None = None, nsp: bool = True) -> dict:

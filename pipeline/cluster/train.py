@@ -19,11 +19,26 @@ class Scale:
     placement_strategy: str = "PACK"
     max_failures: int = 0
     num_to_keep: int = 2
+    min_workers: int | None = None
+    """Elastic: Ray Train runs on as few as this many workers when no more fit (None: exactly num_workers)."""
+
+    @property
+    def workers(self) -> int | tuple[int, int]:
+        """What ScalingConfig's num_workers takes: a count, or (min, max) for an elastic run.
+
+        >>> Scale(4).workers, Scale(4, min_workers=2).workers, Scale(4, min_workers=4).workers
+        (4, (2, 4), 4)
+        """
+        if self.min_workers is None or self.min_workers >= self.num_workers:
+            return self.num_workers
+        return (self.min_workers, self.num_workers)
 
 
 def fit(loop: Callable[[Any], None], handoff: Any, *, name: str, storage_path: str, scale: Scale,
         datasets: dict[str, Any] | None = None, dataset_config: Any = None):
-    """Run `loop(handoff)` on `scale.num_workers` Ray Train workers (DDP set up by Ray); `handoff` is what the
+    """Run `loop(handoff)` on `scale.num_workers` Ray Train workers (as few as `scale.min_workers` when set: Ray
+    Train restarts the group at the size that fits, from the newest checkpoint, and `WorkerCount` prints a line
+    each time the size changes; DDP set up by Ray); `handoff` is what the
     driver gives every worker, a frozen dataclass (`PretrainHandoff`, `FinetuneHandoff`), pickled once per worker.
     A run of the same `name` in `storage_path` is resumed from its latest checkpoint. Returns Ray's Result; raises
     its error."""
@@ -33,19 +48,21 @@ def fit(loop: Callable[[Any], None], handoff: Any, *, name: str, storage_path: s
     from ray.train.torch import TorchTrainer
 
     from pipeline.cluster.failfast import FailFast
+    from pipeline.cluster.resize import WorkerCount
 
     resources = {"CPU": scale.cpus_per_worker, **({"GPU": 1} if scale.use_gpu else {})}
+    elastic = scale.workers
     kwargs: dict[str, Any] = {"datasets": datasets} if datasets else {}
     if dataset_config is not None:
         kwargs["dataset_config"] = dataset_config
     trainer = TorchTrainer(
         functools.partial(_noting_traceback, loop, handoff),  # no train_loop_config: Ray Train calls it as it is
-        scaling_config=ScalingConfig(num_workers=scale.num_workers, use_gpu=scale.use_gpu,
+        scaling_config=ScalingConfig(num_workers=elastic, use_gpu=scale.use_gpu,
                                      resources_per_worker=resources, placement_strategy=scale.placement_strategy),
         run_config=RunConfig(name=name, storage_path=storage_path,
                              failure_config=FailureConfig(max_failures=scale.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=scale.num_to_keep),
-                             callbacks=[FailFast()],
+                             callbacks=[FailFast(), WorkerCount(elastic[0] if isinstance(elastic, tuple) else None)],
                              # Ray Train's INFO (worker group start, checkpoints, reports) to its log files only
                              logging_config=LoggingConfig(log_level="WARNING")),
         **kwargs,

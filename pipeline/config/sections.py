@@ -173,7 +173,7 @@ class PhaseConfig:
     output: str | None = None
     """Prepared-data directory of this phase; null means `<data.output>-<max_seq_length>`."""
     micro_batch_size: int | None = None
-    """Per-worker micro-batch in this phase (longer sequences need smaller ones); null keeps train's."""
+    """Per-worker micro-batch cap in this phase (longer sequences need smaller ones); null keeps train's."""
     global_batch_size: int | None = None
     """Examples per optimizer step in this phase; null keeps train's."""
 
@@ -249,14 +249,21 @@ class TrainConfig(BaseTrainConfig):
 
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
     """How Ray places the workers: PACK fills a node first, SPREAD puts them on different nodes."""
+    min_workers: int | None = None
+    """Elastic training: when workers are lost for good (preempted nodes), the run goes on from its newest
+    checkpoint with as few as this many, and grows back towards num_workers when capacity returns (needs
+    max_failures != 0); the losses are those of a run at any other size. Null: exactly num_workers."""
     data_cpus: float | None = None
     """Cap on the CPUs Ray Data reading may use (ExecutionResources); null lets Ray Data decide."""
     max_steps: int = 100
     """Optimizer steps in the whole run (all phases share one step count and LR schedule)."""
     global_batch_size: int = 32
-    """Examples per optimizer step over all workers (= micro_batch_size * num_workers * accumulation)."""
+    """Examples per optimizer step over all workers, whatever their number: which examples form each step is a
+    function of the seed, the phase, the epoch and this, so a run resumes at any num_workers with the same data."""
     micro_batch_size: int = 32
-    """Examples per forward/backward on one worker."""
+    """Cap on the examples of one forward/backward on one worker: each worker's share of the global batch is cut
+    into as few micro-batches of at most this many as it needs (gradient accumulation). Memory, not the maths:
+    it is not part of the run's identity."""
     phases: list[PhaseConfig] = field(default_factory=list)
     """Empty: one phase on data.output at data.max_seq_length. Else phases run in order on their own data."""
     warmup_steps: int = 10
@@ -302,20 +309,18 @@ class TrainConfig(BaseTrainConfig):
         _check(self.global_batch_size >= 1, f"train.global_batch_size {self.global_batch_size} < 1")
         _check(0 <= self.head_only_steps < self.max_steps,
                f"train.head_only_steps {self.head_only_steps} must be >= 0 and < max_steps {self.max_steps}")
-        per_step = self.micro_batch_size * self.num_workers
-        _check(
-            self.global_batch_size % per_step == 0,
-            f"train.global_batch_size {self.global_batch_size} is not a multiple of "
-            f"micro_batch_size * num_workers = {per_step}",
-        )
+        _check(self.min_workers is None or 1 <= self.min_workers <= self.num_workers,
+               f"train.min_workers {self.min_workers} must be >= 1 and <= num_workers {self.num_workers}")
+        _check(self.num_workers <= self.global_batch_size,
+               f"train.num_workers {self.num_workers} > global_batch_size {self.global_batch_size}: every worker "
+               "needs at least one example of each step")
         for i, ph in enumerate(self.phases):
             for name in ("micro_batch_size", "global_batch_size"):
                 v = getattr(ph, name)
                 _check(v is None or v >= 1, f"train.phases[{i}].{name} {v} < 1")
-            mb = ph.micro_batch_size or self.micro_batch_size
             gb = ph.global_batch_size or self.global_batch_size
-            _check(gb % (mb * self.num_workers) == 0,
-                   f"train.phases[{i}] global_batch_size {gb} is not a multiple of micro_batch_size * num_workers = {mb * self.num_workers}")
+            _check(self.num_workers <= gb, f"train.num_workers {self.num_workers} > train.phases[{i}] global_batch_size {gb}: "
+                   "every worker needs at least one example of each step")
         _check(self.warmup_steps >= 0, f"train.warmup_steps {self.warmup_steps} < 0")
         _check(self.poly_power > 0, f"train.poly_power {self.poly_power} must be > 0")
         _check(0 <= self.decay_fraction <= 1, f"train.decay_fraction {self.decay_fraction} is not in [0, 1]")
@@ -340,7 +345,13 @@ class TrainConfig(BaseTrainConfig):
 
     @property
     def accumulation_steps(self) -> int:
-        return self.global_batch_size // (self.micro_batch_size * self.num_workers)
+        """Micro-batches per worker and step at num_workers (`pipeline.pretrain.loader.split_global_batch`).
+
+        >>> TrainConfig(global_batch_size=48, micro_batch_size=16, num_workers=2).accumulation_steps
+        2
+        """
+        share = -(-self.global_batch_size // self.num_workers)  # the largest worker's share
+        return -(-share // self.micro_batch_size)
 
     def phase_steps(self) -> list[int]:
         """Optimizer steps of each phase, summing to max_steps (one phase when `phases` is empty).

@@ -160,10 +160,12 @@ def train_step(
     precision: Precision = "fp32",
     max_grad_norm: float = 1.0,
     flops: Callable[[dict[str, torch.Tensor]], float] | None = None,
+    loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> StepSums:
     """Forward/backward `accumulation` micro-batches (gradients all-reduced on the last only), clip, step.
     Nothing here waits for the device (fp16's scaler aside: `GradScaler.step` reads its inf check). `flops`
-    counts a host batch's model FLOPs (for MFU), from host tensors only."""
+    counts a host batch's model FLOPs (for MFU), from host tensors only. `loss(out)` is what a micro-batch
+    backpropagates (default `out.loss / accumulation`, a mean of the micro-batches' means)."""
     start = time.perf_counter()
     model, sums, tokens, examples, work = t.model, None, torch.zeros((), dtype=torch.int64), 0, 0.0
     batches = iter(micro_batches)
@@ -173,8 +175,8 @@ def train_step(
         sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
         with sync:  # DDP all-reduces gradients only on the last micro-step
             out = forward(model, batch, device, precision)
-            loss = out.loss / accumulation
-            (t.scaler.scale(loss) if t.scaler is not None else loss).backward()
+            objective = out.loss / accumulation if loss is None else loss(out)
+            (t.scaler.scale(objective) if t.scaler is not None else objective).backward()
         c = counts(out, batch).detach().double()  # stays on the device
         sums = c if sums is None else sums + c
         tokens = tokens + _num_tokens(batch)

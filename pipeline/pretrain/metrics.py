@@ -1,7 +1,8 @@
 """The pretraining figures: MLM/NSP outputs -> summed counts -> named metrics.
 
 The figures are kept as sums — (mlm_loss_sum, mlm_correct, mlm_count, nsp_loss_sum, nsp_correct, nsp_count) — so
-that they are exact over accumulation micro-steps and ranks (`counts`, `summarise`). The loop (`loop`) keeps them
+that they are exact over accumulation micro-steps and ranks (`counts`, `summarise`); the loss a micro-batch
+backpropagates is its share of the global batch's (`step_loss`). The loop (`loop`) keeps them
 on the device and reads them on the host only on the steps that log, evaluate or checkpoint.
 """
 
@@ -22,6 +23,24 @@ def counts(out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return torch.stack([*mlm, *torch.zeros(3, dtype=torch.float64, device=mc.device)])
     nc = out.nsp_count.double()
     return torch.stack([*mlm, out.nsp_loss.detach().double() * nc, out.nsp_correct.double(), nc])
+
+
+def step_loss(out, masked_tokens: int, nsp_examples: int, world: int) -> torch.Tensor:
+    """What one micro-batch backpropagates: its share of the global batch's loss, the MLM loss summed over its
+    masked tokens over the global batch's `masked_tokens`, plus the NSP loss likewise over `nsp_examples`, times
+    `world` because DDP averages the ranks' gradients. Summed over a rank's micro-batches and averaged over the
+    ranks it is the gradient of the global batch's mean loss, however the batch was split (a mean of per-micro-
+    batch means would weigh a token by the size of the micro-batch it fell in).
+
+    >>> from types import SimpleNamespace as NS
+    >>> t = torch.tensor
+    >>> step_loss(NS(mlm_loss=t(2.0), mlm_count=t(3), nsp_loss=t(0.5), nsp_count=t(1)), 6, 2, 2).item()
+    2.5
+    """
+    loss = out.mlm_loss * out.mlm_count / max(masked_tokens, 1)
+    if out.nsp_count is not None and nsp_examples:
+        loss = loss + out.nsp_loss * out.nsp_count / nsp_examples
+    return loss * world
 
 
 def summarise(c: torch.Tensor) -> dict[str, float]:
