@@ -45,7 +45,7 @@ def test_tiny_reads_the_shared_corpora(repo_root):
     assert cfg.train.global_batch_size == cfg.train.micro_batch_size * cfg.train.num_workers * cfg.train.accumulation_steps
 
 
-@pytest.mark.parametrize("name,seq", [("base", [128, 512]), ("large", [128, 512])])
+@pytest.mark.parametrize("name,seq", [("base", [128, 512]), ("large", [128, 512]), ("modernbert-base", [1024, 8192])])
 def test_gpu_presets_have_two_phases_with_one_schedule(repo_root, name, seq):
     cfg = load_config(repo_root / "configs" / f"{name}.yaml")
     assert [p.max_seq_length for p in cfg.train.phases] == seq

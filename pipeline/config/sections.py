@@ -105,7 +105,7 @@ class DataConfig:
             self.inputs = [self.inputs]
         _check(0.0 < self.dedup_threshold <= 1.0, f"data.dedup_threshold {self.dedup_threshold} is not in (0, 1]")
         _check(16 <= self.dedup_num_perm <= 1024, f"data.dedup_num_perm {self.dedup_num_perm} is not in [16, 1024]")
-        _check(16 <= self.max_seq_length <= 4096, f"data.max_seq_length {self.max_seq_length} is not in [16, 4096]")
+        _check(16 <= self.max_seq_length <= 8192, f"data.max_seq_length {self.max_seq_length} is not in [16, 8192]")
         _check(not (self.pack_documents and self.nsp), "data.pack_documents needs data.nsp false (MLM-only rows)")
         _check(0.0 < self.mask_rate < 1.0, f"data.mask_rate {self.mask_rate} is not in (0, 1)")
         _check(0.0 <= self.short_seq_prob <= 1.0, f"data.short_seq_prob {self.short_seq_prob} is not in [0, 1]")
@@ -189,7 +189,7 @@ class PhaseConfig:
         return cls(**value)
 
     def __post_init__(self) -> None:
-        _check(16 <= self.max_seq_length <= 4096, f"train.phases max_seq_length {self.max_seq_length} is not in [16, 4096]")
+        _check(16 <= self.max_seq_length <= 8192, f"train.phases max_seq_length {self.max_seq_length} is not in [16, 8192]")
         _check(self.fraction is None or 0 < self.fraction <= 1, f"train.phases fraction {self.fraction} is not in (0, 1]")
         _check(self.steps is None or self.steps >= 1, f"train.phases steps {self.steps} < 1")
         _check(self.fraction is None or self.steps is None, "train.phases: give fraction or steps, not both")
