@@ -405,10 +405,10 @@ class Config:
         _check(self.data.max_seq_length <= max_pos,
                f"data.max_seq_length {self.data.max_seq_length} > model max_position_embeddings {max_pos}")
         if self.model.modernbert:  # MLM only, and its own way of skipping padding (documents, not unpad/compile)
-            _check(not self.data.nsp, f"model.preset {self.model.preset} is MLM-only (no NSP head): set data.nsp false")
+            which = f"model.preset {self.model.preset}" if self.model.preset else f"model.init {self.model.init} (ModernBERT)"
+            _check(not self.data.nsp, f"{which} is MLM-only (no NSP head): set data.nsp false")
             _check(not (self.train.unpad or self.train.compile),
-                   f"train.unpad and train.compile are BERT's; model.preset {self.model.preset} keeps packed "
-                   "documents apart itself")
+                   f"train.unpad and train.compile are BERT's; {which} keeps packed documents apart itself")
         for i, ph in enumerate(self.train.phases):
             _check(ph.max_seq_length <= max_pos,
                    f"train.phases[{i}].max_seq_length {ph.max_seq_length} > model max_position_embeddings {max_pos}")
