@@ -52,15 +52,25 @@ def repo_root() -> Path:
     return REPO
 
 
-def load_bench(name: str):
-    """bench/<name>.py imported as a module (bench/ is scripts, not a package)."""
+def _load_script(path: Path, name: str):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
+
+
+def load_bench(name: str):
+    """bench/<name>.py imported as a module (bench/ is scripts, not a package)."""
+    return _load_script(REPO / "bench" / f"{name}.py", name)
+
+
+def load_job(name: str):
+    """jobs/<name>.py imported as a module `job_<name>` (jobs/ is scripts, not a package: `import jobs` works only
+    with the repo root on sys.path, which pytest does not put there)."""
+    return _load_script(REPO / "jobs" / f"{name}.py", f"job_{name}")
 
 
 @pytest.fixture(scope="session")

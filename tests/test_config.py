@@ -290,13 +290,10 @@ def test_presets_load_to_the_same_values_as_before(name):
 def test_prepare_data_short_flags_are_aliases_in_the_one_parser(repo_root, tmp_path):
     """`--input` (repeatable), `--output`, `--vocab-size`... set their `data` fields; flags override the config file
     (`--input` replaces its inputs, `--vocab-size` drops its vocab); `--data.field` and a short flag mean the same."""
-    import importlib.util
-
+    from conftest import load_job
     from pipeline.config import parse
 
-    spec = importlib.util.spec_from_file_location("prepare_data_job", repo_root / "jobs" / "prepare_data.py")
-    job = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(job)
+    job = load_job("prepare_data")
     cfg = tmp_path / "c.yaml"
     cfg.write_text("data:\n  inputs: [/from/config]\n  vocab: /v.txt\n  seed: 3\n")
     args, s = parse(job.parser(), ["--input", "/a", "--config", str(cfg), "--input", "/b", "--output", "o",

@@ -74,14 +74,10 @@ def job_flags(job: str) -> set[str]:
         from pipeline.config import SECTIONS, config_parser
 
         ap = config_parser(SECTIONS)
-    elif job == "finetune":
-        from jobs.finetune import parser
+    else:  # finetune, prepare_data
+        from conftest import load_job
 
-        ap = parser()
-    else:
-        from jobs.prepare_data import parser
-
-        ap = parser()
+        ap = load_job(job).parser()
     return {o[2:] for o in ap._option_string_actions if "." in o}
 
 
