@@ -265,7 +265,7 @@ PRESET_HASHES = {
 # Data fields added after the capture (dedup: issue 20; MediaWiki dumps: issue 24), left out of the comparison.
 ADDED_SINCE = ("dedup", "dedup_threshold", "dedup_num_perm", "wiki_keep_lists", "wiki_keep_headings", "pack_documents")
 # Training fields added since (train.compile, train.unpad: issue 18; train.head_only_steps: issue 21), left out likewise.
-TRAIN_ADDED_SINCE = ("compile", "head_only_steps", "unpad", "decay_fraction", "min_workers")  # decay_fraction: issue 33; min_workers: 34
+TRAIN_ADDED_SINCE = ("compile", "head_only_steps", "unpad", "decay_fraction", "min_workers", "checkpoint_upload")  # decay_fraction: issue 33; min_workers, checkpoint_upload: 34
 # Tracking fields added since (tracking.server_wait_s: issue 22), left out likewise.
 TRACKING_ADDED_SINCE = ("server_wait_s",)
 

@@ -281,3 +281,34 @@ def test_min_workers_makes_an_elastic_run_that_says_when_its_size_changes(monkey
         "[train] 4 workers (elastic: train.min_workers 2)",
         "[train] worker count 4 -> 3: resuming from the newest checkpoint",
         "[train] worker count 3 -> 4: resuming from the newest checkpoint"]
+
+
+def test_checkpoints_upload_in_the_background_on_object_storage_and_their_directory_outlives_the_block(repo_root, tmp_path):
+    """`train.checkpoint_upload` auto: in the background (Ray Train's ASYNC) for a URI other than file://, in the
+    foreground on a disk; the directory of a background checkpoint is left for Ray Train to delete after its
+    upload, a foreground one goes with the block. Not part of the run's name. The upload itself, on S3, and the
+    exact resume from it: tests/test_pretrain_job.py::test_checkpoints_uploaded_in_the_background_to_s3_resume_exactly."""
+    import dataclasses
+    import os
+
+    from pipeline.cluster import checkpoint_dir, uploads_in_background
+    from pipeline.config import load_config
+    from pipeline.pretrain.identity import run_name_for
+
+    modes = {(m, p): uploads_in_background(m, p) for m in ("auto", "sync", "async")
+             for p in ("s3://b/runs", "gs://b/runs", "file:///r", "runs")}
+    assert [k for k, v in modes.items() if v] == [("auto", "s3://b/runs"), ("auto", "gs://b/runs"), ("async", "s3://b/runs"),
+                                                  ("async", "gs://b/runs"), ("async", "file:///r"), ("async", "runs")]
+    with checkpoint_dir(True) as kept:
+        open(os.path.join(kept, "train_state.json"), "w").write("{}")
+    assert os.listdir(kept) == ["train_state.json"]
+    os.remove(os.path.join(kept, "train_state.json"))
+    os.rmdir(kept)
+    with checkpoint_dir(False) as gone:
+        assert os.path.isdir(gone)
+    assert not os.path.exists(gone)
+    tiny = load_config(repo_root / "configs" / "tiny.yaml", ["--train.storage_path", str(tmp_path)])
+    assert tiny.train.checkpoint_upload == "auto"
+    ds = [SimpleNamespace(config_hash="c" * 64, vocab_sha256="v" * 64)]
+    other = dataclasses.replace(tiny, train=dataclasses.replace(tiny.train, checkpoint_upload="sync"))
+    assert run_name_for(other, ds) == run_name_for(tiny, ds)

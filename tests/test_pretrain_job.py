@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,13 +37,16 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A real local Ray cluster with the dashboard (job server), 2 CPUs, in this process."""
+def cluster(s3_server):
+    """A real local Ray cluster with the dashboard (job server), 2 CPUs, in this process; its processes pointed at
+    the session's S3 server (`s3_server`: the environment they start with), as a cluster's nodes are at theirs."""
     import ray
     from ray.cluster_utils import Cluster
 
     if ray.is_initialized():
         ray.shutdown()
+    saved = {k: os.environ.get(k) for k in s3_server.env}
+    os.environ.update(s3_server.env)
     port = free_port()
     # Free ports for the dashboard and its agent: other Ray clusters on this machine must not collide with it.
     head = Cluster(initialize_head=True, head_node_args={
@@ -52,6 +56,11 @@ def cluster():
     yield f"http://127.0.0.1:{port}"
     ray.shutdown()
     head.shutdown()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
@@ -441,6 +450,39 @@ def test_rerunning_an_interrupted_run_resumes_it(baseline, prepared, work):
         _train(prepared, work, "rerun", "--train.max_failures", "0", fail_at=6)
     digest, run_id = _train(prepared, work, "rerun", "--train.max_failures", "0", fail_at=6)
     assert digest == baseline[0]
+    assert _history(run_id, "train/loss") == _history(baseline[1], "train/loss")
+
+
+def test_checkpoints_uploaded_in_the_background_to_s3_resume_exactly(baseline, prepared, work, s3_server, capsys):
+    """`train.storage_path` on S3 (the moto server): checkpoints upload in the background (`checkpoint_upload`
+    auto), the run ends with the uninterrupted local run's weights, both checkpoints are on S3 with the hashes they
+    recorded, and no local copy is left. With the step-8 weights then truncated, the re-run resumes exactly from
+    the step-4 checkpoint that was uploaded while steps 5-8 trained. ~60 s."""
+    import fsspec
+    import s3fs
+
+    from pipeline.cluster import checkpoints
+    from pipeline.pretrain.identity import newest_intact
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    storage = f"s3://{s3_server.bucket('async')}/runs"
+    before = set(Path(tempfile.gettempdir()).glob("checkpoint-upload-*"))
+    digest, _ = _train(prepared, work, "s3-async", "--train.storage_path", storage)
+    assert digest == baseline[0]
+    assert set(Path(tempfile.gettempdir()).glob("checkpoint-upload-*")) == before  # deleted once uploaded
+    steps = sorted(state["step"] for _, state, _ in checkpoints(storage, "s3-async"))
+    assert steps == [4, 8]
+    (newest, state), bad = newest_intact(storage, "s3-async")
+    assert state["step"] == 8 and bad == []
+    fs = fsspec.filesystem("s3")
+    weights = newest.split("://", 1)[1] + "/model.safetensors"
+    fs.pipe(weights, fs.cat(weights)[:1000])
+    capsys.readouterr()
+    digest, run_id = _train(prepared, work, "s3-async", "--train.storage_path", storage)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "damaged checkpoint" in ln]
+    assert len(lines) == 1 and f"resuming from step 4 ({storage}/s3-async/checkpoint_" in lines[0], lines
+    assert digest == baseline[0]
+    # the same MLflow run (its name): each of steps 1-8 logged once, with the uninterrupted run's losses
     assert _history(run_id, "train/loss") == _history(baseline[1], "train/loss")
 
 

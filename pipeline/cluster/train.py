@@ -5,8 +5,10 @@ device, DDP, reports, the checkpoint to resume from).
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 @dataclass(frozen=True)
@@ -143,12 +145,48 @@ def prepare_model(model):
     return ray.train.torch.prepare_model(model)
 
 
-def report(metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
-    """Report metrics (and a checkpoint directory, copied into storage by Ray Train) from every rank."""
+def uploads_in_background(mode: str, storage_path: str) -> bool:
+    """Whether checkpoints go to storage in the background (`train.checkpoint_upload`): "auto" does so for an
+    object store (a URI other than file://), where the upload is the slow part; a local or shared disk copies
+    in the foreground, as it always did.
+
+    >>> [uploads_in_background("auto", p) for p in ("s3://b/runs", "gs://b/r", "file:///x", "runs", "/mnt/r")]
+    [True, True, False, False, False]
+    >>> uploads_in_background("sync", "s3://b/runs"), uploads_in_background("async", "runs")
+    (False, True)
+    """
+    if mode == "auto":
+        return "://" in storage_path and not storage_path.startswith("file://")
+    return mode == "async"
+
+
+@contextlib.contextmanager
+def checkpoint_dir(background: bool) -> Iterator[str]:
+    """A fresh local directory to write one checkpoint into before `report`. In the foreground it is deleted as
+    the block ends (the copy in storage is done by then); in the background Ray Train deletes it once its upload
+    is done (`report`), so it must outlive the block."""
+    if not background:
+        with tempfile.TemporaryDirectory() as d:
+            yield d
+        return
+    yield tempfile.mkdtemp(prefix="checkpoint-upload-")
+
+
+def report(metrics: dict[str, Any], checkpoint_dir: str | None = None, *, background: bool = False) -> None:
+    """Report metrics (and a checkpoint directory, copied into storage by Ray Train) from every rank. With
+    `background`, Ray Train's CheckpointUploadMode.ASYNC: the call returns once the ranks agree on the checkpoint's
+    name, a Ray Train thread uploads it, then deletes the local directory, and only then registers it (what
+    `ray.train.get_checkpoint` and a restart resume from; the worker waits for its uploads before it ends). A
+    failed upload fails the worker, as a failed synchronous one does."""
     import ray.train
+    from ray.train import CheckpointUploadMode
 
     ckpt = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
-    ray.train.report(metrics, checkpoint=ckpt)
+    if background and ckpt is not None:
+        ray.train.report(metrics, checkpoint=ckpt, checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+                         delete_local_checkpoint_after_upload=True)
+    else:
+        ray.train.report(metrics, checkpoint=ckpt)
 
 
 def resume_checkpoint(damaged: list[str] | tuple[str, ...] = (), resume_from: str | None = None):

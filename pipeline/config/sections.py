@@ -292,6 +292,10 @@ class TrainConfig(BaseTrainConfig):
     """Report a checkpoint (weights, optimizer, scheduler, scaler, RNGs, data positions) every N steps."""
     num_to_keep: int = 2
     """Checkpoints Ray Train keeps in storage_path."""
+    checkpoint_upload: Literal["auto", "sync", "async"] = "auto"
+    """How a checkpoint reaches storage_path: async uploads it in the background while training goes on (Ray
+    Train's CheckpointUploadMode.ASYNC; it counts, and a restart resumes from it, once uploaded); sync waits for
+    the copy; auto is async for an object store (s3://, gs://, ...) and sync for a local or shared disk."""
     run_name: str | None = None
     """Re-running with the same run name resumes it; null derives one from the config hash."""
     compile: bool = False

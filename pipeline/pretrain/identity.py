@@ -21,7 +21,8 @@ from pipeline.storage.io import exists, filesystem, join, output_lock, read_json
 # TrainConfig fields that do not change the weights a run produces (operational settings).
 _NOT_IN_IDENTITY = ("storage_path", "run_name", "max_failures", "num_to_keep", "checkpoint_every_steps",
                     "log_every_steps", "eval_every_steps", "eval_batches", "data_cpus", "placement_strategy",
-                    "materialize_data", "cpus_per_worker", "use_gpu", "compile", "unpad", "min_workers")
+                    "materialize_data", "cpus_per_worker", "use_gpu", "compile", "unpad", "min_workers",
+                    "checkpoint_upload")
 
 # ... and, since the data order and the global batch stopped depending on them (`pipeline.pretrain.loader`), the
 # number of workers and the micro-batch cap (also a phase's). Runs named before that keep their names:

@@ -8,8 +8,6 @@ the host from each batch (`metrics.flop_counter`) over the device's dense bf16 p
 
 from __future__ import annotations
 
-import tempfile
-
 import numpy as np
 
 from pipeline import cluster
@@ -31,6 +29,7 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
 
     ends = np.cumsum([p.steps for p in plans]).tolist()
     step, evals = w.step, {}
+    background = cluster.uploads_in_background(tc.checkpoint_upload, tc.storage_path)
     figures = TrainFigures()  # sums stay on the device between the steps that read them
     peak = device_peak(device, say=print if rank == 0 else None)  # a GPU's: train/mfu; None on a CPU
     flops = flop_counter(getattr(t.model, "module", t.model).config) if peak else None
@@ -64,13 +63,13 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
                 if log is not None:
                     log.log_metrics(eval_metrics(sums), step)
             if checkpointing:
-                with tempfile.TemporaryDirectory() as d:
+                with cluster.checkpoint_dir(background) as d:  # kept until its upload is done
                     if log is not None:  # what the tracking server has not got yet travels with the checkpoint
                         write_pending(d, h.run_id, log.pending())
                     save_checkpoint(d, rank, t, {"step": step, "position": {"phase": phase, **plan.position(step - begun)},
                                                  "world_size": world, "vocab_sha256": vocab_sha, "run_id": h.run_id,
                                                  "max_steps": tc.max_steps})
-                    cluster.report({"step": step, "loss": stats.loss}, d)
+                    cluster.report({"step": step, "loss": stats.loss}, d, background=background)
             if on_step is not None:
                 on_step(step, rank)
     if log is not None:
