@@ -12,7 +12,8 @@ Ray's recovery); bench/two_hosts.py times one host against two.
 
 Then the host lost for good (issue 34): the same training, elastic (`train.min_workers 1`), under another run name;
 the worker host crashes after the first checkpoint and stays dead, and the job finishes on the head's one worker.
-It reuses the cluster and the data the first job left on S3, so it costs one training job (about 1-2 minutes).
+It reuses the cluster and the data the first job left on S3, so it costs one training job (274 s at load 13-25,
+most of it Ray's recovery: bench/RESULTS.md, "Elastic training").
 """
 
 from __future__ import annotations
