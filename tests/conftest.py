@@ -138,7 +138,9 @@ def ray_local():
 def one_host_reference() -> dict:
     """The shards, final weights and train/loss per step (`shards`, `digest`, `losses`) of test_pretrain_job.py's
     one-host two-worker baseline, filled when that fixture runs, so that tests/test_two_hosts.py compares its
-    two-host runs without training the same run again (it runs it itself when empty)."""
+    two-host runs without training the same run again (it runs it itself when empty); and `losses_no_dropout`,
+    the same run's without dropout (test_a_run_resumes_on_fewer_workers_with_the_same_losses), for its elastic
+    case."""
     return {}
 
 

@@ -356,6 +356,9 @@ def _cfg(prepared, work, name: str, *extra: str):
     return resolve_paths(load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml", args))
 
 
+# No dropout: each rank draws its own dropout masks, the one thing a change of the number of workers changes.
+NO_DROPOUT = ("--model.overrides.hidden_dropout_prob", "0.0", "--model.overrides.attention_probs_dropout_prob", "0.0")
+
 # The fault-tolerance runs' training (tests/test_two_hosts.py repeats the baseline's on two hosts).
 FT_ARGS = ["--train.max_steps", "8", "--train.warmup_steps", "2", "--train.micro_batch_size", "8",
            "--train.global_batch_size", "32", "--train.checkpoint_every_steps", "4", "--train.eval_every_steps", "4",
@@ -581,7 +584,7 @@ def test_resuming_with_another_vocabulary_is_refused(baseline, prepared, work, m
         _train(prepared, work, "vocabswap", data=rebuilt)
 
 
-def test_a_run_resumes_on_fewer_workers_with_the_same_losses(prepared, work, ft_store, capsys):
+def test_a_run_resumes_on_fewer_workers_with_the_same_losses(prepared, work, ft_store, capsys, one_host_reference):
     """Through Ray Train: a 2-worker run, and a copy of it whose step-8 checkpoint is damaged re-run on 1 worker:
     it resumes from the step-4 checkpoint the 2 workers wrote and logs steps 5-8 with the 2-worker run's losses
     within 1e-3 relative (no dropout: each rank's dropout draws are its own, the one thing a resize changes;
@@ -589,15 +592,15 @@ def test_a_run_resumes_on_fewer_workers_with_the_same_losses(prepared, work, ft_
     busy 2-core machine."""
     from pipeline import tracking
 
-    no_dropout = ("--model.overrides.hidden_dropout_prob", "0.0", "--model.overrides.attention_probs_dropout_prob", "0.0")
-    _, two = _train(prepared, work, "two-workers", *no_dropout)
+    _, two = _train(prepared, work, "two-workers", *NO_DROPOUT)
+    one_host_reference["losses_no_dropout"] = _history(two, "train/loss")  # tests/test_two_hosts.py's host lost
     runs = work / "ft-runs"
     shutil.copytree(runs / "two-workers", runs / "one-worker")
     newest = max((d for d in (runs / "one-worker").glob("checkpoint_*") if d.is_dir()),
                  key=lambda d: json.loads((d / "train_state.json").read_text())["step"])
     (newest / "model.safetensors").write_bytes(b"")
     capsys.readouterr()
-    _, one = _train(prepared, work, "one-worker", *no_dropout, "--train.num_workers", "1")
+    _, one = _train(prepared, work, "one-worker", *NO_DROPOUT, "--train.num_workers", "1")
     assert ": resuming from step 4 (" in capsys.readouterr().out
     assert tracking.client().get_run(one).data.tags["world_size"] == "1"
     both, resumed = _history(two, "train/loss"), _history(one, "train/loss")
