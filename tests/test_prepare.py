@@ -15,6 +15,7 @@ from pipeline.data.prepare import discard_other_work, tokenize_pass, work_dir
 from pipeline.data.sources import expand_inputs
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.storage.io import write_bytes_atomic
+from conftest import load_bench
 
 
 @pytest.fixture(scope="module")
@@ -143,8 +144,8 @@ def _prepare(inputs, out, minilm_dir, **kw):
     from pipeline.runner.dag import run_graph
     from pipeline.data.stages import data_stages
 
-    cfg = DataConfig(inputs=inputs, output=str(out), vocab=str(minilm_dir / "vocab.txt"), num_shards=4,
-                     chunk_chars=60_000, max_document_chars=20_000, num_actors=1, **kw)
+    cfg = DataConfig(inputs=inputs, output=str(out), vocab=str(minilm_dir / "vocab.txt"),
+                     **{"num_shards": 4, "chunk_chars": 60_000, "max_document_chars": 20_000, "num_actors": 1, **kw})
     return run_graph(data_stages(cfg), remote=False, log=lambda m: None)
 
 
@@ -244,3 +245,60 @@ def test_pack_documents_needs_mlm_only_rows():
     with pytest.raises(ConfigError, match="data.pack_documents needs data.nsp false"):
         DataConfig(pack_documents=True)
 
+
+
+# bench/wiki_scale.py's dump at 100 copies prepared by main's code before one read per document (5e49c2c, `_prepare`
+# below with chunk_chars 200,000: 4 units): the shards' sha256, and duplicates.jsonl's (doc, kind, duplicate_of
+# doc, similarity) rows as the sha256 of their JSON list (its sources are this run's paths).
+DUMP_SHARDS = ["627b2529c63fea13fbfabb347ae8e7726c39c0795c2f34fa49d818ef814f2dbc",
+               "8f312bf6527a70f9072b9980984739c1f4df4296536d3abad1df4ea06b423d60",
+               "f693461a91b33cffccef125752a830f070939105a18d93a7c0dcb06975352021",
+               "4ce9ba751163e561e695fc653700bb66dfb3a135c8489741dd7e688203b01a32"]
+DUMP_DUPLICATES = "7b9a243aa6a60e8c541e517bfa3a422b4912996d540ac1a89c888edb7a671c05"
+
+
+def test_one_read_per_unit_resumed_after_a_crash_writes_todays_shards(minilm_dir, tmp_path, monkeypatch):
+    """With dedup near, each unit of a multistream dump is decompressed and parsed once: by the dedup pass, which
+    keeps its records for the tokenize pass (pipeline/data/extracted.py). A run killed in the tokenize pass
+    resumes from the kept records (still one read per unit over both runs), removes each unit's records once its
+    tokens are done and the work directory at the end, and writes the shards and duplicates main's code wrote."""
+    import hashlib
+    from collections import Counter
+
+    from pipeline.data import passes, wiki
+
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    load_bench("wiki_scale").build_dump(dump, 100)
+    reads: Counter[int] = Counter()
+    read_pages = wiki.read_pages
+    monkeypatch.setattr(wiki, "read_pages",
+                        lambda path, offset=0, *a: reads.update([offset]) or read_pages(path, offset, *a))
+    finish = passes.FileMerge.finish
+    calls = []
+
+    def crash_at_the_second_unit(merge):
+        calls.append(merge.f)
+        if len(calls) == 2:
+            raise RuntimeError("killed")
+        return finish(merge)
+
+    monkeypatch.setattr(passes.FileMerge, "finish", crash_at_the_second_unit)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="killed"):
+        _prepare([str(dump)], out, minilm_dir, chunk_chars=200_000)
+    [work] = (out / "_work").iterdir()
+    units = sorted(p.name for p in (work / "dd").iterdir())
+    assert len(units) == 4 and sorted(reads) == sorted(int(u.split("-o")[1].split(".")[0]) for u in units)
+    done = {p.name.split(".")[0] for p in (work / "tok").glob("*.done.json")}
+    kept = {p.name.split(".")[0] for p in (work / "text").iterdir()}
+    assert len(done) == 1 and kept == {u.split(".")[0] for u in units} - done  # the done unit's records removed
+    monkeypatch.setattr(passes.FileMerge, "finish", finish)
+    m = _prepare([str(dump)], out, minilm_dir, chunk_chars=200_000)["validate"].result.manifest
+    assert [s["sha256"] for s in m["shards"]] == DUMP_SHARDS
+    lines = [json.loads(x) for x in (out / "duplicates.jsonl").read_text().splitlines()]
+    rows = [(d["doc"], d["kind"], d["duplicate_of"]["doc"], d["similarity"]) for d in lines]
+    assert hashlib.sha256(json.dumps(rows).encode()).hexdigest() == DUMP_DUPLICATES
+    assert m["duplicates"]["exact"] == 26 and m["duplicates"]["near"] == 2 and m["documents_read"] == 1100
+    assert set(reads.values()) == {1} and len(reads) == 4  # every unit read once over both runs
+    assert not (out / "_work").exists()

@@ -46,7 +46,8 @@ def _digest(a: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]
 
 
-@pytest.mark.parametrize("window_chars, batch_shingles", [(1 << 20, 1 << 21), (37, 50), (300, 1)])
+@pytest.mark.parametrize("window_chars, batch_shingles, batch_words", [(1 << 20, 1 << 21, 1 << 16), (37, 50, 7),
+                                                                      (300, 1, 1)])
 @pytest.mark.parametrize(
     "params, sigs_digest",
     [
@@ -55,11 +56,13 @@ def _digest(a: np.ndarray) -> str:
         (DedupParams(num_perm=16, shingle_size=1), "c38abcaa20cde03b"),
     ],
 )
-def test_records_are_the_values_pinned_before_streaming(texts, params, sigs_digest, window_chars, batch_shingles):
-    """The digests were taken with the one-shot code (whole normalised text, all shingles in one rensa call)."""
-    keys, sigs = records(texts, params, window_chars, batch_shingles)
+def test_records_are_the_values_pinned_before_streaming(texts, params, sigs_digest, window_chars, batch_shingles,
+                                                        batch_words):
+    """The digests were taken with the one-shot code (whole normalised text, all shingles in one rensa call), before
+    documents were shingled in batches of words (a batch of 1 or 7 words flushes inside nearly every document)."""
+    keys, sigs = records(texts, params, window_chars, batch_shingles, batch_words)
     assert (_digest(keys), _digest(sigs)) == ("45fe6a6516d58705", sigs_digest)
-    assert _digest(signatures(iter(texts), params, window_chars, batch_shingles)) == sigs_digest
+    assert _digest(signatures(iter(texts), params, window_chars, batch_shingles, batch_words)) == sigs_digest
 
 
 @pytest.mark.parametrize("window_chars", [1, 5, 64, 4096])
@@ -67,7 +70,7 @@ def test_streamed_equals_one_shot(texts, window_chars):
     """Against the definitions: blake2b of normalise(text), rensa over all of shingle_hashes(text) at once."""
     params = DedupParams(num_perm=32, shingle_size=4)
     sample = EDGE + random.Random(window_chars).sample(texts[len(EDGE):], 8)
-    keys, sigs = records(sample, params, window_chars=window_chars, batch_shingles=97)
+    keys, sigs = records(sample, params, window_chars=window_chars, batch_shingles=97, batch_words=window_chars + 2)
     assert keys.tobytes() == b"".join(hashlib.blake2b(normalise(t).encode(), digest_size=16).digest() for t in sample)
     one_shot = signatures_of_shingles([shingle_hashes(t, params.shingle_size) for t in sample], params)
     assert sigs.tobytes() == one_shot.tobytes()

@@ -38,7 +38,8 @@ from pipeline.data.dedup import Edges, find_edges
 from pipeline.data.signing import DedupParams
 from pipeline.data.examples import RandomPool
 from pipeline.data.masking import MaskingPolicy
-from pipeline.data.passes import Batch, encode_pieces, examples_for_chunks, sign_unit, tokenize_file, write_shard
+from pipeline.data.passes import (Batch, encode_pieces, examples_for_chunks, sign_unit, text_path, tokenize_file,
+                                  write_shard)
 from pipeline.data.progress import Progress
 from pipeline.data.sources import InputFile
 from pipeline.data.tokenizer import SentenceEncoder, check_pair, read_vocab
@@ -82,7 +83,7 @@ class PassWorker:
 
     @_unit
     def sign(self, f: InputFile, path: str) -> dict[str, Any]:
-        return sign_unit(f, self.cfg, path)
+        return sign_unit(f, self.cfg, path, text_path(f, self.work))  # its text kept for `tokenize`
 
     @_unit
     def tokenize(self, f: InputFile, dropped: dict[int, str] | None = None) -> dict[str, Any]:

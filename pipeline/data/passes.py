@@ -48,11 +48,12 @@ from pipeline.data.examples import (
 from pipeline.data.masking import MaskingPolicy, mask_rows
 from pipeline.data.pool import PoolCandidates, write_pool
 from pipeline.data.signing import DedupParams, records
-from pipeline.data.sources import Document, InputFile, read_documents, read_records
+from pipeline.data.extracted import KEPT_KINDS, keep, kept_records
+from pipeline.data.sources import Document, InputFile, Rejected, Skipped, read_documents, read_records
 from pipeline.data.tokenizer import SentenceEncoder
 from pipeline.data.wiki import WikiOptions
-from pipeline.storage.io import (commit, exists, filesystem, join, make_parent, read_table, read_text, sha256_file, temp_name,
-                        write_bytes_atomic, write_parquet_atomic, writing)
+from pipeline.storage.io import (commit, exists, filesystem, join, make_parent, read_table, read_text, remove,
+                                sha256_file, temp_name, write_bytes_atomic, write_parquet_atomic, writing)
 
 TOKEN_SCHEMA = pa.schema([("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32())), ("sent_lens", pa.list_(pa.int32()))])
 
@@ -65,19 +66,21 @@ def dedup_params(cfg: DataConfig) -> DedupParams:
     return DedupParams(mode=cfg.dedup, threshold=cfg.dedup_threshold, num_perm=cfg.dedup_num_perm)
 
 
-def sign_unit(f: InputFile, cfg: DataConfig, path: str) -> dict[str, Any]:
+def sign_unit(f: InputFile, cfg: DataConfig, path: str, kept: str | None = None) -> dict[str, Any]:
     """Pass 0 (dedup): every document of one unit as a compact record, written to `path`: its doc_id (the keep
     rule's order), its name (for duplicates.jsonl), the 16-byte key of its normalised text and, for near
     duplicates, its MinHash signature. Documents are signed one at a time, each a window at a time
     (`signing.records`), and dropped after, so memory is bounded by the records, whatever a document's size.
-    Skipped when `path` exists (resume)."""
+    With `kept` (`text_path`), every record read is also written there for the tokenize pass, before `path`
+    (pipeline.data.extracted: one read per document). Skipped when `path` exists (resume)."""
     if exists(path):
         return {"path": path}
     ids: list[int] = []
     names: list[str] = []
+    items = read_documents(f, cfg.text_column, wiki_options(cfg))
 
     def texts() -> Iterator[str]:
-        for item in read_documents(f, cfg.text_column, wiki_options(cfg)):
+        for item in items if kept is None else keep(items, kept):
             if isinstance(item, Document):
                 ids.append(item.doc_id)
                 names.append(item.name)
@@ -92,6 +95,26 @@ def sign_unit(f: InputFile, cfg: DataConfig, path: str) -> dict[str, Any]:
         names_.append("sig")
     write_parquet_atomic(path, pa.table(cols, names=names_), compression="lz4")
     return {"path": path}
+
+
+def text_path(f: InputFile, work: str) -> str | None:
+    """Where the dedup pass keeps unit `f`'s records for the tokenize pass (pipeline.data.extracted); None for a
+    kind that is read again (a book, Parquet or datasets rows: `KEPT_KINDS`)."""
+    return join(work, "text", f"{unit_name(f)}.parquet") if f.kind in KEPT_KINDS else None
+
+
+def unit_records(f: InputFile, cfg: DataConfig, work: str, skipped: list[Skipped]) -> Iterator[Document | Rejected]:
+    """`read_records` of unit `f`: from the records the dedup pass kept when it kept them (one read per
+    document), else from the unit itself; the same records either way."""
+    kept = text_path(f, work)
+    if kept is None or not exists(kept):
+        yield from read_records(f, cfg.text_column, wiki_options(cfg), skipped)
+        return
+    for item in kept_records(kept):
+        if isinstance(item, Skipped):
+            skipped.append(item)
+        else:
+            yield item
 
 
 # ---------------------------------------------------------------------------------------------- pass 1: tokenize
@@ -184,7 +207,7 @@ def file_batches(f: InputFile, cfg: DataConfig, merge: FileMerge, dropped: Mappi
     batch: Batch = []
     chars = 0
     dropped = dropped or {}
-    for item in read_records(f, cfg.text_column, wiki_options(cfg), merge.stats["skipped_files"]):
+    for item in unit_records(f, cfg, merge.work, merge.stats["skipped_files"]):
         merge.stats["documents_read"] += 1
         if isinstance(item, Document) and item.doc_id in dropped:
             merge.reasons[dropped[item.doc_id]] += 1
@@ -293,6 +316,8 @@ class FileMerge:
         record = {**stats, "pool": relative_to(self.work, stats["pool"]),
                   "chunks": [{**c, "path": relative_to(self.work, c["path"])} for c in stats["chunks"]]}
         write_bytes_atomic(done_path(self.f, self.work), json.dumps(record).encode())
+        if (kept := text_path(self.f, self.work)) is not None:
+            remove(kept)  # the unit's kept records: read for the last time
         return stats
 
 

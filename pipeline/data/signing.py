@@ -13,12 +13,14 @@ Why the windows give the one-shot values, byte for byte
     are `normalise(text).split(" ")`.
     exact key: blake2b is updated with each window's words joined by one space, and one space between windows:
     the bytes of `normalise(text)`.
-    shingles: each window's word hashes are preceded by the last shingle_size - 1 of the words before it
-    (`_Shingles`), so the windows' shingles are the document's, in order; a document with fewer words than
-    shingle_size is still one shingle of all of them (of the empty word when it has none).
+    shingles: the words of consecutive documents are shingled in batches (`_Shingles`, `BATCH_WORDS`: per-call
+    costs are paid per batch, not per short article); a document's shingles are those that start in its words and
+    end within them, and a document still open when a batch is shingled carries its last shingle_size - 1 words
+    into the next batch, so its shingles over all batches are the document's, in order; a document with fewer
+    words than shingle_size is still one shingle of all of them (of the empty word when it has none).
     signature: R-MinHash keeps, per slot, the minimum over the shingles of a seeded hash of each; the signature
     of a set is the elementwise minimum of its parts' signatures, and a shingle seen twice changes no minimum.
-    Each window's hashes are one row of a rensa call, and a document's signature the minimum of its rows'.
+    A document's shingles in each batch are one row of a rensa call, and its signature the minimum of its rows'.
 tests/test_signing.py checks both against the one-shot computation and against values pinned before streaming.
 
 MinHash implementation: rensa's full-set R-MinHash (`RMinHash.digest_matrix_from_flat_token_hashes`, one call
@@ -55,6 +57,8 @@ WINDOW_CHARS = 1 << 20
 """Characters of a document normalised and shingled at a time (~180k words: ~15 MB of Python objects)."""
 BATCH_SHINGLES = 1 << 21
 """Shingle hashes (8 bytes each) collected, from one document or many, for one rensa call."""
+BATCH_WORDS = 1 << 16
+"""Words (of many documents, or of one long document's windows) hashed and shingled at a time (`_Shingles`)."""
 
 SHINGLE_MUL = np.uint64(0x9E3779B97F4A7C15)  # odd: the polynomial over word hashes stays a bijection per step
 _SPACE = re.compile(r"\s")  # what str.split() splits on: both are Py_UNICODE_ISSPACE (tests/test_signing.py)
@@ -176,13 +180,13 @@ _WORD_CACHE_MAX = 500_000
 def _word_hashes(words: list[str]) -> np.ndarray:
     """(len(words),) uint64: each word's 8-byte blake2b, little-endian."""
     table = _WORD_HASHES
-    new = [w for w in dict.fromkeys(words) if w not in table]
+    new = set(words).difference(table)  # a word's hash is its own: the order they are added in does not matter
     if len(table) + len(new) > _WORD_CACHE_MAX:
         table.clear()
-        new = list(dict.fromkeys(words))
+        new = set(words)
     digests = b"".join(hashlib.blake2b(w.encode("utf-8"), digest_size=8).digest() for w in new)
-    table.update(zip(new, np.frombuffer(digests, dtype="<u8").tolist()))
-    return np.array(list(map(table.__getitem__, words)), dtype=np.uint64)
+    table.update(zip(new, np.frombuffer(digests, dtype="<u8").tolist()))  # a set unchanged iterates in one order
+    return np.fromiter(map(table.__getitem__, words), np.uint64, len(words))
 
 
 def _poly_shingles(w: np.ndarray, k: int) -> np.ndarray:
@@ -209,28 +213,57 @@ def shingle_hashes(text: str, shingle_size: int = 5) -> np.ndarray:
 
 
 class _Shingles:
-    """One document's shingle hashes from its words' hashes, a window at a time: together the same hashes, in the
-    same order, as `shingle_hashes` of the whole text."""
+    """Documents' shingle hashes from their words, many documents at a time: the words of consecutive documents (a
+    long one's windows one after another) are collected up to `batch` words, then hashed and shingled over the
+    whole batch at once (`flush`), and each document's shingles (those starting in its words and ending within
+    them) go to `minhashes` as its rows. numpy's and the word cache's per-call costs are paid per batch, not per
+    document: most articles are a few hundred words, where they cost more than the hashing itself. A document
+    still open at a flush carries its last k - 1 words into the next batch, whose shingles then start where the
+    flushed ones stopped; a document with fewer than k words in all gets the one shingle of all of them (of the
+    empty word when it has none). Together, each document's hashes are `shingle_hashes` of its whole text."""
 
-    def __init__(self, shingle_size: int) -> None:
-        self.k = shingle_size
-        self.tail = np.zeros(0, np.uint64)  # the last k - 1 word hashes so far (all of them while fewer)
-        self.full = False  # whether a shingle of k words has been made
+    def __init__(self, shingle_size: int, minhashes: _MinHashes, batch: int) -> None:
+        self.k, self.minhashes, self.batch = shingle_size, minhashes, batch
+        self.words: list[str] = []
+        self.docs: list[int] = []  # the batch's documents, in order ...
+        self.starts: list[int] = []  # ... and where each one's words start in `words`
+        self.ended = False  # whether the batch's last document has ended
+        self.full = False  # whether the batch's first document made a shingle of k words in an earlier batch
 
-    def add(self, hashes: np.ndarray) -> np.ndarray:
-        w = np.concatenate([self.tail, hashes])
-        self.tail = w[max(0, len(w) - (self.k - 1)) :].copy()  # a copy: the window's hashes are not kept
-        if len(w) < self.k:
-            return w[:0]
-        self.full = True
-        return _poly_shingles(w, self.k)
+    def _open(self, doc: int) -> None:
+        if not self.docs or self.docs[-1] != doc:
+            self.docs.append(doc)
+            self.starts.append(len(self.words))
+            self.ended = False
 
-    def finish(self) -> np.ndarray:
-        """The one shingle of all words of a document with fewer than k of them (the empty word when none)."""
-        if self.full:
-            return self.tail[:0]
-        w = self.tail if len(self.tail) else _word_hashes([""])
-        return _poly_shingles(w, len(w))
+    def add(self, doc: int, words: list[str]) -> None:
+        self._open(doc)
+        self.words += words
+        if len(self.words) >= self.batch:
+            self.flush()
+
+    def end(self, doc: int) -> None:
+        self._open(doc)  # a document without words has its place too
+        self.ended = True
+
+    def flush(self) -> None:
+        k, n = self.k, len(self.words)
+        hashes = _word_hashes(self.words)
+        every = _poly_shingles(hashes, k) if n >= k else hashes[:0]  # every[j]: the shingle of words j .. j+k-1
+        last = len(self.docs) - 1
+        full = False
+        for i, (doc, a, b) in enumerate(zip(self.docs, self.starts, [*self.starts[1:], n])):
+            full = (i == 0 and self.full) or b - a >= k
+            if b - a >= k:
+                self.minhashes.add(doc, every[a : b - k + 1])
+            elif not full and (i < last or self.ended):  # fewer than k words in all
+                w = hashes[a:b] if b > a else _word_hashes([""])
+                self.minhashes.add(doc, _poly_shingles(w, len(w)))
+        if self.ended or not self.docs:
+            self.words, self.docs, self.starts, self.full = [], [], [], False
+        else:  # the last document goes on in the next batch, after its last k - 1 words
+            self.words = self.words[max(self.starts[last], n - (k - 1)) :]
+            self.docs, self.starts, self.full = [self.docs[last]], [0], full
 
 
 def signatures_of_shingles(shingles: Sequence[np.ndarray], params: DedupParams) -> np.ndarray:
@@ -283,15 +316,15 @@ class _MinHashes:
         return self.sigs[:n].copy()
 
 
-def _sign(texts: Iterable[str], params: DedupParams | None, window_chars: int, batch_shingles: int
-          ) -> tuple[np.ndarray, np.ndarray | None]:
+def _sign(texts: Iterable[str], params: DedupParams | None, window_chars: int, batch_shingles: int,
+          batch_words: int = BATCH_WORDS) -> tuple[np.ndarray, np.ndarray | None]:
     """(exact keys, signatures or None when `params` is None) of `texts`, each read once, a window at a time."""
     keys: list[bytes] = []
-    minhashes = None if params is None else _MinHashes(params, batch_shingles)
+    shingles = None if params is None else _Shingles(params.shingle_size, _MinHashes(params, batch_shingles),
+                                                     batch_words)
     for text in texts:  # not enumerate(): its cached result tuple would hold the text while the next is read
         doc = len(keys)
         key = hashlib.blake2b(digest_size=16)
-        shingles = None if params is None else _Shingles(params.shingle_size)
         space = b""  # the one space between two windows' words in the normalised text
         for words in windows(text, window_chars):
             if not words:
@@ -299,14 +332,17 @@ def _sign(texts: Iterable[str], params: DedupParams | None, window_chars: int, b
             key.update(space)
             key.update(" ".join(words).encode("utf-8"))
             space = b" "
-            if minhashes is not None:
-                minhashes.add(doc, shingles.add(_word_hashes(words)))
-        if minhashes is not None:
-            minhashes.add(doc, shingles.finish())
+            if shingles is not None:
+                shingles.add(doc, words)
+        if shingles is not None:
+            shingles.end(doc)
         keys.append(key.digest())
         del text  # not held while the next document is read
     exact = np.frombuffer(b"".join(keys), dtype="<u8").reshape(-1, 2).copy()
-    return exact, None if minhashes is None else minhashes.finish(len(keys))
+    if shingles is None:
+        return exact, None
+    shingles.flush()
+    return exact, shingles.minhashes.finish(len(keys))
 
 
 def exact_keys(texts: Iterable[str], window_chars: int = WINDOW_CHARS) -> np.ndarray:
@@ -320,7 +356,7 @@ def exact_keys(texts: Iterable[str], window_chars: int = WINDOW_CHARS) -> np.nda
 
 
 def signatures(texts: Iterable[str], params: DedupParams, window_chars: int = WINDOW_CHARS,
-               batch_shingles: int = BATCH_SHINGLES) -> np.ndarray:
+               batch_shingles: int = BATCH_SHINGLES, batch_words: int = BATCH_WORDS) -> np.ndarray:
     """(n, num_perm) uint32 MinHash signatures of the texts' word shingles; the same on every machine.
 
     >>> from pipeline.data.dedup import DedupParams, similarity
@@ -328,14 +364,16 @@ def signatures(texts: Iterable[str], params: DedupParams, window_chars: int = WI
     >>> bool((s[0] == s[1]).all()), float(similarity(s[0], s[2]))
     (True, 0.0)
     """
-    sigs = _sign(texts, params, window_chars, batch_shingles)[1]
+    sigs = _sign(texts, params, window_chars, batch_shingles, batch_words)[1]
     assert sigs is not None
     return sigs
 
 
 def records(texts: Iterable[str], params: DedupParams, window_chars: int = WINDOW_CHARS,
-            batch_shingles: int = BATCH_SHINGLES) -> tuple[np.ndarray, np.ndarray | None]:
+            batch_shingles: int = BATCH_SHINGLES, batch_words: int = BATCH_WORDS
+            ) -> tuple[np.ndarray, np.ndarray | None]:
     """(exact_keys(texts), signatures(texts, params) or None when params.mode is not near), each text read once:
     what the dedup pass keeps of a unit's documents. `texts` may be a generator: a text is not held after it is
-    signed, and memory is a window and a batch of hashes plus 16 + 4 * num_perm bytes a document."""
-    return _sign(texts, params if params.mode == "near" else None, window_chars, batch_shingles)
+    signed, and memory is a window or a batch of words, and a batch of hashes, plus 16 + 4 * num_perm bytes a
+    document."""
+    return _sign(texts, params if params.mode == "near" else None, window_chars, batch_shingles, batch_words)

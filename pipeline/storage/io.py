@@ -118,6 +118,13 @@ def exists(path: str) -> bool:
     return fs.exists(p)
 
 
+def remove(path: str) -> None:
+    """Delete the file `path`; nothing when there is none."""
+    fs, p = filesystem(path)
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm(p)
+
+
 def read_bytes(path: str) -> bytes:
     fs, p = filesystem(path)
     with fs.open(p, "rb") as f:
