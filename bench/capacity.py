@@ -104,14 +104,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d.add_argument("--nodes", default="1,4,16")
     g = ap.add_argument_group("GPU (token slots per second per GPU)")
     for name, rate, how in [
-        ("base-128", 190_465, "BERT-base 64 x 128"), ("base-512", 185_375, "BERT-base 16 x 512"),
-        ("large-128", 96_376, "BERT-large 64 x 128: 8,192 slots / 85 ms, the middle of its printed rounds "
-                              "(83-87 ms; its table row was cut off)"),
-        ("large-512", 102_792, "BERT-large 16 x 512"),
+        ("base-128", 568_976, "H200, 2026-11-27: BERT-base 256 x 128 packed, the product's step with train.compile"),
+        ("base-512", 411_034, "H200, 2026-11-27: BERT-base 64 x 512 padded (802.8 seq/s x 512 slots), eager: no "
+                              "compiled row at 512 was measured"),
+        ("large-128", 193_425, "H200, 2026-11-27: BERT-large 128 x 128 packed, the product's step with train.compile"),
+        ("large-512", 102_792, "H100, the issue-11 lease: BERT-large 16 x 512, eager (the H200 lease's large-512 run "
+                               "ran past its time limit)"),
     ]:
         g.add_argument(f"--{name}", type=float, default=rate,
-                       help=f"ours on one H100, bf16, eager: {how} ({R}, 'GPU (BERT-base / BERT-large, bf16, MFU)', "
-                            "`python bench/train_step.py --device cuda ... --mfu`)")
+                       help=f"ours on one GPU, bf16: {how} ({R}, 'GPU (BERT-base / BERT-large, bf16, MFU)', "
+                            "`bash bench/gpu_step.sh`)")
     p = ap.add_argument_group("published figures")
     p.add_argument("--mlperf-large", type=float, default=246_000,
                    help="MLPerf Training v3.0 BERT-large, 8 x H100: about 970 seq/s a GPU = 246k real tokens/s "
@@ -149,8 +151,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {n} | {cores} | {local} | {fmt_h(ray)} | {fmt_h(2 * ray)} |")
 
     rates = {  # column -> (tokens/s at 128, tokens/s at 512)
-        "BERT-base, ours (H100)": (a.base_128, a.base_512),
-        "BERT-large, ours (H100)": (a.large_128, a.large_512),
+        "BERT-base, ours (H200)": (a.base_128, a.base_512),
+        "BERT-large, ours (H200; 512: H100)": (a.large_128, a.large_512),
         "BERT-large at MLPerf v3.0's rate (H100)": (a.mlperf_large, a.mlperf_large),
         "BERT-large at NVIDIA DLE's rate (A100-80GB)": (a.dle_seq_128 * 128, a.dle_seq_512 * 512),
     }

@@ -185,7 +185,7 @@ def cmd_mlm(a: argparse.Namespace) -> None:
     torch.set_num_threads(a.threads)
     out = Path(a.out).resolve()
     ds = PreparedDataset.load(a.data)
-    plan = PhasePlan.build(ds, steps=1, micro_batch_size=32, global_batch_size=32, num_workers=1, num_eval_shards=1,
+    plan = PhasePlan.build(ds, steps=1, micro_batch_size=32, global_batch_size=32, num_eval_shards=1,
                            materialized=True)
     batches = eval_batches(ds, plan.eval_files, 0.15, a.eval_rows, 64, 0)
     for label, src in (s.split("=", 1) for s in a.source):

@@ -183,10 +183,17 @@ def base_checks(checks, check, summary, base1, base2, statuses, times, uri, devi
         check("steady-state train/tokens_per_s", med[0] is not None,
               f"phase 0 (128): {med[0] or 0:,.0f} tok/s median of {len(steady[0])} steps; "
               f"phase 1 (512): {med[1] or 0:,.0f} tok/s median of {len(steady[1])} steps")
+        mfus = _history(client, run_id, "train/mfu")
+        steady_mfu = {p: [v for s, v in mfus if phase.get(s) == p and s > warm_steps
+                          and not resumed_at < s <= resumed_at + warm_steps] for p in (0, 1)}
+        mfu_med = {p: statistics.median(v) if v else None for p, v in steady_mfu.items()}
+        check("train/mfu logged" + (" on the GPU" if device == "cuda" else ": none on a CPU"),
+              bool(mfus) == (device == "cuda"),
+              f"{len(mfus)} steps; phase 0 (128): {mfu_med[0] or 0:.1%} median, phase 1 (512): {mfu_med[1] or 0:.1%}")
         ev = {k: round(v, 4) for k, v in run.data.metrics.items() if k.startswith("eval/")}
         summary.update({"run_id": run_id, "run_name": run_line.group(2), "registered": reg2, "max_steps": max_steps,
                         "phase_switch_step": switch, "resumed_at": resumed_at, "loss_first5": first, "loss_last10_phase0": last,
-                        "tokens_per_s_median": med, "system": system, "eval": ev})
+                        "tokens_per_s_median": med, "mfu_median": mfu_med, "system": system, "eval": ev})
         if reg2:
             try:
                 m = load_model(reg2.split(" ", 1)[1], device)

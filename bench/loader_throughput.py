@@ -2,7 +2,7 @@
 device-ready batches, on one core, against what one H100 consumes training BERT-base.
 
 The loader path is the one a worker runs (`pipeline.pretrain.loader`): read the rank's Parquet shards, permute them
-in chunks (`epoch_micro_batches`), mask them when the data is dynamically masked (`mask_batch`) and pad them into
+in chunks (`epoch_batches`), mask them when the data is dynamically masked (`mask_batch`) and pad them into
 tensors (`Batches` -> `collate`). Here it runs in one process with one thread for pyarrow and torch, and its cost
 is read as process CPU time, so the figure is per core whatever else the machine runs. Data: the shared corpora
 prepared with `jobs/prepare_data.py` into a temporary folder, in two shapes at 128 tokens:
@@ -59,7 +59,7 @@ def measure(output: Path, batch: int, epochs: int, seed: int = 0) -> dict[str, f
     import torch
 
     from pipeline.data.dataset import PreparedDataset
-    from pipeline.pretrain.loader import Batches, epoch_micro_batches
+    from pipeline.pretrain.loader import Batches, epoch_batches
 
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
@@ -72,8 +72,8 @@ def measure(output: Path, batch: int, epochs: int, seed: int = 0) -> dict[str, f
     cpu0, wall0 = time.process_time(), time.perf_counter()
     for epoch in range(epochs):
         tables = (pq.read_table(f, use_threads=False) for f in files)
-        for _, tbl in epoch_micro_batches(tables, skip=0, num_rows=rows, chunk_rows=16384, micro_batch_size=batch,
-                                          seed_key=[seed, 0, epoch, 0]):
+        for _, tbl in epoch_batches(tables, num_rows=rows, chunk_rows=16384, batch_size=batch,
+                                    seed_key=[seed, 0, epoch, 0]):
             b = to_batch(tbl, epoch)
             n, tokens, slots = n + 1, tokens + int(b["num_tokens"]), slots + b["input_ids"].numel()
     return {"batches": n, "tokens": tokens, "slots": slots, "cpu_s": time.process_time() - cpu0,

@@ -146,13 +146,13 @@ def pretrain(cfg, ds, device: str, eval_every: int, out_dir: Path, eval_rows: in
     from pipeline.core.optim import make_optimizer
     from pipeline.core.precision import make_scaler
     from pipeline.core.step import Trainable, evaluate_sums, train_step
-    from pipeline.pretrain.loader import Batches, PhasePlan, epoch_micro_batches
+    from pipeline.pretrain.loader import Batches, PhasePlan, epoch_batches
     from pipeline.pretrain.metrics import NUM_COUNTS, counts, summarise
     from pipeline.pretrain.worker import build_model
 
     tc, dev = cfg.train, torch.device(device)
     plan = PhasePlan.build(ds, steps=tc.max_steps, micro_batch_size=tc.global_batch_size, global_batch_size=tc.global_batch_size,
-                           num_workers=1, num_eval_shards=tc.num_eval_shards, materialized=True)
+                           num_eval_shards=tc.num_eval_shards, materialized=True)
     table = pa.concat_tables([pq.read_table(f) for f in plan.train_files])
     held = {"eval15": eval_batches(ds, plan.eval_files, 0.15, 512, 64, tc.seed)}
     final = {"eval15": eval_batches(ds, plan.eval_files, 0.15, eval_rows, 64, tc.seed),
@@ -162,8 +162,8 @@ def pretrain(cfg, ds, device: str, eval_every: int, out_dir: Path, eval_rows: in
     def feed():
         epoch = 0
         while True:
-            for _, tbl in epoch_micro_batches([table], skip=0, num_rows=plan.ranks[0].rows, chunk_rows=tc.shuffle_buffer_rows,
-                                              micro_batch_size=plan.micro_batch_size, seed_key=[tc.seed, 0, epoch, 0]):
+            for _, tbl in epoch_batches([table], num_rows=plan.train_rows, chunk_rows=tc.shuffle_buffer_rows,
+                                        batch_size=plan.micro_batch_size, seed_key=[tc.seed, 0, epoch, 0]):
                 yield to_batch(tbl, epoch)
             epoch += 1
 

@@ -34,7 +34,7 @@ MLM-only data packed to full length (no row padded, no mask passed unless `+mask
 The "warm-up s" column is the time to build an implementation and run its warm-up steps: for the compiled ones,
 mostly compilation (with inductor's caches as they were: empty on a fresh machine).
 
-FLOPs are counted analytically (matmuls only, backward = 2x forward) on the real tokens (see `step_flops`).
+FLOPs are counted analytically (matmuls only, backward = 2x forward) on the real tokens (`model.flops.train_flops`, the formula the training loop's `train/mfu` uses).
 MFU is achieved FLOP/s over `--peak-tflops`, by default on CUDA the H100 SXM's dense bf16 datasheet figure
 (989.4 TFLOP/s: the basis of the published references, ../shared/GPU.md). `--mfu` also measures the dense
 matmul rate of this device and prints the fraction of it ("of GEMM"): how close the step is to what the chip
@@ -64,6 +64,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere (no install needed)
 from model import BertConfig, BertForPreTraining  # noqa: E402
+from model.flops import train_flops  # noqa: E402
 
 FEATURES = ("real", "fused", "mask", "unpad", "compile", "autotune", "cudagraphs", "whole", "drop0", "vocab64")
 COMPILE_MODES = {"compile": None, "autotune": "max-autotune-no-cudagraphs", "cudagraphs": "reduce-overhead"}
@@ -142,15 +143,17 @@ def make_rows(batch: int, seq: int, masked: int, vocab: int, packed: bool, seed:
 def make_batch(impl: Impl, rows: dict[str, Any], seq: int, device: str) -> dict[str, torch.Tensor]:
     """The keyword arguments of one step's forward, on `device`: ours through the loader's `collate` (as the
     training loop makes them), transformers' with (B, L) labels (-100 where nothing is masked)."""
+    from pipeline.core.precision import HOST_ONLY
     from pipeline.pretrain.loader import collate
 
     b = collate(rows, pad_to=seq if impl.compile_mode is not False else None, unpad="unpad" in impl.features)
     if impl.name == "ours":
         if "mask" in impl.features and "attention_mask" not in b and "unpad_indices" not in b:
             b["attention_mask"] = torch.ones_like(b["input_ids"])
-        if "real" not in impl.features:
-            b.pop("num_tokens")
-        return {k: v if k == "num_tokens" else v.to(device) for k, v in b.items()}
+        if "real" not in impl.features:  # the bare model's forward takes no host-only entries
+            for k in HOST_ONLY:
+                b.pop(k)
+        return {k: v if k in HOST_ONLY else v.to(device) for k, v in b.items()}
     labels = torch.full_like(b["input_ids"], -100)
     pos, ids = b["masked_lm_positions"], b["masked_lm_ids"]
     rows_, cols = (pos >= 0).nonzero(as_tuple=True)
@@ -194,12 +197,17 @@ def make_step(impl: Impl, model: torch.nn.Module, batch: dict[str, torch.Tensor]
     if "real" in impl.features:  # the product's step, exactly as the pretraining loop calls it
         from pipeline.core.optim import make_optimizer
         from pipeline.core.step import Trainable, train_step
-        from pipeline.pretrain.metrics import counts, summarise
+        from pipeline.pretrain.metrics import counts, flop_counter, summarise
 
         opt, sched = make_optimizer(model, "adamw", 1e-4, 0.01, warmup_steps=0, total_steps=10**9, schedule="constant")
         t = Trainable(model, opt, sched)
+        # The loop counts train/mfu on a GPU, from the host batch; this batch is already on the device, so its count
+        # is taken once here (counting it each step read it off the device: a host sync the loop does not have).
+        host = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        work = flop_counter(model.config)(host) if device == "cuda" else None
+        flops = (lambda _b: work) if work is not None else None
         return lambda: train_step(t, [batch], accumulation=1, counts=counts, summarise=summarise,
-                                  device=torch.device(device), precision=dtype)
+                                  device=torch.device(device), precision=dtype, flops=flops)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused="fused" in impl.features or None)
     autocast = torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=dtype == "bf16")
 
@@ -217,27 +225,6 @@ def make_step(impl: Impl, model: torch.nn.Module, batch: dict[str, torch.Tensor]
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
-
-
-def step_flops(cfg: BertConfig, lengths: list[int], mlm_rows: int) -> float:
-    """Model FLOPs of one training step on the real tokens (x3: forward, input grads, weight grads).
-
-    Per real token and layer: QKV + output 4H^2 and FFN 2HI multiply-adds (6 x the matmul parameters per token,
-    with the x3); attention scores and mix 2*n*H over the n tokens of its own sequence (12 x layers x seq x hidden
-    per token). Heads: the pooler and NSP per sequence; the MLM transform H^2 and decoder H*V per row that gets
-    logits (every position for transformers, the valid masked positions for ours). Pads count nothing.
-
-    >>> cfg = BertConfig.from_preset("tiny", vocab_size=100)
-    >>> step_flops(cfg, [4, 2], 3) == 6 * (2 * (6 * (4 * 128**2 + 2 * 128 * 512) + 2 * 128 * (16 + 4))
-    ...                                    + 2 * (128**2 + 2 * 128) + 3 * (128**2 + 128 * 100))
-    True
-    """
-    H, I, V, n = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_hidden_layers
-    tokens = sum(lengths)
-    macs = n * (tokens * (4 * H * H + 2 * H * I) + 2 * H * sum(k * k for k in lengths))
-    macs += len(lengths) * (H * H + 2 * H)
-    macs += mlm_rows * (H * H + H * V)
-    return 3 * 2 * macs
 
 
 def matmul_rate(device: str, dtype: str) -> float:
@@ -436,7 +423,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         for impl in impls:
             sec = statistics.median(times[impl])
             mlm_rows = valid if impl.name == "ours" else slots
-            flops = step_flops(model_config(impl, cfg), lengths, mlm_rows)
+            flops = train_flops(model_config(impl, cfg), lengths, mlm_rows)
             mem = None if args.no_memory else peaks.get(impl) or peak_memory(args, impl, dtype)
             rows.append({
                 "impl": str(impl), "dtype": dtype, "ms": sec * 1e3, "best_ms": min(times[impl]) * 1e3,

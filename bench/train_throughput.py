@@ -69,17 +69,13 @@ def _plain_batches(cfg, data):
     """The exact micro-batches rank 0 of a 1-worker Ray Train run sees, read with pyarrow in this process."""
     import pyarrow.parquet as pq
 
-    from pipeline.pretrain.loader import Batches, epoch_micro_batches
+    from pipeline.pretrain.loader import Batches, StepFeed
 
     plan = _plan(cfg, data)
-    mine, to_batch = plan.ranks[0], Batches(plan, cfg.train.seed)
-    epoch = 0
-    while True:
-        tables = (pq.read_table(f) for f in mine.files)
-        for _, tbl in epoch_micro_batches(tables, skip=mine.skip, num_rows=mine.rows, chunk_rows=cfg.train.shuffle_buffer_rows,
-                                          micro_batch_size=plan.micro_batch_size, seed_key=[cfg.train.seed, 0, epoch, 0]):
-            yield to_batch(tbl, epoch)
-        epoch += 1
+    feed = StepFeed(plan, 0, 0, 1, cfg.train.seed, cfg.train.shuffle_buffer_rows, 0,
+                    lambda: (pq.read_table(f) for f in plan.train_files), Batches(plan, cfg.train.seed))
+    for step in feed:
+        yield from step.micro_batches
 
 
 def plain_tokens_per_s(cfg, data, steps: int, skip: int) -> tuple[float, float]:
@@ -116,26 +112,23 @@ def loader_batches_per_s(cfg, data, n: int) -> float:
     """The Ray Data loader path of a worker (streamed read_parquet, per-rank order, masking, padding)."""
     import ray
 
-    from pipeline.pretrain.loader import Batches, epoch_micro_batches
+    from pipeline.pretrain.loader import Batches, StepFeed
 
     plan = _plan(cfg, data)
-    mine, to_batch = plan.ranks[0], Batches(plan, 0)
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
-    ds = ray.data.read_parquet(list(mine.files)).materialize() if cfg.train.materialize_data else ray.data.read_parquet(list(mine.files))
+    files = list(plan.train_files)
+    ds = ray.data.read_parquet(files).materialize() if cfg.train.materialize_data else ray.data.read_parquet(files)
     it = ds.iterator()
-    got, epoch, t0 = 0, 0, None
-    while got < n:
-        tables = it.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2)
-        for _, tbl in epoch_micro_batches(tables, skip=mine.skip, num_rows=mine.rows, chunk_rows=cfg.train.shuffle_buffer_rows,
-                                          micro_batch_size=plan.micro_batch_size, seed_key=[0, 0, epoch, 0]):
-            to_batch(tbl, epoch)
-            if t0 is None:
-                t0 = time.perf_counter()  # from the first batch on: steady state, not start-up
-            got += 1
-            if got >= n:
-                break
-        epoch += 1
+    feed = StepFeed(plan, 0, 0, 1, 0, cfg.train.shuffle_buffer_rows, 0,
+                    lambda: it.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2), Batches(plan, 0))
+    got, t0 = 0, None
+    for step in feed:
+        if t0 is None:
+            t0 = time.perf_counter()  # from the first batch on: steady state, not start-up
+        got += len(step.micro_batches)
+        if got >= n:
+            break
     return (got - 1) / (time.perf_counter() - t0)
 
 

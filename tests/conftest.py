@@ -52,15 +52,25 @@ def repo_root() -> Path:
     return REPO
 
 
-def load_bench(name: str):
-    """bench/<name>.py imported as a module (bench/ is scripts, not a package)."""
+def _load_script(path: Path, name: str):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
+
+
+def load_bench(name: str):
+    """bench/<name>.py imported as a module (bench/ is scripts, not a package)."""
+    return _load_script(REPO / "bench" / f"{name}.py", name)
+
+
+def load_job(name: str):
+    """jobs/<name>.py imported as a module `job_<name>` (jobs/ is scripts, not a package: `import jobs` works only
+    with the repo root on sys.path, which pytest does not put there)."""
+    return _load_script(REPO / "jobs" / f"{name}.py", f"job_{name}")
 
 
 @pytest.fixture(scope="session")
@@ -100,6 +110,17 @@ def small_corpus(shared_dir, tmp_path_factory) -> list[str]:
     return [str(root / "books" / b) for b in BOOKS] + [str(wiki)]
 
 
+@pytest.fixture()
+def one_thread():
+    """Tiny models: one thread is fastest, and on a shared machine more spin against each other (8 s vs 0.3 s)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     """A real local Ray cluster in this process (2 CPUs), shut down after the module."""
@@ -117,7 +138,9 @@ def ray_local():
 def one_host_reference() -> dict:
     """The shards, final weights and train/loss per step (`shards`, `digest`, `losses`) of test_pretrain_job.py's
     one-host two-worker baseline, filled when that fixture runs, so that tests/test_two_hosts.py compares its
-    two-host runs without training the same run again (it runs it itself when empty)."""
+    two-host runs without training the same run again (it runs it itself when empty); and `losses_no_dropout`,
+    the same run's without dropout (test_a_run_resumes_on_fewer_workers_with_the_same_losses), for its elastic
+    case."""
     return {}
 
 

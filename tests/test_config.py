@@ -45,7 +45,7 @@ def test_tiny_reads_the_shared_corpora(repo_root):
     assert cfg.train.global_batch_size == cfg.train.micro_batch_size * cfg.train.num_workers * cfg.train.accumulation_steps
 
 
-@pytest.mark.parametrize("name,seq", [("base", [128, 512]), ("large", [128, 512])])
+@pytest.mark.parametrize("name,seq", [("base", [128, 512]), ("large", [128, 512]), ("modernbert-base", [1024, 8192])])
 def test_gpu_presets_have_two_phases_with_one_schedule(repo_root, name, seq):
     cfg = load_config(repo_root / "configs" / f"{name}.yaml")
     assert [p.max_seq_length for p in cfg.train.phases] == seq
@@ -72,10 +72,21 @@ def test_phases_parse_from_the_command_line():
         load_config(None, ["--train.phases", "[{seq_len: 64}]"])
 
 
+def test_phases_on_the_command_line_replace_the_config_files(repo_root):
+    """A typed list is the list: nothing of the YAML's phases (their `output` here) is merged into it, found when
+    the GPU run's `--data.output` and `--train.phases` still wrote configs/base.yaml's /mnt/shared paths."""
+    base = repo_root / "configs" / "base.yaml"
+    assert load_config(base, []).train.phases[0].output == "/mnt/shared/data/base-128"
+    cfg = load_config(base, ["--data.output", "/tmp/b", "--train.phases=[{max_seq_length: 128, fraction: 0.5}, {max_seq_length: 256}]"])
+    assert cfg.train.phases == [PhaseConfig(max_seq_length=128, fraction=0.5), PhaseConfig(max_seq_length=256)]
+    with pytest.raises(ConfigError, match="fraction 2.0"):  # checked again after the replacement
+        load_config(base, ["--train.phases", "[{fraction: 2.0}]"])
+
+
 @pytest.mark.parametrize(
     "override,message",
     [
-        (["--train.global_batch_size", "48", "--train.micro_batch_size", "32"], "train.global_batch_size 48"),
+        (["--train.global_batch_size", "2", "--train.num_workers", "3"], "train.num_workers 3 > global_batch_size 2"),
         (["--train.optimizer", "sgd"], "train.optimizer 'sgd'"),
         (["--train.schedule", "cosine"], "train.schedule 'cosine'"),
         (["--train.precision", "fp8"], "train.precision 'fp8'"),
@@ -105,9 +116,13 @@ def test_unpad_parses_and_is_refused_with_compile():
 
 
 def test_phase_batch_sizes_are_checked():
-    with pytest.raises(ConfigError, match=r"train.phases\[1\] global_batch_size 32"):
-        TrainConfig(num_workers=2, micro_batch_size=8, global_batch_size=32,
-                    phases=[{"fraction": 0.5}, {"micro_batch_size": 24}], max_steps=10)
+    """Any micro-batch cap goes (each worker's share is cut at it); a phase's global batch needs a row per worker."""
+    ok = TrainConfig(num_workers=2, micro_batch_size=8, global_batch_size=32, phases=[{"fraction": 0.5}, {"micro_batch_size": 24}],
+                     max_steps=10)
+    assert ok.phases[1].micro_batch_size == 24 and ok.accumulation_steps == 2
+    with pytest.raises(ConfigError, match=r"train.num_workers 4 > train.phases\[1\] global_batch_size 3"):
+        TrainConfig(num_workers=4, micro_batch_size=8, global_batch_size=32,
+                    phases=[{"fraction": 0.5}, {"global_batch_size": 3}], max_steps=10)
 
 
 def test_model_overrides_take_bertconfig_fields():
@@ -123,7 +138,7 @@ def test_model_overrides_take_bertconfig_fields():
 @pytest.mark.parametrize("args,message", [
     (["--train.global_batch_size", "0"], "train.global_batch_size 0 < 1"),
     (["--train.micro_batch_size", "-1"], "train.micro_batch_size -1 < 1"),
-    (["--train.global_batch_size", "48", "--train.micro_batch_size", "32"], "train.global_batch_size 48 is not a multiple"),
+    (["--train.num_workers", "64", "--train.global_batch_size", "32"], "train.num_workers 64 > global_batch_size 32"),
     (["--train.phases", "[{max_seq_length: 64, micro_batch_size: 0}]"], r"train.phases\[0\].micro_batch_size 0 < 1"),
     (["--model.preset", "huge"], "model: unknown preset 'huge'"),
     (["--model.overrides.num_attention_heads", "3"], "model: hidden_size 128 is not divisible by num_attention_heads 3"),
@@ -250,7 +265,7 @@ PRESET_HASHES = {
 # Data fields added after the capture (dedup: issue 20; MediaWiki dumps: issue 24), left out of the comparison.
 ADDED_SINCE = ("dedup", "dedup_threshold", "dedup_num_perm", "wiki_keep_lists", "wiki_keep_headings", "pack_documents")
 # Training fields added since (train.compile, train.unpad: issue 18; train.head_only_steps: issue 21), left out likewise.
-TRAIN_ADDED_SINCE = ("compile", "head_only_steps", "unpad", "decay_fraction")  # decay_fraction: issue 33
+TRAIN_ADDED_SINCE = ("compile", "head_only_steps", "unpad", "decay_fraction", "min_workers", "checkpoint_upload")  # decay_fraction: issue 33; min_workers, checkpoint_upload: 34
 # Tracking fields added since (tracking.server_wait_s: issue 22), left out likewise.
 TRACKING_ADDED_SINCE = ("server_wait_s",)
 
@@ -275,13 +290,10 @@ def test_presets_load_to_the_same_values_as_before(name):
 def test_prepare_data_short_flags_are_aliases_in_the_one_parser(repo_root, tmp_path):
     """`--input` (repeatable), `--output`, `--vocab-size`... set their `data` fields; flags override the config file
     (`--input` replaces its inputs, `--vocab-size` drops its vocab); `--data.field` and a short flag mean the same."""
-    import importlib.util
-
+    from conftest import load_job
     from pipeline.config import parse
 
-    spec = importlib.util.spec_from_file_location("prepare_data_job", repo_root / "jobs" / "prepare_data.py")
-    job = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(job)
+    job = load_job("prepare_data")
     cfg = tmp_path / "c.yaml"
     cfg.write_text("data:\n  inputs: [/from/config]\n  vocab: /v.txt\n  seed: 3\n")
     args, s = parse(job.parser(), ["--input", "/a", "--config", str(cfg), "--input", "/b", "--output", "o",

@@ -13,8 +13,9 @@ import torch
 
 from pipeline.core.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.core.optim import Lamb, lr_lambda, make_optimizer
+from pipeline.core.precision import HOST_ONLY
 from pipeline.core.step import Trainable
-from pipeline.pretrain.loader import collate, epoch_micro_batches, rank_row_ranges
+from pipeline.pretrain.loader import collate, epoch_batches, split_global_batch
 
 
 @pytest.mark.parametrize("warmup,total", [(0, 10), (3, 10), (10, 100)])
@@ -183,7 +184,8 @@ def test_collate_for_modernbert_turns_doc_lengths_into_cu_seqlens():
     # row 0: documents at 0..3 and 3..7; row 1 starts at 7: its document 7..11, its padding 11..14 a segment alone
     assert b["cu_seqlens"].tolist() == [0, 3, 7, 11, 14]
     assert b["input_ids"].tolist() == [[2, 5, 3, 2, 6, 7, 3], [2, 8, 9, 3, 0, 0, 0]]
-    assert set(b) == {"input_ids", "masked_lm_positions", "masked_lm_ids", "num_tokens", "cu_seqlens"}
+    assert set(b) == {"input_ids", "masked_lm_positions", "masked_lm_ids", "num_tokens", "spans", "cu_seqlens"}
+    assert b["spans"].tolist() == [3, 4, 4]  # attention's spans (for MFU): each document, the padding none
     # shards without the column (written before it, or not packed): one document a row, BERT's mask for padding
     old = collate(_packed_rows(None), modernbert=True)
     assert "cu_seqlens" not in old and old["attention_mask"].tolist() == [[1] * 7, [1, 1, 1, 1, 0, 0, 0]]
@@ -214,23 +216,24 @@ def test_pretraining_counts_of_an_mlm_only_model_have_no_nsp():
     torch.manual_seed(0)
     m = ModernBertForMaskedLM(ModernBertConfig.from_preset("modernbert-tiny", vocab_size=16))
     b = collate(_packed_rows([np.array([3, 4], np.int32), np.array([4], np.int32)]), modernbert=True)
-    out = m(**{k: v for k, v in b.items() if k != "num_tokens"})
+    out = m(**{k: v for k, v in b.items() if k not in HOST_ONLY})
     c = counts(out, b)
     assert c[2].item() == 3 and c[3:].tolist() == [0.0, 0.0, 0.0]
     assert set(summarise(c)) == {"loss", "mlm_loss", "mlm_accuracy"}
     assert summarise(c)["loss"] == pytest.approx(out.mlm_loss.item(), rel=1e-6)
 
 
-@pytest.mark.parametrize("rows,world", [([5, 5, 4], 2), ([100, 3, 50, 7], 3), ([10], 4)])
-def test_rank_ranges_are_equal_and_disjoint(rows, world):
-    ranges = rank_row_ranges(rows, world)
-    starts = np.concatenate([[0], np.cumsum(rows)])
-    seen: list[int] = []
-    for r in ranges:
-        assert r["rows"] == sum(rows) // world
-        global_rows = [starts[f] + i for f in r["files"] for i in range(rows[f])]
-        seen += global_rows[r["skip"] : r["skip"] + r["rows"]]
-    assert seen == list(range(len(seen)))  # contiguous, in order, no row twice
+@pytest.mark.parametrize("batch,world,cap", [(32, 2, 16), (32, 1, 16), (32, 3, 16), (10, 3, 2), (7, 7, 1), (9, 2, 8)])
+def test_a_global_batch_is_dealt_out_once_in_equal_micro_batch_counts(batch, world, cap):
+    split = split_global_batch(batch, world, cap)
+    rows = [r for micro in split for a, b in micro for r in range(a, b)]
+    assert rows == list(range(batch))  # every row once, in order: rank 0's share first
+    assert len({len(micro) for micro in split}) == 1  # the same accumulation on every rank (DDP syncs the last)
+    sizes = [b - a for micro in split for a, b in micro]
+    assert max(sizes) <= cap and max(sizes) - min(sizes) <= 1
+    assert len(split[0]) == -(-(-(-batch // world)) // cap)  # as few micro-batches as the largest share needs
+    with pytest.raises(ValueError, match=f"{batch + 1} workers cannot share a global batch of {batch} rows"):
+        split_global_batch(batch, batch + 1, cap)
 
 
 def _stream(n_rows: int, block: int) -> list[pa.Table]:
@@ -239,16 +242,16 @@ def _stream(n_rows: int, block: int) -> list[pa.Table]:
 
 @pytest.mark.parametrize("chunk", [7, 16, 1000])
 def test_epoch_order_is_a_seeded_permutation_and_resumes_exactly(chunk):
-    kw = dict(skip=5, num_rows=90, chunk_rows=chunk, micro_batch_size=4)
-    full = [b["x"].to_pylist() for _, b in epoch_micro_batches(_stream(120, 9), seed_key=[1, 0, 0, 0], **kw)]
+    kw = dict(num_rows=90, chunk_rows=chunk, batch_size=4)
+    full = [b["x"].to_pylist() for _, b in epoch_batches(_stream(120, 9), seed_key=[1, 0, 0], **kw)]
     flat = sum(full, [])
-    assert len(full) == 90 // 4 and len(set(flat)) == len(flat) and set(flat) <= set(range(5, 95))
+    assert len(full) == 90 // 4 and len(set(flat)) == len(flat) and set(flat) <= set(range(90))
     assert flat != sorted(flat)  # shuffled
     # another epoch (seed key) gives another order of the same rows
-    other = sum((b["x"].to_pylist() for _, b in epoch_micro_batches(_stream(120, 9), seed_key=[1, 0, 1, 0], **kw)), [])
+    other = sum((b["x"].to_pylist() for _, b in epoch_batches(_stream(120, 9), seed_key=[1, 0, 1], **kw)), [])
     assert other != flat
-    for start in range(len(full) + 1):  # resuming at any micro-batch yields exactly the rest
-        rest = [(i, b["x"].to_pylist()) for i, b in epoch_micro_batches(_stream(120, 13), seed_key=[1, 0, 0, 0], start=start, **kw)]
+    for start in range(len(full) + 1):  # resuming at any batch yields exactly the rest, however the stream is cut
+        rest = [(i, b["x"].to_pylist()) for i, b in epoch_batches(_stream(120, 13), seed_key=[1, 0, 0], start=start, **kw)]
         assert [b for _, b in rest] == full[start:] and [i for i, _ in rest] == list(range(start, len(full)))
 
 
@@ -275,7 +278,7 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_rngs(tmp_path, pre
     step(model, opt, sched)
     np.random.seed(3)
     random.seed(4)
-    save_checkpoint(str(tmp_path), 0, Trainable(model, opt, sched), {"step": 1, "position": {"phase": 0, "epoch": 2, "micro": 5}})
+    save_checkpoint(str(tmp_path), 0, Trainable(model, opt, sched), {"step": 1, "position": {"phase": 0, "epoch": 2, "batch": 5}})
     expect = (torch.rand(3), np.random.rand(), random.random())
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     step(model, opt, sched)  # the uninterrupted run's next step (dropout draws from the RNG after `expect`)
@@ -284,7 +287,7 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_rngs(tmp_path, pre
     fresh = build_model(encoder_config(preset, vocab_size=64))
     opt2, sched2 = make_optimizer(fresh, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10)
     state = load_checkpoint(str(tmp_path), 0, Trainable(fresh, opt2, sched2))
-    assert state == {"step": 1, "position": {"phase": 0, "epoch": 2, "micro": 5}}  # the recorded hashes left out
+    assert state == {"step": 1, "position": {"phase": 0, "epoch": 2, "batch": 5}, "world_size": 1}  # the hashes left out
     assert (torch.rand(3), np.random.rand(), random.random()) == (pytest.approx(expect[0]), expect[1], expect[2])
     for (n, a), b in zip(saved.items(), fresh.state_dict().values()):
         assert torch.equal(a, b), n
@@ -300,7 +303,7 @@ def _tiny_checkpoint(path, step: int, seed: int = 0) -> None:
     torch.manual_seed(seed)
     model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
     opt, sched = make_optimizer(model, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10)
-    save_checkpoint(str(path), 0, Trainable(model, opt, sched), {"step": step, "position": {"phase": 0, "epoch": 0, "micro": step}})
+    save_checkpoint(str(path), 0, Trainable(model, opt, sched), {"step": step, "position": {"phase": 0, "epoch": 0, "batch": step}})
 
 
 def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path):

@@ -16,6 +16,7 @@ from model import (
     BertForTokenClassification,
 )
 from model.hf import convert_state_dict
+from pipeline.core.precision import HOST_ONLY
 
 # Random tiny configs: different widths, head counts, FFN ratios, segment vocab, activation.
 CONFIGS = {
@@ -258,7 +259,7 @@ def test_pretraining_step_reads_no_value_off_the_device(padded):
     rows = {"input_ids": [np.arange(2, 2 + n) for n in lengths], "token_type_ids": [np.zeros(n) for n in lengths],
             "masked_lm_positions": [np.array([1, 3]), np.array([2])], "masked_lm_ids": [np.array([5, 6]), np.array([7])],
             "next_sentence_label": np.array([0, -1])}
-    batch = {k: v.to("meta") for k, v in collate(rows).items() if k != "num_tokens"}
+    batch = {k: v.to("meta") for k, v in collate(rows).items() if k not in HOST_ONLY}
     assert ("attention_mask" in batch) == padded
     with torch.device("meta"):
         model = BertForPreTraining(BertConfig(**CONFIGS["h32"]))

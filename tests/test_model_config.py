@@ -104,10 +104,11 @@ def test_docstring_examples_in_model_modules_hold():
 
     import model.bert
     import model.config
+    import model.flops
     import model.heads
     import model.hf
     import model.modernbert
 
-    for module in (model.config, model.bert, model.heads, model.hf, model.modernbert):
+    for module in (model.config, model.bert, model.flops, model.heads, model.hf, model.modernbert):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted > 0 and result.failed == 0, module.__name__

@@ -56,6 +56,7 @@ def test_modernbert_tiny_job_registers_a_version_transformers_loads(tmp_path, sh
     # the run logged MLM figures and no NSP ones
     c = MlflowClient(env["MLFLOW_TRACKING_URI"])
     mv = c.get_model_version_by_alias("mb-e2e", "e2e")
+    assert mv.description.startswith("ModernBERT pretrained for 8 steps"), mv.description[:80]
     run = c.get_run(mv.tags["run_id"])
     metrics = run.data.metrics
     assert {"train/loss", "train/mlm_accuracy", "eval/final_mlm_accuracy"} <= set(metrics)

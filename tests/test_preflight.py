@@ -8,7 +8,6 @@ this process (their preflight fails before Ray starts) except where a clean inte
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_job
 from pipeline.storage.io import StorageError, read_text, write_bytes_atomic
 from pipeline.storage.preflight import check_storage
 from pipeline.tracking.server import artifact_root
@@ -26,10 +26,7 @@ DATA = Path(__file__).parent / "data"
 
 def _job_main(name: str):
     """`main` of jobs/<name>.py, run in this process (jobs/ is scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(f"job_{name}", REPO / "jobs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    return load_job(name).main
 
 
 def _prepare(*args: str) -> int:

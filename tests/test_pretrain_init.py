@@ -191,3 +191,29 @@ def test_a_run_longer_by_max_steps_only_says_it_is_new_and_how_to_continue(tmp_p
     assert notice(short) is None  # resuming the earlier run itself
     assert notice(_cfg(tmp_path, "--train.max_steps", "48", "--train.lr", "7e-4")) is None
     assert notice(_cfg(tmp_path, "--train.max_steps", "48", "--train.run_name", "mine")) is None
+
+
+def test_a_modernbert_checkpoint_continues_as_modernbert(tmp_path, tiny_ckpt):
+    """model.init of a saved ModernBERT: its architecture (model_type modernbert), its MLM head, no NSP head; a BERT
+    preset is refused in one line, and so is NSP data."""
+    from model import ModernBertConfig, ModernBertForMaskedLM
+    from model.hf import save_hf
+
+    torch.manual_seed(2)
+    saved = ModernBertForMaskedLM(ModernBertConfig.from_preset("modernbert-tiny", vocab_size=40))
+    path = save_hf(saved, tmp_path / "mb", tokenizer=tmp_path / "tok")  # tiny_ckpt's 40-token vocabulary
+    cfg, init = resolve_init(_cfg(tmp_path, "--model.init", str(path), "--model.preset", "null", "--data.nsp", "false"))
+    assert cfg.model.modernbert and cfg.model.encoder_config().local_attention == saved.config.local_attention
+    assert init.family == "modernbert" and init.heads == "mlm"
+    assert init.describe().endswith("encoder and MLM head loaded")  # no NSP head to speak of
+    torch.manual_seed(0)
+    model = load_initial(worker_config(cfg, init).model, 40)
+    assert type(model).__name__ == "ModernBertForMaskedLM"
+    for k, v in saved.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
+    with pytest.raises(ConfigError, match=r"^model.preset tiny is BERT, .* is ModernBERT: choose a modernbert-\* preset or null$"):
+        resolve_init(_cfg(tmp_path, "--model.init", str(path), "--model.preset", "tiny", "--data.nsp", "false"))
+    cfg, _ = resolve_init(_cfg(tmp_path, "--model.init", str(path), "--model.preset", "modernbert-tiny", "--data.nsp", "false"))
+    assert cfg.model.modernbert  # an agreeing preset of its family is fine
+    with pytest.raises(ConfigError, match=r"is MLM-only \(no NSP head\): set data.nsp false"):
+        resolve_init(_cfg(tmp_path, "--model.init", str(path), "--model.preset", "null"))

@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,13 +37,16 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A real local Ray cluster with the dashboard (job server), 2 CPUs, in this process."""
+def cluster(s3_server):
+    """A real local Ray cluster with the dashboard (job server), 2 CPUs, in this process; its processes pointed at
+    the session's S3 server (`s3_server`: the environment they start with), as a cluster's nodes are at theirs."""
     import ray
     from ray.cluster_utils import Cluster
 
     if ray.is_initialized():
         ray.shutdown()
+    saved = {k: os.environ.get(k) for k in s3_server.env}
+    os.environ.update(s3_server.env)
     port = free_port()
     # Free ports for the dashboard and its agent: other Ray clusters on this machine must not collide with it.
     head = Cluster(initialize_head=True, head_node_args={
@@ -52,6 +56,11 @@ def cluster():
     yield f"http://127.0.0.1:{port}"
     ray.shutdown()
     head.shutdown()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
@@ -347,6 +356,9 @@ def _cfg(prepared, work, name: str, *extra: str):
     return resolve_paths(load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml", args))
 
 
+# No dropout: each rank draws its own dropout masks, the one thing a change of the number of workers changes.
+NO_DROPOUT = ("--model.overrides.hidden_dropout_prob", "0.0", "--model.overrides.attention_probs_dropout_prob", "0.0")
+
 # The fault-tolerance runs' training (tests/test_two_hosts.py repeats the baseline's on two hosts).
 FT_ARGS = ["--train.max_steps", "8", "--train.warmup_steps", "2", "--train.micro_batch_size", "8",
            "--train.global_batch_size", "32", "--train.checkpoint_every_steps", "4", "--train.eval_every_steps", "4",
@@ -444,6 +456,39 @@ def test_rerunning_an_interrupted_run_resumes_it(baseline, prepared, work):
     assert _history(run_id, "train/loss") == _history(baseline[1], "train/loss")
 
 
+def test_checkpoints_uploaded_in_the_background_to_s3_resume_exactly(baseline, prepared, work, s3_server, capsys):
+    """`train.storage_path` on S3 (the moto server): checkpoints upload in the background (`checkpoint_upload`
+    auto), the run ends with the uninterrupted local run's weights, both checkpoints are on S3 with the hashes they
+    recorded, and no local copy is left. With the step-8 weights then truncated, the re-run resumes exactly from
+    the step-4 checkpoint that was uploaded while steps 5-8 trained. ~60 s."""
+    import fsspec
+    import s3fs
+
+    from pipeline.cluster import checkpoints
+    from pipeline.pretrain.identity import newest_intact
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    storage = f"s3://{s3_server.bucket('async')}/runs"
+    before = set(Path(tempfile.gettempdir()).glob("checkpoint-upload-*"))
+    digest, _ = _train(prepared, work, "s3-async", "--train.storage_path", storage)
+    assert digest == baseline[0]
+    assert set(Path(tempfile.gettempdir()).glob("checkpoint-upload-*")) == before  # deleted once uploaded
+    steps = sorted(state["step"] for _, state, _ in checkpoints(storage, "s3-async"))
+    assert steps == [4, 8]
+    (newest, state), bad = newest_intact(storage, "s3-async")
+    assert state["step"] == 8 and bad == []
+    fs = fsspec.filesystem("s3")
+    weights = newest.split("://", 1)[1] + "/model.safetensors"
+    fs.pipe(weights, fs.cat(weights)[:1000])
+    capsys.readouterr()
+    digest, run_id = _train(prepared, work, "s3-async", "--train.storage_path", storage)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "damaged checkpoint" in ln]
+    assert len(lines) == 1 and f"resuming from step 4 ({storage}/s3-async/checkpoint_" in lines[0], lines
+    assert digest == baseline[0]
+    # the same MLflow run (its name): each of steps 1-8 logged once, with the uninterrupted run's losses
+    assert _history(run_id, "train/loss") == _history(baseline[1], "train/loss")
+
+
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(baseline, prepared, work, capsys):
     """A copy of the uninterrupted run with its step-8 weights truncated: the re-run names the damaged checkpoint,
     resumes from step 4 and ends with the uninterrupted run's weights. Then, with every checkpoint damaged, the
@@ -537,6 +582,33 @@ def test_resuming_with_another_vocabulary_is_refused(baseline, prepared, work, m
     assert rebuilt.vocab_sha256 != old.vocab_sha256
     with pytest.raises(CheckpointMismatch, match=rf"trained with vocabulary sha256 {old.vocab_sha256[:12]}.*{rebuilt.vocab_sha256[:12]}"):
         _train(prepared, work, "vocabswap", data=rebuilt)
+
+
+def test_a_run_resumes_on_fewer_workers_with_the_same_losses(prepared, work, ft_store, capsys, one_host_reference):
+    """Through Ray Train: a 2-worker run, and a copy of it whose step-8 checkpoint is damaged re-run on 1 worker:
+    it resumes from the step-4 checkpoint the 2 workers wrote and logs steps 5-8 with the 2-worker run's losses
+    within 1e-3 relative (no dropout: each rank's dropout draws are its own, the one thing a resize changes;
+    the same on 1, 2 and 3 workers in this process: tests/test_elastic.py). Two Ray Train runs: 65-120 s on a
+    busy 2-core machine."""
+    from pipeline import tracking
+
+    _, two = _train(prepared, work, "two-workers", *NO_DROPOUT)
+    one_host_reference["losses_no_dropout"] = _history(two, "train/loss")  # tests/test_two_hosts.py's host lost
+    runs = work / "ft-runs"
+    shutil.copytree(runs / "two-workers", runs / "one-worker")
+    newest = max((d for d in (runs / "one-worker").glob("checkpoint_*") if d.is_dir()),
+                 key=lambda d: json.loads((d / "train_state.json").read_text())["step"])
+    (newest / "model.safetensors").write_bytes(b"")
+    capsys.readouterr()
+    _, one = _train(prepared, work, "one-worker", *NO_DROPOUT, "--train.num_workers", "1")
+    assert ": resuming from step 4 (" in capsys.readouterr().out
+    assert tracking.client().get_run(one).data.tags["world_size"] == "1"
+    both, resumed = _history(two, "train/loss"), _history(one, "train/loss")
+    assert [s for s, _ in both] == list(range(1, 9)) and [s for s, _ in resumed] == [5, 6, 7, 8]
+    for (step, want), (_, got) in zip(both[4:], resumed):
+        assert got == pytest.approx(want, rel=1e-3), step
+    print(f"largest relative loss difference, 2 workers vs resumed on 1: "
+          f"{max(abs(got / want - 1) for (_, want), (_, got) in zip(both[4:], resumed)):.1e}")
 
 
 def test_two_node_ddp_matches_single_node(baseline, prepared, work):

@@ -18,21 +18,13 @@ import model as model_pkg
 import pipeline as pipeline_pkg
 from model import BertConfig, BertForPreTraining
 from pipeline.core.optim import make_optimizer
-from pipeline.core.precision import forward
+from pipeline.core.precision import HOST_ONLY, forward
 from pipeline.core.step import StepStats, Trainable, TrainFigures, all_reduce_sum, train_step
 from pipeline.pretrain.loader import Batches, collate
 from pipeline.pretrain.metrics import counts, summarise
 
 VOCAB, SEQ = 60, 16
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one thread is fastest, and on a shared machine more spin against each other (8 s vs 0.3 s)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _rows(rng: np.random.Generator, n: int, lengths: list[int] | None = None, nsp: bool = True) -> dict:
@@ -162,8 +154,8 @@ def test_batch_without_padding_has_no_mask_and_matches_the_masked_path():
     both = collate({k: list(rows[k]) + list(short[k]) for k in rows})
     assert both["attention_mask"][:4].all() and not both["attention_mask"][4].all()
     with torch.no_grad():
-        a = m(**{k: v for k, v in packed.items() if k != "num_tokens"})
-        b = m(**{k: v for k, v in both.items() if k != "num_tokens"})
+        a = m(**{k: v for k, v in packed.items() if k not in HOST_ONLY})
+        b = m(**{k: v for k, v in both.items() if k not in HOST_ONLY})
         h_packed = m.bert(packed["input_ids"], packed["token_type_ids"]).last_hidden_state
         h_masked = m.bert(both["input_ids"], both["token_type_ids"], both["attention_mask"]).last_hidden_state[:4]
     assert a.mlm_loss.item() == pytest.approx(b.mlm_loss.item(), abs=1e-3)
@@ -190,7 +182,7 @@ def test_batches_pin_memory_only_for_cuda_and_change_nothing_else():
             assert got.keys() == want.keys()
             for k in want:
                 assert torch.equal(got[k], want[k]), k
-                assert got[k].is_pinned() == (pin and k != "num_tokens"), k
+                assert got[k].is_pinned() == (pin and k not in HOST_ONLY), k
 
 
 @pytest.mark.slow  # inductor compilation (one layer's) on a shared 2-core machine

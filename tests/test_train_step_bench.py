@@ -17,8 +17,8 @@ def bench():
 
 
 def test_docstring_examples(bench):
-    result = doctest.testmod(bench)
-    assert result.attempted >= 3 and result.failed == 0
+    result = doctest.testmod(bench)  # the FLOP formula's examples moved with it to model/flops.py (tests/test_flops.py)
+    assert result.attempted >= 2 and result.failed == 0
 
 
 def test_tries_run_and_count_the_flops_of_their_own_model(bench, tmp_path):

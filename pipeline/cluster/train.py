@@ -5,8 +5,10 @@ device, DDP, reports, the checkpoint to resume from).
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 @dataclass(frozen=True)
@@ -19,11 +21,26 @@ class Scale:
     placement_strategy: str = "PACK"
     max_failures: int = 0
     num_to_keep: int = 2
+    min_workers: int | None = None
+    """Elastic: Ray Train runs on as few as this many workers when no more fit (None: exactly num_workers)."""
+
+    @property
+    def workers(self) -> int | tuple[int, int]:
+        """What ScalingConfig's num_workers takes: a count, or (min, max) for an elastic run.
+
+        >>> Scale(4).workers, Scale(4, min_workers=2).workers, Scale(4, min_workers=4).workers
+        (4, (2, 4), 4)
+        """
+        if self.min_workers is None or self.min_workers >= self.num_workers:
+            return self.num_workers
+        return (self.min_workers, self.num_workers)
 
 
 def fit(loop: Callable[[Any], None], handoff: Any, *, name: str, storage_path: str, scale: Scale,
         datasets: dict[str, Any] | None = None, dataset_config: Any = None):
-    """Run `loop(handoff)` on `scale.num_workers` Ray Train workers (DDP set up by Ray); `handoff` is what the
+    """Run `loop(handoff)` on `scale.num_workers` Ray Train workers (as few as `scale.min_workers` when set: Ray
+    Train restarts the group at the size that fits, from the newest checkpoint, and `WorkerCount` prints a line
+    each time the size changes; DDP set up by Ray); `handoff` is what the
     driver gives every worker, a frozen dataclass (`PretrainHandoff`, `FinetuneHandoff`), pickled once per worker.
     A run of the same `name` in `storage_path` is resumed from its latest checkpoint. Returns Ray's Result; raises
     its error."""
@@ -33,19 +50,21 @@ def fit(loop: Callable[[Any], None], handoff: Any, *, name: str, storage_path: s
     from ray.train.torch import TorchTrainer
 
     from pipeline.cluster.failfast import FailFast
+    from pipeline.cluster.resize import WorkerCount
 
     resources = {"CPU": scale.cpus_per_worker, **({"GPU": 1} if scale.use_gpu else {})}
+    elastic = scale.workers
     kwargs: dict[str, Any] = {"datasets": datasets} if datasets else {}
     if dataset_config is not None:
         kwargs["dataset_config"] = dataset_config
     trainer = TorchTrainer(
         functools.partial(_noting_traceback, loop, handoff),  # no train_loop_config: Ray Train calls it as it is
-        scaling_config=ScalingConfig(num_workers=scale.num_workers, use_gpu=scale.use_gpu,
+        scaling_config=ScalingConfig(num_workers=elastic, use_gpu=scale.use_gpu,
                                      resources_per_worker=resources, placement_strategy=scale.placement_strategy),
         run_config=RunConfig(name=name, storage_path=storage_path,
                              failure_config=FailureConfig(max_failures=scale.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=scale.num_to_keep),
-                             callbacks=[FailFast()],
+                             callbacks=[FailFast(), WorkerCount(elastic[0] if isinstance(elastic, tuple) else None)],
                              # Ray Train's INFO (worker group start, checkpoints, reports) to its log files only
                              logging_config=LoggingConfig(log_level="WARNING")),
         **kwargs,
@@ -126,12 +145,48 @@ def prepare_model(model):
     return ray.train.torch.prepare_model(model)
 
 
-def report(metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
-    """Report metrics (and a checkpoint directory, copied into storage by Ray Train) from every rank."""
+def uploads_in_background(mode: str, storage_path: str) -> bool:
+    """Whether checkpoints go to storage in the background (`train.checkpoint_upload`): "auto" does so for an
+    object store (a URI other than file://), where the upload is the slow part; a local or shared disk copies
+    in the foreground, as it always did.
+
+    >>> [uploads_in_background("auto", p) for p in ("s3://b/runs", "gs://b/r", "file:///x", "runs", "/mnt/r")]
+    [True, True, False, False, False]
+    >>> uploads_in_background("sync", "s3://b/runs"), uploads_in_background("async", "runs")
+    (False, True)
+    """
+    if mode == "auto":
+        return "://" in storage_path and not storage_path.startswith("file://")
+    return mode == "async"
+
+
+@contextlib.contextmanager
+def checkpoint_dir(background: bool) -> Iterator[str]:
+    """A fresh local directory to write one checkpoint into before `report`. In the foreground it is deleted as
+    the block ends (the copy in storage is done by then); in the background Ray Train deletes it once its upload
+    is done (`report`), so it must outlive the block."""
+    if not background:
+        with tempfile.TemporaryDirectory() as d:
+            yield d
+        return
+    yield tempfile.mkdtemp(prefix="checkpoint-upload-")
+
+
+def report(metrics: dict[str, Any], checkpoint_dir: str | None = None, *, background: bool = False) -> None:
+    """Report metrics (and a checkpoint directory, copied into storage by Ray Train) from every rank. With
+    `background`, Ray Train's CheckpointUploadMode.ASYNC: the call returns once the ranks agree on the checkpoint's
+    name, a Ray Train thread uploads it, then deletes the local directory, and only then registers it (what
+    `ray.train.get_checkpoint` and a restart resume from; the worker waits for its uploads before it ends). A
+    failed upload fails the worker, as a failed synchronous one does."""
     import ray.train
+    from ray.train import CheckpointUploadMode
 
     ckpt = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
-    ray.train.report(metrics, checkpoint=ckpt)
+    if background and ckpt is not None:
+        ray.train.report(metrics, checkpoint=ckpt, checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+                         delete_local_checkpoint_after_upload=True)
+    else:
+        ray.train.report(metrics, checkpoint=ckpt)
 
 
 def resume_checkpoint(damaged: list[str] | tuple[str, ...] = (), resume_from: str | None = None):

@@ -31,6 +31,7 @@ BertConfig fields directly under `model` (`--model.hidden_dropout_prob 0.0` is n
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import re
@@ -223,7 +224,31 @@ def parse(parser: Any, argv: list[str], sections: dict[str, type],
         raise ConfigError(line) from None
     except TypeError as e:  # a dataclass given what it cannot take, e.g. a nested mapping where a scalar belongs
         raise ConfigError(f"bad config: {e}") from None
+    for key, value in _replacing_lists(rest).items():
+        section, name = key.split(".")
+        if section in sections:
+            built[section] = dataclasses.replace(built[section], **{name: value})  # validated again
     return built, {name: built[name] for name in sections}
+
+
+REPLACING_LISTS = ("train.phases",)
+"""Lists of dataclasses that a command-line flag replaces whole. jsonargparse merges such a list item by item
+with the config file's (a `--train.phases` of two phases kept each YAML phase's `output`): a user who types the
+list means that list."""
+
+
+def _replacing_lists(argv: list[str]) -> dict[str, Any]:
+    """{`section.field`: the last value given} for the `REPLACING_LISTS` flags in `argv`, read as YAML 1.2.
+
+    >>> _replacing_lists(["--train.phases", "[{max_seq_length: 128}]", "--train.lr", "1e-4"])
+    {'train.phases': [{'max_seq_length': 128}]}
+    """
+    out: dict[str, Any] = {}
+    for i, a in enumerate(argv):
+        flag, eq, value = a.partition("=")
+        if flag.startswith("--") and flag[2:] in REPLACING_LISTS and (eq or i + 1 < len(argv)):
+            out[flag[2:]] = _yaml12_load(value if eq else argv[i + 1])
+    return out
 
 
 def load_sections(path: str | os.PathLike | None, overrides: list[str] | None, sections: dict[str, type]) -> dict[str, Any]:

@@ -105,7 +105,7 @@ class DataConfig:
             self.inputs = [self.inputs]
         _check(0.0 < self.dedup_threshold <= 1.0, f"data.dedup_threshold {self.dedup_threshold} is not in (0, 1]")
         _check(16 <= self.dedup_num_perm <= 1024, f"data.dedup_num_perm {self.dedup_num_perm} is not in [16, 1024]")
-        _check(16 <= self.max_seq_length <= 4096, f"data.max_seq_length {self.max_seq_length} is not in [16, 4096]")
+        _check(16 <= self.max_seq_length <= 8192, f"data.max_seq_length {self.max_seq_length} is not in [16, 8192]")
         _check(not (self.pack_documents and self.nsp), "data.pack_documents needs data.nsp false (MLM-only rows)")
         _check(0.0 < self.mask_rate < 1.0, f"data.mask_rate {self.mask_rate} is not in (0, 1)")
         _check(0.0 <= self.short_seq_prob <= 1.0, f"data.short_seq_prob {self.short_seq_prob} is not in [0, 1]")
@@ -173,7 +173,7 @@ class PhaseConfig:
     output: str | None = None
     """Prepared-data directory of this phase; null means `<data.output>-<max_seq_length>`."""
     micro_batch_size: int | None = None
-    """Per-worker micro-batch in this phase (longer sequences need smaller ones); null keeps train's."""
+    """Per-worker micro-batch cap in this phase (longer sequences need smaller ones); null keeps train's."""
     global_batch_size: int | None = None
     """Examples per optimizer step in this phase; null keeps train's."""
 
@@ -189,7 +189,7 @@ class PhaseConfig:
         return cls(**value)
 
     def __post_init__(self) -> None:
-        _check(16 <= self.max_seq_length <= 4096, f"train.phases max_seq_length {self.max_seq_length} is not in [16, 4096]")
+        _check(16 <= self.max_seq_length <= 8192, f"train.phases max_seq_length {self.max_seq_length} is not in [16, 8192]")
         _check(self.fraction is None or 0 < self.fraction <= 1, f"train.phases fraction {self.fraction} is not in (0, 1]")
         _check(self.steps is None or self.steps >= 1, f"train.phases steps {self.steps} < 1")
         _check(self.fraction is None or self.steps is None, "train.phases: give fraction or steps, not both")
@@ -249,14 +249,21 @@ class TrainConfig(BaseTrainConfig):
 
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
     """How Ray places the workers: PACK fills a node first, SPREAD puts them on different nodes."""
+    min_workers: int | None = None
+    """Elastic training: when workers are lost for good (preempted nodes), the run goes on from its newest
+    checkpoint with as few as this many, and grows back towards num_workers when capacity returns (needs
+    max_failures != 0); the losses are those of a run at any other size. Null: exactly num_workers."""
     data_cpus: float | None = None
     """Cap on the CPUs Ray Data reading may use (ExecutionResources); null lets Ray Data decide."""
     max_steps: int = 100
     """Optimizer steps in the whole run (all phases share one step count and LR schedule)."""
     global_batch_size: int = 32
-    """Examples per optimizer step over all workers (= micro_batch_size * num_workers * accumulation)."""
+    """Examples per optimizer step over all workers, whatever their number: which examples form each step is a
+    function of the seed, the phase, the epoch and this, so a run resumes at any num_workers with the same data."""
     micro_batch_size: int = 32
-    """Examples per forward/backward on one worker."""
+    """Cap on the examples of one forward/backward on one worker: each worker's share of the global batch is cut
+    into as few micro-batches of at most this many as it needs (gradient accumulation). Memory, not the maths:
+    it is not part of the run's identity."""
     phases: list[PhaseConfig] = field(default_factory=list)
     """Empty: one phase on data.output at data.max_seq_length. Else phases run in order on their own data."""
     warmup_steps: int = 10
@@ -285,6 +292,10 @@ class TrainConfig(BaseTrainConfig):
     """Report a checkpoint (weights, optimizer, scheduler, scaler, RNGs, data positions) every N steps."""
     num_to_keep: int = 2
     """Checkpoints Ray Train keeps in storage_path."""
+    checkpoint_upload: Literal["auto", "sync", "async"] = "auto"
+    """How a checkpoint reaches storage_path: async uploads it in the background while training goes on (Ray
+    Train's CheckpointUploadMode.ASYNC; it counts, and a restart resumes from it, once uploaded); sync waits for
+    the copy; auto is async for an object store (s3://, gs://, ...) and sync for a local or shared disk."""
     run_name: str | None = None
     """Re-running with the same run name resumes it; null derives one from the config hash."""
     compile: bool = False
@@ -302,20 +313,18 @@ class TrainConfig(BaseTrainConfig):
         _check(self.global_batch_size >= 1, f"train.global_batch_size {self.global_batch_size} < 1")
         _check(0 <= self.head_only_steps < self.max_steps,
                f"train.head_only_steps {self.head_only_steps} must be >= 0 and < max_steps {self.max_steps}")
-        per_step = self.micro_batch_size * self.num_workers
-        _check(
-            self.global_batch_size % per_step == 0,
-            f"train.global_batch_size {self.global_batch_size} is not a multiple of "
-            f"micro_batch_size * num_workers = {per_step}",
-        )
+        _check(self.min_workers is None or 1 <= self.min_workers <= self.num_workers,
+               f"train.min_workers {self.min_workers} must be >= 1 and <= num_workers {self.num_workers}")
+        _check(self.num_workers <= self.global_batch_size,
+               f"train.num_workers {self.num_workers} > global_batch_size {self.global_batch_size}: every worker "
+               "needs at least one example of each step")
         for i, ph in enumerate(self.phases):
             for name in ("micro_batch_size", "global_batch_size"):
                 v = getattr(ph, name)
                 _check(v is None or v >= 1, f"train.phases[{i}].{name} {v} < 1")
-            mb = ph.micro_batch_size or self.micro_batch_size
             gb = ph.global_batch_size or self.global_batch_size
-            _check(gb % (mb * self.num_workers) == 0,
-                   f"train.phases[{i}] global_batch_size {gb} is not a multiple of micro_batch_size * num_workers = {mb * self.num_workers}")
+            _check(self.num_workers <= gb, f"train.num_workers {self.num_workers} > train.phases[{i}] global_batch_size {gb}: "
+                   "every worker needs at least one example of each step")
         _check(self.warmup_steps >= 0, f"train.warmup_steps {self.warmup_steps} < 0")
         _check(self.poly_power > 0, f"train.poly_power {self.poly_power} must be > 0")
         _check(0 <= self.decay_fraction <= 1, f"train.decay_fraction {self.decay_fraction} is not in [0, 1]")
@@ -340,7 +349,13 @@ class TrainConfig(BaseTrainConfig):
 
     @property
     def accumulation_steps(self) -> int:
-        return self.global_batch_size // (self.micro_batch_size * self.num_workers)
+        """Micro-batches per worker and step at num_workers (`pipeline.pretrain.loader.split_global_batch`).
+
+        >>> TrainConfig(global_batch_size=48, micro_batch_size=16, num_workers=2).accumulation_steps
+        2
+        """
+        share = -(-self.global_batch_size // self.num_workers)  # the largest worker's share
+        return -(-share // self.micro_batch_size)
 
     def phase_steps(self) -> list[int]:
         """Optimizer steps of each phase, summing to max_steps (one phase when `phases` is empty).
@@ -394,10 +409,10 @@ class Config:
         _check(self.data.max_seq_length <= max_pos,
                f"data.max_seq_length {self.data.max_seq_length} > model max_position_embeddings {max_pos}")
         if self.model.modernbert:  # MLM only, and its own way of skipping padding (documents, not unpad/compile)
-            _check(not self.data.nsp, f"model.preset {self.model.preset} is MLM-only (no NSP head): set data.nsp false")
+            which = f"model.preset {self.model.preset}" if self.model.preset else f"model.init {self.model.init} (ModernBERT)"
+            _check(not self.data.nsp, f"{which} is MLM-only (no NSP head): set data.nsp false")
             _check(not (self.train.unpad or self.train.compile),
-                   f"train.unpad and train.compile are BERT's; model.preset {self.model.preset} keeps packed "
-                   "documents apart itself")
+                   f"train.unpad and train.compile are BERT's; {which} keeps packed documents apart itself")
         for i, ph in enumerate(self.train.phases):
             _check(ph.max_seq_length <= max_pos,
                    f"train.phases[{i}].max_seq_length {ph.max_seq_length} > model max_position_embeddings {max_pos}")

@@ -5,9 +5,13 @@ Layout of one checkpoint directory:
 
     model.safetensors    weights of the unwrapped model (rank 0)
     optimizer.pt         optimizer, scheduler and scaler state dicts (rank 0; tensors only, weights_only load)
-    train_state.json     {"step", "vocab_sha256", "run_id", ..., "files"}: the driver reads it without torch
-                         (rank 0, written last)
-    rank_<r>.pt          this rank's RNG states and data position
+    train_state.json     {"step", "position", "world_size", "vocab_sha256", "run_id", ..., "files"}: the driver
+                         reads it without torch (rank 0, written last)
+    rank_<r>.pt          this rank's RNG states (and the position, as checkpoints before `world_size` kept it)
+
+A checkpoint resumes at any number of workers: its position is global (pretraining's follows from the step), and
+a rank that finds no RNG file of its own, or one written at another world size, draws its streams afresh
+(`resume`). Checkpoints written before `world_size` existed (their position in the rank files only) are read too.
 
 `train_state.json` carries the vocabulary's sha256 so that weights are never resumed, exported or registered
 with a vocabulary they were not trained on (`check_vocab`), and `files`, the sha256 of every other file
@@ -97,7 +101,7 @@ def save_checkpoint(path: str, rank: int, t: Trainable, state: dict[str, Any]) -
                    os.path.join(path, "optimizer.pt"))
         files.update({n: sha256_file(os.path.join(path, n)) for n in ("model.safetensors", "optimizer.pt")})
         with open(os.path.join(path, "train_state.json"), "w") as f:
-            json.dump({**{k: v for k, v in state.items() if k != "position"}, "files": dict(sorted(files.items()))}, f)
+            json.dump({**state, "files": dict(sorted(files.items()))}, f)
 
 
 # {(file path or URI, the sha256 its checkpoint recorded): the file's ukey when its bytes matched it}, in this process
@@ -161,23 +165,37 @@ def check_intact(path: str, state: dict[str, Any], names: tuple[str, ...] | None
         raise CheckpointCorrupt(f"checkpoint {path} is damaged: {why}")
 
 
-def load_checkpoint(path: str, rank: int, t: Trainable) -> dict[str, Any]:
+def written_by(path: str, state: dict[str, Any]) -> int:
+    """How many workers wrote the checkpoint at `path`: its `world_size`, else (written before that key) its rank
+    files, as recorded in `files` or found in the directory."""
+    if "world_size" in state:
+        return int(state["world_size"])
+    names = state.get("files") or os.listdir(path)
+    return sum(1 for n in names if n.startswith("rank_") and n.endswith(".pt"))
+
+
+def load_checkpoint(path: str, rank: int, t: Trainable, world: int | None = None) -> dict[str, Any]:
     """Restore everything `save_checkpoint` wrote (its files checked against their recorded sha256s first);
-    returns the train state with this rank's data position."""
+    returns the train state with its data position. This rank's RNG states are restored when the checkpoint was
+    written by `world` workers (any number when None); otherwise the state says `"rng": False`."""
     from safetensors.torch import load_file
 
-    check_intact(path, read_train_state(path), ("model.safetensors", "optimizer.pt", f"rank_{rank}.pt"))
+    state = read_train_state(path)
+    state["world_size"] = written_by(path, state)
+    same = world is None or state["world_size"] == world
+    check_intact(path, state, ("model.safetensors", "optimizer.pt", *([f"rank_{rank}.pt"] if same else [])))
     unwrap(t.model).load_state_dict(load_file(os.path.join(path, "model.safetensors")))
     opt = torch.load(os.path.join(path, "optimizer.pt"), map_location="cpu", weights_only=True)
     t.optimizer.load_state_dict(opt["optimizer"])
     t.scheduler.load_state_dict(opt["scheduler"])
     if t.scaler is not None and opt["scaler"]:
         t.scaler.load_state_dict(opt["scaler"])
-    state = read_train_state(path)
     state.pop("files", None)
+    if not same:
+        return {**state, "rng": False}
     mine = torch.load(os.path.join(path, f"rank_{rank}.pt"), map_location="cpu", weights_only=True)
     set_rng_state(mine["rng"])
-    state["position"] = mine["position"]
+    state.setdefault("position", mine["position"])  # before `world_size`, the position was the rank file's
     return state
 
 
@@ -223,12 +241,13 @@ def check_init(recorded: dict[str, Any] | None, init_sha256: str | None, run_dir
 
 
 def resume(ckpt: Any, rank: int, t: Trainable, fresh: dict[str, Any], *, seed: int, run_id: str | None,
-           on_rank0: Callable[[str], None] | None = None,
+           world: int | None = None, on_rank0: Callable[[str], None] | None = None,
            check: Callable[[dict[str, Any], str], None] | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Where a worker starts, the one resume of pretraining and fine-tuning: (`fresh`, None) with this rank's own
     dropout stream when `ckpt` (a Ray Train checkpoint) is None; else its state restored exactly (weights,
     optimizer, scheduler, scaler, RNGs, data position: `load_checkpoint`) and, on rank 0, the metric values it had
-    not sent to the tracking server (`pending`). `on_rank0(dir)` runs on rank 0 before the restore (a reader that
+    not sent to the tracking server (`pending`). A checkpoint written by another number of workers than `world`
+    leaves the RNGs of the ranks drawn afresh from (seed, step, rank): the same resize resumes the same way. `on_rank0(dir)` runs on rank 0 before the restore (a reader that
     draws from the RNGs the restore then sets); `check(state, path)` may refuse the checkpoint before the console
     line says it resumed."""
     if ckpt is None:
@@ -240,8 +259,13 @@ def resume(ckpt: Any, rank: int, t: Trainable, fresh: dict[str, Any], *, seed: i
             if on_rank0 is not None:
                 on_rank0(d)
             pending = read_pending(d, run_id or "")
-        state = load_checkpoint(d, rank, t)
+        state = load_checkpoint(d, rank, t, world)
     if check is not None:
         check(state, ckpt.path)
-    say(f"[rank {rank}] resumed at step {state['step']} position {state['position']}")
+    resized = ""
+    if state.pop("rng", True) is False:
+        torch.manual_seed((seed * 1000 + rank + 1) * 1_000_003 + int(state["step"]))
+        n = state["world_size"]
+        resized = f" (written by {n} worker{'s' if n != 1 else ''}, now {world}: RNG streams drawn afresh)"
+    say(f"[rank {rank}] resumed at step {state['step']} position {state.get('position')}{resized}")
     return state, pending

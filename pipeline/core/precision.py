@@ -31,7 +31,9 @@ def make_scaler(device: torch.device, precision: Precision) -> torch.amp.GradSca
 
 
 # Batch keys a model may not take: BERT's segments and NSP labels (ModernBERT has neither), the loader's count.
-_OPTIONAL = ("num_tokens", "token_type_ids", "next_sentence_label")
+HOST_ONLY = ("num_tokens", "spans")
+"""Batch entries that count the work (real tokens, attention spans) for throughput and MFU: never copied."""
+_OPTIONAL = (*HOST_ONLY, "token_type_ids", "next_sentence_label")
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,6 +52,6 @@ def forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torc
     """
     cls = type(getattr(model, "module", model))  # under DDP: the wrapped model's forward says what it takes
     inputs = {k: v.to(device, non_blocking=True) for k, v in batch.items()
-              if k not in _OPTIONAL or (k != "num_tokens" and _takes(cls, k))}
+              if k not in _OPTIONAL or (k not in HOST_ONLY and _takes(cls, k))}
     with autocast(device, precision):
         return model(**inputs)

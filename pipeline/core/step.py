@@ -52,6 +52,8 @@ class StepStats:
     tokens: int
     seconds: float
     extra: dict[str, float] = field(default_factory=dict)
+    flops: float = 0.0
+    """Model FLOPs done by all ranks (`model.flops.train_flops`), when the loop counted them: for `train/mfu`."""
 
     @property
     def loss(self) -> float:
@@ -104,19 +106,23 @@ class StepSums:
     """`time.perf_counter()` when the step began."""
     summarise: Summarise
     device: torch.device
+    flops: float = 0.0
+    """This rank's model FLOPs, counted on the host from the batches (0 when the loop counts none)."""
 
     def read(self, *, tokens: torch.Tensor | None = None, examples: int | None = None,
-             start: float | None = None) -> StepStats:
-        """All-reduce and copy to the host (waits for the step); throughput over `tokens`/`examples` since
-        `start` when given (several steps), else over this step."""
+             start: float | None = None, flops: float | None = None) -> StepStats:
+        """All-reduce and copy to the host (waits for the step); throughput over `tokens`/`examples`/`flops`
+        since `start` when given (several steps), else over this step."""
         tokens = self.tokens if tokens is None else tokens
         examples = self.examples if examples is None else examples
-        host = torch.stack([tokens.double(), torch.tensor(float(examples), dtype=torch.float64)]).to(self.device)
+        flops = self.flops if flops is None else flops
+        host = torch.stack([tokens.double(), torch.tensor(float(examples), dtype=torch.float64),
+                            torch.tensor(float(flops), dtype=torch.float64)]).to(self.device)
         totals = all_reduce_sum(torch.cat([self.counts, host]), self.device)
         grad_norm = self.grad_norm.double().cpu()  # already complete: the all-reduce above waited for the step
         seconds = time.perf_counter() - (self.start if start is None else start)
-        return StepStats(self.summarise(totals[:-2]), self.lr, float(grad_norm), int(totals[-1]), int(totals[-2]),
-                         seconds)
+        return StepStats(self.summarise(totals[:-3]), self.lr, float(grad_norm), int(totals[-2]), int(totals[-3]),
+                         seconds, flops=float(totals[-1]))
 
 
 class TrainFigures:
@@ -129,17 +135,17 @@ class TrainFigures:
 
     def __init__(self) -> None:
         self.last: StepSums | None = None
-        self.tokens, self.examples, self.start = torch.zeros((), dtype=torch.int64), 0, None
+        self.tokens, self.examples, self.flops, self.start = torch.zeros((), dtype=torch.int64), 0, 0.0, None
 
     def add(self, s: StepSums) -> None:
         self.last = s
         self.start = s.start if self.start is None else self.start
-        self.tokens, self.examples = self.tokens + s.tokens, self.examples + s.examples
+        self.tokens, self.examples, self.flops = self.tokens + s.tokens, self.examples + s.examples, self.flops + s.flops
 
     def read(self) -> StepStats:
         assert self.last is not None, "read before any step"
-        stats = self.last.read(tokens=self.tokens, examples=self.examples, start=self.start)
-        self.tokens, self.examples, self.start = torch.zeros((), dtype=torch.int64), 0, None
+        stats = self.last.read(tokens=self.tokens, examples=self.examples, start=self.start, flops=self.flops)
+        self.tokens, self.examples, self.flops, self.start = torch.zeros((), dtype=torch.int64), 0, 0.0, None
         return stats
 
 
@@ -153,11 +159,15 @@ def train_step(
     device: torch.device,
     precision: Precision = "fp32",
     max_grad_norm: float = 1.0,
+    flops: Callable[[dict[str, torch.Tensor]], float] | None = None,
+    loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> StepSums:
     """Forward/backward `accumulation` micro-batches (gradients all-reduced on the last only), clip, step.
-    Nothing here waits for the device (fp16's scaler aside: `GradScaler.step` reads its inf check)."""
+    Nothing here waits for the device (fp16's scaler aside: `GradScaler.step` reads its inf check). `flops`
+    counts a host batch's model FLOPs (for MFU), from host tensors only. `loss(out)` is what a micro-batch
+    backpropagates (default `out.loss / accumulation`, a mean of the micro-batches' means)."""
     start = time.perf_counter()
-    model, sums, tokens, examples = t.model, None, torch.zeros((), dtype=torch.int64), 0
+    model, sums, tokens, examples, work = t.model, None, torch.zeros((), dtype=torch.int64), 0, 0.0
     batches = iter(micro_batches)
     for k in range(accumulation):
         batch = next(batches)
@@ -165,12 +175,14 @@ def train_step(
         sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
         with sync:  # DDP all-reduces gradients only on the last micro-step
             out = forward(model, batch, device, precision)
-            loss = out.loss / accumulation
-            (t.scaler.scale(loss) if t.scaler is not None else loss).backward()
+            objective = out.loss / accumulation if loss is None else loss(out)
+            (t.scaler.scale(objective) if t.scaler is not None else objective).backward()
         c = counts(out, batch).detach().double()  # stays on the device
         sums = c if sums is None else sums + c
         tokens = tokens + _num_tokens(batch)
         examples += len(batch["input_ids"])
+        if flops is not None:
+            work += flops(batch)
     if t.scaler is not None:
         t.scaler.unscale_(t.optimizer)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
@@ -182,7 +194,7 @@ def train_step(
     t.optimizer.zero_grad(set_to_none=True)
     lr = t.scheduler.get_last_lr()[0]
     t.scheduler.step()
-    return StepSums(sums, grad_norm.detach(), lr, tokens, examples, start, summarise, device)
+    return StepSums(sums, grad_norm.detach(), lr, tokens, examples, start, summarise, device, work)
 
 
 @torch.no_grad()

@@ -36,7 +36,7 @@ class FtDataConfig:
     models:/bert-pretrain@latest-pretrain so the baseline uses the pretrained model's vocabulary."""
 
     def __post_init__(self) -> None:
-        _check(16 <= self.max_seq_length <= 4096, f"data.max_seq_length {self.max_seq_length} is not in [16, 4096]")
+        _check(16 <= self.max_seq_length <= 8192, f"data.max_seq_length {self.max_seq_length} is not in [16, 8192]")
         _check(self.doc_stride >= 0, f"data.doc_stride {self.doc_stride} < 0")  # QA checks it against the window
 
 

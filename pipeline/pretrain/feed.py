@@ -1,49 +1,34 @@
-"""What a Ray Train worker reads: its training micro-batches of a phase (`RankFeed`, resumable at a checkpoint's
-position) and its share of the held-out batches (`eval_batches`), from the Ray Data shards the job hands it. The
-pure pieces (rank row ranges, epoch order, collate) are in `loader`.
+"""What a Ray Train worker reads: its share of each optimizer step's global batch in a phase (`rank_steps`, from
+any step on, at any world size) and its share of the held-out batches (`eval_batches`), from the Ray Data shards
+the job hands it. The pure pieces (the global order, the split among ranks, collate) are in `loader`.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import torch
 
-from pipeline.pretrain.loader import Batches, PhasePlan, epoch_micro_batches
+from pipeline.pretrain.loader import Batches, PhasePlan, StepFeed
 
 
-class RankFeed:
-    """This rank's micro-batches of one phase from `position` on, epoch after epoch; `position` is always the
-    one after the last micro-batch handed out (what a checkpoint stores)."""
+def rank_steps(plan: PhasePlan, phase: int, rank: int, world: int, seed: int, shuffle_rows: int, done: int,
+               pin_memory: bool = False, compiled: bool = False, unpad: bool = False,
+               modernbert: bool = False) -> StepFeed:
+    """This rank's `Step`s of `phase` after its first `done` optimizer steps, read from the phase's training
+    Dataset (`p<phase>_train`, every row in file order; each rank iterates all of it)."""
+    import ray.train
 
-    def __init__(self, plan: PhasePlan, phase: int, rank: int, seed: int, shuffle_rows: int, position: dict[str, int],
-                 pin_memory: bool = False, compiled: bool = False, unpad: bool = False, modernbert: bool = False):
-        import ray.train
-
-        self.plan, self.phase, self.rank, self.seed, self.shuffle_rows = plan, phase, rank, seed, shuffle_rows
-        self.position = dict(position)
-        self.shard = ray.train.get_dataset_shard(f"p{phase}_r{rank}")
-        self.to_batch = Batches(plan, seed, pin_memory, pad_to=plan.dataset.max_seq_length if compiled else None,
-                                unpad=unpad, modernbert=modernbert)
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        mine, mb = self.plan.ranks[self.rank], self.plan.micro_batch_size
-        epoch, start = self.position["epoch"], self.position["micro"]
-        while True:
-            if start < mine.rows // mb:
-                tables = self.shard.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2)
-                for idx, tbl in epoch_micro_batches(
-                    tables, skip=0 if self.plan.materialized else mine.skip, num_rows=mine.rows, chunk_rows=self.shuffle_rows,
-                    micro_batch_size=mb, seed_key=[self.seed, self.phase, epoch, self.rank], start=start,
-                ):
-                    self.position = {"phase": self.phase, "epoch": epoch, "micro": idx + 1}
-                    yield self.to_batch(tbl, epoch)
-            epoch, start = epoch + 1, 0
+    shard = ray.train.get_dataset_shard(f"p{phase}_train")
+    to_batch = Batches(plan, seed, pin_memory, pad_to=plan.dataset.max_seq_length if compiled else None,
+                       unpad=unpad, modernbert=modernbert)
+    return StepFeed(plan, phase, rank, world, seed, shuffle_rows, done,
+                    lambda: shard.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2), to_batch)
 
 
 def eval_batches(plan: PhasePlan, phase: int, rank: int, world: int, seed: int, limit: int,
                  compiled: bool = False, unpad: bool = False, modernbert: bool = False) -> list[dict[str, torch.Tensor]]:
-    """This rank's share of the held-out batches (fixed masks: epoch 0), read once and kept in memory."""
+    """This rank's share of the held-out batches (fixed masks: epoch 0), read once and kept in memory: the first
+    `limit` micro-batches of the held-out rows (all when 0), dealt out to the ranks in turn; their sums are
+    all-reduced, so the figures do not depend on the number of ranks."""
     import ray.train
 
     if not plan.eval_files:
@@ -52,7 +37,7 @@ def eval_batches(plan: PhasePlan, phase: int, rank: int, world: int, seed: int, 
                             modernbert=modernbert), []
     tables = ray.train.get_dataset_shard(f"p{phase}_eval").iter_batches(batch_size=plan.micro_batch_size, batch_format="pyarrow")
     for i, tbl in enumerate(tables):
-        if limit and i >= limit * world:
+        if limit and i >= limit:
             break
         if i % world == rank:  # ranks take turns; their sums are all-reduced
             out.append(to_batch(tbl, 0))

@@ -21,7 +21,13 @@ from pipeline.storage.io import exists, filesystem, join, output_lock, read_json
 # TrainConfig fields that do not change the weights a run produces (operational settings).
 _NOT_IN_IDENTITY = ("storage_path", "run_name", "max_failures", "num_to_keep", "checkpoint_every_steps",
                     "log_every_steps", "eval_every_steps", "eval_batches", "data_cpus", "placement_strategy",
-                    "materialize_data", "cpus_per_worker", "use_gpu", "compile", "unpad")
+                    "materialize_data", "cpus_per_worker", "use_gpu", "compile", "unpad", "min_workers",
+                    "checkpoint_upload")
+
+# ... and, since the data order and the global batch stopped depending on them (`pipeline.pretrain.loader`), the
+# number of workers and the micro-batch cap (also a phase's). Runs named before that keep their names:
+# `run_name_for` finds them under their `legacy` identity, which has them.
+_SIZE = ("num_workers", "micro_batch_size")
 
 
 # fields added after runs existed: left out of the identity at their default, so those runs keep their names
@@ -29,13 +35,16 @@ _NEWER_DEFAULTS = {"head_only_steps": 0, "decay_fraction": 0.1}
 
 
 def run_identity(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpoint | None = None,
-                 without: tuple[str, ...] = ()) -> str:
+                 without: tuple[str, ...] = (), legacy: bool = False) -> str:
     """Hash of what the weights depend on: model, training settings, each phase's data config and vocabulary, and
     the initial weights' sha256 when the run continues a checkpoint (left out without one: identities of runs from
     random weights are what they were before `model.init` existed; the ModelConfig repr leaves `init` out).
-    `without` leaves more TrainConfig fields out (`max_steps`: runs that differ only by their length)."""
-    train = {k: v for k, v in dataclasses.asdict(cfg.train).items()
-             if k not in _NOT_IN_IDENTITY + without and _NEWER_DEFAULTS.get(k, ...) != v}
+    `without` leaves more TrainConfig fields out (`max_steps`: runs that differ only by their length). `legacy`:
+    the identity as it was while the data order depended on the number of workers (with `_SIZE`)."""
+    out = _NOT_IN_IDENTITY + without + (() if legacy else _SIZE)
+    train = {k: v for k, v in dataclasses.asdict(cfg.train).items() if k not in out and _NEWER_DEFAULTS.get(k, ...) != v}
+    if not legacy:
+        train["phases"] = [{k: v for k, v in ph.items() if k not in _SIZE} for ph in train.get("phases", [])]
     data = [{"config_hash": d.config_hash, "vocab_sha256": d.vocab_sha256} for d in datasets]
     ident: dict[str, Any] = {"model": cfg.model, "train": train, "data": data}
     if init is not None:
@@ -45,10 +54,31 @@ def run_identity(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpo
 
 def run_name_for(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpoint | None = None) -> str:
     """`train.run_name`, or `<preset>-<first 10 hex of the identity>` (`init-...` for a checkpoint's architecture
-    without a preset): the same command and data resume."""
+    without a preset): the same command and data resume, on any number of workers. A run named before the
+    number of workers left the identity keeps its name (its `legacy` identity), when it has checkpoints in
+    `train.storage_path` and the new name has none: it resumes at its own size (the same num_workers)."""
     from pipeline.tracking.runs import run_name
 
-    return cfg.train.run_name or run_name(cfg.model.preset or "init", tag=run_identity(cfg, datasets, init)[:10])
+    if cfg.train.run_name:
+        return cfg.train.run_name
+    name = run_name(cfg.model.preset or "init", tag=run_identity(cfg, datasets, init)[:10])
+    old = run_name(cfg.model.preset or "init", tag=run_identity(cfg, datasets, init, legacy=True)[:10])
+    if not cluster.checkpoints(cfg.train.storage_path, name) and cluster.checkpoints(cfg.train.storage_path, old):
+        return old
+    return name
+
+
+def legacy_run_notice(cfg: Config, datasets: list[PreparedDataset], name: str, init: InitCheckpoint | None = None) -> str | None:
+    """One console line when `name` is a run named before the number of workers left the identity (`run_name_for`
+    found it under its legacy identity): it resumes, at its own size, and its data from then on follow the order
+    that does not depend on the number of workers."""
+    from pipeline.tracking.runs import run_name
+
+    if cfg.train.run_name or name != run_name(cfg.model.preset or "init", tag=run_identity(cfg, datasets, init, legacy=True)[:10]):
+        return None
+    return (f"[train] {name} was named before the data order stopped depending on the number of workers: it resumes "
+            f"at its own size (train.num_workers {cfg.train.num_workers}); the steps it has left read the data in "
+            "the order a new run reads it (for that step), not the one it started with")
 
 
 def longer_run_notice(cfg: Config, name: str, base: str, uri: str) -> str | None:

@@ -3,16 +3,17 @@
 `resolve_init(cfg)` runs on the driver before any work. It finds the checkpoint (a `models:/` version through
 `pipeline.tracking.fetch_registered`, the resolver fine-tuning uses too, or a transformers directory), then:
 
-- architecture: the checkpoint's config.json. A `model.preset` or `model.overrides` that contradicts it is an
-  error naming both values (`model.preset base: hidden_size 768 != 384 in <SRC>/config.json`); one that agrees,
-  or none (`preset: null`), is fine. Non-architecture overrides (dropout) apply on top.
+- architecture: the checkpoint's config.json, BERT's or ModernBERT's (its `model_type`). A `model.preset` or
+  `model.overrides` that contradicts it is an error naming both values (`model.preset base: hidden_size 768 != 384
+  in <SRC>/config.json`), a preset of the other family too; one that agrees, or none (`preset: null`), is fine.
+  Non-architecture overrides (dropout) apply on top.
 - vocabulary: the checkpoint's tokenizer.json (else vocab.txt) becomes `data.vocab` unless `data.vocab` already
   names a file with the same bytes; `data.lowercase` follows the checkpoint's tokenizer (tokenizer.json's
   normalizer, else tokenizer_config.json's do_lower_case).
 - lineage: the sha256 of the weights file, which joins the run identity and the registry tags.
 
-`load_initial` builds the `BertForPreTraining` a worker starts from: the checkpoint's MLM/NSP heads when it has
-them, else fresh ones (the MLM decoder is structurally tied to the word embeddings, so a fresh MLM head is only
+`load_initial` builds the `BertForPreTraining` (or `ModernBertForMaskedLM`) a worker starts from: the checkpoint's
+MLM/NSP heads when it has them, else fresh ones (the MLM decoder is structurally tied to the word embeddings, so a fresh MLM head is only
 its transform and bias). Every rank seeds the same way first, so fresh heads are identical across ranks.
 """
 
@@ -32,6 +33,12 @@ from pipeline.config.sections import _check
 # BertConfig fields that decide the shapes and the function of the weights: they must match the checkpoint.
 ARCHITECTURE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
                 "max_position_embeddings", "type_vocab_size", "vocab_size", "layer_norm_eps")
+# ModernBertConfig's: its gated feed-forward, norms, biases and attention windows too.
+MODERNBERT_ARCHITECTURE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                           "hidden_activation", "max_position_embeddings", "vocab_size", "norm_eps", "norm_bias",
+                           "attention_bias", "mlp_bias", "global_attn_every_n_layers", "local_attention",
+                           "global_rope_theta", "local_rope_theta", "decoder_bias", "classifier_bias",
+                           "classifier_activation")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
@@ -50,6 +57,8 @@ class InitCheckpoint:
     """What the checkpoint holds besides the encoder: "mlm+nsp", "mlm" or "none"."""
     source_tags: dict[str, str] = field(default_factory=dict)
     """fetch_registered's tags for a `models:/` version (source_model = the version number, not the alias)."""
+    family: str = "bert"
+    """"bert" or "modernbert" (config.json's model_type): ModernBERT has no NSP head."""
 
     @property
     def tags(self) -> dict[str, str]:
@@ -61,9 +70,11 @@ class InitCheckpoint:
         >>> InitCheckpoint("/m", "/m", "ab" * 32, "none").describe()
         '[init] /m (weights sha256 abababababab): encoder loaded; no MLM head in it, a fresh MLM head tied to its word embeddings (and a fresh NSP head)'
         """
+        nsp = self.family == "bert"
         what = {"mlm+nsp": "encoder, MLM and NSP heads loaded",
-                "mlm": "encoder and MLM head loaded; a fresh NSP head",
-                "none": "encoder loaded; no MLM head in it, a fresh MLM head tied to its word embeddings (and a fresh NSP head)"}
+                "mlm": "encoder and MLM head loaded" + ("; a fresh NSP head" if nsp else ""),
+                "none": "encoder loaded; no MLM head in it, a fresh MLM head tied to its word embeddings"
+                        + (" (and a fresh NSP head)" if nsp else "")}
         src = self.spec if self.spec == self.local_dir else f"{self.spec} ({self.source_tags.get('source_model', self.local_dir)})"
         return f"[init] {src} (weights sha256 {self.weights_sha256[:12]}): {what[self.heads]}"
 
@@ -98,16 +109,19 @@ def heads_in(model_dir: str | Path) -> str:
         keys = set(json.loads(path.read_text())["weight_map"])
     else:
         keys = set(read_state_dict(path))
-    mlm = any(k.startswith("cls.predictions.transform.") for k in keys)
+    mlm = any(k.startswith(("cls.predictions.transform.", "head.")) for k in keys)  # BERT's, ModernBERT's
     nsp = any(k.startswith("cls.seq_relationship.") for k in keys)
     return "mlm+nsp" if mlm and nsp else "mlm" if mlm else "none"
 
 
 def checkpoint_config(model_dir: str | Path) -> dict[str, Any]:
-    """The checkpoint's config.json as our BertConfig's fields (transformers' extra keys dropped)."""
-    from model.config import BertConfig
+    """The checkpoint's config.json as our BertConfig's or ModernBertConfig's fields (by its model_type;
+    transformers' extra keys dropped)."""
+    from model.build import checkpoint_family
+    from model.config import BertConfig, ModernBertConfig
 
-    cfg = BertConfig.from_hf_dict(json.loads((Path(model_dir) / "config.json").read_text()))
+    cls = ModernBertConfig if checkpoint_family(model_dir) == "modernbert" else BertConfig
+    cfg = cls.from_hf_dict(json.loads((Path(model_dir) / "config.json").read_text()))
     out = dataclasses.asdict(cfg)
     for k in ("num_labels", "id2label", "problem_type", "classifier_dropout"):  # task-head fields
         out.pop(k, None)
@@ -122,15 +136,24 @@ def check_architecture(preset: str | None, overrides: dict[str, Any], ckpt: dict
     ...
     pipeline.config.sections.ConfigError: model.preset mini: hidden_size 256 != 384 in /m/config.json
     >>> check_architecture(None, {"hidden_dropout_prob": 0.0}, {"hidden_size": 384}, "/m/config.json")
+    >>> check_architecture("tiny", {}, {"hidden_size": 128, "local_attention": 128}, "/m/config.json")
+    Traceback (most recent call last):
+    ...
+    pipeline.config.sections.ConfigError: model.preset tiny is BERT, /m/config.json is ModernBERT: choose a modernbert-* preset or null
     """
-    from model.config import BertConfig
+    from model.config import encoder_config, is_modernbert
 
-    for k in ARCHITECTURE:
+    modern = is_modernbert(None, ckpt)
+    arch = MODERNBERT_ARCHITECTURE if modern else ARCHITECTURE
+    for k in arch:
         if k in overrides and k in ckpt and overrides[k] != ckpt[k] and k != "vocab_size":
             raise ConfigError(f"model.overrides {k}: {overrides[k]} != {ckpt[k]} in {where}")
     if preset is not None:
-        mine = dataclasses.asdict(BertConfig.from_preset(preset, **{k: v for k, v in overrides.items() if k in ARCHITECTURE}))
-        for k in ARCHITECTURE:
+        if is_modernbert(preset) != modern:
+            family = ("ModernBERT", "BERT", "a modernbert-*") if modern else ("BERT", "ModernBERT", "a BERT")
+            raise ConfigError(f"model.preset {preset} is {family[1]}, {where} is {family[0]}: choose {family[2]} preset or null")
+        mine = dataclasses.asdict(encoder_config(preset, **{k: v for k, v in overrides.items() if k in arch}))
+        for k in arch:
             if k != "vocab_size" and k in ckpt and mine[k] != ckpt[k]:
                 raise ConfigError(f"model.preset {preset}: {k} {mine[k]} != {ckpt[k]} in {where}")
 
@@ -206,6 +229,9 @@ def _resolve(cfg: Config, local: str, source_tags: dict[str, str], shared: str |
                f"model.init {spec}: not models:/name@alias, models:/name/version, or a directory with config.json")
     where = f"{spec}/config.json" if not spec.startswith("models:/") else f"{spec} config.json"
     ckpt = checkpoint_config(local)
+    from model.build import checkpoint_family
+
+    family = checkpoint_family(local)
     check_architecture(cfg.model.preset, cfg.model.overrides, ckpt, where)
     max_pos = ckpt["max_position_embeddings"]
     lengths = [cfg.data.max_seq_length] + [ph.max_seq_length for ph in cfg.train.phases]
@@ -226,13 +252,15 @@ def _resolve(cfg: Config, local: str, source_tags: dict[str, str], shared: str |
     _check(tok.get_vocab_size() == ckpt["vocab_size"], f"model.init {spec}: its tokenizer has {tok.get_vocab_size()} "
                                                         f"tokens but config.json's vocab_size is {ckpt['vocab_size']}")
 
-    keep = {k: v for k, v in cfg.model.overrides.items() if k not in ARCHITECTURE}
+    arch = MODERNBERT_ARCHITECTURE if family == "modernbert" else ARCHITECTURE
+    keep = {k: v for k, v in cfg.model.overrides.items() if k not in arch}
     model = dataclasses.replace(cfg.model, overrides={**ckpt, **keep})
     data = dataclasses.replace(cfg.data, vocab=cfg.data.vocab or str(vocab), lowercase=lower)
     resolved = dataclasses.replace(cfg, model=model, data=data)
     if not cfg.data.overwrite:
         check_prepared([d.output for d in phase_data_configs(resolved)], hashlib.sha256(vocab_bytes(tok)).hexdigest(), spec)
-    init = InitCheckpoint(spec, str(Path(local).resolve()), sha256_file(weights_file(local)), heads_in(local), source_tags)
+    init = InitCheckpoint(spec, str(Path(local).resolve()), sha256_file(weights_file(local)), heads_in(local), source_tags,
+                          family)
     if shared is not None:
         from pipeline.storage.io import filesystem, join
 
@@ -245,7 +273,7 @@ def _resolve(cfg: Config, local: str, source_tags: dict[str, str], shared: str |
 
 
 def load_initial(model_cfg, vocab_size: int):
-    """The `BertForPreTraining` a run starts from: `model_cfg.init` is a local transformers directory here (the
+    """The `BertForPreTraining` (or `ModernBertForMaskedLM`) a run starts from: `model_cfg.init` is a local transformers directory here (the
     train stage hands the workers the resolved one). Missing heads keep their fresh initialisation, so call it
     after seeding, identically on every rank."""
     from model.build import load_model

@@ -42,8 +42,8 @@ from pipeline.data.stages import data_stages
 from pipeline.storage.io import local_checkpoint_dir, read_bytes
 from pipeline.tracking.outbox import read_pending
 from pipeline.tracking.wait import server_needed
-from pipeline.pretrain.identity import (check_run_init, longer_run_notice, newest_intact, record_run_init, resume_point,
-                                        run_identity, run_lock, run_name_for)
+from pipeline.pretrain.identity import (check_run_init, legacy_run_notice, longer_run_notice, newest_intact,
+                                        record_run_init, resume_point, run_identity, run_lock, run_name_for)
 from pipeline.pretrain.init import InitCheckpoint
 from pipeline.pretrain.loader import Batches, PhasePlan
 from pipeline.pretrain.loop import train_loop_per_worker
@@ -77,28 +77,27 @@ def phase_plans(cfg: Config, datasets: list[PreparedDataset]) -> list[PhasePlan]
         ph = tc.phases[i] if tc.phases else None
         mb = (ph.micro_batch_size if ph else None) or tc.micro_batch_size
         gb = (ph.global_batch_size if ph else None) or tc.global_batch_size
-        plans.append(PhasePlan.build(ds, steps=steps, micro_batch_size=mb, global_batch_size=gb, num_workers=tc.num_workers,
+        plans.append(PhasePlan.build(ds, steps=steps, micro_batch_size=mb, global_batch_size=gb,
                                      num_eval_shards=tc.num_eval_shards, materialized=tc.materialize_data))
     return plans
 
 
 def _ray_datasets(plans: list[PhasePlan], materialize: bool) -> dict[str, Any]:
-    """Per phase one ordered Ray Dataset per rank (`p<i>_r<rank>`) and the held-out rows (`p<i>_eval`)."""
+    """Per phase one ordered Ray Dataset of the training rows that every rank reads (`p<i>_train`) and the held-out
+    rows (`p<i>_eval`)."""
     import ray.data
 
     out: dict[str, Any] = {}
     for i, p in enumerate(plans):
         if materialize:
-            # One read of every shard into the object store, cut by row index into each rank's range, the
-            # remainder and the held-out rows (split_at_indices is exact and ordered on materialized data).
+            # One read of every shard into the object store, cut by row index into the training and held-out rows
+            # (split_at_indices is exact and ordered on materialized data).
             every = ray.data.read_parquet(list(p.train_files + p.eval_files), shuffle=None).materialize()
-            per = p.ranks[0].rows
-            pieces = every.split_at_indices([per * (r + 1) for r in range(len(p.ranks))] + [p.train_rows])
-            out.update({f"p{i}_r{r}": pieces[r] for r in range(len(p.ranks))})
+            out[f"p{i}_train"], held = every.split_at_indices([p.train_rows])
             if p.eval_files:
-                out[f"p{i}_eval"] = pieces[-1]
+                out[f"p{i}_eval"] = held
         else:
-            out.update({f"p{i}_r{r}": ray.data.read_parquet(list(m.files), shuffle=None) for r, m in enumerate(p.ranks)})
+            out[f"p{i}_train"] = ray.data.read_parquet(list(p.train_files), shuffle=None)
             if p.eval_files:
                 out[f"p{i}_eval"] = ray.data.read_parquet(list(p.eval_files), shuffle=None)
     return out
@@ -121,7 +120,7 @@ def run_training(cfg: Config, datasets: list[PreparedDataset], run_id: str, run_
         check_run_init(tc.storage_path, run_name, init)
     record_run_init(tc.storage_path, run_name, init)
     plans = phase_plans(cfg, datasets)
-    # preserve_order: each rank's rows arrive in file order, which is what makes resumption exact.
+    # preserve_order: every rank reads the rows in file order, which is what makes the order (and resumption) exact.
     limits = ExecutionResources(cpu=tc.data_cpus) if tc.data_cpus else ExecutionResources()
     exec_opts = ExecutionOptions(preserve_order=True, resource_limits=limits)
     cluster.quiet_ray_data()  # the datasets carry this context to the workers: no bars in the job log
@@ -132,7 +131,8 @@ def run_training(cfg: Config, datasets: list[PreparedDataset], run_id: str, run_
                               resume_from=latest[0].rsplit("/", 1)[-1] if latest else None,
                               verified=tuple(verified(latest[0])) if latest else (),  # the workers need not hash it again
                               on_step=on_step)
-    scale = cluster.Scale(tc.num_workers, tc.use_gpu, tc.cpus_per_worker, tc.placement_strategy, tc.max_failures, tc.num_to_keep)
+    scale = cluster.Scale(tc.num_workers, tc.use_gpu, tc.cpus_per_worker, tc.placement_strategy, tc.max_failures,
+                          tc.num_to_keep, min_workers=tc.min_workers)
     result = cluster.fit(train_loop_per_worker, handoff, name=run_name, storage_path=tc.storage_path, scale=scale,
                           datasets=_ray_datasets(plans, tc.materialize_data),
                           dataset_config=RayDataConfig(datasets_to_split=[], execution_options=exec_opts))
@@ -203,8 +203,9 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
     run_name = run_name_for(cfg, datasets, init)
     first = datasets[0]
     base = run_identity(cfg, datasets, init, without=("max_steps",))  # runs that differ only by their length share it
-    if (notice := longer_run_notice(cfg, run_name, base, uri)) is not None:
-        print(notice, flush=True)
+    for notice in (longer_run_notice(cfg, run_name, base, uri), legacy_run_notice(cfg, datasets, run_name, init)):
+        if notice is not None:
+            print(notice, flush=True)
     run_id = tracking.start_run(cfg.tracking.experiment, run_name, {
         "identity_without_max_steps": base,
         "git_sha": git_sha, "config_hash": config_hash(cfg.to_dict()), "data_manifest_sha256": first.manifest_sha256,
@@ -241,7 +242,7 @@ def _eval_batches(ds: PreparedDataset, plan: PhasePlan, seed: int, modernbert: b
     from pipeline.storage.io import read_table
 
     to_batch = Batches(plan, seed, modernbert=modernbert)
-    for path in plan.eval_files or plan.ranks[0].files[-1:]:
+    for path in plan.eval_files or plan.train_files[-1:]:
         table = read_table(path)
         for i in range(0, table.num_rows, plan.micro_batch_size):
             yield to_batch(table.slice(i, plan.micro_batch_size), 0)
@@ -273,8 +274,8 @@ def evaluate_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, uri: 
     os.environ["MLFLOW_TRACKING_URI"] = uri
     tc = cfg.train
     mb = (tc.phases[-1].micro_batch_size if tc.phases else None) or tc.micro_batch_size
-    plan = PhasePlan.build(ds, steps=1, micro_batch_size=mb, global_batch_size=mb, num_workers=1,
-                           num_eval_shards=tc.num_eval_shards, materialized=False)
+    plan = PhasePlan.build(ds, steps=1, micro_batch_size=mb, global_batch_size=mb, num_eval_shards=tc.num_eval_shards,
+                           materialized=False)
     device = torch.device("cuda" if tc.use_gpu and torch.cuda.is_available() else "cpu")
     model = load_trained(cfg, trained.checkpoint, ds.vocab_size, trained.verified).to(device)
     torch.manual_seed(tc.seed)
@@ -318,7 +319,8 @@ def register_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, git_s
                                            "tokens": ds.tokens, "examples": ds.examples,
                                            "dataset": dataset_name(ds.output)},
             steps=trained.step, final_eval=final_eval, command=command,
-            init=f"{init.spec} (weights sha256 `{init.weights_sha256[:16]}`)" if init else None)
+            init=f"{init.spec} (weights sha256 `{init.weights_sha256[:16]}`)" if init else None,
+            architecture="ModernBERT" if cfg.model.modernbert else "BERT")
         version = tracking.register_hf_model(str(export), cfg.tracking.model_name, cfg.tracking.alias, tags,
                                              trained.run_id, description=description)
         logger = tracking.RunLogger(trained.run_id, uri)

@@ -2,12 +2,11 @@
 Its setup (build, resume, logger) is `worker`, its data `feed`, its figures `metrics`; the step itself is shared
 with fine-tuning (`pipeline.core`). The MLM/NSP sums stay on the device (`TrainFigures`) and are all-reduced and
 copied to the host only on the steps that log (`train.log_every_steps`), evaluate or checkpoint, and on the last:
-a GPU never waits for the host in between.
+a GPU never waits for the host in between. On a GPU the step line also carries `train/mfu`: model FLOPs counted on
+the host from each batch (`metrics.flop_counter`) over the device's dense bf16 peak (`model.flops`).
 """
 
 from __future__ import annotations
-
-import tempfile
 
 import numpy as np
 
@@ -15,8 +14,9 @@ from pipeline import cluster
 from pipeline.core.checkpoint import save_checkpoint
 from pipeline.core.step import TrainFigures, evaluate_sums, train_step
 from pipeline.tracking.outbox import write_pending
-from pipeline.pretrain.feed import RankFeed, eval_batches
-from pipeline.pretrain.metrics import NUM_COUNTS, counts, eval_metrics, summarise
+from pipeline.pretrain.feed import eval_batches, rank_steps
+from model.flops import mfu
+from pipeline.pretrain.metrics import NUM_COUNTS, counts, device_peak, eval_metrics, flop_counter, step_loss, summarise
 from pipeline.pretrain.worker import PretrainHandoff, start_worker
 
 
@@ -28,40 +28,48 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
     rank, world, device, t, log = w.rank, w.world, w.device, w.trainable, w.log
 
     ends = np.cumsum([p.steps for p in plans]).tolist()
-    step, position, evals = w.step, w.position, {}
+    step, evals = w.step, {}
+    background = cluster.uploads_in_background(tc.checkpoint_upload, tc.storage_path)
     figures = TrainFigures()  # sums stay on the device between the steps that read them
+    peak = device_peak(device, say=print if rank == 0 else None)  # a GPU's: train/mfu; None on a CPU
+    flops = flop_counter(getattr(t.model, "module", t.model).config) if peak else None
     while step < tc.max_steps:
         phase = next(i for i, e in enumerate(ends) if step < e)
-        plan = plans[phase]
-        if position["phase"] != phase:
-            position = {"phase": phase, "epoch": 0, "micro": 0}
-        feed = RankFeed(plan, phase, rank, tc.seed, tc.shuffle_buffer_rows, position, pin_memory=device.type == "cuda",
-                        compiled=tc.compile, unpad=tc.unpad, modernbert=cfg.model.modernbert)
-        batches = iter(feed)
+        plan, begun = plans[phase], ends[phase] - plans[phase].steps  # the phase's first step
+        steps = iter(rank_steps(plan, phase, rank, world, tc.seed, tc.shuffle_buffer_rows, step - begun,
+                                pin_memory=device.type == "cuda", compiled=tc.compile, unpad=tc.unpad,
+                                modernbert=cfg.model.modernbert))
         while step < ends[phase]:
-            figures.add(train_step(t, batches, accumulation=plan.accumulation_steps, counts=counts, summarise=summarise,
-                                   device=device, precision=tc.precision, max_grad_norm=tc.max_grad_norm))
+            s = next(steps)  # this rank's share of the step's global batch; the loss is the whole batch's mean
+            figures.add(train_step(t, s.micro_batches, accumulation=len(s.micro_batches), counts=counts,
+                                   summarise=summarise, device=device, precision=tc.precision,
+                                   max_grad_norm=tc.max_grad_norm, flops=flops,
+                                   loss=lambda out, s=s: step_loss(out, s.masked_tokens, s.nsp_examples, world)))
             step += 1
             evaluating = (tc.eval_every_steps and step % tc.eval_every_steps == 0) or step == tc.max_steps
             checkpointing = step % tc.checkpoint_every_steps == 0 or step == tc.max_steps
             if step % tc.log_every_steps == 0 or evaluating or checkpointing:  # the host syncs, on every rank
                 stats = figures.read()
                 if log is not None:
-                    log.step(step, {**stats.metrics(), "train/phase": phase})
+                    metrics = {**stats.metrics(), "train/phase": phase}
+                    if peak:  # on the datasheet's dense bf16 basis (model.flops), per GPU
+                        metrics["train/mfu"] = mfu(stats.flops, stats.seconds, peak, world)
+                    log.step(step, metrics)
             if evaluating:
                 if phase not in evals:
-                    evals[phase] = eval_batches(plan, phase, rank, world, tc.seed, tc.eval_batches, tc.compile, tc.unpad,
-                                                 cfg.model.modernbert)
+                    evals[phase] = eval_batches(plan, phase, rank, world, tc.seed, tc.eval_batches * tc.num_workers,
+                                                tc.compile, tc.unpad, cfg.model.modernbert)
                 sums = evaluate_sums(t.model, evals[phase], counts=counts, size=NUM_COUNTS, device=device, precision=tc.precision)
                 if log is not None:
                     log.log_metrics(eval_metrics(sums), step)
             if checkpointing:
-                with tempfile.TemporaryDirectory() as d:
+                with cluster.checkpoint_dir(background) as d:  # kept until its upload is done
                     if log is not None:  # what the tracking server has not got yet travels with the checkpoint
                         write_pending(d, h.run_id, log.pending())
-                    save_checkpoint(d, rank, t, {"step": step, "position": feed.position, "vocab_sha256": vocab_sha,
-                                                 "run_id": h.run_id, "max_steps": tc.max_steps})
-                    cluster.report({"step": step, "loss": stats.loss}, d)
+                    save_checkpoint(d, rank, t, {"step": step, "position": {"phase": phase, **plan.position(step - begun)},
+                                                 "world_size": world, "vocab_sha256": vocab_sha, "run_id": h.run_id,
+                                                 "max_steps": tc.max_steps})
+                    cluster.report({"step": step, "loss": stats.loss}, d, background=background)
             if on_step is not None:
                 on_step(step, rank)
     if log is not None:

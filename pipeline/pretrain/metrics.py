@@ -1,11 +1,14 @@
 """The pretraining figures: MLM/NSP outputs -> summed counts -> named metrics.
 
 The figures are kept as sums — (mlm_loss_sum, mlm_correct, mlm_count, nsp_loss_sum, nsp_correct, nsp_count) — so
-that they are exact over accumulation micro-steps and ranks (`counts`, `summarise`). The loop (`loop`) keeps them
+that they are exact over accumulation micro-steps and ranks (`counts`, `summarise`); the loss a micro-batch
+backpropagates is its share of the global batch's (`step_loss`). The loop (`loop`) keeps them
 on the device and reads them on the host only on the steps that log, evaluate or checkpoint.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -20,6 +23,24 @@ def counts(out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return torch.stack([*mlm, *torch.zeros(3, dtype=torch.float64, device=mc.device)])
     nc = out.nsp_count.double()
     return torch.stack([*mlm, out.nsp_loss.detach().double() * nc, out.nsp_correct.double(), nc])
+
+
+def step_loss(out, masked_tokens: int, nsp_examples: int, world: int) -> torch.Tensor:
+    """What one micro-batch backpropagates: its share of the global batch's loss, the MLM loss summed over its
+    masked tokens over the global batch's `masked_tokens`, plus the NSP loss likewise over `nsp_examples`, times
+    `world` because DDP averages the ranks' gradients. Summed over a rank's micro-batches and averaged over the
+    ranks it is the gradient of the global batch's mean loss, however the batch was split (a mean of per-micro-
+    batch means would weigh a token by the size of the micro-batch it fell in).
+
+    >>> from types import SimpleNamespace as NS
+    >>> t = torch.tensor
+    >>> step_loss(NS(mlm_loss=t(2.0), mlm_count=t(3), nsp_loss=t(0.5), nsp_count=t(1)), 6, 2, 2).item()
+    2.5
+    """
+    loss = out.mlm_loss * out.mlm_count / max(masked_tokens, 1)
+    if out.nsp_count is not None and nsp_examples:
+        loss = loss + out.nsp_loss * out.nsp_count / nsp_examples
+    return loss * world
 
 
 def summarise(c: torch.Tensor) -> dict[str, float]:
@@ -42,3 +63,41 @@ def summarise(c: torch.Tensor) -> dict[str, float]:
 def eval_metrics(c: torch.Tensor) -> dict[str, float]:
     """`eval/...` figures of summed held-out counts."""
     return {**{f"eval/{k}": v for k, v in summarise(c).items()}, "eval/masked_tokens": c[2].item()}
+
+
+def flop_counter(model_cfg) -> Callable[[dict[str, torch.Tensor]], float]:
+    """A host batch (`pipeline.pretrain.loader.collate`'s: `spans`, `masked_lm_positions`) -> its model FLOPs for
+    `model_cfg` (`model.flops.train_flops`), read from host tensors only: nothing waits for the device.
+
+    >>> from model.config import BertConfig
+    >>> from model.flops import train_flops
+    >>> cfg = BertConfig.from_preset("tiny", vocab_size=100)
+    >>> b = {"input_ids": torch.zeros(2, 4), "spans": torch.tensor([4, 2]), "masked_lm_positions": torch.tensor([[1, 2], [0, -1]])}
+    >>> flop_counter(cfg)(b) == train_flops(cfg, [4, 2], 3)
+    True
+    """
+    from model.flops import train_flops
+
+    def count(batch: dict[str, torch.Tensor]) -> float:
+        rows = int((batch["masked_lm_positions"] >= 0).sum())
+        return train_flops(model_cfg, batch["spans"].tolist(), rows, sequences=len(batch["input_ids"]))
+
+    return count
+
+
+def device_peak(device: torch.device, say: Callable[[str], None] | None = print) -> float | None:
+    """The dense bf16 peak FLOP/s of a CUDA `device` (`model.flops.dense_bf16_peak`) for `train/mfu`; None on a
+    CPU, and None with one line through `say` for a GPU the table does not know.
+
+    >>> device_peak(torch.device("cpu")) is None
+    True
+    """
+    if device.type != "cuda":
+        return None
+    from model.flops import dense_bf16_peak
+
+    name = torch.cuda.get_device_name(device)
+    peak = dense_bf16_peak(name)
+    if peak is None and say is not None:
+        say(f"[train] no train/mfu: the dense bf16 peak of {name!r} is not in model.flops.DENSE_BF16_PEAK")
+    return peak

@@ -29,7 +29,7 @@ class PretrainHandoff:
     cfg: Config
     """The run's config, `model.init` resolved to a local directory (`pipeline.pretrain.init.worker_config`)."""
     plans: list[PhasePlan]
-    """Each phase's data: its shards, rank row ranges and steps."""
+    """Each phase's data: its shards, global batch and steps (the same for any number of workers)."""
     run_id: str
     """The MLflow run rank 0 logs into (created on the driver)."""
     tracking_uri: str
@@ -65,15 +65,15 @@ class Worker:
     device: torch.device
     trainable: Trainable
     step: int
-    position: dict[str, int]
-    """The data position after the last micro-batch trained: phase, epoch, micro."""
+    """Optimizer steps done: the data position follows from it (`PhasePlan.position`)."""
     log: RunLogger | None
     """Rank 0's; None on the other ranks."""
 
 
 def start_worker(h: PretrainHandoff) -> Worker:
     """This worker's model, optimizer and logger, resumed from `ray.train.get_checkpoint()` (or, when the driver
-    found that one damaged, the newest intact one) exactly: weights, optimizer, RNGs, data position."""
+    found that one damaged, the newest intact one) exactly: weights, optimizer, step, and the RNGs when the
+    checkpoint was written by as many workers (`core.checkpoint.resume`)."""
     from pipeline.tracking import RunLogger
 
     cfg, plans = h.cfg, h.plans
@@ -83,7 +83,7 @@ def start_worker(h: PretrainHandoff) -> Worker:
     torch.set_num_threads(max(1, int(tc.cpus_per_worker)))  # fixed thread count: bit-identical CPU math on restart
     torch.manual_seed(tc.seed)  # identical initial weights on every rank (DDP also broadcasts rank 0's)
     model = build_model(cfg.model, plans[0].dataset.vocab_size)
-    if tc.compile:  # each layer in place: names (checkpoints) unchanged; batches come at one width (RankFeed)
+    if tc.compile:  # each layer in place: names (checkpoints) unchanged; batches come at one width (rank_steps)
         model.bert.encoder.compile_layers()
     model = cluster.prepare_model(model)
     optimizer, scheduler = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=tc.warmup_steps,
@@ -93,12 +93,11 @@ def start_worker(h: PretrainHandoff) -> Worker:
     t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
     trust(h.verified)  # the files the driver hashed: not read again while unchanged
     # pending: the metrics rank 0 could not send before the checkpoint (the tracking server was away)
-    state, pending = resume(cluster.resume_checkpoint(h.damaged, h.resume_from), rank, t,
-                            {"step": 0, "position": {"phase": 0, "epoch": 0, "micro": 0}}, seed=tc.seed, run_id=h.run_id,
-                            check=lambda st, path: check_vocab(st, h.vocab_sha256, path))
+    state, pending = resume(cluster.resume_checkpoint(h.damaged, h.resume_from), rank, t, {"step": 0}, seed=tc.seed,
+                            run_id=h.run_id, world=world, check=lambda st, path: check_vocab(st, h.vocab_sha256, path))
     nodes = cluster.num_nodes(world)  # a collective: every rank takes part
     log = RunLogger(h.run_id, h.tracking_uri, cfg.tracking.system_metrics_every_s, total_steps=tc.max_steps,
                     log_every_steps=tc.log_every_steps, background=True, pending=pending) if rank == 0 else None
     if log is not None:  # where the workers ran: a multi-node run shows num_nodes > 1
         log.set_tags({"world_size": world, "num_nodes": nodes, "device": str(device)})
-    return Worker(rank, world, device, t, state["step"], state["position"], log)
+    return Worker(rank, world, device, t, state["step"], log)

@@ -68,11 +68,16 @@ def write_tokenizer_config(model_dir: str, *, model_max_length: int, lowercase: 
 
 
 def version_description(name: str, *, data: dict[str, Any], steps: int, final_eval: dict[str, float], command: str,
-                        init: str | None = None) -> str:
-    """The Markdown a registered version carries: its data, steps, final accuracy, command, how to load it, and
-    (`init`, e.g. "models:/bert-pretrain/3 (weights sha256 0123abcd...)") what it continued from."""
+                        init: str | None = None, architecture: str = "BERT") -> str:
+    """The Markdown a registered version carries: its architecture, data, steps, final accuracy, command, how to
+    load it, and (`init`, e.g. "models:/bert-pretrain/3 (weights sha256 0123abcd...)") what it continued from.
+
+    >>> d = {"documents": 1, "tokens": 10, "examples": 2}
+    >>> version_description("m", data=d, steps=5, final_eval={}, command="c", architecture="ModernBERT").split(" for")[0]
+    'ModernBERT pretrained'
+    """
     acc = ", ".join(f"{k.split('final_', 1)[-1]} {v:.4f}" for k, v in final_eval.items() if k.endswith("accuracy"))
-    start = f"Continued from {init}: pretrained" if init else "BERT pretrained"
+    start = f"Continued from {init}: pretrained" if init else f"{architecture} pretrained"
     return "\n".join([
         f"{start} for {steps} steps on {data.get('documents', '?')} documents "
         f"({data.get('tokens', '?'):,} tokens, {data.get('examples', '?'):,} examples; data manifest sha256 "

@@ -177,7 +177,7 @@ class Progress:
     """Console progress of a training loop: one plain line about every `every_s` seconds or every `every_steps`
     steps, whichever comes later, and always the last step.
 
-        step 30/300  loss 7.1234  mlm_acc 0.0512  3,921 tok/s  eta 4m12s
+        step 30/300  loss 7.1234  mlm_acc 0.0512  3,921 tok/s  eta 4m12s      (a GPU run adds `mfu 41.2%` after tok/s)
     """
 
     def __init__(self, total: int | None, every_steps: int = 1, every_s: float = 10.0, out=None) -> None:
@@ -203,6 +203,9 @@ class Progress:
                 line += f"  {label} {metrics[key]:.4f}"
         if "train/tokens_per_s" in metrics:
             line += f"  {metrics['train/tokens_per_s']:,.0f} tok/s"
+        if "train/mfu" in metrics:  # GPU runs only (pipeline.pretrain.metrics.device_peak)
+            m = metrics["train/mfu"]
+            line += f"  mfu {m:.1%}" if m >= 0.01 else f"  mfu {m:.2%}"  # a tiny model: 0.04%, not 0.0%
         done = step - self._s0
         if self.total and done > 0 and step < self.total:
             eta = self.every.elapsed(now) / done * (self.total - step)
