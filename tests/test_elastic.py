@@ -312,3 +312,24 @@ def test_checkpoints_upload_in_the_background_on_object_storage_and_their_direct
     ds = [SimpleNamespace(config_hash="c" * 64, vocab_sha256="v" * 64)]
     other = dataclasses.replace(tiny, train=dataclasses.replace(tiny.train, checkpoint_upload="sync"))
     assert run_name_for(other, ds) == run_name_for(tiny, ds)
+
+
+def test_mlm_only_batches_give_every_parameter_a_gradient():
+    """MLM-only data (configs/tiny.yaml, the main job) has no NSP label: the step's loss must still reach the
+    pooler and the NSP head (a zero term), or DDP fails the next step ("Expected to have finished reduction in the
+    prior iteration"), as the main job on 2 workers did before this test."""
+    from pipeline.pretrain.loader import collate
+
+    torch.manual_seed(0)
+    m = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=50, max_position_embeddings=32))
+    g = np.random.default_rng(0)
+    rows = {"input_ids": [g.integers(5, 50, 20) for _ in range(2)], "token_type_ids": [np.zeros(20, np.int64)] * 2,
+            "masked_lm_positions": [np.array([1, 4]), np.array([3])], "masked_lm_ids": [np.array([7, 8]), np.array([9])],
+            "next_sentence_label": np.array([-1, -1])}
+    b = collate(rows)
+    out = m(**{k: v for k, v in b.items() if k not in ("num_tokens", "spans")})
+    loss = step_loss(out, masked_tokens=3, nsp_examples=0, world=2)
+    loss.backward()
+    missing = [n for n, p in m.named_parameters() if p.grad is None]
+    assert missing == [], missing
+    assert loss.item() == pytest.approx(2 * out.mlm_loss.item())  # the NSP term adds nothing to the value

@@ -38,8 +38,9 @@ def step_loss(out, masked_tokens: int, nsp_examples: int, world: int) -> torch.T
     2.5
     """
     loss = out.mlm_loss * out.mlm_count / max(masked_tokens, 1)
-    if out.nsp_count is not None and nsp_examples:
-        loss = loss + out.nsp_loss * out.nsp_count / nsp_examples
+    if out.nsp_count is not None:  # also without any NSP label (MLM-only data): the zero term keeps the pooler and
+        # the NSP head in the graph, and DDP fails a step in which a parameter got no gradient
+        loss = loss + out.nsp_loss * out.nsp_count / max(nsp_examples, 1)
     return loss * world
 
 
