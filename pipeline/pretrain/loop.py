@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from model.flops import mfu
 from pipeline import cluster
 from pipeline.core.checkpoint import save_checkpoint
 from pipeline.core.step import TrainFigures, evaluate_sums, train_step
 from pipeline.tracking.outbox import write_pending
 from pipeline.pretrain.feed import eval_batches, rank_steps
-from model.flops import mfu
 from pipeline.pretrain.metrics import NUM_COUNTS, counts, device_peak, eval_metrics, flop_counter, step_loss, summarise
 from pipeline.pretrain.worker import PretrainHandoff, start_worker
 
