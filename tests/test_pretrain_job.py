@@ -61,6 +61,9 @@ def cluster(s3_server):
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()  # s3fs caches instances by arguments, not by the endpoint in the env
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+import s3fs
 
 import netns_hosts
 import test_pretrain_job as pj
@@ -183,6 +184,7 @@ def test_two_hosts_train_like_one(cluster, reference, repo_root, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", cluster.mlflow_url)
     for k, v in cluster.s3_env().items():
         monkeypatch.setenv(k, v)
+    s3fs.S3FileSystem.clear_instance_cache()  # an instance cached under another endpoint (the session's S3) is not ours
     registered = [x.split(" ", 1)[1] for x in out.splitlines() if x.startswith("registered models:/")]
     assert registered, out[-3000:]
     run_id = tracking.model_version_info(registered[-1])["run_id"]
@@ -242,6 +244,7 @@ def test_two_hosts_host_lost_for_good(cluster, reference_no_dropout, repo_root, 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", cluster.mlflow_url)
     for k, v in cluster.s3_env().items():
         monkeypatch.setenv(k, v)
+    s3fs.S3FileSystem.clear_instance_cache()  # an instance cached under another endpoint (the session's S3) is not ours
     registered = [x.split(" ", 1)[1] for x in out.splitlines() if x.startswith("registered models:/")]
     assert len(registered) == 1, out[-3000:]
     run_id = tracking.model_version_info(registered[0])["run_id"]
