@@ -88,7 +88,10 @@ INI
     )
     # Secrets reach the server through its environment only (not its command line, which `ps` shows to all).
     MLFLOW_AUTH_CONFIG_PATH="$dir/basic_auth.ini" MLFLOW_AUTH_ADMIN_PASSWORD="$admin_password" \
+    # MLflow's GenAI server jobs (huey consumers: eight more processes, and job stores in /dev/shm that outlive the
+    # server) are off: the pipeline runs none. MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true in the environment turns them on.
     MLFLOW_FLASK_SERVER_SECRET_KEY="$flask_secret" MLFLOW_TRACKING_USERNAME= MLFLOW_TRACKING_PASSWORD= \
+    MLFLOW_SERVER_ENABLE_JOB_EXECUTION="${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}" \
         setsid nohup "$PYTHON" -m mlflow server --app-name basic-auth --host "$host" --port "$port" \
         --workers "${MLFLOW_SERVER_WORKERS:-4}" \
         --backend-store-uri "postgresql+psycopg2://$db_user@/mlflow" \

@@ -150,6 +150,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# MLflow 3's server runs GenAI job consumers (huey) by default: 8 more processes, about 15 CPU-s more per start
+# on 2 cores, and a /dev/shm directory of job stores left behind each time. The pipeline runs no server jobs; its
+# own server (deploy/mlflow_head.sh) turns them off the same way.
+SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
 class MlflowServer:
     """A real `mlflow server` on a loopback port (SQLite store and artifacts under `root`) that a test can kill and
     start again on the same port and store (a tracking outage)."""
@@ -167,11 +173,16 @@ class MlflowServer:
              "--backend-store-uri", f"sqlite:///{self.root / 'server.db'}", "--artifacts-destination",
              str(self.root / "artifacts"), "--workers", "1"],
             stdout=subprocess.DEVNULL, stderr=open(self.root / "server.log", "a"), start_new_session=True,
+            env={**os.environ, **SERVER_ENV},
         )
         deadline = time.time() + 240  # a loaded 2-core machine can take minutes to import and migrate
         while True:
             try:
                 check_tracking_server(self.uri, timeout=2)
+                import psutil
+
+                jobs = [p for p in psutil.Process(self.proc.pid).children(recursive=True) if "huey" in " ".join(p.cmdline())]
+                assert not jobs, f"the mlflow server started job consumers: {[p.cmdline() for p in jobs]}"
                 return self.uri
             except TrackingError:
                 if self.proc.poll() is not None or time.time() > deadline:

@@ -212,7 +212,8 @@ class TwoHostCluster:
         self.s3_client().create_bucket(Bucket=self.bucket)
         self.mlflow = self.head.popen(
             "mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri sqlite:////tmp/mlflow.db "
-            f"--artifacts-destination s3://{self.bucket}/mlflow-artifacts --workers 1", "/tmp/mlflow.log")
+            f"--artifacts-destination s3://{self.bucket}/mlflow-artifacts --workers 1", "/tmp/mlflow.log",
+            env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # no GenAI job consumers (tests/conftest.py)
 
     def s3(self):
         """s3fs on the bucket's server, from this namespace."""
