@@ -101,9 +101,9 @@ def save_checkpoint(path: str, rank: int, t: Trainable, state: dict[str, Any], *
     `train_state.json` in the upload thread, so that the loop pays for a copy in memory (~1.3 GB at BERT-base)
     instead of the write and the sha256s. The collective stays here, in the training thread. One snapshot is held
     at a time: a checkpoint that comes while the previous one still waits for its write (Ray Train's one upload
-    thread is busy with the one before) waits for it, so host memory holds one snapshot at most, and the local
-    disk, besides the rank files, the checkpoint being uploaded and the one being written. None on other ranks
-    and in the foreground."""
+    thread is busy with the one before) waits for it, so host memory holds one snapshot at most (and the local
+    disk one written checkpoint: the thread writes the next after it has uploaded and deleted this one). None on
+    other ranks and in the foreground."""
     os.makedirs(path, exist_ok=True)
     mine = f"rank_{rank}.pt"
     torch.save({"rng": rng_state(), "position": state.get("position")}, os.path.join(path, mine))
@@ -123,8 +123,8 @@ def save_checkpoint(path: str, rank: int, t: Trainable, state: dict[str, Any], *
 
 def _snapshot(t: Trainable, held: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(weights, {"optimizer", "scheduler", "scaler"} state dicts) of `t` as the checkpoint holds them, the weights
-    copied to CPU memory; `held` (to be written later) copies the state dicts too, every tensor in them (Adam's `exp_avg`, `exp_avg_sq` and
-    `step` change in place at every step) and every container."""
+    copied to CPU memory; `held` (written later) copies the state dicts too, every tensor in them and every
+    container (Adam's `exp_avg`, `exp_avg_sq` and `step` change in place at every step)."""
     weights = {k: v.detach().cpu().contiguous().clone() for k, v in unwrap(t.model).state_dict().items()}
     opt = {"optimizer": t.optimizer.state_dict(), "scheduler": t.scheduler.state_dict(),
            "scaler": t.scaler.state_dict() if t.scaler is not None else None}
@@ -180,7 +180,8 @@ class DeferredFiles:
             weights, opt = self._snapshot
             save_file(weights, os.path.join(self.path, "model.safetensors"), metadata={"format": "pt"})
             torch.save(opt, os.path.join(self.path, "optimizer.pt"))
-            files = {**self.files, **{n: sha256_file(os.path.join(self.path, n)) for n in ("model.safetensors", "optimizer.pt")}}
+            files = {**self.files, **{n: sha256_file(os.path.join(self.path, n))
+                                      for n in ("model.safetensors", "optimizer.pt")}}
             with open(os.path.join(self.path, "train_state.json"), "w") as f:
                 json.dump({**self.state, "files": dict(sorted(files.items()))}, f)
             self._written = True
