@@ -10,15 +10,19 @@ A real local Ray (2 CPUs) and a real `moto_server` on a loopback port (its objec
 `s3_server`); each mode is one Ray Train run (TorchTrainer, 1 worker) whose loop trains BertForPreTraining with
 the project's AdamW on random batches and, after step `--checkpoint-at`, writes the project's checkpoint
 (`save_checkpoint`: safetensors weights, optimizer state, RNGs, sha256 of every file) into `cluster.checkpoint_dir`
-and reports it with `cluster.report` as the pretraining loop does. Each step's wall time includes the
-checkpoint on the step that writes it. The stall is that step's time less one step without a checkpoint (the sync
+and reports it with `cluster.report` as the pretraining loop does; in the background, rank 0's files are a
+snapshot in memory that the upload thread writes and hashes (`DeferredFiles`). Each step's wall time includes the
+checkpoint on the step that takes it. The stall is that step's time less one step without a checkpoint (the sync
 run's median, as no upload runs beside its other steps); "extra" is the time of steps 2.. less as many such steps
-(it includes what a background upload costs the steps it overlaps on a shared CPU). After the run the checkpoint is read back from S3 and its hashes checked (`damage`).
+(it includes what a background upload costs the steps it overlaps on a shared CPU). After the run the checkpoint is
+read back from S3, its hashes checked (`damage`) and its weights and Adam moments compared with the model's at the
+checkpoint step (sums in float64: a snapshot that is not a copy would carry the later steps' values).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import socket
@@ -36,6 +40,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def state_sums(weights: dict, optimizer: dict) -> list[float]:
+    """Sum of the weights, of Adam's exp_avg, of its exp_avg_sq (float64): what the checkpoint must hold."""
+    moments = optimizer["state"].values()
+    return [sum(float(v.double().sum()) for _, v in sorted(weights.items())),
+            *(sum(float(m[k].double().sum()) for m in moments) for k in ("exp_avg", "exp_avg_sq"))]
 
 
 def loop(cfg: dict) -> None:
@@ -70,12 +81,13 @@ def loop(cfg: dict) -> None:
         if step == cfg["checkpoint_at"]:
             c0 = time.perf_counter()
             with cluster.checkpoint_dir(cfg["background"]) as d:
-                save_checkpoint(d, 0, t, {"step": step, "world_size": 1})
-                ckpt["bytes"] = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+                deferred = save_checkpoint(d, 0, t, {"step": step, "world_size": 1}, background=cfg["background"])
                 ckpt["save_s"] = time.perf_counter() - c0
-                cluster.report({"step": step}, d, background=cfg["background"])
+                cluster.report({"step": step}, d, background=cfg["background"], deferred=deferred)
             ckpt["report_s"] = time.perf_counter() - c0 - ckpt["save_s"]
         times.append(time.perf_counter() - t0)
+        if step == cfg["checkpoint_at"]:  # (outside the step's time)
+            ckpt["sums"] = state_sums(model.state_dict(), t.optimizer.state_dict())
     Path(cfg["out"]).write_text(json.dumps({"times": times, **ckpt}))  # (Result.metrics: the checkpoint's report)
 
 
@@ -136,13 +148,21 @@ def main() -> None:
         boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="bench")
         ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {**env, "PYTHONPATH": str(REPO)}},
                  log_to_driver=False)
+        import fsspec
+        import torch
+        from safetensors.torch import load
+
         from pipeline.core.checkpoint import damage, read_train_state
 
-        results = {}
+        results, fs = {}, fsspec.filesystem("s3")
         for mode in ("sync", "async"):
             m = run(mode, args, "s3://bench/runs")
             state = read_train_state(m["checkpoint"])
-            results[mode] = {**m, "intact": damage(m["checkpoint"], state) is None and state["step"] == args.checkpoint_at}
+            where = m["checkpoint"].split("://", 1)[1]
+            opt = torch.load(io.BytesIO(fs.cat(f"{where}/optimizer.pt")), weights_only=True)["optimizer"]
+            results[mode] = {**m, "bytes": fs.du(where),
+                             "intact": damage(m["checkpoint"], state) is None and state["step"] == args.checkpoint_at,
+                             "same": state_sums(load(fs.cat(f"{where}/model.safetensors")), opt) == m["sums"]}
         normal = statistics.median(x for i, x in enumerate(results["sync"]["times"], 1) if i not in (1, args.checkpoint_at))
         for r in results.values():
             r.update(summary(r, args.checkpoint_at, normal))
@@ -159,11 +179,12 @@ def main() -> None:
     for i in range(1, args.steps + 1):
         label = f"{i}" + (" (checkpoint)" if i == at else "")
         print(f"{label:>14} | {s['times'][i - 1]:8.2f} | {a['times'][i - 1]:8.2f}")
-    rows = [("median step", "median"), ("stall at ckpt", "stall"), ("extra, run", "extra"), ("save (write+hash)", "save_s"),
+    rows = [("median step", "median"), ("stall at ckpt", "stall"), ("extra, run", "extra"), ("save_checkpoint", "save_s"),
             ("report call", "report_s"), ("run wall", "wall_s")]
     for name, k in rows:
         print(f"{name:>14} | {s[k]:8.2f} | {a[k]:8.2f}")
     print(f"{'intact on S3':>14} | {str(s['intact']):>8} | {str(a['intact']):>8}")
+    print(f"{f'step-{at} state':>14} | {str(s['same']):>8} | {str(a['same']):>8}")
     print(f"\none step without a checkpoint: {normal:.2f} s (the sync run's median). Stall async/sync: "
           f"{a['stall'] / s['stall']:.2f}x; async stall in steps: {a['stall'] / normal:.2f} (goal <= 1.00: "
           f"{'met' if a['stall'] <= normal else 'missed'}); sync stall in steps: {s['stall'] / normal:.2f}; "

@@ -297,6 +297,54 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_rngs(tmp_path, pre
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
 
 
+def test_a_background_checkpoint_holds_its_steps_state_while_training_goes_on(tmp_path):
+    """`save_checkpoint(background=True)` leaves rank 0's files to `DeferredFiles.write` (Ray Train's upload thread
+    on object storage): written after two more steps changed the weights and Adam's moments in place, they are
+    byte for byte the foreground checkpoint of the same step. A second background checkpoint waits until the first
+    is written (one snapshot in memory); one dropped unwritten refuses a later write."""
+    import os
+    import threading
+
+    from model import BertConfig, BertForPreTraining
+
+    def step(m, o, s):
+        ids = torch.arange(5, 21).view(2, 8)
+        m(ids, torch.zeros_like(ids), torch.ones_like(ids), masked_lm_positions=torch.tensor([[1], [2]]),
+          masked_lm_ids=ids[:, 1:2], next_sentence_label=torch.tensor([0, 1])).loss.backward()
+        o.step()
+        s.step()
+        o.zero_grad()
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
+    t = Trainable(model, *make_optimizer(model, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10))
+    step(model, t.optimizer, t.scheduler)
+    state = {"step": 1, "position": {"phase": 0, "epoch": 0, "batch": 1}, "world_size": 1}
+    assert save_checkpoint(str(tmp_path / "fg"), 0, t, state) is None
+    deferred = save_checkpoint(str(tmp_path / "bg"), 0, t, state, background=True)
+    assert os.listdir(tmp_path / "bg") == ["rank_0.pt"]  # the rest is written by the upload
+    step(model, t.optimizer, t.scheduler)
+    step(model, t.optimizer, t.scheduler)
+
+    second: list = []
+    waiting = threading.Thread(target=lambda: second.append(
+        save_checkpoint(str(tmp_path / "next"), 0, t, {**state, "step": 3}, background=True)))
+    waiting.start()
+    waiting.join(0.5)
+    assert waiting.is_alive() and not second  # until the first snapshot is written
+    deferred.write()
+    waiting.join(30)
+    deferred.write()  # a retried upload: already written
+    names = ["model.safetensors", "optimizer.pt", "rank_0.pt", "train_state.json"]
+    assert sorted(os.listdir(tmp_path / "bg")) == sorted(os.listdir(tmp_path / "fg")) == names
+    for name in names:
+        assert (tmp_path / "bg" / name).read_bytes() == (tmp_path / "fg" / name).read_bytes(), name
+    second[0].drop()  # an upload that never runs
+    with pytest.raises(RuntimeError, match="not written"):
+        second[0].write()
+    assert os.listdir(tmp_path / "next") == ["rank_0.pt"]
+
+
 def _tiny_checkpoint(path, step: int, seed: int = 0) -> None:
     from model import BertConfig, BertForPreTraining
 

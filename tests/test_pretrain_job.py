@@ -463,7 +463,7 @@ def test_checkpoints_uploaded_in_the_background_to_s3_resume_exactly(baseline, p
     """`train.storage_path` on S3 (the moto server): checkpoints upload in the background (`checkpoint_upload`
     auto), the run ends with the uninterrupted local run's weights, both checkpoints are on S3 with the hashes they
     recorded, and no local copy is left. With the step-8 weights then truncated, the re-run resumes exactly from
-    the step-4 checkpoint that was uploaded while steps 5-8 trained. ~60 s."""
+    the step-4 checkpoint that was written (from its snapshot) and uploaded while steps 5-8 trained. ~60 s."""
     import fsspec
     import s3fs
 

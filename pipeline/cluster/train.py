@@ -172,21 +172,46 @@ def checkpoint_dir(background: bool) -> Iterator[str]:
     yield tempfile.mkdtemp(prefix="checkpoint-upload-")
 
 
-def report(metrics: dict[str, Any], checkpoint_dir: str | None = None, *, background: bool = False) -> None:
+def report(metrics: dict[str, Any], checkpoint_dir: str | None = None, *, background: bool = False,
+           deferred: Any = None) -> None:
     """Report metrics (and a checkpoint directory, copied into storage by Ray Train) from every rank. With
     `background`, Ray Train's CheckpointUploadMode.ASYNC: the call returns once the ranks agree on the checkpoint's
     name, a Ray Train thread uploads it, then deletes the local directory, and only then registers it (what
     `ray.train.get_checkpoint` and a restart resume from; the worker waits for its uploads before it ends). A
-    failed upload fails the worker, as a failed synchronous one does."""
+    failed upload fails the worker, as a failed synchronous one does.
+
+    `deferred` (rank 0's, background only): what `save_checkpoint` left to write into the directory
+    (`pipeline.core.checkpoint.DeferredFiles`: `write()`, `drop()`). The upload thread writes it first (weights,
+    optimizer state, their sha256s, `train_state.json` last), then uploads the directory as Ray Train would
+    (`persist_current_checkpoint`); a checkpoint whose write or upload fails is never registered. Ray Train has one
+    upload thread (`MAX_CHECKPOINT_UPLOAD_THREADS` 1 in 2.60): checkpoints upload in the order reported."""
+    import weakref
+
     import ray.train
     from ray.train import CheckpointUploadMode
 
     ckpt = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
-    if background and ckpt is not None:
-        ray.train.report(metrics, checkpoint=ckpt, checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
-                         delete_local_checkpoint_after_upload=True)
-    else:
+    if not (background and ckpt is not None):
         ray.train.report(metrics, checkpoint=ckpt)
+        return
+    upload = None
+    if deferred is not None:
+        storage = ray.train.get_context().get_storage()  # (in the training thread: the context is its own)
+
+        def upload(checkpoint, dir_name: str):
+            deferred.write()
+            return storage.persist_current_checkpoint(checkpoint, dir_name)
+
+        # once Ray Train lets go of `upload` (done, or never submitted: a report it skips while replacing workers),
+        # an unwritten snapshot goes with it, and the next checkpoint does not wait for it
+        weakref.finalize(upload, deferred.drop)
+    try:
+        ray.train.report(metrics, checkpoint=ckpt, checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+                         delete_local_checkpoint_after_upload=True, checkpoint_upload_fn=upload)
+    except BaseException:
+        if deferred is not None:
+            deferred.drop()
+        raise
 
 
 def resume_checkpoint(damaged: list[str] | tuple[str, ...] = (), resume_from: str | None = None):

@@ -20,13 +20,19 @@ used (`damage`): the driver resumes from the newest intact one, and workers and 
 Checkpoints written before `files` existed carry no hashes and are used unchecked. A file is hashed once per
 process while it stays as it was (its fsspec `ukey`: size, mtime, inode; an S3 ETag), and the driver hands what it
 verified to the workers, evaluate and register (`verified`, `trust`): a base-size checkpoint takes seconds to hash.
+
+A checkpoint uploaded in the background (`save_checkpoint(background=True)`, object storage) has the same files;
+rank 0's weights, optimizer state and `train_state.json` are written from a snapshot in memory by Ray Train's
+upload thread (`DeferredFiles`), the rank files and the gathering of their hashes stay in the loop.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
+import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -84,24 +90,110 @@ def _gather(files: dict[str, str]) -> dict[str, str]:
     return {k: v for d in every for k, v in d.items()}
 
 
-def save_checkpoint(path: str, rank: int, t: Trainable, state: dict[str, Any]) -> None:
+def save_checkpoint(path: str, rank: int, t: Trainable, state: dict[str, Any], *,
+                    background: bool = False) -> DeferredFiles | None:
     """Rank 0 writes the shared state; every rank writes its own RNG states and `state["position"]`. Every rank
-    calls it at the same step (it gathers the ranks' file hashes); `train_state.json`, with them, comes last."""
-    from safetensors.torch import save_file
+    calls it at the same step (it gathers the ranks' file hashes); `train_state.json`, with them, comes last.
 
+    With `background` (a checkpoint that Ray Train uploads in its own thread: `cluster.report`), rank 0 writes
+    only its rank file here and returns the rest as `DeferredFiles`: a snapshot in host memory (every tensor
+    copied: the next step changes the weights and Adam's moments in place), written, hashed and completed with
+    `train_state.json` in the upload thread, so that the loop pays for a copy in memory (~1.3 GB at BERT-base)
+    instead of the write and the sha256s. The collective stays here, in the training thread. One snapshot is held
+    at a time: a checkpoint that comes while the previous one still waits for its write (Ray Train's one upload
+    thread is busy with the one before) waits for it, so host memory holds one snapshot at most (and the local
+    disk one written checkpoint: the thread writes the next after it has uploaded and deleted this one). None on
+    other ranks and in the foreground."""
     os.makedirs(path, exist_ok=True)
     mine = f"rank_{rank}.pt"
     torch.save({"rng": rng_state(), "position": state.get("position")}, os.path.join(path, mine))
     files = _gather({mine: sha256_file(os.path.join(path, mine))})
-    if rank == 0:
-        sd = {k: v.detach().cpu().contiguous().clone() for k, v in unwrap(t.model).state_dict().items()}
-        save_file(sd, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-        torch.save({"optimizer": t.optimizer.state_dict(), "scheduler": t.scheduler.state_dict(),
-                    "scaler": t.scaler.state_dict() if t.scaler is not None else None},
-                   os.path.join(path, "optimizer.pt"))
-        files.update({n: sha256_file(os.path.join(path, n)) for n in ("model.safetensors", "optimizer.pt")})
-        with open(os.path.join(path, "train_state.json"), "w") as f:
-            json.dump({**state, "files": dict(sorted(files.items()))}, f)
+    if rank != 0:
+        return None
+    global _held
+    if background and _held is not None:
+        _held.done.wait()
+    deferred = DeferredFiles(path, *_snapshot(t, held=background), files, state)
+    if not background:
+        deferred.write()
+        return None
+    _held = deferred
+    return deferred
+
+
+def _snapshot(t: Trainable, held: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(weights, {"optimizer", "scheduler", "scaler"} state dicts) of `t` as the checkpoint holds them, the weights
+    copied to CPU memory; `held` (written later) copies the state dicts too, every tensor in them and every
+    container (Adam's `exp_avg`, `exp_avg_sq` and `step` change in place at every step)."""
+    weights = {k: v.detach().cpu().contiguous().clone() for k, v in unwrap(t.model).state_dict().items()}
+    opt = {"optimizer": t.optimizer.state_dict(), "scheduler": t.scheduler.state_dict(),
+           "scaler": t.scaler.state_dict() if t.scaler is not None else None}
+    return weights, (_host_copy(opt) if held else opt)
+
+
+def _host_copy(x: Any) -> Any:
+    """`x` (dicts, lists and tuples of tensors and plain values) copied deep, its tensors to CPU memory. It is
+    `copy.deepcopy` with each tensor's copy given: what is shared in `x` stays shared in the copy (AdamW's param
+    groups share one `betas` tuple), so that `torch.save` writes the bytes it writes for `x`.
+
+    >>> a = {"state": {0: {"exp_avg": torch.zeros(2)}}, "param_groups": [{"lr": 0.1, "params": [0]}]}
+    >>> b = _host_copy(a)
+    >>> a["state"][0]["exp_avg"] += 1; a["param_groups"][0]["lr"] = 0.2  # what the next step does
+    >>> b
+    {'state': {0: {'exp_avg': tensor([0., 0.])}}, 'param_groups': [{'lr': 0.1, 'params': [0]}]}
+    """
+    copies: dict[int, Any] = {}  # deepcopy's memo: {id(original): its copy}
+
+    def find(y: Any) -> None:
+        if isinstance(y, torch.Tensor):
+            copies.setdefault(id(y), y.detach().to("cpu", copy=True))
+        elif isinstance(y, (list, tuple, dict)):
+            for v in y.values() if isinstance(y, dict) else y:
+                find(v)
+
+    find(x)
+    return copy.deepcopy(x, copies)
+
+
+class DeferredFiles:
+    """Rank 0's part of one checkpoint, `model.safetensors`, `optimizer.pt` and then `train_state.json` with every
+    file's sha256, held as a snapshot until `write` puts it into the checkpoint's directory. `write` writes once
+    (Ray Train retries a failed upload whole: the second call finds the files there, or raises again when the
+    first write failed); `drop` lets an unwritten snapshot go (its upload will never run). Either ends it:
+    `done`, which the next background `save_checkpoint` waits for."""
+
+    def __init__(self, path: str, weights: dict[str, torch.Tensor], opt: dict[str, Any], files: dict[str, str],
+                 state: dict[str, Any]):
+        self.path, self.files, self.state = path, files, state
+        self._snapshot: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = (weights, opt)
+        self._written = False
+        self.done = threading.Event()
+
+    def write(self) -> None:
+        from safetensors.torch import save_file
+
+        if self.done.is_set():
+            if not self._written:
+                raise RuntimeError(f"checkpoint {self.path} was not written: its first write failed or was dropped")
+            return
+        try:
+            weights, opt = self._snapshot
+            save_file(weights, os.path.join(self.path, "model.safetensors"), metadata={"format": "pt"})
+            torch.save(opt, os.path.join(self.path, "optimizer.pt"))
+            files = {**self.files, **{n: sha256_file(os.path.join(self.path, n))
+                                      for n in ("model.safetensors", "optimizer.pt")}}
+            with open(os.path.join(self.path, "train_state.json"), "w") as f:
+                json.dump({**self.state, "files": dict(sorted(files.items()))}, f)
+            self._written = True
+        finally:
+            self.drop()
+
+    def drop(self) -> None:
+        self._snapshot = None
+        self.done.set()
+
+
+_held: DeferredFiles | None = None  # this process's newest background snapshot (`save_checkpoint`)
 
 
 # {(file path or URI, the sha256 its checkpoint recorded): the file's ukey when its bytes matched it}, in this process

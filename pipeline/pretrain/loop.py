@@ -66,10 +66,12 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
                 with cluster.checkpoint_dir(background) as d:  # kept until its upload is done
                     if log is not None:  # what the tracking server has not got yet travels with the checkpoint
                         write_pending(d, h.run_id, log.pending())
-                    save_checkpoint(d, rank, t, {"step": step, "position": {"phase": phase, **plan.position(step - begun)},
-                                                 "world_size": world, "vocab_sha256": vocab_sha, "run_id": h.run_id,
-                                                 "max_steps": tc.max_steps})
-                    cluster.report({"step": step, "loss": stats.loss}, d, background=background)
+                    # in the background rank 0's weights and optimizer state are a snapshot, written by the upload
+                    deferred = save_checkpoint(
+                        d, rank, t, {"step": step, "position": {"phase": phase, **plan.position(step - begun)},
+                                     "world_size": world, "vocab_sha256": vocab_sha, "run_id": h.run_id,
+                                     "max_steps": tc.max_steps}, background=background)
+                    cluster.report({"step": step, "loss": stats.loss}, d, background=background, deferred=deferred)
             if on_step is not None:
                 on_step(step, rank)
     if log is not None:
