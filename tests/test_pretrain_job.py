@@ -167,7 +167,7 @@ def check_registered(logs: str, model_name: str, prepared: dict, repo_root: Path
     assert sum(loss[-4:]) / 4 < sum(loss[:4]) / 4 - 0.3, loss  # the MLM loss falls
     evals = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "eval/mlm_loss"))
     assert [s for s, _ in evals] == [8, 16, 24] and evals[-1][1] < evals[0][1]
-    assert "eval/final_mlm_accuracy" in run.data.metrics and "system/cpu_utilization_percentage" in run.data.metrics
+    assert "eval/final/mlm_accuracy" in run.data.metrics and "system/cpu_utilization_percentage" in run.data.metrics
     assert not any("/" not in k for k in run.data.metrics), sorted(run.data.metrics)  # every metric in a group
     mv = client.get_model_version(model_name, version)
     assert f"{prepared['validate'].examples:,} examples" in mv.description and "jobs/pretrain.py" in mv.description
