@@ -84,7 +84,7 @@ def loss_curve(uri: str, run_id: str, out: Path) -> None:
     fig.savefig(out)
 
 
-def screenshots(uri: str, exp_id: str, run_id: str, version: str, out: Path) -> None:
+def screenshots(uri: str, exp_id: str, run_id: str, version: str, digest: str, out: Path) -> None:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -103,8 +103,7 @@ def screenshots(uri: str, exp_id: str, run_id: str, version: str, out: Path) -> 
         page.screenshot(path=str(out / "ui-runs.png"))
 
         page.goto(f"{uri}/#/experiments/{exp_id}/runs/{run_id}?workflowType=machine_learning")
-        page.get_by_text("Datasets used").first.wait_for(timeout=60_000)
-        page.get_by_text("-heldout (").first.wait_for(timeout=60_000)
+        page.get_by_text(f"({digest[:36]})").first.wait_for(timeout=60_000)  # the Datasets panel: "<name> (<digest>)"
         close_assistant()
         page.wait_for_timeout(2000)
         page.screenshot(path=str(out / "ui-datasets.png"))
@@ -140,7 +139,7 @@ def main() -> int:
         exp = c.get_experiment_by_name("bert-pretrain")
         args.out.mkdir(parents=True, exist_ok=True)
         loss_curve(uri, mv.run_id, args.out / "loss-curve.png")
-        screenshots(uri, exp.experiment_id, mv.run_id, mv.version, args.out)
+        screenshots(uri, exp.experiment_id, mv.run_id, mv.version, mv.tags["data_manifest_sha256"], args.out)
     finally:
         os.killpg(proc.pid, 9)
         proc.wait(timeout=30)

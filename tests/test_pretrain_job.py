@@ -289,9 +289,13 @@ def check_in_browser(page, uri: str, model_name: str, info: dict, exp, data_name
     assert "Training" in page.inner_text("body")
     page.screenshot(path=str(shots / "run-overview.png"))
     page.goto(f"{uri}/#/experiments/{exp.experiment_id}/runs/{run_id}/model-metrics")
-    # Metric names grouped by prefix: the UI makes a section of each ("train (N)", "eval (N)", "system (N)").
-    page.get_by_text("eval", exact=True).first.wait_for(timeout=60_000)
-    assert page.get_by_text("train", exact=True).count() >= 1
+    # Metric names grouped by prefix: the UI makes a section of each and sorts the sections ("eval (N)",
+    # "eval/final (N)", "train (N)") and the charts in each by name, so the first chart is the eval/loss curve, not
+    # a one-point eval/final/* chart.
+    first = page.get_by_test_id("experiment-view-compare-runs-card").first
+    first.get_by_text("(eval/loss)").wait_for(timeout=60_000)  # the chart's legend: run name (metric)
+    assert first.get_by_role("heading").inner_text() == "loss"
+    assert page.get_by_text("eval/final", exact=True).count() >= 1 and page.get_by_text("train", exact=True).count() >= 1
     page.get_by_placeholder("Search metric charts").fill("train/loss")
     page.get_by_text("(train/loss)").first.wait_for(timeout=30_000)  # the chart's legend: run name (metric)
     page.screenshot(path=str(shots / "run.png"))
