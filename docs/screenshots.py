@@ -105,6 +105,8 @@ def screenshots(uri: str, exp_id: str, run_id: str, version: str, digest: str, o
         page.goto(f"{uri}/#/experiments/{exp_id}/runs/{run_id}?workflowType=machine_learning")
         page.get_by_text(f"({digest[:36]})").first.wait_for(timeout=60_000)  # the Datasets panel: "<name> (<digest>)"
         close_assistant()
+        page.get_by_text("+1", exact=True).first.click()  # the held-out shard's entry, behind a "+1"
+        page.get_by_text("-heldout (").first.wait_for(timeout=30_000)
         page.wait_for_timeout(2000)
         page.screenshot(path=str(out / "ui-datasets.png"))
 
@@ -112,6 +114,7 @@ def screenshots(uri: str, exp_id: str, run_id: str, version: str, digest: str, o
         page.goto(f"{uri}/#/experiments/{exp_id}/runs/{run_id}/model-metrics?workflowType=machine_learning")
         page.get_by_text("(eval/loss)").first.wait_for(timeout=60_000)  # the first chart's legend
         close_assistant()
+        page.mouse.move(0, 0)  # no hover toolbar on a chart
         page.wait_for_timeout(3000)
         page.screenshot(path=str(out / "ui-metrics.png"))
 
