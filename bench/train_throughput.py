@@ -174,7 +174,7 @@ def learning(work: Path, inputs: list[str], steps: int | None) -> tuple[float, f
 
     info = tracking.model_version_info("models:/bench-tiny@latest-pretrain")
     metrics = tracking.client().get_run(info["run_id"]).data.metrics
-    acc = metrics["eval/final_mlm_accuracy"]
+    acc = metrics["eval/final/mlm_accuracy"]
     base = unigram_accuracy(str(work / "data"))
     return acc, base, " ".join(cmd[1:])
 

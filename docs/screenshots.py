@@ -5,7 +5,8 @@ steps) against a throw-away `mlflow server` on loopback, then opens the MLflow U
 never a downloaded browser) and saves, in this folder:
 
     ui-runs.png       the experiment's runs in MLflow's model-training view
-    ui-metrics.png    the run's model metrics (train/, eval/ sections)
+    ui-datasets.png   the run's overview: its Datasets panel (the prepared data, its held-out shard), parameters
+    ui-metrics.png    the run's model metrics as the page opens: the eval/loss curve first
     ui-version.png    the registered version: alias, description, lineage tags
     loss-curve.png    train/loss and eval/loss against the step (matplotlib, from the run's metric history)
 """
@@ -83,7 +84,7 @@ def loss_curve(uri: str, run_id: str, out: Path) -> None:
     fig.savefig(out)
 
 
-def screenshots(uri: str, exp_id: str, run_id: str, version: str, out: Path) -> None:
+def screenshots(uri: str, exp_id: str, run_id: str, version: str, digest: str, out: Path) -> None:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -101,14 +102,21 @@ def screenshots(uri: str, exp_id: str, run_id: str, version: str, out: Path) -> 
         page.wait_for_timeout(2000)
         page.screenshot(path=str(out / "ui-runs.png"))
 
-        page.goto(f"{uri}/#/experiments/{exp_id}/runs/{run_id}/model-metrics?workflowType=machine_learning")
-        page.get_by_text("eval", exact=True).first.wait_for(timeout=60_000)
-        page.get_by_placeholder("Search metric charts").fill("mlm_accuracy")  # eval/ then train/ sections
-        page.get_by_text("(eval/mlm_accuracy)").first.wait_for(timeout=60_000)
+        page.goto(f"{uri}/#/experiments/{exp_id}/runs/{run_id}?workflowType=machine_learning")
+        page.get_by_text(f"({digest[:36]})").first.wait_for(timeout=60_000)  # the Datasets panel: "<name> (<digest>)"
         close_assistant()
-        page.mouse.wheel(0, 400)  # charts render as they scroll into view
+        page.get_by_text("+1", exact=True).first.click()  # the held-out shard's entry, behind a "+1"
+        page.get_by_text("-heldout (").first.wait_for(timeout=30_000)
+        page.wait_for_timeout(2000)
+        page.screenshot(path=str(out / "ui-datasets.png"))
+
+        # as a person first sees it: sections eval/, eval/final/, train/ (by name), charts by name in each
+        page.goto(f"{uri}/#/experiments/{exp_id}/runs/{run_id}/model-metrics?workflowType=machine_learning")
+        page.get_by_text("(eval/loss)").first.wait_for(timeout=60_000)  # the first chart's legend
+        close_assistant()
+        page.mouse.move(0, 0)  # no hover toolbar on a chart
         page.wait_for_timeout(3000)
-        page.screenshot(path=str(out / "ui-metrics.png"), full_page=True)
+        page.screenshot(path=str(out / "ui-metrics.png"))
 
         page.goto(f"{uri}/#/models/bert-pretrain/versions/{version}?workflowType=machine_learning")
         page.get_by_text("latest-pretrain").first.wait_for(timeout=60_000)
@@ -134,7 +142,7 @@ def main() -> int:
         exp = c.get_experiment_by_name("bert-pretrain")
         args.out.mkdir(parents=True, exist_ok=True)
         loss_curve(uri, mv.run_id, args.out / "loss-curve.png")
-        screenshots(uri, exp.experiment_id, mv.run_id, mv.version, args.out)
+        screenshots(uri, exp.experiment_id, mv.run_id, mv.version, mv.tags["data_manifest_sha256"], args.out)
     finally:
         os.killpg(proc.pid, 9)
         proc.wait(timeout=30)

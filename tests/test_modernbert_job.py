@@ -59,7 +59,7 @@ def test_modernbert_tiny_job_registers_a_version_transformers_loads(tmp_path, sh
     assert mv.description.startswith("ModernBERT pretrained for 8 steps"), mv.description[:80]
     run = c.get_run(mv.tags["run_id"])
     metrics = run.data.metrics
-    assert {"train/loss", "train/mlm_accuracy", "eval/final_mlm_accuracy"} <= set(metrics)
+    assert {"train/loss", "train/mlm_accuracy", "eval/final/mlm_accuracy"} <= set(metrics)
     assert not any("nsp" in k for k in metrics)
     assert all("doc_lengths" in d.dataset.schema for d in run.inputs.dataset_inputs)  # the logged data's schema
 

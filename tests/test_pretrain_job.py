@@ -167,7 +167,7 @@ def check_registered(logs: str, model_name: str, prepared: dict, repo_root: Path
     assert sum(loss[-4:]) / 4 < sum(loss[:4]) / 4 - 0.3, loss  # the MLM loss falls
     evals = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "eval/mlm_loss"))
     assert [s for s, _ in evals] == [8, 16, 24] and evals[-1][1] < evals[0][1]
-    assert "eval/final_mlm_accuracy" in run.data.metrics and "system/cpu_utilization_percentage" in run.data.metrics
+    assert "eval/final/mlm_accuracy" in run.data.metrics and "system/cpu_utilization_percentage" in run.data.metrics
     assert not any("/" not in k for k in run.data.metrics), sorted(run.data.metrics)  # every metric in a group
     mv = client.get_model_version(model_name, version)
     assert f"{prepared['validate'].examples:,} examples" in mv.description and "jobs/pretrain.py" in mv.description
@@ -289,9 +289,13 @@ def check_in_browser(page, uri: str, model_name: str, info: dict, exp, data_name
     assert "Training" in page.inner_text("body")
     page.screenshot(path=str(shots / "run-overview.png"))
     page.goto(f"{uri}/#/experiments/{exp.experiment_id}/runs/{run_id}/model-metrics")
-    # Metric names grouped by prefix: the UI makes a section of each ("train (N)", "eval (N)", "system (N)").
-    page.get_by_text("eval", exact=True).first.wait_for(timeout=60_000)
-    assert page.get_by_text("train", exact=True).count() >= 1
+    # Metric names grouped by prefix: the UI makes a section of each and sorts the sections ("eval (N)",
+    # "eval/final (N)", "train (N)") and the charts in each by name, so the first chart is the eval/loss curve, not
+    # a one-point eval/final/* chart.
+    first = page.get_by_test_id("experiment-view-compare-runs-card").first
+    first.get_by_text("(eval/loss)").wait_for(timeout=60_000)  # the chart's legend: run name (metric)
+    assert first.get_by_role("heading").inner_text() == "loss"
+    assert page.get_by_text("eval/final", exact=True).count() >= 1 and page.get_by_text("train", exact=True).count() >= 1
     page.get_by_placeholder("Search metric charts").fill("train/loss")
     page.get_by_text("(train/loss)").first.wait_for(timeout=30_000)  # the chart's legend: run name (metric)
     page.screenshot(path=str(shots / "run.png"))

@@ -268,7 +268,10 @@ def send_pending(trained: TrainResult, uri: str, wait_s: float) -> None:
 
 
 def evaluate_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, uri: str) -> dict[str, float]:
-    """Evaluate the final weights on the whole held-out set of the last phase; log `eval/final_*` into the run."""
+    """Evaluate the final weights on the whole held-out set of the last phase; log `eval/final/*` into the run.
+
+    Their own section on the run page (the UI makes one of each prefix, `eval` < `eval/final` < `train`, and sorts
+    charts by name), so the run page opens on the `eval/loss` curve, not on these one-point charts."""
     from pipeline import tracking
 
     os.environ["MLFLOW_TRACKING_URI"] = uri
@@ -282,7 +285,7 @@ def evaluate_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, uri: 
     batches = _eval_batches(ds, plan, tc.seed, cfg.model.modernbert)
     sums = evaluate_sums(model, batches, counts=counts, size=NUM_COUNTS, device=device,
                          precision=tc.precision if device.type == "cuda" else "fp32")
-    final = {k.replace("eval/", "eval/final_"): v for k, v in eval_metrics(sums).items()}
+    final = {k.replace("eval/", "eval/final/"): v for k, v in eval_metrics(sums).items()}
     with server_needed(uri, cfg.tracking.server_wait_s, "log the final evaluation"):
         send_pending(trained, uri, cfg.tracking.server_wait_s)
         tracking.RunLogger(trained.run_id, uri).log_metrics(final, step=tc.max_steps)
@@ -372,8 +375,8 @@ def pretrain_stages(cfg: Config, *, git_sha: str, tracking_uri: str, attempt: st
               describe=lambda r: f"{r.run_name} at step {r.step}, MLflow run {r.run_id}"),
         Stage("evaluate", lambda deps: evaluate_stage(cfg, deps["train"], deps[data[-1]], uri), deps=("train", data[-1]),
               num_cpus=eval_cpus, num_gpus=1 if cfg.train.use_gpu else 0,
-              describe=lambda r: ", ".join(f"{k.split('final_')[-1]} {r[k]:.4f}" for k in
-                                           ("eval/final_loss", "eval/final_mlm_accuracy", "eval/final_nsp_accuracy") if k in r)),
+              describe=lambda r: ", ".join(f"{k.rsplit('/', 1)[-1]} {r[k]:.4f}" for k in
+                                           ("eval/final/loss", "eval/final/mlm_accuracy", "eval/final/nsp_accuracy") if k in r)),
         Stage("register", lambda deps: register_stage(cfg, deps["train"], deps["validate"], git_sha, uri, deps["evaluate"], command, init),
               deps=("train", "evaluate", "validate"), done=lambda deps: register_done(cfg, deps["train"], uri),
               describe=lambda r: r["uri"]),

@@ -76,7 +76,7 @@ def version_description(name: str, *, data: dict[str, Any], steps: int, final_ev
     >>> version_description("m", data=d, steps=5, final_eval={}, command="c", architecture="ModernBERT").split(" for")[0]
     'ModernBERT pretrained'
     """
-    acc = ", ".join(f"{k.split('final_', 1)[-1]} {v:.4f}" for k, v in final_eval.items() if k.endswith("accuracy"))
+    acc = ", ".join(f"{k.rsplit('/', 1)[-1]} {v:.4f}" for k, v in final_eval.items() if k.endswith("accuracy"))
     start = f"Continued from {init}: pretrained" if init else f"{architecture} pretrained"
     return "\n".join([
         f"{start} for {steps} steps on {data.get('documents', '?')} documents "
