@@ -167,3 +167,19 @@ def test_prepared_data_is_logged_as_the_runs_datasets(tmp_path):
     cols = json.loads(got[("tiny", "training")].schema)["mlflow_colspec"]
     assert [c["name"] for c in cols] == SCHEMA.names and cols[0] == {"type": "array", "items": {"type": "integer"},
                                                                       "name": "input_ids", "required": True}
+
+
+@pytest.mark.parametrize("given, client", [(None, False), ("false", True)])
+def test_mlflow_telemetry_is_off_unless_the_environment_turns_it_on(given, client):
+    """Its thread changes os.environ while requests reads it (a KeyError that ended a job): off by default."""
+    import subprocess
+    import sys
+
+    # as a user's job runs: MLflow itself turns telemetry off under pytest (PYTEST_CURRENT_TEST) and in CI
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", "PYTEST_CURRENT_TEST", "CI")}
+    if given is not None:
+        env["MLFLOW_DISABLE_TELEMETRY"] = given
+    code = ("from pipeline.tracking import runs; from mlflow.telemetry.client import get_telemetry_client; "
+            "print(get_telemetry_client() is not None)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == str(client), out.stderr[-2000:]

@@ -7,7 +7,15 @@ submodules are where each lives.
 """
 
 import importlib
+import os
 from typing import Any
+
+# MLflow 3's usage telemetry is off in the pipeline's processes unless the environment says otherwise: its thread
+# sets and unsets an environment variable (_MLFLOW_TELEMETRY_SESSION_ID) while `requests` iterates os.environ in
+# another thread, which ended a pretraining job with "KeyError: '_MLFLOW_TELEMETRY_SESSION_ID'" in an MLflow API
+# call; and it phones home, which offline clusters cannot. Every mlflow import of the project is under this
+# package, so this runs first. MLFLOW_DISABLE_TELEMETRY=false keeps it on.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 # Each name loads its submodule on first use (PEP 562, as `model` does): mlflow takes seconds to import, and a job
 # that fails on its input, or a Train worker that never logs, should not pay for it.
