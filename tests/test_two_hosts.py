@@ -158,6 +158,14 @@ def run_with_crash(cluster, repo_root, args: list[str], run_name: str, come_back
     return out, crash
 
 
+def read_from_outside(cluster, monkeypatch) -> None:
+    """Point this process (a laptop outside the cluster's network) at the head's MLflow and bucket."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", cluster.mlflow_url)
+    for k, v in cluster.s3_env().items():
+        monkeypatch.setenv(k, v)
+    s3fs.S3FileSystem.clear_instance_cache()  # an instance cached under another endpoint (the session's S3) is not ours
+
+
 def test_two_hosts_train_like_one(cluster, reference, repo_root, monkeypatch):
     """`ray job submit` on the head of test_pretrain_job.py's baseline (same data settings, same training), with
     the corpus, the prepared data and the checkpoints on S3, checkpointing every step: the data actors and the
@@ -181,10 +189,7 @@ def test_two_hosts_train_like_one(cluster, reference, repo_root, monkeypatch):
 
     # This namespace stands for a laptop outside the cluster's network: it reaches MLflow (a tunnel) and, here,
     # the bucket at another address than the hosts do.
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", cluster.mlflow_url)
-    for k, v in cluster.s3_env().items():
-        monkeypatch.setenv(k, v)
-    s3fs.S3FileSystem.clear_instance_cache()  # an instance cached under another endpoint (the session's S3) is not ours
+    read_from_outside(cluster, monkeypatch)
     registered = [x.split(" ", 1)[1] for x in out.splitlines() if x.startswith("registered models:/")]
     assert registered, out[-3000:]
     run_id = tracking.model_version_info(registered[-1])["run_id"]
@@ -241,10 +246,7 @@ def test_two_hosts_host_lost_for_good(cluster, reference_no_dropout, repo_root, 
     assert resumed and 1 <= int(resumed[-1]) < 8, out[-5000:]
     assert cluster.alive_nodes() == 1  # the job ended on the head alone
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", cluster.mlflow_url)
-    for k, v in cluster.s3_env().items():
-        monkeypatch.setenv(k, v)
-    s3fs.S3FileSystem.clear_instance_cache()  # an instance cached under another endpoint (the session's S3) is not ours
+    read_from_outside(cluster, monkeypatch)
     registered = [x.split(" ", 1)[1] for x in out.splitlines() if x.startswith("registered models:/")]
     assert len(registered) == 1, out[-3000:]
     run_id = tracking.model_version_info(registered[0])["run_id"]
