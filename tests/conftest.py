@@ -35,6 +35,9 @@ SHARED = REPO.parent / "shared"
 # gets its own directory beside it, not inside it, where Ray's socket paths would outgrow AF_UNIX's 107 bytes.)
 _ROOT = os.environ.setdefault("PYTEST_ORIGINAL_TMPDIR", tempfile.gettempdir())
 _TMP = tempfile.mkdtemp(prefix="pytest-tmp-", dir=_ROOT)
+# The first session's directory, which its pytest-xdist workers inherit: what they share (`one_host_reference`)
+# lives there and goes with it.
+_SHARED_TMP = Path(os.environ.setdefault("PYTEST_SESSION_TMPDIR", _TMP))
 os.chmod(_TMP, 0o711)  # traversable (not listable) like /tmp: the unprivileged PostgreSQL user reaches its own dir
 os.environ["TMPDIR"] = _TMP
 tempfile.tempdir = None  # tempfile re-reads TMPDIR
@@ -45,6 +48,20 @@ os.environ.setdefault("PIPELINE_LOG_DIR", os.path.join(_TMP, "joblogs"))
 
 def pytest_unconfigure(config):  # noqa: ARG001 - pytest's hook signature
     shutil.rmtree(_TMP, ignore_errors=True)
+
+
+# pyproject's addopts run the suite on two pytest-xdist workers, a module at a time (`--dist loadfile`): a module's
+# fixtures (its Ray cluster, its prepared data, its MLflow server) are made once, on the worker that runs it. The
+# modules go out in this order, the longest first (seconds of pytest each, serially on 2 quiet cores, 2026-11-27:
+# docs/testing.md), so that the workers end near together; the rest follow in file order.
+LONGEST_FIRST = ("test_pretrain_job", "test_finetune_job", "test_two_hosts", "test_stages", "test_secure_tracking",
+                 "test_prepare_data_job", "test_jobs_cli", "test_modernbert_job", "test_executors", "test_pretrain_loop",
+                 "test_preflight", "test_outage")
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: ARG001 - pytest's hook signature
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: each module's own order kept
 
 
 @pytest.fixture(scope="session")
@@ -134,14 +151,63 @@ def ray_local():
     ray.shutdown()
 
 
+class SharedReference(dict):
+    """A dict that every pytest-xdist worker of the session sees: each value is also written to a JSON file in the
+    session's shared directory, and read from there when it is missing here (per-step losses come back as the
+    (step, value) tuples they were)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+    def _load(self) -> None:
+        import json
+
+        if self.path.exists():
+            for k, v in json.loads(self.path.read_text()).items():
+                super().setdefault(k, [tuple(x) for x in v] if k.startswith("losses") else v)
+
+    def __setitem__(self, key, value) -> None:
+        import fcntl
+        import json
+
+        super().__setitem__(key, value)
+        with open(self.path.with_suffix(".lock"), "w") as lock:  # one writer at a time
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            saved = json.loads(self.path.read_text()) if self.path.exists() else {}
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({**saved, key: value}))
+            tmp.replace(self.path)
+
+    def update(self, *args, **kwargs) -> None:
+        for k, v in dict(*args, **kwargs).items():
+            self[k] = v
+
+    def __contains__(self, key) -> bool:
+        self._load()
+        return super().__contains__(key)
+
+    def __iter__(self):
+        self._load()
+        return super().__iter__()
+
+    def keys(self):
+        self._load()
+        return super().keys()
+
+    def __getitem__(self, key):
+        self._load()
+        return super().__getitem__(key)
+
+
 @pytest.fixture(scope="session")
-def one_host_reference() -> dict:
+def one_host_reference() -> SharedReference:
     """The shards, final weights and train/loss per step (`shards`, `digest`, `losses`) of test_pretrain_job.py's
     one-host two-worker baseline, filled when that fixture runs, so that tests/test_two_hosts.py compares its
-    two-host runs without training the same run again (it runs it itself when empty); and `losses_no_dropout`,
-    the same run's without dropout (test_a_run_resumes_on_fewer_workers_with_the_same_losses), for its elastic
-    case."""
-    return {}
+    two-host runs without training the same run again (it runs it itself when empty: not run yet, or on another
+    pytest-xdist worker that has not got that far); and `losses_no_dropout`, the same run's without dropout
+    (test_a_run_resumes_on_fewer_workers_with_the_same_losses), for its elastic case."""
+    return SharedReference(_SHARED_TMP / "one-host-reference.json")
 
 
 def free_port() -> int:

@@ -185,6 +185,10 @@ def host_env(head: str) -> dict[str, str]:
         "AWS_ENDPOINT_URL": f"http://{head}:5555", "MLFLOW_S3_ENDPOINT_URL": f"http://{head}:5555",
         "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
         "GLOO_SOCKET_IFNAME": CLUSTER_IF, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        # After a host is lost for good, Ray Train's first restart still asks for the full worker group (Ray Data's
+        # autoscaling coordinator, which it asks, looks at the nodes every 20 s) and waits this long for it before
+        # trying the workers that fit (docs/cluster.md, "preemptible nodes"); Ray's default is 60 s.
+        "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30",
     }
 
 
@@ -236,10 +240,15 @@ class TwoHostCluster:
     def wait_mlflow(self, seconds: float = 240) -> None:
         wait_http(self.mlflow_url + "/health", seconds, self.mlflow)
 
+    # The head's GCS marks a node dead after this many failed health checks this far apart (Ray's defaults, 5 every
+    # 3 s, take 15 s or more); a crashed host's raylet refuses at once, so 3 a second apart is as sure, sooner
+    # (docs/cluster.md, "preemptible nodes").
+    HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+
     def start_head(self, cpus: int = 1) -> None:
         self.head.run(f"ray start --head --node-ip-address={self.head.address} --port=6379 --num-cpus={cpus} "
                       "--dashboard-host=127.0.0.1 --dashboard-port=8265 --object-store-memory=300000000 "
-                      "--disable-usage-stats", timeout=180)
+                      "--disable-usage-stats", env=self.HEALTH_CHECKS, timeout=180)
 
     def start_worker(self, cpus: int = 1, wait: bool = True) -> None:
         """`ray start --address` on the worker host; with `wait`, until the head counts both hosts."""
