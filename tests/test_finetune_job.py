@@ -161,6 +161,7 @@ def test_cli_bad_data_one_line(tmp_path, minilm_dir, train_text, eval_text, msg)
     assert not list(tmp_path.glob("runs")), "bad data must fail before any training work"
 
 
+@pytest.mark.slow  # it starts a local Ray cluster
 def test_cli_use_gpu_without_gpu_is_one_line(tmp_path, minilm_dir):
     """On a cluster without a GPU, `--train.use_gpu true` fails right after connecting instead of waiting forever."""
     if torch.cuda.is_available():
