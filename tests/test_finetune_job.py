@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import THREADS
 from pipeline.finetune.config import load_finetune_config
 from pipeline.finetune.job import run_finetune
 
@@ -40,7 +41,7 @@ def store(tmp_path_factory):
 
 def _cfg(store: Path, *overrides: str):
     return load_finetune_config(REPO / "configs" / "finetune.yaml",
-                                ["--train.storage_path", str(store / "runs"), "--train.torch_threads", "2", *overrides])
+                                ["--train.storage_path", str(store / "runs"), "--train.torch_threads", str(THREADS), *overrides])
 
 
 @pytest.mark.slow
@@ -268,7 +269,7 @@ def test_pretrain_then_finetune_and_a_scratch_lr_sweep(tmp_path, shared_dir):
     p = _job("--model", "models:/tiny-e2e@e2e", "--task", "sequence-classification", "--train", str(task / "train.tsv"),
              "--eval", str(task / "dev.tsv"), "--data.max_seq_length", "64", "--data.max_eval_examples", "400",
              "--train.epochs", "1", "--train.batch_size", "32", "--train.lr", "1e-3",
-             "--train.storage_path", str(tmp_path / "runs"), cwd=tmp_path, env=env)
+             "--train.storage_path", str(tmp_path / "runs"), "--train.torch_threads", str(THREADS), cwd=tmp_path, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     lines = p.stdout.strip().splitlines()
     result, run_id = json.loads(lines[-1]), lines[-2].rsplit("(run ", 1)[1].rstrip(")")  # the last line: eval metrics

@@ -129,7 +129,7 @@ def submit(address: str, repo_root: Path, args: list[str], env: dict[str, str], 
         status = client.get_job_status(job_id)
         if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
             break
-        time.sleep(2)
+        time.sleep(0.5)
     else:
         client.stop_job(job_id)
     logs = client.get_job_logs(job_id)

@@ -108,6 +108,7 @@ def _assert_same(enc, sentences):
     assert ids.dtype == lens.dtype == np.int32
 
 
+@pytest.mark.slow  # the whole of ../shared/corpora (2.3M tokens): 8 s
 def test_sentence_encoder_equals_the_tokenizer_on_the_shared_corpora(shared_dir, minilm_dir):
     """The regex path gives the tokenizer's ids for every sentence of the shared corpora (2.3M tokens), and
     carries nearly all of them (the non-ASCII ones go to the tokenizer)."""
