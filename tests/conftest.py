@@ -157,53 +157,38 @@ def ray_local():
     ray.shutdown()
 
 
-class SharedReference(dict):
-    """A dict that every pytest-xdist worker of the session sees: each value is also written to a JSON file in the
-    session's shared directory, and read from there when it is missing here (per-step losses come back as the
-    (step, value) tuples they were)."""
+class SharedReference:
+    """Values that every pytest-xdist worker of the session sees: a JSON file in the session's shared directory,
+    read at each lookup (per-step losses come back as the (step, value) tuples they were)."""
 
     def __init__(self, path: Path) -> None:
-        super().__init__()
         self.path = path
 
-    def _load(self) -> None:
+    def _read(self) -> dict:
         import json
 
-        if self.path.exists():
-            for k, v in json.loads(self.path.read_text()).items():
-                super().setdefault(k, [tuple(x) for x in v] if k.startswith("losses") else v)
+        saved = json.loads(self.path.read_text()) if self.path.exists() else {}
+        return {k: [tuple(x) for x in v] if k.startswith("losses") else v for k, v in saved.items()}
 
-    def __setitem__(self, key, value) -> None:
+    def __contains__(self, key: str) -> bool:
+        return key in self._read()
+
+    def __getitem__(self, key: str):
+        return self._read()[key]
+
+    def __setitem__(self, key: str, value) -> None:
+        self.update({key: value})
+
+    def update(self, values: dict | None = None, **more) -> None:
         import fcntl
         import json
 
-        super().__setitem__(key, value)
         with open(self.path.with_suffix(".lock"), "w") as lock:  # one writer at a time
             fcntl.flock(lock, fcntl.LOCK_EX)
             saved = json.loads(self.path.read_text()) if self.path.exists() else {}
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({**saved, key: value}))
+            tmp.write_text(json.dumps({**saved, **(values or {}), **more}))
             tmp.replace(self.path)
-
-    def update(self, *args, **kwargs) -> None:
-        for k, v in dict(*args, **kwargs).items():
-            self[k] = v
-
-    def __contains__(self, key) -> bool:
-        self._load()
-        return super().__contains__(key)
-
-    def __iter__(self):
-        self._load()
-        return super().__iter__()
-
-    def keys(self):
-        self._load()
-        return super().keys()
-
-    def __getitem__(self, key):
-        self._load()
-        return super().__getitem__(key)
 
 
 @pytest.fixture(scope="session")
