@@ -83,8 +83,9 @@ def phase_plans(cfg: Config, datasets: list[PreparedDataset]) -> list[PhasePlan]
 
 
 # Up to this many bytes of shards (`train.materialize_data`) are read by the driver itself and put in the object
-# store as they are: Ray Data's read tasks cost 4.4-5.8 s a run at any size (70 rows on 2 cores, against 0.5 s
-# here), and the tiny corpus's shards are about 2 MB. More is read in parallel by Ray Data's tasks, on every node.
+# store as they are: Ray Data's read tasks took 5.8 s of a job for 70 rows on 2 quiet cores (4.4-5.8 s again on a
+# warm cluster, the machine busy), against 0.5 s this way; the tiny config's shards (2.3M tokens of corpus) are far
+# below it. More is read in parallel by Ray Data's tasks, on every node.
 READ_HERE_BYTES = 256 << 20
 
 
