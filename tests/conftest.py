@@ -164,11 +164,13 @@ class SharedReference:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def _read(self) -> dict:
+    def _saved(self) -> dict:
         import json
 
-        saved = json.loads(self.path.read_text()) if self.path.exists() else {}
-        return {k: [tuple(x) for x in v] if k.startswith("losses") else v for k, v in saved.items()}
+        return json.loads(self.path.read_text()) if self.path.exists() else {}
+
+    def _read(self) -> dict:
+        return {k: [tuple(x) for x in v] if k.startswith("losses") else v for k, v in self._saved().items()}
 
     def __contains__(self, key: str) -> bool:
         return key in self._read()
@@ -183,12 +185,11 @@ class SharedReference:
         import fcntl
         import json
 
+        from pipeline.storage.io import write_bytes_atomic
+
         with open(self.path.with_suffix(".lock"), "w") as lock:  # one writer at a time
             fcntl.flock(lock, fcntl.LOCK_EX)
-            saved = json.loads(self.path.read_text()) if self.path.exists() else {}
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({**saved, **(values or {}), **more}))
-            tmp.replace(self.path)
+            write_bytes_atomic(str(self.path), json.dumps({**self._saved(), **(values or {}), **more}).encode())
 
 
 @pytest.fixture(scope="session")

@@ -54,8 +54,9 @@ def cluster(shared_dir):
 @pytest.fixture(scope="module")
 def reference(one_host_reference, shared_dir, tmp_path_factory) -> dict:
     """test_pretrain_job.py's one-host baseline (`shards`, `digest`, `losses`), or the same run here once."""
-    if all(k in one_host_reference for k in ("digest", "shards", "losses")):
-        return {k: one_host_reference[k] for k in ("digest", "shards", "losses")}
+    keys = ("digest", "shards", "losses")
+    if all(k in one_host_reference for k in keys):
+        return {k: one_host_reference[k] for k in keys}
     return one_host_run(shared_dir, tmp_path_factory.mktemp("one-host"))
 
 
