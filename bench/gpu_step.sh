@@ -8,6 +8,7 @@
 #                     bench/RESULTS.md, "What the next lease runs"; STEP_BUDGET = the call's timeout less 20 s)
 #   back in $OUT:     steps.log (every table) and steps.jsonl (one JSON line per run: setting + rows)
 #   a dry run here:   STEP_DEVICE=cpu OUT=/tmp/gpu_step bash bench/gpu_step.sh   (tiny preset, a few seconds a run)
+#   STEP_SET=tune:    the second lease's set instead (profiles, larger micro-batches, large at 512, autotune)
 #
 # Micro-batches of 32k tokens (base) and 16k (large) per GPU, as the issue asks; packed MLM-only data at 128 (no row
 # padded, so the packed path passes SDPA no mask) and Google-like NSP data with ~10% short rows at 512 (unpad).
@@ -45,24 +46,40 @@ step() {  # step NAME SECONDS ARGS...: one train_step.py run, its table into ste
 }
 
 [ "$DEV" = cuda ] && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee -a "$OUT/steps.log"
-# 1. The MFU goals' rows: BERT-base and BERT-large at 128, packed: transformers and the product's step, eager; then
-#    the product's step with train.compile (each layer compiled, one graph for all; the warm-up column is the compile
-#    time) beside the eager one, in a run of its own, so that a compile over its limit loses only its own run.
-step base128 40 --preset $base --batch $b128 --seq $s128 --masked 20 --data packed --impls transformers,ours+real
-step large128 50 --preset $large --batch $l128 --seq $s128 --masked 20 --data packed --impls transformers,ours+real
-step base128compile 60 --preset $base --batch $b128 --seq $s128 --masked 20 --data packed --impls ours+real,ours+real+compile
-step large128compile 70 --preset $large --batch $l128 --seq $s128 --masked 20 --data packed --impls ours+real,ours+real+compile
-# 2. Phase 2 at 512 on NSP data with padding: the unpadded path against the padded one.
-step base512 45 --preset $base --batch $b512 --seq $s512 --masked 76 --data padded \
-  --impls transformers,ours+real,ours+real+unpad
-step large512 45 --preset $large --batch $l512 --seq $s512 --masked 76 --data padded \
-  --impls transformers,ours+real,ours+real+unpad
-# 3. The other tries at base 128 against the product's step: the step of the last lease (mask passed), the bare step,
-#    fused AdamW alone, attention dropout 0, the vocabulary rounded to 64, the whole encoder as one graph, CUDA graphs.
-step base128tries 110 --preset $base --batch $b128 --seq $s128 --masked 20 --data packed \
-  --impls ours+real,ours+mask,ours,ours+fused,ours+real+drop0,ours+real+vocab64,ours+real+compile+whole,ours+real+cudagraphs
-# 4. With what is left: max-autotune (minutes of GEMM autotuning on a GPU).
-step base128autotune 120 --preset $base --batch $b128 --seq $s128 --masked 20 --data packed \
-  --impls ours+real+compile,ours+real+autotune
+if [ "${STEP_SET:-goals}" = tune ]; then
+  # The second lease's set (bench/RESULTS.md "The H200 lease of 2026-11-27": the compiled base step reached 41.6% of
+  # the GEMM rate; where does the rest go?). 1. Profiles: eager and compiled base, compiled large, each kernel
+  # kind's ms per step and the GPU's idle time. 2. Larger micro-batches, compiled. 3. Large at 512 (not run then).
+  # 4. max-autotune with what is left.
+  step base128prof 70 --preset $base --batch $b128 --seq $s128 --masked 20 --data packed --profile \
+    --impls ours+real,ours+real+compile
+  step large128big 75 --preset $large --batch $((l128 * 2)) --seq $s128 --masked 20 --data packed --profile \
+    --impls ours+real+compile
+  step base128big 60 --preset $base --batch $((b128 * 2)) --seq $s128 --masked 20 --data packed --impls ours+real+compile
+  step large512 90 --preset $large --batch $l512 --seq $s512 --masked 76 --data padded \
+    --impls transformers,ours+real,ours+real+compile
+  step base128autotune 150 --preset $base --batch $b128 --seq $s128 --masked 20 --data packed \
+    --impls ours+real+compile,ours+real+autotune
+else
+  # 1. The MFU goals' rows: BERT-base and BERT-large at 128, packed: transformers and the product's step, eager; then
+  #    the product's step with train.compile (each layer compiled, one graph for all; the warm-up column is the compile
+  #    time) beside the eager one, in a run of its own, so that a compile over its limit loses only its own run.
+  step base128 40 --preset $base --batch $b128 --seq $s128 --masked 20 --data packed --impls transformers,ours+real
+  step large128 50 --preset $large --batch $l128 --seq $s128 --masked 20 --data packed --impls transformers,ours+real
+  step base128compile 60 --preset $base --batch $b128 --seq $s128 --masked 20 --data packed --impls ours+real,ours+real+compile
+  step large128compile 70 --preset $large --batch $l128 --seq $s128 --masked 20 --data packed --impls ours+real,ours+real+compile
+  # 2. Phase 2 at 512 on NSP data with padding: the unpadded path against the padded one.
+  step base512 45 --preset $base --batch $b512 --seq $s512 --masked 76 --data padded \
+    --impls transformers,ours+real,ours+real+unpad
+  step large512 45 --preset $large --batch $l512 --seq $s512 --masked 76 --data padded \
+    --impls transformers,ours+real,ours+real+unpad
+  # 3. The other tries at base 128 against the product's step: the step of the last lease (mask passed), the bare step,
+  #    fused AdamW alone, attention dropout 0, the vocabulary rounded to 64, the whole encoder as one graph, CUDA graphs.
+  step base128tries 110 --preset $base --batch $b128 --seq $s128 --masked 20 --data packed \
+    --impls ours+real,ours+mask,ours,ours+fused,ours+real+drop0,ours+real+vocab64,ours+real+compile+whole,ours+real+cudagraphs
+  # 4. With what is left: max-autotune (minutes of GEMM autotuning on a GPU).
+  step base128autotune 120 --preset $base --batch $b128 --seq $s128 --masked 20 --data packed \
+    --impls ours+real+compile,ours+real+autotune
+fi
 echo "=== $(date -u +%T) done, failed=$failed" | tee -a "$OUT/steps.log"
 exit $failed

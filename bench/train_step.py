@@ -31,6 +31,11 @@ An implementation is `transformers`, or `ours` with `+feature`s (issue 18's trie
 Data (`--data`): `padded` is Google-like NSP data (~10% short sequences, a padding mask in play); `packed` is
 MLM-only data packed to full length (no row padded, no mask passed unless `+mask`).
 
+`--profile` then runs `--steps` more steps of each implementation under torch.profiler and prints where a step's
+time goes: on CUDA the kernels' time per step by kind (GEMM, attention, fused Triton code, the optimizer, norms and
+reductions, embedding and indexing, copies and casts, other element-wise), the GPU's idle time (the step's wall time
+less its kernels'), and the longest kernels; on the CPU the operators' own time.
+
 The "warm-up s" column is the time to build an implementation and run its warm-up steps: for the compiled ones,
 mostly compilation (with inductor's caches as they were: empty on a fresh machine).
 
@@ -302,6 +307,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peak-tflops", type=float, default=None,
                    help=f"the MFU denominator (default on cuda: {H100_BF16_PEAK_TFLOPS}, the H100 SXM's dense bf16 "
                         "datasheet peak; on cpu: none, no MFU column)")
+    p.add_argument("--profile", action="store_true",
+                   help="after timing, profile --steps more steps of each implementation: where the time goes")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     p.add_argument("--json", help="also append the setting and the rows to this file, as one JSON line")
     p.add_argument("--child-memory", action="store_true", help=argparse.SUPPRESS)
@@ -363,6 +370,69 @@ def host_syncs(steps: dict[Impl, Callable[[], Any]]) -> dict[Impl, str]:
     return out
 
 
+KERNEL_KINDS = (  # (kind, substrings of a kernel's lower-cased name), first match wins
+    ("attention", ("flash", "fmha", "attn", "attention", "sdpa")),
+    ("GEMM", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "triton_tem", "matmul", "sm90_", "sm100_")),
+    ("optimizer, grad norm", ("adam", "multi_tensor", "foreach")),
+    ("fused (Triton)", ("triton",)),
+    ("norm / softmax / reduce", ("layer_norm", "layernorm", "softmax", "reduce", "norm", "cross_entropy", "nll")),
+    ("embedding / index", ("embedding", "index", "gather", "scatter")),
+    ("copy / cast / fill", ("copy", "cast", "memcpy", "memset", "fill", "convert")),
+    ("element-wise", ("elementwise", "vectorized", "unrolled")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    """
+    >>> kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"), kernel_kind("triton_per_fused_add_0")
+    ('GEMM', 'fused (Triton)')
+    >>> kernel_kind("pytorch_flash::flash_fwd_kernel<...>"), kernel_kind("void at::native::vectorized_elementwise_kernel")
+    ('attention', 'element-wise')
+    """
+    low = name.lower()
+    return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
+
+
+def profile_steps(args: argparse.Namespace, impl: Impl, step: Callable[[], Any]) -> dict[str, Any]:
+    """`args.steps` steps of one implementation under torch.profiler: where a step's time goes (see the module
+    docstring). Returns {"wall_ms", "busy_ms", "kinds": {kind: ms per step}, "top": [(ms per step, name)]}."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = args.device == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    n = args.steps
+    sync(args.device)
+    with profile(activities=acts) as prof:
+        t = time.perf_counter()
+        for _ in range(n):
+            step()
+        sync(args.device)
+        wall = (time.perf_counter() - t) / n * 1e3
+    per: dict[str, float] = {}
+    for e in prof.key_averages():
+        if (cuda and e.device_type != DeviceType.CUDA) or getattr(e, "is_user_annotation", False):
+            continue  # on CUDA only kernels; user annotations (a region's span on the GPU's timeline) double-count
+        us = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if us > 0:
+            per[e.key] = per.get(e.key, 0.0) + us / 1e3 / n
+    kinds: dict[str, float] = {}
+    for name, ms in per.items():
+        kind = kernel_kind(name) if cuda else "CPU operators"
+        kinds[kind] = kinds.get(kind, 0.0) + ms
+    busy = sum(per.values())
+    top = sorted(((ms, name) for name, ms in per.items()), reverse=True)[:12]
+    print(f"\nprofile of {impl} ({n} steps): wall {wall:.1f} ms a step, "
+          + (f"kernels {busy:.1f} ms, GPU idle {max(0.0, wall - busy):.1f} ms" if cuda else f"operators' own {busy:.1f} ms"))
+    print("| kind | ms per step | share of the step |\n|---|---:|---:|")
+    for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1]):
+        print(f"| {kind} | {ms:.2f} | {ms / wall:.1%} |")
+    if cuda:
+        print(f"| (GPU idle) | {max(0.0, wall - busy):.2f} | {max(0.0, wall - busy) / wall:.1%} |")
+    print("longest:" + "".join(f"\n  {ms:7.2f} ms  {name[:110]}" for ms, name in top))
+    return {"wall_ms": wall, "busy_ms": busy, "kinds": kinds, "top": [[ms, name[:200]] for ms, name in top]}
+
+
 def time_steps(args: argparse.Namespace, steps: dict[Impl, Callable[[], Any]]) -> dict[Impl, list[float]]:
     """`rounds` rounds of `steps` timed steps of each, the order reversed every other round."""
     impls = list(steps)
@@ -417,6 +487,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         print(f"{dtype}:", flush=True)
         steps, peaks, warm_s = warm_up(args, cfg, rows_in, dtype)
         times = time_steps(args, steps)
+        profiles = {}
+        if args.profile:
+            for impl in impls:
+                try:
+                    profiles[impl] = profile_steps(args, impl, steps[impl])
+                except Exception as e:  # a profiler failure costs its table, not the run's figures
+                    print(f"profile of {impl} failed: {type(e).__name__}: {e}", flush=True)
         syncs = host_syncs(steps) if args.device == "cuda" else {}  # after the timing: a raise may leave grads behind
         del steps
         rate = matmul_rate(args.device, dtype) if args.mfu else None
@@ -433,6 +510,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 "of_gemm": flops / sec / rate if rate else None, "gemm_tflops": rate / 1e12 if rate else None,
                 "peak_mib": mem / 2**20 if mem else None, "warmup_s": warm_s[impl],
                 "vs_first": paired_ratio(times, impls[0], impl, args.steps), "host_sync": syncs.get(impl),
+                "profile": profiles.get(impl),
             })
     print_table(args, rows)
     if args.json:
