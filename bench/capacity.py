@@ -107,9 +107,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ("base-128", 568_976, "H200, 2026-11-27: BERT-base 256 x 128 packed, the product's step with train.compile"),
         ("base-512", 411_034, "H200, 2026-11-27: BERT-base 64 x 512 padded (802.8 seq/s x 512 slots), eager: no "
                               "compiled row at 512 was measured"),
-        ("large-128", 193_425, "H200, 2026-11-27: BERT-large 128 x 128 packed, the product's step with train.compile"),
-        ("large-512", 102_792, "H100, the issue-11 lease: BERT-large 16 x 512, eager (the H200 lease's large-512 run "
-                               "ran past its time limit)"),
+        ("large-128", 219_040, "H200, the second lease of 2026-11-27: BERT-large 256 x 128 packed (large.yaml's "
+                               "micro-batch), the product's step with train.compile"),
+        ("large-512", 176_172, "H200, the second lease of 2026-11-27: BERT-large 32 x 512 padded (344.1 seq/s x 512 "
+                               "slots; large.yaml's micro-batch), the product's step with train.compile"),
     ]:
         g.add_argument(f"--{name}", type=float, default=rate,
                        help=f"ours on one GPU, bf16: {how} ({R}, 'GPU (BERT-base / BERT-large, bf16, MFU)', "
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
 
     rates = {  # column -> (tokens/s at 128, tokens/s at 512)
         "BERT-base, ours (H200)": (a.base_128, a.base_512),
-        "BERT-large, ours (H200; 512: H100)": (a.large_128, a.large_512),
+        "BERT-large, ours (H200)": (a.large_128, a.large_512),
         "BERT-large at MLPerf v3.0's rate (H100)": (a.mlperf_large, a.mlperf_large),
         "BERT-large at NVIDIA DLE's rate (A100-80GB)": (a.dle_seq_128 * 128, a.dle_seq_512 * 512),
     }

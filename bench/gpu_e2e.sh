@@ -8,7 +8,7 @@
 #      schedule; logged every 10), on small shards of the carried corpora (.e2e/corpora), a checkpoint every 250 steps;
 #      interrupted with SIGINT to its process group (a Ctrl-C) once an intact checkpoint short of the end exists;
 #   3. base2: the SAME command again: it must print "[rank 0] resumed at step N" and finish and register;
-#   4. loopref: bench/train_step.py's product step (ours+real) at the loop's micro-batch (32 x 128, NSP-like data),
+#   4. loopref: bench/train_step.py's product step (ours+real, and +compile as base.yaml runs it) at the loop's micro-batch (32 x 128, NSP-like data),
 #      the same machine, nothing else running: the reference of the loop-vs-step ratio;
 #   5. bench/gpu_e2e.py report: loss falls, one step count + one LR schedule over both phases, the resume, the
 #      registered version loaded in transformers (BertForPreTraining + AutoModel, a forward pass on the GPU), the
@@ -138,8 +138,8 @@ if [[ $PARTS == *base* ]]; then
   # The loop-vs-step reference: the product's step alone, at the loop's micro-batch and phase-0 shapes.
   left=$(( BUDGET - ($(date +%s) - T0) - 25 )); [ "$left" -gt 45 ] && left=45
   if [ "$left" -ge 15 ]; then
-    say "loopref: bench/train_step.py ${LOOPREF[*]} --masked 20 --data padded --impls ours+real (limit ${left}s)"
-    timeout "$left" python3 bench/train_step.py "${LOOPREF[@]}" --masked 20 --data padded --impls ours+real --no-memory \
+    say "loopref: bench/train_step.py ${LOOPREF[*]} --masked 20 --data padded --impls ours+real,ours+real+compile (limit ${left}s)"
+    timeout "$left" python3 bench/train_step.py "${LOOPREF[@]}" --masked 20 --data padded --impls ours+real,ours+real+compile --no-memory \
       --json "$OUT/loopref.jsonl" 2>&1 | grep -E "^\| ours|host syncs|Error" | tee -a "$OUT/times.log"
   else
     say "loopref: skipped, ${left}s left"

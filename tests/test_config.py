@@ -284,6 +284,10 @@ def test_presets_load_to_the_same_values_as_before(name):
         del d["model"]["init"]
     d["train"] = {k: v for k, v in d["train"].items() if k not in TRAIN_ADDED_SINCE}
     d["tracking"] = {k: v for k, v in d["tracking"].items() if k not in TRACKING_ADDED_SINCE}
+    if name == "large.yaml":  # micro-batches raised since, by the H200 figures (bench/RESULTS.md, GPU): 64 -> 256, 8 -> 32
+        t = d["train"]
+        assert (t["micro_batch_size"], t["phases"][0]["micro_batch_size"], t["phases"][1]["micro_batch_size"]) == (256, 256, 32)
+        t["micro_batch_size"], t["phases"][0]["micro_batch_size"], t["phases"][1]["micro_batch_size"] = 64, 64, 8
     assert config_hash(d) == PRESET_HASHES[name]
 
 
