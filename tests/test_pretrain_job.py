@@ -442,22 +442,19 @@ def _history(run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in tracking.client().get_metric_history(run_id, key))
 
 
-def test_killed_worker_resumes_mid_epoch_bit_identically(baseline, prepared, work):
-    """Rank 0 SIGKILLs itself after step 6; Ray Train restarts the group from the step-4 checkpoint."""
-    plan_rows = prepared["validate"]
-    digest, run_id = _train(prepared, work, "killed", "--train.max_failures", "1", fail_at=6)
-    assert (work / "faults" / "killed").exists()  # the kill really happened
-    assert digest == baseline[0]
-    # one MLflow run, each step logged once, with the uninterrupted run's values
-    assert _history(run_id, "train/loss") == _history(baseline[1], "train/loss")
-    assert [s for s, _ in _history(run_id, "train/loss")] == list(range(1, 9))
-    assert plan_rows.output
-
-
-def test_rerunning_an_interrupted_run_resumes_it(baseline, prepared, work):
-    """Without retries the run fails at step 6; the same command again resumes from its step-4 checkpoint."""
+@pytest.fixture(scope="module")
+def interrupted(baseline, prepared, work):
+    """A run whose rank 0 is SIGKILLed after step 6 with no retries, so it fails with its step-4 checkpoint
+    written; and a copy of its directory made before anything resumes it. The "rerun" and "vocabswap" tests start
+    from these: one interrupted training run for both."""
     with pytest.raises(Exception):
         _train(prepared, work, "rerun", "--train.max_failures", "0", fail_at=6)
+    runs = work / "ft-runs"
+    shutil.copytree(runs / "rerun", runs / "vocabswap")
+
+
+def test_rerunning_an_interrupted_run_resumes_it(baseline, interrupted, prepared, work):
+    """Without retries the run failed at step 6; the same command again resumes from its step-4 checkpoint."""
     digest, run_id = _train(prepared, work, "rerun", "--train.max_failures", "0", fail_at=6)
     assert digest == baseline[0]
     assert _history(run_id, "train/loss") == _history(baseline[1], "train/loss")
@@ -534,10 +531,11 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(baseline, pr
 
 
 def test_training_outlives_the_tracking_server(baseline, prepared, work, mlflow_server_ctl, monkeypatch):
-    """The tracking server is SIGKILLed after step 2 and rank 0 after step 6 (restarted from the step-4
-    checkpoint): training finishes anyway; evaluate waits `tracking.server_wait_s`, then fails in one line; with
-    the server back, the same stages complete, and train/loss has the uninterrupted run's value at each step,
-    exactly once. About 35 s beyond the server's start."""
+    """The tracking server is SIGKILLed after step 2 and rank 0 after step 6: Ray Train restarts the group from the
+    step-4 checkpoint, mid epoch, and training finishes with the uninterrupted run's weights, bit for bit; evaluate
+    waits `tracking.server_wait_s`, then fails in one line; with the server back, the same stages complete, and
+    train/loss has the uninterrupted run's value at each step, exactly once. About 35 s beyond the server's start.
+    (This run is also the killed-worker test: a worker lost mid-run is recovered by Ray Train exactly.)"""
     from pipeline import tracking
     from pipeline.pretrain.job import evaluate_stage, register_stage, run_training
 
@@ -559,6 +557,7 @@ def test_training_outlives_the_tracking_server(baseline, prepared, work, mlflow_
     run_id = tracking.start_run("outage", "outage", {})
     trained = run_training(cfg, [prepared["validate"]], run_id, "outage", server.uri, on_step=hook)
     assert trained.step == 8 and (work / "faults" / "outage").exists()  # it finished, through a worker restart
+    assert weights_digest(trained.checkpoint) == baseline[0]  # resumed mid epoch from step 4, bit for bit
     with pytest.raises(tracking.TrackingError) as e:
         evaluate_stage(cfg, trained, prepared["validate"], server.uri)
     assert "\n" not in str(e.value) and "unreachable since" in str(e.value) and "re-run" in str(e.value)
@@ -573,16 +572,15 @@ def test_training_outlives_the_tracking_server(baseline, prepared, work, mlflow_
     assert tracking.client().get_run(run_id).info.status == "FINISHED"
 
 
-def test_resuming_with_another_vocabulary_is_refused(baseline, prepared, work, minilm_dir):
-    """Killed after a checkpoint, then the data directory is rebuilt with another vocabulary (a trained one can
-    come out different): resuming is refused in one line that names the vocabulary, before any worker starts."""
+def test_resuming_with_another_vocabulary_is_refused(interrupted, prepared, work, minilm_dir):
+    """A run killed after a checkpoint (the `interrupted` copy), then the data directory is rebuilt with another
+    vocabulary (a trained one can come out different): resuming is refused in one line that names the vocabulary,
+    before any worker starts."""
     from pipeline.config import DataConfig
     from pipeline.core.checkpoint import CheckpointMismatch
     from pipeline.runner.dag import run_graph
     from pipeline.data.stages import data_stages
 
-    with pytest.raises(Exception):
-        _train(prepared, work, "vocabswap", "--train.max_failures", "0", fail_at=6)
     old = prepared["validate"]
     cfg = DataConfig(**{**old.manifest["config"], "output": str(work / "data-vocabswap"), "vocab": str(minilm_dir / "vocab.txt")})
     rebuilt = run_graph(data_stages(cfg), remote=False, log=lambda m: None)["validate"].result
