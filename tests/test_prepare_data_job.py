@@ -3,6 +3,7 @@ a killed run resumed to the same bytes, and bad input exiting with one clear lin
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -131,31 +132,38 @@ def test_trained_vocab_and_shards_identical_in_independent_runs(repo_root, share
 
 @pytest.mark.slow
 def test_second_concurrent_preparation_fails_at_once(repo_root, shared_dir, minilm_dir, tmp_path):
-    """Two real jobs on one output: the second exits 1 at once with one line naming the directory and the first
-    job's pid; the first finishes a complete, valid dataset with nothing half-written beside it."""
+    """While another preparation holds the output's lock (this process holds it, a real `flock` through
+    `pipeline.storage.io.output_lock`, as a running job's driver does), a real job on that output exits 1 at once
+    with one line naming the directory and the holder's pid, and writes nothing. Once the lock is free the same
+    command takes it itself (the lock file names its pid while it runs) and writes a complete, valid dataset with
+    nothing half-written beside it. (A first job on Ray held the lock here before: a Ray start for one line.)"""
     from pipeline.data.dataset import validate_output
+    from pipeline.storage.io import output_lock
 
     out = tmp_path / "out"
     args = ["--input", shared_dir / "corpora/books/08_Ruth.txt", "--input", shared_dir / "corpora/books/41_Mark.txt",
-            "--output", out, "--vocab", minilm_dir / "vocab.txt", "--num-cpus", "2",
-            "--data.local_max_bytes", "0"]  # on Ray: the first job lasts long enough for the second to meet it
-    first = subprocess.Popen(_cmd(repo_root, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=_env(), cwd=repo_root)
-    try:
-        deadline = time.time() + 120
-        while not ((out / ".lock").is_file() and (out / ".lock").read_text()):  # the first holds the lock
-            assert first.poll() is None and time.time() < deadline, first.communicate()
-            time.sleep(0.05)
+            "--output", out, "--vocab", minilm_dir / "vocab.txt", "--num-cpus", "2"]
+    with output_lock(str(out)):
         t0 = time.time()
         second = _run(repo_root, *args)
         took = time.time() - t0
-        _assert_clean_error(second, f"output {out} is being written by another preparation (pid {first.pid} on ")
+        _assert_clean_error(second, f"output {out} is being written by another preparation (pid {os.getpid()} on ")
         assert len(second.stderr.strip().splitlines()) == 1 and took < 60, (took, second.stderr)
+        assert os.listdir(out) == [".lock"]  # the refused job wrote nothing
+    first = subprocess.Popen(_cmd(repo_root, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=_env(), cwd=repo_root)
+    held = False
+    try:
+        while first.poll() is None:
+            with contextlib.suppress(OSError):
+                held = held or (out / ".lock").read_text().startswith(f"pid {first.pid} on ")
+            time.sleep(0.02)
         stdout, stderr = first.communicate(timeout=600)
     finally:
         if first.poll() is None:
             first.kill()
     assert first.returncode == 0, stderr[-3000:]
+    assert held  # the job took the output's lock while it wrote
     assert sorted(os.listdir(out)) == ["duplicates.jsonl", "manifest.json", "shards", "tokenizer.json", "vocab.meta.json", "vocab.txt"]
     assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
     assert validate_output(str(out))["documents_written"] == 2
