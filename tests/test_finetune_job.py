@@ -246,33 +246,15 @@ def test_interrupted_run_resumes_bit_identically(ray_local, store, shared_dir, m
 
 
 @pytest.mark.slow
-def test_pretrain_then_finetune_and_a_scratch_lr_sweep(tmp_path, shared_dir):
+def test_pretrain_then_finetune_and_a_scratch_lr_sweep(tmp_path, shared_dir, job_cluster):
     """The whole path through the command lines: the pretraining job registers tiny; fine-tuning starts from its
     alias; then `--tune.lr 1e-4,3e-3` on `scratch:tiny` (its vocabulary the registered model's): Ray Tune runs a
     trial per LR (each the job's Ray Train run), MLflow holds one parent run and a child run per LR, and the one
     registered version is the best trial's (the higher eval accuracy of the two, ties to the lower eval loss, as
     the loop picks epochs). One store and one pretraining serve both, and the three jobs join one Ray cluster
-    started here (as jobs on a cluster do: RAY_ADDRESS), with the dashboard that Ray Train's placement-group
-    cleaner reads (this module's `ray_local` has none); a cluster per job cost a Ray start each."""
-    from ray.cluster_utils import Cluster
-
-    from pipeline.cluster.connect import free_port
-
-    with pytest.MonkeyPatch.context() as mp:
-        # one machine: no preemption to watch (what `connect` sets for a local cluster); its processes inherit it
-        mp.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-        head = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 2, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": free_port(),
-            "dashboard_agent_listen_port": free_port()})
-    try:
-        _pretrain_finetune_sweep(tmp_path, shared_dir, head.address)
-    finally:
-        head.shutdown()
-
-
-def _pretrain_finetune_sweep(tmp_path: Path, shared_dir: Path, ray_address: str) -> None:
+    (`job_cluster`; a cluster per job cost a Ray start each)."""
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONUNBUFFERED": "1",
-           "RAY_ADDRESS": ray_address, "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+           "RAY_ADDRESS": job_cluster}
     pre = subprocess.run(
         [sys.executable, str(REPO / "jobs" / "pretrain.py"), "--config", str(REPO / "configs" / "tiny.yaml"),
          "--data.inputs", str(shared_dir / "corpora" / "wiki"), "--data.output", str(tmp_path / "data"),
