@@ -9,6 +9,11 @@
 #   back in $OUT:     steps.log (every table) and steps.jsonl (one JSON line per run: setting + rows)
 #   a dry run here:   STEP_DEVICE=cpu OUT=/tmp/gpu_step bash bench/gpu_step.sh   (tiny preset, a few seconds a run)
 #   STEP_SET=tune:    the second lease's set instead (profiles, larger micro-batches, large at 512, autotune)
+#   STEP_SET=tune2:   the third lease's: every dropout 0 and FP8 GEMMs (torchao), compiled, base and large at
+#                     256 x 128. It needs torchao, which the image lacks: carry .whl-step (3.4 MB), made here with
+#     pip download torchao==0.18.0 --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_24_x86_64 --platform manylinux_2_28_x86_64 -d .whl-step
+#     run(command="STEP_SET=tune2 STEP_BUDGET=N bash bench/gpu_step.sh", carry=[".whl-step"], timeout_s=N + 20)
 #
 # Micro-batches of 32k tokens (base) and 16k (large) per GPU, as the issue asks; packed MLM-only data at 128 (no row
 # padded, so the packed path passes SDPA no mask) and Google-like NSP data with ~10% short rows at 512 (unpad).
@@ -30,6 +35,10 @@ else  # dry run: the same runs, the smallest shapes
   base=tiny large=tiny b128=4 l128=4 b512=2 l512=2 s128=32 s512=64
   common=(--device cpu --dtype bf16 --warmup 1 --steps 1 --rounds 1 --no-memory)
 fi
+if ls "${STEP_WHL:-.whl-step}"/*.whl >/dev/null 2>&1; then  # carried wheels (torchao for +fp8) beside the image's
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-step \
+    "${STEP_WHL:-.whl-step}"/*.whl && export PYTHONPATH=/tmp/site-step${PYTHONPATH:+:$PYTHONPATH}
+fi
 failed=0
 budget=${STEP_BUDGET:-250}  # seconds for all runs: the call's timeout less a margin; a run gets at most what is left
 
@@ -46,7 +55,15 @@ step() {  # step NAME SECONDS ARGS...: one train_step.py run, its table into ste
 }
 
 [ "$DEV" = cuda ] && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee -a "$OUT/steps.log"
-if [ "${STEP_SET:-goals}" = tune ]; then
+if [ "${STEP_SET:-goals}" = tune2 ]; then
+  # The third lease's set (bench/RESULTS.md "The second H200 lease": 15 ms of the compiled base step is memory-bound
+  # layer norm, dropout and GELU; large's 55% needs FP8 GEMMs). Each run: the compiled product step, then without
+  # any dropout (a recipe change), then with FP8 GEMMs (never a bf16 row), then both; base profiled.
+  step base128fp8 100 --preset $base --batch $b128 --seq $s128 --masked 20 --data packed --profile \
+    --impls ours+real+compile,ours+real+compile+nodrop,ours+real+compile+fp8,ours+real+compile+nodrop+fp8
+  step large128fp8 130 --preset $large --batch $((l128 * 2)) --seq $s128 --masked 20 --data packed \
+    --impls ours+real+compile,ours+real+compile+nodrop,ours+real+compile+fp8,ours+real+compile+nodrop+fp8
+elif [ "${STEP_SET:-goals}" = tune ]; then
   # The second lease's set (bench/RESULTS.md "The H200 lease of 2026-11-27": the compiled base step reached 41.6% of
   # the GEMM rate; where does the rest go?). 1. Profiles: eager and compiled base, compiled large, each kernel
   # kind's ms per step and the GPU's idle time. 2. Larger micro-batches, compiled. 3. Large at 512 (not run then).

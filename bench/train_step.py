@@ -26,7 +26,12 @@ An implementation is `transformers`, or `ours` with `+feature`s (issue 18's trie
     cudagraphs  the same with mode reduce-overhead (CUDA graphs)
     whole       with one of the three above: the whole encoder as one graph instead (compiles every layer)
     drop0       attention-probability dropout 0 (MosaicBERT)
+    nodrop      every dropout 0, hidden and attention (ModernBERT's recipe): a recipe change, not a kernel
     vocab64     the vocabulary rounded up to a multiple of 64 (the embedding and decoder GEMMs' shapes)
+    fp8         FP8 GEMMs (torchao's float8 training, tensorwise scaling) in the encoder's nn.Linear layers: the
+                attention output and both feed-forward projections (QKV is one F.linear over the three weights
+                and stays bf16, as do the embeddings and the MLM head); never a bf16 row. CUDA (sm89+) only,
+                and torchao must be importable (bench/gpu_step.sh installs the carried wheel)
 
 Data (`--data`): `padded` is Google-like NSP data (~10% short sequences, a padding mask in play); `packed` is
 MLM-only data packed to full length (no row padded, no mask passed unless `+mask`).
@@ -71,7 +76,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from model import BertConfig, BertForPreTraining  # noqa: E402
 from model.flops import train_flops  # noqa: E402
 
-FEATURES = ("real", "fused", "mask", "unpad", "compile", "autotune", "cudagraphs", "whole", "drop0", "vocab64")
+FEATURES = ("real", "fused", "mask", "unpad", "compile", "autotune", "cudagraphs", "whole", "drop0", "vocab64", "nodrop",
+            "fp8")
 COMPILE_MODES = {"compile": None, "autotune": "max-autotune-no-cudagraphs", "cudagraphs": "reduce-overhead"}
 H100_BF16_PEAK_TFLOPS = 989.4
 """The H100 SXM's dense bf16 peak from its datasheet: the one MFU basis (../shared/GPU.md)."""
@@ -92,7 +98,7 @@ class Impl:
         >>> Impl.parse("ours+turbo")
         Traceback (most recent call last):
         ...
-        ValueError: --impls: unknown feature 'turbo' in 'ours+turbo' (real, fused, mask, unpad, compile, autotune, cudagraphs, whole, drop0, vocab64)
+        ValueError: --impls: unknown feature 'turbo' in 'ours+turbo' (real, fused, mask, unpad, compile, autotune, cudagraphs, whole, drop0, vocab64, nodrop, fp8)
         """
         name, *feats = spec.strip().split("+")
         if name not in ("ours", "transformers"):
@@ -109,6 +115,8 @@ class Impl:
             raise ValueError(f"--impls: {spec!r}: real takes make_optimizer's AdamW (fused on CUDA, as the loop)")
         if "whole" in feats and not modes:
             raise ValueError(f"--impls: {spec!r}: whole goes with one of {', '.join(COMPILE_MODES)}")
+        if "fp8" in feats and name == "ours" and "unpad" in feats:
+            raise ValueError(f"--impls: {spec!r}: fp8 wants static shapes (its scales), unpad gives a new one per batch")
         if modes and "unpad" in feats:
             raise ValueError(f"--impls: {spec!r}: a compiled encoder wants one shape, unpad gives it a new one per batch")
         return cls(name, frozenset(feats))
@@ -172,8 +180,10 @@ def make_batch(impl: Impl, rows: dict[str, Any], seq: int, device: str) -> dict[
 
 
 def model_config(impl: Impl, cfg: BertConfig) -> BertConfig:
-    if "drop0" in impl.features:
+    if "drop0" in impl.features or "nodrop" in impl.features:
         cfg = replace(cfg, attention_probs_dropout_prob=0.0)
+    if "nodrop" in impl.features:
+        cfg = replace(cfg, hidden_dropout_prob=0.0)
     if "vocab64" in impl.features:
         cfg = replace(cfg, vocab_size=-(-cfg.vocab_size // 64) * 64)
     return cfg
@@ -184,6 +194,11 @@ def build(impl: Impl, cfg: BertConfig, device: str) -> torch.nn.Module:
     ours = BertForPreTraining(model_config(impl, cfg))
     if impl.name == "ours":
         model = ours.to(device).train()
+        if "fp8" in impl.features:  # before compiling: the compiled layers then fuse FP8's casts and scales
+            from torchao.float8 import convert_to_float8_training
+
+            convert_to_float8_training(model.bert.encoder, module_filter_fn=lambda m, _name: isinstance(m, torch.nn.Linear)
+                                       and m.in_features % 16 == 0 and m.out_features % 16 == 0)
         if impl.compile_mode is not False and "whole" in impl.features:
             model.bert.encoder.compile(dynamic=False, mode=impl.compile_mode)
         elif impl.compile_mode is not False:  # in place, as the worker does (`train.compile`)
@@ -339,10 +354,18 @@ def warm_up(args: argparse.Namespace, cfg: BertConfig, rows_in: dict[str, Any], 
             sync(args.device)
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
-        steps[impl] = make_step(impl, build(impl, cfg, args.device), make_batch(impl, rows_in, args.seq, args.device),
-                                dtype, args.device)
-        for _ in range(args.warmup):
-            steps[impl]()
+        try:
+            steps[impl] = make_step(impl, build(impl, cfg, args.device), make_batch(impl, rows_in, args.seq, args.device),
+                                    dtype, args.device)
+            for _ in range(args.warmup):
+                steps[impl]()
+        except Exception as e:  # a try that cannot run here (no torchao, no FP8 on this device) costs its own row only
+            steps.pop(impl, None)
+            print(f"  {impl}: failed, left out: {type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}",
+                  flush=True)
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+            continue
         if args.device == "cuda":
             sync(args.device)
             peaks[impl] = float(torch.cuda.max_memory_allocated() - before)
@@ -486,6 +509,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     for dtype in dtypes:
         print(f"{dtype}:", flush=True)
         steps, peaks, warm_s = warm_up(args, cfg, rows_in, dtype)
+        if not steps:
+            continue
+        impls = [i for i in args.impl_list if i in steps]
         times = time_steps(args, steps)
         profiles = {}
         if args.profile:
@@ -522,7 +548,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
 def print_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     peak = f"MFU ({args.peak_tflops:g} TFLOP/s peak)" if args.peak_tflops else "MFU"
-    first = str(args.impl_list[0])
+    first = rows[0]["impl"] if rows else str(args.impl_list[0])  # the reference each row's ratio is against
     print()
     print(f"| impl | dtype | step ms (median) | best ms | real tokens/s | seq/s | GFLOP/step | achieved TFLOP/s | {peak} "
           f"| of GEMM | peak MiB | warm-up s | speed ÷ {first} (paired) |")

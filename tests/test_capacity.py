@@ -35,11 +35,11 @@ def test_ray_path_on_four_nodes(capacity):
 def test_tables_follow_the_options(capacity, capsys):
     capacity.main([])
     default = capsys.readouterr().out
-    # BERT-large, LAMB phase 2 at our H100 rate: 1,563 x 32,768 x 512 / 102,792 / 3600 = 70.86 GPU-hours (35.43 at 2x);
-    # BERT-base at the H200's 411,034 slots/s: 17.71
-    assert "| NVIDIA LAMB | phase 2 | 1,563 x 32,768 x 512 | 26.2B | 5.8 | 17.7 | 70.9 |" in default
+    # BERT-large, LAMB phase 2 at the H200's 176,172 slots/s (32 x 512, compiled):
+    # 1,563 x 32,768 x 512 / 176,172 / 3600 = 41.35 GPU-hours (20.67 at 2x); BERT-base at 411,034 slots/s: 17.71
+    assert "| NVIDIA LAMB | phase 2 | 1,563 x 32,768 x 512 | 26.2B | 5.8 | 17.7 | 41.3 |" in default
     assert "| 4 | 128 | - (one machine) | 0.027 (1.6 min) |" in default
-    capacity.main(["--large-512", str(2 * 102_792), "--ray-rate", str(2 * 370_319)])
+    capacity.main(["--large-512", str(2 * 176_172), "--ray-rate", str(2 * 370_319)])
     faster = capsys.readouterr().out
-    assert "| NVIDIA LAMB | phase 2 | 1,563 x 32,768 x 512 | 26.2B | 5.8 | 17.7 | 35.4 |" in faster
+    assert "| NVIDIA LAMB | phase 2 | 1,563 x 32,768 x 512 | 26.2B | 5.8 | 17.7 | 20.7 |" in faster
     assert "| 1 | 32 | 0.070 (4.2 min) | 0.053 (3.2 min) |" in faster

@@ -40,6 +40,29 @@ def test_tries_run_and_count_the_flops_of_their_own_model(bench, tmp_path):
     assert line["setting"]["impls"].startswith("transformers,") and len(line["rows"]) == 4
 
 
+def test_a_try_that_cannot_run_here_costs_only_its_row(bench, monkeypatch, capsys):
+    """`+fp8` needs torchao and an FP8 GPU: where either is missing the row is left out, named, and the others
+    are measured (a lease's run keeps its other rows). `nodrop` turns every dropout off in its own model."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_torchao(name, *args, **kwargs):  # this machine may have torchao or not: make it absent either way
+        if name.startswith("torchao"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torchao)
+    rows = bench.main(["--preset", "tiny", "--batch", "2", "--seq", "16", "--masked", "3", "--dtype", "fp32",
+                       "--warmup", "1", "--steps", "1", "--rounds", "1", "--no-memory",
+                       "--impls", "ours+fp8,ours,ours+nodrop"])
+    assert [r["impl"] for r in rows] == ["ours", "ours+nodrop"] and rows[0]["vs_first"] == 1.0
+    out = capsys.readouterr().out
+    assert "ours+fp8: failed, left out: ImportError" in out and "speed ÷ ours (paired)" in out
+    cfg = bench.model_config(bench.Impl.parse("ours+nodrop"), bench.BertConfig.from_preset("tiny"))
+    assert cfg.hidden_dropout_prob == cfg.attention_probs_dropout_prob == 0.0
+
+
 @pytest.mark.parametrize("spec, message", [
     ("ours+turbo", "unknown feature 'turbo'"),
     ("transformers+real", "features apply to ours only"),
