@@ -405,15 +405,13 @@ def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, shared_dir, 
     assert multi["rejected_reasons"]["duplicate"] == kinds["exact"]
     assert multi["rejected_reasons"]["near_duplicate"] == kinds["near"]
     assert {s["reason"] for s in multi["skipped_files"]} == {"index of a multistream dump"}
-    for out, on_ray in (("local", False),):
-        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        other = prepare(tmp_path / out, env, on_ray=on_ray)
-        assert (tmp_path / "two" / "vocab.txt").read_bytes() == (tmp_path / out / "vocab.txt").read_bytes()
-        assert (tmp_path / out / "duplicates.jsonl").read_text().splitlines() == dups
-        assert multi["shards"] == other["shards"] and multi["config_hash"] == other["config_hash"]
-        assert multi["duplicates"] == other["duplicates"]
-        for s in other["shards"]:
-            assert (tmp_path / "two" / s["path"]).read_bytes() == (tmp_path / out / s["path"]).read_bytes()
+    local = prepare(tmp_path / "local", {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, on_ray=False)
+    assert (tmp_path / "two" / "vocab.txt").read_bytes() == (tmp_path / "local" / "vocab.txt").read_bytes()
+    assert (tmp_path / "local" / "duplicates.jsonl").read_text().splitlines() == dups
+    assert multi["shards"] == local["shards"] and multi["config_hash"] == local["config_hash"]
+    assert multi["duplicates"] == local["duplicates"]
+    for s in local["shards"]:
+        assert (tmp_path / "two" / s["path"]).read_bytes() == (tmp_path / "local" / s["path"]).read_bytes()
 
 
 def test_local_workers_do_not_rerun_the_callers_script(inputs, minilm_dir, tmp_path):
