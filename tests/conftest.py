@@ -157,22 +157,30 @@ def ray_local():
     ray.shutdown()
 
 
+def dashboard_head(num_cpus: int):
+    """A `ray.cluster_utils.Cluster` whose head serves the dashboard on loopback (its state API and job server), and
+    its dashboard port: free ports other than Ray's defaults (`pipeline.cluster.connect.free_port`), so clusters of
+    other tests or users on this machine never collide with it. The caller shuts it down."""
+    from ray.cluster_utils import Cluster
+
+    from pipeline.cluster.connect import free_port
+
+    port = free_port()
+    head = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": num_cpus, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port,
+        "dashboard_agent_listen_port": free_port(avoid=frozenset({port}))})
+    return head, port
+
+
 @pytest.fixture()
 def job_cluster():
     """The address of a local Ray cluster (2 CPUs) for command-line jobs to join (RAY_ADDRESS), as jobs on a
     cluster do: a test's jobs share one Ray start instead of paying one each (`RAY_ADDRESS=local`). It has the
     dashboard, whose state API Ray Train's placement-group cleaner reads (`ray_local` has none), and no
     preemption watcher (one machine: what `pipeline.cluster.connect` sets for a private cluster)."""
-    from ray.cluster_utils import Cluster
-
-    from pipeline.cluster.connect import free_port
-
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")  # the cluster's processes inherit it
-        dashboard = free_port()
-        head = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 2, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": dashboard,
-            "dashboard_agent_listen_port": free_port(avoid=frozenset({dashboard}))})
+        head, _ = dashboard_head(num_cpus=2)
     try:
         yield head.address
     finally:

@@ -41,17 +41,14 @@ def cluster(s3_server):
     """A real local Ray cluster with the dashboard (job server), 2 CPUs, in this process; its processes pointed at
     the session's S3 server (`s3_server`: the environment they start with), as a cluster's nodes are at theirs."""
     import ray
-    from ray.cluster_utils import Cluster
+
+    from conftest import dashboard_head
 
     if ray.is_initialized():
         ray.shutdown()
     saved = {k: os.environ.get(k) for k in s3_server.env}
     os.environ.update(s3_server.env)
-    port = free_port()
-    # Free ports for the dashboard and its agent: other Ray clusters on this machine must not collide with it.
-    head = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port,
-        "dashboard_agent_listen_port": free_port()})
+    head, port = dashboard_head(num_cpus=2)
     ray.init(address=head.address, configure_logging=False, log_to_driver=False)
     yield f"http://127.0.0.1:{port}"
     ray.shutdown()

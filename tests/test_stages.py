@@ -350,7 +350,6 @@ def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, shared_dir, 
     import subprocess
     import sys
 
-    from ray.cluster_utils import Cluster
     from ray.util.state import list_nodes, list_tasks
 
     given = _planted(inputs, shared_dir, tmp_path)
@@ -369,12 +368,9 @@ def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, shared_dir, 
         assert "skipped " in r.stderr and "index of a multistream dump" in r.stderr
         return json.loads((out / "manifest.json").read_text())
 
-    from pipeline.cluster import free_port
+    from conftest import dashboard_head
 
-    dashboard = free_port()
-    two = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": dashboard,
-        "dashboard_agent_listen_port": free_port(avoid=frozenset({dashboard}))})  # the dashboard serves the state API
+    two, dashboard = dashboard_head(num_cpus=1)  # the dashboard serves the state API
     try:
         two.add_node(num_cpus=1)
         two.wait_for_nodes()
