@@ -205,8 +205,6 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
     import ray
     import ray.train
 
-    from pipeline.tracking import RunLogger
-
     cfg, primary, on_step = h.cfg, h.primary, h.on_step
     td: TaskData = ray.get(h.data_ref)
     tc = cfg.train
@@ -225,8 +223,12 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
     # on rank 0 the best model is read first: building its copy draws from the RNGs that the restore then sets
     state, pending = resume(ray.train.get_checkpoint(), rank, t, {"step": 0, "best": None, "position": {"epoch": 1, "micro": 0}},
                             seed=tc.seed, run_id=h.run_id, on_rank0=lambda d: best_model.load(d, type(unwrap(model))))
-    log = RunLogger(h.run_id, h.tracking_uri, total_steps=total, log_every_steps=tc.log_every_steps,
-                    background=True, pending=pending) if rank == 0 and h.run_id else None
+    log = None
+    if rank == 0 and h.run_id:  # mlflow loads on the logging rank only (seconds of CPU per process)
+        from pipeline.tracking import RunLogger
+
+        log = RunLogger(h.run_id, h.tracking_uri, total_steps=total, log_every_steps=tc.log_every_steps,
+                        background=True, pending=pending)
 
     step, (epoch, done) = state["step"], (state["position"]["epoch"], state["position"]["micro"])
     best = tuple(state["best"]) if state["best"] is not None else None

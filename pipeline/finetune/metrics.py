@@ -29,8 +29,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import scipy.stats
-import sklearn.metrics
+
+# scikit-learn and scipy load where a figure needs them (together 2-4 CPU-s): only the rank that evaluates
+# computes metrics, and the job's driver and the other ranks import this module without calling it.
 
 # ---------------------------------------------------------------------------------------------------------------
 # classification / regression
@@ -38,6 +39,8 @@ import sklearn.metrics
 
 def accuracy(y_true: Sequence[int], y_pred: Sequence[int]) -> float:
     """Fraction of equal entries; 0 without examples. `accuracy([0, 1, 1], [0, 1, 0]) -> 0.666...`"""
+    import sklearn.metrics
+
     return float(sklearn.metrics.accuracy_score(y_true, y_pred)) if len(y_true) else 0.0
 
 
@@ -47,6 +50,8 @@ def macro_f1(y_true: Sequence[int], y_pred: Sequence[int]) -> float:
 
     `macro_f1([0, 0, 1, 2], [0, 1, 1, 2])`: F1(0)=2/3, F1(1)=2/3, F1(2)=1 -> 0.777...
     """
+    import sklearn.metrics
+
     if not len(y_true):
         return 0.0
     return float(sklearn.metrics.f1_score(y_true, y_pred, average="macro", zero_division=0))
@@ -59,6 +64,8 @@ def matthews_corrcoef(y_true: Sequence[int], y_pred: Sequence[int]) -> float:
     MCC = (c·s − Σ p_k t_k) / sqrt((s² − Σ p_k²)(s² − Σ t_k²)).
     `matthews_corrcoef([1, 1, 0, 0], [1, 0, 0, 0])` = (3·4 − (1·2 + 3·2)) / sqrt((16 − 10)(16 − 8)) = 0.577...
     """
+    import sklearn.metrics
+
     if len(np.union1d(y_true, y_pred)) < 2:  # no examples, or one label only: 0, without sklearn's warning
         return 0.0
     return float(sklearn.metrics.matthews_corrcoef(y_true, y_pred))
@@ -74,6 +81,8 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> float:
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     """Spearman's rho = Pearson on average ranks (ties share theirs). `spearman([1, 2, 3], [1, 9, 4]) -> 0.5`"""
+    import scipy.stats
+
     return pearson(scipy.stats.rankdata(x), scipy.stats.rankdata(y))
 
 

@@ -74,8 +74,6 @@ def start_worker(h: PretrainHandoff) -> Worker:
     """This worker's model, optimizer and logger, resumed from `ray.train.get_checkpoint()` (or, when the driver
     found that one damaged, the newest intact one) exactly: weights, optimizer, step, and the RNGs when the
     checkpoint was written by as many workers (`core.checkpoint.resume`)."""
-    from pipeline.tracking import RunLogger
-
     cfg, plans = h.cfg, h.plans
     tc = cfg.train
     cluster.quiet_ray_data()
@@ -96,8 +94,12 @@ def start_worker(h: PretrainHandoff) -> Worker:
     state, pending = resume(cluster.resume_checkpoint(h.damaged, h.resume_from), rank, t, {"step": 0}, seed=tc.seed,
                             run_id=h.run_id, world=world, check=lambda st, path: check_vocab(st, h.vocab_sha256, path))
     nodes = cluster.num_nodes(world)  # a collective: every rank takes part
-    log = RunLogger(h.run_id, h.tracking_uri, cfg.tracking.system_metrics_every_s, total_steps=tc.max_steps,
-                    log_every_steps=tc.log_every_steps, background=True, pending=pending) if rank == 0 else None
-    if log is not None:  # where the workers ran: a multi-node run shows num_nodes > 1
+    log = None
+    if rank == 0:  # mlflow loads on the logging rank only (seconds of CPU per process)
+        from pipeline.tracking import RunLogger
+
+        log = RunLogger(h.run_id, h.tracking_uri, cfg.tracking.system_metrics_every_s, total_steps=tc.max_steps,
+                        log_every_steps=tc.log_every_steps, background=True, pending=pending)
+        # where the workers ran: a multi-node run shows num_nodes > 1
         log.set_tags({"world_size": world, "num_nodes": nodes, "device": str(device)})
     return Worker(rank, world, device, t, state["step"], log)
