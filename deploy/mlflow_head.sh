@@ -87,9 +87,11 @@ authorization_function = mlflow.server.auth:authenticate_request_basic_auth
 INI
     )
     # Secrets reach the server through its environment only (not its command line, which `ps` shows to all).
-    MLFLOW_AUTH_CONFIG_PATH="$dir/basic_auth.ini" MLFLOW_AUTH_ADMIN_PASSWORD="$admin_password" \
     # MLflow's GenAI server jobs (huey consumers: eight more processes, and job stores in /dev/shm that outlive the
     # server) are off: the pipeline runs none. MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true in the environment turns them on.
+    # (No comment line inside the command below: one would end it there, and the server would start without the
+    # lines above it, on MLflow's default auth config: users in ./basic_auth.db, no admin password.)
+    MLFLOW_AUTH_CONFIG_PATH="$dir/basic_auth.ini" MLFLOW_AUTH_ADMIN_PASSWORD="$admin_password" \
     MLFLOW_FLASK_SERVER_SECRET_KEY="$flask_secret" MLFLOW_TRACKING_USERNAME= MLFLOW_TRACKING_PASSWORD= \
     MLFLOW_SERVER_ENABLE_JOB_EXECUTION="${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}" \
         setsid nohup "$PYTHON" -m mlflow server --app-name basic-auth --host "$host" --port "$port" \

@@ -4,7 +4,8 @@ commands cluster.yaml runs on the head (rendered: repository path, secret file, 
 
 Then: an unauthenticated REST call is refused (401); a job with a wrong password fails in one line before Ray
 starts; the main job registers a version with the jobs' credentials, and fine-tuning starts from `@latest-pretrain`
-on that server. The passwords must not appear in any param, tag or job output.
+on that server, both jobs joining one local Ray cluster started with the jobs' credentials in its environment, as
+cluster.yaml starts Ray. The passwords must not appear in any param, tag or job output.
 """
 
 from __future__ import annotations
@@ -95,20 +96,28 @@ def tracking_server(postgres, repo_root, tmp_path_factory):
     work = tmp_path_factory.mktemp("server")
     secret = work / "mlflow.env"
     secret.write_text(f"MLFLOW_TRACKING_USERNAME={JOBS_USER}\nMLFLOW_TRACKING_PASSWORD={JOBS_PASSWORD}\n")
+    # The admin's password as a head keeps it: in the server's private directory (mode 0600), not in the
+    # environment of the commands (cluster.yaml exports only the jobs' user), so the server gets it only if the
+    # script hands it over itself.
+    (work / "state").mkdir(mode=0o700)
+    (work / "state" / "admin-password").write_text(ADMIN_PASSWORD)
+    (work / "state" / "admin-password").chmod(0o600)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PG"))}
     env.update(postgres, PGUSER="postgres", PYTHON=sys.executable, MLFLOW_HOST="127.0.0.1", MLFLOW_PORT=str(port),
                MLFLOW_SERVER_DIR=str(work / "state"), MLFLOW_SERVER_WORKERS="1", MLFLOW_START_TIMEOUT=str(START_TIMEOUT_S),
-               MLFLOW_AUTH_ADMIN_PASSWORD=ADMIN_PASSWORD, PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
+               PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
     cmds = rendered_head_commands(repo_root, secret)
     # cluster.yaml sends artifacts to S3; here a local directory stands in for the bucket.
     cmds[1] = cmds[1].replace("s3://my-bert-bucket/mlflow-artifacts", str(work / "artifacts"))
     stop = f"bash {repo_root / 'deploy' / 'mlflow_head.sh'} stop"
     try:
-        for cmd in cmds:
-            out = subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True, timeout=START_TIMEOUT_S + 60)
+        for cmd in cmds:  # from a directory of their own, where nothing may appear (tested)
+            out = subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True, timeout=START_TIMEOUT_S + 60,
+                                 cwd=work)
             assert out.returncode == 0, f"{cmd}\n{out.stdout}\n{out.stderr}"
-        yield {"uri": f"http://127.0.0.1:{port}", "log": work / "state" / "server.log", "artifacts": work / "artifacts"}
+        yield {"uri": f"http://127.0.0.1:{port}", "log": work / "state" / "server.log", "artifacts": work / "artifacts",
+               "cwd": work, "pg": postgres}
     finally:
         subprocess.run(["bash", "-c", stop], env=env, capture_output=True, timeout=120)
         pid_file = work / "state" / "server.pid"
@@ -155,6 +164,13 @@ def test_server_state_is_private_and_secrets_are_not_on_its_command_line(trackin
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode().replace("\0", " ")
     assert "--app-name basic-auth" in cmdline and "--host 127.0.0.1" in cmdline and "postgresql+psycopg2://" in cmdline
     assert ADMIN_PASSWORD not in cmdline and JOBS_PASSWORD not in cmdline
+    # The users are in PostgreSQL's mlflow_auth, as basic_auth.ini says: not in MLflow's default auth store, a
+    # ./basic_auth.db in the directory the server was started from (what a comment line inside the script's start
+    # command once made of it).
+    assert {p.name for p in tracking_server["cwd"].iterdir()} <= {"artifacts", "mlflow.env", "state"}
+    out = subprocess.run([pg_bin("psql"), "-U", "postgres", "-d", "mlflow_auth", "-AtX", "-c", "SELECT username FROM users"],
+                         env={**os.environ, **tracking_server["pg"]}, capture_output=True, text=True, timeout=60)
+    assert sorted(out.stdout.split()) == ["admin", JOBS_USER], out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("password", ["wrong-password", None])
@@ -207,7 +223,26 @@ def test_job_with_wrong_password_fails_in_one_line_before_ray(tracking_server, r
 
 
 @pytest.fixture(scope="module")
-def pretrained(tracking_server, repo_root, shared_dir, tmp_path_factory):
+def ray_head(tracking_server):
+    """The address of a local Ray cluster (2 CPUs) that the module's jobs join (RAY_ADDRESS), started as
+    cluster.yaml starts Ray on a node: with the jobs' MLflow credentials (`mlflow.env`) in its environment, which
+    its workers inherit (rank 0 logs to the server). One Ray start for the module's jobs, not one each."""
+    from conftest import dashboard_head
+
+    with pytest.MonkeyPatch.context() as mp:  # the cluster's processes inherit these
+        for k, v in job_env(tracking_server["uri"]).items():
+            if k.startswith("MLFLOW_TRACKING_"):
+                mp.setenv(k, v)
+        mp.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+        head, _ = dashboard_head(num_cpus=2)
+    try:
+        yield head.address
+    finally:
+        head.shutdown()
+
+
+@pytest.fixture(scope="module")
+def pretrained(tracking_server, ray_head, repo_root, shared_dir, tmp_path_factory):
     """The main job, a few steps on two small books, registering into the authenticated server."""
     import json
 
@@ -219,7 +254,8 @@ def pretrained(tracking_server, repo_root, shared_dir, tmp_path_factory):
          "--data.output", str(work / "data"), "--train.storage_path", str(work / "runs"),
          "--data.vocab_size", "600", "--data.num_shards", "4", "--data.num_actors", "1", "--train.max_steps", "4",
          "--train.micro_batch_size", "8", "--train.global_batch_size", "8", "--train.num_workers", "1"],
-        cwd=work, env=job_env(tracking_server["uri"]), capture_output=True, text=True, timeout=900,
+        cwd=work, env={**job_env(tracking_server["uri"]), "RAY_ADDRESS": ray_head}, capture_output=True, text=True,
+        timeout=900,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return {"work": work, "stdout": out.stdout, "stderr": out.stderr, "last": out.stdout.strip().splitlines()[-1]}
@@ -249,7 +285,7 @@ def test_pretraining_registers_a_version_on_the_authenticated_server(pretrained,
         assert secret not in pretrained["stdout"] + pretrained["stderr"]
 
 
-def test_finetune_starts_from_latest_pretrain_on_the_server(pretrained, tracking_server, repo_root, tmp_path):
+def test_finetune_starts_from_latest_pretrain_on_the_server(pretrained, tracking_server, ray_head, repo_root, tmp_path):
     import json
 
     rows = [("a cat sat on the mat", "animal"), ("the dog ran home", "animal"), ("sum the two numbers", "math"),
@@ -260,7 +296,8 @@ def test_finetune_starts_from_latest_pretrain_on_the_server(pretrained, tracking
         [sys.executable, str(repo_root / "jobs" / "finetune.py"), "--model", "models:/bert-pretrain@latest-pretrain",
          "--task", "sequence-classification", "--train", str(tmp_path / "train.tsv"), "--eval", str(tmp_path / "dev.tsv"),
          "--train.max_steps", "2"],
-        cwd=tmp_path, env=job_env(tracking_server["uri"]), capture_output=True, text=True, timeout=600,
+        cwd=tmp_path, env={**job_env(tracking_server["uri"]), "RAY_ADDRESS": ray_head}, capture_output=True, text=True,
+        timeout=600,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     metrics = json.loads(out.stdout.strip().splitlines()[-1])
