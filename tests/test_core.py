@@ -79,8 +79,15 @@ def test_lamb_without_decay_is_adam_direction():
     assert p.detach().tolist() == pytest.approx([0.9, 1.1])
 
 
-@pytest.mark.parametrize("name,cls", [("adamw", torch.optim.AdamW), ("lamb", Lamb)])
+def _stable_adamw():
+    from optimi import StableAdamW
+
+    return StableAdamW
+
+
+@pytest.mark.parametrize("name,cls", [("adamw", torch.optim.AdamW), ("lamb", Lamb), ("stableadamw", None)])
 def test_make_optimizer_excludes_bias_and_layernorm_from_decay(name, cls):
+    cls = cls or _stable_adamw()
     from model import BertConfig, BertForPreTraining
 
     model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
@@ -94,6 +101,37 @@ def test_make_optimizer_excludes_bias_and_layernorm_from_decay(name, cls):
         assert by_id[id(p)] == (0.0 if no_decay else 0.01), n
     with pytest.raises(ValueError, match="sgd"):
         make_optimizer(model, "sgd", 1e-3, 0.0, warmup_steps=0, total_steps=10)
+
+
+def test_stableadamw_steps_like_adamw_until_a_gradient_spike_which_it_caps():
+    """A steady gradient: StableAdamW's steps are AdamW's (same betas, eps, decoupled decay scaled by the LR; its
+    eps inside the square root differs by far less than the tolerance). A gradient 100x the usual after them:
+    AdamW's second moment lags and its step jumps; StableAdamW divides that tensor's step by RMS(g^2 / v) and
+    moves it less. Its state survives a checkpoint: a copy loaded from `state_dict` steps to the same values."""
+    torch.manual_seed(0)
+    w0 = torch.randn(64, dtype=torch.float64)
+    grads = [torch.randn(64, dtype=torch.float64) * 0.1] * 20  # steady: v is g^2 (bias-corrected), RMS(g^2 / v) 1
+    params, opts = {}, {}
+    for name in ("adamw", "stableadamw"):
+        params[name] = torch.nn.Parameter(w0.clone())
+        opts[name], _ = make_optimizer(torch.nn.ParameterList([params[name]]), name, 1e-2, 0.01, warmup_steps=0, total_steps=100)
+    for g in grads:
+        for name, opt in opts.items():
+            params[name].grad = g.clone()
+            opt.step()
+    torch.testing.assert_close(params["stableadamw"].detach(), params["adamw"].detach(), rtol=1e-6, atol=1e-8)
+
+    spike, before = grads[0] * 100, {n: p.detach().clone() for n, p in params.items()}
+    copy_p = torch.nn.Parameter(params["stableadamw"].detach().clone())
+    copy_opt, _ = make_optimizer(torch.nn.ParameterList([copy_p]), "stableadamw", 1e-2, 0.01, warmup_steps=0, total_steps=100)
+    copy_opt.load_state_dict(copy.deepcopy(opts["stableadamw"].state_dict()))
+    for name, opt in [*opts.items(), ("copy", copy_opt)]:
+        p = copy_p if name == "copy" else params[name]
+        p.grad = spike.clone()
+        opt.step()
+    moved = {n: (params[n].detach() - before[n]).norm().item() for n in params}
+    assert moved["stableadamw"] < 0.5 * moved["adamw"], moved
+    assert torch.equal(copy_p.detach(), params["stableadamw"].detach())
 
 
 def test_head_only_steps_train_the_heads_alone_then_the_encoder_warms_up_from_there():

@@ -3,11 +3,10 @@
 Budgets (2 CPU cores, CI): the real MiniLM checkpoint on pydocs_topic with a 2400-example seeded training subset,
 max_seq_length 64, one epoch of 75 steps at batch 32 (LR 3e-4), evaluated on the first 400 dev rows; NER (on two
 DDP workers, two epochs: one scores entity F1 0.26) and QA (one epoch) on the Bible-derived fixtures in tests/data
-with small subsets. One slow test runs the whole
-path through the command lines: the pretraining job (tiny preset, 30 steps on its first 120 articles of the wiki corpus), fine-tuning from
-its `models:/...@alias` (one epoch of the full train set, 113 steps at batch 32; at 40 steps the loss had
-not yet moved), then a `--tune.lr` sweep of two 4-step trials on `scratch:tiny`
-(64 train, 32 eval rows) with the registered model's vocabulary.
+with small subsets. One slow test runs the whole path through the command lines: the pretraining job (tiny preset,
+30 steps on the first 120 articles of the wiki corpus), fine-tuning from its `models:/...@alias` (one epoch of the
+full train set, 113 steps at batch 32; at 40 steps the loss had not yet moved), then a `--tune.lr` sweep of two
+4-step trials on `scratch:tiny` (64 train, 32 eval rows) with the registered model's vocabulary.
 """
 
 from __future__ import annotations

@@ -208,8 +208,9 @@ class BaseTrainConfig:
     """CPUs reserved per worker; fractional on small machines so Ray's own tasks and actors are not starved."""
     max_steps: int | None = None
     """Optimizer steps in the whole run."""
-    optimizer: Literal["adamw", "lamb"] = "adamw"
-    """adamw, or lamb for large batches (You et al. 2019)."""
+    optimizer: Literal["adamw", "lamb", "stableadamw"] = "adamw"
+    """adamw; lamb for large batches (You et al. 2019); stableadamw, AdamW with AdaFactor's per-tensor update
+    clipping (Wortsman et al. 2023), ModernBERT's optimizer, from torch-optimi."""
     lr: float = 1e-3
     """Peak learning rate (reached at the end of warmup)."""
     weight_decay: float = 0.01

@@ -139,7 +139,11 @@ def make_optimizer(
     fused: bool | None = None,
     head_only_steps: int = 0,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW or LAMB over `model`'s parameters (no weight decay on biases and LayerNorm) and its LR schedule.
+    """AdamW, LAMB or StableAdamW over `model`'s parameters (no weight decay on biases and LayerNorm) and its LR
+    schedule. All three take the same betas (0.9, 0.999), eps 1e-6 and weight decay scaled by the LR (torch's AdamW
+    convention), so a run's recipe changes only in the update rule. StableAdamW is torch-optimi's (Wortsman et al.
+    2023, ModernBERT's optimizer): AdamW whose step is divided, per tensor, by max(1, RMS(g^2 / v)), which caps the
+    update when the second moment lags a sudden large gradient (what warmup otherwise guards against).
 
     `head_only_steps` K > 0: for the first K steps only the pretraining heads (`cls.*`) learn; every other
     parameter (the encoder, and the word embeddings the MLM decoder is tied to) has LR 0, then warms up over
@@ -171,6 +175,10 @@ def make_optimizer(
         opt: torch.optim.Optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, fused=fused)
     elif name == "lamb":
         opt = Lamb(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)
+    elif name == "stableadamw":
+        from optimi import StableAdamW
+
+        opt = StableAdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=weight_decay)
     else:
-        raise ValueError(f"unknown optimizer {name!r} (adamw, lamb)")
+        raise ValueError(f"unknown optimizer {name!r} (adamw, lamb, stableadamw)")
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedules)
