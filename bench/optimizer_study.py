@@ -32,7 +32,8 @@ def start(name: str, a: argparse.Namespace, out: Path) -> tuple[subprocess.Popen
     cmd = [sys.executable, str(REPO / "jobs" / "pretrain.py"), "--config", a.config, "--data.output", str(out / "data"),
            "--train.storage_path", str(out / "runs"), "--train.optimizer", name, "--tracking.model_name", f"study-{name}",
            *a.set]
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT), log
+    with open(log, "w") as f:  # the job keeps its own copy of the descriptor
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT), log
 
 
 def result(name: str, log: Path, rc: int, wall: float) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -135,14 +136,9 @@ def small_corpus(shared_dir, tmp_path_factory) -> list[str]:
     """Six shared books and the first 60 wiki articles (a .jsonl.gz), ~250k tokens, copied under one directory
     (a_wiki/, books/) so that their order (sorted paths: the wiki first, which numbers the documents) is the same
     wherever ../shared and the temporary directory are; a planted file under a test's tmp_path sorts after them."""
-    import gzip
-
     root = tmp_path_factory.mktemp("corpus")
-    (root / "a_wiki").mkdir()
     (root / "books").mkdir()
-    wiki = root / "a_wiki" / "pydocs60.jsonl.gz"
-    with gzip.open(shared_dir / "corpora/wiki/pydocs.jsonl.gz", "rt") as src, gzip.open(wiki, "wt") as dst:
-        dst.writelines(line for _, line in zip(range(WIKI_RECORDS), src))
+    wiki = wiki_sample(shared_dir, root / "a_wiki" / "pydocs60.jsonl.gz", WIKI_RECORDS)
     for b in BOOKS:
         shutil.copyfile(shared_dir / "corpora/books" / b, root / "books" / b)
     return [str(root / "books" / b) for b in BOOKS] + [str(wiki)]
@@ -187,19 +183,38 @@ def dashboard_head(num_cpus: int):
     return head, port
 
 
-@pytest.fixture()
-def job_cluster():
+@contextlib.contextmanager
+def cluster_for_jobs(**env: str):
     """The address of a local Ray cluster (2 CPUs) for command-line jobs to join (RAY_ADDRESS), as jobs on a
-    cluster do: a test's jobs share one Ray start instead of paying one each (`RAY_ADDRESS=local`). It has the
-    dashboard, whose state API Ray Train's placement-group cleaner reads (`ray_local` has none), and no
-    preemption watcher (one machine: what `pipeline.cluster.connect` sets for a private cluster)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")  # the cluster's processes inherit it
+    cluster do: jobs share one Ray start instead of paying one each (`RAY_ADDRESS=local`). It has the dashboard,
+    whose state API Ray Train's placement-group cleaner reads (`ray_local` has none), no preemption watcher (one
+    machine: what `pipeline.cluster.connect` sets for a private cluster), and `env` in the environment its
+    processes start with (what a node's `ray start` would have). Shut down when the block ends."""
+    with pytest.MonkeyPatch.context() as mp:  # the cluster's processes inherit these
+        for k, v in {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", **env}.items():
+            mp.setenv(k, v)
         head, _ = dashboard_head(num_cpus=2)
     try:
         yield head.address
     finally:
         head.shutdown()
+
+
+@pytest.fixture()
+def job_cluster():
+    """`cluster_for_jobs` for one test."""
+    with cluster_for_jobs() as address:
+        yield address
+
+
+def wiki_sample(shared: Path, dst: Path, records: int) -> Path:
+    """The first `records` articles of the shared wiki corpus as a .jsonl.gz at `dst`."""
+    import gzip
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(shared / "corpora/wiki/pydocs.jsonl.gz", "rt") as src, gzip.open(dst, "wt") as out:
+        out.writelines(line for _, line in zip(range(records), src))
+    return dst
 
 
 class SharedReference:

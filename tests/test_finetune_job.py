@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import THREADS
+from conftest import THREADS, wiki_sample
 from pipeline.finetune.config import load_finetune_config
 from pipeline.finetune.job import run_finetune
 
@@ -257,12 +257,7 @@ def test_pretrain_then_finetune_and_a_scratch_lr_sweep(tmp_path, shared_dir, job
            "RAY_ADDRESS": job_cluster}
     # the first WIKI_SAMPLE articles of the wiki corpus: the final evaluation reads the whole held-out shard, a
     # quarter of what is prepared (the whole corpus: 3,450 examples, 15 s of a 91 s job on 2 quiet cores)
-    import gzip
-
-    (tmp_path / "wiki").mkdir()
-    with gzip.open(shared_dir / "corpora/wiki/pydocs.jsonl.gz", "rt") as src, \
-            gzip.open(tmp_path / "wiki" / "pydocs.jsonl.gz", "wt") as dst:
-        dst.writelines(line for _, line in zip(range(WIKI_SAMPLE), src))
+    wiki_sample(shared_dir, tmp_path / "wiki" / "pydocs.jsonl.gz", WIKI_SAMPLE)
     pre = subprocess.run(
         [sys.executable, str(REPO / "jobs" / "pretrain.py"), "--config", str(REPO / "configs" / "tiny.yaml"),
          "--data.inputs", str(tmp_path / "wiki"), "--data.output", str(tmp_path / "data"),

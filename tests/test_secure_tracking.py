@@ -227,18 +227,11 @@ def ray_head(tracking_server):
     """The address of a local Ray cluster (2 CPUs) that the module's jobs join (RAY_ADDRESS), started as
     cluster.yaml starts Ray on a node: with the jobs' MLflow credentials (`mlflow.env`) in its environment, which
     its workers inherit (rank 0 logs to the server). One Ray start for the module's jobs, not one each."""
-    from conftest import dashboard_head
+    from conftest import cluster_for_jobs
 
-    with pytest.MonkeyPatch.context() as mp:  # the cluster's processes inherit these
-        for k, v in job_env(tracking_server["uri"]).items():
-            if k.startswith("MLFLOW_TRACKING_"):
-                mp.setenv(k, v)
-        mp.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-        head, _ = dashboard_head(num_cpus=2)
-    try:
-        yield head.address
-    finally:
-        head.shutdown()
+    creds = {k: v for k, v in job_env(tracking_server["uri"]).items() if k.startswith("MLFLOW_TRACKING_")}
+    with cluster_for_jobs(**creds) as address:
+        yield address
 
 
 @pytest.fixture(scope="module")
