@@ -1,12 +1,11 @@
 """Fine-tuning end to end on a real local Ray cluster and a real SQLite MLflow store.
 
-Budgets (2 CPU cores, CI): the real MiniLM checkpoint on pydocs_topic with a 2400-example seeded training subset,
-max_seq_length 64, one epoch of 75 steps at batch 32 (LR 3e-4), evaluated on the first 400 dev rows; NER (on two
-DDP workers, two epochs: one scores entity F1 0.26) and QA (one epoch) on the Bible-derived fixtures in tests/data
-with small subsets. One slow test runs the whole path through the command lines: the pretraining job (tiny preset,
-30 steps on the first 120 articles of the wiki corpus), fine-tuning from its `models:/...@alias` (one epoch of the
-full train set, 113 steps at batch 32; at 40 steps the loss had not yet moved), then a `--tune.lr` sweep of two
-4-step trials on `scratch:tiny` (64 train, 32 eval rows) with the registered model's vocabulary.
+Budgets (2 CPU cores, CI): the real MiniLM checkpoint on pydocs_topic with a 1200-example seeded training subset,
+max_seq_length 48, one epoch of 75 steps at batch 16 (LR 3e-4), evaluated on the first 400 dev rows (the quality
+at the full budget is bench/continue_study.py's); NER (on two DDP workers, two epochs: one scores entity F1 0.26)
+and QA (one epoch) on the Bible-derived fixtures in tests/data with small subsets. The whole path through the
+command lines (pretraining, fine-tuning from the registered version, a `--tune.lr` sweep) is
+tests/test_secure_tracking.py's, on the cluster's authenticated tracking server.
 """
 
 from __future__ import annotations
@@ -17,17 +16,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from conftest import THREADS, wiki_sample
+from conftest import THREADS
 from pipeline.finetune.config import load_finetune_config
 from pipeline.finetune.job import run_finetune
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
-WIKI_SAMPLE = 120  # articles of the wiki corpus (of 483) the command-line test pretrains on
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +47,15 @@ def test_pydocs_topic_from_minilm(ray_local, store, shared_dir, minilm_dir):
     from mlflow import MlflowClient
 
     task = shared_dir / "tasks" / "pydocs_topic"
-    cfg = _cfg(store, "--data.max_seq_length", "64", "--data.max_train_examples", "2400", "--data.max_eval_examples", "400",
-               "--train.epochs", "1", "--train.batch_size", "32", "--train.lr", "3e-4", "--tracking.model_name", "pydocs-minilm")
+    cfg = _cfg(store, "--data.max_seq_length", "48", "--data.max_train_examples", "1200", "--data.max_eval_examples", "400",
+               "--train.epochs", "1", "--train.batch_size", "16", "--train.lr", "3e-4", "--tracking.model_name", "pydocs-minilm")
     res = run_finetune(cfg, str(minilm_dir), "sequence-classification", str(task / "train.tsv"), str(task / "dev.tsv"),
                        str(store / "pydocs-model"))
     acc = res["metrics"]["accuracy"]
     print(f"pydocs_topic dev accuracy (MiniLM, 75 steps): {acc:.4f}")
-    assert acc >= 0.6, res["metrics"]  # chance is 1/6
+    # chance is 1/6; measured 0.550 (800 examples: 0.448; the whole train set at 3 LRs and 3 seeds: 0.700 ± 0.013,
+    # bench/continue_study.py)
+    assert acc >= 0.5, res["metrics"]
 
     # MLflow: params, a loss per step, eval metrics, the label map, the registered version and its lineage
     c = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
@@ -79,7 +78,7 @@ def test_pydocs_topic_from_minilm(ray_local, store, shared_dir, minilm_dir):
     inputs = {d.tags[0].value: d.dataset for d in run.inputs.dataset_inputs}
     assert {k: d.name for k, d in inputs.items()} == {"training": "train.tsv", "eval": "dev.tsv"}
     assert inputs["training"].digest == hashlib.sha256((task / "train.tsv").read_bytes()).hexdigest()[:36]
-    assert json.loads(inputs["eval"].profile)["features"] == 400 and json.loads(inputs["training"].profile)["features"] == 2400
+    assert json.loads(inputs["eval"].profile)["features"] == 400 and json.loads(inputs["training"].profile)["features"] == 1200
 
     # the registered directory is a transformers checkpoint with the label names; its logits match ours
     transformers = pytest.importorskip("transformers")
@@ -243,96 +242,3 @@ def test_interrupted_run_resumes_bit_identically(ray_local, store, shared_dir, m
 
     failed = tracking.find_run("bert-finetune", "ft-failed")
     assert MlflowClient(os.environ["MLFLOW_TRACKING_URI"]).get_run(failed).info.status == "FAILED"
-
-
-@pytest.mark.slow
-def test_pretrain_then_finetune_and_a_scratch_lr_sweep(tmp_path, shared_dir, job_cluster):
-    """The whole path through the command lines: the pretraining job registers tiny; fine-tuning starts from its
-    alias; then `--tune.lr 1e-4,3e-3` on `scratch:tiny` (its vocabulary the registered model's): Ray Tune runs a
-    trial per LR (each the job's Ray Train run), MLflow holds one parent run and a child run per LR, and the one
-    registered version is the best trial's (the higher eval accuracy of the two, ties to the lower eval loss, as
-    the loop picks epochs). One store and one pretraining serve both, and the three jobs join one Ray cluster
-    (`job_cluster`; a cluster per job cost a Ray start each)."""
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONUNBUFFERED": "1",
-           "RAY_ADDRESS": job_cluster}
-    # the first WIKI_SAMPLE articles of the wiki corpus: the final evaluation reads the whole held-out shard, a
-    # quarter of what is prepared (the whole corpus: 3,450 examples, 15 s of a 91 s job on 2 quiet cores)
-    wiki_sample(shared_dir, tmp_path / "wiki" / "pydocs.jsonl.gz", WIKI_SAMPLE)
-    pre = subprocess.run(
-        [sys.executable, str(REPO / "jobs" / "pretrain.py"), "--config", str(REPO / "configs" / "tiny.yaml"),
-         "--data.inputs", str(tmp_path / "wiki"), "--data.output", str(tmp_path / "data"),
-         "--data.vocab_size", "4000", "--train.max_steps", "30", "--train.eval_every_steps", "30",
-         "--train.checkpoint_every_steps", "30", "--train.storage_path", str(tmp_path / "runs"),
-         "--tracking.model_name", "tiny-e2e", "--tracking.alias", "e2e"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
-    )
-    assert pre.returncode == 0, pre.stderr[-3000:]
-    last = pre.stdout.strip().splitlines()[-1]
-    assert last.startswith("registered models:/tiny-e2e/"), last
-
-    task = shared_dir / "tasks" / "pydocs_topic"
-    p = _job("--model", "models:/tiny-e2e@e2e", "--task", "sequence-classification", "--train", str(task / "train.tsv"),
-             "--eval", str(task / "dev.tsv"), "--data.max_seq_length", "64", "--data.max_eval_examples", "400",
-             "--train.epochs", "1", "--train.batch_size", "32", "--train.lr", "1e-3",
-             "--train.storage_path", str(tmp_path / "runs"), "--train.torch_threads", str(THREADS), cwd=tmp_path, env=env)
-    assert p.returncode == 0, p.stderr[-3000:]
-    lines = p.stdout.strip().splitlines()
-    result, run_id = json.loads(lines[-1]), lines[-2].rsplit("(run ", 1)[1].rstrip(")")  # the last line: eval metrics
-    print(f"pydocs_topic accuracy after 113 steps from the pretrained tiny: {result['accuracy']:.4f}")
-    # accuracy at this budget is near chance (the comparison with scratch is bench/finetune_compare.py's job); what
-    # must hold is that it trained: the loss of the last 10 steps is below that of the first 10
-    from mlflow import MlflowClient
-
-    c = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    loss = [m.value for m in sorted(c.get_metric_history(run_id, "train/loss"), key=lambda m: m.step)]
-    assert len(loss) == 113 and np.mean(loss[-10:]) < np.mean(loss[:10]) - 0.05, (loss[:10], loss[-10:])
-    assert 0.0 <= result["accuracy"] <= 1.0 and {"macro_f1", "mcc"} <= set(result)
-    # the fine-tuned version names its source version and the pretraining run
-    src_mv = c.get_model_version_by_alias("tiny-e2e", "e2e")
-    ft = c.get_model_version("bert-finetune-sequence-classification", "1")
-    assert ft.tags["source_model"] == f"models:/tiny-e2e/{src_mv.version}"
-    assert ft.tags["pretrain_run_id"] == src_mv.tags["run_id"]
-
-    p = _job("--model", "scratch:tiny", "--task", "sequence-classification", "--train", str(task / "train.tsv"),
-             "--eval", str(task / "dev.tsv"), "--data.tokenizer", "models:/tiny-e2e@e2e",
-             "--data.max_seq_length", "32", "--data.max_train_examples", "64", "--data.max_eval_examples", "32",
-             "--train.batch_size", "16", "--train.max_steps", "4", "--tune.lr", "1e-4,3e-3",
-             "--train.storage_path", str(tmp_path / "sweep"), "--tracking.experiment", "tune-e2e",
-             "--tracking.model_name", "tune-e2e", cwd=tmp_path, env=env)
-    assert p.returncode == 0, p.stderr[-3000:]
-    _check_sweep(p.stdout.strip().splitlines(), c, tmp_path / "sweep", src_mv)
-
-
-def _check_sweep(lines: list[str], c, storage: Path, tokenizer_mv) -> None:
-    metrics = json.loads(lines[-1])  # the stdout contract: the last line is the (best trial's) eval metrics
-    assert lines[-2].startswith("registered models:/tune-e2e/1 (run "), lines[-2]
-    # one line per trial start and end and one naming the best; none of Tune's own tables or banners
-    assert sum(line.startswith("[tune] trial ") for line in lines) == 4
-    assert sum(line.startswith("[tune] best: lr ") for line in lines) == 1
-    assert not any(s in "\n".join(lines) for s in ("Trial status", "View detailed results", "Configuration for experiment"))
-
-    runs = c.search_runs([c.get_experiment_by_name("tune-e2e").experiment_id])
-    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-    assert len(runs) == 3 and len(parents) == 1, [r.info.run_name for r in runs]
-    parent = parents[0]
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert sorted(float(r.data.params["train.lr"]) for r in children) == [1e-4, 3e-3]
-    assert all(r.info.status == "FINISHED" for r in runs)
-    assert parent.data.params["tune.lr"] == "[0.0001, 0.003]" and "train.lr" not in parent.data.params
-    for r in children:  # each trial trained with the Ray Train loop, rank 0 logging into its child run
-        assert [m.step for m in c.get_metric_history(r.info.run_id, "train/loss")] == [1, 2, 3, 4]
-        assert (storage / r.info.run_name).is_dir()  # its checkpoints under train.storage_path
-        # the scratch model's vocabulary is the registered pretrained model's
-        assert r.data.tags["scratch_tokenizer_model"] == f"models:/tiny-e2e/{tokenizer_mv.version}"
-    assert (storage / parent.info.run_name).is_dir()  # Tune's experiment directory too
-
-    best = max(children, key=lambda r: (r.data.metrics["best/accuracy"], -r.data.metrics["best/loss"]))
-    (mv,) = c.search_model_versions("name = 'tune-e2e'")  # exactly one version: the other trial registers nothing
-    assert lines[-2] == f"registered models:/tune-e2e/{mv.version} (run {best.info.run_id})"
-    assert mv.run_id == best.info.run_id and mv.tags["run_id"] == best.info.run_id
-    assert mv.tags["tune_parent_run_id"] == parent.info.run_id and mv.tags["task"] == "sequence-classification"
-    assert c.get_model_version_by_alias("tune-e2e", "latest-finetune").version == mv.version
-    assert parent.data.tags["tune_best_run_id"] == best.info.run_id
-    assert float(parent.data.tags["tune_best_lr"]) == parent.data.metrics["tune/best_lr"] == float(best.data.params["train.lr"])
-    assert metrics["accuracy"] == pytest.approx(best.data.metrics["best/accuracy"])
-    assert parent.data.metrics["best/accuracy"] == pytest.approx(metrics["accuracy"])

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_modernbert_tiny_job_registers_a_version_transformers_loads(tmp_path, shared_dir, monkeypatch):
+def test_modernbert_tiny_job_registers_a_version_transformers_loads(tmp_path, shared_dir, monkeypatch, job_cluster):
     import pyarrow.parquet as pq
     from mlflow import MlflowClient
     from transformers import AutoModelForMaskedLM
@@ -29,9 +29,9 @@ def test_modernbert_tiny_job_registers_a_version_transformers_loads(tmp_path, sh
     from model.hf import load_hf
     from pipeline import tracking
 
-    # RAY_ADDRESS=local: the job starts its own private cluster
+    # both jobs join one local Ray cluster (`job_cluster`), as jobs on a cluster do
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONUNBUFFERED": "1",
-           "RAY_ADDRESS": "local"}
+           "RAY_ADDRESS": job_cluster}
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])  # this process reads the same store
     books = [str(shared_dir / "corpora" / "books" / b) for b in ("08_Ruth.txt", "41_Mark.txt")]
     pre = subprocess.run(

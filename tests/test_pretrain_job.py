@@ -1,9 +1,10 @@
 """End-to-end pretraining on real components: a local Ray cluster with the job server, real data stages on a
-subset of ../shared/corpora, a real MLflow store (SQLite, then a real `mlflow server` on loopback, whose UI is read in Debian's Chromium driven
-by playwright).
+subset of ../shared/corpora, real MLflow stores (a real `mlflow server` on loopback for the main job, whose UI is
+read in Debian's Chromium driven by playwright; SQLite for the rest).
 
 One prepared dataset (module fixture) is shared by every test; the first job finds it up to date. Crash/resume
 tests call `pipeline.pretrain.job.run_training` on the same cluster and compare final weights bit for bit.
+Training on two nodes is tests/test_two_hosts.py's (two real hosts, the same training).
 """
 
 from __future__ import annotations
@@ -211,20 +212,32 @@ def _ours(local: str):
 
 
 @pytest.fixture(scope="module")
-def sqlite_job(cluster, prepared, work, repo_root):
-    """The main job through Ray Jobs into a SQLite store, run once for the module: (args, store URI, logs).
+def tracking_server(tmp_path_factory):
+    """A real `mlflow server` (SQLite store, artifacts it serves) for the module's main job."""
+    from conftest import MlflowServer
+
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    yield server.uri
+    server.kill()
+
+
+@pytest.fixture(scope="module")
+def main_job(cluster, prepared, work, repo_root, tracking_server):
+    """The main job through Ray Jobs into a real `mlflow server`, run once for the module: (args, store URI, logs).
 
     Two phases in one schedule (as base/large do): steps 1-12 on the fixture's 128-token shards, 13-24 on 64-token
-    shards that the job prepares itself with phase 1's vocabulary."""
-    uri = f"sqlite:///{work / 'mlflow.db'}"
+    shards that the job prepares itself with phase 1's vocabulary. (A SQLite store is the second store of
+    test_stage_truth_comes_from_the_current_tracking_store.)"""
     phases = json.dumps([{"fraction": 0.5, "max_seq_length": 128, "output": prepared["validate"].output},
                          {"max_seq_length": 64, "max_predictions_per_seq": 10, "output": str(work / "data-64")}])
-    args = job_args(prepared, work, "sqlite", "--train.phases", phases)
-    return args, uri, submit(cluster, repo_root, args, {"MLFLOW_TRACKING_URI": uri})
+    args = job_args(prepared, work, "main", "--train.phases", phases)
+    return args, tracking_server, submit(cluster, repo_root, args, {"MLFLOW_TRACKING_URI": tracking_server})
 
 
-def test_job_end_to_end_sqlite(sqlite_job, prepared, work, repo_root, tmp_path, monkeypatch):
-    _, uri, logs = sqlite_job
+def test_job_end_to_end(main_job, prepared, work, repo_root, tmp_path, monkeypatch, browser_page):
+    """Through Ray Jobs into a real `mlflow server`, then what a person sees of it in a real browser."""
+    _, uri, logs = main_job
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     assert "[stage shards] up to date" in logs  # the prepared fixture's shards were reused
     run_id = check_registered(logs, "bert-pretrain", prepared, repo_root, tmp_path)
@@ -235,16 +248,21 @@ def test_job_end_to_end_sqlite(sqlite_job, prepared, work, repo_root, tmp_path, 
     assert {s for s, p in phase.items() if p == 0} == set(range(1, 13)) and {s for s, p in phase.items() if p == 1} == set(range(13, 25))
     short = read_manifest(str(work / "data-64"))
     assert short["config"]["max_seq_length"] == 64 and short["vocab_sha256"] == prepared["validate"].vocab_sha256
-    assert tracking.client().get_run(run_id).data.params["train.phases"].count("max_seq_length") == 2
+    run = tracking.client().get_run(run_id)
+    assert run.data.params["train.phases"].count("max_seq_length") == 2
+    assert run.info.artifact_uri.startswith("mlflow-artifacts:")  # served by the server
+    info = tracking.model_version_info("models:/bert-pretrain@latest-pretrain")
+    exp = tracking.client().get_experiment_by_name("bert-pretrain")
+    check_in_browser(browser_page, uri, "bert-pretrain", info, exp, Path(prepared["validate"].output).name, tmp_path)
 
 
-def test_stage_truth_comes_from_the_current_tracking_store(sqlite_job, cluster, repo_root, tmp_path, monkeypatch):
-    """The module's main-job command against a second, empty store registers there (it used to print a version
-    that store did not have); against the first store again, every stage is found done by its real output and
-    skipped."""
+def test_stage_truth_comes_from_the_current_tracking_store(main_job, cluster, repo_root, tmp_path, monkeypatch):
+    """The module's main-job command against a second, empty store (SQLite) registers there (it used to print a
+    version that store did not have); against the first store (the server) again, every stage is found done by its
+    real output and skipped."""
     from pipeline import tracking
 
-    args, first, first_logs = sqlite_job
+    args, first, first_logs = main_job
     registered = first_logs.strip().splitlines()[-1]
     for uri, expect in ((f"sqlite:///{tmp_path / 'b.db'}", "running"), (first, "up to date")):
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -256,22 +274,6 @@ def test_stage_truth_comes_from_the_current_tracking_store(sqlite_job, cluster, 
         assert tracking.run_exists(info["tags"]["run_id"])  # its run is in this store
         assert tracking.client().get_run(info["tags"]["run_id"]).info.status == "FINISHED"
     assert "[stage train] up to date" in logs and "[stage shards] up to date" in logs
-
-
-def test_job_end_to_end_mlflow_server(cluster, prepared, work, repo_root, tmp_path, monkeypatch, mlflow_server,
-                                      browser_page):
-    """Through a real `mlflow server`, then what a person sees of it in a real browser."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
-    args = job_args(prepared, work, "server", "--tracking.model_name", "bert-pretrain-srv")
-    logs = submit(cluster, repo_root, args, {"MLFLOW_TRACKING_URI": mlflow_server})
-    run_id = check_registered(logs, "bert-pretrain-srv", prepared, repo_root, tmp_path)
-    from pipeline import tracking
-
-    assert tracking.client().get_run(run_id).info.artifact_uri.startswith("mlflow-artifacts:")  # served by the server
-    info = tracking.model_version_info("models:/bert-pretrain-srv@latest-pretrain")
-    exp = tracking.client().get_experiment_by_name("bert-pretrain")
-    check_in_browser(browser_page, mlflow_server, "bert-pretrain-srv", info, exp, Path(prepared["validate"].output).name,
-                     tmp_path)
 
 
 def check_in_browser(page, uri: str, model_name: str, info: dict, exp, data_name: str, shots) -> None:
@@ -474,26 +476,31 @@ def test_checkpoints_uploaded_in_the_background_to_s3_resume_exactly(baseline, p
     digest, _ = _train(prepared, work, "s3-async", "--train.storage_path", storage)
     assert digest == baseline[0]
     assert set(Path(tempfile.gettempdir()).glob("checkpoint-upload-*")) == before  # deleted once uploaded
-    steps = sorted(state["step"] for _, state, _ in checkpoints(storage, "s3-async"))
-    assert steps == [4, 8]
+    at = {state["step"]: uri for uri, state, _ in checkpoints(storage, "s3-async")}
+    assert sorted(at) == [4, 8]
     (newest, state), bad = newest_intact(storage, "s3-async")
-    assert state["step"] == 8 and bad == []
+    assert state["step"] == 8 and bad == [] and newest == at[8]
     fs = fsspec.filesystem("s3")
     weights = newest.split("://", 1)[1] + "/model.safetensors"
     fs.pipe(weights, fs.cat(weights)[:1000])
     capsys.readouterr()
     digest, run_id = _train(prepared, work, "s3-async", "--train.storage_path", storage)
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if "damaged checkpoint" in ln]
-    assert len(lines) == 1 and f"resuming from step 4 ({storage}/s3-async/checkpoint_" in lines[0], lines
+    # the re-run names the damaged checkpoint and the hash it recorded, and falls back to the previous one
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "damaged" in ln]
+    recorded = state["files"]["model.safetensors"]
+    assert len(lines) == 1 and lines[0].startswith(f"[train] damaged checkpoint {newest} (model.safetensors has sha256 "), lines
+    assert lines[0].endswith(f", not the {recorded[:12]} recorded when it was written): resuming from step 4 ({at[4]})")
+    assert at[4].startswith(f"{storage}/s3-async/checkpoint_")
     assert digest == baseline[0]
     # the same MLflow run (its name): each of steps 1-8 logged once, with the uninterrupted run's losses
     assert _history(run_id, "train/loss") == _history(baseline[1], "train/loss")
 
 
-def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(baseline, prepared, work, capsys):
-    """A copy of the uninterrupted run with its step-8 weights truncated: the re-run names the damaged checkpoint,
-    resumes from step 4 and ends with the uninterrupted run's weights. Then, with every checkpoint damaged, the
-    re-run fails in one line, and the run that registered a version stays FINISHED. ~40 s."""
+def test_every_checkpoint_damaged_is_one_line_and_the_registered_run_stays_finished(baseline, prepared, work):
+    """A copy of the uninterrupted run, registered, then every checkpoint of it damaged: re-running it fails in
+    one line that says how to start over, and the run that registered a version stays FINISHED. (A damaged newest
+    checkpoint alone is skipped for the previous one: test_checkpoints_uploaded_in_the_background_to_s3_resume_
+    exactly.) No training."""
     from pipeline import tracking
     from pipeline.core.checkpoint import CheckpointCorrupt
     from pipeline.pretrain.identity import newest_intact
@@ -501,22 +508,11 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(baseline, pr
 
     runs = work / "ft-runs"
     shutil.copytree(runs / "baseline", runs / "damaged")
-    ckpts = [d for d in (runs / "damaged").glob("checkpoint_*") if d.is_dir()]
-    older, newest = sorted(ckpts, key=lambda d: json.loads((d / "train_state.json").read_text())["step"])
-    weights = newest / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    capsys.readouterr()
-    digest, run_id = _train(prepared, work, "damaged")
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if "damaged" in ln]
-    recorded = json.loads((newest / "train_state.json").read_text())["files"]["model.safetensors"]
-    assert len(lines) == 1 and lines[0].startswith(f"[train] damaged checkpoint {newest} (model.safetensors has sha256 "), lines
-    assert lines[0].endswith(f", not the {recorded[:12]} recorded when it was written): resuming from step 4 ({older})")
-    assert digest == baseline[0]
-    assert [s for s, _ in _history(run_id, "train/loss")] == [5, 6, 7, 8]  # trained from step 4 on
-
+    _, run_id = baseline
     cfg = _cfg(prepared, work, "damaged", "--tracking.experiment", "ft", "--tracking.model_name", "bert-damaged")
     data, uri = prepared["validate"], tracking.tracking_uri()
     final, _ = newest_intact(cfg.train.storage_path, "damaged")
+    assert final[1]["step"] == 8
     reg = register_stage(cfg, TrainResult(final[0], run_id, "damaged", 8), data, "0" * 40, uri, {}, "pytest")
     for ckpt in (runs / "damaged").glob("checkpoint_*/"):
         (ckpt / "optimizer.pt").write_bytes(b"")
@@ -587,22 +583,25 @@ def test_resuming_with_another_vocabulary_is_refused(interrupted, prepared, work
 
 
 def test_a_run_resumes_on_fewer_workers_with_the_same_losses(prepared, work, ft_store, capsys, one_host_reference):
-    """Through Ray Train: a 2-worker run, and a copy of it whose step-8 checkpoint is damaged re-run on 1 worker:
+    """Through Ray Train, checkpoints under a file:// URI: a 2-worker run, and a copy of it whose step-8
+    checkpoint is damaged re-run on 1 worker:
     it resumes from the step-4 checkpoint the 2 workers wrote and logs steps 5-8 with the 2-worker run's losses
     within 1e-3 relative (no dropout: each rank's dropout draws are its own, the one thing a resize changes;
     the same on 1, 2 and 3 workers in this process: tests/test_elastic.py). Two Ray Train runs: 65-120 s on a
     busy 2-core machine."""
     from pipeline import tracking
 
-    _, two = _train(prepared, work, "two-workers", *NO_DROPOUT)
+    # checkpoints through a URI (pyarrow's file:// filesystem, as s3:// is on a cluster)
+    runs = work / "uri-runs"
+    uri = ("--train.storage_path", runs.as_uri())
+    _, two = _train(prepared, work, "two-workers", *NO_DROPOUT, *uri)
     one_host_reference["losses_no_dropout"] = _history(two, "train/loss")  # tests/test_two_hosts.py's host lost
-    runs = work / "ft-runs"
     shutil.copytree(runs / "two-workers", runs / "one-worker")
     newest = max((d for d in (runs / "one-worker").glob("checkpoint_*") if d.is_dir()),
                  key=lambda d: json.loads((d / "train_state.json").read_text())["step"])
     (newest / "model.safetensors").write_bytes(b"")
     capsys.readouterr()
-    _, one = _train(prepared, work, "one-worker", *NO_DROPOUT, "--train.num_workers", "1")
+    _, one = _train(prepared, work, "one-worker", *NO_DROPOUT, *uri, "--train.num_workers", "1")
     assert ": resuming from step 4 (" in capsys.readouterr().out
     assert tracking.client().get_run(one).data.tags["world_size"] == "1"
     both, resumed = _history(two, "train/loss"), _history(one, "train/loss")
@@ -611,35 +610,6 @@ def test_a_run_resumes_on_fewer_workers_with_the_same_losses(prepared, work, ft_
         assert got == pytest.approx(want, rel=1e-3), step
     print(f"largest relative loss difference, 2 workers vs resumed on 1: "
           f"{max(abs(got / want - 1) for (_, want), (_, got) in zip(both[4:], resumed)):.1e}")
-
-
-def test_two_node_ddp_matches_single_node(baseline, prepared, work):
-    """Two nodes with 1 CPU each, one worker per node (SPREAD): DDP over gloo across nodes, same weights;
-    checkpoints go to a file:// URI."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    from pipeline import tracking
-
-    ray.shutdown()  # the module's single-node cluster; restarted below for any later test
-    two = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
-                                                        "dashboard_agent_listen_port": free_port()})
-    two.add_node(num_cpus=1)
-    try:
-        ray.init(address=two.address, configure_logging=False, log_to_driver=False)
-        two.wait_for_nodes()
-        assert len([n for n in ray.nodes() if n["Alive"]]) == 2
-        # Checkpoints through a URI (pyarrow's file:// filesystem, as s3:// would be on a real cluster).
-        uri = (work / "uri-runs").as_uri()
-        digest, run_id = _train(prepared, work, "two-node", "--train.placement_strategy", "SPREAD",
-                                "--train.storage_path", uri)
-        assert any((work / "uri-runs" / "two-node").glob("checkpoint_*/model.safetensors"))
-        tags = tracking.client().get_run(run_id).data.tags
-        assert tags["num_nodes"] == "2" and tags["world_size"] == "2"
-        assert digest == baseline[0]
-    finally:
-        ray.shutdown()
-        two.shutdown()
 
 
 # ------------------------------------------------------------------------------------------------ model.init

@@ -3,14 +3,16 @@ and a private socket directory) and `mlflow server --app-name basic-auth` on top
 commands cluster.yaml runs on the head (rendered: repository path, secret file, `sudo -u postgres` dropped).
 
 Then: an unauthenticated REST call is refused (401); a job with a wrong password fails in one line before Ray
-starts; the main job registers a version with the jobs' credentials, and fine-tuning starts from `@latest-pretrain`
-on that server, both jobs joining one local Ray cluster started with the jobs' credentials in its environment, as
-cluster.yaml starts Ray. The passwords must not appear in any param, tag or job output.
+starts; the main job registers a version with the jobs' credentials, fine-tuning starts from `@latest-pretrain`
+on that server, and a `--tune.lr` sweep registers its best trial there, the jobs joining one local Ray cluster
+started with the jobs' credentials in its environment, as cluster.yaml starts Ray. The passwords must not appear
+in any param, tag or job output.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import pwd
 import shutil
@@ -278,7 +280,8 @@ def test_pretraining_registers_a_version_on_the_authenticated_server(pretrained,
         assert secret not in pretrained["stdout"] + pretrained["stderr"]
 
 
-def test_finetune_starts_from_latest_pretrain_on_the_server(pretrained, tracking_server, ray_head, repo_root, tmp_path):
+def test_finetune_starts_from_latest_pretrain_on_the_server(pretrained, tracking_server, ray_head, repo_root, tmp_path,
+                                                           monkeypatch):
     import json
 
     rows = [("a cat sat on the mat", "animal"), ("the dog ran home", "animal"), ("sum the two numbers", "math"),
@@ -296,3 +299,68 @@ def test_finetune_starts_from_latest_pretrain_on_the_server(pretrained, tracking
     metrics = json.loads(out.stdout.strip().splitlines()[-1])
     assert "accuracy" in metrics
     assert JOBS_PASSWORD not in out.stdout + out.stderr
+    # the fine-tuned version names its source version and the pretraining run
+    c = _as_jobs_user(monkeypatch, tracking_server["uri"])
+    src = c.get_model_version_by_alias("bert-pretrain", "latest-pretrain")
+    ft = c.get_model_version("bert-finetune-sequence-classification", "1")
+    assert ft.tags["source_model"] == f"models:/bert-pretrain/{src.version}"
+    assert ft.tags["pretrain_run_id"] == src.tags["run_id"]
+
+
+def test_a_learning_rate_sweep_registers_the_best_trial(pretrained, tracking_server, ray_head, repo_root, shared_dir,
+                                                        tmp_path, monkeypatch):
+    """`--tune.lr 1e-4,3e-3` on `scratch:tiny` with the registered pretrained model's vocabulary: Ray Tune runs a
+    trial per LR (each the job's Ray Train run, rank 0 logging to the server with the cluster's credentials),
+    MLflow holds one parent run and a child run per LR, and the one registered version is the best trial's (the
+    higher eval accuracy of the two, ties to the lower eval loss, as the loop picks epochs)."""
+    task = shared_dir / "tasks" / "pydocs_topic"
+    out = subprocess.run(
+        [sys.executable, str(repo_root / "jobs" / "finetune.py"), "--model", "scratch:tiny",
+         "--task", "sequence-classification", "--train", str(task / "train.tsv"), "--eval", str(task / "dev.tsv"),
+         "--data.tokenizer", "models:/bert-pretrain@latest-pretrain", "--data.max_seq_length", "32",
+         "--data.max_train_examples", "64", "--data.max_eval_examples", "32", "--train.batch_size", "16",
+         "--train.max_steps", "4", "--tune.lr", "1e-4,3e-3", "--train.storage_path", str(tmp_path / "sweep"),
+         "--tracking.experiment", "tune-lr", "--tracking.model_name", "tune-lr"],
+        cwd=tmp_path, env={**job_env(tracking_server["uri"]), "RAY_ADDRESS": ray_head}, capture_output=True, text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert JOBS_PASSWORD not in out.stdout + out.stderr
+    c = _as_jobs_user(monkeypatch, tracking_server["uri"])
+    source = c.get_model_version_by_alias("bert-pretrain", "latest-pretrain")
+    _check_sweep(out.stdout.strip().splitlines(), c, tmp_path / "sweep", source)
+
+
+def _check_sweep(lines: list[str], c, storage: Path, tokenizer_mv) -> None:
+    metrics = json.loads(lines[-1])  # the stdout contract: the last line is the (best trial's) eval metrics
+    assert lines[-2].startswith("registered models:/tune-lr/1 (run "), lines[-2]
+    # one line per trial start and end and one naming the best; none of Tune's own tables or banners
+    assert sum(line.startswith("[tune] trial ") for line in lines) == 4
+    assert sum(line.startswith("[tune] best: lr ") for line in lines) == 1
+    assert not any(s in "\n".join(lines) for s in ("Trial status", "View detailed results", "Configuration for experiment"))
+
+    runs = c.search_runs([c.get_experiment_by_name("tune-lr").experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(runs) == 3 and len(parents) == 1, [r.info.run_name for r in runs]
+    parent = parents[0]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(float(r.data.params["train.lr"]) for r in children) == [1e-4, 3e-3]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert parent.data.params["tune.lr"] == "[0.0001, 0.003]" and "train.lr" not in parent.data.params
+    for r in children:  # each trial trained with the Ray Train loop, rank 0 logging into its child run
+        assert [m.step for m in c.get_metric_history(r.info.run_id, "train/loss")] == [1, 2, 3, 4]
+        assert (storage / r.info.run_name).is_dir()  # its checkpoints under train.storage_path
+        # the scratch model's vocabulary is the registered pretrained model's
+        assert r.data.tags["scratch_tokenizer_model"] == f"models:/bert-pretrain/{tokenizer_mv.version}"
+    assert (storage / parent.info.run_name).is_dir()  # Tune's experiment directory too
+
+    best = max(children, key=lambda r: (r.data.metrics["best/accuracy"], -r.data.metrics["best/loss"]))
+    (mv,) = c.search_model_versions("name = 'tune-lr'")  # exactly one version: the other trial registers nothing
+    assert lines[-2] == f"registered models:/tune-lr/{mv.version} (run {best.info.run_id})"
+    assert mv.run_id == best.info.run_id and mv.tags["run_id"] == best.info.run_id
+    assert mv.tags["tune_parent_run_id"] == parent.info.run_id and mv.tags["task"] == "sequence-classification"
+    assert c.get_model_version_by_alias("tune-lr", "latest-finetune").version == mv.version
+    assert parent.data.tags["tune_best_run_id"] == best.info.run_id
+    assert float(parent.data.tags["tune_best_lr"]) == parent.data.metrics["tune/best_lr"] == float(best.data.params["train.lr"])
+    assert metrics["accuracy"] == pytest.approx(best.data.metrics["best/accuracy"])
+    assert parent.data.metrics["best/accuracy"] == pytest.approx(metrics["accuracy"])

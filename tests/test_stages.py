@@ -58,11 +58,13 @@ def _run(cfg, tmp, remote=False, extra=()):
 
 
 @pytest.fixture(scope="module")
-def two_runs(ray_local, inputs, minilm_dir, tmp_path_factory):
+def ray_prepared(ray_local, inputs, minilm_dir, tmp_path_factory):
+    """The small corpus prepared on Ray by two actors (`a`), the reference of the module's comparisons: local
+    workers (test_local_preparation_is_byte_identical_to_ray), one Ray actor (test_documents_cut_across_batches_
+    count_once_on_every_path), two nodes (test_two_nodes_spread_the_work_and_write_the_same_bytes)."""
     tmp = tmp_path_factory.mktemp("dag")
-    a, _ = _run(_cfg(inputs, tmp / "a", minilm_dir, num_actors=1), tmp)
-    b, _ = _run(_cfg(inputs, tmp / "b", minilm_dir, num_actors=2), tmp)
-    return tmp, a, b
+    a, _ = _run(_cfg(inputs, tmp / "a", minilm_dir, num_actors=2), tmp)
+    return tmp, a
 
 
 def _bytes(v):
@@ -70,13 +72,13 @@ def _bytes(v):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_local_preparation_is_byte_identical_to_ray(two_runs, inputs, minilm_dir, monkeypatch, capfd, workers):
+def test_local_preparation_is_byte_identical_to_ray(ray_prepared, inputs, minilm_dir, monkeypatch, capfd, workers):
     """Inputs up to data.local_max_bytes run without Ray: in the calling process, or on spawned local worker
     processes (one per LOCAL_WORKER_BYTES of input, here forced to two); the same shards as on Ray."""
     import pipeline.data.executors as executors
     import pipeline.data.progress as progress
 
-    tmp, a, _ = two_runs
+    tmp, a = ray_prepared
     monkeypatch.setattr(executors, "LOCAL_WORKER_BYTES", 1 if workers == 2 else 10**12)
     monkeypatch.setattr(progress, "PROGRESS_EVERY_S", 0.0)  # a progress line after every unit but the last
     here, logs = _run(_cfg(inputs, tmp / f"here{workers}", minilm_dir, local_max_bytes=10**9, num_actors=2), tmp)
@@ -97,7 +99,8 @@ def test_documents_cut_across_batches_count_once_on_every_path(ray_local, inputs
                                                                capfd):
     """Documents cut into pieces (max_document_chars) whose pieces fall into different batches (chunk_chars), the
     batches encoded on two local workers: the same shards and the same manifest figures (documents, pieces,
-    tokens) as one Ray actor reading each file whole."""
+    tokens) as one Ray actor reading each file whole. (With test_local_preparation_is_byte_identical_to_ray's
+    two actors: one Ray actor or two give the same bytes.)"""
     import pipeline.data.executors as executors
 
     kw = dict(chunk_chars=60_000, max_document_chars=20_000)
@@ -108,22 +111,15 @@ def test_documents_cut_across_batches_count_once_on_every_path(ray_local, inputs
     assert "batches across the workers" in capfd.readouterr().err
     a, b = on_ray["validate"].result, local["validate"].result
     assert _bytes(a) == _bytes(b)
+    assert a.config_hash == b.config_hash  # num_actors (1 here, 2 there) is not part of the output's identity
     assert {k: a.manifest[k] for k in _STATS} == {k: b.manifest[k] for k in _STATS}
     assert a.manifest["document_pieces"] > a.manifest["documents_written"]  # documents were cut
     m = a.manifest  # and each cut document still counts once
     assert m["documents_read"] == m["documents_written"] + m["documents_rejected"] == 6 + 60  # six books, 60 wiki articles (small_corpus)
 
 
-def test_byte_identical_across_one_and_two_actors(two_runs):
-    _, a, b = two_runs
-    va, vb = a["validate"].result, b["validate"].result
-    assert [s["sha256"] for s in va.manifest["shards"]] == [s["sha256"] for s in vb.manifest["shards"]]
-    assert _bytes(va) == _bytes(vb)
-    assert va.config_hash == vb.config_hash  # num_actors is not part of the output's identity
-
-
-def test_rerun_is_a_noop_and_says_up_to_date(two_runs, inputs, minilm_dir):
-    tmp, a, _ = two_runs
+def test_rerun_is_a_noop_and_says_up_to_date(ray_prepared, inputs, minilm_dir):
+    tmp, a = ray_prepared
     before = {p.name: p.stat().st_mtime_ns for p in (tmp / "a" / "shards").iterdir()}
     res, logs = _run(_cfg(inputs, tmp / "a", minilm_dir), tmp)
     assert res["vocab"].status == "skipped" and res["shards"].status == "skipped"
@@ -132,15 +128,15 @@ def test_rerun_is_a_noop_and_says_up_to_date(two_runs, inputs, minilm_dir):
     assert res["validate"].result.manifest_sha256 == a["validate"].result.manifest_sha256
 
 
-def test_different_config_never_overwrites_silently(two_runs, inputs, minilm_dir):
-    tmp, a, _ = two_runs
+def test_different_config_never_overwrites_silently(ray_prepared, inputs, minilm_dir):
+    tmp, a = ray_prepared
     with pytest.raises(OutputExistsError, match="different config"):
         data_stages(_cfg(inputs, tmp / "a", minilm_dir, seed=99))
     assert validate_output(str(tmp / "a"))["config_hash"] == a["validate"].result.config_hash
 
 
-def test_manifest_and_shard_statistics(two_runs):
-    tmp, a, _ = two_runs
+def test_manifest_and_shard_statistics(ray_prepared):
+    tmp, a = ray_prepared
     m = validate_output(str(tmp / "a"))
     assert m["documents_read"] == m["documents_written"] + m["documents_rejected"] == 6 + 60  # six books, 60 wiki articles (small_corpus)
     rows = [s["rows"] for s in m["shards"]]
@@ -169,8 +165,8 @@ def test_manifest_and_shard_statistics(two_runs):
     assert len(set(t.column("example_id").to_pylist())) == len(ids)
 
 
-def test_validation_detects_corruption(two_runs, tmp_path):
-    tmp, _, _ = two_runs
+def test_validation_detects_corruption(ray_prepared, tmp_path):
+    tmp, _ = ray_prepared
     c = tmp_path / "c"
     shutil.copytree(tmp / "a", c)
     shard = sorted((c / "shards").iterdir())[1]
@@ -240,11 +236,11 @@ def test_trained_vocab_and_file_uri_output(ray_local, shared_dir, tmp_path):
     assert again["vocab"].status == "skipped" and again["shards"].status == "skipped"
 
 
-def test_manifest_shard_paths_stay_inside_the_output(two_runs, tmp_path):
+def test_manifest_shard_paths_stay_inside_the_output(ray_prepared, tmp_path):
     """A manifest may only describe its own directory: absolute, URI and ../ shard paths are refused."""
     import json
 
-    tmp, _, _ = two_runs
+    tmp, _ = ray_prepared
     c = tmp_path / "escape"
     shutil.copytree(tmp / "a", c)
     m = json.loads((c / "manifest.json").read_text())
@@ -255,10 +251,10 @@ def test_manifest_shard_paths_stay_inside_the_output(two_runs, tmp_path):
             read_manifest(str(c))
 
 
-def test_truncated_shard_is_one_line_naming_the_file(two_runs, tmp_path):
+def test_truncated_shard_is_one_line_naming_the_file(ray_prepared, tmp_path):
     from pipeline.storage.io import StorageError, read_table
 
-    tmp, _, _ = two_runs
+    tmp, _ = ray_prepared
     c = tmp_path / "trunc"
     shutil.copytree(tmp / "a", c)
     shard = sorted((c / "shards").iterdir())[0]
