@@ -74,9 +74,13 @@ def pytest_unconfigure(config):  # noqa: ARG001 - pytest's hook signature
 
 # pyproject's addopts run the suite on two pytest-xdist workers, a module at a time (`--dist loadfile`): a module's
 # fixtures (its Ray cluster, its prepared data, its MLflow server) are made once, on the worker that runs it. The
-# modules go out in this order, the longest first (seconds of pytest each, serially on 2 quiet cores, 2026-11-27:
-# docs/testing.md), so that the workers end near together; the rest follow in file order.
-LONGEST_FIRST = ("test_pretrain_job", "test_finetune_job", "test_two_hosts", "test_stages", "test_secure_tracking",
+# modules go out in this order, the longest first (seconds of pytest each in the whole suite on 2 cores,
+# 2026-11-28: finetune_job 896, pretrain_job 847, two_hosts 602, secure_tracking 542, stages 425, ...;
+# docs/testing.md), so that the workers end near together; the rest follow in file order. (pytest-xdist hands a
+# worker its next module when two tests of its current one are left.) test_two_hosts goes fourth: whichever worker
+# takes it runs it after test_pretrain_job has written its one-host references (`one_host_reference`), which
+# test_two_hosts would otherwise train again.
+LONGEST_FIRST = ("test_finetune_job", "test_pretrain_job", "test_secure_tracking", "test_two_hosts", "test_stages",
                  "test_prepare_data_job", "test_jobs_cli", "test_modernbert_job", "test_executors", "test_pretrain_loop",
                  "test_preflight", "test_outage")
 
