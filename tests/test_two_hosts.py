@@ -161,6 +161,14 @@ def run_with_crash(cluster, repo_root, args: list[str], run_name: str, come_back
     return out, crash
 
 
+def record_crash(record_property, crash: dict) -> None:
+    """The crash's figures in the junit report (`--junitxml`; the printed lines show only on failure): seconds from
+    the submit to the crash, then from the crash to the host's return, the resumed line and the job's end; the
+    first submission's exit code (not 0: Ray did not recover within it and the command was submitted again)."""
+    record_property("crash", json.dumps({**{k: round(v, 1) for k, v in crash.items() if k.endswith("_s")},
+                                         "rc": crash["rc"], "on_s3": crash["on_s3"], "killed": len(crash["killed"])}))
+
+
 def read_from_outside(cluster, monkeypatch) -> None:
     """Point this process (a laptop outside the cluster's network) at the head's MLflow and bucket."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", cluster.mlflow_url)
@@ -169,7 +177,7 @@ def read_from_outside(cluster, monkeypatch) -> None:
     s3fs.S3FileSystem.clear_instance_cache()  # an instance cached under another endpoint (the session's S3) is not ours
 
 
-def test_two_hosts_train_like_one(cluster, reference, repo_root, monkeypatch):
+def test_two_hosts_train_like_one(cluster, reference, repo_root, monkeypatch, record_property):
     """`ray job submit` on the head of test_pretrain_job.py's baseline (same data settings, same training), with
     the corpus, the prepared data and the checkpoints on S3, checkpointing every step: the data actors and the
     two Train workers run on both hosts; the worker host crashes after the first checkpoint and comes back
@@ -181,6 +189,7 @@ def test_two_hosts_train_like_one(cluster, reference, repo_root, monkeypatch):
 
     b, name = cluster.bucket, "two-hosts"
     out, crash = run_with_crash(cluster, repo_root, job_args(b, name), name)
+    record_crash(record_property, crash)
     print(f"[two hosts] job {crash['job_s']:.1f}s; " + "; ".join(re.findall(r"\[stage \w+\] done in [0-9.]+s", out))
           + f"; the worker host crashed {crash['at_s']:.1f}s after the submit ({len(crash['killed'])} processes), back"
           f" in {crash['back_s']:.1f}s; the resumed line in the job's log {crash['resumed_s']:.1f}s and the job ended"
@@ -221,7 +230,7 @@ def test_two_hosts_train_like_one(cluster, reference, repo_root, monkeypatch):
     cluster.wait_nodes(2, "the worker host did not come back")  # the dead node gone, the restarted one alive
 
 
-def test_two_hosts_host_lost_for_good(cluster, reference_no_dropout, repo_root, monkeypatch):
+def test_two_hosts_host_lost_for_good(cluster, reference_no_dropout, repo_root, monkeypatch, record_property):
     """The same job, elastic (`train.min_workers 1`, one worker per host: `train.cpus_per_worker 1` of each host's
     1 CPU), under another run name: the worker host crashes after the first checkpoint and never comes back. Ray
     Train restarts the worker group on the one worker the head holds, from the newest S3 checkpoint, and the job
@@ -240,6 +249,7 @@ def test_two_hosts_host_lost_for_good(cluster, reference_no_dropout, repo_root, 
     assert cluster.alive_nodes() == 2  # both hosts, as the module's cluster (or the previous case) left them
     args = [*job_args(b, name), *pj.NO_DROPOUT, "--train.min_workers", "1", "--train.cpus_per_worker", "1"]
     out, crash = run_with_crash(cluster, repo_root, args, name, come_back=False)
+    record_crash(record_property, crash)
     assert crash["rc"] == 0, out[-5000:]  # one submission
     assert any(k.startswith("ray::RayTrainWorker") for k in crash["killed"]), crash["killed"]
     counts = [x for x in out.splitlines() if x.startswith("[train] ") and "worker" in x]
