@@ -585,9 +585,9 @@ def test_resuming_with_another_vocabulary_is_refused(interrupted, prepared, work
 def test_a_run_resumes_on_fewer_workers_with_the_same_losses(prepared, work, ft_store, capsys, one_host_reference):
     """Through Ray Train, checkpoints under a file:// URI: a 2-worker run, and a copy of it whose step-8
     checkpoint is damaged re-run on 1 worker: it resumes from the step-4 checkpoint the 2 workers wrote and logs
-    steps 5-8 with the 2-worker run's losses within 1e-3 relative (no dropout: each rank's dropout draws are its own, the one thing a resize changes;
-    the same on 1, 2 and 3 workers in this process: tests/test_elastic.py). Two Ray Train runs: 65-120 s on a
-    busy 2-core machine."""
+    steps 5-8 with the 2-worker run's losses within 1e-3 relative (no dropout: each rank's dropout draws are its
+    own, the one thing a resize changes; the same on 1, 2 and 3 workers in this process: tests/test_elastic.py).
+    Two Ray Train runs: 65-120 s on a busy 2-core machine."""
     from pipeline import tracking
 
     # checkpoints through a URI (pyarrow's file:// filesystem, as s3:// is on a cluster)

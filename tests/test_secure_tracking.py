@@ -239,8 +239,6 @@ def ray_head(tracking_server):
 @pytest.fixture(scope="module")
 def pretrained(tracking_server, ray_head, repo_root, shared_dir, tmp_path_factory):
     """The main job, a few steps on two small books, registering into the authenticated server."""
-    import json
-
     work = tmp_path_factory.mktemp("pretrain")
     inputs = json.dumps([str(shared_dir / "corpora" / "books" / b) for b in BOOKS])
     out = subprocess.run(
@@ -282,8 +280,6 @@ def test_pretraining_registers_a_version_on_the_authenticated_server(pretrained,
 
 def test_finetune_starts_from_latest_pretrain_on_the_server(pretrained, tracking_server, ray_head, repo_root, tmp_path,
                                                            monkeypatch):
-    import json
-
     rows = [("a cat sat on the mat", "animal"), ("the dog ran home", "animal"), ("sum the two numbers", "math"),
             ("divide by three", "math")] * 4
     for name in ("train.tsv", "dev.tsv"):
