@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -521,6 +522,28 @@ def test_free_port_skips_rays_default_ports_and_the_avoided(monkeypatch):
 
     monkeypatch.setattr(socket, "socket", FakeSocket)
     assert cluster.free_port(avoid=frozenset({41000})) == 41001
+
+
+@pytest.mark.parametrize("files,preset,actors", [(1, None, "1"), (10, None, "1"), (11, None, "2"), (25, None, "3"),
+                                                 (5000, None, "32"), (3, "7", "7")])
+def test_ray_data_parquet_reads_start_footer_readers_for_the_files_only(monkeypatch, files, preset, actors):
+    """Ray Data lists parquet files on a pool of footer-reading actors, 32 by default (each a worker process, for
+    every read): `cluster.read_parquet` asks for one per 10 files, at most 32, unless the user set the variable,
+    and leaves the environment as it was. (Its reads against a real Ray: tests/test_executors.py.)"""
+    import ray.data
+
+    from pipeline import cluster
+
+    if preset is None:
+        monkeypatch.delenv("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", preset)
+    seen = []
+    monkeypatch.setattr(ray.data, "read_parquet", lambda paths, **kw: seen.append(
+        (len(paths), kw, os.environ["RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"])) or "dataset")
+    assert cluster.read_parquet([f"f{i}.parquet" for i in range(files)], shuffle=None) == "dataset"
+    assert seen == [(files, {"shuffle": None}, actors)]
+    assert os.environ.get("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS") == preset
 
 
 @pytest.mark.slow  # a local Ray cluster's start and stop, ~15 s

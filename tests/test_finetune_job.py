@@ -1,7 +1,7 @@
 """Fine-tuning end to end on a real local Ray cluster and a real SQLite MLflow store.
 
 Budgets (2 CPU cores, CI): the real MiniLM checkpoint on pydocs_topic with a 1200-example seeded training subset,
-max_seq_length 48, one epoch of 75 steps at batch 16 (LR 3e-4), evaluated on the first 400 dev rows (the quality
+max_seq_length 48, one epoch of 40 steps at batch 16 (LR 3e-4), evaluated on the first 400 dev rows (the quality
 at the full budget is bench/continue_study.py's); NER (on two DDP workers, two epochs: one scores entity F1 0.26)
 and QA (one epoch) on the Bible-derived fixtures in tests/data with small subsets. The whole path through the
 command lines (pretraining, fine-tuning from the registered version, a `--tune.lr` sweep) is
@@ -47,23 +47,23 @@ def test_pydocs_topic_from_minilm(ray_local, store, shared_dir, minilm_dir):
     from mlflow import MlflowClient
 
     task = shared_dir / "tasks" / "pydocs_topic"
-    cfg = _cfg(store, "--data.max_seq_length", "48", "--data.max_train_examples", "1200", "--data.max_eval_examples", "400",
+    cfg = _cfg(store, "--data.max_seq_length", "48", "--data.max_train_examples", "640", "--data.max_eval_examples", "400",
                "--train.epochs", "1", "--train.batch_size", "16", "--train.lr", "3e-4", "--tracking.model_name", "pydocs-minilm")
     res = run_finetune(cfg, str(minilm_dir), "sequence-classification", str(task / "train.tsv"), str(task / "dev.tsv"),
                        str(store / "pydocs-model"))
     acc = res["metrics"]["accuracy"]
-    print(f"pydocs_topic dev accuracy (MiniLM, 75 steps): {acc:.4f}")
-    # chance is 1/6; measured 0.550 (800 examples: 0.448; the whole train set at 3 LRs and 3 seeds: 0.700 ± 0.013,
-    # bench/continue_study.py)
-    assert acc >= 0.5, res["metrics"]
+    print(f"pydocs_topic dev accuracy (MiniLM, 40 steps): {acc:.4f}")
+    # chance is 1/6; measured 2026-11-28: 0.440 (at LR 6e-4 too; 30 steps: 0.195, 75 steps: 0.550; the whole train
+    # set at 3 LRs and 3 seeds: 0.700 ± 0.013, bench/continue_study.py)
+    assert acc >= 0.35, res["metrics"]
 
     # MLflow: params, a loss per step, eval metrics, the label map, the registered version and its lineage
     c = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     run = c.get_run(res["run_id"])
     assert run.data.params["train.lr"] == "0.0003" and run.data.params["task"] == "sequence-classification"
-    assert len(c.get_metric_history(res["run_id"], "train/loss")) == 75
+    assert len(c.get_metric_history(res["run_id"], "train/loss")) == 40
     for key in ("train/lr", "train/grad_norm", "train/tokens_per_s", "train/accuracy"):  # the names pretraining uses
-        assert len(c.get_metric_history(res["run_id"], key)) == 75, key
+        assert len(c.get_metric_history(res["run_id"], key)) == 40, key
     assert run.info.status == "FINISHED" and "models:" not in res["run_name"] and len(res["run_name"]) <= 60
     assert (store / "runs" / res["run_name"]).is_dir()  # checkpoints under train.storage_path
     assert c.get_metric_history(res["run_id"], "eval/accuracy")[-1].value == pytest.approx(acc)
@@ -78,7 +78,7 @@ def test_pydocs_topic_from_minilm(ray_local, store, shared_dir, minilm_dir):
     inputs = {d.tags[0].value: d.dataset for d in run.inputs.dataset_inputs}
     assert {k: d.name for k, d in inputs.items()} == {"training": "train.tsv", "eval": "dev.tsv"}
     assert inputs["training"].digest == hashlib.sha256((task / "train.tsv").read_bytes()).hexdigest()[:36]
-    assert json.loads(inputs["eval"].profile)["features"] == 400 and json.loads(inputs["training"].profile)["features"] == 1200
+    assert json.loads(inputs["eval"].profile)["features"] == 400 and json.loads(inputs["training"].profile)["features"] == 640
 
     # the registered directory is a transformers checkpoint with the label names; its logits match ours
     transformers = pytest.importorskip("transformers")
@@ -116,8 +116,8 @@ def test_question_answering_bible(ray_local, store, minilm_dir, tmp_path):
     """Train on the SQuAD v2-style file (unanswerable questions train the [CLS] target), evaluate on its
     answerable dev questions as a v1.1 file, so the score is the quality of the decoded spans.
 
-    One epoch (16 steps of 16 windows; measured 2026-11-27: F1 58.5, EM 55.0; two epochs cost twice as much and
-    the thresholds hold at one). At this budget the v2 abstain decision is not learned reliably (measured at 32
+    One epoch of 160 questions at LR 3e-4 (11 steps of 16 windows; measured 2026-11-28: F1 68.7, EM 68.3; 240
+    questions at LR 2e-4, 16 steps: F1 58.5, EM 55.0; two epochs cost twice as much and the thresholds hold at one). At this budget the v2 abstain decision is not learned reliably (measured at 32
     steps: v2 F1 39.5 vs 32.2 for always abstaining, best-threshold F1 40.0); the no-answer path is tested with a
     real model in tests/test_finetune.py::test_evaluate_qa_no_answer_path and in tests/test_metrics.py.
     """
@@ -127,15 +127,15 @@ def test_question_answering_bible(ray_local, store, minilm_dir, tmp_path):
             para["qas"] = [{k: v for k, v in q.items() if k != "is_impossible"} for q in para["qas"] if not q["is_impossible"]]
     v1 = tmp_path / "bible_squad_dev_v1.json"
     v1.write_text(json.dumps({"version": "1.1", "data": doc["data"]}))
-    # 192 tokens hold most contexts whole (244 windows for 240 questions; the longer ones are split with stride)
-    cfg = _cfg(store, "--data.max_seq_length", "192", "--data.doc_stride", "32", "--data.max_train_examples", "240",
-               "--data.max_eval_examples", "60", "--train.epochs", "1", "--train.batch_size", "16", "--train.lr", "2e-4",
+    # 192 tokens hold most contexts whole (164 windows for 160 questions; the longer ones are split with stride)
+    cfg = _cfg(store, "--data.max_seq_length", "192", "--data.doc_stride", "32", "--data.max_train_examples", "160",
+               "--data.max_eval_examples", "60", "--train.epochs", "1", "--train.batch_size", "16", "--train.lr", "3e-4",
                "--tracking.register", "false")
     res = run_finetune(cfg, str(minilm_dir), "question-answering", str(DATA / "bible_squad_train.json"), str(v1))
     m = res["metrics"]
     print("bible QA (answerable dev, v1.1): " + json.dumps({k: round(v, 2) for k, v in m.items()}))
     assert "best_f1" not in m and "no_ans_exact" not in m  # v1.1: always answers, no null threshold
-    # an untrained head scores ~0 (measured after 16 steps: F1 54.6); the answer is one name among ~100 words
+    # an untrained head scores ~0 (these 11 steps: F1 68.7); the answer is one name among ~100 words
     assert m["f1"] >= 40 and m["exact_match"] >= 30, m
 
 
@@ -230,12 +230,20 @@ def test_interrupted_run_resumes_bit_identically(ray_local, store, shared_dir, m
     # checkpoints live under train.storage_path, in a directory named by the (short) run name
     assert list((store / "runs" / "ft-resumed").glob("checkpoint_*/best/model.safetensors"))
 
-    # a failure that is not recovered ends the MLflow run FAILED, never left RUNNING
-    def always_fail(step: int, rank: int) -> None:
-        raise RuntimeError("injected failure")
+    # a failure that is not recovered ends the MLflow run FAILED, never left RUNNING: the error Ray Train raises
+    # on the driver once its retries are spent (what it raises after a worker error: tests/test_jobs_cli.py's
+    # garbled-state test), without paying for a third Train run
+    import ray.train
 
-    with pytest.raises(Exception, match="injected failure"):
-        finetune("ft-failed", on_step=always_fail)
+    from pipeline.finetune import runs
+
+    def train_fails(*args, **kwargs):
+        raise ray.train.TrainingFailedError("injected failure")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runs, "fit_run", train_fails)
+        with pytest.raises(ray.train.TrainingFailedError, match="injected failure"):
+            finetune("ft-failed")
     from mlflow import MlflowClient
 
     from pipeline import tracking

@@ -3,8 +3,8 @@ and a private socket directory) and `mlflow server --app-name basic-auth` on top
 commands cluster.yaml runs on the head (rendered: repository path, secret file, `sudo -u postgres` dropped).
 
 Then: an unauthenticated REST call is refused (401); a job with a wrong password fails in one line before Ray
-starts; the main job registers a version with the jobs' credentials, fine-tuning starts from `@latest-pretrain`
-on that server, and a `--tune.lr` sweep registers its best trial there, the jobs joining one local Ray cluster
+starts; the main job registers a version with the jobs' credentials, and fine-tuning from `@latest-pretrain` on
+that server with a `--tune.lr` sweep registers its best trial there, the jobs joining one local Ray cluster
 started with the jobs' credentials in its environment, as cluster.yaml starts Ray. The passwords must not appear
 in any param, tag or job output.
 """
@@ -278,42 +278,19 @@ def test_pretraining_registers_a_version_on_the_authenticated_server(pretrained,
         assert secret not in pretrained["stdout"] + pretrained["stderr"]
 
 
-def test_finetune_starts_from_latest_pretrain_on_the_server(pretrained, tracking_server, ray_head, repo_root, tmp_path,
-                                                           monkeypatch):
-    rows = [("a cat sat on the mat", "animal"), ("the dog ran home", "animal"), ("sum the two numbers", "math"),
-            ("divide by three", "math")] * 4
-    for name in ("train.tsv", "dev.tsv"):
-        (tmp_path / name).write_text("sentence\tlabel\n" + "".join(f"{s}\t{label}\n" for s, label in rows))
-    out = subprocess.run(
-        [sys.executable, str(repo_root / "jobs" / "finetune.py"), "--model", "models:/bert-pretrain@latest-pretrain",
-         "--task", "sequence-classification", "--train", str(tmp_path / "train.tsv"), "--eval", str(tmp_path / "dev.tsv"),
-         "--train.max_steps", "2"],
-        cwd=tmp_path, env={**job_env(tracking_server["uri"]), "RAY_ADDRESS": ray_head}, capture_output=True, text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    metrics = json.loads(out.stdout.strip().splitlines()[-1])
-    assert "accuracy" in metrics
-    assert JOBS_PASSWORD not in out.stdout + out.stderr
-    # the fine-tuned version names its source version and the pretraining run
-    c = _as_jobs_user(monkeypatch, tracking_server["uri"])
-    src = c.get_model_version_by_alias("bert-pretrain", "latest-pretrain")
-    ft = c.get_model_version("bert-finetune-sequence-classification", "1")
-    assert ft.tags["source_model"] == f"models:/bert-pretrain/{src.version}"
-    assert ft.tags["pretrain_run_id"] == src.tags["run_id"]
-
-
-def test_a_learning_rate_sweep_registers_the_best_trial(pretrained, tracking_server, ray_head, repo_root, shared_dir,
-                                                        tmp_path, monkeypatch):
-    """`--tune.lr 1e-4,3e-3` on `scratch:tiny` with the registered pretrained model's vocabulary: Ray Tune runs a
-    trial per LR (each the job's Ray Train run, rank 0 logging to the server with the cluster's credentials),
-    MLflow holds one parent run and a child run per LR, and the one registered version is the best trial's (the
-    higher eval accuracy of the two, ties to the lower eval loss, as the loop picks epochs)."""
+def test_finetuning_from_latest_pretrain_with_a_learning_rate_sweep_registers_the_best_trial(
+        pretrained, tracking_server, ray_head, repo_root, shared_dir, tmp_path, monkeypatch):
+    """Fine-tuning starts from `models:/bert-pretrain@latest-pretrain` on the server, with `--tune.lr 1e-4,3e-3`:
+    Ray Tune runs a trial per LR (each the job's Ray Train run, rank 0 logging to the server with the cluster's
+    credentials), MLflow holds one parent run and a child run per LR, and the one registered version is the best
+    trial's (the higher eval accuracy of the two, ties to the lower eval loss, as the loop picks epochs); it names
+    its source version and the pretraining run. (A scratch model's vocabulary from the registry:
+    tests/test_finetune.py::test_resolve_registry_lineage.)"""
     task = shared_dir / "tasks" / "pydocs_topic"
     out = subprocess.run(
-        [sys.executable, str(repo_root / "jobs" / "finetune.py"), "--model", "scratch:tiny",
+        [sys.executable, str(repo_root / "jobs" / "finetune.py"), "--model", "models:/bert-pretrain@latest-pretrain",
          "--task", "sequence-classification", "--train", str(task / "train.tsv"), "--eval", str(task / "dev.tsv"),
-         "--data.tokenizer", "models:/bert-pretrain@latest-pretrain", "--data.max_seq_length", "32",
+         "--data.max_seq_length", "32",
          "--data.max_train_examples", "64", "--data.max_eval_examples", "32", "--train.batch_size", "16",
          "--train.max_steps", "4", "--tune.lr", "1e-4,3e-3", "--train.storage_path", str(tmp_path / "sweep"),
          "--tracking.experiment", "tune-lr", "--tracking.model_name", "tune-lr"],
@@ -327,7 +304,7 @@ def test_a_learning_rate_sweep_registers_the_best_trial(pretrained, tracking_ser
     _check_sweep(out.stdout.strip().splitlines(), c, tmp_path / "sweep", source)
 
 
-def _check_sweep(lines: list[str], c, storage: Path, tokenizer_mv) -> None:
+def _check_sweep(lines: list[str], c, storage: Path, source_mv) -> None:
     metrics = json.loads(lines[-1])  # the stdout contract: the last line is the (best trial's) eval metrics
     assert lines[-2].startswith("registered models:/tune-lr/1 (run "), lines[-2]
     # one line per trial start and end and one naming the best; none of Tune's own tables or banners
@@ -346,8 +323,8 @@ def _check_sweep(lines: list[str], c, storage: Path, tokenizer_mv) -> None:
     for r in children:  # each trial trained with the Ray Train loop, rank 0 logging into its child run
         assert [m.step for m in c.get_metric_history(r.info.run_id, "train/loss")] == [1, 2, 3, 4]
         assert (storage / r.info.run_name).is_dir()  # its checkpoints under train.storage_path
-        # the scratch model's vocabulary is the registered pretrained model's
-        assert r.data.tags["scratch_tokenizer_model"] == f"models:/bert-pretrain/{tokenizer_mv.version}"
+        # each trial starts from the registered pretrained version (the alias resolved to its number)
+        assert r.data.tags["source_model"] == f"models:/bert-pretrain/{source_mv.version}"
     assert (storage / parent.info.run_name).is_dir()  # Tune's experiment directory too
 
     best = max(children, key=lambda r: (r.data.metrics["best/accuracy"], -r.data.metrics["best/loss"]))
@@ -356,6 +333,9 @@ def _check_sweep(lines: list[str], c, storage: Path, tokenizer_mv) -> None:
     assert mv.run_id == best.info.run_id and mv.tags["run_id"] == best.info.run_id
     assert mv.tags["tune_parent_run_id"] == parent.info.run_id and mv.tags["task"] == "sequence-classification"
     assert c.get_model_version_by_alias("tune-lr", "latest-finetune").version == mv.version
+    # the registered version names its source version and the pretraining run
+    assert mv.tags["source_model"] == f"models:/bert-pretrain/{source_mv.version}"
+    assert mv.tags["pretrain_run_id"] == source_mv.tags["run_id"]
     assert parent.data.tags["tune_best_run_id"] == best.info.run_id
     assert float(parent.data.tags["tune_best_lr"]) == parent.data.metrics["tune/best_lr"] == float(best.data.params["train.lr"])
     assert metrics["accuracy"] == pytest.approx(best.data.metrics["best/accuracy"])

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from pipeline import cluster
 from pipeline.config import DataConfig
 from pipeline.data.arrow import arrow, fixed_rows, numpy_of
 from pipeline.data.dedup import Edges, find_edges
@@ -368,8 +369,6 @@ def ray_duplicate_edges(paths: list[str], params: DedupParams) -> tuple[Edges, E
     representative); and each candidate's signature once, partitioned by its component. A partition is one block
     (`repartition(keys=...)`, as under `groupby().map_groups`), so each function below sees whole groups and
     whole components. The same edges as `dedup.find_edges` over all records."""
-    import ray.data
-
     from pipeline.data import dedup
 
     parts = _partitions(sum(_parquet_rows(p) for p in paths))
@@ -378,7 +377,7 @@ def ray_duplicate_edges(paths: list[str], params: DedupParams) -> tuple[Edges, E
         keys = np.stack([numpy_of(t["exact_hi"]), numpy_of(t["exact_lo"])], 1)
         return _edge_table(dedup.exact_edges(numpy_of(t["doc_id"]), keys))
 
-    ids = ray.data.read_parquet(paths, columns=["doc_id", "exact_hi", "exact_lo"])
+    ids = cluster.read_parquet(paths, columns=["doc_id", "exact_hi", "exact_lo"])
     exact = _edges_of(ids.repartition(parts, keys=["exact_hi", "exact_lo"]).map_batches(
         exact_part, batch_format="pyarrow", batch_size=None))
     if params.mode != "near":
@@ -394,7 +393,7 @@ def ray_duplicate_edges(paths: list[str], params: DedupParams) -> tuple[Edges, E
     def candidates(t: pa.Table) -> pa.Table:
         return _key_table(*dedup.candidate_rows(numpy_of(t["key"]), numpy_of(t["doc_id"])))
 
-    sigs = ray.data.read_parquet(paths, columns=["doc_id", "sig"])
+    sigs = cluster.read_parquet(paths, columns=["doc_id", "sig"])
     bands = sigs.map_batches(band_rows, batch_format="pyarrow").repartition(parts, keys=["key"])
     found = list(bands.map_batches(candidates, batch_format="pyarrow", batch_size=None).iter_batches(
         batch_format="pyarrow", batch_size=None))

@@ -100,7 +100,7 @@ def _materialized(files: list[str]):
         fs, path = filesystem(f)
         size += fs.size(path)
     if size > READ_HERE_BYTES:
-        return ray.data.read_parquet(files, shuffle=None).materialize()
+        return cluster.read_parquet(files, shuffle=None).materialize()
     # from_blocks, not from_arrow: from_arrow sends a Ray task per table to read back its row count and schema,
     # which the driver has in hand; each task's worker process imports Ray Data first (1-3 CPU-s a process, two
     # processes a job), and a job's processes are its own, so every job paid them. A table is a block, one per file.
@@ -110,8 +110,6 @@ def _materialized(files: list[str]):
 def _ray_datasets(plans: list[PhasePlan], materialize: bool) -> dict[str, Any]:
     """Per phase one ordered Ray Dataset of the training rows that every rank reads (`p<i>_train`) and the held-out
     rows (`p<i>_eval`)."""
-    import ray.data
-
     out: dict[str, Any] = {}
     for i, p in enumerate(plans):
         if materialize:
@@ -122,9 +120,9 @@ def _ray_datasets(plans: list[PhasePlan], materialize: bool) -> dict[str, Any]:
             if p.eval_files:
                 out[f"p{i}_eval"] = held
         else:
-            out[f"p{i}_train"] = ray.data.read_parquet(list(p.train_files), shuffle=None)
+            out[f"p{i}_train"] = cluster.read_parquet(list(p.train_files), shuffle=None)
             if p.eval_files:
-                out[f"p{i}_eval"] = ray.data.read_parquet(list(p.eval_files), shuffle=None)
+                out[f"p{i}_eval"] = cluster.read_parquet(list(p.eval_files), shuffle=None)
     return out
 
 
