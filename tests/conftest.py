@@ -30,6 +30,9 @@ os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 # No test drains a node: no preemption watcher actor per Ray Train run (pipeline.cluster.connect does the same for
 # the private local clusters the jobs start)
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+# Idle Ray workers kept 10 s, not 1 s, by every test cluster too (what pipeline.cluster.connect sets for a private
+# local cluster: fewer worker processes started again for each burst of Ray tasks)
+os.environ.setdefault("RAY_idle_worker_killing_time_threshold_ms", "10000")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

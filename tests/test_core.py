@@ -549,7 +549,8 @@ def test_ray_data_parquet_reads_start_footer_readers_for_the_files_only(monkeypa
 @pytest.mark.slow  # a local Ray cluster's start and stop, ~15 s
 def test_disconnect_leaves_no_forkserver_directory_of_the_local_cluster(monkeypatch):
     """Ray's dashboard runs a multiprocessing forkserver whose pymp-* directory Ray never removes: `disconnect`
-    does, and leaves a live program's pymp-* directory alone."""
+    does, and leaves a live program's pymp-* directory alone. And the private cluster keeps idle worker processes
+    10 s beyond Ray's soft limit (Ray's default: 1 s), so a burst of tasks after a pause reuses them."""
     import contextlib
     import shutil
     import tempfile
@@ -563,6 +564,7 @@ def test_disconnect_leaves_no_forkserver_directory_of_the_local_cluster(monkeypa
 
     tmp_path = Path(tempfile.mkdtemp(prefix="dc-", dir="/tmp"))  # short: Ray's socket paths under it have a limit
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_idle_worker_killing_time_threshold_ms", raising=False)  # connect's own default, not conftest's
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the cluster's processes inherit it
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     live_dir = tmp_path / "pymp-live"
@@ -578,6 +580,20 @@ def test_disconnect_leaves_no_forkserver_directory_of_the_local_cluster(monkeypa
                 time.sleep(0.5)
             made = [d for d in tmp_path.glob("pymp-*") if d != live_dir]
             assert made, "the dashboard made no pymp-* directory: nothing here to clean"
+
+            # four zero-CPU tasks at once on a 1-CPU cluster: several worker processes; 3 s after they end, Ray's
+            # default would have killed all but one (its soft limit is the CPU count)
+            import psutil
+
+            @ray.remote(num_cpus=0)
+            def pid() -> int:
+                time.sleep(2)
+                return os.getpid()
+
+            pids = set(ray.get([pid.remote() for _ in range(4)]))
+            assert len(pids) >= 3, pids
+            time.sleep(3)
+            assert all(psutil.pid_exists(p) for p in pids), [p for p in pids if not psutil.pid_exists(p)]
         finally:
             cluster.disconnect()
         assert not ray.is_initialized()

@@ -101,6 +101,9 @@ def environ(**values: str):
                 os.environ[k] = v
 
 
+IDLE_WORKER_KEEP_MS = 10_000
+"""How long a private local cluster keeps an idle Ray worker process beyond Ray's soft limit (Ray's default: 1 s)."""
+
 _LOCAL_STARTED: float | None = None
 """When this process started its private local cluster (connect), for `disconnect`'s clean-up; None otherwise."""
 
@@ -120,6 +123,12 @@ def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
         # prints a core-worker error about its constructor arguments on every job's console) has nothing to watch.
         # The cluster's processes inherit this environment; on a real cluster (RAY_ADDRESS) the watcher stays.
         os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+        # Ray keeps as many idle worker processes as the machine has CPUs and kills the others after 1 s idle; a
+        # job's bursts of Ray tasks (zero-CPU stage tasks, Ray Data's tasks at fractions of a CPU) then start new
+        # ones, each paying Python's and Ray's imports again. Kept 10 s instead: six books prepared twice on Ray on
+        # 2 cores started 22 worker processes instead of 34, in 0.58 of the CPU-seconds (bench/idle_workers.py,
+        # bench/RESULTS.md "Job cost"); idle workers past the limit still go after 10 s.
+        os.environ.setdefault("RAY_idle_worker_killing_time_threshold_ms", str(IDLE_WORKER_KEEP_MS))
     if address != "local":
         gcs = _gcs_address(address)
         if address == "auto" and gcs is None:
