@@ -8,6 +8,6 @@ from pipeline.cluster.connect import (RayStartError, check_resources, connect, d
 from pipeline.cluster.train import (Scale, checkpoint_dir, checkpoint_uri, checkpoints, fit, num_nodes, prepare_model,
                                     report, resume_checkpoint, uploads_in_background, worker)
 
-__all__ = ["RayStartError", "Scale", "check_resources", "checkpoint_dir", "checkpoint_uri", "checkpoints", "connect", "disconnect",
-           "environ", "fit", "free_port", "num_nodes", "prepare_model", "quiet_ray_data", "quiet_ray_train", "read_parquet", "report",
-           "resume_checkpoint", "session_log_dir", "uploads_in_background", "worker"]
+__all__ = ["RayStartError", "Scale", "check_resources", "checkpoint_dir", "checkpoint_uri", "checkpoints", "connect",
+           "disconnect", "environ", "fit", "free_port", "num_nodes", "prepare_model", "quiet_ray_data", "quiet_ray_train",
+           "read_parquet", "report", "resume_checkpoint", "session_log_dir", "uploads_in_background", "worker"]
