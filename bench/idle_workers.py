@@ -44,7 +44,6 @@ def one_run(out: str, shared: str) -> dict:
     """In this process: the two preparations on a new private cluster; what they cost."""
     sys.path.insert(0, str(REPO))
     import psutil
-    import ray
 
     from pipeline import cluster
     from pipeline.config import DataConfig

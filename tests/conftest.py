@@ -30,9 +30,12 @@ os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 # No test drains a node: no preemption watcher actor per Ray Train run (pipeline.cluster.connect does the same for
 # the private local clusters the jobs start)
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-# Idle Ray workers kept 10 s, not 1 s, by every test cluster too (what pipeline.cluster.connect sets for a private
-# local cluster: fewer worker processes started again for each burst of Ray tasks)
-os.environ.setdefault("RAY_idle_worker_killing_time_threshold_ms", "10000")
+# Idle Ray workers kept as long by every test cluster as by the private local cluster pipeline.cluster.connect
+# starts (10 s, not Ray's 1 s: fewer worker processes started again for each burst of Ray tasks); the module
+# imports no Ray
+from pipeline.cluster.connect import IDLE_WORKER_KEEP_MS  # noqa: E402
+
+os.environ.setdefault("RAY_idle_worker_killing_time_threshold_ms", str(IDLE_WORKER_KEEP_MS))
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
