@@ -9,6 +9,9 @@
 #   back in $OUT:     steps.log (every table) and steps.jsonl (one JSON line per run: setting + rows)
 #   a dry run here:   STEP_DEVICE=cpu OUT=/tmp/gpu_step bash bench/gpu_step.sh   (tiny preset, a few seconds a run)
 #   STEP_SET=tune:    the second lease's set instead (profiles, larger micro-batches, large at 512, autotune)
+#   STEP_SET=modernbert: issue 33's GPU rows (bench/modernbert_step.py): modernbert-base at 1,024 and 8,192 tokens
+#                     and modernbert-large at 1,024, bf16, MFU, ours against transformers; nothing to carry
+#     run(command="STEP_SET=modernbert STEP_BUDGET=250 bash bench/gpu_step.sh", timeout_s=270)
 #   STEP_SET=tune2:   the third lease's: every dropout 0 and FP8 GEMMs (torchao), compiled, base and large at
 #                     256 x 128. It needs torchao, which the image lacks: carry .whl-step (3.4 MB), made here with
 #     pip download torchao==0.18.0 --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -54,8 +57,34 @@ step() {  # step NAME SECONDS ARGS...: one train_step.py run, its table into ste
   [ "$rc" = 0 ] || { echo "=== $name: exit $rc" | tee -a "$OUT/steps.log"; failed=1; }
 }
 
+mbstep() {  # mbstep NAME SECONDS ARGS...: one bench/modernbert_step.py run (issue 33's GPU rows), into steps.log
+  local name=$1 limit=$2
+  shift 2
+  local left=$((budget - SECONDS))
+  [ "$left" -lt "$limit" ] && limit=$left
+  [ "$limit" -ge 20 ] || { echo "=== $name: skipped, ${left}s left" | tee -a "$OUT/steps.log"; failed=1; return; }
+  echo "=== $(date -u +%T) $name (limit ${limit}s): modernbert_step.py $*" | tee -a "$OUT/steps.log"
+  timeout "$limit" "$PY" bench/modernbert_step.py "${mbcommon[@]}" "$@" 2>&1 | grep -v "Loading weights" | tee -a "$OUT/steps.log"
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] || { echo "=== $name: exit $rc" | tee -a "$OUT/steps.log"; failed=1; }
+}
+if [ "$DEV" = cuda ]; then
+  mb=modernbert-base mbl=modernbert-large r1k=32 r8k=4 s1k=1024 s8k=8192 mbv=50368
+  mbcommon=(--device cuda --dtype bf16 --mfu --rounds 3 --steps 10)
+else
+  mb=modernbert-tiny mbl=modernbert-tiny r1k=1 r8k=1 s1k=128 s8k=256 mbv=100
+  mbcommon=(--device cpu --dtype bf16 --mfu --rounds 1 --steps 1)
+fi
+
 [ "$DEV" = cuda ] && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee -a "$OUT/steps.log"
-if [ "${STEP_SET:-goals}" = tune2 ]; then
+if [ "${STEP_SET:-goals}" = modernbert ]; then
+  # Issue 33's GPU rows: ModernBERT-base at 1,024 (phase 1) and 8,192 (the long-context phase), 32k tokens a step,
+  # rows packed by document (50-600 tokens each), 30% masked, our model (document-bounded attention, the head on
+  # the masked rows) against transformers' (attention across the whole row), bf16 autocast; then -large at 1,024.
+  mbstep mb1k 80 --preset $mb --rows $r1k --seq $s1k --vocab $mbv --impls transformers,ours
+  mbstep mb8k 100 --preset $mb --rows $r8k --seq $s8k --vocab $mbv --impls transformers,ours
+  mbstep mbl1k 90 --preset $mbl --rows $((r1k / 2 > 0 ? r1k / 2 : 1)) --seq $s1k --vocab $mbv --impls transformers,ours
+elif [ "${STEP_SET:-goals}" = tune2 ]; then
   # The third lease's set (bench/RESULTS.md "The second H200 lease": 15 ms of the compiled base step is memory-bound
   # layer norm, dropout and GELU; large's 55% needs FP8 GEMMs). Each run: the compiled product step, then without
   # any dropout (a recipe change), then with FP8 GEMMs (never a bf16 row), then both; base profiled.

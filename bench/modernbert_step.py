@@ -12,6 +12,17 @@ Rounds are interleaved, the order flipping each round (the machine is shared); t
     python bench/modernbert_step.py --preset modernbert-mini --rounds 3
     python bench/modernbert_step.py --threads 1 --attention [--flex-compile]   # the attention kernels compared
 
+On a GPU (the GPU issue's ModernBERT rows; the lease's call is in bench/gpu_step.sh, STEP_SET=modernbert):
+
+    python bench/modernbert_step.py --device cuda --dtype bf16 --preset modernbert-base --rows 32 --seq 1024 \
+        --vocab 50368 --impls transformers,ours --mfu --rounds 3 --steps 10
+
+`--dtype bf16` runs forward and loss under autocast (weights and AdamW in fp32, as the training loop does);
+`--mfu` adds model FLOPs (`model.flops.train_flops`: the documents as the attention spans, the masked rows through
+the head) per second over the device's dense bf16 peak (`model.flops.dense_bf16_peak`, 989.4 TFLOP/s for an
+H100/H200); on CUDA the table adds the peak memory (`torch.cuda.max_memory_allocated`) of each implementation's
+steps, and each timing waits for the device (`torch.cuda.synchronize`).
+
 `--attention` times one attention call (2 heads of 64, the same packed rows) for each way the issue named:
 SDPA with the document (+ window) boolean mask per row, which the model uses; SDPA on jagged tensors (documents as
 rows: global layers only, it takes no mask, so no window); FlexAttention with a document (+ window) BlockMask,
@@ -72,31 +83,55 @@ def build(impl: str, cfg: ModernBertConfig, directory: str) -> tuple[torch.nn.Mo
     return model, lambda m, b: m(b["input_ids"], **{k: b[k] for k in keys}).loss
 
 
-def time_steps(cfg: ModernBertConfig, batch: dict[str, torch.Tensor], rounds: int, steps: int) -> dict[str, list]:
+def time_steps(cfg: ModernBertConfig, batch: dict[str, torch.Tensor], rounds: int, steps: int,
+               impls: tuple[str, ...] = IMPLS, device: str = "cpu", dtype: str = "fp32") -> dict[str, list]:
     """(wall, CPU) seconds per step of each implementation and round, `steps` timed steps per round after one
-    warm-up step. CPU time is this process's: on a shared machine it counts the work, not the waiting."""
+    warm-up step. CPU time is this process's: on a shared machine it counts the work, not the waiting. On CUDA each
+    timing waits for the device, and `times["peak_mib"]` holds each implementation's peak memory."""
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
     with tempfile.TemporaryDirectory() as d:
         ref = ModernBertForMaskedLM(cfg)
         save_hf(ref, d)
         torch.save(ref.state_dict(), os.path.join(d, "ours.pt"))
-        built = {impl: build(impl, cfg, d) for impl in IMPLS}
-    opts = {impl: torch.optim.AdamW(m.parameters(), lr=1e-4) for impl, (m, _) in built.items()}
+        built = {impl: build(impl, cfg, d) for impl in impls}
+    built = {impl: (m.to(dev), fn) for impl, (m, fn) in built.items()}
+    batch = {k: v.to(dev) for k, v in batch.items()}
+    opts = {impl: torch.optim.AdamW(m.parameters(), lr=1e-4, **({"fused": True} if cuda else {}))
+            for impl, (m, _) in built.items()}
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
 
     def step(impl: str) -> None:
         model, loss_fn = built[impl]
-        loss_fn(model.train(), batch).backward()
+        with autocast:
+            loss = loss_fn(model.train(), batch)
+        loss.backward()
         opts[impl].step()
         opts[impl].zero_grad(set_to_none=True)
 
-    for impl in IMPLS:
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    peak: dict[str, float] = {}
+    for impl in impls:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(dev)
         step(impl)
-    times: dict[str, list] = {impl: [] for impl in IMPLS}
+        sync()
+        if cuda:
+            peak[impl] = torch.cuda.max_memory_allocated(dev) / 2**20
+    times: dict[str, list] = {impl: [] for impl in impls}
     for r in range(rounds):
-        for impl in (IMPLS if r % 2 == 0 else IMPLS[::-1]):
+        for impl in (impls if r % 2 == 0 else impls[::-1]):
+            sync()
             t, cpu = time.perf_counter(), time.process_time()
             for _ in range(steps):
                 step(impl)
+            sync()
             times[impl].append(((time.perf_counter() - t) / steps, (time.process_time() - cpu) / steps))
+    if cuda:
+        times["peak_mib"] = peak  # type: ignore[assignment]
     return times
 
 
@@ -192,30 +227,61 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default, one per core)")
     p.add_argument("--attention", action="store_true", help="time the attention kernels instead of the step")
     p.add_argument("--flex-compile", action="store_true", help="with --attention: compile FlexAttention (slow)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="bf16: forward and loss under autocast")
+    p.add_argument("--impls", default=",".join(IMPLS), help=f"comma list of {', '.join(IMPLS)}")
+    p.add_argument("--mfu", action="store_true", help="model FLOPs per second over the device's dense bf16 peak")
     args = p.parse_args(argv)
+    impls = tuple(x for x in args.impls.split(",") if x)
+    bad = [x for x in impls if x not in IMPLS]
+    if bad or not impls:
+        p.error(f"--impls: unknown {', '.join(bad) or '(none given)'}; choose from {', '.join(IMPLS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     cfg = ModernBertConfig.from_preset(args.preset, vocab_size=args.vocab)
     batch = make_batch(args.rows, args.seq, args.vocab, args.mask_rate)
     print(f"{args.preset}, {args.rows} rows x {args.seq} tokens, {len(batch['cu_seqlens']) - 1} documents, "
-          f"vocab {args.vocab}, {args.mask_rate:.0%} masked, fp32, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}, transformers {transformers.__version__}")
+          f"vocab {args.vocab}, {args.mask_rate:.0%} masked, {args.dtype}, {torch.get_num_threads()} threads, "
+          f"device {device_name(args.device)}, torch {torch.__version__}, transformers {transformers.__version__}")
     if args.attention:
         attention_table(batch, cfg, args.flex_compile)
         return {}
-    print(f"loss check without documents: |ours - transformers| = {check_losses_agree(cfg, batch):.2e}")
-    times = time_steps(cfg, batch, args.rounds, args.steps)
+    if "transformers" in impls and "ours" in impls:
+        print(f"loss check without documents: |ours - transformers| = {check_losses_agree(cfg, batch):.2e}")
+    times = time_steps(cfg, batch, args.rounds, args.steps, impls, args.device, args.dtype)
+    peak_mib = times.pop("peak_mib", {})
     tokens = args.rows * args.seq
-    wall = {impl: statistics.median(w for w, _ in times[impl]) for impl in IMPLS}
-    cpu = {impl: statistics.median(c for _, c in times[impl]) for impl in IMPLS}
-    print(f"\n| implementation | step s (median of {args.rounds}) | tokens/s | vs transformers "
-          f"| CPU s / step | vs transformers (CPU time) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for impl in IMPLS:
-        print(f"| {impl} | {wall[impl]:.3f} | {tokens / wall[impl]:,.0f} | {wall['transformers'] / wall[impl]:.2f}x "
-              f"| {cpu[impl]:.3f} | {cpu['transformers'] / cpu[impl]:.2f}x |")
-    return {impl: (wall[impl], cpu[impl]) for impl in IMPLS}
+    wall = {impl: statistics.median(w for w, _ in times[impl]) for impl in impls}
+    cpu = {impl: statistics.median(c for _, c in times[impl]) for impl in impls}
+    ref = "transformers" if "transformers" in impls else impls[0]
+    flops = peak = None
+    if args.mfu:
+        from model.flops import dense_bf16_peak, train_flops
+
+        cu = batch["cu_seqlens"]
+        flops = train_flops(cfg, (cu[1:] - cu[:-1]).tolist(), batch["masked_lm_positions"].numel())
+        peak = dense_bf16_peak(device_name(args.device))
+        if peak is None:
+            print(f"no MFU: {device_name(args.device)} is not in model.flops.DENSE_BF16_PEAK")
+    extra = (" | TFLOP/s | MFU" if flops else "") + (" | peak MiB" if peak_mib else "")
+    print(f"\n| implementation | step s (median of {args.rounds}) | tokens/s | vs {ref} "
+          f"| CPU s / step | vs {ref} (CPU time){extra} |")
+    print("| --- | ---: | ---: | ---: | ---: | ---:" + " | ---:" * extra.count("|") + " |")
+    for impl in impls:
+        cells = ""
+        if flops:
+            cells += f" | {flops / wall[impl] / 1e12:.1f} | " + (f"{flops / wall[impl] / peak:.1%}" if peak else "-")
+        if peak_mib:
+            cells += f" | {peak_mib[impl]:,.0f}"
+        print(f"| {impl} | {wall[impl]:.3f} | {tokens / wall[impl]:,.0f} | {wall[ref] / wall[impl]:.2f}x "
+              f"| {cpu[impl]:.3f} | {cpu[ref] / cpu[impl]:.2f}x{cells} |")
+    return {impl: (wall[impl], cpu[impl]) for impl in impls}
+
+
+def device_name(device: str) -> str:
+    """The device as torch names it (a GPU's product name), or "cpu"."""
+    return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "cpu"
 
 
 if __name__ == "__main__":

@@ -33,3 +33,20 @@ def test_every_implementation_steps_and_is_timed(bench, capsys):
     loss_gap = float(text.split("|ours - transformers| = ")[1].split()[0])
     assert loss_gap <= 1e-5
     assert text.count("\n| ") == 2 + len(bench.IMPLS) and "| transformers | " in text
+
+
+def test_chosen_implementations_in_bf16_with_the_flop_columns(bench, capsys):
+    """The GPU lease's form (bench/gpu_step.sh STEP_SET=modernbert) at CPU shapes: only the implementations asked
+    for, bf16 autocast, and the TFLOP/s and MFU columns (no MFU on a CPU: not in the peak table, said once)."""
+    out = bench.main(["--rows", "1", "--seq", "64", "--vocab", "100", "--rounds", "1", "--steps", "1",
+                      "--dtype", "bf16", "--impls", "ours", "--mfu"])
+    assert list(out) == ["ours"]
+    text = capsys.readouterr().out
+    assert "no MFU: cpu is not in model.flops.DENSE_BF16_PEAK" in text and "loss check" not in text
+    header = next(line for line in text.splitlines() if line.startswith("| implementation"))
+    assert header.endswith("| TFLOP/s | MFU |") and "vs ours" in header
+    row = next(line for line in text.splitlines() if line.startswith("| ours |")).split("|")
+    assert float(row[-3]) >= 0 and row[-2].strip() == "-"
+    with pytest.raises(SystemExit):
+        bench.main(["--impls", "ours,turbo"])
+    assert "--impls: unknown turbo" in capsys.readouterr().err
