@@ -7,7 +7,7 @@
 #   the device call:  run(command="STEP_BUDGET=250 bash bench/gpu_step.sh", timeout_s=270)   (the lease's call 2:
 #                     bench/RESULTS.md, "What the next lease runs"; STEP_BUDGET = the call's timeout less 20 s)
 #   back in $OUT:     steps.log (every table) and steps.jsonl (one JSON line per run: setting + rows)
-#   a dry run here:   STEP_DEVICE=cpu OUT=/tmp/gpu_step bash bench/gpu_step.sh   (tiny preset, a few seconds a run)
+#   a dry run here:   d=$(mktemp -d); STEP_DEVICE=cpu OUT=$d TMPDIR=$d bash bench/gpu_step.sh; rm -rf $d   (tiny shapes)
 #   STEP_SET=tune:    the second lease's set instead (profiles, larger micro-batches, large at 512, autotune)
 #   STEP_SET=modernbert: issue 33's GPU rows (bench/modernbert_step.py): modernbert-base at 1,024 and 8,192 tokens
 #                     and modernbert-large at 1,024, bf16, MFU, ours against transformers; nothing to carry
@@ -28,7 +28,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/gpu_step}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/gpu_step_inductor}
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-${TMPDIR:-/tmp}/gpu_step_inductor}
 PY=${PYTHON:-python3}
 DEV=${STEP_DEVICE:-cuda}
 if [ "$DEV" = cuda ]; then
@@ -39,35 +39,28 @@ else  # dry run: the same runs, the smallest shapes
   common=(--device cpu --dtype bf16 --warmup 1 --steps 1 --rounds 1 --no-memory)
 fi
 if ls "${STEP_WHL:-.whl-step}"/*.whl >/dev/null 2>&1; then  # carried wheels (torchao for +fp8) beside the image's
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-step \
-    "${STEP_WHL:-.whl-step}"/*.whl && export PYTHONPATH=/tmp/site-step${PYTHONPATH:+:$PYTHONPATH}
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "${TMPDIR:-/tmp}/site-step" \
+    "${STEP_WHL:-.whl-step}"/*.whl && export PYTHONPATH=${TMPDIR:-/tmp}/site-step${PYTHONPATH:+:$PYTHONPATH}
 fi
 failed=0
 budget=${STEP_BUDGET:-250}  # seconds for all runs: the call's timeout less a margin; a run gets at most what is left
 
-step() {  # step NAME SECONDS ARGS...: one train_step.py run, its table into steps.log, its rows into steps.jsonl
+run_one() {  # run_one NAME SECONDS COMMAND...: one benchmark run within what is left of the budget, into steps.log
   local name=$1 limit=$2
   shift 2
   local left=$((budget - SECONDS))
   [ "$left" -lt "$limit" ] && limit=$left
   [ "$limit" -ge 20 ] || { echo "=== $name: skipped, ${left}s left" | tee -a "$OUT/steps.log"; failed=1; return; }
   echo "=== $(date -u +%T) $name (limit ${limit}s): $*" | tee -a "$OUT/steps.log"
-  timeout "$limit" "$PY" bench/train_step.py "${common[@]}" "$@" --json "$OUT/steps.jsonl" 2>&1 | tee -a "$OUT/steps.log"
+  timeout "$limit" "$@" 2>&1 | grep --line-buffered -v "Loading weights" | tee -a "$OUT/steps.log"
   local rc=${PIPESTATUS[0]}
   [ "$rc" = 0 ] || { echo "=== $name: exit $rc" | tee -a "$OUT/steps.log"; failed=1; }
 }
+# step NAME SECONDS ARGS...: one train_step.py run, its table into steps.log, its rows into steps.jsonl
+step() { run_one "$1" "$2" "$PY" bench/train_step.py "${common[@]}" "${@:3}" --json "$OUT/steps.jsonl"; }
+# mbstep NAME SECONDS ARGS...: one bench/modernbert_step.py run (issue 33's GPU rows)
+mbstep() { run_one "$1" "$2" "$PY" bench/modernbert_step.py "${mbcommon[@]}" "${@:3}"; }
 
-mbstep() {  # mbstep NAME SECONDS ARGS...: one bench/modernbert_step.py run (issue 33's GPU rows), into steps.log
-  local name=$1 limit=$2
-  shift 2
-  local left=$((budget - SECONDS))
-  [ "$left" -lt "$limit" ] && limit=$left
-  [ "$limit" -ge 20 ] || { echo "=== $name: skipped, ${left}s left" | tee -a "$OUT/steps.log"; failed=1; return; }
-  echo "=== $(date -u +%T) $name (limit ${limit}s): modernbert_step.py $*" | tee -a "$OUT/steps.log"
-  timeout "$limit" "$PY" bench/modernbert_step.py "${mbcommon[@]}" "$@" 2>&1 | grep -v "Loading weights" | tee -a "$OUT/steps.log"
-  local rc=${PIPESTATUS[0]}
-  [ "$rc" = 0 ] || { echo "=== $name: exit $rc" | tee -a "$OUT/steps.log"; failed=1; }
-}
 if [ "$DEV" = cuda ]; then
   mb=modernbert-base mbl=modernbert-large r1k=32 r8k=4 s1k=1024 s8k=8192 mbv=50368
   mbcommon=(--device cuda --dtype bf16 --mfu --rounds 3 --steps 10)
