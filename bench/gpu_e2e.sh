@@ -145,7 +145,7 @@ if [[ $PARTS == *base* ]]; then
   else
     say "loopref: skipped, ${left}s left"
   fi
-  start base2 "${BASE[@]}"; finish base2 200
+  start base2 "${BASE[@]}"; finish base2 240  # it took ~200 s on an H200 (2026-11-28), exit included
 fi
 
 printf '{"tiny": %s, "base1": %s, "base2": %s}\n' "${STATUS[tiny]:-null}" "${STATUS[base1]:-null}" "${STATUS[base2]:-null}" >"$WORK/status.json"

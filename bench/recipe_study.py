@@ -208,8 +208,8 @@ def finetune(model_dir: str | None, tokenizer: str, task: Path, lr: float, seed:
     import torch
 
     from model import BertConfig
+    from model.build import load_model
     from model.heads import BertForSequenceClassification
-    from model.hf import load_hf
     from pipeline.core.optim import make_optimizer
     from pipeline.core.precision import make_scaler
     from pipeline.core.step import Trainable, train_step
@@ -225,8 +225,8 @@ def finetune(model_dir: str | None, tokenizer: str, task: Path, lr: float, seed:
     if model_dir is None:  # scratch: the preset at random init, with the tokenizer's vocabulary
         vocab = sum(1 for _ in open(Path(tokenizer) / "vocab.txt", encoding="utf-8"))
         model = BertForSequenceClassification(BertConfig.from_preset(preset, vocab_size=vocab, **head))
-    else:
-        model = load_hf(model_dir, BertForSequenceClassification, **head)
+    else:  # the task's head of the checkpoint's family (BERT or ModernBERT), as jobs/finetune.py builds it
+        model = load_model(model_dir, "sequence-classification", **head, problem_type=td.problem_type)
     model.to(dev)
     per_epoch = micro_batches_per_epoch(len(td.train["input_ids"]), 1, 32)
     total = epochs * per_epoch
