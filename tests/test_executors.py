@@ -78,3 +78,26 @@ def test_ray_grouping_equals_the_local_sort_and_ships_a_signature_once(ray_local
     # one signature row per candidate document: the near copies, their originals, the band-0 sharers
     assert 250 < verify["rows"] <= reps and verify["bytes"] <= verify["rows"] * (512 + 16) + 4096
     assert sum(s["bytes"] for s in seen) <= 2 * sigs.nbytes  # the goal of issue 36: <= 2x the signatures' bytes
+
+
+def test_the_ray_executor_groups_up_to_the_limit_in_memory_and_past_it_on_ray_data(tmp_path, monkeypatch):
+    """RayExecutor.duplicate_edges: records up to MEMORY_GROUPING_MAX_RECORDS are grouped in the driver's memory
+    (no Ray Data, the actors kept for the tokenize pass), more go to `ray_duplicate_edges` (the actors ended
+    first). Both give the local sort's edges (`ray_duplicate_edges` itself: the test above)."""
+    from types import SimpleNamespace
+
+    from pipeline.data import executors
+
+    paths, orders, exact, sigs = _records(tmp_path)
+    params = DedupParams(mode="near")
+    want = resolve(*find_edges(orders, exact, sigs, params))
+    released, on_ray = [], []
+    executor = SimpleNamespace(release=lambda: released.append(True))  # what duplicate_edges uses of the executor
+    monkeypatch.setattr(executors, "ray_duplicate_edges",
+                        lambda p, prm: on_ray.append(p) or executors.memory_duplicate_edges(p, prm))
+    monkeypatch.setattr(executors, "MEMORY_GROUPING_MAX_RECORDS", len(orders))
+    assert resolve(*executors.RayExecutor.duplicate_edges(executor, paths, params)).equals(want)
+    assert on_ray == [] and released == []
+    monkeypatch.setattr(executors, "MEMORY_GROUPING_MAX_RECORDS", len(orders) - 1)
+    assert resolve(*executors.RayExecutor.duplicate_edges(executor, paths, params)).equals(want)
+    assert on_ray == [paths] and released == [True]

@@ -214,14 +214,7 @@ class LocalExecutor(_Executor):
         return "in this process" if self.pool is None else f"on {self.workers} local worker processes"
 
     def duplicate_edges(self, paths: list[str], params: DedupParams) -> tuple[Edges, Edges]:
-        """The dedup pass's grouping, here: every record's keys and signature in memory (648 bytes a document at
-        the default), grouped by a sort (`dedup.find_edges`)."""
-        tables = [read_table(p, columns=["doc_id", "exact_hi", "exact_lo"]) for p in paths]
-        orders = np.concatenate([numpy_of(t.column("doc_id")) for t in tables])
-        exact = np.stack([np.concatenate([numpy_of(t.column(c)) for t in tables]) for c in ("exact_hi", "exact_lo")], 1)
-        sigs = (np.concatenate([fixed_rows(read_table(p, columns=["sig"]).column("sig"), np.uint32) for p in paths])
-                if params.mode == "near" else None)
-        return find_edges(orders, exact, sigs, params)
+        return memory_duplicate_edges(paths, params)
 
     def imap(self, calls: Iterable[Call]) -> Iterator[tuple[Call, Any]]:
         if self.pool is None:
@@ -315,10 +308,13 @@ class RayExecutor(_Executor):
             ready[seq] = (call, ray.get(ref))
 
     def duplicate_edges(self, paths: list[str], params: DedupParams) -> tuple[Edges, Edges]:
-        """The dedup pass's grouping on Ray Data, across the cluster (`ray_duplicate_edges`). The actors are ended
-        first: Ray Data's tasks need their CPUs."""
+        """The dedup pass's grouping: up to MEMORY_GROUPING_MAX_RECORDS records on the driver
+        (`memory_duplicate_edges`), more on Ray Data across the cluster (`ray_duplicate_edges`; the actors are ended
+        first: Ray Data's tasks need their CPUs). The edges are the same either way."""
         from pipeline.cluster import quiet_ray_data
 
+        if sum(_parquet_rows(p) for p in paths) <= MEMORY_GROUPING_MAX_RECORDS:
+            return memory_duplicate_edges(paths, params)
         quiet_ray_data()  # the "[data]" lines are this stage's progress
         self.release()
         return ray_duplicate_edges(paths, params)
@@ -329,6 +325,23 @@ class RayExecutor(_Executor):
         for a in self.actors:
             ray.kill(a)
         self.actors = []
+
+
+MEMORY_GROUPING_MAX_RECORDS = 250_000
+"""Up to this many records the Ray executor groups them on the driver as the local executor does (0.65 KB a record:
+0.16 GB here), not by Ray Data's three hash shuffles, whose fixed cost is tens of CPU-seconds at any size
+(bench/RESULTS.md "Corpus scale"). Past it one process's memory would grow with the corpus; the shuffles' does not."""
+
+
+def memory_duplicate_edges(paths: list[str], params: DedupParams) -> tuple[Edges, Edges]:
+    """The dedup pass's grouping in this process: every record's keys and signature in memory (648 bytes a
+    document at the default), grouped by a sort (`dedup.find_edges`)."""
+    tables = [read_table(p, columns=["doc_id", "exact_hi", "exact_lo"]) for p in paths]
+    orders = np.concatenate([numpy_of(t.column("doc_id")) for t in tables])
+    exact = np.stack([np.concatenate([numpy_of(t.column(c)) for t in tables]) for c in ("exact_hi", "exact_lo")], 1)
+    sigs = (np.concatenate([fixed_rows(read_table(p, columns=["sig"]).column("sig"), np.uint32) for p in paths])
+            if params.mode == "near" else None)
+    return find_edges(orders, exact, sigs, params)
 
 
 def _parquet_rows(path: str) -> int:
