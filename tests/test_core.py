@@ -599,3 +599,33 @@ def test_disconnect_leaves_no_forkserver_directory_of_the_local_cluster(monkeypa
         assert not ray.is_initialized()
         assert [d.name for d in tmp_path.glob("pymp-*")] == ["pymp-live"]
         assert (live_dir / "listener-x").exists()
+
+
+@pytest.mark.parametrize("raised, shown", [
+    (RuntimeError("\nFailed to start the dashboard, return code 1\nmore"), "Failed to start the dashboard, return code 1"),
+    (TimeoutError(), "TimeoutError"),
+])
+def test_a_failed_ray_start_is_one_line_that_says_why(monkeypatch, raised, shown):
+    """`connect`'s error when ray.init fails: the first line of the exception that says something (a dashboard
+    that failed to start raises a message starting with an empty line: the job printed "...(local): " and
+    nothing more), else the exception's type."""
+    import ray
+
+    import importlib
+
+    from pipeline import cluster
+    from pipeline.cluster.connect import RayStartError
+
+    connect_module = importlib.import_module("pipeline.cluster.connect")  # the package's `connect` is the function
+
+    def fail(**_kwargs):
+        raise raised
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # connect's setdefaults stay in this test
+    monkeypatch.setattr(connect_module, "_LOCAL_STARTED", None)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", fail)
+    with pytest.raises(RayStartError) as e:
+        cluster.connect(1)
+    assert str(e.value) == f"could not start or join Ray (local): {shown}"

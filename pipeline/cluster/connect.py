@@ -150,7 +150,9 @@ def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
         if callable(handler):  # Ray's core worker installs its own (it aborts the process): keep the job's
             signal.signal(signal.SIGTERM, handler)
     except Exception as e:  # noqa: BLE001 - e.g. "node timed out during startup" on an overloaded machine
-        raise RayStartError(f"could not start or join Ray ({address}): {str(e).splitlines()[0]}") from None
+        # its first line that says something (a failed dashboard's message starts with an empty line), else its type
+        why = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise RayStartError(f"could not start or join Ray ({address}): {why}") from None
     return address
 
 
