@@ -609,9 +609,9 @@ def test_a_failed_ray_start_is_one_line_that_says_why(monkeypatch, raised, shown
     """`connect`'s error when ray.init fails: the first line of the exception that says something (a dashboard
     that failed to start raises a message starting with an empty line: the job printed "...(local): " and
     nothing more), else the exception's type."""
-    import ray
-
     import importlib
+
+    import ray
 
     from pipeline import cluster
     from pipeline.cluster.connect import RayStartError
