@@ -94,10 +94,10 @@ def test_the_ray_executor_groups_up_to_the_limit_in_memory_and_past_it_on_ray_da
     released, on_ray = [], []
     executor = SimpleNamespace(release=lambda: released.append(True))  # what duplicate_edges uses of the executor
     monkeypatch.setattr(executors, "ray_duplicate_edges",
-                        lambda p, prm: on_ray.append(p) or executors.memory_duplicate_edges(p, prm))
+                        lambda p, prm, rows: on_ray.append((p, rows)) or executors.memory_duplicate_edges(p, prm))
     monkeypatch.setattr(executors, "MEMORY_GROUPING_MAX_RECORDS", len(orders))
     assert resolve(*executors.RayExecutor.duplicate_edges(executor, paths, params)).equals(want)
     assert on_ray == [] and released == []
     monkeypatch.setattr(executors, "MEMORY_GROUPING_MAX_RECORDS", len(orders) - 1)
     assert resolve(*executors.RayExecutor.duplicate_edges(executor, paths, params)).equals(want)
-    assert on_ray == [paths] and released == [True]
+    assert on_ray == [(paths, len(orders))] and released == [True]  # the count read once, handed on

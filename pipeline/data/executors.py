@@ -308,16 +308,16 @@ class RayExecutor(_Executor):
             ready[seq] = (call, ray.get(ref))
 
     def duplicate_edges(self, paths: list[str], params: DedupParams) -> tuple[Edges, Edges]:
-        """The dedup pass's grouping: up to MEMORY_GROUPING_MAX_RECORDS records on the driver
-        (`memory_duplicate_edges`), more on Ray Data across the cluster (`ray_duplicate_edges`; the actors are ended
-        first: Ray Data's tasks need their CPUs). The edges are the same either way."""
+        """The dedup pass's grouping: up to MEMORY_GROUPING_MAX_RECORDS records here, more on Ray Data across the
+        cluster (the actors ended first: Ray Data's tasks need their CPUs). The same edges either way."""
         from pipeline.cluster import quiet_ray_data
 
-        if sum(_parquet_rows(p) for p in paths) <= MEMORY_GROUPING_MAX_RECORDS:
+        rows = sum(_parquet_rows(p) for p in paths)
+        if rows <= MEMORY_GROUPING_MAX_RECORDS:
             return memory_duplicate_edges(paths, params)
         quiet_ray_data()  # the "[data]" lines are this stage's progress
         self.release()
-        return ray_duplicate_edges(paths, params)
+        return ray_duplicate_edges(paths, params, rows)
 
     def close(self) -> None:
         import ray
@@ -328,9 +328,9 @@ class RayExecutor(_Executor):
 
 
 MEMORY_GROUPING_MAX_RECORDS = 250_000
-"""Up to this many records the Ray executor groups them on the driver as the local executor does (0.65 KB a record:
-0.16 GB here), not by Ray Data's three hash shuffles, whose fixed cost is tens of CPU-seconds at any size
-(bench/RESULTS.md "Corpus scale"). Past it one process's memory would grow with the corpus; the shuffles' does not."""
+"""Up to this many records the Ray executor groups them on the driver as the local executor does (0.65 KB a record),
+not by Ray Data's three hash shuffles, whose fixed cost is tens of CPU-seconds at any size (bench/RESULTS.md
+"Corpus scale"); past it one process's memory would grow with the corpus, the shuffles' does not."""
 
 
 def memory_duplicate_edges(paths: list[str], params: DedupParams) -> tuple[Edges, Edges]:
@@ -376,15 +376,15 @@ def _key_table(keys: np.ndarray, orders: np.ndarray) -> pa.Table:
     return pa.table([arrow(keys, pa.uint64()), arrow(orders, pa.int64())], names=["key", "doc_id"])
 
 
-def ray_duplicate_edges(paths: list[str], params: DedupParams) -> tuple[Edges, Edges]:
-    """(exact, near) edges of the records `sign` wrote to `paths`, on Ray Data (pipeline/data/dedup.py's module
-    docstring has the steps). Three hash shuffles: exact keys with ids; band keys with ids (`bands` rows of 16 B a
-    representative); and each candidate's signature once, partitioned by its component. A partition is one block
-    (`repartition(keys=...)`, as under `groupby().map_groups`), so each function below sees whole groups and
+def ray_duplicate_edges(paths: list[str], params: DedupParams, rows: int | None = None) -> tuple[Edges, Edges]:
+    """(exact, near) edges of the `rows` records (counted here when None) `sign` wrote to `paths`, on Ray Data
+    (dedup.py's module docstring has the steps). Three hash shuffles: exact keys with ids; band keys with ids (`bands`
+    rows of 16 B a representative); and each candidate's signature once, partitioned by its component. A partition is
+    one block (`repartition(keys=...)`, as under `groupby().map_groups`): each function below sees whole groups and
     whole components. The same edges as `dedup.find_edges` over all records."""
     from pipeline.data import dedup
 
-    parts = _partitions(sum(_parquet_rows(p) for p in paths))
+    parts = _partitions(sum(_parquet_rows(p) for p in paths) if rows is None else rows)
 
     def exact_part(t: pa.Table) -> pa.Table:
         keys = np.stack([numpy_of(t["exact_hi"]), numpy_of(t["exact_lo"])], 1)
