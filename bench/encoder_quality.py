@@ -41,14 +41,13 @@ def main() -> int:
     ap.add_argument("--task", default=str(REPO.parent / "shared" / "tasks" / "pydocs_topic"))
     ap.add_argument("--lrs", default="1e-4,3e-4,1e-3,3e-3")
     ap.add_argument("--seeds", default="1,2,3")
-    ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="JSON file for the figures")
     a = ap.parse_args()
 
     import torch
 
-    from recipe_study import finetune
+    from recipe_study import finetune_grid
 
     torch.set_num_threads(a.threads)
     lrs = [float(x) for x in a.lrs.split(",")]
@@ -58,18 +57,11 @@ def main() -> int:
         for item in a.model:
             name, _, spec = item.partition("=")
             local = resolve(spec, str(Path(tmp) / name))
-            grid: dict[str, list[float]] = {}
             t0 = time.perf_counter()
-            for lr in lrs:
-                grid[str(lr)] = []
-                for seed in seeds:
-                    acc = finetune(local, local, Path(a.task), lr, seed, "cpu", epochs=a.epochs)["accuracy"]
-                    grid[str(lr)].append(acc)
-                    print(f"  {name} lr {lr:g} seed {seed}: dev accuracy {acc:.4f}", flush=True)
-            best = max(grid, key=lambda k: statistics.mean(grid[k]))
-            accs = grid[best]
-            results[name] = {"spec": spec, "grid": grid, "best_lr": float(best), "mean": statistics.mean(accs),
-                             "sd": statistics.stdev(accs) if len(accs) > 1 else 0.0, "seconds": time.perf_counter() - t0}
+            ft = finetune_grid(local, local, Path(a.task), lrs, seeds, "cpu",
+                               say=lambda line, name=name: print(f"  {name} {line}", flush=True))
+            results[name] = {"spec": spec, "grid": ft["grid"], "best_lr": ft["best_lr"], "mean": ft["accuracy_mean"],
+                             "sd": ft["accuracy_sd"], "seconds": time.perf_counter() - t0}
     for name, r in results.items():
         print(f"\n{name} ({r['spec']}): dev accuracy, mean over seeds {seeds}")
         print("| LR | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |\n|---:|" + "---:|" * (len(seeds) + 1))

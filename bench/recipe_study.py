@@ -35,6 +35,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -246,9 +247,18 @@ def finetune(model_dir: str | None, tokenizer: str, task: Path, lr: float, seed:
 
 
 def finetune_grid(model_dir: str | None, tokenizer: str, task: Path, lrs: list[float], seeds: list[int], device: str,
-                  preset: str = "tiny", smoke: bool = False) -> dict[str, Any]:
+                  preset: str = "tiny", smoke: bool = False,
+                  say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Dev accuracy at every LR and seed; the best LR is the one with the highest mean over the seeds. `say` gets a
+    line per fine-tuning run."""
     kw = {"epochs": 1, "max_train": 96} if smoke else {}
-    grid = {str(lr): [finetune(model_dir, tokenizer, task, lr, s, device, preset, **kw)["accuracy"] for s in seeds] for lr in lrs}
+    grid: dict[str, list[float]] = {}
+    for lr in lrs:
+        grid[str(lr)] = []
+        for s in seeds:
+            grid[str(lr)].append(finetune(model_dir, tokenizer, task, lr, s, device, preset, **kw)["accuracy"])
+            if say is not None:
+                say(f"lr {lr:g} seed {s}: dev accuracy {grid[str(lr)][-1]:.4f}")
     best_lr = max(grid, key=lambda k: statistics.mean(grid[k]))
     acc = grid[best_lr]
     return {"grid": grid, "seeds": seeds, "best_lr": float(best_lr), "accuracy_mean": statistics.mean(acc),
