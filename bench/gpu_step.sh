@@ -62,10 +62,10 @@ step() { run_one "$1" "$2" "$PY" bench/train_step.py "${common[@]}" "${@:3}" --j
 mbstep() { run_one "$1" "$2" "$PY" bench/modernbert_step.py "${mbcommon[@]}" "${@:3}"; }
 
 if [ "$DEV" = cuda ]; then
-  mb=modernbert-base mbl=modernbert-large r1k=32 r8k=4 s1k=1024 s8k=8192 mbv=50368
+  mb=modernbert-base mbl=modernbert-large r1k=32 rl1k=16 r8k=4 s1k=1024 s8k=8192 mbv=50368
   mbcommon=(--device cuda --dtype bf16 --mfu --rounds 3 --steps 10)
 else
-  mb=modernbert-tiny mbl=modernbert-tiny r1k=1 r8k=1 s1k=128 s8k=256 mbv=100
+  mb=modernbert-tiny mbl=modernbert-tiny r1k=1 rl1k=1 r8k=1 s1k=128 s8k=256 mbv=100
   mbcommon=(--device cpu --dtype bf16 --mfu --rounds 1 --steps 1)
 fi
 
@@ -76,7 +76,7 @@ if [ "${STEP_SET:-goals}" = modernbert ]; then
   # the masked rows) against transformers' (attention across the whole row), bf16 autocast; then -large at 1,024.
   mbstep mb1k 80 --preset $mb --rows $r1k --seq $s1k --vocab $mbv --impls transformers,ours
   mbstep mb8k 100 --preset $mb --rows $r8k --seq $s8k --vocab $mbv --impls transformers,ours
-  mbstep mbl1k 90 --preset $mbl --rows $((r1k / 2 > 0 ? r1k / 2 : 1)) --seq $s1k --vocab $mbv --impls transformers,ours
+  mbstep mbl1k 90 --preset $mbl --rows $rl1k --seq $s1k --vocab $mbv --impls transformers,ours
 elif [ "${STEP_SET:-goals}" = tune2 ]; then
   # The third lease's set (bench/RESULTS.md "The second H200 lease": 15 ms of the compiled base step is memory-bound
   # layer norm, dropout and GELU; large's 55% needs FP8 GEMMs). Each run: the compiled product step, then without

@@ -84,10 +84,11 @@ def build(impl: str, cfg: ModernBertConfig, directory: str) -> tuple[torch.nn.Mo
 
 
 def time_steps(cfg: ModernBertConfig, batch: dict[str, torch.Tensor], rounds: int, steps: int,
-               impls: tuple[str, ...] = IMPLS, device: str = "cpu", dtype: str = "fp32") -> dict[str, list]:
+               impls: tuple[str, ...] = IMPLS, device: str = "cpu",
+               dtype: str = "fp32") -> tuple[dict[str, list], dict[str, float]]:
     """(wall, CPU) seconds per step of each implementation and round, `steps` timed steps per round after one
-    warm-up step. CPU time is this process's: on a shared machine it counts the work, not the waiting. On CUDA each
-    timing waits for the device, and `times["peak_mib"]` holds each implementation's peak memory."""
+    warm-up step, and on CUDA each implementation's peak MiB ({} on a CPU). CPU time is this process's: on a shared
+    machine it counts the work, not the waiting. On CUDA each timing waits for the device."""
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     with tempfile.TemporaryDirectory() as d:
@@ -130,9 +131,7 @@ def time_steps(cfg: ModernBertConfig, batch: dict[str, torch.Tensor], rounds: in
                 step(impl)
             sync()
             times[impl].append(((time.perf_counter() - t) / steps, (time.process_time() - cpu) / steps))
-    if cuda:
-        times["peak_mib"] = peak  # type: ignore[assignment]
-    return times
+    return times, peak
 
 
 def check_losses_agree(cfg: ModernBertConfig, batch: dict[str, torch.Tensor]) -> float:
@@ -249,8 +248,7 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
         return {}
     if "transformers" in impls and "ours" in impls:
         print(f"loss check without documents: |ours - transformers| = {check_losses_agree(cfg, batch):.2e}")
-    times = time_steps(cfg, batch, args.rounds, args.steps, impls, args.device, args.dtype)
-    peak_mib = times.pop("peak_mib", {})
+    times, peak_mib = time_steps(cfg, batch, args.rounds, args.steps, impls, args.device, args.dtype)
     tokens = args.rows * args.seq
     wall = {impl: statistics.median(w for w, _ in times[impl]) for impl in impls}
     cpu = {impl: statistics.median(c for _, c in times[impl]) for impl in impls}
