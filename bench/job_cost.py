@@ -88,10 +88,11 @@ def runner(tree: Path, work: Path, jobs: int) -> None:
         ray.shutdown()
 
 
-def measure(tree: Path, jobs: int, tmp: Path) -> dict[str, list[tuple[float, float]]]:
-    """One runner for `tree`: {kind: [(wall s, CPU s) per measured job]} and the registered weights' digest."""
+def measure(tree: Path, jobs: int, tmp: Path, extra: dict[str, str]) -> dict[str, list[tuple[float, float]]]:
+    """One runner for `tree` (`extra`: more environment for the cluster and the jobs): {kind: [(wall s, CPU s) per
+    measured job]}."""
     work = Path(tempfile.mkdtemp(dir=tmp))
-    env = {**os.environ, "PYTHONPATH": str(tree), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+    env = {**os.environ, **extra, "PYTHONPATH": str(tree), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
            "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}", "OMP_NUM_THREADS": "1",
            "TMPDIR": str(work), "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
@@ -126,6 +127,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
                     help="a source tree to run (repeat; default: this one); the first is the reference")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME:VAR=VALUE",
+                    help="an environment variable for tree NAME's cluster and jobs (repeat); two names may give the "
+                         "same path, to compare settings")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--jobs", type=int, default=2, help="measured jobs of each kind per round and tree")
     ap.add_argument("--runner", nargs=3, help=argparse.SUPPRESS)
@@ -134,13 +138,19 @@ def main() -> int:
         runner(Path(args.runner[0]), Path(args.runner[1]), int(args.runner[2]))
         return 0
     trees = [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in args.tree] or [("this", REPO)]
+    extra: dict[str, dict[str, str]] = {name: {} for name, _ in trees}
+    for e in args.env:
+        name, _, var = e.partition(":")
+        if name not in extra or "=" not in var:
+            ap.error(f"--env {e}: expected NAME:VAR=VALUE with NAME one of {sorted(extra)}")
+        extra[name][var.split("=", 1)[0]] = var.split("=", 1)[1]
     tmp = Path(tempfile.mkdtemp(prefix="job-cost-"))
     res: dict[tuple[str, str], list[tuple[float, float]]] = {}
     try:
         for r in range(args.rounds):
             for name, tree in (trees if r % 2 == 0 else trees[::-1]):
                 load = os.getloadavg()[0]
-                for kind, xs in measure(tree, args.jobs, tmp).items():
+                for kind, xs in measure(tree, args.jobs, tmp, extra[name]).items():
                     res.setdefault((kind, name), []).extend(xs)
                     print(f"round {r + 1} {name:>6} {kind:>8}: " + ", ".join(f"{c:.1f} CPU-s / {w:.1f} s" for w, c in xs)
                           + f"  (load {load:.1f})", flush=True)

@@ -77,13 +77,17 @@ start() {
     admin_password=$(secret MLFLOW_AUTH_ADMIN_PASSWORD "$dir/admin-password")
     flask_secret=$(secret MLFLOW_FLASK_SERVER_SECRET_KEY "$dir/flask-secret")
     # The auth app's users live in PostgreSQL too; every authenticated user may read (default_permission), and
-    # only owners (the jobs' user for everything the jobs create) and the admin may change things.
+    # only owners (the jobs' user for everything the jobs create) and the admin may change things. A password is
+    # checked with scrypt (about 155 ms of CPU) once a minute per credential, not on every request: MLflow's own
+    # cache (auth_cache_ttl_seconds; a password changed through the API takes effect at once on the worker that
+    # took the change, on the others within the minute).
     (umask 077 && cat > "$dir/basic_auth.ini" <<INI
 [mlflow]
 default_permission = READ
 database_uri = postgresql+psycopg2://$db_user@/mlflow_auth
 admin_username = admin
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+auth_cache_ttl_seconds = 60
 INI
     )
     # Secrets reach the server through its environment only (not its command line, which `ps` shows to all).
