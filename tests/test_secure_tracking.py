@@ -162,6 +162,7 @@ def test_server_state_is_private_and_secrets_are_not_on_its_command_line(trackin
     assert state.stat().st_mode & 0o077 == 0
     assert (state / "basic_auth.ini").stat().st_mode & 0o077 == 0
     assert "postgresql+psycopg2://" in (state / "basic_auth.ini").read_text()
+    assert "\nauth_cache_ttl_seconds = 60\n" in (state / "basic_auth.ini").read_text()  # scrypt once a minute
     pid = int((state / "server.pid").read_text())
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode().replace("\0", " ")
     assert "--app-name basic-auth" in cmdline and "--host 127.0.0.1" in cmdline and "postgresql+psycopg2://" in cmdline
