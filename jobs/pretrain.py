@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.runner.dag import run_graph, summary_table
         from pipeline.pretrain.job import pretrain_stages
 
+        cluster.check_local_gpu("train", cfg.train.use_gpu)
         address = cluster.connect()
         try:
             cluster.check_resources("train", use_gpu=cfg.train.use_gpu, num_workers=cfg.train.num_workers,

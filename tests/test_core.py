@@ -629,3 +629,25 @@ def test_a_failed_ray_start_is_one_line_that_says_why(monkeypatch, raised, shown
     with pytest.raises(RayStartError) as e:
         cluster.connect(1)
     assert str(e.value) == f"could not start or join Ray (local): {shown}"
+
+
+@pytest.mark.parametrize("address, use_gpu, gpus, refused", [
+    (None, True, 0, True), ("local", True, 0, True), ("", True, 0, True),  # a private local cluster: this machine's GPUs
+    (None, True, 1, False), (None, False, 0, False),
+    ("10.0.0.5:6379", True, 0, False),  # a cluster: asked after connecting (check_resources)
+])
+def test_check_local_gpu_before_a_private_cluster_starts(monkeypatch, address, use_gpu, gpus, refused):
+    from pipeline import cluster
+    from pipeline.config import ConfigError
+
+    if address is None:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_ADDRESS", address)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    if refused:
+        with pytest.raises(ConfigError, match=r"^train\.use_gpu is true but the Ray cluster has no GPU \(a private "
+                                              r"local cluster: torch \S+ sees no CUDA device on this machine\)$"):
+            cluster.check_local_gpu("train", use_gpu)
+    else:
+        assert cluster.check_local_gpu("train", use_gpu) is None

@@ -164,17 +164,21 @@ def test_cli_bad_data_one_line(tmp_path, minilm_dir, train_text, eval_text, msg)
     assert not list(tmp_path.glob("runs")), "bad data must fail before any training work"
 
 
-@pytest.mark.slow  # it starts a local Ray cluster
-def test_cli_use_gpu_without_gpu_is_one_line(tmp_path, minilm_dir):
-    """On a cluster without a GPU, `--train.use_gpu true` fails right after connecting instead of waiting forever."""
+@pytest.mark.slow  # it joins the module's local Ray cluster
+def test_cli_use_gpu_without_gpu_is_one_line(ray_local, tmp_path, minilm_dir):
+    """On a cluster without a GPU (the module's, which the job joins through RAY_ADDRESS), `--train.use_gpu true`
+    fails right after connecting instead of waiting forever. (A private local cluster is checked before Ray
+    starts: tests/test_jobs_cli.py.)"""
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     (tmp_path / "train.tsv").write_text("sentence\tlabel\nNaomi wept\ta\nRuth clave\tb\n")
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "RAY_ADDRESS": "local"}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+           "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address}
     p = _job("--model", str(minilm_dir), "--task", "sequence-classification", "--train", "train.tsv", "--eval", "train.tsv",
              "--train.use_gpu", "true", cwd=tmp_path, env=env)
     assert p.returncode == 1, p.stderr[-2000:]
-    assert p.stderr.strip().splitlines()[-1].startswith("finetune: error: train.use_gpu is true but the Ray cluster has no GPU"), p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("finetune: error: train.use_gpu is true but the Ray cluster has no GPU "
+                                                        "(resources: CPU=2)"), p.stderr
     assert "Traceback" not in p.stderr
 
 

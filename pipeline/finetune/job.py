@@ -182,6 +182,7 @@ def run_finetune(
         print(f"[finetune] {len(td.train['input_ids'])} train / {len(td.eval['input_ids'])} eval features, "
               f"labels {td.id2label or td.problem_type}", flush=True)
         started_ray = not ray.is_initialized()
+        cluster.check_local_gpu("train", t.use_gpu)
         cluster.connect()
         try:
             cluster.check_resources("train", use_gpu=t.use_gpu, num_workers=t.num_workers,
