@@ -189,6 +189,9 @@ def host_env(head: str) -> dict[str, str]:
         # autoscaling coordinator, which it asks, looks at the nodes every 20 s) and waits this long for it before
         # trying the workers that fit (docs/cluster.md, "preemptible nodes"); Ray's default is 60 s.
         "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30",
+        # No autoscaler drains these hosts: Ray Train's preemption watcher (an actor per worker group start, 10
+        # CPU-s of the module's 417) is off, as on the private clusters of pipeline.cluster.connect and the tests.
+        "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
     }
 
 
