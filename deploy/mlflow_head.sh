@@ -78,7 +78,7 @@ start() {
     flask_secret=$(secret MLFLOW_FLASK_SERVER_SECRET_KEY "$dir/flask-secret")
     # The auth app's users live in PostgreSQL too; every authenticated user may read (default_permission), and
     # only owners (the jobs' user for everything the jobs create) and the admin may change things. A password is
-    # checked with scrypt (about 155 ms of CPU) once a minute per credential, not on every request: MLflow's own
+    # checked with scrypt (about 0.3 s of CPU) once a minute per credential, not on every request: MLflow's own
     # cache (auth_cache_ttl_seconds; a password changed through the API takes effect at once on the worker that
     # took the change, on the others within the minute).
     (umask 077 && cat > "$dir/basic_auth.ini" <<INI
