@@ -58,6 +58,7 @@ def test_a_dead_ray_address_is_one_line_not_a_hang(repo_root, tmp_path, shared_d
     assert f"no Ray cluster answers at 127.0.0.1:{port}" in _one_line(p) and secs < 60
 
 
+@pytest.mark.slow  # no Ray, but a whole job's imports (about 7 s): kept out of the quick loop
 def test_use_gpu_on_a_machine_without_gpu_fails_before_ray_starts(repo_root, tmp_path, shared_dir):
     """Without RAY_ADDRESS the job would start a private local cluster, whose GPUs are this machine's: checked with
     torch before Ray starts (`cluster.check_local_gpu`), never a wait for a GPU that is not there. On a cluster it
