@@ -119,7 +119,8 @@ def test_question_answering_bible(ray_local, store, minilm_dir, tmp_path):
     One epoch of 96 questions at LR 3e-4 (7 steps of 16 windows), scored on 40 (measured 2026-11-28: F1 60.0, EM
     60.0, the test 58 s alone; 160 questions, 11 steps, scored on 60: F1 68.7, EM 68.3; 240 questions at LR 2e-4,
     16 steps: F1 58.5, EM 55.0; two epochs cost twice as much and the thresholds hold at one). At this budget the
-    v2 abstain decision is not learned reliably (measured at 32 steps: v2 F1 39.5 vs 32.2 for always abstaining, best-threshold F1 40.0); the no-answer path is tested with a real model in
+    v2 abstain decision is not learned reliably (measured at 32 steps: v2 F1 39.5 vs 32.2 for always abstaining,
+    best-threshold F1 40.0); the no-answer path is tested with a real model in
     tests/test_finetune.py::test_evaluate_qa_no_answer_path and in tests/test_metrics.py.
     """
     doc = json.loads((DATA / "bible_squad_dev.json").read_text())
