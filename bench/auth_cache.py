@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,13 +29,9 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dedup_cost import print_table  # noqa: E402
 
+from pipeline.cluster.connect import free_port  # noqa: E402
+
 PASSWORD = "bench-admin-password-1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tree_cpu(pid: int) -> float:

@@ -256,9 +256,10 @@ def finetune_grid(model_dir: str | None, tokenizer: str, task: Path, lrs: list[f
     for lr in lrs:
         grid[str(lr)] = []
         for s in seeds:
-            grid[str(lr)].append(finetune(model_dir, tokenizer, task, lr, s, device, preset, **kw)["accuracy"])
+            score = finetune(model_dir, tokenizer, task, lr, s, device, preset, **kw)["accuracy"]
+            grid[str(lr)].append(score)
             if say is not None:
-                say(f"lr {lr:g} seed {s}: dev accuracy {grid[str(lr)][-1]:.4f}")
+                say(f"lr {lr:g} seed {s}: dev accuracy {score:.4f}")
     best_lr = max(grid, key=lambda k: statistics.mean(grid[k]))
     acc = grid[best_lr]
     return {"grid": grid, "seeds": seeds, "best_lr": float(best_lr), "accuracy_mean": statistics.mean(acc),
