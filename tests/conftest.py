@@ -267,8 +267,8 @@ def one_host_reference() -> SharedReference:
     """The shards, final weights and train/loss per step (`shards`, `digest`, `losses`) of test_pretrain_job.py's
     one-host two-worker baseline, filled when that fixture runs, so that tests/test_two_hosts.py compares its
     two-host runs without training the same run again (it runs it itself when empty: not run yet, or on another
-    pytest-xdist worker that has not got that far); and `losses_no_dropout`, the same run's without dropout
-    (test_a_run_resumes_on_fewer_workers_with_the_same_losses), for its elastic case."""
+    pytest-xdist worker that has not got that far). The run has no dropout (test_pretrain_job.py's `FT_ARGS`), so
+    its losses are also what the elastic case, which ends on fewer workers, is held to."""
     return SharedReference(_SHARED_TMP / "one-host-reference.json")
 
 

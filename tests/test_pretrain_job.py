@@ -362,13 +362,16 @@ def _cfg(prepared, work, name: str, *extra: str):
     return resolve_paths(load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml", args))
 
 
-# No dropout: each rank draws its own dropout masks, the one thing a change of the number of workers changes.
+# No dropout: each rank draws its own dropout masks, the one thing a change of the number of workers changes, so
+# one baseline without it serves the exact-resume runs and the run resumed on fewer workers alike. (Dropout's
+# per-rank generators restored on a Ray Train restart, bit for bit: test_finetune_job.py's interrupted run, through
+# the same resume code; a checkpoint's generators round-tripped: test_core.py.)
 NO_DROPOUT = ("--model.overrides.hidden_dropout_prob", "0.0", "--model.overrides.attention_probs_dropout_prob", "0.0")
 
 # The fault-tolerance runs' training (tests/test_two_hosts.py repeats the baseline's on two hosts).
 FT_ARGS = ["--train.max_steps", "8", "--train.warmup_steps", "2", "--train.micro_batch_size", "8",
            "--train.global_batch_size", "32", "--train.checkpoint_every_steps", "4", "--train.eval_every_steps", "4",
-           "--train.shuffle_buffer_rows", "24", "--tracking.system_metrics_every_s", "0"]
+           "--train.shuffle_buffer_rows", "24", "--tracking.system_metrics_every_s", "0", *NO_DROPOUT]
 
 
 def weights_digest(checkpoint: str) -> str:
@@ -425,14 +428,42 @@ def ft_store(work):
 
 
 @pytest.fixture(scope="module")
-def baseline(cluster, prepared, work, ft_store, one_host_reference):
-    """An uninterrupted 2-worker run: 8 steps x 2 accumulation micro-steps, several epochs of the subset. Its
-    shards, weights and per-step losses are kept for tests/test_two_hosts.py (the same data and training on two
-    hosts)."""
-    digest, run_id = _train(prepared, work, "baseline")
+def baseline(cluster, prepared, work, ft_store, one_host_reference, s3_server):
+    """An uninterrupted 2-worker run: 8 steps x 2 accumulation micro-steps, several epochs of the subset, its
+    checkpoints on S3 (the session's moto server), uploaded in the background (`checkpoint_upload` auto). Every
+    other fault-tolerance run here keeps its checkpoints on local disk or under a `file://` URI and must end with
+    these weights. Its shards, weights and per-step losses are kept for tests/test_two_hosts.py (the same data and
+    training on two hosts). (digest, MLflow run id, storage path, the checkpoint-upload-* directories it left in
+    the temporary directory)."""
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    storage = f"s3://{s3_server.bucket('baseline')}/runs"
+    before = set(Path(tempfile.gettempdir()).glob("checkpoint-upload-*"))
+    digest, run_id = _train(prepared, work, "baseline", "--train.storage_path", storage)
+    left = set(Path(tempfile.gettempdir()).glob("checkpoint-upload-*")) - before
     one_host_reference.update(digest=digest, shards=prepared["validate"].manifest["shards"],
                               losses=_history(run_id, "train/loss"))
-    return digest, run_id
+    return digest, run_id, storage, left
+
+
+def copy_run(src: str, dst: str) -> None:
+    """Every file of run directory `src` (a path or URI) to `dst`, a local directory or a directory on the same
+    filesystem as `src`, as `cp -r` makes it."""
+    from pipeline.storage.io import filesystem
+
+    fs, root = filesystem(src)
+    local = "://" not in dst
+    _, out = filesystem(dst)
+    for f, info in fs.find(root, detail=True).items():
+        if info["type"] != "file" or f.endswith("/"):  # an object store's directory markers ("dir/" keys)
+            continue
+        target = out + f[len(root):]
+        if local:
+            Path(target).parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(f, target)
+        else:
+            fs.copy(f, target)
 
 
 def _history(run_id: str, key: str) -> list[tuple[int, float]]:
@@ -459,41 +490,39 @@ def test_rerunning_an_interrupted_run_resumes_it(baseline, interrupted, prepared
     assert _history(run_id, "train/loss") == _history(baseline[1], "train/loss")
 
 
-def test_checkpoints_uploaded_in_the_background_to_s3_resume_exactly(baseline, prepared, work, s3_server, capsys):
-    """`train.storage_path` on S3 (the moto server): checkpoints upload in the background (`checkpoint_upload`
-    auto), the run ends with the uninterrupted local run's weights, both checkpoints are on S3 with the hashes they
-    recorded, and no local copy is left. With the step-8 weights then truncated, the re-run resumes exactly from
-    the step-4 checkpoint that was written (from its snapshot) and uploaded while steps 5-8 trained. ~60 s."""
+def test_checkpoints_uploaded_in_the_background_to_s3_resume_exactly(baseline, prepared, work, capsys):
+    """`train.storage_path` on S3 (the baseline's: the moto server): checkpoints uploaded in the background
+    (`checkpoint_upload` auto) are both on S3 with the hashes they recorded and no local copy is left; the local
+    runs of this module end with the same weights. A copy of the run on S3 with its step-8 weights truncated is
+    re-run: it names the damaged checkpoint and resumes exactly from the step-4 checkpoint, which was written (from
+    its snapshot) and uploaded while steps 5-8 trained."""
     import fsspec
-    import s3fs
 
     from pipeline.cluster import checkpoints
     from pipeline.pretrain.identity import newest_intact
 
-    s3fs.S3FileSystem.clear_instance_cache()
-    storage = f"s3://{s3_server.bucket('async')}/runs"
-    before = set(Path(tempfile.gettempdir()).glob("checkpoint-upload-*"))
-    digest, _ = _train(prepared, work, "s3-async", "--train.storage_path", storage)
-    assert digest == baseline[0]
-    assert set(Path(tempfile.gettempdir()).glob("checkpoint-upload-*")) == before  # deleted once uploaded
-    at = {state["step"]: uri for uri, state, _ in checkpoints(storage, "s3-async")}
+    _, baseline_run, storage, left = baseline
+    assert left == set()  # each upload's local copy deleted once uploaded
+    at = {state["step"]: uri for uri, state, _ in checkpoints(storage, "baseline")}
     assert sorted(at) == [4, 8]
-    (newest, state), bad = newest_intact(storage, "s3-async")
+    (newest, state), bad = newest_intact(storage, "baseline")
     assert state["step"] == 8 and bad == [] and newest == at[8]
+    copy_run(f"{storage}/baseline", f"{storage}/s3-async")
+    at = {state["step"]: uri for uri, state, _ in checkpoints(storage, "s3-async")}
     fs = fsspec.filesystem("s3")
-    weights = newest.split("://", 1)[1] + "/model.safetensors"
+    weights = at[8].split("://", 1)[1] + "/model.safetensors"
     fs.pipe(weights, fs.cat(weights)[:1000])
     capsys.readouterr()
     digest, run_id = _train(prepared, work, "s3-async", "--train.storage_path", storage)
     # the re-run names the damaged checkpoint and the hash it recorded, and falls back to the previous one
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "damaged" in ln]
     recorded = state["files"]["model.safetensors"]
-    assert len(lines) == 1 and lines[0].startswith(f"[train] damaged checkpoint {newest} (model.safetensors has sha256 "), lines
+    assert len(lines) == 1 and lines[0].startswith(f"[train] damaged checkpoint {at[8]} (model.safetensors has sha256 "), lines
     assert lines[0].endswith(f", not the {recorded[:12]} recorded when it was written): resuming from step 4 ({at[4]})")
     assert at[4].startswith(f"{storage}/s3-async/checkpoint_")
     assert digest == baseline[0]
-    # the same MLflow run (its name): each of steps 1-8 logged once, with the uninterrupted run's losses
-    assert _history(run_id, "train/loss") == _history(baseline[1], "train/loss")
+    # steps 5-8 logged once each, with the uninterrupted run's losses
+    assert _history(run_id, "train/loss") == _history(baseline_run, "train/loss")[4:]
 
 
 def test_every_checkpoint_damaged_is_one_line_and_the_registered_run_stays_finished(baseline, prepared, work):
@@ -507,8 +536,8 @@ def test_every_checkpoint_damaged_is_one_line_and_the_registered_run_stays_finis
     from pipeline.pretrain.job import TrainResult, register_stage, train_stage
 
     runs = work / "ft-runs"
-    shutil.copytree(runs / "baseline", runs / "damaged")
-    _, run_id = baseline
+    copy_run(f"{baseline[2]}/baseline", str(runs / "damaged"))
+    run_id = baseline[1]
     cfg = _cfg(prepared, work, "damaged", "--tracking.experiment", "ft", "--tracking.model_name", "bert-damaged")
     data, uri = prepared["validate"], tracking.tracking_uri()
     final, _ = newest_intact(cfg.train.storage_path, "damaged")
@@ -582,28 +611,24 @@ def test_resuming_with_another_vocabulary_is_refused(interrupted, prepared, work
         _train(prepared, work, "vocabswap", data=rebuilt)
 
 
-def test_a_run_resumes_on_fewer_workers_with_the_same_losses(prepared, work, ft_store, capsys, one_host_reference):
-    """Through Ray Train, checkpoints under a file:// URI: a 2-worker run, and a copy of it whose step-8
-    checkpoint is damaged re-run on 1 worker: it resumes from the step-4 checkpoint the 2 workers wrote and logs
-    steps 5-8 with the 2-worker run's losses within 1e-3 relative (no dropout: each rank's dropout draws are its
-    own, the one thing a resize changes; the same on 1, 2 and 3 workers in this process: tests/test_elastic.py).
-    Two Ray Train runs: 65-120 s on a busy 2-core machine."""
+def test_a_run_resumes_on_fewer_workers_with_the_same_losses(baseline, prepared, work, capsys):
+    """Through Ray Train, checkpoints under a `file://` URI: a local copy of the 2-worker baseline whose step-8
+    checkpoint is damaged, re-run on 1 worker: it resumes from the step-4 checkpoint the 2 workers wrote and logs
+    steps 5-8 with the 2-worker run's losses within 1e-3 relative (the fault-tolerance runs have no dropout, whose
+    draws are each rank's own, the one thing a resize changes; the same on 1, 2 and 3 workers in this process:
+    tests/test_elastic.py). One Ray Train run."""
     from pipeline import tracking
 
-    # checkpoints through a URI (pyarrow's file:// filesystem, as s3:// is on a cluster)
     runs = work / "uri-runs"
-    uri = ("--train.storage_path", runs.as_uri())
-    _, two = _train(prepared, work, "two-workers", *NO_DROPOUT, *uri)
-    one_host_reference["losses_no_dropout"] = _history(two, "train/loss")  # tests/test_two_hosts.py's host lost
-    shutil.copytree(runs / "two-workers", runs / "one-worker")
+    copy_run(f"{baseline[2]}/baseline", str(runs / "one-worker"))
     newest = max((d for d in (runs / "one-worker").glob("checkpoint_*") if d.is_dir()),
                  key=lambda d: json.loads((d / "train_state.json").read_text())["step"])
     (newest / "model.safetensors").write_bytes(b"")
     capsys.readouterr()
-    _, one = _train(prepared, work, "one-worker", *NO_DROPOUT, *uri, "--train.num_workers", "1")
+    _, one = _train(prepared, work, "one-worker", "--train.storage_path", runs.as_uri(), "--train.num_workers", "1")
     assert ": resuming from step 4 (" in capsys.readouterr().out
     assert tracking.client().get_run(one).data.tags["world_size"] == "1"
-    both, resumed = _history(two, "train/loss"), _history(one, "train/loss")
+    both, resumed = _history(baseline[1], "train/loss"), _history(one, "train/loss")
     assert [s for s, _ in both] == list(range(1, 9)) and [s for s, _ in resumed] == [5, 6, 7, 8]
     for (step, want), (_, got) in zip(both[4:], resumed):
         assert got == pytest.approx(want, rel=1e-3), step

@@ -60,19 +60,9 @@ def reference(one_host_reference, shared_dir, tmp_path_factory) -> dict:
     return one_host_run(shared_dir, tmp_path_factory.mktemp("one-host"))
 
 
-@pytest.fixture(scope="module")
-def reference_no_dropout(one_host_reference, shared_dir, tmp_path_factory) -> list[tuple[int, float]]:
-    """The baseline's per-step losses without dropout (test_pretrain_job.py's, or the same run here once): a run
-    that changes its number of workers draws other dropout masks, so only a run without dropout can be held to
-    float reduction order."""
-    if "losses_no_dropout" in one_host_reference:
-        return one_host_reference["losses_no_dropout"]
-    return one_host_run(shared_dir, tmp_path_factory.mktemp("one-host-no-dropout"), *pj.NO_DROPOUT)["losses"]
-
-
-def one_host_run(shared_dir, tmp_path, *extra: str) -> dict:
-    """test_pretrain_job.py's baseline (`extra`: more training settings), when this module runs without it: the
-    same data prepared on this host (no Ray) and the same two-worker training on a private local Ray."""
+def one_host_run(shared_dir, tmp_path) -> dict:
+    """test_pretrain_job.py's baseline, when this module runs without it: the same data prepared on this host (no
+    Ray) and the same two-worker training on a private local Ray."""
     import ray
 
     from pipeline.config import load_config, resolve_paths
@@ -87,7 +77,7 @@ def one_host_run(shared_dir, tmp_path, *extra: str) -> dict:
         m.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'one-host.db'}")
         ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
         try:
-            digest, run_id = pj._train({"args": args, "validate": validate}, tmp_path, "one-host", *extra)
+            digest, run_id = pj._train({"args": args, "validate": validate}, tmp_path, "one-host")
             losses = pj._history(run_id, "train/loss")
         finally:
             ray.shutdown()
@@ -230,14 +220,14 @@ def test_two_hosts_train_like_one(cluster, reference, repo_root, monkeypatch, re
     cluster.wait_nodes(2, "the worker host did not come back")  # the dead node gone, the restarted one alive
 
 
-def test_two_hosts_host_lost_for_good(cluster, reference_no_dropout, repo_root, monkeypatch, record_property):
+def test_two_hosts_host_lost_for_good(cluster, reference, repo_root, monkeypatch, record_property):
     """The same job, elastic (`train.min_workers 1`, one worker per host: `train.cpus_per_worker 1` of each host's
     1 CPU), under another run name: the worker host crashes after the first checkpoint and never comes back. Ray
     Train restarts the worker group on the one worker the head holds, from the newest S3 checkpoint, and the job
     finishes there in its one submission, saying so in one line. One MLflow run, one registered version, every
     step logged once, and the per-step losses of the two-worker baseline within float reduction order (1e-3
-    relative; both without dropout, whose masks are drawn per rank: with it, steps redone on 1 worker came out
-    1.3e-3 off). Runs after the crash-and-come-back case and reuses its data on S3 (the data stages skip it), so it
+    relative; the fault-tolerance runs have no dropout, whose masks are drawn per rank: with it, steps redone on 1
+    worker came out 1.3e-3 off). Runs after the crash-and-come-back case and reuses its data on S3 (the data stages skip it), so it
     costs a training job; it leaves the worker host dead (the module's last test).
 
     Ray Train 2.60's elastic policy would grow the group back when the host returned, but only on its check every
@@ -247,7 +237,7 @@ def test_two_hosts_host_lost_for_good(cluster, reference_no_dropout, repo_root, 
 
     b, name = cluster.bucket, "host-lost"
     assert cluster.alive_nodes() == 2  # both hosts, as the module's cluster (or the previous case) left them
-    args = [*job_args(b, name), *pj.NO_DROPOUT, "--train.min_workers", "1", "--train.cpus_per_worker", "1"]
+    args = [*job_args(b, name), "--train.min_workers", "1", "--train.cpus_per_worker", "1"]
     out, crash = run_with_crash(cluster, repo_root, args, name, come_back=False)
     record_crash(record_property, crash)
     assert crash["rc"] == 0, out[-5000:]  # one submission
@@ -271,8 +261,8 @@ def test_two_hosts_host_lost_for_good(cluster, reference_no_dropout, repo_root, 
         steps = [m.step for m in client.get_metric_history(run_id, key)]
         assert len(steps) == len(set(steps)), (key, sorted(steps))  # no step twice
     history = sorted(client.get_metric_history(run_id, "train/loss"), key=lambda m: m.step)
-    losses, ref = [m.value for m in history], [v for _, v in reference_no_dropout]
-    assert [m.step for m in history] == [s for s, _ in reference_no_dropout] == list(range(1, 9))
+    losses, ref = [m.value for m in history], [v for _, v in reference["losses"]]
+    assert [m.step for m in history] == [s for s, _ in reference["losses"]] == list(range(1, 9))
     assert losses == pytest.approx(ref, rel=1e-3)  # 2 workers, then 1: float reduction order only
     worst = max(abs(a - r) / abs(r) for a, r in zip(losses, ref))
     assert sorted(m.step for m in client.get_metric_history(run_id, "eval/loss")) == [4, 8]
