@@ -258,8 +258,8 @@ def test_job_end_to_end(main_job, prepared, work, repo_root, tmp_path, monkeypat
 
 def test_stage_truth_comes_from_the_current_tracking_store(main_job, cluster, repo_root, tmp_path, monkeypatch):
     """The module's main-job command against a second, empty store (SQLite) registers there (it used to print a
-    version that store did not have); against the first store (the server) again, every stage is found done by its
-    real output and skipped."""
+    version that store did not have), from the final checkpoint already in storage, with no Ray Train run; against
+    the first store (the server) again, every stage is found done by its real output and skipped."""
     from pipeline import tracking
 
     args, first, first_logs = main_job
@@ -272,7 +272,11 @@ def test_stage_truth_comes_from_the_current_tracking_store(main_job, cluster, re
         assert last == (registered if uri == first else "registered models:/bert-pretrain/1"), logs[-3000:]
         info = tracking.model_version_info(f"models:/bert-pretrain/{last.rsplit('/', 1)[1]}")
         assert tracking.run_exists(info["tags"]["run_id"])  # its run is in this store
-        assert tracking.client().get_run(info["tags"]["run_id"]).info.status == "FINISHED"
+        run = tracking.client().get_run(info["tags"]["run_id"])
+        assert run.info.status == "FINISHED" and run.data.tags["world_size"] == "2"
+        if expect == "running":  # trained to step 24 in the first store's run: its final checkpoint, no training
+            assert "[train] " in logs and " was trained to step 24 already (" in logs, logs[-3000:]
+            assert "[rank 0]" not in logs and "train/loss" not in run.data.metrics
     assert "[stage train] up to date" in logs and "[stage shards] up to date" in logs
 
 

@@ -186,16 +186,26 @@ def load_trained(cfg: Config, checkpoint: str, vocab_size: int, checked: tuple =
 # ------------------------------------------------------------------------------------------------- stage bodies
 
 
-def train_done(cfg: Config, datasets: list[PreparedDataset], uri: str, init: InitCheckpoint | None = None) -> TrainResult | None:
-    """The finished run in storage, if its newest checkpoint is at max_steps and its MLflow run is in this store."""
-    from pipeline import tracking
-
-    name = run_name_for(cfg, datasets, init)
+def trained_to_the_end(cfg: Config, datasets: list[PreparedDataset], name: str,
+                       init: InitCheckpoint | None = None) -> tuple[str, dict[str, Any]] | None:
+    """(path, train_state) of run `name`'s newest intact checkpoint in storage if it is at max_steps (its
+    vocabulary and initial weights checked against these), else None."""
     latest, _ = newest_intact(cfg.train.storage_path, name)
     if latest is None or int(latest[1].get("step", -1)) != cfg.train.max_steps:
         return None
     check_vocab(latest[1], datasets[0].vocab_sha256, latest[0])
     check_run_init(cfg.train.storage_path, name, init)
+    return latest
+
+
+def train_done(cfg: Config, datasets: list[PreparedDataset], uri: str, init: InitCheckpoint | None = None) -> TrainResult | None:
+    """The finished run in storage, if its newest checkpoint is at max_steps and its MLflow run is in this store."""
+    from pipeline import tracking
+
+    name = run_name_for(cfg, datasets, init)
+    latest = trained_to_the_end(cfg, datasets, name, init)
+    if latest is None:
+        return None
     run_id = latest[1].get("run_id")
     if not run_id or not tracking.run_exists(run_id, uri):
         return None
@@ -252,6 +262,13 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
     log_prepared_data(log.client, run_id, datasets, cfg.train.num_eval_shards)
     print(f"[train] MLflow run {run_id} ({run_name}) at {tracking_server.redact(uri)}", flush=True)
     try:
+        # Trained to the end already, under another store's MLflow run (train_done looks in this one): its final
+        # checkpoint is this run's result, and no Ray Train run starts only to find nothing to train.
+        if (final := trained_to_the_end(cfg, datasets, run_name, init)) is not None:
+            log.set_tags({"world_size": final[1].get("world_size", cfg.train.num_workers)})
+            print(f"[train] {run_name} was trained to step {cfg.train.max_steps} already ({final[0]}): nothing "
+                  "to train", flush=True)
+            return TrainResult(final[0], run_id, run_name, cfg.train.max_steps, tuple(verified(final[0])))
         return run_training(cfg, datasets, run_id, run_name, uri, init=init)
     except BaseException:
         try:
