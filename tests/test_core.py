@@ -162,24 +162,28 @@ def test_head_only_steps_train_the_heads_alone_then_the_encoder_warms_up_from_th
         load_config(None, ["--train.max_steps", "10", "--train.head_only_steps", "10"])
 
 
-def test_fused_adamw_is_chosen_on_cuda_only_and_matches_the_unfused_update():
-    """Fused AdamW is what a CUDA run gets; the CPU keeps the unfused loop. torch's CPU build has the fused
-    kernel too, so the GPU path's arithmetic is checked here: five steps agree with the unfused one."""
+def test_fused_adamw_is_chosen_on_the_cpu_matches_the_loop_and_a_checkpoint_keeps_its_kind():
+    """Fused AdamW is what a CPU (and a CUDA) run gets: five steps agree with torch's loop over the parameters
+    (its CPU default, `fused=False`). An optimizer state written by the loop resumes as the loop, so a run
+    started before the default changed goes on with the update it started with."""
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 3))
     fused = copy.deepcopy(ref)
-    auto, _ = make_optimizer(ref, "adamw", 1e-2, 0.01, warmup_steps=0, total_steps=10)
-    assert not auto.defaults["fused"]  # CPU parameters: today's optimizer
-    opt_f, _ = make_optimizer(fused, "adamw", 1e-2, 0.01, warmup_steps=0, total_steps=10, fused=True)
-    assert opt_f.defaults["fused"]
+    loop, _ = make_optimizer(ref, "adamw", 1e-2, 0.01, warmup_steps=0, total_steps=10, fused=False)
+    assert not loop.defaults["fused"]
+    auto, _ = make_optimizer(fused, "adamw", 1e-2, 0.01, warmup_steps=0, total_steps=10)
+    assert auto.defaults["fused"] is True  # CPU parameters
     x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
     for _ in range(5):
-        for m, opt in ((ref, auto), (fused, opt_f)):
+        for m, opt in ((ref, loop), (fused, auto)):
             torch.nn.functional.cross_entropy(m(x), y).backward()
             opt.step()
             opt.zero_grad()
     for a, b in zip(ref.parameters(), fused.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    resumed, _ = make_optimizer(copy.deepcopy(ref), "adamw", 1e-2, 0.01, warmup_steps=0, total_steps=10)
+    resumed.load_state_dict(loop.state_dict())
+    assert not resumed.param_groups[0]["fused"] and not resumed.param_groups[1]["fused"]
 
 
 def test_collate_pads_to_longest_in_batch():
