@@ -15,12 +15,19 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-import torch
+# torch.optim imports torch._dynamo at the first step, which makes its cache directory (/tmp/torchinductor_<user>):
+# here under a temporary directory removed at exit
+_CACHE = tempfile.TemporaryDirectory(prefix="optimizer-step-")
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_CACHE.name, "inductor"))
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
