@@ -227,8 +227,8 @@ def test_two_hosts_host_lost_for_good(cluster, reference, repo_root, monkeypatch
     finishes there in its one submission, saying so in one line. One MLflow run, one registered version, every
     step logged once, and the per-step losses of the two-worker baseline within float reduction order (1e-3
     relative; the fault-tolerance runs have no dropout, whose masks are drawn per rank: with it, steps redone on 1
-    worker came out 1.3e-3 off). Runs after the crash-and-come-back case and reuses its data on S3 (the data stages skip it), so it
-    costs a training job; it leaves the worker host dead (the module's last test).
+    worker came out 1.3e-3 off). Runs after the crash-and-come-back case and reuses its data on S3 (the data
+    stages skip it), so it costs a training job; it leaves the worker host dead (the module's last test).
 
     Ray Train 2.60's elastic policy would grow the group back when the host returned, but only on its check every
     `ScalingConfig.elastic_resize_monitor_interval_s` (60 s) of a running group: longer than this 8-step job."""

@@ -153,9 +153,10 @@ def make_optimizer(
 
     `fused` (AdamW only): one kernel for the whole update instead of a loop of small ones, and no host read of
     the step count. None = fused when every parameter is on a CUDA device (as torchtitan does) or on the CPU
-    (torch's CPU kernel: 0.14-0.21 of the loop's time a step on one thread, `python bench/optimizer_step.py`), torch's default
-    otherwise: build the optimizer after the model is on its device. A checkpoint keeps the choice it was
-    written with (the optimizer's state_dict carries it), so a run resumes with the update it started with.
+    (torch's CPU kernel: 0.14-0.21 of the loop's time a step on one thread, `python bench/optimizer_step.py`),
+    torch's default otherwise: build the optimizer after the model is on its device. A checkpoint keeps the
+    choice it was written with (the optimizer's state_dict carries it): a run resumes with the update it started
+    with.
 
     >>> opt, _ = make_optimizer(nn.Linear(4, 2), "adamw", 1e-3, 0.01, warmup_steps=0, total_steps=10)
     >>> [g["weight_decay"] for g in opt.param_groups], [len(g["params"]) for g in opt.param_groups], opt.defaults["fused"]
@@ -173,7 +174,7 @@ def make_optimizer(
         groups, schedules = [g for g, _ in pairs], [f for _, f in pairs]
     if name == "adamw":
         if fused is None:
-            fused = all(p.device.type in ("cuda", "cpu") for g in groups for p in g["params"]) or None  # None: torch's
+            fused = all(p.device.type in ("cuda", "cpu") for g in groups for p in g["params"]) or None  # None: default
         opt: torch.optim.Optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, fused=fused)
     elif name == "lamb":
         opt = Lamb(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)

@@ -34,7 +34,7 @@ import torch
 
 from pipeline.config import Config, DataConfig, config_hash, phase_data_configs
 from pipeline import cluster
-from pipeline.core.checkpoint import CheckpointCorrupt, check_vocab, damage, read_train_state, trust, verified
+from pipeline.core.checkpoint import CheckpointCorrupt, check_vocab, damage, read_train_state, trust, verified, written_by
 from pipeline.core.step import evaluate_sums
 from pipeline.runner.dag import Stage
 from pipeline.data.dataset import PreparedDataset
@@ -265,7 +265,7 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
         # Trained to the end already, under another store's MLflow run (train_done looks in this one): its final
         # checkpoint is this run's result, and no Ray Train run starts only to find nothing to train.
         if (final := trained_to_the_end(cfg, datasets, run_name, init)) is not None:
-            log.set_tags({"world_size": final[1].get("world_size", cfg.train.num_workers)})
+            log.set_tags({"world_size": written_by(final[0], final[1])})
             print(f"[train] {run_name} was trained to step {cfg.train.max_steps} already ({final[0]}): nothing "
                   "to train", flush=True)
             return TrainResult(final[0], run_id, run_name, cfg.train.max_steps, tuple(verified(final[0])))
