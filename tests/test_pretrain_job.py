@@ -452,22 +452,13 @@ def baseline(cluster, prepared, work, ft_store, one_host_reference, s3_server):
 
 
 def copy_run(src: str, dst: str) -> None:
-    """Every file of run directory `src` (a path or URI) to `dst`, a local directory or a directory on the same
-    filesystem as `src`, as `cp -r` makes it."""
-    from pipeline.storage.io import filesystem
+    """Run directory `src` (a URI) copied whole to `dst` (a local path or a URI), with pyarrow's `copy_files` as
+    `pipeline.storage.io.local_checkpoint_dir` copies a checkpoint."""
+    import pyarrow.fs as pafs
 
-    fs, root = filesystem(src)
-    local = "://" not in dst
-    _, out = filesystem(dst)
-    for f, info in fs.find(root, detail=True).items():
-        if info["type"] != "file" or f.endswith("/"):  # an object store's directory markers ("dir/" keys)
-            continue
-        target = out + f[len(root):]
-        if local:
-            Path(target).parent.mkdir(parents=True, exist_ok=True)
-            fs.get_file(f, target)
-        else:
-            fs.copy(f, target)
+    sfs, s = pafs.FileSystem.from_uri(src)
+    dfs, d = pafs.FileSystem.from_uri(dst if "://" in dst else Path(dst).as_uri())
+    pafs.copy_files(s, d, source_filesystem=sfs, destination_filesystem=dfs)
 
 
 def _history(run_id: str, key: str) -> list[tuple[int, float]]:
