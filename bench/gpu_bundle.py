@@ -36,8 +36,9 @@ from typing import Callable
 RAY = "ray==2.60.0"
 MLFLOW = "mlflow-skinny==3.17.2"
 RAY_DEPS = ["jsonschema", "jsonschema-specifications", "referencing", "rpds-py"]
-# The job starts a local cluster with Ray's dashboard (Ray Train's placement-group cleaner uses the state API it
-# serves): Ray refuses to start it unless ray/dashboard/optional_deps.py imports, which needs these beyond the image.
+# Ray refuses to start its dashboard unless ray/dashboard/optional_deps.py imports, which needs these beyond the
+# image. The job's private local cluster has run without a dashboard since Ray Train's placement-group cleaner went
+# (pipeline.cluster.train.trainer_class); these stay until a GPU call shows Ray starts without them.
 DASHBOARD_DEPS = ["aiohttp-cors", "opencensus", "opencensus-context", "googleapis-common-protos",
                   "opentelemetry-exporter-prometheus"]
 MLFLOW_DEPS = ["cachetools", "databricks-sdk", "fastapi", "starlette", "uvicorn", "gitpython", "gitdb", "smmap",

@@ -196,14 +196,16 @@ def dashboard_head(num_cpus: int):
 @contextlib.contextmanager
 def cluster_for_jobs(**env: str):
     """The address of a local Ray cluster (2 CPUs) for command-line jobs to join (RAY_ADDRESS), as jobs on a
-    cluster do: jobs share one Ray start instead of paying one each (`RAY_ADDRESS=local`). It has the dashboard,
-    whose state API Ray Train's placement-group cleaner reads (`ray_local` has none), no preemption watcher (one
-    machine: what `pipeline.cluster.connect` sets for a private cluster), and `env` in the environment its
-    processes start with (what a node's `ray start` would have). Shut down when the block ends."""
+    cluster do: jobs share one Ray start instead of paying one each (`RAY_ADDRESS=local`). Like the private cluster
+    `pipeline.cluster.connect` starts, it has no dashboard (nothing of a job reads Ray's state API) and no
+    preemption watcher (one machine); `env` is in the environment its processes start with (what a node's `ray
+    start` would have). Shut down when the block ends."""
+    from ray.cluster_utils import Cluster
+
     with pytest.MonkeyPatch.context() as mp:  # the cluster's processes inherit these
         for k, v in {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", **env}.items():
             mp.setenv(k, v)
-        head, _ = dashboard_head(num_cpus=2)
+        head = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
     try:
         yield head.address
     finally:

@@ -551,10 +551,12 @@ def test_ray_data_parquet_reads_start_footer_readers_for_the_files_only(monkeypa
 
 
 @pytest.mark.slow  # a local Ray cluster's start and stop, ~15 s
-def test_disconnect_leaves_no_forkserver_directory_of_the_local_cluster(monkeypatch):
-    """Ray's dashboard runs a multiprocessing forkserver whose pymp-* directory Ray never removes: `disconnect`
-    does, and leaves a live program's pymp-* directory alone. And the private cluster keeps idle worker processes
-    10 s beyond Ray's soft limit (Ray's default: 1 s), so a burst of tasks after a pause reuses them."""
+def test_a_private_cluster_runs_no_dashboard_leaves_nothing_in_tmp_and_keeps_idle_workers(monkeypatch):
+    """`connect`'s private local cluster has no dashboard (nothing of a job reads Ray's state API since Ray Train
+    runs without its placement-group cleaner: `pipeline.cluster.train.trainer_class`), so no multiprocessing
+    forkserver leaves a `pymp-*` directory behind (the dashboard's did, one a job); a live program's `pymp-*`
+    directory beside it is untouched. And the cluster keeps idle worker processes 10 s beyond Ray's soft limit
+    (Ray's default: 1 s), so a burst of tasks after a pause reuses them."""
     import contextlib
     import shutil
     import tempfile
@@ -562,6 +564,7 @@ def test_disconnect_leaves_no_forkserver_directory_of_the_local_cluster(monkeypa
     from multiprocessing.connection import Listener
     from pathlib import Path
 
+    import psutil
     import ray
 
     from pipeline import cluster
@@ -579,16 +582,20 @@ def test_disconnect_leaves_no_forkserver_directory_of_the_local_cluster(monkeypa
         assert not ray.is_initialized()
         cluster.connect(1)
         try:
-            deadline = time.monotonic() + 30
-            while not [d for d in tmp_path.glob("pymp-*") if d != live_dir] and time.monotonic() < deadline:
-                time.sleep(0.5)
-            made = [d for d in tmp_path.glob("pymp-*") if d != live_dir]
-            assert made, "the dashboard made no pymp-* directory: nothing here to clean"
+            session = cluster.session_log_dir()
+            assert session.startswith(str(tmp_path)), session
+            procs = []
+            for p in psutil.process_iter():
+                with contextlib.suppress(psutil.Error):
+                    procs.append(" ".join(p.cmdline()))
+            ours = [c for c in procs if session.rsplit("/logs", 1)[0] in c]
+            assert any("gcs_server" in c for c in ours), ours  # the cluster's own processes are seen
+            # Ray still runs dashboard.py in its minimal form (usage stats only): no frontend, no head modules
+            dashboards = [c for c in ours if "dashboard/dashboard.py" in c]
+            assert all("--disable-frontend" in c and "--modules-to-load=UsageStatsHead" in c for c in dashboards), dashboards
 
             # four zero-CPU tasks at once on a 1-CPU cluster: several worker processes; 3 s after they end, Ray's
             # default would have killed all but one (its soft limit is the CPU count)
-            import psutil
-
             @ray.remote(num_cpus=0)
             def pid() -> int:
                 time.sleep(2)
@@ -603,6 +610,30 @@ def test_disconnect_leaves_no_forkserver_directory_of_the_local_cluster(monkeypa
         assert not ray.is_initialized()
         assert [d.name for d in tmp_path.glob("pymp-*")] == ["pymp-live"]
         assert (live_dir / "listener-x").exists()
+
+
+def test_ray_train_runs_without_a_placement_group_cleaner_or_a_dataset_manager_without_datasets(tmp_path):
+    """`trainer_class` leaves out Ray Train's placement-group cleaner on every run, and its dataset manager on a run
+    without Ray Datasets (fine-tuning's); the rest of Ray's default callbacks stay. Ray's private names it relies on
+    are imported here, so a Ray that renames them fails this test."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    from pipeline.cluster.train import trainer_class
+
+    def callbacks(cls, datasets):
+        t = cls(lambda: None, scaling_config=ScalingConfig(num_workers=1), datasets=datasets,
+                run_config=RunConfig(name="callbacks", storage_path=str(tmp_path)))
+        return [type(c) for c in t._create_default_callbacks()]
+
+    ds = {"p1_train": lambda: None}  # a dataset factory: nothing is read or started
+    ray_own = callbacks(DataParallelTrainer, ds)
+    assert PlacementGroupCleanerCallback in ray_own and DatasetsCallback in ray_own  # what Ray would start
+    assert callbacks(trainer_class(), ds) == [c for c in ray_own if c is not PlacementGroupCleanerCallback]
+    assert callbacks(trainer_class(), None) == [c for c in ray_own if c not in (PlacementGroupCleanerCallback,
+                                                                                 DatasetsCallback)]
 
 
 @pytest.mark.parametrize("raised, shown", [
@@ -626,7 +657,6 @@ def test_a_failed_ray_start_is_one_line_that_says_why(monkeypatch, raised, shown
         raise raised
 
     monkeypatch.setattr(os, "environ", dict(os.environ))  # connect's setdefaults stay in this test
-    monkeypatch.setattr(connect_module, "_LOCAL_STARTED", None)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", fail)

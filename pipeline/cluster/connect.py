@@ -1,6 +1,5 @@
-"""Ray: connecting (RAY_ADDRESS or a private local cluster) on free ports, disconnecting (with the clean-up of what
-Ray's dashboard leaves in the temp directory), checking the cluster's resources, and keeping Ray's INFO chatter
-off the console.
+"""Ray: connecting (RAY_ADDRESS or a private local cluster, without a dashboard) on free ports, disconnecting,
+checking the cluster's resources, and keeping Ray's INFO chatter off the console.
 
 Connecting never joins whatever `ray start` cluster happens to run on the machine: `RAY_ADDRESS` (set by `ray job
 submit`; `auto` joins the machine's running cluster) is used when set, else a private local Ray is started. A
@@ -11,12 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
@@ -72,8 +67,8 @@ def free_port(avoid: frozenset[int] = frozenset()) -> int:
 @contextlib.contextmanager
 def _own_address(local: bool):
     """While a local cluster starts: its GCS on a port chosen here and RAY_ADDRESS naming it, so that every Ray
-    process it spawns inherits its own address (and Ray Data's logging config: INFO to its log file only). Ray's state queries inside workers (Ray Train's placement-group
-    cleaner) would otherwise fail with "Found multiple active Ray instances" when other clusters run on the
+    process it spawns inherits its own address (and Ray Data's logging config: INFO to its log file only). Ray's state
+    queries inside workers would otherwise fail with "Found multiple active Ray instances" when other clusters run on the
     machine. The driver's own environment is restored afterwards. Yields the GCS port (None when not local)."""
     if not local:
         yield None
@@ -104,21 +99,15 @@ def environ(**values: str):
 IDLE_WORKER_KEEP_MS = 10_000
 """How long a private local cluster keeps an idle Ray worker process beyond Ray's soft limit (Ray's default: 1 s)."""
 
-_LOCAL_STARTED: float | None = None
-"""When this process started its private local cluster (connect), for `disconnect`'s clean-up; None otherwise."""
-
-
 def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
     """`ray.init` on RAY_ADDRESS when set, else on a new private local cluster; returns the address used.
     End with `disconnect()`."""
-    global _LOCAL_STARTED
     import ray
 
     if ray.is_initialized():
         return "already connected"
     address = os.environ.get("RAY_ADDRESS") or "local"
     if address == "local":
-        _LOCAL_STARTED = time.time() - 1  # a second early: directory times are whole seconds on some filesystems
         # One machine that no autoscaler drains: Ray Train's preemption watcher (an actor per run, whose start
         # prints a core-worker error about its constructor arguments on every job's console) has nothing to watch.
         # The cluster's processes inherit this environment; on a real cluster (RAY_ADDRESS) the watcher stays.
@@ -139,13 +128,12 @@ def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
     try:
         # Workers log Ray's own INFO chatter (Train checkpoints, Data executions) only to the session's log
         # files; the console keeps our progress lines, warnings and errors.
-        # A local cluster gets a loopback-only dashboard on a free port: Ray Train's placement-group cleaner
-        # watches the run through the state API, which the dashboard serves (without it, it warns every second).
+        # A private local cluster has no dashboard: nothing of a job reads Ray's state API (Ray Train's
+        # placement-group cleaner did: `pipeline.cluster.train.trainer_class`), and the cluster ends with the job.
         handler = signal.getsignal(signal.SIGTERM)
         with _own_address(address == "local") as gcs_port:
-            local = {"num_cpus": num_cpus, "include_dashboard": True, "dashboard_host": "127.0.0.1",
-                     "dashboard_port": free_port(avoid=frozenset({gcs_port}))} if gcs_port else {"include_dashboard": False}
-            ray.init(address=address, configure_logging=False, log_to_driver=log_to_driver,
+            local = {"num_cpus": num_cpus} if gcs_port else {}
+            ray.init(address=address, configure_logging=False, log_to_driver=log_to_driver, include_dashboard=False,
                      logging_config=ray.LoggingConfig(encoding="TEXT", log_level="WARNING"), **local)
         if callable(handler):  # Ray's core worker installs its own (it aborts the process): keep the job's
             signal.signal(signal.SIGTERM, handler)
@@ -157,44 +145,11 @@ def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
 
 
 def disconnect() -> None:
-    """`ray.shutdown()`; after a private local cluster, also remove what its processes left in the temp directory.
-    Ray's dashboard starts a multiprocessing forkserver, whose `pymp-*` directory (one `listener-*` socket) is
-    removed only by Python's exit handlers, which a dashboard ended by Ray never runs: one directory a job. Removed
-    are this user's `pymp-*` directories made since the cluster started that hold nothing but sockets no process
-    holds any more (a live program's directory is never touched; Linux only, elsewhere nothing is removed)."""
-    global _LOCAL_STARTED
+    """`ray.shutdown()`: a private local cluster stops with it. It runs no dashboard (`connect`), so nothing of it
+    is left in the temp directory (the dashboard's multiprocessing forkserver left a `pymp-*` directory a job)."""
     import ray
 
     ray.shutdown()
-    started, _LOCAL_STARTED = _LOCAL_STARTED, None
-    if started is None:
-        return
-    candidates: dict[Path, list[Path]] = {}  # directory -> its listener sockets
-    for d in Path(tempfile.gettempdir()).glob("pymp-*"):
-        with contextlib.suppress(OSError):
-            st, entries = d.stat(), list(d.iterdir())
-            if (st.st_uid == os.getuid() and st.st_mtime >= started and entries
-                    and all(e.name.startswith("listener-") and e.is_socket() for e in entries)):
-                candidates[d] = entries
-    deadline = time.monotonic() + 5  # the forkserver ends a moment after the dashboard that started it
-    while candidates and (bound := _bound_unix_paths()) is not None:
-        for d, entries in list(candidates.items()):
-            if not any(str(e) in bound for e in entries):
-                shutil.rmtree(d, ignore_errors=True)
-                del candidates[d]
-        if not candidates or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-
-
-def _bound_unix_paths() -> set[str] | None:
-    """The paths of the Unix sockets some process holds open (Linux's /proc/net/unix; None elsewhere): read,
-    never connected to, so no program's listener is disturbed."""
-    try:
-        lines = Path("/proc/net/unix").read_text().splitlines()[1:]
-    except OSError:
-        return None
-    return {cols[7] for cols in (line.split(maxsplit=7) for line in lines) if len(cols) == 8}
 
 
 def session_log_dir() -> str:

@@ -47,7 +47,6 @@ def fit(loop: Callable[[Any], None], handoff: Any, *, name: str, storage_path: s
     import functools
 
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
 
     from pipeline.cluster.failfast import FailFast
     from pipeline.cluster.resize import WorkerCount
@@ -57,7 +56,7 @@ def fit(loop: Callable[[Any], None], handoff: Any, *, name: str, storage_path: s
     kwargs: dict[str, Any] = {"datasets": datasets} if datasets else {}
     if dataset_config is not None:
         kwargs["dataset_config"] = dataset_config
-    trainer = TorchTrainer(
+    trainer = trainer_class()(
         functools.partial(_noting_traceback, loop, handoff),  # no train_loop_config: Ray Train calls it as it is
         scaling_config=ScalingConfig(num_workers=elastic, use_gpu=scale.use_gpu,
                                      resources_per_worker=resources, placement_strategy=scale.placement_strategy),
@@ -73,6 +72,31 @@ def fit(loop: Callable[[Any], None], handoff: Any, *, name: str, storage_path: s
     if result.error is not None:
         raise result.error
     return result
+
+
+def trainer_class() -> type:
+    """Ray Train's TorchTrainer without two of the helper actors it starts for every run, each a Python process of
+    its own (bench/job_cost.py; bench/RESULTS.md "Job cost"):
+
+    - the placement-group cleaner, a detached actor that polls the state API every second so that it can remove the
+      workers' placement group if the Train controller dies while the program that called `fit` goes on (a Tune
+      trial, a long-lived driver: ray-project/ray#58515). A job of ours ends when its `fit` does, failed or not,
+      and a placement group that is not detached goes with its job, so the cleaner has nothing left to clean (and
+      a private local cluster no longer needs a dashboard to serve it the state API: `connect`);
+    - the dataset manager, which Ray Train starts even for a run without Ray Datasets (fine-tuning's).
+
+    `DataParallelTrainer._create_default_callbacks` is Ray's private method (ray is pinned to 2.60.x in
+    pyproject.toml); tests/test_core.py checks the callbacks it leaves, so a Ray that renames either fails there."""
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    class Trainer(TorchTrainer):
+        def _create_default_callbacks(self) -> list:
+            drop = (PlacementGroupCleanerCallback,) if self.datasets else (PlacementGroupCleanerCallback, DatasetsCallback)
+            return [c for c in super()._create_default_callbacks() if not isinstance(c, drop)]
+
+    return Trainer
 
 
 def _noting_traceback(loop: Callable[[Any], None], handoff: Any) -> None:
