@@ -103,6 +103,14 @@ def test_dynamic_masks_and_the_global_counts_are_the_same_at_any_world_size():
     assert seen[1][0] == seen[2][0] == seen[3][0] > 0 and seen[1][2] == seen[2][2] == seen[3][2]
 
 
+_KEPT: list = []
+"""Every rank's DDP model (and so its process group) of the module, never freed while the tests run. A rank
+thread that freed its DDP model on return destroyed its gloo process group, which joins the group's worker
+thread while holding the GIL; that thread, releasing the last all-reduce of another rank still in `backward`,
+waited for the GIL: a deadlock, seen once in the quick loop (torch 2.13, threads as ranks in one process, which
+a real run, a process a rank, never has)."""
+
+
 def _group(store, rank: int, world: int):
     """This rank's gloo process group in this process (each rank thread makes its own: they meet in `store`), as
     DDP takes it."""
@@ -136,6 +144,7 @@ def _train(world: int, start: int, stop: int, ckpt_in=None, ckpt_out=None, ckpt_
             model = copy.deepcopy(init)
             if world > 1:
                 model = torch.nn.parallel.DistributedDataParallel(model, process_group=_group(store, rank, world))
+                _KEPT.append(model)
             t = Trainable(model, *make_optimizer(model, "adamw", 3e-3, 0.01, warmup_steps=2, total_steps=STEPS))
             if ckpt_in is not None:
                 assert load_checkpoint(str(ckpt_in), rank, t, world)["step"] == start

@@ -20,14 +20,16 @@ from pipeline.finetune.config import FinetuneConfig, load_finetune_config, resol
 from pipeline.finetune.job import build_model, resolve_source
 from pipeline.finetune.loop import counts, epoch_micro_batches, evaluate, steps_per_epoch, summarise
 
+from conftest import sqlite_store
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
 
 
 @pytest.fixture(scope="module")
 def mlflow_store(tmp_path_factory):
-    """One real SQLite MLflow store for the module (creating one runs MLflow's migrations: seconds)."""
-    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+    """One real SQLite MLflow store for the module."""
+    uri = sqlite_store(tmp_path_factory.mktemp("mlflow") / "mlflow.db")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLFLOW_TRACKING_URI", uri)
         yield uri

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import THREADS
+from conftest import THREADS, sqlite_store
 from pipeline.finetune.config import load_finetune_config
 from pipeline.finetune.job import run_finetune
 
@@ -31,7 +31,7 @@ DATA = Path(__file__).parent / "data"
 def store(tmp_path_factory):
     """A real SQLite MLflow store and a Ray Train storage dir shared by the module's runs."""
     root = tmp_path_factory.mktemp("ft")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = sqlite_store(root / "mlflow.db")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLFLOW_TRACKING_URI", uri)
         yield root

@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from conftest import sqlite_store
+
 JOBS = ("jobs/pretrain.py", "jobs/prepare_data.py")
 
 
@@ -48,6 +50,7 @@ def test_prepare_data_missing_input_is_one_line(repo_root, tmp_path):
     assert f"{repo_root}/missing.txt does not exist" in _one_line(p) and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # no Ray, but a whole job's imports (about 7 s): kept out of the quick loop
 def test_a_dead_ray_address_is_one_line_not_a_hang(repo_root, tmp_path, shared_dir):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -87,7 +90,7 @@ def test_sigterm_ends_the_mlflow_run_as_killed(repo_root, tmp_path, shared_dir):
 
     from mlflow import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/m.db"
+    uri = sqlite_store(tmp_path / "m.db")
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     env.pop("RAY_ADDRESS", None)
     books = [str(shared_dir / "corpora/books" / b) for b in ("08_Ruth.txt", "32_Jonah.txt")]

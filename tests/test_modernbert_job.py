@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import sqlite_store
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -30,7 +32,7 @@ def test_modernbert_tiny_job_registers_a_version_transformers_loads(tmp_path, sh
     from pipeline import tracking
 
     # both jobs join one local Ray cluster (`job_cluster`), as jobs on a cluster do
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONUNBUFFERED": "1",
+    env = {**os.environ, "MLFLOW_TRACKING_URI": sqlite_store(tmp_path / "mlflow.db"), "PYTHONUNBUFFERED": "1",
            "RAY_ADDRESS": job_cluster}
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])  # this process reads the same store
     books = [str(shared_dir / "corpora" / "books" / b) for b in ("08_Ruth.txt", "41_Mark.txt")]

@@ -8,6 +8,8 @@ import socket
 
 import pytest
 
+from conftest import sqlite_store
+
 from pipeline import tracking
 from pipeline.tracking import outbox as outage, wait as server_wait
 
@@ -100,7 +102,7 @@ def test_an_unreadable_pending_file_is_skipped_not_fatal(tmp_path, capfd):
 @pytest.mark.slow  # a new SQLite store's schema and 15 batches: about 10 s on a loaded 2-core machine
 def test_rows_past_the_memory_bound_go_through_the_spill_file_in_order(tmp_path, monkeypatch):
     """A local SQLite store; 3 rows in memory at most, so batches are spilled, some while in flight."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_store(tmp_path / "mlflow.db"))
     run_id = tracking.start_run("spill", "r", {})
     log = tracking.RunLogger(run_id, background=True)
     log.outbox.max_in_memory, log.outbox.batch_size = 3, 4

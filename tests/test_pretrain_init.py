@@ -11,6 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import sqlite_store
+
 from pipeline.config import ConfigError, load_config, resolve_paths
 from pipeline.pretrain.init import check_prepared, load_initial, resolve_init
 from pipeline.pretrain.identity import run_identity, run_name_for
@@ -121,7 +123,7 @@ def test_a_registered_version_with_storage_on_s3_is_copied_there_and_leaves_no_t
     from pipeline import tracking
 
     path, saved = tiny_ckpt
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_store(tmp_path / "mlflow.db"))
     run_id = tracking.start_run("exp", "reg", {})
     tracking.register_hf_model(str(path), "tiny-init", "champion", {"run_id": run_id}, run_id)
     bucket = s3_env.bucket()
@@ -172,7 +174,7 @@ def test_a_run_longer_by_max_steps_only_says_it_is_new_and_how_to_continue(tmp_p
     def notice(cfg):  # what train_stage passes
         return longer_run_notice(cfg, run_name_for(cfg, datasets), run_identity(cfg, datasets, without=("max_steps",)), uri)
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     datasets = [SimpleNamespace(config_hash="c" * 64, vocab_sha256="v" * 64)]
     short = _cfg(tmp_path, "--train.max_steps", "24")

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import sqlite_store
+
 pytestmark = pytest.mark.slow
 
 BOOKS = ["08_Ruth.txt", "31_Obad.txt", "32_Jonah.txt", "34_Nahum.txt", "35_Hab.txt", "36_Zep.txt", "37_Hag.txt"]
@@ -264,7 +266,7 @@ def test_stage_truth_comes_from_the_current_tracking_store(main_job, cluster, re
 
     args, first, first_logs = main_job
     registered = first_logs.strip().splitlines()[-1]
-    for uri, expect in ((f"sqlite:///{tmp_path / 'b.db'}", "running"), (first, "up to date")):
+    for uri, expect in ((sqlite_store(tmp_path / "b.db"), "running"), (first, "up to date")):
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
         logs = submit(cluster, repo_root, args, {"MLFLOW_TRACKING_URI": uri})
         assert f"[stage register] {expect}" in logs
@@ -423,7 +425,7 @@ def _train(prepared, work, name: str, *extra: str, fail_at: int | None = None, d
 @pytest.fixture(scope="module")
 def ft_store(work):
     old = os.environ.get("MLFLOW_TRACKING_URI")
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{work / 'ft.db'}"
+    os.environ["MLFLOW_TRACKING_URI"] = sqlite_store(work / "ft.db")
     yield
     if old is None:
         os.environ.pop("MLFLOW_TRACKING_URI", None)

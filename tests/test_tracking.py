@@ -9,13 +9,15 @@ import pytest
 
 from pipeline import tracking
 
+from conftest import sqlite_store
+
 
 @pytest.fixture(scope="module")
 def store_dir(tmp_path_factory):
     """One SQLite store for the module (creating MLflow's schema costs seconds); tests use their own names."""
     d = tmp_path_factory.mktemp("mlflow")
     old = os.environ.get("MLFLOW_TRACKING_URI")
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{d / 'mlflow.db'}"
+    os.environ["MLFLOW_TRACKING_URI"] = sqlite_store(d / "mlflow.db")
     yield d
     if old is None:
         os.environ.pop("MLFLOW_TRACKING_URI", None)
@@ -155,7 +157,7 @@ def test_prepared_data_is_logged_as_the_runs_datasets(tmp_path):
     sha = hashlib.sha256((out / "manifest.json").read_bytes()).hexdigest()
     shards = ((str(out / "shards/a.parquet"), 4), (str(out / "shards/b.parquet"), 3), (str(out / "shards/c.parquet"), 3))
     ds = PreparedDataset(str(out), manifest, sha, ("[PAD]",), shards)
-    c = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+    c = MlflowClient(sqlite_store(tmp_path / "m.db"))
     run = c.create_run(c.create_experiment("lineage"))
     log_datasets(c, run.info.run_id, prepared_datasets(ds, phase=0, num_eval_shards=1, arrow_schema=SCHEMA))
     got = {(d.dataset.name, d.tags[0].value): d.dataset for d in c.get_run(run.info.run_id).inputs.dataset_inputs}
