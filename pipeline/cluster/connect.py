@@ -67,9 +67,10 @@ def free_port(avoid: frozenset[int] = frozenset()) -> int:
 @contextlib.contextmanager
 def _own_address(local: bool):
     """While a local cluster starts: its GCS on a port chosen here and RAY_ADDRESS naming it, so that every Ray
-    process it spawns inherits its own address (and Ray Data's logging config: INFO to its log file only). Ray's state
-    queries inside workers would otherwise fail with "Found multiple active Ray instances" when other clusters run on the
-    machine. The driver's own environment is restored afterwards. Yields the GCS port (None when not local)."""
+    process it spawns inherits its own address (and Ray Data's logging config: INFO to its log file only). Ray's
+    state queries inside workers would otherwise fail with "Found multiple active Ray instances" when other clusters
+    run on the machine. The driver's own environment is restored afterwards. Yields the GCS port (None when not
+    local)."""
     if not local:
         yield None
         return

@@ -93,7 +93,7 @@ def trainer_class() -> type:
 
     class Trainer(TorchTrainer):
         def _create_default_callbacks(self) -> list:
-            drop = (PlacementGroupCleanerCallback,) if self.datasets else (PlacementGroupCleanerCallback, DatasetsCallback)
+            drop = (PlacementGroupCleanerCallback,) + (() if self.datasets else (DatasetsCallback,))
             return [c for c in super()._create_default_callbacks() if not isinstance(c, drop)]
 
     return Trainer
