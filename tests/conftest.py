@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import socket
@@ -219,7 +220,14 @@ def job_cluster():
         yield address
 
 
-_EMPTY_STORE: list[Path] = []
+@functools.cache
+def _empty_store() -> Path:
+    """An empty, migrated MLflow SQLite store in this process's temporary directory, made at the first call."""
+    from mlflow import MlflowClient
+
+    empty = Path(_TMP) / "empty-mlflow.db"
+    MlflowClient(f"sqlite:///{empty}").search_experiments()
+    return empty
 
 
 def sqlite_store(path: Path) -> str:
@@ -228,14 +236,8 @@ def sqlite_store(path: Path) -> str:
     migrated one (a scratch script, fresh processes). The copy differs from a store a job creates only in where
     the Default experiment (which no job uses) keeps artifacts. MLflow creating a store stays tested:
     test_tracking_server.py, test_docs.py's README job, test_secure_tracking.py's PostgreSQL store."""
-    if not _EMPTY_STORE:
-        from mlflow import MlflowClient
-
-        empty = Path(_TMP) / "empty-mlflow.db"
-        MlflowClient(f"sqlite:///{empty}").search_experiments()
-        _EMPTY_STORE.append(empty)
     path.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(_EMPTY_STORE[0], path)
+    shutil.copyfile(_empty_store(), path)
     return f"sqlite:///{path}"
 
 

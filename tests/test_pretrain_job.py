@@ -438,9 +438,9 @@ def baseline(cluster, prepared, work, ft_store, one_host_reference, s3_server):
     """An uninterrupted 2-worker run: 8 steps x 2 accumulation micro-steps, several epochs of the subset, its
     checkpoints on S3 (the session's moto server), uploaded in the background (`checkpoint_upload` auto). The
     other fault-tolerance runs here (but the S3 test's re-run of a copy) keep theirs on local disk or under a
-    `file://` URI and must end with these weights. Its shards, weights and per-step losses are kept for tests/test_two_hosts.py (the same data and
-    training on two hosts). (digest, MLflow run id, storage path, the checkpoint-upload-* directories it left in
-    the temporary directory)."""
+    `file://` URI and must end with these weights. Its shards, weights and per-step losses are kept for
+    tests/test_two_hosts.py (the same data and training on two hosts). (digest, MLflow run id, storage path, the
+    checkpoint-upload-* directories it left in the temporary directory)."""
     import s3fs
 
     s3fs.S3FileSystem.clear_instance_cache()

@@ -34,7 +34,8 @@ import torch
 
 from pipeline.config import Config, DataConfig, config_hash, phase_data_configs
 from pipeline import cluster
-from pipeline.core.checkpoint import CheckpointCorrupt, check_vocab, damage, read_train_state, trust, verified, written_by
+from pipeline.core.checkpoint import (CheckpointCorrupt, check_vocab, damage, read_train_state, trust, verified,
+                                      written_by)
 from pipeline.core.step import evaluate_sums
 from pipeline.runner.dag import Stage
 from pipeline.data.dataset import PreparedDataset
