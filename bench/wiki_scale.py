@@ -73,8 +73,16 @@ def _word_pool() -> list[str]:
     return sorted(words)
 
 
-def build_dump(d: Path, copies: int, seed: int = 0) -> dict:
-    """The dump and its index in `d`; returns its figures (pages, articles, XML bytes, bz2 bytes, seconds)."""
+def part_names(part: int, first: int, last: int) -> tuple[str, str]:
+    """(dump, index) file names of part `part` of a dump split as Wikimedia splits the real one, pages first..last."""
+    return (f"enwiki-29990101-pages-articles-multistream{part}.xml-p{first}p{last}.bz2",
+            f"enwiki-29990101-pages-articles-multistream-index{part}.txt-p{first}p{last}.bz2")
+
+
+def build_dump(d: Path, copies: int, seed: int = 0, start: int = 0, part: int | None = None) -> dict:
+    """The dump and its index in `d`; returns its figures (pages, articles, XML bytes, bz2 bytes, seconds). With
+    `part`, one part of a dump split in several files (`part_names`) holding copies start..start+copies-1: page
+    ids, titles and perturbations continue where the previous part's ended."""
     t0 = time.perf_counter()
     pages, pool = _pages(), _word_pool()
     # each article's wikitext as pieces: plain-text words (perturbable) at known positions, the rest as is
@@ -96,8 +104,10 @@ def build_dump(d: Path, copies: int, seed: int = 0) -> dict:
     head, tail = head[: head.index(b"  <page>")], b"</mediawiki>\n"
     index = bz2.BZ2Compressor()
     xml_bytes = len(head) + len(tail)
-    n = articles = 0
-    with open(d / DUMP, "wb") as f, open(d / INDEX, "wb") as fi:
+    n = start * len(pages)
+    articles = 0
+    dump, idx = (DUMP, INDEX) if part is None else part_names(part, n + 1, n + copies * len(pages))
+    with open(d / dump, "wb") as f, open(d / idx, "wb") as fi:
         f.write(bz2.compress(head))
         batch: list[str] = []
 
@@ -110,7 +120,7 @@ def build_dump(d: Path, copies: int, seed: int = 0) -> dict:
             fi.write(index.compress("".join(f"{off}:{pid}:{t}\n" for pid, t, _ in batch).encode()))
             batch.clear()
 
-        for c in range(copies):
+        for c in range(start, start + copies):
             rng = random.Random(seed * 10**9 + c)
             for p in pages:
                 n += 1
@@ -135,7 +145,7 @@ def build_dump(d: Path, copies: int, seed: int = 0) -> dict:
             flush()
         f.write(bz2.compress(tail))
         fi.write(index.flush())
-    return {"pages": n, "articles": articles, "xml": xml_bytes, "bz2": (d / DUMP).stat().st_size,
+    return {"pages": n - start * len(pages), "articles": articles, "xml": xml_bytes, "bz2": (d / dump).stat().st_size,
             "seconds": time.perf_counter() - t0}
 
 

@@ -44,13 +44,13 @@ def sh(cmd: list[str] | str, timeout: float = 60, check: bool = True) -> subproc
 
 
 class Host:
-    def __init__(self, ns: str, address: str, env: dict[str, str]) -> None:
-        self.ns, self.address, self.env = ns, address, env
+    def __init__(self, ns: str, address: str, env: dict[str, str], tmp_size: str = "2g") -> None:
+        self.ns, self.address, self.env, self.tmp_size = ns, address, env, tmp_size
         self.holder: subprocess.Popen | None = None
 
     def start(self) -> None:
         """The holder: a private /tmp (with work/ and home/) and /dev/shm in the host's network namespace."""
-        script = ("mount -t tmpfs -o size=2g,mode=1777 tmpfs /tmp && mount -t tmpfs -o size=1g tmpfs /dev/shm && "
+        script = (f"mount -t tmpfs -o size={self.tmp_size},mode=1777 tmpfs /tmp && mount -t tmpfs -o size=1g tmpfs /dev/shm && "
                   "mkdir -p /tmp/work /tmp/home/.ray && touch /tmp/.ready && exec sleep 7200")
         self.holder = subprocess.Popen(["ip", "netns", "exec", self.ns, "unshare", "--mount", "--propagation",
                                         "private", "sh", "-c", script], start_new_session=True)
@@ -93,7 +93,7 @@ class Hosts:
     """`n` hosts on one link (10.77.0.1, .2, ...) and an uplink from this namespace to the first (the head), so
     that the test reaches the servers on it at `self.uplink`. Names carry the pid: parallel runs do not collide."""
 
-    def __init__(self, n: int, env: dict[str, str]) -> None:
+    def __init__(self, n: int, env: dict[str, str], tmp_size: str = "2g") -> None:
         tag = os.getpid()
         self.names = [f"bp{tag}h{i}" for i in range(n)]
         self.up_if = f"bp{tag}up"
@@ -115,7 +115,7 @@ class Hosts:
                 sh(["ip", "-n", name, "addr", "add", f"{address}/24", "dev", CLUSTER_IF])
                 sh(["ip", "-n", name, "link", "set", CLUSTER_IF, "up"])
                 sh(["ip", "-n", name, "link", "set", "lo", "up"])
-                host = Host(name, address, env)
+                host = Host(name, address, env, tmp_size)
                 self.hosts.append(host)
                 host.start()
         except BaseException:
@@ -199,11 +199,11 @@ class TwoHostCluster:
     """Two hosts; on the head a moto S3 server (bucket `bucket`), an MLflow server with its artifacts in that
     bucket and the Ray head (dashboard on its loopback, as in cluster.yaml); Ray token auth on both hosts."""
 
-    def __init__(self, bucket: str = "bert-cluster") -> None:
+    def __init__(self, bucket: str = "bert-cluster", tmp_size: str = "2g") -> None:
         import secrets
 
         self.bucket = bucket
-        self.net = Hosts(2, host_env("10.77.0.1"))
+        self.net = Hosts(2, host_env("10.77.0.1"), tmp_size)
         self.head, self.worker = self.net.hosts
         self.s3_url = f"http://{self.net.uplink}:5555"  # from this namespace
         self.mlflow_url = f"http://{self.net.uplink}:5000"
@@ -248,15 +248,15 @@ class TwoHostCluster:
     # (docs/cluster.md, "preemptible nodes").
     HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
 
-    def start_head(self, cpus: int = 1) -> None:
+    def start_head(self, cpus: int = 1, object_store: int = 300_000_000) -> None:
         self.head.run(f"ray start --head --node-ip-address={self.head.address} --port=6379 --num-cpus={cpus} "
-                      "--dashboard-host=127.0.0.1 --dashboard-port=8265 --object-store-memory=300000000 "
+                      f"--dashboard-host=127.0.0.1 --dashboard-port=8265 --object-store-memory={object_store} "
                       "--disable-usage-stats", env=self.HEALTH_CHECKS, timeout=180)
 
-    def start_worker(self, cpus: int = 1, wait: bool = True) -> None:
+    def start_worker(self, cpus: int = 1, wait: bool = True, object_store: int = 300_000_000) -> None:
         """`ray start --address` on the worker host; with `wait`, until the head counts both hosts."""
         self.worker.run(f"ray start --address={self.head.address}:6379 --node-ip-address={self.worker.address} "
-                        f"--num-cpus={cpus} --object-store-memory=300000000 --disable-usage-stats", timeout=180)
+                        f"--num-cpus={cpus} --object-store-memory={object_store} --disable-usage-stats", timeout=180)
         if wait:
             self.wait_nodes(2, "the worker host never joined")
 
