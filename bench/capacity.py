@@ -73,6 +73,25 @@ def fmt_h(h: float) -> str:
     return f"{h:.3f} ({h * 60:.1f} min)"
 
 
+def raw_sources_table(a: argparse.Namespace) -> str:
+    """Hours from the raw sources to shards with dedup near: English Wikipedia from its dump (the larger of its
+    CPU-hours by words and by XML bytes) and BooksCorpus (its tokens at the Ray path's book rate, times dedup's
+    factor), on `a.nodes` nodes of `a.cores_per_node` cores. The dump's rate was measured on two hosts, so no
+    factor across nodes is applied."""
+    by_words, by_xml = a.dump_words / a.dump_word_rate / 3600, a.dump_xml_mb / a.dump_xml_rate / 3600
+    wiki = max(by_words, by_xml)
+    books = a.books_words * a.books_tokens_per_word * a.near_factor / a.books_rate / 3600
+    lines = [f"\nHours from the raw sources, dedup near (the default), nodes of {a.cores_per_node} cores. CPU-hours: "
+             f"Wikipedia's dump -> shards {wiki:.1f} (by words {by_words:.1f}, by XML bytes {by_xml:.1f}), "
+             f"BooksCorpus -> shards {books:.2f}\n",
+             "| nodes | cores | English Wikipedia, dump -> shards | BooksCorpus -> shards | both |", "|---:|---:|---:|---:|---:|"]
+    for n in (int(x) for x in a.nodes.split(",")):
+        cores = n * a.cores_per_node
+        lines.append(f"| {n} | {cores} | {fmt_h(wiki / cores)} | {fmt_h(books / cores)} | "
+                     f"{fmt_h((wiki + books) / cores)} |")
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     c = ap.add_argument_group("corpus")
@@ -100,6 +119,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"Ray path's rate per CPU-s on two nodes / one node: 1,104 / 1,139 pages per CPU-s ({R}, "
                         "'Scale on two nodes (issue 24)', `python bench/wiki_scale.py`); applied to every multi-node "
                         "row")
+    w = ap.add_argument_group("data preparation from the raw sources, dedup near (the default; issue 36)")
+    w.add_argument("--dump-words", type=float, default=4.5e9,
+                   help="English Wikipedia's articles, every word, as read from its dump (Wikipedia:Size of "
+                        f"Wikipedia, April 2024; {R}, 'Capacity on paper: English Wikipedia from its dump')")
+    w.add_argument("--dump-xml-mb", type=float, default=95_000, help="its uncompressed XML, MB (4.3 x 22 GB of bz2: "
+                   "an assumption, same section)")
+    w.add_argument("--dump-word-rate", type=float, default=127_262,
+                   help=f"words of the dump per CPU-s, dump -> shards on two hosts: 2,536 pages per CPU-s x 552/11 "
+                        f"words a page, 1 GB of multistream bz2 ({R}, 'A gigabyte on two hosts', "
+                        "`python bench/wiki_two_hosts.py`)")
+    w.add_argument("--dump-xml-rate", type=float, default=4.342, help="MB of the dump's XML per CPU-s (same run)")
+    w.add_argument("--books-rate", type=float, default=397_305,
+                   help=f"tokens of book text per CPU-s on the Ray path, dedup off: 20,818,782 tokens / 52.4 CPU-s, "
+                        f"the slower of two runs ({R}, 'The Ray path's CPU per token against the local path', "
+                        "`python bench/data_throughput.py --skip-hf --ray-too --memory-factors 1`)")
+    w.add_argument("--near-factor", type=float, default=1.07,
+                   help=f"CPU of dedup near / off on the Ray path, 132,000 pages ({R}, 'One read per document', "
+                        "`python bench/one_read.py --copies 12000 --paths ray`)")
     d.add_argument("--cores-per-node", type=int, default=32)
     d.add_argument("--nodes", default="1,4,16")
     g = ap.add_argument_group("GPU (token slots per second per GPU)")
@@ -150,6 +187,8 @@ def main(argv: list[str] | None = None) -> None:
         local = fmt_h(prep_hours(tokens, a.local_rate, cores)) if n == 1 else "- (one machine)"
         ray = prep_hours(tokens, a.ray_rate, cores, a.ray_node_efficiency if n > 1 else 1.0)
         print(f"| {n} | {cores} | {local} | {fmt_h(ray)} | {fmt_h(2 * ray)} |")
+
+    print(raw_sources_table(a))
 
     rates = {  # column -> (tokens/s at 128, tokens/s at 512)
         "BERT-base, ours (H200)": (a.base_128, a.base_512),

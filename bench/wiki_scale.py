@@ -89,15 +89,15 @@ def build_dump(d: Path, copies: int, seed: int = 0, start: int = 0, part: int | 
     split = {}
     for p in pages:
         pieces: list[str] = []
-        for k, part in enumerate(MARKUP.split(p.wikitext)):
+        for k, text_or_markup in enumerate(MARKUP.split(p.wikitext)):
             if k % 2:
-                pieces.append(part)
+                pieces.append(text_or_markup)
             else:
                 pos = 0
-                for m in WORD.finditer(part):
-                    pieces += [part[pos : m.start()], m.group()]
+                for m in WORD.finditer(text_or_markup):
+                    pieces += [text_or_markup[pos : m.start()], m.group()]
                     pos = m.end()
-                pieces.append(part[pos:])
+                pieces.append(text_or_markup[pos:])
         words = [i for i, x in enumerate(pieces) if WORD.fullmatch(x) and not MARKUP.fullmatch(x)]
         split[p.page_id] = (pieces, words)
     head = SAMPLE.read_bytes()

@@ -43,3 +43,14 @@ def test_tables_follow_the_options(capacity, capsys):
     faster = capsys.readouterr().out
     assert "| NVIDIA LAMB | phase 2 | 1,563 x 32,768 x 512 | 26.2B | 5.8 | 17.7 | 20.7 |" in faster
     assert "| 1 | 32 | 0.070 (4.2 min) | 0.053 (3.2 min) |" in faster
+
+
+def test_raw_sources_table_from_the_gigabyte_run(capacity):
+    # Wikipedia: 4.5e9 words / 127,262 words per CPU-s = 35,360 s = 9.82 CPU-h (by XML: 95,000 / 4.342 = 6.08);
+    # on 4 nodes of 32 cores 9.82 / 128 = 0.0767 h. BooksCorpus: 0.8e9 x 1.273 x 1.07 / 397,305 / 3600 = 0.762
+    # CPU-h, on one node / 32 = 0.0238 h.
+    table = capacity.raw_sources_table(capacity.parse_args([]))
+    assert "dump -> shards 9.8 (by words 9.8, by XML bytes 6.1), BooksCorpus -> shards 0.76" in table
+    assert "| 4 | 128 | 0.077 (4.6 min) |" in table and "| 1 | 32 | 0.31 (18 min) | 0.024 (1.4 min) |" in table
+    slower = capacity.raw_sources_table(capacity.parse_args(["--dump-word-rate", str(127_262 / 2)]))
+    assert "| 4 | 128 | 0.15 (9 min) |" in slower  # twice the CPU-hours by words: 19.6 / 128
