@@ -45,6 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from big_document_memory import GIB, REPO, minilm_vocab  # noqa: E402
 from wiki_scale import build_dump  # noqa: E402
 
+# Words of text a page of this dump: the sample's 4 articles hold 552 words of text in its 11 pages (bench/RESULTS.md,
+# "Capacity on paper: English Wikipedia from its dump"); the perturbation swaps words, it adds none.
+WORDS_PER_PAGE = 552 / 11
 # --memory-grouping-max: the job's driver with the product's limit changed, so that a small dump is grouped by Ray
 # Data as a large one is (a quick look at the shuffles)
 PATCHED = ("import runpy, sys, pipeline.data.executors as e; e.MEMORY_GROUPING_MAX_RECORDS = {}; "
@@ -193,7 +196,8 @@ def main() -> int:
     ip = {n["node_id"]: n["node_ip"] for n in nodes}
     per = Counter((t["name"], ip.get(t["node_id"], "?")) for t in tasks)
     hosts = sorted(set(ip.values()))
-    print(f"\nfinished tasks per node (state API, {len(tasks):,} listed{'; the list is capped' if len(tasks) >= 10000 else ''}):")
+    capped = "; the list is capped" if len(tasks) >= 10000 else ""
+    print(f"\nfinished tasks per node (state API, {len(tasks):,} listed{capped}):")
     for name in sorted({n for n, _ in per}):
         print(f"  {name[:60]:60s} " + " ".join(f"{h}: {per[name, h]:6d}" for h in hosts))
     cpu = {h: sampler.cpu_seconds(h) for h in ("head", "worker")}
@@ -208,7 +212,8 @@ def main() -> int:
                                           f"{bz2 / wall:.3f} MB/s bz2, {xml / wall:.2f} MB/s XML"),
         ("CPU-seconds, head / worker host", f"{cpu['head']:,.0f} / {cpu['worker']:,.0f} (sum {total:,.0f})"),
         ("per CPU-second (both hosts)", f"{b['pages'] / total:,.0f} pages, {b['articles'] / total:,.0f} articles, "
-                                        f"{xml / total:.3f} MB XML, {bz2 / total:.4f} MB bz2"),
+                                        f"{xml / total:.3f} MB XML, {bz2 / total:.4f} MB bz2, "
+                                        f"{b['pages'] * WORDS_PER_PAGE / total:,.0f} words"),
     ]
     for h in ("head", "worker"):
         rows.append((f"largest process, {h}", f"{sampler.peak[h][0] / GIB:.2f} GiB ({sampler.peak[h][1]}); less "

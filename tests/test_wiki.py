@@ -337,3 +337,26 @@ def test_real_pages_cost_nothing_and_a_few_stray_openers_stay_within_the_budget(
     for stray in ["{{", "[[", "<ref>", "<!--", "[http://x y\n", "x<y z "]:
         assert not over_budget(stray * 3 + long), stray  # three at the top: each costs about the page's length
     assert over_budget("{{" * 7 + long)
+
+
+def test_a_dump_in_parts_reads_as_its_pages_in_order(tmp_path):
+    """bench/wiki_scale.py's dump written in two parts, named as Wikimedia names the parts of the real dump
+    (bench/wiki_two_hosts.py's gigabyte): each part is a multistream input paired with its own index, and together
+    they hold the one-file dump's pages, ids continuing from part to part."""
+    from conftest import load_bench
+
+    ws = load_bench("wiki_scale")
+    (tmp_path / "one").mkdir()
+    (tmp_path / "parts").mkdir()
+    ws.build_dump(tmp_path / "one", 5)
+    figs = [ws.build_dump(tmp_path / "parts", 2, 0, 0, 1), ws.build_dump(tmp_path / "parts", 3, 0, 2, 2)]
+    assert sorted(p.name for p in (tmp_path / "parts").iterdir()) == sorted(
+        [*ws.part_names(1, 1, 22), *ws.part_names(2, 23, 55)])
+    assert [f["pages"] for f in figs] == [22, 33] and [f["articles"] for f in figs] == [8, 12]
+
+    def pages(d):
+        files, skipped, _ = _read([d])
+        assert {f.kind for f in files} == {"wiki_multistream"} and len(skipped) == len(files)  # the indexes
+        return [(p.page_id, p.title, p.wikitext) for f in files for p in read_pages(f.path)]
+
+    assert pages(tmp_path / "parts") == pages(tmp_path / "one")
