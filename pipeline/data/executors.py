@@ -333,6 +333,12 @@ not by Ray Data's three hash shuffles, whose fixed cost is tens of CPU-seconds a
 "Corpus scale"); past it one process's memory would grow with the corpus, the shuffles' does not."""
 
 
+SIGNATURE_BATCH = 16_384
+"""Records a Ray Data task turns into band rows (or candidates' signatures) at a time: 8 MB of signatures. Without
+it a task took its whole read block, up to Ray Data's 128 MB target, with its band keys' intermediates: the largest
+process of the gigabyte run (bench/RESULTS.md, "A gigabyte on two hosts")."""
+
+
 def memory_duplicate_edges(paths: list[str], params: DedupParams) -> tuple[Edges, Edges]:
     """The dedup pass's grouping in this process: every record's keys and signature in memory (648 bytes a
     document at the default), grouped by a sort (`dedup.find_edges`)."""
@@ -377,6 +383,25 @@ def _key_table(keys: np.ndarray, orders: np.ndarray) -> pa.Table:
 
 
 def ray_duplicate_edges(paths: list[str], params: DedupParams, rows: int | None = None) -> tuple[Edges, Edges]:
+    """`_ray_grouping` with each hash shuffle's map task taking SHUFFLE_INPUT_BYTES of input at a time."""
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    before, ctx.shuffle_input_batch_bytes = ctx.shuffle_input_batch_bytes, SHUFFLE_INPUT_BYTES
+    try:
+        return _ray_grouping(paths, params, rows)
+    finally:
+        ctx.shuffle_input_batch_bytes = before
+
+
+SHUFFLE_INPUT_BYTES = 64 << 20
+"""Input a hash shuffle's map task partitions at once. Ray Data's default (`shuffle_input_batch_bytes`, 1 GiB) buffers
+a node's input blocks up to 1 GiB for one task, so that task's memory grew with the corpus. On a million synthetic
+records (2 CPUs, the largest process's RSS less its shared pages): 0.87 GiB before either, 0.58 with SIGNATURE_BATCH
+(then a shuffle map task's), 0.49 with both; 0.55 at two million (bench/RESULTS.md, "A gigabyte on two hosts")."""
+
+
+def _ray_grouping(paths: list[str], params: DedupParams, rows: int | None = None) -> tuple[Edges, Edges]:
     """(exact, near) edges of the `rows` records (counted here when None) `sign` wrote to `paths`, on Ray Data
     (dedup.py's module docstring has the steps). Three hash shuffles: exact keys with ids; band keys with ids (`bands`
     rows of 16 B a representative); and each candidate's signature once, partitioned by its component. A partition is
@@ -407,7 +432,8 @@ def ray_duplicate_edges(paths: list[str], params: DedupParams, rows: int | None 
         return _key_table(*dedup.candidate_rows(numpy_of(t["key"]), numpy_of(t["doc_id"])))
 
     sigs = cluster.read_parquet(paths, columns=["doc_id", "sig"])
-    bands = sigs.map_batches(band_rows, batch_format="pyarrow").repartition(parts, keys=["key"])
+    bands = sigs.map_batches(band_rows, batch_format="pyarrow", batch_size=SIGNATURE_BATCH).repartition(
+        parts, keys=["key"])
     found = list(bands.map_batches(candidates, batch_format="pyarrow", batch_size=None).iter_batches(
         batch_format="pyarrow", batch_size=None))
     rows = pa.concat_tables([_key_table(np.zeros(0, np.uint64), np.zeros(0, np.int64)), *found])
@@ -426,7 +452,7 @@ def ray_duplicate_edges(paths: list[str], params: DedupParams, rows: int | None 
     def verify(t: pa.Table) -> pa.Table:
         return _edge_table(dedup.near_edges(numpy_of(t["doc_id"]), fixed_rows(t["sig"], np.uint32), params))
 
-    near = _edges_of(sigs.map_batches(fetch, batch_format="pyarrow").repartition(
+    near = _edges_of(sigs.map_batches(fetch, batch_format="pyarrow", batch_size=SIGNATURE_BATCH).repartition(
         _partitions(len(cands)), keys=["component"]).map_batches(verify, batch_format="pyarrow", batch_size=None))
     return exact, near
 
