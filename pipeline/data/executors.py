@@ -336,7 +336,8 @@ not by Ray Data's three hash shuffles, whose fixed cost is tens of CPU-seconds a
 SIGNATURE_BATCH = 16_384
 """Records a Ray Data task turns into band rows (or candidates' signatures) at a time: 8 MB of signatures. Without
 it a task took its whole read block, up to Ray Data's 128 MB target, with its band keys' intermediates: the largest
-process of the gigabyte run (bench/RESULTS.md, "A gigabyte on two hosts")."""
+process of the gigabyte run, 0.93 GiB less shared pages; 0.52 with this and SHUFFLE_INPUT_BYTES (bench/RESULTS.md,
+"A gigabyte on two hosts")."""
 
 
 def memory_duplicate_edges(paths: list[str], params: DedupParams) -> tuple[Edges, Edges]:
