@@ -50,7 +50,8 @@ class Host:
 
     def start(self) -> None:
         """The holder: a private /tmp (with work/ and home/) and /dev/shm in the host's network namespace."""
-        script = (f"mount -t tmpfs -o size={self.tmp_size},mode=1777 tmpfs /tmp && mount -t tmpfs -o size=1g tmpfs /dev/shm && "
+        script = (f"mount -t tmpfs -o size={self.tmp_size},mode=1777 tmpfs /tmp && "
+                  "mount -t tmpfs -o size=1g tmpfs /dev/shm && "
                   "mkdir -p /tmp/work /tmp/home/.ray && touch /tmp/.ready && exec sleep 7200")
         self.holder = subprocess.Popen(["ip", "netns", "exec", self.ns, "unshare", "--mount", "--propagation",
                                         "private", "sh", "-c", script], start_new_session=True)
