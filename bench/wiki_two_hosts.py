@@ -50,7 +50,7 @@ from wiki_scale import build_dump  # noqa: E402
 WORDS_PER_PAGE = 552 / 11
 # --memory-grouping-max: the job's driver with the product's limit changed, so that a small dump is grouped by Ray
 # Data as a large one is (a quick look at the shuffles)
-PATCHED = ("import runpy, sys, pipeline.data.executors as e; e.MEMORY_GROUPING_MAX_RECORDS = {}; "
+PATCHED = ("import runpy, sys, pipeline.data.grouping as g; g.MEMORY_GROUPING_MAX_RECORDS = {}; "
            "sys.argv = ['jobs/prepare_data.py', *sys.argv[1:]]; runpy.run_path(sys.argv[0], run_name='__main__')")
 # Ray Data's DEBUG line in the driver's session log (logs/ray-data/) as each operator completes: its metrics
 SHUFFLE_MAP = re.compile(r"Operator ShuffleMapOp\[(HashShuffleMap\(keys=\([^)]*\))[^\]]*\] completed\. Operator "

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.data.arrow import arrow, fixed_rows_array
 from pipeline.data.dedup import find_edges, resolve
-from pipeline.data.executors import ray_duplicate_edges
+from pipeline.data.grouping import ray_duplicate_edges
 from pipeline.data.signing import DedupParams
 
 pytestmark = pytest.mark.slow
@@ -86,18 +86,18 @@ def test_the_ray_executor_groups_up_to_the_limit_in_memory_and_past_it_on_ray_da
     first). Both give the local sort's edges (`ray_duplicate_edges` itself: the test above)."""
     from types import SimpleNamespace
 
-    from pipeline.data import executors
+    from pipeline.data import executors, grouping
 
     paths, orders, exact, sigs = _records(tmp_path)
     params = DedupParams(mode="near")
     want = resolve(*find_edges(orders, exact, sigs, params))
     released, on_ray = [], []
     executor = SimpleNamespace(release=lambda: released.append(True))  # what duplicate_edges uses of the executor
-    monkeypatch.setattr(executors, "ray_duplicate_edges",
-                        lambda p, prm, rows: on_ray.append((p, rows)) or executors.memory_duplicate_edges(p, prm))
-    monkeypatch.setattr(executors, "MEMORY_GROUPING_MAX_RECORDS", len(orders))
+    monkeypatch.setattr(grouping, "ray_duplicate_edges",
+                        lambda p, prm, rows: on_ray.append((p, rows)) or grouping.memory_duplicate_edges(p, prm))
+    monkeypatch.setattr(grouping, "MEMORY_GROUPING_MAX_RECORDS", len(orders))
     assert resolve(*executors.RayExecutor.duplicate_edges(executor, paths, params)).equals(want)
     assert on_ray == [] and released == []
-    monkeypatch.setattr(executors, "MEMORY_GROUPING_MAX_RECORDS", len(orders) - 1)
+    monkeypatch.setattr(grouping, "MEMORY_GROUPING_MAX_RECORDS", len(orders) - 1)
     assert resolve(*executors.RayExecutor.duplicate_edges(executor, paths, params)).equals(want)
     assert on_ray == [(paths, len(orders))] and released == [True]  # the count read once, handed on

@@ -38,7 +38,7 @@ How the resolution runs without all-pairs
     `resolve` sorts its input, so any partitioning of the groups gives the same result (tests/test_dedup.py
     checks random partitions against `dedup_local`). Only orders, keys and signatures travel; never texts.
 
-The Ray executor (pipeline/data/executors.py) shuffles ids, not signatures: at most one signature row a document
+The Ray grouping (pipeline/data/grouping.py) shuffles ids, not signatures: at most one signature row a document
     exact:   records (order, exact key) hash-partitioned by the key; `exact_edges` per partition -> Edges
     bands:   each representative's band keys, ids only: rows (key, order), `bands` a document (16 B each), hash-
              partitioned by the key; `candidate_rows` per partition keeps the rows of keys shared by two or more

@@ -155,7 +155,7 @@ class DedupResult:
 def dedup_pass(ex: Any, units: list[InputFile], cfg: DataConfig, work: str) -> DedupResult | None:
     """Pass 0, before tokenizing (data.dedup exact or near; None when off): each unit's documents become compact
     records on the workers (`sign_unit`: doc_id, name, exact key, MinHash signature); the executor groups them
-    into candidate edges (`duplicate_edges`: a sort in memory; on Ray past MEMORY_GROUPING_MAX_RECORDS records,
+    into candidate edges (`duplicate_edges`: a sort in memory; on Ray past `grouping.MEMORY_GROUPING_MAX_RECORDS`,
     Ray Data's hash shuffles of ids and of one signature a candidate document), and the keep-first rule is applied
     here (`resolve`). Texts never leave the workers."""
     if cfg.dedup == "off":
