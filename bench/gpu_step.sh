@@ -12,6 +12,10 @@
 #   STEP_SET=modernbert: issue 33's GPU rows (bench/modernbert_step.py): modernbert-base at 1,024 and 8,192 tokens
 #                     and modernbert-large at 1,024, bf16, MFU, ours against transformers; nothing to carry
 #     run(command="STEP_SET=modernbert STEP_BUDGET=250 bash bench/gpu_step.sh", timeout_s=270)
+#   STEP_SET=autotune: what is left for the MFU goals after three leases: max-autotune, whose Triton GEMM templates
+#                     take GELU and the bias as their epilogue (torch's cuBLASLt GELU epilogue, `_addmm_activation`,
+#                     has no derivative), with the whole budget; base 256 x 128, no dropout, against the compiled step
+#     run(command="STEP_SET=autotune STEP_BUDGET=330 bash bench/gpu_step.sh", timeout_s=350)
 #   STEP_SET=tune2:   the third lease's: every dropout 0 and FP8 GEMMs (torchao), compiled, base and large at
 #                     256 x 128. It needs torchao, which the image lacks: carry .whl-step (3.4 MB), made here with
 #     pip download torchao==0.18.0 --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -77,6 +81,12 @@ if [ "${STEP_SET:-goals}" = modernbert ]; then
   mbstep mb1k 80 --preset $mb --rows $r1k --seq $s1k --vocab $mbv --impls transformers,ours
   mbstep mb8k 100 --preset $mb --rows $r8k --seq $s8k --vocab $mbv --impls transformers,ours
   mbstep mbl1k 90 --preset $mbl --rows $rl1k --seq $s1k --vocab $mbv --impls transformers,ours
+elif [ "${STEP_SET:-goals}" = autotune ]; then
+  # The second lease's autotune run hit its 150 s limit after Inductor had benchmarked 12 GEMM shapes (cuBLAS won 9);
+  # with epilogue fusion it also benchmarks each template with the bias + GELU fused, the one place the 4.2 ms of GELU
+  # per step can go. Every dropout 0, as the third lease's best rows; Inductor's autotune choices are printed.
+  step base128autotune $((budget - 10)) --preset $base \
+    --batch $b128 --seq $s128 --masked 20 --data packed --impls ours+real+compile+nodrop,ours+real+autotune+nodrop
 elif [ "${STEP_SET:-goals}" = tune2 ]; then
   # The third lease's set (bench/RESULTS.md "The second H200 lease": 15 ms of the compiled base step is memory-bound
   # layer norm, dropout and GELU; large's 55% needs FP8 GEMMs). Each run: the compiled product step, then without

@@ -76,6 +76,10 @@ def build(impl: str, cfg: ModernBertConfig, directory: str) -> tuple[torch.nn.Mo
     if impl.startswith("transformers"):
         model = transformers.ModernBertForMaskedLM.from_pretrained(
             directory, attn_implementation="sdpa", sparse_prediction=impl.endswith("sparse"))
+        # transformers 4.48-4.x compiled ModernBERT's MLP and head by itself on a GPU with triton when the config's
+        # `reference_compile` was unset (its `_maybe_set_compile`, read at each forward); 5.23 has no such field. The
+        # GPU image's 5.17 is unchecked, so the rows stay eager against eager whichever it is.
+        model.config.reference_compile = False
         return model, lambda m, b: m(input_ids=b["input_ids"], labels=b["labels"]).loss
     model = ModernBertForMaskedLM(cfg)
     model.load_state_dict(torch.load(os.path.join(directory, "ours.pt"), weights_only=True))
