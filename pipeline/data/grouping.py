@@ -9,6 +9,8 @@ candidate edges that `dedup.resolve` turns into dropped documents. Two ways, the
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 
@@ -132,11 +134,11 @@ def _ray_grouping(paths: list[str], params: DedupParams, rows: int | None = None
         parts, keys=["key"])
     found = list(bands.map_batches(candidates, batch_format="pyarrow", batch_size=None).iter_batches(
         batch_format="pyarrow", batch_size=None))
-    rows = pa.concat_tables([_key_table(np.zeros(0, np.uint64), np.zeros(0, np.int64)), *found])
-    if rows.num_rows == 0:
+    shared = pa.concat_tables([_key_table(np.zeros(0, np.uint64), np.zeros(0, np.int64)), *found])
+    if shared.num_rows == 0:
         return exact, Edges.empty()
-    cands, label = dedup.components(numpy_of(rows["key"]), numpy_of(rows["doc_id"]))
-    del rows, found
+    cands, label = dedup.components(numpy_of(shared["key"]), numpy_of(shared["doc_id"]))
+    del shared, found
 
     def fetch(t: pa.Table) -> pa.Table:
         orders = numpy_of(t["doc_id"])
