@@ -43,6 +43,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from xml.sax.saxutils import escape
 
@@ -150,22 +151,27 @@ def build_dump(d: Path, copies: int, seed: int = 0, start: int = 0, part: int | 
 
 
 class Sampler(threading.Thread):
-    """Every `interval` s: RSS and CPU of every descendant of this process (the job, any Ray it starts, the
-    Cluster's processes and their workers). Peak RSS of the largest one; CPU-seconds since the start (each
-    process's last reading minus its reading at the start, 0 for those started later)."""
+    """Every `interval` s: RSS and CPU of every process `procs` lists, by default every descendant of this process
+    (the job, any Ray it starts, the Cluster's processes and their workers). Peak RSS of the largest one;
+    CPU-seconds since the start (each process's last reading minus its reading at the start, 0 for those started
+    later)."""
 
-    def __init__(self, interval: float = 0.2) -> None:
+    def __init__(self, interval: float = 0.2, procs: Callable[[], list[psutil.Process]] | None = None) -> None:
         super().__init__(daemon=True)
-        self.me, self.interval = psutil.Process(), interval
+        me = psutil.Process()
+        self.interval = interval
+        self._procs = procs or (lambda: me.children(recursive=True))
         self.peak_one, self.peak_sum, self.peak_name = 0, 0, ""
         self.peak_private, self.private_name = 0, ""  # RSS less its shared pages (Ray's object store, libraries)
         self.cpu: dict[int, float] = {}
-        self.base = {p.pid: sum(p.cpu_times()[:2]) for p in self._procs()}
+        self.base: dict[int, float] = {}
+        for p in self._procs():
+            try:
+                self.base[p.pid] = sum(p.cpu_times()[:2])
+            except psutil.Error:  # gone since it was listed
+                pass
         self.ray_workers: set[int] = set()
         self.stop = threading.Event()
-
-    def _procs(self) -> list[psutil.Process]:
-        return self.me.children(recursive=True)
 
     @property
     def cpu_seconds(self) -> float:

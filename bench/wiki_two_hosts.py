@@ -32,10 +32,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -43,7 +43,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from big_document_memory import GIB, REPO, minilm_vocab  # noqa: E402
-from wiki_scale import build_dump  # noqa: E402
+from wiki_scale import Sampler, build_dump  # noqa: E402
 
 # Words of text a page of this dump: the sample's 4 articles hold 552 words of text in its 11 pages (bench/RESULTS.md,
 # "Capacity on paper: English Wikipedia from its dump"); the perturbation swaps words, it adds none.
@@ -57,58 +57,17 @@ SHUFFLE_MAP = re.compile(r"Operator ShuffleMapOp\[(HashShuffleMap\(keys=\([^)]*\
                          r"Metrics:\n(\{.*)")
 
 
-class HostSampler(threading.Thread):
-    """Every second, every process in each host's network namespace: CPU-seconds (last reading less the reading at
-    the start), the largest RSS (and RSS less shared pages) with its name, the peak of the host's RSS sum."""
-
-    def __init__(self, namespaces: dict[str, str]) -> None:
-        super().__init__(daemon=True)
-        self.namespaces = namespaces  # host name -> namespace
-        self.cpu: dict[str, dict[int, float]] = {h: {} for h in namespaces}
-        self.base: dict[int, float] = {}
-        self.peak = {h: (0, "") for h in namespaces}
-        self.private = {h: (0, "") for h in namespaces}
-        self.total = dict.fromkeys(namespaces, 0)
-        self.stop = threading.Event()
-        for h in namespaces:
-            for p in self._procs(h):
-                try:
-                    self.base[p.pid] = sum(p.cpu_times()[:2])
-                except psutil.Error:
-                    pass
-
-    def _procs(self, host: str) -> list[psutil.Process]:
-        out = subprocess.run(["ip", "netns", "pids", self.namespaces[host]], capture_output=True, text=True).stdout
-        procs = []
-        for pid in out.split():
-            try:
-                procs.append(psutil.Process(int(pid)))
-            except psutil.Error:
-                pass
-        return procs
-
-    def cpu_seconds(self, host: str) -> float:
-        return sum(v - self.base.get(pid, 0.0) for pid, v in self.cpu[host].items())
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            for h in self.namespaces:
-                total = 0
-                for p in self._procs(h):
-                    try:
-                        with p.oneshot():
-                            t, mem, cmd = p.cpu_times(), p.memory_info(), p.cmdline()
-                    except psutil.Error:
-                        continue
-                    self.cpu[h][p.pid] = t.user + t.system
-                    name = " ".join(cmd[:3])[-70:] or p.name()
-                    total += mem.rss
-                    if mem.rss > self.peak[h][0]:
-                        self.peak[h] = (mem.rss, name)
-                    if mem.rss - mem.shared > self.private[h][0]:
-                        self.private[h] = (mem.rss - mem.shared, name)
-                self.total[h] = max(self.total[h], total)
-            self.stop.wait(1.0)
+def netns_procs(namespace: str) -> list[psutil.Process]:
+    """Every process in a network namespace (`ip netns pids`): a host's, which `ray start` daemonizes out of this
+    process's tree; `wiki_scale.Sampler` samples them."""
+    out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout
+    procs = []
+    for pid in out.split():
+        try:
+            procs.append(psutil.Process(int(pid)))
+        except psutil.Error:
+            pass
+    return procs
 
 
 def build(dump: Path, copies: int, parts: int) -> dict:
@@ -164,13 +123,16 @@ def main() -> int:
                   "-c " + shlex.quote(PATCHED.format(args.memory_grouping_max)))
         submit = (f"ray job submit --address http://127.0.0.1:8265 --working-dir {shlex.quote(str(REPO))} -- "
                   f"python {driver} " + " ".join(shlex.quote(a) for a in cmd))
-        sampler = HostSampler({"head": c.head.ns, "worker": c.worker.ns})
-        sampler.start()
+        samplers = {"head": Sampler(1.0, partial(netns_procs, c.head.ns)),
+                    "worker": Sampler(1.0, partial(netns_procs, c.worker.ns))}
+        for s in samplers.values():
+            s.start()
         t0 = time.perf_counter()
         r = c.head.run(submit, timeout=4 * 3600, check=False)
         wall = time.perf_counter() - t0
-        sampler.stop.set()
-        sampler.join()
+        for s in samplers.values():
+            s.stop.set()
+            s.join()
         log = r.stdout + r.stderr
         if args.keep:
             (work / "job.log").write_text(log)
@@ -200,7 +162,7 @@ def main() -> int:
     print(f"\nfinished tasks per node (state API, {len(tasks):,} listed{capped}):")
     for name in sorted({n for n, _ in per}):
         print(f"  {name[:60]:60s} " + " ".join(f"{h}: {per[name, h]:6d}" for h in hosts))
-    cpu = {h: sampler.cpu_seconds(h) for h in ("head", "worker")}
+    cpu = {h: s.cpu_seconds for h, s in samplers.items()}
     total = sum(cpu.values())
     xml, bz2 = b["xml"] / 1e6, b["bz2"] / 1e6
     rows = [
@@ -215,10 +177,9 @@ def main() -> int:
                                         f"{xml / total:.3f} MB XML, {bz2 / total:.4f} MB bz2, "
                                         f"{b['pages'] * WORDS_PER_PAGE / total:,.0f} words"),
     ]
-    for h in ("head", "worker"):
-        rows.append((f"largest process, {h}", f"{sampler.peak[h][0] / GIB:.2f} GiB ({sampler.peak[h][1]}); less "
-                     f"shared {sampler.private[h][0] / GIB:.2f} GiB ({sampler.private[h][1]}); host sum "
-                     f"{sampler.total[h] / GIB:.2f} GiB"))
+    for h, s in samplers.items():
+        rows.append((f"largest process, {h}", f"{s.peak_one / GIB:.2f} GiB ({s.peak_name}); less shared "
+                     f"{s.peak_private / GIB:.2f} GiB ({s.private_name}); host sum {s.peak_sum / GIB:.2f} GiB"))
     shuffled = sum(x for _, _, x in shuffles)
     signed = m["documents_read"] - sum(v for k, v in m["rejected_reasons"].items() if "duplicate" not in k)
     sigs = signed * m["config"]["dedup_num_perm"] * 4  # the signatures' own bytes (uint32 each), documents signed
