@@ -50,15 +50,26 @@ def _records(tmp_path, units: int = 3, per_unit: int = 400, seed: int = 0):
 
 
 @pytest.mark.parametrize("mode", ["near", "exact"])
-def test_ray_grouping_equals_the_local_sort_and_ships_a_signature_once(ray_local, tmp_path, mode):
+def test_ray_grouping_equals_the_local_sort_and_ships_a_signature_once(ray_local, tmp_path, mode, monkeypatch):
+    import ray.data
     from conftest import load_bench
+
+    from pipeline.data.grouping import SHUFFLE_INPUT_BYTES
 
     bench = load_bench("dedup_shuffle")
     params = DedupParams(mode=mode)
     paths, orders, exact, sigs = _records(tmp_path)
     want_exact, want_near = find_edges(orders, exact, sigs, params)
+    # each shuffle's map-task input: (its dataset's context, the process's current context) as it is made
+    plain, batch_bytes = ray.data.Dataset.repartition, []
+    current = ray.data.DataContext.get_current
+    monkeypatch.setattr(ray.data.Dataset, "repartition", lambda ds, *a, **k: batch_bytes.append(
+        (ds.context.shuffle_input_batch_bytes, current().shuffle_input_batch_bytes)) or plain(ds, *a, **k))
+    default = current().shuffle_input_batch_bytes
     with bench.captured_shuffles() as seen:
         got_exact, got_near = ray_duplicate_edges(paths, params)
+    assert SHUFFLE_INPUT_BYTES < default and batch_bytes == [(SHUFFLE_INPUT_BYTES, default)] * len(seen)
+    assert current().shuffle_input_batch_bytes == default
     want, got = resolve(want_exact, want_near), resolve(got_exact, got_near)
     assert got.equals(want)
     assert sorted(zip(got_exact.src.tolist(), got_exact.dst.tolist())) == sorted(

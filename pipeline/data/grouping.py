@@ -80,18 +80,6 @@ def _key_table(keys: np.ndarray, orders: np.ndarray) -> pa.Table:
     return pa.table([arrow(keys, pa.uint64()), arrow(orders, pa.int64())], names=["key", "doc_id"])
 
 
-def ray_duplicate_edges(paths: list[str], params: DedupParams, rows: int | None = None) -> tuple[Edges, Edges]:
-    """`_ray_grouping` with each hash shuffle's map task taking SHUFFLE_INPUT_BYTES of input at a time."""
-    import ray.data
-
-    ctx = ray.data.DataContext.get_current()
-    before, ctx.shuffle_input_batch_bytes = ctx.shuffle_input_batch_bytes, SHUFFLE_INPUT_BYTES
-    try:
-        return _ray_grouping(paths, params, rows)
-    finally:
-        ctx.shuffle_input_batch_bytes = before
-
-
 SHUFFLE_INPUT_BYTES = 64 << 20
 """Input a hash shuffle's map task partitions at once. Ray Data's default (`shuffle_input_batch_bytes`, 1 GiB) buffers
 a node's input blocks up to 1 GiB for one task, so that task's memory grew with the corpus. On a million synthetic
@@ -99,7 +87,16 @@ records (2 CPUs, the largest process's RSS less its shared pages): 0.87 GiB befo
 (then a shuffle map task's), 0.49 with both; 0.55 at two million (bench/RESULTS.md, "A gigabyte on two hosts")."""
 
 
-def _ray_grouping(paths: list[str], params: DedupParams, rows: int | None = None) -> tuple[Edges, Edges]:
+def _read_records(paths: list[str], columns: list[str]) -> Any:
+    """The record files' `columns` as a Ray Data dataset whose shuffles take SHUFFLE_INPUT_BYTES a map task. The
+    setting goes on the dataset's own DataContext (a copy taken as it is read, which the datasets derived from it
+    share), not on the process's current one."""
+    ds = cluster.read_parquet(paths, columns=columns)
+    ds.context.shuffle_input_batch_bytes = SHUFFLE_INPUT_BYTES
+    return ds
+
+
+def ray_duplicate_edges(paths: list[str], params: DedupParams, rows: int | None = None) -> tuple[Edges, Edges]:
     """(exact, near) edges of the `rows` records (counted here when None) `sign` wrote to `paths`, on Ray Data
     (dedup.py's module docstring has the steps). Three hash shuffles: exact keys with ids; band keys with ids (`bands`
     rows of 16 B a representative); and each candidate's signature once, partitioned by its component. A partition is
@@ -113,7 +110,7 @@ def _ray_grouping(paths: list[str], params: DedupParams, rows: int | None = None
         keys = np.stack([numpy_of(t["exact_hi"]), numpy_of(t["exact_lo"])], 1)
         return _edge_table(dedup.exact_edges(numpy_of(t["doc_id"]), keys))
 
-    ids = cluster.read_parquet(paths, columns=["doc_id", "exact_hi", "exact_lo"])
+    ids = _read_records(paths, ["doc_id", "exact_hi", "exact_lo"])
     exact = _edges_of(ids.repartition(parts, keys=["exact_hi", "exact_lo"]).map_batches(
         exact_part, batch_format="pyarrow", batch_size=None))
     if params.mode != "near":
@@ -129,7 +126,7 @@ def _ray_grouping(paths: list[str], params: DedupParams, rows: int | None = None
     def candidates(t: pa.Table) -> pa.Table:
         return _key_table(*dedup.candidate_rows(numpy_of(t["key"]), numpy_of(t["doc_id"])))
 
-    sigs = cluster.read_parquet(paths, columns=["doc_id", "sig"])
+    sigs = _read_records(paths, ["doc_id", "sig"])
     bands = sigs.map_batches(band_rows, batch_format="pyarrow", batch_size=SIGNATURE_BATCH).repartition(
         parts, keys=["key"])
     found = list(bands.map_batches(candidates, batch_format="pyarrow", batch_size=None).iter_batches(
