@@ -84,7 +84,8 @@ def raw_sources_table(a: argparse.Namespace) -> str:
     lines = [f"\nHours from the raw sources, dedup near (the default), nodes of {a.cores_per_node} cores. CPU-hours: "
              f"Wikipedia's dump -> shards {wiki:.1f} (by words {by_words:.1f}, by XML bytes {by_xml:.1f}), "
              f"BooksCorpus -> shards {books:.2f}\n",
-             "| nodes | cores | English Wikipedia, dump -> shards | BooksCorpus -> shards | both |", "|---:|---:|---:|---:|---:|"]
+             "| nodes | cores | English Wikipedia, dump -> shards | BooksCorpus -> shards | both |",
+             "|---:|---:|---:|---:|---:|"]
     for n in (int(x) for x in a.nodes.split(",")):
         cores = n * a.cores_per_node
         lines.append(f"| {n} | {cores} | {fmt_h(wiki / cores)} | {fmt_h(books / cores)} | "
