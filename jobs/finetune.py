@@ -47,7 +47,8 @@ def parser():
     ap = config_parser(FT_SECTIONS, __doc__)
     ap.add_argument("--model-source", required=True, help="--model SRC: models:/name@alias, models:/name/version, a "
                     "HF dir, or scratch:<preset>")
-    ap.add_argument("--task", required=True, choices=["sequence-classification", "token-classification", "question-answering"])
+    ap.add_argument("--task", required=True, choices=["sequence-classification", "sentence-pair-classification",
+                                                      "token-classification", "question-answering"])
     ap.add_argument("--train-file", required=True, help="--train FILE: training file (TSV/CSV/JSONL, CoNLL, or SQuAD JSON)")
     ap.add_argument("--eval-file", required=True, help="--eval FILE: evaluation file, same format")
     ap.add_argument("--output", default=None, help="also keep the fine-tuned HF directory here")

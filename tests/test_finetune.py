@@ -156,7 +156,7 @@ def test_pick_best_trial():
 def test_sweep_refuses_trials_that_never_fit():
     """A trial is its own small actor plus its Train workers; one that can never be placed fails in one line
     instead of Tune waiting for it forever."""
-    from pipeline.finetune.sweep import check_trial_resources
+    from pipeline.finetune.trials import check_trial_resources
 
     check_trial_resources(2, 0.5, 2.0)
     with pytest.raises(ConfigError, match=r"^tune.lr: a trial needs train.num_workers 2 x train.cpus_per_worker 1 .* = 2.05 CPUs; the cluster has 2$"):

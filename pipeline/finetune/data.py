@@ -204,12 +204,15 @@ def prepare_task(
             return [items[i] for i in sorted(rng.choice(len(items), n, replace=False))]
         return items[:n]
 
-    if task == "sequence-classification":
-        tr = subset(read_classification(train_path), max_train_examples, True)
-        ev = subset(read_classification(eval_path), max_eval_examples, False)
+    if task in ("sequence-classification", "sentence-pair-classification"):
+        cols = ["sentence1", "sentence2"] if task == "sentence-pair-classification" else None  # both, or an error
+        tr = subset(read_classification(train_path, cols), max_train_examples, True)
+        ev = subset(read_classification(eval_path, cols), max_eval_examples, False)
         problem, names = infer_labels([e.label for e in tr])
         label2id = {n: i for i, n in enumerate(names)}
-        td = TaskData(task, encode_classification(tok, tr, max_seq_length), encode_classification(tok, ev, max_seq_length))
+        # a pair task is sequence classification over two segments from here on (its model, loop and metrics)
+        td = TaskData("sequence-classification", encode_classification(tok, tr, max_seq_length),
+                      encode_classification(tok, ev, max_seq_length))
         td.train["labels"] = label_ids(tr, problem, label2id, train_path).tolist()
         td.eval["labels"] = label_ids(ev, problem, label2id, eval_path).tolist()
         if problem == "regression":
@@ -240,4 +243,5 @@ def prepare_task(
         td.eval_answers = {e.qid: [a["text"] for a in e.answers] for e in ev}
         td.version_2 = v2
         return td
-    raise FinetuneDataError(f"unknown task {task!r} (sequence-classification, token-classification, question-answering)")
+    raise FinetuneDataError(f"unknown task {task!r} (sequence-classification, sentence-pair-classification, "
+                            "token-classification, question-answering)")

@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 
 # torch, mlflow, scikit-learn and the loop are imported where training starts: bad input fails in a second or two
 
-TASKS = ("sequence-classification", "token-classification", "question-answering")
+TASKS = ("sequence-classification", "sentence-pair-classification", "token-classification", "question-answering")
+"""`sentence-pair-classification` is sequence classification that requires two text columns (sentence1, sentence2)."""
 DEFAULT_SCRATCH_TOKENIZER = "models:/bert-pretrain@latest-pretrain"
 
 
@@ -111,6 +112,7 @@ def build_model(source: Source, task: str, td: TaskData, overrides: dict[str, An
     from model.build import build_model as build, load_model
     from model.config import encoder_config
 
+    task = td.task  # the model's task: a pair task trains a sequence-classification head
     head: dict[str, Any] = {"num_labels": td.num_labels, "id2label": td.id2label or None}
     if task == "sequence-classification":
         head["problem_type"] = td.problem_type
@@ -127,7 +129,8 @@ def build_model(source: Source, task: str, td: TaskData, overrides: dict[str, An
 # ---------------------------------------------------------------------------------------------------------------
 # evaluation (pure: model + features -> metrics)
 
-_TASK_SHORT = {"sequence-classification": "cls", "token-classification": "tok", "question-answering": "qa"}
+_TASK_SHORT = {"sequence-classification": "cls", "sentence-pair-classification": "pair", "token-classification": "tok",
+               "question-answering": "qa"}
 
 
 def run_name_for(task: str, source: Source) -> str:

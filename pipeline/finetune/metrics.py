@@ -302,7 +302,8 @@ def best_null_threshold(
 # ---------------------------------------------------------------------------------------------------------------
 # the metric that picks the best epoch and trial
 
-PRIMARY = {"sequence-classification": "accuracy", "token-classification": "f1", "question-answering": "f1"}
+PRIMARY = {"sequence-classification": "accuracy", "sentence-pair-classification": "accuracy", "token-classification": "f1",
+           "question-answering": "f1"}
 
 
 def primary_metric(task: str, problem_type: str) -> str:

@@ -118,11 +118,11 @@ def exists(path: str) -> bool:
     return fs.exists(p)
 
 
-def remove(path: str) -> None:
-    """Delete the file `path`; nothing when there is none."""
+def remove(path: str, recursive: bool = False) -> None:
+    """Delete the file `path` (a directory and all it holds with `recursive`); nothing when there is none."""
     fs, p = filesystem(path)
     with contextlib.suppress(FileNotFoundError):
-        fs.rm(p)
+        fs.rm(p, recursive=recursive)
 
 
 def read_bytes(path: str) -> bytes:
