@@ -48,8 +48,8 @@ def ray_train_tokens_per_s(cfg, data, steps: int, skip: int) -> float:
     from pipeline import tracking
     from pipeline.pretrain.job import run_training
 
-    tc = dataclasses.replace(cfg.train, max_steps=steps, warmup_steps=2, eval_every_steps=0, checkpoint_every_steps=steps,
-                             run_name=f"bench-{time.time_ns()}")
+    tc = dataclasses.replace(cfg.train, max_steps=steps, warmup_steps=2, warmup_fraction=None, eval_every_steps=0,
+                             checkpoint_every_steps=steps, run_name=f"bench-{time.time_ns()}")
     cfg = dataclasses.replace(cfg, train=tc)
     run_id = tracking.start_run("bench", tc.run_name, {})
     run_training(cfg, [data], run_id, tc.run_name, tracking.tracking_uri())

@@ -54,6 +54,39 @@ def test_gpu_presets_have_two_phases_with_one_schedule(repo_root, name, seq):
     assert cfg.train.use_gpu and cfg.train.precision in ("bf16", "fp16")
 
 
+def pretraining_presets() -> list[str]:
+    """Every configs/*.yaml with pretraining's sections (finetune.yaml has its own: eval, tune)."""
+    return sorted(p.stem for p in (REPO / "configs").glob("*.yaml") if "tune" not in yaml.safe_load(p.read_text()))
+
+
+@pytest.mark.parametrize("steps", [10, 30])
+@pytest.mark.parametrize("name", pretraining_presets())
+def test_every_preset_validates_at_a_few_steps(name, steps):
+    """Warmup and decay are fractions in every preset, so `--train.max_steps N` keeps their shape for any N >= 10
+    (it used to fail: wsd's 20% decay and a 120-step warmup left no room in 30 steps)."""
+    init = ["--model.init", "models:/bert-pretrain@latest-pretrain"] if name == "continue" else []
+    full = load_config(REPO / "configs" / f"{name}.yaml", init)
+    cfg = load_config(REPO / "configs" / f"{name}.yaml", [*init, "--train.max_steps", str(steps)])
+    assert full.train.warmup_fraction is not None, f"{name}.yaml: give train.warmup_fraction, not warmup_steps"
+    assert cfg.train.warmup_steps == round(full.train.warmup_fraction * steps) < steps
+    assert sum(cfg.train.phase_steps()) == steps and cfg.train.warmup_steps + cfg.train.decay_steps <= steps
+
+
+def test_warmup_fraction_sets_warmup_steps_and_a_warmup_steps_flag_replaces_it():
+    """The fraction sets warmup_steps (what the schedule, MLflow's params and the run identity read);
+    `--train.warmup_steps` on the command line means those steps even when the config file gives a fraction."""
+    assert TrainConfig(max_steps=1200, warmup_fraction=0.1).warmup_steps == 120
+    assert TrainConfig(max_steps=25, warmup_fraction=0.1, warmup_steps=7).warmup_steps == 2  # 2.5 rounds to even
+    tiny = REPO / "configs" / "tiny.yaml"
+    assert load_config(tiny).train.warmup_steps == 120
+    over = load_config(tiny, ["--train.max_steps", "24", "--train.warmup_steps", "4"]).train
+    assert (over.warmup_steps, over.warmup_fraction) == (4, None)
+    both = load_config(tiny, ["--train.warmup_steps", "4", "--train.warmup_fraction", "0.2"]).train
+    assert (both.warmup_steps, both.warmup_fraction) == (240, 0.2)
+    with pytest.raises(ConfigError, match=re.escape("train.warmup_fraction 1.0 is not in [0, 1)")):
+        TrainConfig(warmup_fraction=1.0)
+
+
 def test_phase_steps_from_fractions_steps_and_remainder():
     assert TrainConfig(max_steps=100, phases=[{"fraction": 0.7}, {"max_seq_length": 512}]).phase_steps() == [70, 30]
     assert TrainConfig(max_steps=10, phases=[{"steps": 4}, {"steps": 6, "max_seq_length": 256}]).phase_steps() == [4, 6]
@@ -265,7 +298,8 @@ PRESET_HASHES = {
 # Data fields added after the capture (dedup: issue 20; MediaWiki dumps: issue 24), left out of the comparison.
 ADDED_SINCE = ("dedup", "dedup_threshold", "dedup_num_perm", "wiki_keep_lists", "wiki_keep_headings", "pack_documents")
 # Training fields added since (train.compile, train.unpad: issue 18; train.head_only_steps: issue 21), left out likewise.
-TRAIN_ADDED_SINCE = ("compile", "head_only_steps", "unpad", "decay_fraction", "min_workers", "checkpoint_upload")  # decay_fraction: issue 33; min_workers, checkpoint_upload: 34
+TRAIN_ADDED_SINCE = ("compile", "head_only_steps", "unpad", "decay_fraction", "min_workers", "checkpoint_upload",
+                     "warmup_fraction", "decay_shape")  # decay_fraction: 33; min_workers, checkpoint_upload: 34; 58
 # Tracking fields added since (tracking.server_wait_s: issue 22), left out likewise.
 TRACKING_ADDED_SINCE = ("server_wait_s",)
 

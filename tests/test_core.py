@@ -40,14 +40,16 @@ def test_polynomial_schedule_matches_transformers(power):
         assert lr_lambda(step, 4, 20, "polynomial", power) == pytest.approx(ref.lr_lambdas[0](step), abs=1e-12)
 
 
+@pytest.mark.parametrize("shape", ["linear", "1-sqrt"])
 @pytest.mark.parametrize("warmup,decay,total", [(2, 4, 10), (0, 3, 12), (5, 0, 8), (3, 17, 20)])
-def test_wsd_schedule_matches_transformers(warmup, decay, total):
+def test_wsd_schedule_matches_transformers(warmup, decay, total, shape):
     from transformers import get_wsd_schedule
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    ref = get_wsd_schedule(opt, warmup, decay, num_training_steps=total, decay_type="linear")
+    ref = get_wsd_schedule(opt, warmup, decay, num_training_steps=total, decay_type=shape)
     for step in range(total + 1):
-        assert lr_lambda(step, warmup, total, "wsd", decay_steps=decay) == pytest.approx(ref.lr_lambdas[0](step), abs=1e-12)
+        assert lr_lambda(step, warmup, total, "wsd", decay_steps=decay, decay_shape=shape) == \
+            pytest.approx(ref.lr_lambdas[0](step), abs=1e-12)
 
 
 def test_wsd_optimizer_lrs_warm_hold_and_decay():
@@ -59,6 +61,21 @@ def test_wsd_optimizer_lrs_warm_hold_and_decay():
         opt.step()
         sched.step()
     assert lrs == [0.0, 0.05, 0.1, 0.1, 0.1, 0.1, 0.066667, 0.033333]
+
+
+def test_wsd_1_sqrt_decay_drops_early_and_reaches_zero():
+    """1 - sqrt(t): half the LR gone a quarter into the decay (linear: a quarter), 0 at the last step; the
+    head-only schedule (model.init: heads and body, each with and without decay) decays in the same shape."""
+    shape = [lr_lambda(s, 0, 8, "wsd", decay_steps=4, decay_shape="1-sqrt") for s in range(4, 9)]
+    assert shape == pytest.approx([1.0, 0.5, 1 - 0.5**0.5, 1 - 0.75**0.5, 0.0])
+    with pytest.raises(ValueError, match="unknown decay shape 'cosine'"):
+        lr_lambda(6, 0, 8, "wsd", decay_steps=4, decay_shape="cosine")
+    model = torch.nn.Sequential()
+    model.add_module("body", torch.nn.Linear(2, 2))
+    model.add_module("cls", torch.nn.Linear(2, 2))
+    _, sched = make_optimizer(model, "adamw", 1.0, 0.0, warmup_steps=0, total_steps=10, schedule="wsd",
+                              decay_steps=4, decay_shape="1-sqrt", head_only_steps=2)
+    assert [f(s) for f in sched.lr_lambdas for s in (7, 9)] == pytest.approx([0.5, 1 - 0.75**0.5] * 4)
 
 
 def test_lamb_one_step_by_hand():

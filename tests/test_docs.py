@@ -209,3 +209,31 @@ def test_readme_progress_line_is_what_training_prints(monkeypatch):
     assert got == line
     assert re.search(r"^registered models:/bert-pretrain/<version>$", readme, re.M)
     assert 'print(f"registered {results[\'register\'].result[\'uri\']}"' in (ROOT / "jobs/pretrain.py").read_text()
+
+
+def test_the_lr_curves_picture_draws_what_the_scheduler_sets():
+    """docs/lr-curves.png (`docs/lr_curves.py`) is drawn from each preset's train section through the function the
+    run's scheduler calls: its curve is the scheduler's LR at every step, here for a 1-sqrt wsd preset at 40 steps
+    and a head-only start."""
+    import torch
+
+    from conftest import _load_script
+    from pipeline.config import TrainConfig
+    from pipeline.core.optim import make_optimizer
+
+    script = _load_script(ROOT / "docs" / "lr_curves.py", "lr_curves")
+    assert {p.stem for p in script.presets()} >= {"tiny", "modernbert-tiny", "base", "large", "modernbert-base"}
+    assert (ROOT / "docs" / "lr-curves.png").is_file()
+    for tc in (TrainConfig(max_steps=40, warmup_fraction=0.05, lr=8e-4, schedule="wsd", decay_shape="1-sqrt"),
+               TrainConfig(max_steps=40, warmup_fraction=0.1, lr=1e-3, head_only_steps=5)):
+        model = torch.nn.Sequential()
+        model.add_module("body", torch.nn.Linear(2, 2))
+        opt, sched = make_optimizer(model, "adamw", tc.lr, 0.0, warmup_steps=tc.warmup_steps, total_steps=tc.max_steps,
+                                    schedule=tc.schedule, decay_steps=tc.decay_steps, decay_shape=tc.decay_shape,
+                                    head_only_steps=tc.head_only_steps)
+        lrs = []
+        for _ in range(tc.max_steps + 1):
+            lrs.append(sched.get_last_lr()[-1])  # the last group: the encoder's (with head_only_steps, the body's)
+            opt.step()
+            sched.step()
+        assert script.curve(tc) == pytest.approx(lrs, abs=1e-15)

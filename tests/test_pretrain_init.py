@@ -3,6 +3,7 @@ and a saved tiny one, the one-line refusals, the initial weights, and the lineag
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -160,6 +161,25 @@ def test_run_identity_without_init_is_unchanged_and_with_init_has_its_sha(tmp_pa
     other = SimpleNamespace(**{**init.__dict__, "weights_sha256": "0" * 64})
     assert run_identity(cfg, datasets, init) != run_identity(cfg, datasets, other)
     assert run_identity(cfg, datasets, init) != run_identity(cfg, datasets)
+
+
+def test_run_identity_of_a_warmup_fraction_is_that_of_its_steps(tmp_path):
+    """A preset that moved from `warmup_steps: 120` to `warmup_fraction: 0.1` of 1,200 steps keeps its runs' names,
+    and so does a run with the default (linear) decay shape; runs that differ only by max_steps still share their
+    identity without it (the fraction, not the steps it sets, is in that one)."""
+    datasets = [SimpleNamespace(config_hash="c" * 64, vocab_sha256="v" * 64)]
+    steps = _cfg(tmp_path, "--train.max_steps", "1200", "--train.warmup_steps", "120")
+    fraction = _cfg(tmp_path, "--train.max_steps", "1200", "--train.warmup_fraction", "0.1")
+    shape = _cfg(tmp_path, "--train.max_steps", "1200", "--train.warmup_steps", "120", "--train.decay_shape", "linear")
+    assert run_identity(steps, datasets) == run_identity(fraction, datasets) == run_identity(shape, datasets)
+    sqrt = _cfg(tmp_path, "--train.max_steps", "1200", "--train.warmup_steps", "120", "--train.schedule", "wsd",
+                "--train.decay_shape", "1-sqrt")
+    assert run_identity(sqrt, datasets) != run_identity(dataclasses.replace(sqrt, train=dataclasses.replace(
+        sqrt.train, decay_shape="linear")), datasets)
+    short = _cfg(tmp_path, "--train.max_steps", "30", "--train.warmup_fraction", "0.1")
+    assert run_identity(short, datasets) != run_identity(fraction, datasets)
+    length = ("max_steps",)
+    assert run_identity(short, datasets, without=length) == run_identity(fraction, datasets, without=length)
 
 
 @pytest.mark.slow

@@ -224,10 +224,15 @@ def parse(parser: Any, argv: list[str], sections: dict[str, type],
         raise ConfigError(line) from None
     except TypeError as e:  # a dataclass given what it cannot take, e.g. a nested mapping where a scalar belongs
         raise ConfigError(f"bad config: {e}") from None
-    for key, value in _replacing_lists(rest).items():
+    given = _replacing_lists(rest, (*REPLACING_LISTS, *CLEARING, *CLEARING.values()))
+    for key, value in given.items():
         section, name = key.split(".")
         if section in sections:
-            built[section] = dataclasses.replace(built[section], **{name: value})  # validated again
+            changes = {name: value}
+            cleared = CLEARING.get(key, "")
+            if cleared and cleared not in given and hasattr(built[section], cleared.split(".")[1]):
+                changes[cleared.split(".")[1]] = None
+            built[section] = dataclasses.replace(built[section], **changes)  # validated again
     return built, {name: built[name] for name in sections}
 
 
@@ -237,8 +242,13 @@ with the config file's (a `--train.phases` of two phases kept each YAML phase's 
 list means that list."""
 
 
-def _replacing_lists(argv: list[str]) -> dict[str, Any]:
-    """{`section.field`: the last value given} for the `REPLACING_LISTS` flags in `argv`, read as YAML 1.2.
+CLEARING = {"train.warmup_steps": "train.warmup_fraction"}
+"""A field that, given on the command line, sets another to null unless the command line gives that one too: a
+preset's warmup_fraction would otherwise win over `--train.warmup_steps 4`, which means 4 steps."""
+
+
+def _replacing_lists(argv: list[str], keys: tuple[str, ...] = REPLACING_LISTS) -> dict[str, Any]:
+    """{`section.field`: the last value given} for the `keys` flags in `argv`, read as YAML 1.2.
 
     >>> _replacing_lists(["--train.phases", "[{max_seq_length: 128}]", "--train.lr", "1e-4"])
     {'train.phases': [{'max_seq_length': 128}]}
@@ -246,7 +256,7 @@ def _replacing_lists(argv: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for i, a in enumerate(argv):
         flag, eq, value = a.partition("=")
-        if flag.startswith("--") and flag[2:] in REPLACING_LISTS and (eq or i + 1 < len(argv)):
+        if flag.startswith("--") and flag[2:] in keys and (eq or i + 1 < len(argv)):
             out[flag[2:]] = _yaml12_load(value if eq else argv[i + 1])
     return out
 

@@ -268,17 +268,23 @@ class TrainConfig(BaseTrainConfig):
     phases: list[PhaseConfig] = field(default_factory=list)
     """Empty: one phase on data.output at data.max_seq_length. Else phases run in order on their own data."""
     warmup_steps: int = 10
-    """Linear warmup from 0 to lr over this many optimizer steps."""
+    """Linear warmup from 0 to lr over this many optimizer steps (set from warmup_fraction when that is given)."""
+    warmup_fraction: float | None = None
+    """Share of max_steps in the warmup, in [0, 1): when set, warmup_steps is round(warmup_fraction x max_steps), so
+    the warmup scales with `--train.max_steps`; null: warmup_steps as given."""
     head_only_steps: int = 0
     """With model.init: the first N steps train only the MLM (and NSP) head, the encoder's LR is 0; then the encoder
     warms up over warmup_steps. Lets a fresh head learn before its random gradients reach pretrained weights."""
     schedule: Literal["linear", "polynomial", "wsd"] = "linear"
     """Decay after warmup, to 0 at max_steps; wsd (warmup-stable-decay, ModernBERT's): the peak LR held after
-    warmup, then a linear decay to 0 over the last decay_fraction of max_steps."""
+    warmup, then a decay (decay_shape) to 0 over the last decay_fraction of max_steps."""
     poly_power: float = 1.0
     """Power of the polynomial decay (NVIDIA's LAMB recipe uses 0.5)."""
     decay_fraction: float = 0.1
     """schedule wsd: share of max_steps in the final decay (the stable phase is what warmup and decay leave)."""
+    decay_shape: Literal["linear", "1-sqrt"] = "linear"
+    """schedule wsd: the decay's shape, t going 0 -> 1 over it: linear, lr x (1 - t); 1-sqrt, lr x (1 - sqrt(t)),
+    ModernBERT's and Ettin's (most of the drop comes early in the decay)."""
     materialize_data: bool = False
     """Read each worker's shards once into the Ray object store (small corpora: epochs then cost nothing to re-read)."""
     shuffle_buffer_rows: int = 16384
@@ -326,6 +332,10 @@ class TrainConfig(BaseTrainConfig):
             gb = ph.global_batch_size or self.global_batch_size
             _check(self.num_workers <= gb, f"train.num_workers {self.num_workers} > train.phases[{i}] global_batch_size {gb}: "
                    "every worker needs at least one example of each step")
+        _check(self.warmup_fraction is None or 0 <= self.warmup_fraction < 1,
+               f"train.warmup_fraction {self.warmup_fraction} is not in [0, 1)")
+        if self.warmup_fraction is not None:  # derived here, so everything downstream reads warmup_steps
+            self.warmup_steps = int(round(self.warmup_fraction * self.max_steps))
         _check(self.warmup_steps >= 0, f"train.warmup_steps {self.warmup_steps} < 0")
         _check(self.poly_power > 0, f"train.poly_power {self.poly_power} must be > 0")
         _check(0 <= self.decay_fraction <= 1, f"train.decay_fraction {self.decay_fraction} is not in [0, 1]")

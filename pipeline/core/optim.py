@@ -1,8 +1,8 @@
 """Optimisation shared by pretraining and fine-tuning: the LR schedule, AdamW/LAMB with decay groups.
 
 Schedules: linear or polynomial decay after warmup (BERT), constant, and warmup-stable-decay (`wsd`, the
-"trapezoidal" schedule of ModernBERT: peak LR held after warmup, then a linear decay to 0 over the last
-`decay_steps`; ModernBERT's own decay is 1-sqrt, linear here as the other schedules).
+"trapezoidal" schedule of ModernBERT: peak LR held after warmup, then a decay to 0 over the last `decay_steps`,
+linear or `1-sqrt` (lr x (1 - sqrt(t)), t going 0 -> 1 over the decay: ModernBERT's and Ettin's shape)).
 
     >>> opt, sched = make_optimizer(nn.Linear(4, 2), "adamw", 1e-3, 0.01, warmup_steps=1, total_steps=4)
     >>> [round(lr_lambda(s, 1, 4), 3) for s in range(5)]
@@ -11,12 +11,14 @@ Schedules: linear or polynomial decay after warmup (BERT), constant, and warmup-
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
 from torch import nn
 
 Schedule = Literal["linear", "polynomial", "constant", "wsd"]
+DecayShape = Literal["linear", "1-sqrt"]
 
 
 def lr_lambda(
@@ -26,9 +28,11 @@ def lr_lambda(
     schedule: Schedule = "linear",
     power: float = 1.0,
     decay_steps: int = 0,
+    decay_shape: DecayShape = "linear",
 ) -> float:
     """LR multiplier after `step` optimizer steps: linear warmup to 1, then linear or polynomial decay to 0, or
-    (wsd) 1 until the last `decay_steps` steps and a linear decay to 0 over them.
+    (wsd) 1 until the last `decay_steps` steps and a decay to 0 over them: linear (1 - t) or `1-sqrt` (1 - sqrt(t)),
+    t the share of the decay done.
 
     Same convention as transformers' `get_linear_schedule_with_warmup` (and Google's BERT): step 0 is 0.
 
@@ -38,13 +42,20 @@ def lr_lambda(
     0.25
     >>> [round(lr_lambda(s, 2, 10, "wsd", decay_steps=4), 2) for s in range(11)]
     [0.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
+    >>> [round(lr_lambda(s, 2, 10, "wsd", decay_steps=4, decay_shape="1-sqrt"), 2) for s in range(6, 11)]
+    [1.0, 0.5, 0.29, 0.13, 0.0]
     """
     if step < warmup_steps:
         return step / max(1, warmup_steps)
     if schedule == "constant":
         return 1.0
-    if schedule == "wsd":  # stable at 1 until the decay starts, then linear to 0 at total_steps
-        return min(1.0, max(0.0, (total_steps - step) / max(1, decay_steps)))
+    if schedule == "wsd":  # stable at 1 until the decay starts, then to 0 at total_steps
+        left = min(1.0, max(0.0, (total_steps - step) / max(1, decay_steps)))  # 1 - t
+        if decay_shape == "1-sqrt":
+            return 1.0 - math.sqrt(1.0 - left)
+        if decay_shape != "linear":
+            raise ValueError(f"unknown decay shape {decay_shape!r} (linear, 1-sqrt)")
+        return left
     remaining = max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
     if schedule == "linear":
         return remaining
@@ -136,6 +147,7 @@ def make_optimizer(
     schedule: Schedule = "linear",
     power: float = 1.0,
     decay_steps: int = 0,
+    decay_shape: DecayShape = "linear",
     fused: bool | None = None,
     head_only_steps: int = 0,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
@@ -163,13 +175,15 @@ def make_optimizer(
     ([0.01, 0.0], [1, 1], True)
     """
     groups = param_groups(model, weight_decay)
-    schedules = [lambda s: lr_lambda(s, warmup_steps, total_steps, schedule, power, decay_steps)] * len(groups)
+    every = lambda s: lr_lambda(s, warmup_steps, total_steps, schedule, power, decay_steps, decay_shape)  # noqa: E731
+    schedules = [every] * len(groups)
     if head_only_steps > 0:
         heads = {id(p) for n, p in model.named_parameters() if n.startswith("cls.") or ".cls." in n}
         groups = [{**g, "params": [p for p in g["params"] if (id(p) in heads) == is_head]}
                   for is_head in (True, False) for g in groups]
         k = head_only_steps
-        body = lambda s: 0.0 if s < k else lr_lambda(s - k, warmup_steps, total_steps - k, schedule, power, decay_steps)  # noqa: E731
+        body = lambda s: (0.0 if s < k else  # noqa: E731
+                          lr_lambda(s - k, warmup_steps, total_steps - k, schedule, power, decay_steps, decay_shape))
         pairs = [(g, schedules[0] if i < len(groups) // 2 else body) for i, g in enumerate(groups) if g["params"]]
         groups, schedules = [g for g, _ in pairs], [f for _, f in pairs]
     if name == "adamw":

@@ -31,7 +31,7 @@ _SIZE = ("num_workers", "micro_batch_size")
 
 
 # fields added after runs existed: left out of the identity at their default, so those runs keep their names
-_NEWER_DEFAULTS = {"head_only_steps": 0, "decay_fraction": 0.1}
+_NEWER_DEFAULTS = {"head_only_steps": 0, "decay_fraction": 0.1, "decay_shape": "linear"}
 
 
 def run_identity(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpoint | None = None,
@@ -43,6 +43,12 @@ def run_identity(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpo
     the identity as it was while the data order depended on the number of workers (with `_SIZE`)."""
     out = _NOT_IN_IDENTITY + without + (() if legacy else _SIZE)
     train = {k: v for k, v in dataclasses.asdict(cfg.train).items() if k not in out and _NEWER_DEFAULTS.get(k, ...) != v}
+    # warmup_fraction is in the warmup_steps it sets (a preset that moved from 120 steps to 0.1 of 1,200 keeps its
+    # runs' names); only runs compared without their length keep the fraction, which does not change with it
+    fraction = train.pop("warmup_fraction", None)
+    if fraction is not None and "max_steps" in without:
+        del train["warmup_steps"]
+        train["warmup_fraction"] = fraction
     if not legacy:
         train["phases"] = [{k: v for k, v in ph.items() if k not in _SIZE} for ph in train.get("phases", [])]
     data = [{"config_hash": d.config_hash, "vocab_sha256": d.vocab_sha256} for d in datasets]

@@ -86,7 +86,7 @@ def start_worker(h: PretrainHandoff) -> Worker:
     model = cluster.prepare_model(model)
     optimizer, scheduler = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=tc.warmup_steps,
                                           total_steps=tc.max_steps, schedule=tc.schedule, power=tc.poly_power,
-                                          decay_steps=tc.decay_steps,
+                                          decay_steps=tc.decay_steps, decay_shape=tc.decay_shape,
                                           head_only_steps=tc.head_only_steps)
     t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
     trust(h.verified)  # the files the driver hashed: not read again while unchanged
