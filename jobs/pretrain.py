@@ -1,4 +1,5 @@
-"""Pretrain BERT: prepare shards (skipped when up to date) -> Ray Train -> evaluate -> export + register in MLflow.
+"""Pretrain BERT: prepare shards (skipped when up to date) -> Ray Train -> evaluate -> export + register in MLflow
+-> with `eval.suite`, the registered version's scorecard on that evaluation suite (`scorecard` stage).
 
     python jobs/pretrain.py --config configs/tiny.yaml [--section.field value ...]
     ray job submit --working-dir . -- python jobs/pretrain.py --config configs/base.yaml
@@ -70,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
                       + [(f"train.phases[{i}].output", d.output, "write")
                          for i, d in enumerate(phase_data_configs(cfg) if cfg.train.phases else [])])
         check_paths(cfg.data)
+        if cfg.eval.suite:  # the suite and its task files, before any work (the scorecard stage runs last)
+            from pipeline.evaluate.job import check_files
+            from pipeline.evaluate.suite import load_suite
+
+            check_files(load_suite(cfg.eval.suite))
         uri = tracking_uri()
         os.environ["MLFLOW_TRACKING_URI"] = uri  # absolute, for everything this process starts
         check_tracking_server(uri)
@@ -95,11 +101,19 @@ def main(argv: list[str] | None = None) -> int:
                   f"Ray's logs: {cluster.session_log_dir()}", flush=True)
             command = "python jobs/pretrain.py " + " ".join(shlex.quote(a) for a in argv)
             stages = pretrain_stages(cfg, git_sha=git_sha(), tracking_uri=uri, attempt=attempt, command=command, init=init)
+            if cfg.eval.suite:  # the registered version scored on the suite (pipeline.evaluate.stage)
+                from pipeline.evaluate.stage import scorecard_stage
+
+                stages.append(scorecard_stage(cfg, uri))
             state["started"] = True
             results = run_graph(stages, remote=True)
         finally:
             cluster.disconnect()
         print(summary_table(results))
+        if "scorecard" in results:
+            card = results["scorecard"].result
+            print(f"scorecard of {card['version']}, suite {card['suite']} (MLflow run {card['run_id']}):\n{card['table']}",
+                  flush=True)
         print(f"registered {results['register'].result['uri']}", flush=True)
         return 0
 

@@ -21,7 +21,7 @@ def test_presets_load_and_every_key_is_commented(repo_root, name):
     cfg = load_config(path)
     assert sum(cfg.train.phase_steps()) == cfg.train.max_steps
     raw = yaml.safe_load(path.read_text())
-    assert set(raw) == {"data", "model", "train", "tracking"}
+    assert set(raw) == {"data", "model", "train", "tracking", "eval"}
     for line in path.read_text().splitlines():
         # every `key: value` line (not list items inside a phase) carries a comment saying why
         if re.match(r"^\s+[a-z_]+:\s*\S", line) or re.match(r"^\s+- [a-z_]+:", line):
@@ -318,6 +318,8 @@ def test_presets_load_to_the_same_values_as_before(name):
         del d["model"]["init"]
     d["train"] = {k: v for k, v in d["train"].items() if k not in TRAIN_ADDED_SINCE}
     d["tracking"] = {k: v for k, v in d["tracking"].items() if k not in TRACKING_ADDED_SINCE}
+    if name != "finetune.yaml":  # pretraining's eval section (the scorecard stage: issue 56) came after the capture
+        del d["eval"]
     if name == "large.yaml":  # micro-batches raised since, by the H200 figures (bench/RESULTS.md, GPU): 64 -> 256, 8 -> 32
         t = d["train"]
         assert (t["micro_batch_size"], t["phases"][0]["micro_batch_size"], t["phases"][1]["micro_batch_size"]) == (256, 256, 32)

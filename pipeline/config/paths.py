@@ -25,6 +25,8 @@ def resolve_paths(cfg: Config, base: str | os.PathLike | None = None) -> Config:
     if cfg.model.init and not cfg.model.init.startswith("models:/"):
         cfg.model.init = resolve_path(cfg.model.init, base)
     cfg.train.storage_path = resolve_path(cfg.train.storage_path, base)  # type: ignore[assignment]
+    cfg.eval.suite = resolve_path(cfg.eval.suite, base)
+    cfg.eval.baselines = [b if ":" in b.split("/")[0] else resolve_path(b, base) for b in cfg.eval.baselines]
     return cfg
 
 

@@ -408,11 +408,29 @@ class TrackingConfig:
 
 
 @dataclass
+class EvalConfig:
+    """The evaluation suite that scores the registered version (`scorecard` stage, after `register`)."""
+
+    suite: str | None = None
+    """A suite YAML (configs/eval/*.yaml, docs/evaluation.md); null: no scorecard stage."""
+    baselines: list[str] = field(default_factory=list)
+    """Other sources scored beside the new version in the same table (e.g. `scratch:tiny`); each is evaluated once
+    per suite file only when it is a registered version (`jobs/evaluate.py` rules)."""
+    max_concurrent_trials: int | None = None
+    """Trials at once; null: as many as the cluster's CPUs hold (one CPU a trial)."""
+
+    def __post_init__(self) -> None:
+        _check(self.max_concurrent_trials is None or self.max_concurrent_trials >= 1,
+               f"eval.max_concurrent_trials {self.max_concurrent_trials} < 1")
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
         # Cross-section checks: sequence lengths must fit the model's position table.
@@ -454,4 +472,5 @@ def config_hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "tracking": TrackingConfig}
+SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "tracking": TrackingConfig,
+                             "eval": EvalConfig}

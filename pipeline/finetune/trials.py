@@ -19,7 +19,6 @@ ETA.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -120,10 +119,10 @@ def _trial(config: dict[str, Any], specs: dict[str, TrialSpec]) -> None:
 
 class TrialLines(ray.tune.Callback):
     """On the driver: each trial's MLflow run marked running, given its best/* (and test/*) metrics and closed, and
-    a console line as each trial ends: trials done / total and an ETA from the mean trial so far."""
+    a console line as each trial ends: trials done / total and an ETA at the rate trials have ended so far."""
 
-    def __init__(self, specs: dict[str, TrialSpec], uri: str, prefix: str = "[tune]", concurrent: int = 1) -> None:
-        self.specs, self.uri, self.prefix, self.concurrent = specs, uri, prefix, max(1, concurrent)
+    def __init__(self, specs: dict[str, TrialSpec], uri: str, prefix: str = "[tune]") -> None:
+        self.specs, self.uri, self.prefix = specs, uri, prefix
         self.keys = list(specs)
         self.done = 0
         self.t0 = time.monotonic()
@@ -149,8 +148,7 @@ class TrialLines(ray.tune.Callback):
         self.done += 1
         r = trial.last_result
         left = len(self.keys) - self.done
-        per = (time.monotonic() - self.t0) / self.done
-        eta = math.ceil(left / self.concurrent) * per if self.done >= self.concurrent else per * left
+        eta = left * (time.monotonic() - self.t0) / self.done  # at the rate trials have ended so far
         test = f", test {r[f'test/{spec.primary}']:.4f}" if f"test/{spec.primary}" in r else ""
         say(f"{self.prefix} {what} done: {spec.primary} {r[f'eval/{spec.primary}']:.4f}{test} (best epoch "
             f"{r['eval/epoch']:g}, step {r['eval/step']:g}); trials {self.done}/{len(self.keys)} done, "
@@ -181,7 +179,7 @@ def run_trials(specs: dict[str, TrialSpec], name: str, storage_path: str, max_co
         tune_config=ray.tune.TuneConfig(max_concurrent_trials=max_concurrent),
         run_config=ray.tune.RunConfig(name=name, storage_path=storage, verbose=0,
                                       failure_config=ray.tune.FailureConfig(fail_fast=True),  # as a single run fails
-                                      callbacks=[TrialLines(specs, uri, prefix, max_concurrent)]),
+                                      callbacks=[TrialLines(specs, uri, prefix)]),
     )
     # Tune's legacy console output at verbose=0 prints nothing (the new engine still prints a banner), and without
     # Tune's SIGINT handler Ctrl-C interrupts the job as it does a single run (Tune's would end the trials quietly)

@@ -1,0 +1,135 @@
+"""Make the derived tasks of configs/eval/shared.yaml from ../shared/corpora/wiki/pydocs.jsonl.gz (the Python 3.11
+documentation as WikiExtractor JSON lines). Their labels come from the documents themselves:
+
+- same_page (sentence-pair-classification): two paragraphs; label 1 when both come from the same documentation
+  page, 0 when from two different pages. Pages are split by a hash of their URL into train (70%), dev (15%) and test
+  (15%), so no page of dev or test is seen in training. Balanced: each positive pair has a negative pair whose
+  first paragraph is the same. Each paragraph is cut to its first 48 words.
+- code_spans (token-classification, CoNLL): a paragraph's words with the reST inline markup removed; a word that
+  the authors marked as code (``literal`` or a role such as :func:`len`, its link target dropped) is tagged
+  B-CODE / I-CODE, any other O. The model must tell code from prose by context and form, not by markup. Pieces of
+  at most 40 words; the same page split as same_page.
+
+    python configs/eval/make_tasks.py [--shared ../shared] [--out configs/eval/tasks]
+
+Deterministic: the same corpus gives byte-identical files (sha256 of each URL, a seeded numpy generator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`([^`]+)`|``([^`]+)``")
+SIZES = {"same_page": {"train": 1200, "dev": 300, "test": 300}, "code_spans": {"train": 800, "dev": 200, "test": 200}}
+
+
+def split_of(url: str) -> str:
+    h = int(hashlib.sha256(url.encode()).hexdigest()[:8], 16) % 100
+    return "train" if h < 70 else ("dev" if h < 85 else "test")
+
+
+def paragraphs(text: str, min_words: int = 12) -> list[str]:
+    out = []
+    for p in re.split(r"\n\s*\n", text):
+        p = " ".join(p.split())
+        if len(p.split()) >= min_words:
+            out.append(p)
+    return out
+
+
+def clean(text: str) -> str:
+    """reST inline markup removed, as a reader sees the text: `:func:`len`` -> `len`."""
+    return " ".join(_spans(text)[0])
+
+
+def _span_text(m: re.Match) -> str:
+    s = m.group(1) if m.group(1) is not None else m.group(2)
+    s = re.sub(r"\s*<[^>]*>$", "", s).lstrip("~!")  # `text <target>` shows text; ~ and ! change the display only
+    return s
+
+
+def _spans(text: str) -> tuple[list[str], list[str]]:
+    """(words, tags): B-CODE/I-CODE for the words of inline code, O for the rest."""
+    words, tags, pos = [], [], 0
+    for m in ROLE.finditer(text):
+        for w in text[pos:m.start()].split():
+            words.append(w), tags.append("O")
+        for i, w in enumerate(_span_text(m).split()):
+            words.append(w), tags.append("B-CODE" if i == 0 else "I-CODE")
+        pos = m.end()
+    for w in text[pos:].split():
+        words.append(w), tags.append("O")
+    return words, tags
+
+
+def same_page(pages: dict[str, list[list[str]]], n: int, rng: np.random.Generator) -> list[tuple[str, str, int]]:
+    """`n` pairs, half from one page and half from two, from pages with at least two paragraphs."""
+    urls = sorted(u for u, ps in pages.items() if len(ps) >= 2)
+    rows = []
+    while len(rows) < n:
+        u = urls[rng.integers(len(urls))]
+        i, j = rng.choice(len(pages[u]), 2, replace=False)
+        a, b = pages[u][i], pages[u][j]
+        v = urls[rng.integers(len(urls))]
+        if v == u:
+            continue
+        c = pages[v][rng.integers(len(pages[v]))]
+        cut = lambda p: " ".join(clean(p).split()[:48])  # noqa: E731
+        rows += [(cut(a), cut(b), 1), (cut(a), cut(c), 0)]
+    return rows[:n]
+
+
+def code_spans(pages: dict[str, list[str]], n: int, rng: np.random.Generator) -> list[tuple[list[str], list[str]]]:
+    """`n` pieces of <= 40 words with at least one code word, drawn from the pages' paragraphs."""
+    pieces = []
+    for u in sorted(pages):
+        for p in pages[u]:
+            words, tags = _spans(p)
+            for k in range(0, len(words), 40):
+                w, t = words[k:k + 40], tags[k:k + 40]
+                if len(w) >= 8 and any(x != "O" for x in t):
+                    if t[0] == "I-CODE":
+                        t = ["B-CODE", *t[1:]]
+                    pieces.append((w, t))
+    idx = sorted(rng.choice(len(pieces), min(n, len(pieces)), replace=False))
+    return [pieces[i] for i in idx]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    here = Path(__file__).resolve().parent
+    ap.add_argument("--shared", default=str(here.parents[1].parent / "shared"))
+    ap.add_argument("--out", default=str(here / "tasks"))
+    a = ap.parse_args()
+    rows = [json.loads(line) for line in gzip.open(Path(a.shared, "corpora/wiki/pydocs.jsonl.gz"), "rt")]
+    by_split: dict[str, dict[str, list[str]]] = {"train": {}, "dev": {}, "test": {}}
+    for r in rows:
+        ps = paragraphs(r["text"])
+        if ps:
+            by_split[split_of(r["url"])][r["url"]] = ps
+    for split, seed in (("train", 1), ("dev", 2), ("test", 3)):
+        rng = np.random.default_rng(seed)
+        out = Path(a.out, "same_page")
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / f"{split}.tsv", "w") as f:
+            f.write("sentence1\tsentence2\tlabel\n")
+            for s1, s2, y in same_page(by_split[split], SIZES["same_page"][split], rng):
+                f.write(f"{s1.replace(chr(9), ' ')}\t{s2.replace(chr(9), ' ')}\t{y}\n")
+        out = Path(a.out, "code_spans")
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / f"{split}.conll", "w") as f:
+            for words, tags in code_spans(by_split[split], SIZES["code_spans"][split], rng):
+                f.writelines(f"{w}\t{t}\n" for w, t in zip(words, tags))
+                f.write("\n")
+        print(split, {k: len(v) for k, v in [("pages", by_split[split])]})
+
+
+if __name__ == "__main__":
+    main()
