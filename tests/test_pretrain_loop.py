@@ -324,3 +324,128 @@ def test_unpadded_steps_train_like_padded_steps():
         assert unpadded.grad_norm == pytest.approx(padded.grad_norm, rel=1e-3)
         assert (unpadded.tokens, unpadded.examples) == (padded.tokens, padded.examples) == (2 * 40, 12)
     assert runs[True][1].loss != runs[True][0].loss  # the first step changed the weights
+
+
+# ------------------------------------------------------------------------------------------------ the loop itself
+
+
+def _run_loop(monkeypatch, tmp_path, *args: str, eval_files: tuple[str, ...] = ("held.parquet",), lr: float = 1e-3,
+              on_step=None) -> tuple[dict[int, dict[str, float]], list[int], list[str]]:
+    """`pipeline.pretrain.loop.train_loop_per_worker` on one rank in this process, configs/tiny.yaml with `args`:
+    what Ray Train gives a worker (its setup, its data shards, the checkpoint's upload) replaced by a tiny BERT on
+    `_batches`, held-out batches when `eval_files`, and records; checkpoints are written (`save_checkpoint`) into
+    `tmp_path`. Returns ({step: logged metrics}, the steps checkpointed, the console lines)."""
+    from types import SimpleNamespace
+
+    from pipeline.config import load_config
+    from pipeline.pretrain import loop
+    from pipeline.pretrain.loader import PhasePlan, Step
+    from pipeline.pretrain.worker import PretrainHandoff, Worker
+
+    cfg = load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml",
+                      ["--train.num_workers", "1", "--train.global_batch_size", "4", "--train.micro_batch_size", "4",
+                       "--train.warmup_steps", "2", *args])
+    steps = cfg.train.max_steps
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    plan = PhasePlan(SimpleNamespace(), steps, 4, 4, ("train.parquet",), 4 * steps, eval_files, False)
+    torch.manual_seed(0)
+    m = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=VOCAB, max_position_embeddings=SEQ))
+    t = Trainable(m, *make_optimizer(m, "adamw", lr, 0.01, warmup_steps=2, total_steps=steps))
+    logged: dict[int, dict[str, float]] = {}
+    saved: list[int] = []
+    said: list[str] = []
+
+    class Log:
+        def step(self, step, metrics):
+            logged.setdefault(step, {}).update(metrics)
+
+        def log_metrics(self, metrics, step):
+            logged.setdefault(step, {}).update(metrics)
+
+        def pending(self):
+            return {"metrics": [], "tags": {}}
+
+        def close(self, wait_s):
+            pass
+
+    data = _batches(3, steps, padded=False)
+    held = _batches(4, 2, padded=True)
+
+    def rank_steps(plan, phase, rank, world, seed, rows, done, **_):
+        return (Step([b], int((b["masked_lm_positions"] >= 0).sum()), len(b["input_ids"])) for b in data[done:])
+
+    @contextlib.contextmanager
+    def checkpoint_dir(background):
+        d = tmp_path / f"checkpoint_{len(list(tmp_path.iterdir())):03d}"
+        d.mkdir()
+        yield str(d)
+
+    monkeypatch.setattr(loop, "start_worker", lambda h: Worker(0, 1, torch.device("cpu"), t, 0, Log()))
+    monkeypatch.setattr(loop, "rank_steps", rank_steps)
+    # the real eval_batches without held-out files (it returns before Ray), else the held-out batches
+    real_eval_batches = loop.eval_batches
+    monkeypatch.setattr(loop, "eval_batches", lambda plan, *a: held if plan.eval_files else real_eval_batches(plan, *a))
+    monkeypatch.setattr(loop, "cluster", SimpleNamespace(
+        uploads_in_background=lambda mode, path: False, checkpoint_dir=checkpoint_dir,
+        report=lambda metrics, d, **_: saved.append(metrics["step"])))
+    monkeypatch.setattr(loop, "say", said.append, raising=False)
+    loop.train_loop_per_worker(PretrainHandoff(cfg, [plan], "run", "uri", "sha", on_step=on_step))
+    return logged, saved, said
+
+
+def test_the_loop_evaluates_only_held_out_rows(monkeypatch, tmp_path):
+    """With held-out shards the loop logs eval/* at its evaluation steps; with none (`train.num_eval_shards 0`,
+    or a dataset of one shard) it logs no eval/* at all, instead of the figures of no batch, and says why once."""
+    args = ("--train.max_steps", "4", "--train.eval_every_steps", "2", "--train.checkpoint_every_steps", "4")
+    logged, saved, said = _run_loop(monkeypatch, tmp_path / "held", *args)
+    assert [s for s in logged if "eval/loss" in logged[s]] == [2, 4] and saved == [4] and said == []
+    assert logged[4]["eval/masked_tokens"] > 0
+    logged, saved, said = _run_loop(monkeypatch, tmp_path / "none", *args, "--train.num_eval_shards", "0",
+                                    eval_files=())
+    assert not any(k.startswith("eval/") for m in logged.values() for k in m) and saved == [4]
+    assert said == ["[train] phase 0: no evaluation, nothing is held out (train.num_eval_shards is 0)"]
+
+
+@pytest.mark.parametrize("shards, num_eval_shards, read", [
+    (("a", "b", "c"), 1, ["c"]),
+    (("a", "b", "c"), 0, []),  # nothing held out: the training shard "c" was scored before
+    (("a",), 1, []),  # one shard: it is trained on, never held out
+])
+def test_the_final_evaluation_never_scores_training_rows(monkeypatch, shards, num_eval_shards, read):
+    """`evaluate_stage` reads the held-out shards only; with none it logs no eval/final/* and says so in one line
+    naming train.num_eval_shards (the evaluation of the real weights: tests/test_pretrain_job.py)."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    import pipeline.storage.io
+    from pipeline import tracking
+    from pipeline.config import load_config
+    from pipeline.pretrain import job
+
+    cfg = load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml",
+                      ["--train.num_workers", "1", "--train.global_batch_size", "4", "--train.micro_batch_size", "4",
+                       "--train.num_eval_shards", str(num_eval_shards)])
+    ds = SimpleNamespace(output="d", shards=tuple((s, 8) for s in shards), vocab_size=VOCAB, dynamic_masking=False)
+    rows = _rows(np.random.default_rng(0), 8)
+    table = pa.table({k: [np.asarray(v).tolist() for v in col] if k != "next_sentence_label" else col.tolist()
+                      for k, col in rows.items()})
+    opened, logged, said = [], {}, []
+    monkeypatch.setattr(pipeline.storage.io, "read_table", lambda path: opened.append(path) or table)
+    monkeypatch.setattr(job, "load_trained", lambda *a: _trainable().model.eval())
+    monkeypatch.setattr(job, "server_needed", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(job, "send_pending", lambda *a: None)
+    monkeypatch.setattr(job, "say", said.append, raising=False)
+    monkeypatch.setitem(tracking.__dict__, "RunLogger", lambda *a: SimpleNamespace(
+        log_metrics=lambda metrics, step: logged.update(metrics)))
+    trained = job.TrainResult("ckpt", "run", "name", cfg.train.max_steps)
+    final = job.evaluate_stage(cfg, trained, ds, "uri")
+    assert opened == read and final == logged
+    if read:
+        assert logged["eval/final/masked_tokens"] == 8 * 3 and len(said) == 1
+    else:
+        assert logged == {}
+        why = ("train.num_eval_shards is 0" if num_eval_shards == 0 else
+               "train.num_eval_shards 1 holds out no shard of a dataset of 1 shard: one is always left to train on")
+        assert said == [f"[evaluate] skipped: nothing is held out ({why}); the final evaluation never scores training "
+                        "data, so no eval/final/* is logged"]

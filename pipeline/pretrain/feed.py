@@ -24,15 +24,34 @@ def rank_steps(plan: PhasePlan, phase: int, rank: int, world: int, seed: int, sh
                     lambda: shard.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2), to_batch)
 
 
+def nothing_held_out(plan: PhasePlan, num_eval_shards: int) -> str | None:
+    """Why `plan` holds no rows out (None when it does). Then nothing is evaluated, in the loop or at the end
+    (`pipeline.pretrain.job.evaluate_stage`): an evaluation on training rows would read as a held-out figure.
+
+    >>> nothing_held_out(PhasePlan(None, 1, 1, 1, ("a", "b"), 2, (), False), 0)
+    'train.num_eval_shards is 0'
+    >>> nothing_held_out(PhasePlan(None, 1, 1, 1, ("a",), 1, (), False), 1)
+    'train.num_eval_shards 1 holds out no shard of a dataset of 1 shard: one is always left to train on'
+    """
+    if plan.eval_files:
+        return None
+    if num_eval_shards == 0:
+        return "train.num_eval_shards is 0"
+    return (f"train.num_eval_shards {num_eval_shards} holds out no shard of a dataset of {len(plan.train_files)} "
+            "shard: one is always left to train on")
+
+
 def eval_batches(plan: PhasePlan, phase: int, rank: int, world: int, seed: int, limit: int,
-                 compiled: bool = False, unpad: bool = False, modernbert: bool = False) -> list[dict[str, torch.Tensor]]:
+                 compiled: bool = False, unpad: bool = False,
+                 modernbert: bool = False) -> list[dict[str, torch.Tensor]] | None:
     """This rank's share of the held-out batches (fixed masks: epoch 0), read once and kept in memory: the first
     `limit` micro-batches of the held-out rows (all when 0), dealt out to the ranks in turn; their sums are
-    all-reduced, so the figures do not depend on the number of ranks."""
+    all-reduced, so the figures do not depend on the number of ranks. None when nothing is held out
+    (`nothing_held_out`): the loop then skips its evaluations."""
+    if not plan.eval_files:
+        return None
     import ray.train
 
-    if not plan.eval_files:
-        return []
     to_batch, out = Batches(plan, seed, pad_to=plan.dataset.max_seq_length if compiled else None, unpad=unpad,
                             modernbert=modernbert), []
     tables = ray.train.get_dataset_shard(f"p{phase}_eval").iter_batches(batch_size=plan.micro_batch_size, batch_format="pyarrow")

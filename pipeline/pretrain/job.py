@@ -34,6 +34,7 @@ import torch
 
 from pipeline.config import Config, DataConfig, config_hash, phase_data_configs
 from pipeline import cluster
+from pipeline.console import say
 from pipeline.core.checkpoint import (CheckpointCorrupt, check_vocab, damage, read_train_state, trust, verified,
                                       written_by)
 from pipeline.core.step import evaluate_sums
@@ -45,6 +46,7 @@ from pipeline.tracking.outbox import read_pending
 from pipeline.tracking.wait import server_needed
 from pipeline.pretrain.identity import (check_run_init, legacy_run_notice, longer_run_notice, newest_intact,
                                         record_run_init, resume_point, run_identity, run_lock, run_name_for)
+from pipeline.pretrain.feed import nothing_held_out
 from pipeline.pretrain.init import InitCheckpoint
 from pipeline.pretrain.loader import Batches, PhasePlan
 from pipeline.pretrain.loop import train_loop_per_worker
@@ -280,10 +282,11 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
 
 
 def _eval_batches(ds: PreparedDataset, plan: PhasePlan, seed: int, modernbert: bool = False):
+    """The held-out rows' micro-batches (fixed masks: epoch 0); none when nothing is held out, never training rows."""
     from pipeline.storage.io import read_table
 
     to_batch = Batches(plan, seed, modernbert=modernbert)
-    for path in plan.eval_files or plan.train_files[-1:]:
+    for path in plan.eval_files:
         table = read_table(path)
         for i in range(0, table.num_rows, plan.micro_batch_size):
             yield to_batch(table.slice(i, plan.micro_batch_size), 0)
@@ -312,7 +315,9 @@ def evaluate_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, uri: 
     """Evaluate the final weights on the whole held-out set of the last phase; log `eval/final/*` into the run.
 
     Their own section on the run page (the UI makes one of each prefix, `eval` < `eval/final` < `train`, and sorts
-    charts by name), so the run page opens on the `eval/loss` curve, not on these one-point charts."""
+    charts by name), so the run page opens on the `eval/loss` curve, not on these one-point charts. With nothing
+    held out (`pipeline.pretrain.feed.nothing_held_out`) the evaluation is skipped, said in one line, and returns
+    {}: it never scores training rows as `eval/final/*`."""
     from pipeline import tracking
 
     os.environ["MLFLOW_TRACKING_URI"] = uri
@@ -320,17 +325,24 @@ def evaluate_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, uri: 
     mb = (tc.phases[-1].micro_batch_size if tc.phases else None) or tc.micro_batch_size
     plan = PhasePlan.build(ds, steps=1, micro_batch_size=mb, global_batch_size=mb, num_eval_shards=tc.num_eval_shards,
                            materialized=False)
-    device = torch.device("cuda" if tc.use_gpu and torch.cuda.is_available() else "cpu")
-    model = load_trained(cfg, trained.checkpoint, ds.vocab_size, trained.verified).to(device)
-    torch.manual_seed(tc.seed)
-    batches = _eval_batches(ds, plan, tc.seed, cfg.model.modernbert)
-    sums = evaluate_sums(model, batches, counts=counts, size=NUM_COUNTS, device=device,
-                         precision=tc.precision if device.type == "cuda" else "fp32")
-    final = {k.replace("eval/", "eval/final/"): v for k, v in eval_metrics(sums).items()}
+    final: dict[str, float] = {}
+    if (why := nothing_held_out(plan, tc.num_eval_shards)) is None:
+        device = torch.device("cuda" if tc.use_gpu and torch.cuda.is_available() else "cpu")
+        model = load_trained(cfg, trained.checkpoint, ds.vocab_size, trained.verified).to(device)
+        torch.manual_seed(tc.seed)
+        batches = _eval_batches(ds, plan, tc.seed, cfg.model.modernbert)
+        sums = evaluate_sums(model, batches, counts=counts, size=NUM_COUNTS, device=device,
+                             precision=tc.precision if device.type == "cuda" else "fp32")
+        final = {k.replace("eval/", "eval/final/"): v for k, v in eval_metrics(sums).items()}
     with server_needed(uri, cfg.tracking.server_wait_s, "log the final evaluation"):
         send_pending(trained, uri, cfg.tracking.server_wait_s)
-        tracking.RunLogger(trained.run_id, uri).log_metrics(final, step=tc.max_steps)
-    print(f"[evaluate] {json.dumps({k: round(v, 4) for k, v in final.items()})}", flush=True)
+        if final:
+            tracking.RunLogger(trained.run_id, uri).log_metrics(final, step=tc.max_steps)
+    if why is not None:
+        say(f"[evaluate] skipped: nothing is held out ({why}); the final evaluation never scores training data, so "
+            "no eval/final/* is logged")
+    else:
+        say(f"[evaluate] {json.dumps({k: round(v, 4) for k, v in final.items()})}")
     return final
 
 

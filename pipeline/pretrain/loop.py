@@ -12,10 +12,11 @@ import numpy as np
 
 from model.flops import mfu
 from pipeline import cluster
+from pipeline.console import say
 from pipeline.core.checkpoint import save_checkpoint
 from pipeline.core.step import TrainFigures, evaluate_sums, train_step
 from pipeline.tracking.outbox import write_pending
-from pipeline.pretrain.feed import eval_batches, rank_steps
+from pipeline.pretrain.feed import eval_batches, nothing_held_out, rank_steps
 from pipeline.pretrain.metrics import NUM_COUNTS, counts, device_peak, eval_metrics, flop_counter, step_loss, summarise
 from pipeline.pretrain.worker import PretrainHandoff, start_worker
 
@@ -39,6 +40,8 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
         steps = iter(rank_steps(plan, phase, rank, world, tc.seed, tc.shuffle_buffer_rows, step - begun,
                                 pin_memory=device.type == "cuda", compiled=tc.compile, unpad=tc.unpad,
                                 modernbert=cfg.model.modernbert))
+        if log is not None and (why := nothing_held_out(plan, tc.num_eval_shards)) is not None:
+            say(f"[train] phase {phase}: no evaluation, nothing is held out ({why})")
         while step < ends[phase]:
             s = next(steps)  # this rank's share of the step's global batch; the loss is the whole batch's mean
             figures.add(train_step(t, s.micro_batches, accumulation=len(s.micro_batches), counts=counts,
@@ -56,12 +59,14 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
                         metrics["train/mfu"] = mfu(stats.flops, stats.seconds, peak, world)
                     log.step(step, metrics)
             if evaluating:
-                if phase not in evals:
+                if phase not in evals:  # None: nothing held out, nothing evaluated (never the training rows)
                     evals[phase] = eval_batches(plan, phase, rank, world, tc.seed, tc.eval_batches * tc.num_workers,
                                                 tc.compile, tc.unpad, cfg.model.modernbert)
-                sums = evaluate_sums(t.model, evals[phase], counts=counts, size=NUM_COUNTS, device=device, precision=tc.precision)
-                if log is not None:
-                    log.log_metrics(eval_metrics(sums), step)
+                if evals[phase] is not None:
+                    sums = evaluate_sums(t.model, evals[phase], counts=counts, size=NUM_COUNTS, device=device,
+                                         precision=tc.precision)
+                    if log is not None:
+                        log.log_metrics(eval_metrics(sums), step)
             if checkpointing:
                 with cluster.checkpoint_dir(background) as d:  # kept until its upload is done
                     if log is not None:  # what the tracking server has not got yet travels with the checkpoint
