@@ -94,7 +94,8 @@ def code_spans(pages: dict[str, list[str]], n: int, rng: np.random.Generator) ->
             words, tags = _spans(p)
             for k in range(0, len(words), 40):
                 w, t = words[k:k + 40], tags[k:k + 40]
-                if len(w) >= 8 and any(x != "O" for x in t):
+                # markup the pattern does not read (an unclosed ``, a nested role) leaves the piece out
+                if len(w) >= 8 and any(x != "O" for x in t) and not any("`" in x for x in w):
                     if t[0] == "I-CODE":
                         t = ["B-CODE", *t[1:]]
                     pieces.append((w, t))
