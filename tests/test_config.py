@@ -87,6 +87,53 @@ def test_warmup_fraction_sets_warmup_steps_and_a_warmup_steps_flag_replaces_it()
         TrainConfig(warmup_fraction=1.0)
 
 
+MIX = "[{name: books, inputs: [/c/books], weight: 3}, {name: wiki, inputs: /c/wiki, weight: 1}]"
+
+
+def test_sources_parse_replace_a_presets_inputs_and_their_inputs_are_the_datas(tmp_path):
+    """`--data.sources` on a preset with data.inputs replaces them (data.inputs becomes the sources' inputs), and
+    `--data.inputs` on a config file with sources replaces those; a phase takes its own mixture and mask rate."""
+    from pipeline.config import SourceConfig
+
+    cfg = load_config(REPO / "configs" / "tiny.yaml", ["--data.sources", MIX])
+    assert cfg.data.sources == [SourceConfig("books", ["/c/books"], weight=3), SourceConfig("wiki", ["/c/wiki"], 1)]
+    assert cfg.data.inputs == ["/c/books", "/c/wiki"] and cfg.data.mix_temperature == 1.0
+    p = tmp_path / "mix.yaml"
+    p.write_text(f"data:\n  sources: {MIX}\n  mix_temperature: 0.5\n")
+    assert load_config(p, ["--data.inputs", "/d"]).data.sources == []
+    assert load_config(p, ["--data.sources", "[{name: d, inputs: /d}]"]).data.inputs == ["/d"]
+    phased = load_config(p, ["--data.masking", "dynamic", "--train.phases",
+                             "[{fraction: 0.8}, {source_weights: {books: 1}, mask_rate: 0.05}]"])
+    assert (phased.train.phases[1].source_weights, phased.train.phases[1].mask_rate) == ({"books": 1}, 0.05)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--data.sources", "[{name: a, inputs: /a, weight: 0}, {name: b, inputs: /b, weight: 0}]"],
+     "data.sources weights 0, 0 do not sum to a positive number"),
+    (["--data.sources", "[{name: a, inputs: /a, weight: -1}]"], "data.sources[a].weight -1 must be >= 0"),
+    (["--data.sources", "[{name: a, inputs: /a, weight: 1, epochs: 2}]"], "data.sources[a]: give weight or epochs"),
+    (["--data.sources", "[{name: a, inputs: /a, weight: 1}, {name: b, inputs: /b}]"],
+     "data.sources: b without a weight beside weighted sources"),
+    (["--data.sources", "[{name: a, inputs: /a}, {name: a, inputs: /b}]"], "data.sources: the name a is given twice"),
+    (["--data.sources", "[{name: 'a b', inputs: /a}]"], "data.sources name 'a b' must be letters"),
+    (["--data.sources", "[{name: a, inputs: []}]"], "data.sources[a].inputs is empty"),
+    (["--data.sources", "[{name: a, inputs: /a}]", "--data.mix_temperature", "0"], "data.mix_temperature 0 must be > 0"),
+    (["--data.sources", "[{name: a, inputs: /a}]", "--data.inputs", "/b"], "data.inputs and data.sources are both"),
+    (["--data.sources", MIX, "--train.phases", "[{fraction: 0.5}, {source_weights: {news: 1}}]"],
+     "train.phases[1].source_weights names news, not a source of data.sources (books, wiki)"),
+    (["--train.phases", "[{source_weights: {news: 1}}]"],
+     "train.phases[0].source_weights names news, not a source of data.sources (none: data.inputs is one stream)"),
+    (["--data.sources", MIX, "--train.phases", "[{source_weights: {books: 0}}]"],
+     "train.phases source_weights {'books': 0.0} are not weights >= 0 summing to a positive number"),
+    (["--data.sources", MIX, "--train.phases", "[{mix_temperature: -1}]"], "train.phases mix_temperature -1 must be > 0"),
+    (["--data.masking", "static", "--train.phases", "[{mask_rate: 0.1}]"],
+     "train.phases[0].mask_rate needs data.masking dynamic"),
+])
+def test_a_bad_mixture_is_one_line_naming_the_field(args, message):
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):
+        load_config(None, args)
+
+
 def test_phase_steps_from_fractions_steps_and_remainder():
     assert TrainConfig(max_steps=100, phases=[{"fraction": 0.7}, {"max_seq_length": 512}]).phase_steps() == [70, 30]
     assert TrainConfig(max_steps=10, phases=[{"steps": 4}, {"steps": 6, "max_seq_length": 256}]).phase_steps() == [4, 6]
@@ -296,12 +343,15 @@ PRESET_HASHES = {
 
 
 # Data fields added after the capture (dedup: issue 20; MediaWiki dumps: issue 24), left out of the comparison.
-ADDED_SINCE = ("dedup", "dedup_threshold", "dedup_num_perm", "wiki_keep_lists", "wiki_keep_headings", "pack_documents")
+ADDED_SINCE = ("dedup", "dedup_threshold", "dedup_num_perm", "wiki_keep_lists", "wiki_keep_headings", "pack_documents",
+               "sources", "mix_temperature")  # mixtures: issue 58
 # Training fields added since (train.compile, train.unpad: issue 18; train.head_only_steps: issue 21), left out likewise.
 TRAIN_ADDED_SINCE = ("compile", "head_only_steps", "unpad", "decay_fraction", "min_workers", "checkpoint_upload",
                      "warmup_fraction", "decay_shape")  # decay_fraction: 33; min_workers, checkpoint_upload: 34; 58
 # Tracking fields added since (tracking.server_wait_s: issue 22), left out likewise.
 TRACKING_ADDED_SINCE = ("server_wait_s",)
+# A phase's fields added since (its mixture and masking rate: issue 58), left out likewise.
+PHASE_ADDED_SINCE = ("source_weights", "mix_temperature", "mask_rate")
 
 
 @pytest.mark.parametrize("name", sorted(PRESET_HASHES))
@@ -317,6 +367,9 @@ def test_presets_load_to_the_same_values_as_before(name):
     if d["model"].get("init", "absent") is None:  # model.init (issue 21): null leaves a preset as it was
         del d["model"]["init"]
     d["train"] = {k: v for k, v in d["train"].items() if k not in TRAIN_ADDED_SINCE}
+    for ph in d["train"].get("phases", []):
+        for k in PHASE_ADDED_SINCE:
+            del ph[k]
     d["tracking"] = {k: v for k, v in d["tracking"].items() if k not in TRACKING_ADDED_SINCE}
     if name != "finetune.yaml":  # pretraining's eval section (the scorecard stage: issue 56) came after the capture
         del d["eval"]

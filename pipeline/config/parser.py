@@ -214,8 +214,13 @@ def parse(parser: Any, argv: list[str], sections: dict[str, type],
     argv = [renames.get(flag, flag) + eq + value for flag, eq, value in (a.partition("=") for a in argv)]
     path, rest = _split_config(_values_as_values(argv))
     config = ["--config", read_config_file(path)] if path not in (None, "", "null") else []
+    typed = {flag[2:] for flag, _, _ in (a.partition("=") for a in rest) if flag.startswith("--")}
     try:
         ns = parser.parse_args(config + rest)
+        for key, cleared in CLEARING.items():  # before the dataclasses check the pair together
+            section, name = cleared.split(".")
+            if key in typed and cleared not in typed and section in sections:
+                ns[cleared] = _default(sections[section], name)
         built = parser.instantiate(ns)
     except argparse.ArgumentError as e:
         line = one_line(e)
@@ -224,27 +229,34 @@ def parse(parser: Any, argv: list[str], sections: dict[str, type],
         raise ConfigError(line) from None
     except TypeError as e:  # a dataclass given what it cannot take, e.g. a nested mapping where a scalar belongs
         raise ConfigError(f"bad config: {e}") from None
-    given = _replacing_lists(rest, (*REPLACING_LISTS, *CLEARING, *CLEARING.values()))
-    for key, value in given.items():
+    for key, value in _replacing_lists(rest).items():
         section, name = key.split(".")
         if section in sections:
             changes = {name: value}
             cleared = CLEARING.get(key, "")
-            if cleared and cleared not in given and hasattr(built[section], cleared.split(".")[1]):
-                changes[cleared.split(".")[1]] = None
+            if cleared and cleared not in typed:  # what the merged list derived it from is gone
+                changes[cleared.split(".")[1]] = _default(sections[section], cleared.split(".")[1])
             built[section] = dataclasses.replace(built[section], **changes)  # validated again
     return built, {name: built[name] for name in sections}
 
 
-REPLACING_LISTS = ("train.phases",)
+def _default(cls: type, name: str) -> Any:
+    """The default of dataclass `cls`'s field `name`."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+REPLACING_LISTS = ("train.phases", "data.sources")
 """Lists of dataclasses that a command-line flag replaces whole. jsonargparse merges such a list item by item
 with the config file's (a `--train.phases` of two phases kept each YAML phase's `output`): a user who types the
 list means that list."""
 
 
-CLEARING = {"train.warmup_steps": "train.warmup_fraction"}
-"""A field that, given on the command line, sets another to null unless the command line gives that one too: a
-preset's warmup_fraction would otherwise win over `--train.warmup_steps 4`, which means 4 steps."""
+CLEARING = {"train.warmup_steps": "train.warmup_fraction", "data.sources": "data.inputs",
+            "data.inputs": "data.sources"}
+"""A field that, given on the command line, sets another to its default unless the command line gives that one
+too: a preset's warmup_fraction would otherwise win over `--train.warmup_steps 4`, which means 4 steps, and a
+preset's data.inputs clash with `--data.sources` (and its sources with `--data.inputs`)."""
 
 
 def _replacing_lists(argv: list[str], keys: tuple[str, ...] = REPLACING_LISTS) -> dict[str, Any]:

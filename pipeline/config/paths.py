@@ -20,6 +20,8 @@ def resolve_path(p: str | None, base: str | os.PathLike | None = None) -> str | 
 def resolve_paths(cfg: Config, base: str | os.PathLike | None = None) -> Config:
     """Resolve every path field against the directory the command runs in, before work is shipped to Ray."""
     cfg.data.inputs = [resolve_path(p, base) for p in cfg.data.inputs]  # type: ignore[misc]
+    for source in cfg.data.sources:  # data.inputs is their inputs: resolved alike
+        source.inputs = [resolve_path(p, base) for p in source.inputs]  # type: ignore[misc]
     cfg.data.output = resolve_path(cfg.data.output, base)  # type: ignore[assignment]
     cfg.data.vocab = resolve_path(cfg.data.vocab, base)
     if cfg.model.init and not cfg.model.init.startswith("models:/"):

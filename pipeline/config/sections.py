@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,12 +29,66 @@ def _check(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
+SOURCE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+"""What a source's name may hold: it names a shard column's values, an MLflow metric and a dataset."""
+
+
+def _of(cls: type, value: Any, where: str) -> Any:
+    """A section's sub-record given as itself or as a mapping (`PhaseConfig`, `SourceConfig`)."""
+    if isinstance(value, cls):
+        return value
+    _check(isinstance(value, dict), f"{where} must be a mapping of field: value, got {value!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(value) - names)
+    _check(not unknown, f"unknown {where} field(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+    return cls(**value)
+
+
+@dataclass
+class SourceConfig:
+    """One named source of a data mixture (`data.sources`): its files, and how much of the training stream it is.
+
+    >>> SourceConfig(name="books", inputs="/data/books", weight=3).inputs
+    ['/data/books']
+    """
+
+    name: str = ""
+    """Its rows' value in the shard column `source`, its metric `train/source_tokens/<name>`, its MLflow input."""
+    inputs: list[str] | str = field(default_factory=list)
+    """Files or folders of this source, as data.inputs takes them."""
+    weight: float | None = None
+    """Its share of the trained tokens against the other weighted sources' (3 and 1: 75% and 25%): a small source
+    repeats, a large one is subsampled."""
+    epochs: float | None = None
+    """Instead of a weight: how many times each phase reads this source's training tokens (2: twice; 0.5: half)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.inputs, str):
+            self.inputs = [self.inputs]
+        _check(isinstance(self.name, str) and SOURCE_NAME.fullmatch(self.name) is not None,
+               f"data.sources name {self.name!r} must be letters, digits, '_', '-' or '.'")
+        _check(bool(self.inputs), f"data.sources[{self.name}].inputs is empty: give its files or folders")
+        _check(self.weight is None or self.epochs is None,
+               f"data.sources[{self.name}]: give weight or epochs, not both")
+        if self.weight is not None:
+            _check(0 <= self.weight < math.inf, f"data.sources[{self.name}].weight {self.weight:g} must be >= 0")
+        if self.epochs is not None:
+            _check(0 < self.epochs < math.inf, f"data.sources[{self.name}].epochs {self.epochs:g} must be > 0")
+
+
 @dataclass
 class DataConfig:
     """Where the raw text is, how it is tokenized, and how examples are built and masked."""
 
     inputs: list[str] | str = field(default_factory=list)
     """Files or folders (recursively) of .txt/.txt.gz books, .jsonl/.jsonl.gz, .parquet, or a `save_to_disk` dir."""
+    sources: list[SourceConfig] = field(default_factory=list)
+    """A mixture instead of data.inputs (which then lists the sources' inputs): [{name, inputs, weight | epochs}].
+    Each row remembers its source (shard column `source`); training draws each source's share of the tokens by its
+    weight (`pipeline.pretrain.mixture`). Empty: data.inputs, one stream, each part in proportion to its size."""
+    mix_temperature: float = 1.0
+    """Sources given neither weight nor epochs are weighted by their tokens to this power (mmBERT's temperature):
+    1 is in proportion to size, lower flattens the mixture towards equal shares."""
     output: str = "data/prepared"
     """Output directory: manifest.json, vocab.txt, tokenizer.json, shards/*.parquet."""
     text_column: str = "text"
@@ -103,6 +158,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         if isinstance(self.inputs, str):  # one path given alone: `--data.inputs /data/books`
             self.inputs = [self.inputs]
+        self._check_sources()
         _check(0.0 < self.dedup_threshold <= 1.0, f"data.dedup_threshold {self.dedup_threshold} is not in (0, 1]")
         _check(16 <= self.dedup_num_perm <= 1024, f"data.dedup_num_perm {self.dedup_num_perm} is not in [16, 1024]")
         _check(16 <= self.max_seq_length <= 8192, f"data.max_seq_length {self.max_seq_length} is not in [16, 8192]")
@@ -119,6 +175,31 @@ class DataConfig:
         _check(self.vocab_sample_chars >= 1, f"data.vocab_sample_chars {self.vocab_sample_chars} < 1")
         _check(self.max_document_chars >= 1000, f"data.max_document_chars {self.max_document_chars} < 1000")
         _check(self.local_max_bytes >= 0, f"data.local_max_bytes {self.local_max_bytes} < 0")
+
+    def _check_sources(self) -> None:
+        """The mixture's own checks; with sources, data.inputs becomes their inputs (derived, as warmup_steps)."""
+        _check(isinstance(self.sources, list), f"data.sources must be a list of sources, got {self.sources!r}")
+        self.sources = [_of(SourceConfig, s, f"data.sources[{i}]") for i, s in enumerate(self.sources)]
+        _check(self.mix_temperature > 0, f"data.mix_temperature {self.mix_temperature:g} must be > 0")
+        if not self.sources:
+            return
+        names = [s.name for s in self.sources]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        _check(not twice, f"data.sources: the name {', '.join(twice)} is given twice")
+        theirs = [p for s in self.sources for p in s.inputs]
+        _check(not self.inputs or self.inputs == theirs, "data.inputs and data.sources are both given: give one "
+               "(with data.sources, data.inputs is their inputs)")
+        self.inputs = theirs
+        weights = [s.weight for s in self.sources if s.weight is not None]
+        sized = [s.name for s in self.sources if s.weight is None and s.epochs is None]
+        _check(not weights or not sized, f"data.sources: {', '.join(sized)} without a weight beside weighted sources: "
+               "give every source a weight or epochs, or no source a weight (data.mix_temperature then weighs by size)")
+        _check(not weights or sum(weights) > 0,
+               f"data.sources weights {', '.join(f'{w:g}' for w in weights)} do not sum to a positive number")
+
+    def source_names(self) -> list[str]:
+        """The sources' names, in order (empty without a mixture)."""
+        return [s.name for s in self.sources]
 
 
 @dataclass
@@ -176,23 +257,31 @@ class PhaseConfig:
     """Per-worker micro-batch cap in this phase (longer sequences need smaller ones); null keeps train's."""
     global_batch_size: int | None = None
     """Examples per optimizer step in this phase; null keeps train's."""
+    source_weights: dict[str, float] | None = None
+    """This phase's mixture: {source name: weight} of data.sources (a source not named is not read in it), e.g. a
+    final decay phase on a higher-quality mix; null keeps data.sources' weights, epochs and temperature."""
+    mix_temperature: float | None = None
+    """This phase's temperature for the sources without a weight (mmBERT lowers it phase by phase); null: data's."""
+    mask_rate: float | None = None
+    """Dynamic masking: the fraction of tokens masked in this phase (mmBERT anneals 30% to 5%); null: data's."""
 
     @classmethod
     def of(cls, value: PhaseConfig | dict[str, Any], where: str) -> PhaseConfig:
         """A phase given as itself or as a mapping (`TrainConfig(phases=[{"fraction": 0.9}, ...])`)."""
-        if isinstance(value, PhaseConfig):
-            return value
-        _check(isinstance(value, dict), f"{where} must be a mapping of field: value, got {value!r}")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(value) - names)
-        _check(not unknown, f"unknown {where} field(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
-        return cls(**value)
+        return _of(cls, value, where)
 
     def __post_init__(self) -> None:
         _check(16 <= self.max_seq_length <= 8192, f"train.phases max_seq_length {self.max_seq_length} is not in [16, 8192]")
         _check(self.fraction is None or 0 < self.fraction <= 1, f"train.phases fraction {self.fraction} is not in (0, 1]")
         _check(self.steps is None or self.steps >= 1, f"train.phases steps {self.steps} < 1")
         _check(self.fraction is None or self.steps is None, "train.phases: give fraction or steps, not both")
+        _check(self.mask_rate is None or 0 < self.mask_rate < 1,
+               f"train.phases mask_rate {self.mask_rate} is not in (0, 1)")
+        if self.mix_temperature is not None:
+            _check(self.mix_temperature > 0, f"train.phases mix_temperature {self.mix_temperature:g} must be > 0")
+        w = self.source_weights
+        _check(w is None or (isinstance(w, dict) and all(v >= 0 for v in w.values()) and sum(w.values()) > 0),
+               f"train.phases source_weights {w} are not weights >= 0 summing to a positive number")
 
 
 @dataclass
@@ -445,6 +534,13 @@ class Config:
         for i, ph in enumerate(self.train.phases):
             _check(ph.max_seq_length <= max_pos,
                    f"train.phases[{i}].max_seq_length {ph.max_seq_length} > model max_position_embeddings {max_pos}")
+            unknown = sorted(set(ph.source_weights or ()) - set(self.data.source_names()))
+            _check(not unknown, f"train.phases[{i}].source_weights names {', '.join(unknown)}, not a source of "
+                   f"data.sources ({', '.join(self.data.source_names()) or 'none: data.inputs is one stream'})")
+            _check((ph.source_weights is None and ph.mix_temperature is None) or bool(self.data.sources),
+                   f"train.phases[{i}] sets a mixture, and data.sources is empty")
+            _check(ph.mask_rate is None or self.data.masking == "dynamic",
+                   f"train.phases[{i}].mask_rate needs data.masking dynamic (static masks are written at preparation)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -32,6 +32,7 @@ _SIZE = ("num_workers", "micro_batch_size")
 
 # fields added after runs existed: left out of the identity at their default, so those runs keep their names
 _NEWER_DEFAULTS = {"head_only_steps": 0, "decay_fraction": 0.1, "decay_shape": "linear"}
+_NEWER_PHASE_DEFAULTS = {"source_weights": None, "mix_temperature": None, "mask_rate": None}  # a phase's, likewise
 
 
 def run_identity(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpoint | None = None,
@@ -49,10 +50,14 @@ def run_identity(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpo
     if fraction is not None and "max_steps" in without:
         del train["warmup_steps"]
         train["warmup_fraction"] = fraction
-    if not legacy:
-        train["phases"] = [{k: v for k, v in ph.items() if k not in _SIZE} for ph in train.get("phases", [])]
+    size = () if legacy else _SIZE
+    train["phases"] = [{k: v for k, v in ph.items() if k not in size and _NEWER_PHASE_DEFAULTS.get(k, ...) != v}
+                       for ph in train.get("phases", [])]
     data = [{"config_hash": d.config_hash, "vocab_sha256": d.vocab_sha256} for d in datasets]
     ident: dict[str, Any] = {"model": cfg.model, "train": train, "data": data}
+    if cfg.data.sources:  # the mixture's weights are not in the data's hash (the same shards serve any mixture)
+        ident["mixture"] = {"sources": [(s.name, s.weight, s.epochs) for s in cfg.data.sources],
+                            "mix_temperature": cfg.data.mix_temperature}
     if init is not None:
         ident["init_sha256"] = init.weights_sha256
     return config_hash(ident)
