@@ -6,6 +6,7 @@ the per-step figures of before, and make no host sync on steps that are not read
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -334,7 +335,7 @@ def _run_loop(monkeypatch, tmp_path, *args: str, eval_files: tuple[str, ...] = (
     """`pipeline.pretrain.loop.train_loop_per_worker` on one rank in this process, configs/tiny.yaml with `args`:
     what Ray Train gives a worker (its setup, its data shards, the checkpoint's upload) replaced by a tiny BERT on
     `_batches`, held-out batches when `eval_files`, and records; checkpoints are written (`save_checkpoint`) into
-    `tmp_path`. Returns ({step: logged metrics}, the steps checkpointed, the console lines)."""
+    `tmp_path`; `on_step(model, step)` after each step. Returns ({step: logged metrics}, the steps checkpointed, the console lines)."""
     from types import SimpleNamespace
 
     from pipeline.config import load_config
@@ -389,7 +390,8 @@ def _run_loop(monkeypatch, tmp_path, *args: str, eval_files: tuple[str, ...] = (
         uploads_in_background=lambda mode, path: False, checkpoint_dir=checkpoint_dir,
         report=lambda metrics, d, **_: saved.append(metrics["step"])))
     monkeypatch.setattr(loop, "say", said.append, raising=False)
-    loop.train_loop_per_worker(PretrainHandoff(cfg, [plan], "run", "uri", "sha", on_step=on_step))
+    hook = None if on_step is None else lambda step, rank: on_step(m, step)
+    loop.train_loop_per_worker(PretrainHandoff(cfg, [plan], "run", "uri", "sha", on_step=hook))
     return logged, saved, said
 
 
@@ -449,3 +451,89 @@ def test_the_final_evaluation_never_scores_training_rows(monkeypatch, shards, nu
                "train.num_eval_shards 1 holds out no shard of a dataset of 1 shard: one is always left to train on")
         assert said == [f"[evaluate] skipped: nothing is held out ({why}); the final evaluation never scores training "
                         "data, so no eval/final/* is logged"]
+
+
+def _poison(model: torch.nn.Module, used: bool = True) -> None:
+    """A weight of `model` to NaN: one the forward uses (the loss goes NaN), or an unused row set to inf (segment 1
+    of all-segment-0 batches: the loss stays finite, AdamW keeps the row inf)."""
+    emb = model.bert.embeddings
+    with torch.no_grad():
+        if used:
+            emb.word_embeddings.weight[5:].fill_(float("nan"))
+        else:
+            emb.token_type_embeddings.weight[1].fill_(float("inf"))
+
+
+@pytest.mark.parametrize("log_every", [1, 4])
+def test_a_non_finite_step_is_named_at_the_next_reading_without_a_sync_before_it(log_every):
+    """Step 3's loss goes NaN: nothing syncs on the steps that are not read; the reading (step 3, or step 4 with a
+    window of 4) raises NonFiniteLoss naming step 3, a one-line message that says what stays and what to do."""
+    from pipeline.core.step import NonFiniteLoss
+    from pipeline.errors import PipelineError
+
+    roots = [Path(pipeline_pkg.__file__).parent, Path(model_pkg.__file__).parent]
+    t, feed, figures = _trainable(), iter(_batches(2, 8, padded=False)), TrainFigures()
+    with _host_syncs(roots) as calls:
+        for step in range(1, 5):
+            if step == 3:
+                _poison(t.model)
+            figures.add(train_step(t, feed, accumulation=2, counts=counts, summarise=summarise,
+                                   device=torch.device("cpu")), step)
+            if step % log_every == 0 and step < 3:
+                assert np.isfinite(figures.read().loss)
+            elif step % log_every == 0:
+                assert calls == [] or log_every == 1, calls
+                with pytest.raises(NonFiniteLoss) as e:
+                    figures.read()
+                break
+            else:
+                assert calls == [] or log_every == 1, calls
+    assert issubclass(NonFiniteLoss, PipelineError) and not NonFiniteLoss.transient
+    msg = str(e.value)
+    reading = "step 4: " if log_every == 4 else ""
+    assert msg.startswith(f"the training loss or gradient norm is not finite at step 3 ({reading}train/loss nan")
+    assert "\n" not in msg
+    assert "nothing from that step on is checkpointed or registered" in msg and "train.lr" in msg
+
+
+def test_check_finite_weights_names_the_step():
+    from pipeline.core.step import NonFiniteLoss, check_finite_weights
+
+    model = _trainable().model
+    check_finite_weights(model, 7)
+    _poison(model, used=False)
+    with pytest.raises(NonFiniteLoss, match=r"^a weight is not finite at step 7: the run stops"):
+        check_finite_weights(model, 7)
+
+
+@pytest.mark.parametrize("cause", ["lr", "used", "unused"])
+def test_the_loop_stops_at_a_non_finite_step_and_checkpoints_nothing_from_it(monkeypatch, tmp_path, cause):
+    """The issue's `--train.lr 1e4 --train.max_grad_norm 0` (its loss went NaN at step 5 and the run registered NaN
+    weights), a weight poisoned after step 5 (step 6's loss NaN) and an unused row set to inf (the loss stays
+    finite): the loop raises NonFiniteLoss at the first reading after it, before any checkpoint of that state
+    (checkpoints every 2 steps, readings every 3); the checkpoints before it are written and finite."""
+    from safetensors.torch import load_file
+
+    from pipeline.core.step import NonFiniteLoss
+
+    def poison(model, step):
+        if step == 5:
+            _poison(model, used=cause == "used")
+
+    args = ["--train.max_steps", "12", "--train.log_every_steps", "3", "--train.checkpoint_every_steps", "2",
+            "--train.eval_every_steps", "0"]
+    if cause == "lr":
+        args += ["--train.lr", "1e4", "--train.max_grad_norm", "0"]
+    with pytest.raises(NonFiniteLoss) as e:
+        _run_loop(monkeypatch, tmp_path, *args, lr=1e4 if cause == "lr" else 1e-3,
+                  on_step=None if cause == "lr" else poison)
+    msg = str(e.value)
+    step = int(msg.split(" at step ")[1].split(" ")[0].rstrip(":"))
+    if cause == "used":
+        assert msg.startswith("the training loss or gradient norm is not finite at step 6 ")
+    elif cause == "unused":
+        assert msg.startswith("a weight is not finite at step 6: ")
+    written = sorted(json.loads((d / "train_state.json").read_text())["step"] for d in tmp_path.iterdir())
+    assert written == list(range(2, step, 2)) and written, (written, msg)
+    for d in tmp_path.iterdir():
+        assert all(torch.isfinite(w).all() for w in load_file(str(d / "model.safetensors")).values())

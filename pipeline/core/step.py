@@ -10,6 +10,13 @@ What a task contributes is a `counts` function: a forward's output and batch -> 
 (loss sums, correct counts, denominators), and a `summarise` function that turns the summed vector into named
 figures with "loss" first. Sums (not means) make the result exact under accumulation and across ranks.
 
+A non-finite step stops the run (torchtitan's finiteness check, without its sync): each step keeps a flag on the
+device, true when its loss sums (and, without a gradient scaler, its gradient norm) are finite; a reading
+all-reduces the flags of the steps since the last one with the sums and raises `NonFiniteLoss` naming the first
+step that was not, on every rank alike. Loops read on every step they checkpoint, so no checkpoint is written
+after a non-finite step; before writing one they also check the weights themselves (`check_finite_weights`),
+which a finite loss does not vouch for (an unused row that went to inf).
+
 Metric names are the same for every job and grouped by prefix as the MLflow UI groups them:
 `train/loss`, `train/mlm_accuracy`, `train/lr`, `train/grad_norm`, `train/tokens_per_s`, `eval/...`, `system/...`.
 """
@@ -25,9 +32,32 @@ import torch
 from torch import nn
 
 from pipeline.core.precision import Precision, forward
+from pipeline.errors import PipelineError
 
 Counts = Callable[[Any, dict[str, torch.Tensor]], torch.Tensor]
 Summarise = Callable[[torch.Tensor], dict[str, float]]
+
+
+class NonFiniteLoss(PipelineError, FloatingPointError):
+    """A training step's loss (or gradient norm) or the weights went to NaN or inf: the run stops there, before any
+    checkpoint of that state. Not transient: the same data and settings diverge again."""
+
+
+def _stop(what: str, step: int | None, figures: str = "") -> NonFiniteLoss:
+    """The one line a non-finite run stops with (`pipeline.runner.cli` prints it)."""
+    at = f"at step {step}" if step is not None else "at this step"
+    return NonFiniteLoss(f"{what} is not finite {at}{figures}: the run stops; nothing from that step on is "
+                         "checkpointed or registered, and its earlier checkpoints stay. Re-run with a lower train.lr "
+                         "(or clipping, train.max_grad_norm > 0): changed settings start a new run from step 0")
+
+
+def check_finite_weights(model: nn.Module, step: int) -> None:
+    """Raise `NonFiniteLoss` when a parameter of `model` holds NaN or inf: called before a checkpoint is written
+    (one device reduction and one host sync, on a step that syncs anyway). Every rank holds the same weights, so
+    every rank decides alike."""
+    finite = torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()
+    if not bool(finite):
+        raise _stop("a weight", step)
 
 
 @dataclass
@@ -108,21 +138,38 @@ class StepSums:
     device: torch.device
     flops: float = 0.0
     """This rank's model FLOPs, counted on the host from the batches (0 when the loop counts none)."""
+    finite: torch.Tensor | None = None
+    """() bool on the device: the loss sums, and without a gradient scaler the gradient norm, are finite (with
+    one, a non-finite gradient only skips the optimizer step). None: not checked."""
 
     def read(self, *, tokens: torch.Tensor | None = None, examples: int | None = None,
-             start: float | None = None, flops: float | None = None) -> StepStats:
+             start: float | None = None, flops: float | None = None,
+             window: list[tuple[int | None, torch.Tensor | None]] | None = None) -> StepStats:
         """All-reduce and copy to the host (waits for the step); throughput over `tokens`/`examples`/`flops`
-        since `start` when given (several steps), else over this step."""
+        since `start` when given (several steps), else over this step. `window`: (step, `finite`) of each step
+        since the last reading (default this one's); raises `NonFiniteLoss` naming the first that was not finite
+        on some rank."""
         tokens = self.tokens if tokens is None else tokens
         examples = self.examples if examples is None else examples
         flops = self.flops if flops is None else flops
+        window = [(None, self.finite)] if window is None else window
+        flags = [f for _, f in window if f is not None]
+        bad = (~torch.stack(flags)).double() if flags else torch.zeros(0, dtype=torch.float64, device=self.device)
         host = torch.stack([tokens.double(), torch.tensor(float(examples), dtype=torch.float64),
                             torch.tensor(float(flops), dtype=torch.float64)]).to(self.device)
-        totals = all_reduce_sum(torch.cat([self.counts, host]), self.device)
-        grad_norm = self.grad_norm.double().cpu()  # already complete: the all-reduce above waited for the step
+        n, k = len(self.counts), len(bad)
+        totals = all_reduce_sum(torch.cat([self.counts, bad.to(self.device), host]), self.device)
+        sums, bad, (tokens_sum, examples_sum, flops_sum) = totals[:n], totals[n:n + k], totals[n + k:].tolist()
+        grad_norm = float(self.grad_norm.double().cpu())  # already complete: the all-reduce above waited for it
+        if k and bool(bad.any()):  # every rank sees the same sums: all stop at this reading
+            first = [step for step, f in window if f is not None][int(bad.nonzero()[0])]
+            last = window[-1][0]
+            raise _stop("the training loss or gradient norm", first,
+                        f" ({f'step {last}: ' if last not in (None, first) else ''}train/loss "
+                        f"{self.summarise(sums)['loss']:.4g}, train/grad_norm {grad_norm:.4g}, train/lr {self.lr:.4g})")
         seconds = time.perf_counter() - (self.start if start is None else start)
-        return StepStats(self.summarise(totals[:-3]), self.lr, float(grad_norm), int(totals[-2]), int(totals[-3]),
-                         seconds, flops=float(totals[-1]))
+        return StepStats(self.summarise(sums), self.lr, grad_norm, int(examples_sum), int(tokens_sum), seconds,
+                         flops=flops_sum)
 
 
 class TrainFigures:
@@ -135,16 +182,24 @@ class TrainFigures:
 
     def __init__(self) -> None:
         self.last: StepSums | None = None
+        self.added = 0
+        self.window: list[tuple[int | None, torch.Tensor | None]] = []
         self.tokens, self.examples, self.flops, self.start = torch.zeros((), dtype=torch.int64), 0, 0.0, None
 
-    def add(self, s: StepSums) -> None:
-        self.last = s
+    def add(self, s: StepSums, step: int | None = None) -> None:
+        """`s` is optimizer step `step` (by default the count of steps added): the number a non-finite one is
+        named by when it is read."""
+        self.last, self.added = s, self.added + 1
+        self.window.append((self.added if step is None else step, s.finite))  # a device flag: nothing waits
         self.start = s.start if self.start is None else self.start
         self.tokens, self.examples, self.flops = self.tokens + s.tokens, self.examples + s.examples, self.flops + s.flops
 
     def read(self) -> StepStats:
+        """The figures since the last reading; `NonFiniteLoss` when a step among them was not finite."""
         assert self.last is not None, "read before any step"
-        stats = self.last.read(tokens=self.tokens, examples=self.examples, start=self.start, flops=self.flops)
+        window, self.window = self.window, []
+        stats = self.last.read(tokens=self.tokens, examples=self.examples, start=self.start, flops=self.flops,
+                               window=window)
         self.tokens, self.examples, self.flops, self.start = torch.zeros((), dtype=torch.int64), 0, 0.0, None
         return stats
 
@@ -165,7 +220,8 @@ def train_step(
     """Forward/backward `accumulation` micro-batches (gradients all-reduced on the last only), clip, step.
     Nothing here waits for the device (fp16's scaler aside: `GradScaler.step` reads its inf check). `flops`
     counts a host batch's model FLOPs (for MFU), from host tensors only. `loss(out)` is what a micro-batch
-    backpropagates (default `out.loss / accumulation`, a mean of the micro-batches' means)."""
+    backpropagates (default `out.loss / accumulation`, a mean of the micro-batches' means). The result's `finite`
+    flag stays on the device (`TrainFigures.read` checks it)."""
     start = time.perf_counter()
     model, sums, tokens, examples, work = t.model, None, torch.zeros((), dtype=torch.int64), 0, 0.0
     batches = iter(micro_batches)
@@ -194,7 +250,10 @@ def train_step(
     t.optimizer.zero_grad(set_to_none=True)
     lr = t.scheduler.get_last_lr()[0]
     t.scheduler.step()
-    return StepSums(sums, grad_norm.detach(), lr, tokens, examples, start, summarise, device, work)
+    finite = torch.isfinite(sums).all()  # on the device: read with the sums (a scaler skips a non-finite gradient)
+    if t.scaler is None:
+        finite = finite & torch.isfinite(grad_norm)
+    return StepSums(sums, grad_norm.detach(), lr, tokens, examples, start, summarise, device, work, finite.detach())
 
 
 @torch.no_grad()

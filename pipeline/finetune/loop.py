@@ -28,7 +28,7 @@ from pipeline.core.checkpoint import resume, save_checkpoint, unwrap
 from pipeline.tracking.outbox import write_pending
 from pipeline.core.optim import make_optimizer
 from pipeline.core.precision import forward, make_scaler
-from pipeline.core.step import Trainable, TrainFigures, train_step
+from pipeline.core.step import Trainable, TrainFigures, check_finite_weights, train_step
 from pipeline.finetune.data import IGNORE_INDEX, TaskData, pad_batch
 from pipeline.finetune.metrics import (
     best_null_threshold, classification_metrics, entity_metrics, postprocess_qa, regression_metrics, squad_metrics,
@@ -238,15 +238,17 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
         batches = epoch_micro_batches(td.train, epoch, rank, world, tc.batch_size, tc.seed, start=done)
         while step < total and done < micro:
             k = min(tc.accumulation_steps, micro - done)  # the epoch's last step may have fewer micro-batches
-            figures.add(train_step(t, batches, accumulation=k, counts=counts, summarise=summarise, device=device,
-                                   precision=tc.precision, max_grad_norm=tc.max_grad_norm))
             step, done = step + 1, done + k
+            figures.add(train_step(t, batches, accumulation=k, counts=counts, summarise=summarise, device=device,
+                                   precision=tc.precision, max_grad_norm=tc.max_grad_norm), step)
             end_of_epoch = done == micro or step == total
             checkpointing = end_of_epoch or (tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0)
             if step % tc.log_every_steps == 0 or checkpointing:  # the host syncs, on every rank
-                stats = figures.read()
+                stats = figures.read()  # NonFiniteLoss (every rank) if a step since the last reading was not finite
                 if log is not None:
                     log.step(step, {**stats.metrics(), "train/epoch": epoch})
+            if checkpointing:  # before the evaluation, the best model and the checkpoint
+                check_finite_weights(t.model, step)
             metrics: dict[str, float] = {"step": step, "epoch": epoch, "loss": stats.loss} if checkpointing else {}
             if end_of_epoch and rank == 0:  # evaluation and the best model on rank 0; the others wait in report
                 ev = evaluate(unwrap(model), td, cfg, device)

@@ -3,7 +3,8 @@ Its setup (build, resume, logger) is `worker`, its data `feed`, its figures `met
 with fine-tuning (`pipeline.core`). The MLM/NSP sums stay on the device (`TrainFigures`) and are all-reduced and
 copied to the host only on the steps that log (`train.log_every_steps`), evaluate or checkpoint, and on the last:
 a GPU never waits for the host in between. On a GPU the step line also carries `train/mfu`: model FLOPs counted on
-the host from each batch (`metrics.flop_counter`) over the device's dense bf16 peak (`model.flops`).
+the host from each batch (`metrics.flop_counter`) over the device's dense bf16 peak (`model.flops`). A step
+whose loss is not finite stops the run at the next reading, before any checkpoint (`pipeline.core.step`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from model.flops import mfu
 from pipeline import cluster
 from pipeline.console import say
 from pipeline.core.checkpoint import save_checkpoint
-from pipeline.core.step import TrainFigures, evaluate_sums, train_step
+from pipeline.core.step import TrainFigures, check_finite_weights, evaluate_sums, train_step
 from pipeline.tracking.outbox import write_pending
 from pipeline.pretrain.feed import eval_batches, nothing_held_out, rank_steps
 from pipeline.pretrain.metrics import NUM_COUNTS, counts, device_peak, eval_metrics, flop_counter, step_loss, summarise
@@ -44,15 +45,16 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
             say(f"[train] phase {phase}: no evaluation, nothing is held out ({why})")
         while step < ends[phase]:
             s = next(steps)  # this rank's share of the step's global batch; the loss is the whole batch's mean
+            step += 1
             figures.add(train_step(t, s.micro_batches, accumulation=len(s.micro_batches), counts=counts,
                                    summarise=summarise, device=device, precision=tc.precision,
                                    max_grad_norm=tc.max_grad_norm, flops=flops,
-                                   loss=lambda out, s=s: step_loss(out, s.masked_tokens, s.nsp_examples, world)))
-            step += 1
+                                   loss=lambda out, s=s: step_loss(out, s.masked_tokens, s.nsp_examples, world)),
+                        step)
             evaluating = (tc.eval_every_steps and step % tc.eval_every_steps == 0) or step == tc.max_steps
             checkpointing = step % tc.checkpoint_every_steps == 0 or step == tc.max_steps
             if step % tc.log_every_steps == 0 or evaluating or checkpointing:  # the host syncs, on every rank
-                stats = figures.read()
+                stats = figures.read()  # NonFiniteLoss (every rank) if a step since the last reading was not finite
                 if log is not None:
                     metrics = {**stats.metrics(), "train/phase": phase}
                     if peak:  # on the datasheet's dense bf16 basis (model.flops), per GPU
@@ -68,6 +70,7 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
                     if log is not None:
                         log.log_metrics(eval_metrics(sums), step)
             if checkpointing:
+                check_finite_weights(t.model, step)  # never a checkpoint of NaN or inf weights
                 with cluster.checkpoint_dir(background) as d:  # kept until its upload is done
                     if log is not None:  # what the tracking server has not got yet travels with the checkpoint
                         write_pending(d, h.run_id, log.pending())
