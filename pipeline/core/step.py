@@ -38,7 +38,7 @@ Counts = Callable[[Any, dict[str, torch.Tensor]], torch.Tensor]
 Summarise = Callable[[torch.Tensor], dict[str, float]]
 
 
-class NonFiniteLoss(PipelineError, FloatingPointError):
+class NonFiniteLoss(PipelineError, RuntimeError):
     """A training step's loss (or gradient norm) or the weights went to NaN or inf: the run stops there, before any
     checkpoint of that state. Not transient: the same data and settings diverge again."""
 
