@@ -239,6 +239,61 @@ def test_packed_documents_write_doc_lengths_and_keep_every_token(corpus, minilm_
     assert "doc_lengths" not in plain_table.column_names  # unpacked shards keep their columns (and bytes)
 
 
+def test_sources_name_every_row_and_the_manifest_counts_each(corpus, minilm_dir, tmp_path):
+    """data.sources: every row's `source` column is the source its chunks came from (a unit never spans two), the
+    manifest holds each source's files, documents, rows and tokens (summing to the whole) and each shard's rows and
+    tokens per source; packed rows too; the weights are not in the data's hash (the same shards serve any)."""
+    import pyarrow.parquet as pq
+
+    from pipeline.data.dataset import SOURCE_FIELD, PreparedDataset
+
+    books, wiki = corpus[:-1], corpus[-1:]
+    mix = [{"name": "books", "inputs": books, "weight": 3}, {"name": "wiki", "inputs": wiki, "weight": 1}]
+    kw = dict(nsp=False, masking="dynamic", max_seq_length=128, dedup="off", sources=mix)  # inputs: theirs
+    res = _prepare(corpus, tmp_path / "mix", minilm_dir, **kw)["validate"].result
+    m = res.manifest
+    got = {s["name"]: (s["input_files"], s["documents"], s["examples"], s["tokens"]) for s in m["sources"]}
+    assert got["books"][0] == len(books) and got["wiki"][0] == 1 and got["wiki"][1] == 60
+    assert sum(v[1] for v in got.values()) == m["documents_written"] and sum(v[2] for v in got.values()) == m["examples"]
+    assert sum(v[3] for v in got.values()) == m["tokens"] and (m["sources"][0]["weight"], m["sources"][1]["weight"]) == (3, 1)
+    t = pq.read_table([str(tmp_path / "mix" / s["path"]) for s in m["shards"]])
+    assert t.schema.field("source") == SOURCE_FIELD and set(t.column("source").to_pylist()) == {"books", "wiki"}
+    for s in m["shards"]:
+        shard = pq.read_table(str(tmp_path / "mix" / s["path"]))
+        rows = {n: shard.column("source").to_pylist().count(n) for n in ("books", "wiki")}
+        assert s["source_rows"] == {k: v for k, v in rows.items() if v} and sum(s["source_tokens"].values()) == sum(
+            shard.column("num_tokens").to_pylist())
+    counts = res.source_counts(tuple(p for p, _ in res.shards))
+    assert {k: (v["rows"], v["tokens"]) for k, v in counts.items()} == {k: v[2:] for k, v in got.items()}
+    # books' rows hold books' text alone: its text tokens ([CLS] and [SEP] aside), each once, as books on their own
+    alone = _prepare(books, tmp_path / "books", minilm_dir, **{**kw, "sources": [mix[0]]})["validate"].result.manifest
+    assert alone["tokens"] - 2 * alone["examples"] == got["books"][3] - 2 * got["books"][2]
+    reweighted = _prepare(corpus, tmp_path / "mix", minilm_dir, **{**kw, "sources": [
+        {**mix[0], "weight": 1}, {**mix[1], "epochs": 2, "weight": None}], "mix_temperature": 0.5})
+    assert reweighted["validate"].result.manifest["config_hash"] == m["config_hash"]  # prepared once: done
+    packed = _prepare(corpus, tmp_path / "packed", minilm_dir, **{**kw, "pack_documents": True})["validate"].result
+    pt = pq.read_table([p for p, _ in packed.shards])
+    assert pt.column_names[-2:] == ["doc_lengths", "source"] and PreparedDataset.load(packed.output).sources == [
+        "books", "wiki"]
+
+
+def test_a_source_without_files_or_sharing_one_is_one_line(corpus, tmp_path):
+    from pipeline.config import DataConfig
+    from pipeline.data.sources import InputError
+    from pipeline.data.stages import plan
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.bin").write_bytes(b"\x00\x01")
+    cfg = DataConfig(sources=[{"name": "books", "inputs": corpus[:1]}, {"name": "news", "inputs": str(tmp_path / "empty")}],
+                     output=str(tmp_path / "out"))
+    with pytest.raises(InputError, match=r"^data.sources\[news\]: no readable input file under .*empty"):
+        plan(cfg)
+    both = DataConfig(sources=[{"name": "a", "inputs": corpus[:2]}, {"name": "b", "inputs": corpus[1:3]}],
+                      output=str(tmp_path / "out"))
+    with pytest.raises(InputError, match=r"^data.sources\[b\] and data.sources\[a\] both hold .*: a file is of one"):
+        plan(both)
+
+
 def test_pack_documents_needs_mlm_only_rows():
     from pipeline.config import ConfigError
 

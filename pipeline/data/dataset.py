@@ -4,11 +4,11 @@
     >>> ds.examples, ds.vocab_sha256[:8], ds.shards[0]      # doctest: +SKIP
     (21052, '3f1c...', ('data/prepared/shards/part-00000.parquet', 2632))
 
-The shard format (DESIGN.md): `SCHEMA` below; `manifest.json` holds `MANIFEST_KEYS` at top level, shard paths
-relative to the output directory. `validate_output` is the stage-truth check for data: keys, document
-accounting, the vocabulary's sha256, each shard's schema, rows and sha256. A shard path that is absolute, a URI
-or leaves the output directory (`../x.parquet`) is a validation error: a manifest only describes its own
-directory.
+The shard format (DESIGN.md): `SCHEMA` below, with its optional columns (`shard_schema`); `manifest.json` holds
+`MANIFEST_KEYS` at top level, shard paths relative to the output directory. `validate_output` is the stage-truth
+check for data: keys, document accounting, the vocabulary's sha256, each shard's schema, rows and sha256. A shard
+path that is absolute, a URI or leaves the output directory (`../x.parquet`) is a validation error: a manifest only
+describes its own directory.
 """
 
 from __future__ import annotations
@@ -40,6 +40,24 @@ SCHEMA = pa.schema(
 # Extension (issue 33), only in shards of `data.pack_documents` (others keep their bytes): the lengths of the
 # documents packed into each row, in order, summing to num_tokens. A shard without it holds a document a row.
 PACKED_SCHEMA = SCHEMA.append(pa.field("doc_lengths", pa.list_(pa.int32())))
+# Extension (issue 58), only in shards of a mixture (`data.sources`; others keep their bytes): the name of the source
+# each row was built from (its first segment's: NSP's random B may come from another source).
+SOURCE_FIELD = pa.field("source", pa.string())
+
+
+def shard_schema(packed: bool = False, sourced: bool = False) -> pa.Schema:
+    """The shards' schema: `SCHEMA`, then `doc_lengths` when documents are packed, then `source` in a mixture.
+
+    >>> shard_schema(sourced=True).names[-2:]
+    ['example_id', 'source']
+    """
+    schema = PACKED_SCHEMA if packed else SCHEMA
+    return schema.append(SOURCE_FIELD) if sourced else schema
+
+
+def schema_of(names: list[str]) -> pa.Schema:
+    """The schema a shard with these column names must have (its optional columns by their presence)."""
+    return shard_schema("doc_lengths" in names, SOURCE_FIELD.name in names)
 MANIFEST_KEYS = (
     "documents_read",
     "documents_written",
@@ -121,7 +139,7 @@ def validate_output(directory: str, *, checksums: bool = True) -> dict[str, Any]
                 schema, n = md.schema_arrow, md.metadata.num_rows
         except (pa.ArrowInvalid, OSError) as e:
             raise DataValidationError(f"shard {path} is not a readable Parquet file ({str(e).splitlines()[0]})") from None
-        for field in PACKED_SCHEMA if "doc_lengths" in schema.names else SCHEMA:
+        for field in schema_of(schema.names):
             if field.name not in schema.names or schema.field(field.name).type != field.type:
                 got = schema.field(field.name).type if field.name in schema.names else "missing"
                 raise DataValidationError(f"shard {path}: column {field.name} is {got}, expected {field.type}")
@@ -184,10 +202,34 @@ class PreparedDataset:
     def dynamic_masking(self) -> bool:
         return self.manifest["config"].get("masking") == "dynamic"
 
-    def policy(self) -> MaskingPolicy:
-        """The masking policy the data was prepared with (dynamic masking applies it at load time)."""
+    @property
+    def sources(self) -> list[str]:
+        """The mixture's source names, in `data.sources` order (empty for data prepared without sources)."""
+        return [s["name"] for s in self.manifest.get("sources", [])]
+
+    def source_counts(self, shards: tuple[str, ...]) -> dict[str, dict[str, int]]:
+        """{source: {"rows", "tokens"}} summed over these of its shards (paths, as in `shards`): a mixture's
+        training shards, say. Empty for data prepared without sources.
+
+        >>> ds = PreparedDataset("d", {"sources": [{"name": "a"}], "shards": [{"source_rows": {"a": 3},
+        ...     "source_tokens": {"a": 30}}]}, "", (), (("d/s0", 3),))
+        >>> ds.source_counts(("d/s0",))
+        {'a': {'rows': 3, 'tokens': 30}}
+        """
+        out = {name: {"rows": 0, "tokens": 0} for name in self.sources}
+        entries = dict(zip((p for p, _ in self.shards), self.manifest["shards"]))
+        for path in shards:
+            for name in out:
+                out[name]["rows"] += int(entries[path].get("source_rows", {}).get(name, 0))
+                out[name]["tokens"] += int(entries[path].get("source_tokens", {}).get(name, 0))
+        return out
+
+    def policy(self, mask_rate: float | None = None) -> MaskingPolicy:
+        """The masking policy the data was prepared with (dynamic masking applies it at load time); `mask_rate`
+        replaces its rate (a phase's own, `train.phases[].mask_rate`)."""
         c = self.manifest["config"]
-        return MaskingPolicy.from_vocab(list(self.vocab), mask_rate=c["mask_rate"],
+        rate = c["mask_rate"] if mask_rate is None else mask_rate
+        return MaskingPolicy.from_vocab(list(self.vocab), mask_rate=rate,
                                         max_predictions_per_seq=c["max_predictions_per_seq"], whole_word=c["whole_word_mask"])
 
     def file(self, name: str) -> str:

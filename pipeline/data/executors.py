@@ -93,8 +93,8 @@ class PassWorker:
         return encode_pieces(batch, path, self.tok, self.cfg)
 
     @_unit
-    def examples(self, chunks: list[str], pool: RandomPool, dest: str) -> dict[str, Any]:
-        return examples_for_chunks(chunks, pool, self.cfg, self.policy, self.cls_id, self.sep_id, dest)
+    def examples(self, chunks: list[str], pool: RandomPool, dest: str, source: str | None = None) -> dict[str, Any]:
+        return examples_for_chunks(chunks, pool, self.cfg, self.policy, self.cls_id, self.sep_id, dest, source)
 
     @_unit
     def shard(self, path: str, parts: list[tuple[str, int, int]]) -> dict[str, Any]:

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from pipeline.config import DataConfig
 from pipeline.data.arrow import arrow, fixed_rows_array, list_array, list_rows, numpy_of, string_array
-from pipeline.data.dataset import PACKED_SCHEMA, SCHEMA
+from pipeline.data.dataset import SOURCE_FIELD, schema_of, shard_schema
 from pipeline.data.examples import (
     RandomPool,
     derive_seed,
@@ -337,10 +337,19 @@ def split_rows(tokens: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:
 
 
 def example_units(cfg: DataConfig, chunks: list[dict[str, Any]], work: str) -> list[dict[str, Any]]:
-    """Pass 2's units of work: consecutive token chunks of ~chunk_chars of text, each with its output path."""
-    units = group_consecutive([c["tokens"] for c in chunks], max(1, cfg.chunk_chars // 4))
+    """Pass 2's units of work: consecutive token chunks of ~chunk_chars of text, each with its output path. In a
+    mixture (chunks with a `source`) a unit never spans two sources, so each row has one (`source`, its name)."""
+    target = max(1, cfg.chunk_chars // 4)
+    if cfg.sources:  # runs of one source's chunks, each grouped on its own
+        runs = [list(g) for _, g in itertools.groupby(range(len(chunks)), key=lambda i: chunks[i]["source"])]
+        units = [[run[i] for i in u] for run in runs
+                 for u in group_consecutive([chunks[i]["tokens"] for i in run], target)]
+    else:
+        units = group_consecutive([c["tokens"] for c in chunks], target)
     return [{"chunks": [chunks[i]["path"] for i in u], "dest": join(work, "ex", f"e{k:06d}.parquet"),
-             "tokens": sum(chunks[i]["tokens"] for i in u)} for k, u in enumerate(units)]
+             "tokens": sum(chunks[i]["tokens"] for i in u),
+             **({"source": cfg.sources[chunks[u[0]]["source"]].name} if cfg.sources else {})}
+            for k, u in enumerate(units)]
 
 
 def in_chunk_order(cfg: DataConfig, metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -350,9 +359,10 @@ def in_chunk_order(cfg: DataConfig, metas: list[dict[str, Any]]) -> list[dict[st
 
 def examples_for_chunks(
     chunk_paths: list[str], pool: RandomPool, cfg: DataConfig, policy: MaskingPolicy, cls_id: int, sep_id: int,
-    out_path: str,
+    out_path: str, source: str | None = None,
 ) -> dict[str, Any]:
     """Build (and, for static masking, mask) the examples of some token chunks; write them; return counts.
+    `source`: in a mixture, the name of the one source the chunks are of, written in every row's `source`.
 
     Skipped (counts read back) when `out_path` is already complete, so a resumed run does not redo it.
     """
@@ -384,8 +394,9 @@ def examples_for_chunks(
             arrow(np.fromiter((len(x) for x in ids), np.int32, len(ids)), pa.int32()),
             arrow(ex_ids, pa.int64()),
             *([list_array(doc_lens, pa.int32())] if cfg.pack_documents else []),
+            *([pa.array([source] * len(ids), SOURCE_FIELD.type)] if source is not None else []),
         ],
-        schema=PACKED_SCHEMA if cfg.pack_documents else SCHEMA,
+        schema=shard_schema(cfg.pack_documents, source is not None),
     )
     write_parquet_atomic(out_path, table, compression="lz4")
     nsp_arr = np.asarray(nsp, dtype=np.int8)
@@ -396,6 +407,7 @@ def examples_for_chunks(
         "masked_tokens": int(sum(len(x) for x in positions)),
         "nsp_random": int((nsp_arr == 1).sum()),
         "nsp_pairs": int((nsp_arr >= 0).sum()),
+        **({"source": source} if source is not None else {}),
     }
     write_bytes_atomic(meta_path, json.dumps({**meta, "path": out_path.rsplit("/", 1)[-1]}).encode())
     return meta
@@ -417,21 +429,42 @@ def balanced_ranges(n: int, k: int) -> list[tuple[int, int]]:
 
 
 def write_shard(path: str, parts: list[tuple[str, int, int]]) -> dict[str, Any]:
-    """Stream row slices [(chunk path, start, stop), ...] into one zstd Parquet shard, atomically."""
+    """Stream row slices [(chunk path, start, stop), ...] into one zstd Parquet shard, atomically. In a mixture
+    (rows with a `source`) it also counts each source's rows and tokens (`source_rows`, `source_tokens`)."""
     fs, p = filesystem(path)
     tmp = temp_name(p)
     rows = 0
+    per_source: dict[str, list[int]] = {}
     with writing(path, fs, tmp):
         make_parent(fs, p)
         tables = (read_table(chunk).slice(a, b - a) for chunk, a, b in parts)
-        first = next(tables, None)  # its columns say whether the rows are packed (doc_lengths)
-        schema = PACKED_SCHEMA if first is not None and "doc_lengths" in first.column_names else SCHEMA
+        first = next(tables, None)  # its columns say whether the rows are packed (doc_lengths), sourced (source)
+        schema = schema_of(first.column_names if first is not None else [])
         with fs.open(tmp, "wb") as f, pq.ParquetWriter(f, schema, compression="zstd") as w:
             for t in itertools.chain([first] if first is not None else [], tables):
                 w.write_table(t)
                 rows += t.num_rows
+                if SOURCE_FIELD.name in t.column_names:  # a chunk's rows are of one source
+                    for name, n, tokens in source_sums(t):
+                        got = per_source.setdefault(name, [0, 0])
+                        got[0], got[1] = got[0] + n, got[1] + tokens
         commit(fs, tmp, p)
-    return {"path": path, "rows": rows, "sha256": sha256_file(path)}
+    out = {"path": path, "rows": rows, "sha256": sha256_file(path)}
+    if schema.get_field_index(SOURCE_FIELD.name) >= 0:
+        out["source_rows"] = {k: v[0] for k, v in sorted(per_source.items())}
+        out["source_tokens"] = {k: v[1] for k, v in sorted(per_source.items())}
+    return out
+
+
+def source_sums(table: pa.Table) -> list[tuple[str, int, int]]:
+    """(source, rows, tokens) of a table with a `source` column, by source name.
+
+    >>> source_sums(pa.table({"source": ["b", "a", "b"], "num_tokens": pa.array([3, 4, 5], pa.int32())}))
+    [('a', 1, 4), ('b', 2, 8)]
+    """
+    g = table.select(["source", "num_tokens"]).group_by("source").aggregate([("num_tokens", "count"),
+                                                                            ("num_tokens", "sum")])
+    return sorted(zip(g["source"].to_pylist(), g["num_tokens_count"].to_pylist(), g["num_tokens_sum"].to_pylist()))
 
 
 def shard_plan(chunks: list[dict[str, Any]], num_shards: int, out_dir: str) -> list[tuple[str, list[tuple[str, int, int]]]]:

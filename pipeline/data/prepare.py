@@ -65,12 +65,19 @@ class OutputExistsError(PipelineError, ValueError):
 _NOT_HASHED = ("inputs", "output", "num_actors", "overwrite", "vocab", "local_max_bytes")
 
 
-def output_config_hash(cfg: DataConfig, fingerprint: list, vocab_source: str | None) -> str:
-    """Hash of what determines the output: config fields, input fingerprint, the given vocabulary's sha256."""
+def output_config_hash(cfg: DataConfig, fingerprint: list, vocab_source: str | None,
+                       file_sources: dict[int, int] | None = None) -> str:
+    """Hash of what determines the output: config fields, input fingerprint, the given vocabulary's sha256 and, in
+    a mixture, which source each input file is of (`file_sources`: its names and their files, not its weights,
+    which only the loader reads: the same shards serve any weighting)."""
     d = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_HASHED}
     if not d["pack_documents"]:  # added in issue 33: off, a config hashes as it did before the field
         del d["pack_documents"]
-    return config_hash({"data": d, "inputs": fingerprint, "vocab": vocab_source, "format": 1})
+    del d["mix_temperature"]  # the loader's
+    sources = d.pop("sources")  # added in issue 58: without a mixture, a config hashes as it did before the field
+    extra = ({"sources": [s["name"] for s in sources], "file_sources": sorted((file_sources or {}).items())}
+             if sources else {})
+    return config_hash({"data": d, "inputs": fingerprint, "vocab": vocab_source, "format": 1, **extra})
 
 
 def work_dir(cfg: DataConfig, chash: str, vocab_sha: str) -> str:
@@ -227,10 +234,12 @@ def tokenize_pass(ex: Any, files: list[InputFile], cfg: DataConfig, work: str,
 
 
 def prepare_shards(
-    cfg: DataConfig, files: list[InputFile], skipped: list[Skipped], chash: str, vocab_sha: str, tokenizer_path: str
+    cfg: DataConfig, files: list[InputFile], skipped: list[Skipped], chash: str, vocab_sha: str, tokenizer_path: str,
+    file_sources: dict[int, int] | None = None,
 ) -> dict[str, Any]:
     """The three passes, on this machine (inputs up to data.local_max_bytes) or on the Ray cluster; writes
-    shards and the manifest; returns the manifest."""
+    shards and the manifest; returns the manifest. In a mixture `file_sources` maps each input file's index to its
+    source's (`pipeline.data.stages.file_sources`): every row is then of one source, named in its `source`."""
     start = time.perf_counter()
     work = work_dir(cfg, chash, vocab_sha)
     check_pair(join(cfg.output, "vocab.txt"), tokenizer_path, vocab_sha)  # one line on the driver, before workers
@@ -239,8 +248,12 @@ def prepare_shards(
     units = [u for f in files for u in split_units(f, unit_bytes(cfg))]
     with make_executor(cfg, files, worker_args, local=runs_in_process(cfg, files)) as ex:
         dups = dedup_pass(ex, units, cfg, work)
-        file_stats = sorted(tokenize_pass(ex, units, cfg, work, dups.dropped_by_file() if dups else None),
-                            key=lambda s: s["pool"])
+        unit_stats = tokenize_pass(ex, units, cfg, work, dups.dropped_by_file() if dups else None)
+        if file_sources is not None:  # each chunk of a file is of the file's source
+            for u, st in zip(units, unit_stats):
+                st["source"] = file_sources[u.index]
+                st["chunks"] = [{**c, "source": file_sources[u.index]} for c in st["chunks"]]
+        file_stats = sorted(unit_stats, key=lambda s: s["pool"])
         unread = read_skips(file_stats)
         log_skipped(unread)
         skipped = sorted(set(skipped) | set(unread))
@@ -262,7 +275,8 @@ def prepare_shards(
         units = example_units(cfg, chunks, work)
         log(f"examples: {len(chunks)} chunk(s) in {len(units)} unit(s), random pool of {len(pool)} windows")
         shared_pool = ex.share(pool)
-        metas = ex.map("examples", [(u["chunks"], shared_pool, u["dest"]) for u in units], [u["tokens"] for u in units])
+        metas = ex.map("examples", [(u["chunks"], shared_pool, u["dest"], *([u["source"]] if "source" in u else []))
+                                    for u in units], [u["tokens"] for u in units])
         ex_chunks = in_chunk_order(cfg, metas)
         examples = sum(m["rows"] for m in ex_chunks)
         if examples == 0:
@@ -275,6 +289,8 @@ def prepare_shards(
             fs.rm(join(out_p, "shards"), recursive=True)  # leftovers of an interrupted run with this config
         shards = sorted(ex.map("shard", plan), key=lambda s: s["path"])
     manifest = _manifest(cfg, files, skipped, chash, vocab_sha, file_stats, reasons, ex_chunks, shards, start)
+    if cfg.sources:
+        manifest["sources"] = source_summary(cfg, file_sources or {}, file_stats, ex_chunks)
     if dups is not None:
         manifest["duplicates"] = dups.write(files, cfg.output)
     write_bytes_atomic(join(cfg.output, "manifest.json"), json.dumps(manifest, indent=2, sort_keys=True).encode())
@@ -283,6 +299,30 @@ def prepare_shards(
     except FileNotFoundError:
         pass
     return manifest
+
+
+def source_summary(cfg: DataConfig, file_sources: dict[int, int], file_stats: list[dict[str, Any]],
+                   ex_chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The manifest's `sources`: per source of the mixture, in `data.sources` order, its name, inputs, weight or
+    epochs, and what it holds: input files, documents read and written, examples (rows) and tokens of the rows.
+
+    >>> from pipeline.config import DataConfig
+    >>> cfg = DataConfig(sources=[{"name": "a", "inputs": "/a", "weight": 3}, {"name": "b", "inputs": "/b", "epochs": 2}])
+    >>> stats = [{"source": 0, "documents_read": 2, "documents_written": 2}, {"source": 1, "documents_read": 1,
+    ...          "documents_written": 0}]
+    >>> [(s["name"], s["input_files"], s["documents"], s["examples"], s["tokens"]) for s in source_summary(
+    ...  cfg, {0: 0, 1: 1}, stats, [{"source": "a", "rows": 5, "tokens": 50}])]
+    [('a', 1, 2, 5, 50), ('b', 1, 0, 0, 0)]
+    """
+    out = []
+    for k, s in enumerate(cfg.sources):
+        mine = [st for st in file_stats if st["source"] == k]
+        chunks = [m for m in ex_chunks if m.get("source") == s.name]
+        out.append({"name": s.name, "inputs": list(s.inputs), "weight": s.weight, "epochs": s.epochs,
+                    "input_files": sum(v == k for v in file_sources.values()), "documents_read": sum(st["documents_read"] for st in mine),
+                    "documents": sum(st["documents_written"] for st in mine),
+                    "examples": sum(m["rows"] for m in chunks), "tokens": sum(m["tokens"] for m in chunks)})
+    return out
 
 
 def _manifest(
@@ -308,7 +348,8 @@ def _manifest(
         "config": dataclasses.asdict(cfg),
         "config_hash": chash,
         "vocab_sha256": vocab_sha,
-        "shards": [{"path": f"shards/{s['path'].rsplit('/', 1)[-1]}", "rows": s["rows"], "sha256": s["sha256"]} for s in shards],
+        "shards": [{"path": f"shards/{s['path'].rsplit('/', 1)[-1]}", "rows": s["rows"], "sha256": s["sha256"],
+                    **{k: s[k] for k in ("source_rows", "source_tokens") if k in s}} for s in shards],
         "output": cfg.output,
         "masking": cfg.masking,
         "vocab_size": len(vocab),

@@ -42,6 +42,31 @@ class Plan:
     vocab_source_sha: str | None
     config_hash: str
     vocab_key: str
+    file_sources: dict[int, int] | None = None
+    """In a mixture: each input file's index -> its source's index in data.sources (`file_sources`)."""
+
+
+def file_sources(cfg: DataConfig, files: list[InputFile]) -> dict[int, int] | None:
+    """{input file index: the index of its source in data.sources}, each source's inputs listed on their own; None
+    without a mixture. A source without a readable file, and a file two sources hold, are one line (InputError).
+    """
+    from pipeline.data.sources import expand_inputs
+
+    if not cfg.sources:
+        return None
+    index = {f.path: f.index for f in files}
+    out: dict[int, int] = {}
+    for k, source in enumerate(cfg.sources):
+        mine, skipped = expand_inputs(list(source.inputs))
+        if not mine:
+            raise InputError(f"data.sources[{source.name}]: {no_readable_input(list(source.inputs), skipped)}")
+        for f in mine:
+            if index[f.path] in out:
+                other = cfg.sources[out[index[f.path]]].name
+                raise InputError(f"data.sources[{source.name}] and data.sources[{other}] both hold {f.path}: a file "
+                                 "is of one source")
+            out[index[f.path]] = k
+    return out
 
 
 def plan(cfg: DataConfig) -> Plan:
@@ -51,13 +76,14 @@ def plan(cfg: DataConfig) -> Plan:
     files, skipped = expand_inputs(list(cfg.inputs))
     if not files:
         raise no_readable_input(list(cfg.inputs), skipped)
+    sources = file_sources(cfg, files)
     log_skipped(skipped)
     vocab_sha = None
     if cfg.vocab:
         if not exists(cfg.vocab):
             raise InputError(f"vocabulary {cfg.vocab} does not exist")
         vocab_sha = hashlib.sha256(read_bytes(cfg.vocab)).hexdigest()
-    chash = output_config_hash(cfg, fingerprint(files), vocab_sha)
+    chash = output_config_hash(cfg, fingerprint(files), vocab_sha, sources)
     if cfg.vocab:
         vocab_key = config_hash({"vocab": vocab_sha, "lowercase": cfg.lowercase})
     else:
@@ -76,7 +102,7 @@ def plan(cfg: DataConfig) -> Plan:
                 f"output {cfg.output} holds a dataset prepared with a different config or inputs "
                 f"(config_hash {str(old)[:12]} != {chash[:12]}); choose another --output or pass --data.overwrite true"
             )
-    return Plan(cfg, files, skipped, vocab_sha, chash, vocab_key)
+    return Plan(cfg, files, skipped, vocab_sha, chash, vocab_key, sources)
 
 
 def _vocab_result(cfg: DataConfig, sha: str) -> dict[str, Any]:
@@ -182,7 +208,8 @@ def shards_done(p: Plan) -> dict[str, Any] | None:
 def run_shards(p: Plan, vocab: dict[str, Any]) -> dict[str, Any]:
     """The three passes (pipeline.data.prepare), holding the output's writer lock."""
     with output_lock(p.cfg.output):
-        m = prepare_shards(p.cfg, p.files, p.skipped, p.config_hash, vocab["vocab_sha256"], vocab["tokenizer"])
+        m = prepare_shards(p.cfg, p.files, p.skipped, p.config_hash, vocab["vocab_sha256"], vocab["tokenizer"],
+                           p.file_sources)
     return _summary(m)
 
 
@@ -193,7 +220,9 @@ def run_validate(p: Plan) -> PreparedDataset:
 
 def check_paths(cfg: DataConfig) -> None:
     """Every input (and a given vocabulary) exists: checked on the driver before Ray starts."""
-    _check_given = [("data.inputs", p) for p in cfg.inputs] + ([("data.vocab: vocabulary", cfg.vocab)] if cfg.vocab else [])
+    given = ([(f"data.sources[{s.name}].inputs", p) for s in cfg.sources for p in s.inputs] if cfg.sources else
+             [("data.inputs", p) for p in cfg.inputs])
+    _check_given = given + ([("data.vocab: vocabulary", cfg.vocab)] if cfg.vocab else [])
     if not cfg.inputs:
         raise InputError("data.inputs is empty: give at least one file or folder (--data.inputs PATH)")
     for field_name, path in _check_given:
