@@ -312,8 +312,6 @@ class BaseTrainConfig:
     """bf16 autocast (GPU or CPU), fp16 autocast with a gradient scaler (GPU), or fp32."""
     log_every_steps: int = 1
     """Log training metrics to MLflow every N optimizer steps."""
-    checkpoint_every_steps: int | None = None
-    """Report a checkpoint (weights, optimizer, scheduler, scaler, RNGs, data positions) every N steps."""
     max_failures: int = 0
     """Worker failures Ray Train recovers from (restart from the last checkpoint); -1 = unlimited."""
     seed: int = 0
@@ -328,8 +326,6 @@ class BaseTrainConfig:
         _check(self.lr == "auto" or 0 < self.lr < math.inf, f"train.lr {self.lr} must be > 0")
         _check(self.max_grad_norm >= 0, f"train.max_grad_norm {self.max_grad_norm} < 0")
         _check(self.log_every_steps >= 1, f"train.log_every_steps {self.log_every_steps} < 1")
-        _check(self.checkpoint_every_steps is None or self.checkpoint_every_steps >= 1,
-               f"train.checkpoint_every_steps {self.checkpoint_every_steps} < 1")
         _check(self.max_failures >= -1, f"train.max_failures {self.max_failures} < -1")
 
 
@@ -375,9 +371,13 @@ class TrainConfig(BaseTrainConfig):
     """schedule wsd: the decay's shape, t going 0 -> 1 over it: linear, lr x (1 - t); 1-sqrt, lr x (1 - sqrt(t)),
     ModernBERT's and Ettin's (most of the drop comes early in the decay)."""
     materialize_data: bool = False
-    """Read each worker's shards once into the Ray object store (small corpora: epochs then cost nothing to re-read)."""
+    """Every shard is read once into the Ray object store (by the driver up to 256 MiB, by Ray Data's tasks above:
+    `pipeline.pretrain.job.READ_HERE_BYTES`) and every worker reads each epoch from there (small corpora: epochs
+    then cost nothing to re-read); false: Ray Data streams the shards from storage to the workers every epoch."""
     shuffle_buffer_rows: int = 16384
-    """Each worker shuffles its rows in consecutive chunks of this many rows, differently every epoch."""
+    """Each epoch the training rows, in file order, are permuted in consecutive chunks of this many rows, seeded by
+    (seed, phase, epoch, chunk): the same order on every worker, at any number of workers. Larger is closer to a
+    global shuffle and holds more rows in each worker's memory."""
     num_eval_shards: int = 1
     """The last N shards of the prepared data are held out for evaluation (never trained on)."""
     eval_every_steps: int = 50
@@ -385,7 +385,8 @@ class TrainConfig(BaseTrainConfig):
     eval_batches: int = 10
     """Micro-batches per worker in each evaluation (0 = the whole held-out set)."""
     checkpoint_every_steps: int = 50
-    """Report a checkpoint (weights, optimizer, scheduler, scaler, RNGs, data positions) every N steps."""
+    """Report a checkpoint (weights, optimizer, scheduler, scaler, RNGs, data positions) every N steps, and at
+    the last."""
     num_to_keep: int = 2
     """Checkpoints Ray Train keeps in storage_path."""
     checkpoint_upload: Literal["auto", "sync", "async"] = "auto"
@@ -434,6 +435,7 @@ class TrainConfig(BaseTrainConfig):
         _check(self.num_eval_shards >= 0, f"train.num_eval_shards {self.num_eval_shards} < 0")
         _check(self.num_to_keep >= 1, f"train.num_to_keep {self.num_to_keep} < 1")
         _check(self.shuffle_buffer_rows >= 1, f"train.shuffle_buffer_rows {self.shuffle_buffer_rows} < 1")
+        _check(self.checkpoint_every_steps >= 1, f"train.checkpoint_every_steps {self.checkpoint_every_steps} < 1")
         _check(not (self.compile and self.unpad), "train.compile and train.unpad cannot both be true: the compiled "
                "encoder wants one shape, unpadded batches have one per batch")
         self.phase_steps()  # validates the phase split

@@ -82,6 +82,8 @@ class FtTrainConfig(BaseTrainConfig):
         _check(self.accumulation_steps >= 1, f"train.accumulation_steps {self.accumulation_steps} < 1")
         _check(self.eval_batch_size >= 1, f"train.eval_batch_size {self.eval_batch_size} < 1")
         _check(0 <= self.warmup_ratio < 1, f"train.warmup_ratio {self.warmup_ratio} not in [0, 1)")
+        _check(self.checkpoint_every_steps is None or self.checkpoint_every_steps >= 1,
+               f"train.checkpoint_every_steps {self.checkpoint_every_steps} < 1")
 
     @property
     def global_batch_size(self) -> int:
