@@ -398,3 +398,51 @@ def test_prepare_data_short_flags_are_aliases_in_the_one_parser(repo_root, tmp_p
     assert s["data"].inputs == ["/from/config"] and s["data"].vocab == "/v.txt" and s["data"].max_seq_length == 64
     with pytest.raises(ConfigError, match="not allowed with argument"):
         parse(job.parser(), ["--vocab", "v.txt", "--vocab-size", "600"], {"data": None})
+
+
+def test_the_private_hooks_the_parser_relies_on_hold():
+    """`pipeline.config.parser` leans on internals of jsonargparse and argparse, and pyproject.toml pins jsonargparse
+    to the minor version it is tested against. An upgrade that moves one fails here, naming it: the pin itself,
+    `jsonargparse._loaders_dumpers.get_yaml_default_loader` (the YAML loader whose bool resolver is replaced),
+    argparse's `_option_string_actions` (each section's `--<section>` flag moved out of the way) and the texts of
+    jsonargparse's type errors that `one_line` rewrites (`WRONG_TYPE`, `NO_UNION_SUBTYPE`, `UNION_KINDS`)."""
+    import argparse
+    import tomllib
+    from importlib.metadata import version
+
+    import yaml
+    from jsonargparse import ArgumentParser
+    from jsonargparse._loaders_dumpers import get_yaml_default_loader
+    from packaging.requirements import Requirement
+
+    from pipeline.config import SECTIONS
+    from pipeline.config import parser as p
+    from pipeline.finetune.config import FT_SECTIONS
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    pin = next(Requirement(d) for d in deps if Requirement(d).name == "jsonargparse")
+    assert version("jsonargparse") in pin.specifier and "<" in str(pin.specifier), (version("jsonargparse"), pin)
+
+    loader = get_yaml_default_loader()
+    tags = {tag for resolvers in loader.yaml_implicit_resolvers.values() for tag, _ in resolvers}
+    assert "tag:yaml.org,2002:bool" in tags and yaml.load("x: 1e-4", Loader=loader) == {"x": 1e-4}
+    assert p._yaml12_load("a: off\nb: 1e-4\nc: true") == {"a": "off", "b": 1e-4, "c": True}
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(SECTIONS["train"], "train")
+    assert "--train" in parser._option_string_actions  # jsonargparse's per-section config file flag
+    p._free_section_flag(parser, "train")
+    assert "--train" not in parser._option_string_actions
+    assert parser._option_string_actions["--train-config"].help == argparse.SUPPRESS
+
+    def error(sections: dict, argv: list[str]) -> str:
+        with pytest.raises(argparse.ArgumentError) as e:
+            p.config_parser(sections).parse_args(argv)
+        return " ".join(str(e.value).split())
+
+    text = error(SECTIONS, ["--train.lr", "abc"])
+    assert p.WRONG_TYPE.fullmatch(text), text
+    text = error(FT_SECTIONS, ["--train.lr", "abc"])  # float | Literal["auto"]
+    m = p.NO_UNION_SUBTYPE.fullmatch(text)
+    assert m and p.UNION_KINDS.findall(m.group(2)) == ["<class 'float'>", "typing.Literal['auto']"], text
+    assert p.one_line(argparse.ArgumentError(None, text)) == "train.lr 'abc' is not a number or auto"

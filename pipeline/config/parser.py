@@ -150,18 +150,25 @@ def _shown(value: str) -> str:
     return value if isinstance(loaded, (int, float)) and not isinstance(loaded, bool) else repr(value)
 
 
+# jsonargparse's error texts (4.53, whitespace collapsed) that `one_line` rewrites; tests/test_config.py checks them
+# against the installed jsonargparse, so an upgrade that rewords them fails there, not in a user's error line.
+WRONG_TYPE = re.compile(r'Parser key "([^"]+)": Expected a (.+?)\. Got value: (.*)')
+NO_UNION_SUBTYPE = re.compile(r'Parser key "([^"]+)": Does not validate against any of the Union subtypes Subtypes: '
+                              r'\[(.*?)\] Errors: .* Given value: (.*)')
+UNION_KINDS = re.compile(r"<class '\w+'>|typing\.Literal\[[^\]]*\]")
+
+
 def one_line(e: BaseException) -> str:
     """jsonargparse's error as one line naming the field:
     `Parser key "train.lr":\n  Expected a <class 'float'>. Got value: abc` -> `train.lr 'abc' is not a number`."""
     text = " ".join(str(e).split())
     text = re.sub(r"Problem with given class_path '[\w.]+': ", "", text)
-    m = re.fullmatch(r'Parser key "([^"]+)": Expected a (.+?)\. Got value: (.*)', text)
+    m = WRONG_TYPE.fullmatch(text)
     if m:
         return f"{m.group(1)} {_shown(m.group(3))} is not {_describe(m.group(2))}"
-    m = re.fullmatch(r'Parser key "([^"]+)": Does not validate against any of the Union subtypes Subtypes: \[(.*?)\] '
-                     r'Errors: .* Given value: (.*)', text)
+    m = NO_UNION_SUBTYPE.fullmatch(text)
     if m:  # `float | Literal["auto"]` -> "a number or auto"
-        kinds = re.findall(r"<class '\w+'>|typing\.Literal\[[^\]]*\]", m.group(2))
+        kinds = UNION_KINDS.findall(m.group(2))
         return f"{m.group(1)} {_shown(m.group(3))} is not {' or '.join(_describe(k).removeprefix('one of ') for k in kinds)}"
     return re.sub(r'^Parser key "([^"]+)":', r"\1:", text)
 
