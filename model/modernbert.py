@@ -13,23 +13,15 @@ Module and parameter names follow transformers' `modeling_modernbert.py` (`model
   each document and attention never crosses a boundary, so a packed row gives each document's outputs as if it
   ran alone; a local layer's window stays inside its document.
 
-How attention is done, and why (bench/RESULTS.md, "Modern encoder"; `python bench/modernbert_step.py --threads 1
---attention`): `F.scaled_dot_product_attention` on dense (B, nh, L, hd) rows. Global layers take a boolean
+How attention is done: `F.scaled_dot_product_attention` on dense (B, nh, L, hd) rows. Global layers take a boolean
 (B, 1, L, L) same-document mask (none at all without padding or documents). Local layers, once a row holds 4
 windows' halves, attend in chunks (`Banded`): each chunk of local_attention // 2 queries against its own and its two
-neighbouring chunks' keys, under a (chunk, 3 chunks) mask of window and document, so a row of 1,024 costs 3/16 of the
-full scores. CPU time of one call at 4 rows x 1,024, 17 documents, 2 heads of 64, forward + backward, one thread:
-global 112 ms with the document mask (91 ms unmasked); local 49 ms banded against 106 ms with an L x L mask.
-The two ways the issue names lose on the CPU, on facts before timings:
-- FlexAttention (document mask + sliding window as a BlockMask) has no backward on the CPU in torch 2.13
-  ("FlexAttention does not support backward on CPU"), so it cannot train here at all; its forward alone takes
-  274 / 308 ms (global / local) eager, 57 / 40 ms compiled (against 40 / 17 ms here), after a minute's compile.
-- SDPA on jagged (nested) tensors takes no attention mask, so a local layer's window cannot be expressed at all,
-  and for the global layers its CPU kernel took 481 ms forward + backward, 4.3x the masked dense call.
-On a GPU the jagged varlen kernels (BERT's `Jagged` path in model/bert.py) or FlexAttention would skip the
-masked-out blocks of the global layers too; that is for the GPU issue to measure. Without padding and without
-`cu_seqlens` the global layers take no mask and nothing is computed on pad tokens (there are none); with padding,
-pad positions are computed (dense rows) but never attended to.
+neighbouring chunks' keys, under a (chunk, 3 chunks) mask of window and document, so a row of 1,024 computes 3/16 of
+the full scores. Not FlexAttention (no backward on the CPU in torch 2.13) nor SDPA on jagged tensors (it takes no
+mask, so no window). The measurements behind the choice, and what a GPU may change: bench/RESULTS.md, "Modern
+encoder (issue 33): the model" (`python bench/modernbert_step.py --threads 1 --attention`). Without padding and
+without `cu_seqlens` the global layers take no mask and nothing is computed on pad tokens (there are none); with
+padding, pad positions are computed (dense rows) but never attended to.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
     step, evals = w.step, {}
     background = cluster.uploads_in_background(tc.checkpoint_upload, tc.storage_path)
     figures = TrainFigures()  # sums stay on the device between the steps that read them
-    peak = device_peak(device, say=print if rank == 0 else None)  # a GPU's: train/mfu; None on a CPU
+    peak = device_peak(device, say=say if rank == 0 else None)  # a GPU's: train/mfu; None on a CPU
     flops = flop_counter(getattr(t.model, "module", t.model).config) if peak else None
     while step < tc.max_steps:
         phase = next(i for i, e in enumerate(ends) if step < e)

@@ -12,6 +12,8 @@ from typing import Callable
 
 import torch
 
+from pipeline import console
+
 NUM_COUNTS = 6
 
 
@@ -86,7 +88,7 @@ def flop_counter(model_cfg) -> Callable[[dict[str, torch.Tensor]], float]:
     return count
 
 
-def device_peak(device: torch.device, say: Callable[[str], None] | None = print) -> float | None:
+def device_peak(device: torch.device, say: Callable[[str], None] | None = console.say) -> float | None:
     """The dense bf16 peak FLOP/s of a CUDA `device` (`model.flops.dense_bf16_peak`) for `train/mfu`; None on a
     CPU, and None with one line through `say` for a GPU the table does not know.
 

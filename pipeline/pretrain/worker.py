@@ -27,7 +27,7 @@ class PretrainHandoff:
     """What the driver gives every pretraining worker (`pipeline.pretrain.job.run_training`)."""
 
     cfg: Config
-    """The run's config, `model.init` resolved to a local directory (`pipeline.pretrain.init.worker_config`)."""
+    """The run's config, `model.init` resolved to a local directory (`pipeline.pretrain.job.worker_config`)."""
     plans: list[PhasePlan]
     """Each phase's data: its shards, global batch and steps (the same for any number of workers)."""
     run_id: str
