@@ -91,7 +91,7 @@ def job_args(prepared, work, name: str, *extra: str) -> list[str]:
         "--train.storage_path", str(work / f"runs-{name}"),
         "--train.max_steps", "24", "--train.warmup_steps", "4", "--train.eval_every_steps", "8",
         "--train.checkpoint_every_steps", "12", "--train.micro_batch_size", "16", "--train.global_batch_size", "32",
-        "--tracking.system_metrics_every_s", "2", *extra,
+        "--tracking.system_metrics_every_s", "2", "--eval.suite", "null", *extra,
     ]
 
 
@@ -233,7 +233,9 @@ def main_job(cluster, prepared, work, repo_root, tracking_server):
     test_stage_truth_comes_from_the_current_tracking_store.)"""
     phases = json.dumps([{"fraction": 0.5, "max_seq_length": 128, "output": prepared["validate"].output},
                          {"max_seq_length": 64, "max_predictions_per_seq": 10, "output": str(work / "data-64")}])
-    args = job_args(prepared, work, "main", "--train.phases", phases)
+    # the scorecard stage on a test-sized suite (2 trials of 4 steps; configs/tiny.yaml has configs/eval/quick.yaml)
+    args = job_args(prepared, work, "main", "--train.phases", phases,
+                    "--eval.suite", str(repo_root / "tests" / "data" / "eval_stage.yaml"))
     return args, tracking_server, submit(cluster, repo_root, args, {"MLFLOW_TRACKING_URI": tracking_server})
 
 
@@ -254,6 +256,14 @@ def test_job_end_to_end(main_job, prepared, work, repo_root, tmp_path, monkeypat
     assert run.data.params["train.phases"].count("max_seq_length") == 2
     assert run.info.artifact_uri.startswith("mlflow-artifacts:")  # served by the server
     info = tracking.model_version_info("models:/bert-pretrain@latest-pretrain")
+    # the scorecard stage (issue 56): the version scored on the suite, its table printed before the last line
+    card = {k: v for k, v in info["tags"].items() if k.startswith("suite.stage-test.")}
+    assert set(card) == {"suite.stage-test.sha256", "suite.stage-test.score", "suite.stage-test.run_id"}, info["tags"]
+    assert 0 <= float(card["suite.stage-test.score"]) <= 1
+    ev = tracking.client().get_run(card["suite.stage-test.run_id"])
+    assert ev.info.status == "FINISHED" and "suite/pydocs_topic/accuracy" in ev.data.metrics
+    assert "[stage scorecard]" in logs and "score (stage-test)" in logs
+    assert logs.strip().splitlines()[-1].startswith("registered models:/bert-pretrain/")
     exp = tracking.client().get_experiment_by_name("bert-pretrain")
     check_in_browser(browser_page, uri, "bert-pretrain", info, exp, Path(prepared["validate"].output).name, tmp_path)
 
@@ -261,14 +271,17 @@ def test_job_end_to_end(main_job, prepared, work, repo_root, tmp_path, monkeypat
 def test_stage_truth_comes_from_the_current_tracking_store(main_job, cluster, repo_root, tmp_path, monkeypatch):
     """The module's main-job command against a second, empty store (SQLite) registers there (it used to print a
     version that store did not have), from the final checkpoint already in storage, with no Ray Train run; against
-    the first store (the server) again, every stage is found done by its real output and skipped."""
+    the first store (the server) again, every stage is found done by its real output and skipped (the scorecard by
+    the version's suite tags)."""
     from pipeline import tracking
 
     args, first, first_logs = main_job
     registered = first_logs.strip().splitlines()[-1]
     for uri, expect in ((sqlite_store(tmp_path / "b.db"), "running"), (first, "up to date")):
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-        logs = submit(cluster, repo_root, args, {"MLFLOW_TRACKING_URI": uri})
+        # (the second store's version is not scored: its scorecard stage would only repeat the first's trials)
+        logs = submit(cluster, repo_root, args if uri == first else [*args, "--eval.suite", "null"],
+                      {"MLFLOW_TRACKING_URI": uri})
         assert f"[stage register] {expect}" in logs
         last = logs.strip().splitlines()[-1]
         assert last == (registered if uri == first else "registered models:/bert-pretrain/1"), logs[-3000:]
@@ -280,6 +293,7 @@ def test_stage_truth_comes_from_the_current_tracking_store(main_job, cluster, re
             assert "[train] " in logs and " was trained to step 24 already (" in logs, logs[-3000:]
             assert "[rank 0]" not in logs and "train/loss" not in run.data.metrics
     assert "[stage train] up to date" in logs and "[stage shards] up to date" in logs
+    assert "[stage scorecard] up to date" in logs and "score (stage-test)" in logs  # read back from the version
 
 
 def check_in_browser(page, uri: str, model_name: str, info: dict, exp, data_name: str, shots) -> None:
@@ -377,7 +391,8 @@ NO_DROPOUT = ("--model.overrides.hidden_dropout_prob", "0.0", "--model.overrides
 # The fault-tolerance runs' training (tests/test_two_hosts.py repeats the baseline's on two hosts).
 FT_ARGS = ["--train.max_steps", "8", "--train.warmup_steps", "2", "--train.micro_batch_size", "8",
            "--train.global_batch_size", "32", "--train.checkpoint_every_steps", "4", "--train.eval_every_steps", "4",
-           "--train.shuffle_buffer_rows", "24", "--tracking.system_metrics_every_s", "0", *NO_DROPOUT]
+           "--train.shuffle_buffer_rows", "24", "--tracking.system_metrics_every_s", "0", "--eval.suite", "null",
+           *NO_DROPOUT]
 
 
 def weights_digest(checkpoint: str) -> str:

@@ -247,7 +247,8 @@ def pretrained(tracking_server, ray_head, repo_root, shared_dir, tmp_path_factor
          "--data.inputs", inputs,
          "--data.output", str(work / "data"), "--train.storage_path", str(work / "runs"),
          "--data.vocab_size", "600", "--data.num_shards", "4", "--data.num_actors", "1", "--train.max_steps", "4",
-         "--train.micro_batch_size", "8", "--train.global_batch_size", "8", "--train.num_workers", "1"],
+         "--train.micro_batch_size", "8", "--train.global_batch_size", "8", "--train.num_workers", "1",
+         "--eval.suite", "null"],
         cwd=work, env={**job_env(tracking_server["uri"]), "RAY_ADDRESS": ray_head}, capture_output=True, text=True,
         timeout=900,
     )

@@ -129,6 +129,8 @@ def _source_name(m: _Model) -> str:
         return f"{m.version[0]}-v{m.version[1]}"
     if m.source.preset is not None:
         return f"scratch-{m.source.preset}"
+    if "source_checkpoint_step" in m.source.tags:  # runs/<run>/checkpoint_000012: the run's name and the step
+        return f"{Path(m.spec.rstrip('/')).parent.name}-step{m.source.tags['source_checkpoint_step']}"
     return Path(m.spec.rstrip("/")).name
 
 
@@ -138,7 +140,8 @@ def run_evaluate(cfg, sources: list[str], suite: Suite) -> dict[str, Any]:
     import ray
 
     from pipeline import cluster, tracking
-    from pipeline.finetune.job import resolve_source
+    from pipeline.evaluate.checkpoint import export_checkpoint, is_pretraining_checkpoint
+    from pipeline.finetune.job import Source, resolve_source
     from pipeline.storage.preflight import check_storage
     from pipeline.tracking import server as tracking_server
 
@@ -152,6 +155,11 @@ def run_evaluate(cfg, sources: list[str], suite: Suite) -> dict[str, Any]:
     try:
         models: list[_Model] = []
         for i, spec in enumerate(sources):
+            if is_pretraining_checkpoint(spec):  # a run's checkpoint: exported as its register stage would
+                out_dir = os.path.join(work, f"source{i}", "checkpoint")
+                tags = export_checkpoint(spec, out_dir)
+                models.append(_Model(spec, Source(spec, out_dir, None, out_dir, tags), None))
+                continue
             try:
                 source = resolve_source(spec, cfg.data.tokenizer, os.path.join(work, f"source{i}"))
             except ConfigError:
