@@ -52,7 +52,7 @@ from pipeline.data.passes import (
 )
 from pipeline.data.pool import merge_pool
 from pipeline.data.progress import Progress, log
-from pipeline.data.sources import InputError, InputFile, Skipped, skipped_summary, split_units
+from pipeline.data.sources import InputError, InputFile, Skipped, skipped_once, skipped_summary, split_units
 from pipeline.data.tokenizer import check_pair, read_vocab, sha256_bytes
 from pipeline.storage.io import filesystem, join, read_table, write_bytes_atomic
 
@@ -256,7 +256,7 @@ def prepare_shards(
         file_stats = sorted(unit_stats, key=lambda s: s["pool"])
         unread = read_skips(file_stats)
         log_skipped(unread)
-        skipped = sorted(set(skipped) | set(unread))
+        skipped = skipped_once([*skipped, *unread])  # each file once, with every reason it was named for
         reasons: Counter[str] = Counter()
         for s in file_stats:
             reasons.update(s["rejected_reasons"])

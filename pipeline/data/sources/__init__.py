@@ -41,8 +41,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pipeline.data import wiki
-from pipeline.data.sources.inputs import (expand_inputs, fingerprint, kind_of, no_readable_input, skipped_summary,
-                                          sniff_kind, split_units)
+from pipeline.data.sources.inputs import (expand_inputs, fingerprint, kind_of, no_readable_input, skipped_once,
+                                          skipped_summary, sniff_kind, split_units)
 from pipeline.data.sources.records import (MAX_WORD_CHARS, READ_ERRORS, Document, InputError, InputFile, Item, Kind,
                                            Rejected, Skipped, check_text, decode_text, stopped)
 from pipeline.data.sources.tables import read_hf, read_parquet
@@ -51,7 +51,7 @@ from pipeline.data.wiki import WikiOptions
 
 __all__ = ["MAX_WORD_CHARS", "Document", "InputError", "InputFile", "Item", "Kind", "Rejected", "Skipped",
            "check_text", "decode_text", "expand_inputs", "fingerprint", "kind_of", "no_readable_input",
-           "read_documents", "read_records", "skipped_summary", "sniff_kind", "split_units"]
+           "read_documents", "read_records", "skipped_once", "skipped_summary", "sniff_kind", "split_units"]
 
 
 def _read_wiki(f: InputFile, options: WikiOptions) -> Iterator[Item]:

@@ -39,6 +39,7 @@ def kind_of(path: str) -> Kind | None:
 
 
 _SNIFF_BYTES = 4096
+_INDEX_REASON = "index of a multistream dump"  # no input of its own: its dump is read with it
 _JSON_RECORD = re.compile(rb'\{\s*"(id|text|title|url|revid)"\s*:')
 
 
@@ -75,7 +76,7 @@ def _kind_and_reason(fs: fsspec.AbstractFileSystem, path: str, explicit: bool) -
     dump = wiki.dump_name(path)
     if dump is not None:
         if fs.exists(dump):
-            return None, "index of a multistream dump"
+            return None, _INDEX_REASON
         return None, "index of a multistream dump that is not there"
     k, error = _sniff(path)
     if error:  # a damaged compressed file: named with why, in a folder or alone
@@ -142,6 +143,27 @@ def expand_inputs(paths: list[str]) -> tuple[list[InputFile], list[Skipped]]:
     found = sorted(set(found))
     files = [InputFile(p, k, i, s, m) for i, (p, k, s, m) in enumerate(found)]
     return files, sorted(set(skipped))
+
+
+def skipped_once(skipped: list[Skipped]) -> list[Skipped]:
+    """Each file once, sorted by path (the manifest's skipped_files): a file named more than once (at planning and
+    again by its reader, or by several units of one dump) keeps its reasons in the order given, joined by "; ".
+    Planning names every multistream index "index of a multistream dump"; when its reader found it damaged too,
+    that reason (which says so, and that the dump was read whole) replaces the planning one.
+
+    >>> once = skipped_once([Skipped("i", "index of a multistream dump"), Skipped("i", "damaged index: EOFError"),
+    ...                      Skipped("d", "unreadable from bytes 0+9: EOFError"), Skipped("d", "unreadable: OSError")])
+    >>> [f"{s.path}: {s.reason}" for s in once]
+    ['d: unreadable from bytes 0+9: EOFError; unreadable: OSError', 'i: damaged index: EOFError']
+    """
+    reasons: dict[str, list[str]] = {}
+    for s in skipped:
+        if s.reason not in reasons.setdefault(s.path, []):
+            reasons[s.path].append(s.reason)
+    for path, rs in reasons.items():
+        if len(rs) > 1 and _INDEX_REASON in rs:
+            rs.remove(_INDEX_REASON)
+    return [Skipped(path, "; ".join(rs)) for path, rs in sorted(reasons.items())]
 
 
 def skipped_summary(skipped: list[Skipped], show: int = 5) -> str:
