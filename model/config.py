@@ -365,31 +365,14 @@ def _hf_kwargs(cls: type, d: dict[str, Any], overrides: dict[str, Any]) -> dict[
     return kwargs
 
 
-def is_modernbert(preset: str | None, fields: dict[str, Any] | None = None) -> bool:
-    """Whether a preset name (or, with none, a config's fields) describes ModernBERT rather than BERT.
-
-    >>> is_modernbert("modernbert-tiny"), is_modernbert("tiny"), is_modernbert(None, {"local_attention": 64})
-    (True, False, True)
-    """
-    if preset is not None:
-        return preset in MODERNBERT_PRESETS
-    return bool(set(fields or ()) & _MODERNBERT_ONLY)
-
-
-# Fields only ModernBertConfig has: a config given by its fields alone (model.init's) is ModernBERT with any.
-_MODERNBERT_ONLY = frozenset(f.name for f in dataclasses.fields(ModernBertConfig)) - frozenset(
-    f.name for f in dataclasses.fields(BertConfig))
-
-
 def encoder_config(preset: str | None, **fields: Any) -> BertConfig | ModernBertConfig:
-    """The config of either encoder: a preset of either family (`modernbert-*` names ModernBERT) with `fields` on
+    """The config of any family's encoder (`model.family`): a preset (its name picks the family) with `fields` on
     top, or with preset None a whole config given by its fields.
 
     >>> type(encoder_config("modernbert-tiny", vocab_size=100)).__name__, encoder_config("tiny").hidden_size
     ('ModernBertConfig', 128)
     """
-    if preset is not None and preset not in PRESETS and preset not in MODERNBERT_PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join([*PRESETS, *MODERNBERT_PRESETS])}")
-    cls = ModernBertConfig if is_modernbert(preset, fields) else BertConfig
-    return cls(**fields) if preset is None else cls.from_preset(preset, **fields)
+    from model.family import family_of  # (model.family imports this module)
+
+    return family_of(fields if preset is None else preset).config(preset, **fields)
 

@@ -9,8 +9,8 @@ folds transformers' tied `cls.predictions.decoder.*` keys into our structurally 
 still missing or unexpected is reported by name (`model.load_report`, a logging warning; `strict=True`
 raises). `save_hf` writes exactly the key set transformers 5 itself writes for these classes, so
 `transformers.AutoModel.from_pretrained(dir)` / `BertFor*.from_pretrained(dir)` load it without warnings.
-ModernBERT goes the same way: config.json's model_type picks the config class, the base-model prefix is `model.`
-instead of `bert.`, and the tied `decoder.weight` some checkpoints carry folds into the token embeddings.
+ModernBERT goes the same way: config.json's model_type picks the family (`model.family`: its config class, its
+base-model prefix, `model.` instead of `bert.`, and its tied decoder weight, folded into the token embeddings).
 """
 
 from __future__ import annotations
@@ -25,35 +25,31 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from model.bert import BertModel
-from model.config import BertConfig, ModernBertConfig
-from model.heads import (
-    BertForPreTraining,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-)
-from model.modernbert import (
-    ModernBertForMaskedLM,
-    ModernBertForQuestionAnswering,
-    ModernBertForSequenceClassification,
-    ModernBertForTokenClassification,
-    ModernBertModel,
-)
+from model.config import BertConfig
+from model.family import FAMILIES, family_of
+from model.heads import BertForQuestionAnswering, BertForTokenClassification
 
 log = logging.getLogger(__name__)
 
-CLASSES: dict[str, type[torch.nn.Module]] = {c.__name__: c for c in (
-    BertModel, BertForPreTraining, BertForSequenceClassification, BertForTokenClassification,
-    BertForQuestionAnswering, ModernBertModel, ModernBertForMaskedLM, ModernBertForSequenceClassification,
-    ModernBertForTokenClassification, ModernBertForQuestionAnswering)}
-# config.json's model_type -> (config class, base-model prefix, the base model's top-level modules)
-FAMILIES: dict[str, tuple[type, str, tuple[str, ...]]] = {
-    "bert": (BertConfig, "bert.", ("embeddings.", "encoder.", "pooler.")),
-    "modernbert": (ModernBertConfig, "model.", ("embeddings.", "layers.", "final_norm.")),
-}
 
-# Keys transformers may hold that carry no information for us: tied copies and non-persistent buffers.
-_TIED_DECODER_WEIGHT = {"bert": "cls.predictions.decoder.weight", "modernbert": "decoder.weight"}
+def model_classes() -> dict[str, type[torch.nn.Module]]:
+    """Class name -> class, every registered family's (`model.family`): what `load_hf` and `save_hf` take."""
+    return {name: cls for f in FAMILIES.values() for name, cls in f.classes().items()}
+
+
+def checkpoint_model_type(path: str | Path) -> str:
+    """A transformers directory's config.json `model_type` ("bert" when it names none), one of a registered family's."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file} not found")
+    model_type = json.loads(config_file.read_text()).get("model_type", "bert")
+    if model_type not in FAMILIES:
+        raise ValueError(f"{config_file}: model_type {model_type!r} is not one of {', '.join(FAMILIES)}")
+    return model_type
+
+
+# Keys transformers may hold that carry no information for us: tied copies (the decoder's weight: each family's
+# `tied_decoder`) and non-persistent buffers.
 _TIED_DECODER_BIAS = "cls.predictions.decoder.bias"
 _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -93,8 +89,8 @@ def convert_state_dict(sd: dict[str, torch.Tensor], model: torch.nn.Module) -> d
     ['pooler.dense.bias']
     """
     target = model.state_dict()
-    family = _family(type(model))
-    _, prefix, roots = FAMILIES[family]
+    family = family_of(model)
+    prefix, roots = family.prefix, family.roots
     has_prefix = any(k.startswith(prefix) for k in target)
     out: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
@@ -114,12 +110,11 @@ def convert_state_dict(sd: dict[str, torch.Tensor], model: torch.nn.Module) -> d
     bias = out.pop(_TIED_DECODER_BIAS, None)
     if bias is not None and "cls.predictions.bias" in target:
         out.setdefault("cls.predictions.bias", bias)
-    dec = out.pop(_TIED_DECODER_WEIGHT[family], None)
-    emb_key = (prefix if has_prefix else "") + ("embeddings.word_embeddings.weight" if family == "bert"
-                                                else "embeddings.tok_embeddings.weight")
+    dec = out.pop(family.tied_decoder, None)
+    emb_key = (prefix if has_prefix else "") + family.word_embeddings
     if dec is not None and emb_key in out and not torch.equal(dec, out[emb_key]):
         log.warning("checkpoint's %s differs from %s; this model ties them and keeps the embeddings",
-                    _TIED_DECODER_WEIGHT[family], emb_key)
+                    family.tied_decoder, emb_key)
     for k in list(out):
         if k.endswith(_BUFFERS) and k not in target:
             del out[k]
@@ -139,21 +134,17 @@ def load_hf(path: str | Path, cls: type[torch.nn.Module] | str = BertModel, *, s
     `model.load_report` and a warning, or raise ValueError with `strict=True`.
     """
     if isinstance(cls, str):
-        if cls not in CLASSES:
-            raise ValueError(f"unknown model class {cls!r}; choose one of {', '.join(CLASSES)}")
-        cls = CLASSES[cls]
+        classes = model_classes()
+        if cls not in classes:
+            raise ValueError(f"unknown model class {cls!r}; choose one of {', '.join(classes)}")
+        cls = classes[cls]
     path = Path(path)
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{config_file} not found")
-    config = json.loads(config_file.read_text())
-    model_type = config.get("model_type", "bert")
-    if model_type not in FAMILIES:
-        raise ValueError(f"{config_file}: model_type {model_type!r} is not one of {', '.join(FAMILIES)}")
-    if _family(cls) != model_type:
-        raise ValueError(f"{path} holds a {model_type} model; {cls.__name__} is a {_family(cls)} class "
-                         f"(choose one of {', '.join(n for n, c in CLASSES.items() if _family(c) == model_type)})")
-    model = cls(FAMILIES[model_type][0].from_hf_dict(config, **config_overrides))
+    model_type = checkpoint_model_type(path)
+    config = json.loads((path / "config.json").read_text())
+    if family_of(cls).name != model_type:
+        raise ValueError(f"{path} holds a {model_type} model; {cls.__name__} is a {family_of(cls).name} class "
+                         f"(choose one of {', '.join(FAMILIES[model_type].classes())})")
+    model = cls(FAMILIES[model_type].config_class.from_hf_dict(config, **config_overrides))
     sd = convert_state_dict(read_state_dict(path), model)
     target = model.state_dict()
     missing = sorted(k for k in target if k not in sd)
@@ -172,11 +163,6 @@ def load_hf(path: str | Path, cls: type[torch.nn.Module] | str = BertModel, *, s
     return model
 
 
-def _family(cls: type[torch.nn.Module]) -> str:
-    """The model_type of one of our classes: "modernbert" for ModernBert*, else "bert"."""
-    return "modernbert" if getattr(cls, "config_class", None) is ModernBertConfig else "bert"
-
-
 def save_hf(model: torch.nn.Module, path: str | Path, tokenizer: Any = None) -> Path:
     """Write a transformers directory: config.json, model.safetensors and, if given, the tokenizer files.
 
@@ -188,8 +174,8 @@ def save_hf(model: torch.nn.Module, path: str | Path, tokenizer: Any = None) -> 
     model = getattr(model, "module", model)  # DDP wrapper
     model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
     name = type(model).__name__
-    if name not in CLASSES:
-        raise TypeError(f"save_hf: {name} is not one of {', '.join(CLASSES)}")
+    if name not in model_classes():
+        raise TypeError(f"save_hf: {name} is not one of {', '.join(model_classes())}")
     config = model.config.to_hf_dict(architectures=[name])
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     # Contiguous CPU copies: safetensors refuses views/shared storage, and the decoder is tied structurally

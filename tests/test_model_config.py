@@ -103,12 +103,15 @@ def test_docstring_examples_in_model_modules_hold():
     import doctest
 
     import model.bert
+    import model.build
     import model.config
+    import model.family
     import model.flops
     import model.heads
     import model.hf
     import model.modernbert
 
-    for module in (model.config, model.bert, model.flops, model.heads, model.hf, model.modernbert):
+    for module in (model.config, model.bert, model.build, model.family, model.flops, model.heads, model.hf,
+                   model.modernbert):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted > 0 and result.failed == 0, module.__name__

@@ -221,11 +221,18 @@ class ModelConfig:
         self.encoder_config()  # an unknown preset or a bad override fails here, before any work
 
     @property
-    def modernbert(self) -> bool:
-        """Whether this section builds ModernBERT (MLM only, packed rows by document) rather than BERT."""
-        from model.config import is_modernbert
+    def family(self):
+        """The `model.family.ModelFamily` this section builds: its preset's, or with preset null (model.init's) the
+        one whose config takes the overrides (the checkpoint's whole config)."""
+        from model.family import family_of
 
-        return is_modernbert(self.preset, self.overrides)
+        return family_of(self.overrides if self.preset is None else self.preset)
+
+    @property
+    def modernbert(self) -> bool:
+        """The loader's flag (`pipeline.pretrain.loader.collate`): the family's batches hold no token types or NSP
+        labels and keep packed documents apart. (The loader takes it until it takes the family itself.)"""
+        return self.family.documents
 
     def encoder_config(self, **extra: Any):
         """The BertConfig or ModernBertConfig this section describes (plus `extra`, e.g. the prepared vocab_size).
@@ -528,11 +535,16 @@ class Config:
         max_pos = self.model.encoder_config().max_position_embeddings
         _check(self.data.max_seq_length <= max_pos,
                f"data.max_seq_length {self.data.max_seq_length} > model max_position_embeddings {max_pos}")
-        if self.model.modernbert:  # MLM only, and its own way of skipping padding (documents, not unpad/compile)
-            which = f"model.preset {self.model.preset}" if self.model.preset else f"model.init {self.model.init} (ModernBERT)"
-            _check(not self.data.nsp, f"{which} is MLM-only (no NSP head): set data.nsp false")
+        family = self.model.family
+        which = f"model.preset {self.model.preset}" if self.model.preset else \
+            f"model.init {self.model.init} ({family.architecture})"
+        _check(family.nsp or not self.data.nsp, f"{which} is MLM-only (no NSP head): set data.nsp false")
+        if not family.unpad:  # its own way of skipping padding (ModernBERT's: documents, not unpad/compile)
+            from model.family import FAMILIES
+
+            unpadding = " and ".join(f.architecture for f in FAMILIES.values() if f.unpad)
             _check(not (self.train.unpad or self.train.compile),
-                   f"train.unpad and train.compile are BERT's; {which} keeps packed documents apart itself")
+                   f"train.unpad and train.compile are {unpadding}'s; {which} keeps packed documents apart itself")
         for i, ph in enumerate(self.train.phases):
             _check(ph.max_seq_length <= max_pos,
                    f"train.phases[{i}].max_seq_length {ph.max_seq_length} > model max_position_embeddings {max_pos}")

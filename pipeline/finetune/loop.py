@@ -141,15 +141,6 @@ def evaluate(model: torch.nn.Module, td: TaskData, cfg: Any, device: torch.devic
     return res
 
 
-def build_model(init: dict[str, Any]) -> torch.nn.Module:
-    """The driver's model (class name, config, initial weights) rebuilt in the worker."""
-    from model.build import rebuild
-
-    model = rebuild(init["class"], init["config"])
-    model.load_state_dict(init["state_dict"])
-    return model
-
-
 @dataclass(frozen=True)
 class FinetuneHandoff:
     """What the driver gives every fine-tuning worker. The runs of one job (a single run, or each trial of a sweep)
@@ -205,6 +196,8 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
     import ray
     import ray.train
 
+    from model.build import rebuild
+
     cfg, primary, on_step = h.cfg, h.primary, h.on_step
     td: TaskData = ray.get(h.data_ref)
     tc = cfg.train
@@ -212,7 +205,10 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
     rank, world, device = cluster.worker()
     if not tc.use_gpu:  # a fixed thread count: bit-identical CPU math on restart
         torch.set_num_threads(tc.torch_threads or max(1, (os.cpu_count() or 1) // world))
-    model = cluster.prepare_model(build_model(ray.get(h.init_ref)))
+    init = ray.get(h.init_ref)  # the driver's model: class name, config, initial weights
+    model = rebuild(init["class"], init["config"])
+    model.load_state_dict(init["state_dict"])
+    model = cluster.prepare_model(model)
     micro = micro_batches_per_epoch(len(td.train["input_ids"]), world, tc.batch_size)
     per_epoch = steps_per_epoch(len(td.train["input_ids"]), world, tc.batch_size, tc.accumulation_steps)
     total = tc.max_steps or tc.epochs * per_epoch

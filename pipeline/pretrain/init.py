@@ -30,15 +30,8 @@ from typing import Any
 from pipeline.config import Config, ConfigError, phase_data_configs
 from pipeline.config.sections import _check
 
-# BertConfig fields that decide the shapes and the function of the weights: they must match the checkpoint.
-ARCHITECTURE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
-                "max_position_embeddings", "type_vocab_size", "vocab_size", "layer_norm_eps")
-# ModernBertConfig's: its gated feed-forward, norms, biases and attention windows too.
-MODERNBERT_ARCHITECTURE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                           "hidden_activation", "max_position_embeddings", "vocab_size", "norm_eps", "norm_bias",
-                           "attention_bias", "mlp_bias", "global_attn_every_n_layers", "local_attention",
-                           "global_rope_theta", "local_rope_theta", "decoder_bias", "classifier_bias",
-                           "classifier_activation")
+# The config fields that decide the shapes and the function of the weights, which must match the checkpoint, are
+# each family's `shape_fields` (`model.family`).
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
@@ -58,7 +51,7 @@ class InitCheckpoint:
     source_tags: dict[str, str] = field(default_factory=dict)
     """fetch_registered's tags for a `models:/` version (source_model = the version number, not the alias)."""
     family: str = "bert"
-    """"bert" or "modernbert" (config.json's model_type): ModernBERT has no NSP head."""
+    """config.json's model_type, a `model.family` name ("bert", "modernbert"): whether the model has an NSP head."""
 
     @property
     def tags(self) -> dict[str, str]:
@@ -70,7 +63,9 @@ class InitCheckpoint:
         >>> InitCheckpoint("/m", "/m", "ab" * 32, "none").describe()
         '[init] /m (weights sha256 abababababab): encoder loaded; no MLM head in it, a fresh MLM head tied to its word embeddings (and a fresh NSP head)'
         """
-        nsp = self.family == "bert"
+        from model.family import family_of
+
+        nsp = family_of(self.family).nsp
         what = {"mlm+nsp": "encoder, MLM and NSP heads loaded",
                 "mlm": "encoder and MLM head loaded" + ("; a fresh NSP head" if nsp else ""),
                 "none": "encoder loaded; no MLM head in it, a fresh MLM head tied to its word embeddings"
@@ -117,10 +112,10 @@ def heads_in(model_dir: str | Path) -> str:
 def checkpoint_config(model_dir: str | Path) -> dict[str, Any]:
     """The checkpoint's config.json as our BertConfig's or ModernBertConfig's fields (by its model_type;
     transformers' extra keys dropped)."""
-    from model.build import checkpoint_family
-    from model.config import BertConfig, ModernBertConfig
+    from model.family import family_of
+    from model.hf import checkpoint_model_type
 
-    cls = ModernBertConfig if checkpoint_family(model_dir) == "modernbert" else BertConfig
+    cls = family_of(checkpoint_model_type(model_dir)).config_class
     cfg = cls.from_hf_dict(json.loads((Path(model_dir) / "config.json").read_text()))
     out = dataclasses.asdict(cfg)
     for k in ("num_labels", "id2label", "problem_type", "classifier_dropout"):  # task-head fields
@@ -141,17 +136,22 @@ def check_architecture(preset: str | None, overrides: dict[str, Any], ckpt: dict
     ...
     pipeline.config.sections.ConfigError: model.preset tiny is BERT, /m/config.json is ModernBERT: choose a modernbert-* preset or null
     """
-    from model.config import encoder_config, is_modernbert
+    from os.path import commonprefix
 
-    modern = is_modernbert(None, ckpt)
-    arch = MODERNBERT_ARCHITECTURE if modern else ARCHITECTURE
+    from model.config import encoder_config
+    from model.family import family_of
+
+    theirs = family_of(ckpt)
+    arch = theirs.shape_fields
     for k in arch:
         if k in overrides and k in ckpt and overrides[k] != ckpt[k] and k != "vocab_size":
             raise ConfigError(f"model.overrides {k}: {overrides[k]} != {ckpt[k]} in {where}")
     if preset is not None:
-        if is_modernbert(preset) != modern:
-            family = ("ModernBERT", "BERT", "a modernbert-*") if modern else ("BERT", "ModernBERT", "a BERT")
-            raise ConfigError(f"model.preset {preset} is {family[1]}, {where} is {family[0]}: choose {family[2]} preset or null")
+        if (ours := family_of(preset)) is not theirs:
+            common = commonprefix(list(theirs.presets))  # "modernbert-": its presets are named by it
+            hint = f"a {common}*" if common.endswith("-") else f"a {theirs.architecture}"
+            raise ConfigError(f"model.preset {preset} is {ours.architecture}, {where} is {theirs.architecture}: "
+                              f"choose {hint} preset or null")
         mine = dataclasses.asdict(encoder_config(preset, **{k: v for k, v in overrides.items() if k in arch}))
         for k in arch:
             if k != "vocab_size" and k in ckpt and mine[k] != ckpt[k]:
@@ -229,9 +229,10 @@ def _resolve(cfg: Config, local: str, source_tags: dict[str, str], shared: str |
                f"model.init {spec}: not models:/name@alias, models:/name/version, or a directory with config.json")
     where = f"{spec}/config.json" if not spec.startswith("models:/") else f"{spec} config.json"
     ckpt = checkpoint_config(local)
-    from model.build import checkpoint_family
+    from model.family import family_of
+    from model.hf import checkpoint_model_type
 
-    family = checkpoint_family(local)
+    family = checkpoint_model_type(local)
     check_architecture(cfg.model.preset, cfg.model.overrides, ckpt, where)
     max_pos = ckpt["max_position_embeddings"]
     lengths = [cfg.data.max_seq_length] + [ph.max_seq_length for ph in cfg.train.phases]
@@ -252,7 +253,7 @@ def _resolve(cfg: Config, local: str, source_tags: dict[str, str], shared: str |
     _check(tok.get_vocab_size() == ckpt["vocab_size"], f"model.init {spec}: its tokenizer has {tok.get_vocab_size()} "
                                                         f"tokens but config.json's vocab_size is {ckpt['vocab_size']}")
 
-    arch = MODERNBERT_ARCHITECTURE if family == "modernbert" else ARCHITECTURE
+    arch = family_of(family).shape_fields
     keep = {k: v for k, v in cfg.model.overrides.items() if k not in arch}
     model = dataclasses.replace(cfg.model, overrides={**ckpt, **keep})
     data = dataclasses.replace(cfg.data, vocab=cfg.data.vocab or str(vocab), lowercase=lower)

@@ -376,7 +376,7 @@ def register_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, git_s
                                            "dataset": dataset_name(ds.output)},
             steps=trained.step, final_eval=final_eval, command=command,
             init=f"{init.spec} (weights sha256 `{init.weights_sha256[:16]}`)" if init else None,
-            architecture="ModernBERT" if cfg.model.modernbert else "BERT")
+            architecture=cfg.model.family.architecture)
         version = tracking.register_hf_model(str(export), cfg.tracking.model_name, cfg.tracking.alias, tags,
                                              trained.run_id, description=description)
         logger = tracking.RunLogger(trained.run_id, uri)
