@@ -50,8 +50,8 @@ PLAN = PhasePlan(SimpleNamespace(dynamic_masking=False, max_seq_length=SEQ), STE
                  (), False)
 
 
-def _feed(rank: int, world: int, done: int) -> StepFeed:
-    return StepFeed(PLAN, 0, rank, world, 0, CHUNK, done, lambda: iter(TABLES), Batches(PLAN, 0))
+def _feed(rank: int, world: int, done: int, plan: PhasePlan = PLAN, tables: list[pa.Table] = TABLES) -> StepFeed:
+    return StepFeed(plan, 0, rank, world, 0, CHUNK, done, lambda: iter(tables), Batches(plan, 0))
 
 
 def test_every_step_is_the_same_global_batch_at_any_world_size():
@@ -129,7 +129,7 @@ def _model() -> BertForPreTraining:
 
 
 def _train(world: int, start: int, stop: int, ckpt_in=None, ckpt_out=None, ckpt_at: int | None = None,
-           global_mean: bool = True) -> dict[int, float]:
+           global_mean: bool = True, plan: PhasePlan = PLAN, tables: list[pa.Table] = TABLES) -> dict[int, float]:
     """Steps start+1..stop on `world` ranks (threads, DDP over gloo when several), as the loop runs them: each
     rank its share of the step's global batch, the loss the global batch's mean (`step_loss`; with `global_mean`
     false the mean of the micro-batches' means, as before). Resumes from `ckpt_in`, writes `ckpt_out` after step
@@ -148,7 +148,7 @@ def _train(world: int, start: int, stop: int, ckpt_in=None, ckpt_out=None, ckpt_
             t = Trainable(model, *make_optimizer(model, "adamw", 3e-3, 0.01, warmup_steps=2, total_steps=STEPS))
             if ckpt_in is not None:
                 assert load_checkpoint(str(ckpt_in), rank, t, world)["step"] == start
-            feed = iter(_feed(rank, world, start))
+            feed = iter(_feed(rank, world, start, plan, tables))
             for step in range(start + 1, stop + 1):
                 s = next(feed)
                 loss = (lambda out, s=s: step_loss(out, s.masked_tokens, s.nsp_examples, world)) if global_mean else None
@@ -156,7 +156,7 @@ def _train(world: int, start: int, stop: int, ckpt_in=None, ckpt_out=None, ckpt_
                                  summarise=summarise, device=torch.device("cpu"), loss=loss)
                 sums[(rank, step)] = got.counts
                 if step == ckpt_at:
-                    save_checkpoint(str(ckpt_out), rank, t, {"step": step, "position": {"phase": 0, **PLAN.position(step)},
+                    save_checkpoint(str(ckpt_out), rank, t, {"step": step, "position": {"phase": 0, **plan.position(step)},
                                                              "world_size": world})
         except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
             errors.append(e)
@@ -189,6 +189,31 @@ def test_a_run_on_two_workers_resumed_on_one_or_three_logs_the_same_losses(tmp_p
     apart = max(abs(means[1][s] / means[2][s] - 1) for s in range(2, 5))
     print(f"mean of micro-batch means, 1 vs 2 workers: largest relative loss difference {apart:.1e}")
     assert apart > 1e-3
+
+
+def test_a_mixture_resumed_on_other_worker_counts_logs_the_same_losses(tmp_path):
+    """The same with a mixture (`data.sources`, wiki weighted 3 to books' 1, so wiki's 17 rows repeat): 2 workers
+    for 3 steps, checkpoint, then steps 4-8 on 1, 2 or 3 workers log the uninterrupted run's losses."""
+    from pipeline.config import SourceConfig
+    from pipeline.pretrain.mixture import Mixture
+
+    whole_table = pa.concat_tables(TABLES)
+    names = ["wiki" if i % 3 == 0 else "books" for i in range(ROWS)]
+    tables = [t.append_column("source", pa.array(n)) for t, n in
+              zip(TABLES, [names[:17], names[17:37], names[37:]])]
+    count = {n: {"rows": names.count(n), "tokens": sum(k for k, m in zip(whole_table["num_tokens"].to_pylist(), names)
+                                                       if m == n)} for n in ("books", "wiki")}
+    mix = Mixture.build([SourceConfig("books", ["/b"], weight=1), SourceConfig("wiki", ["/w"], weight=3)], count,
+                        steps=STEPS, global_batch_size=BATCH, temperature=1.0)
+    plan = PhasePlan(PLAN.dataset, STEPS, BATCH, CAP, ("a", "b", "c"), ROWS, (), False, mixture=mix)
+    assert mix.epochs()[1] > 1  # wiki repeats within the run
+    whole = _train(2, 0, STEPS, ckpt_out=tmp_path / "ckpt", ckpt_at=3, plan=plan, tables=tables)
+    state = json.loads((tmp_path / "ckpt" / "train_state.json").read_text())
+    assert state["position"]["source_rows"] == dict(zip(mix.names, mix.before(3)))
+    for world in (1, 3):
+        resumed = _train(world, 3, STEPS, ckpt_in=tmp_path / "ckpt", plan=plan, tables=tables)
+        for step in range(4, STEPS + 1):
+            assert resumed[step] == pytest.approx(whole[step], rel=1e-3), (world, step)
 
 
 def test_a_checkpoint_loads_at_another_world_size_and_in_the_format_before_world_size(tmp_path, capsys):

@@ -331,7 +331,7 @@ def test_unpadded_steps_train_like_padded_steps():
 
 
 def _run_loop(monkeypatch, tmp_path, *args: str, eval_files: tuple[str, ...] = ("held.parquet",), lr: float = 1e-3,
-              on_step=None) -> tuple[dict[int, dict[str, float]], list[int], list[str]]:
+              on_step=None, source_tokens=None) -> tuple[dict[int, dict[str, float]], list[int], list[str]]:
     """`pipeline.pretrain.loop.train_loop_per_worker` on one rank in this process, configs/tiny.yaml with `args`:
     what Ray Train gives a worker (its setup, its data shards, the checkpoint's upload) replaced by a tiny BERT on
     `_batches`, held-out batches when `eval_files`, and records; checkpoints are written (`save_checkpoint`) into
@@ -372,8 +372,9 @@ def _run_loop(monkeypatch, tmp_path, *args: str, eval_files: tuple[str, ...] = (
     data = _batches(3, steps, padded=False)
     held = _batches(4, 2, padded=True)
 
-    def rank_steps(plan, phase, rank, world, seed, rows, done, **_):
-        return (Step([b], int((b["masked_lm_positions"] >= 0).sum()), len(b["input_ids"])) for b in data[done:])
+    def rank_steps(plan, phase, rank, world, seed, rows, done, **_):  # `source_tokens(k)`: a mixture's counts at step k
+        return (Step([b], int((b["masked_lm_positions"] >= 0).sum()), len(b["input_ids"]),
+                     source_tokens(k) if source_tokens else None) for k, b in enumerate(data[done:], done + 1))
 
     @contextlib.contextmanager
     def checkpoint_dir(background):
@@ -537,3 +538,18 @@ def test_the_loop_stops_at_a_non_finite_step_and_checkpoints_nothing_from_it(mon
     assert written == list(range(2, step, 2)) and written, (written, msg)
     for d in tmp_path.iterdir():
         assert all(torch.isfinite(w).all() for w in load_file(str(d / "model.safetensors")).values())
+
+
+def test_a_mixture_logs_each_sources_tokens_so_far_and_its_checkpoint_keeps_a_finished_phases(monkeypatch, tmp_path):
+    """With a mixture every logged step has `train/source_tokens/<name>`, the tokens each source gave so far (the
+    feed counts them); the checkpoint at the phase's last step keeps them as the phases finished
+    (`source_tokens_before`, what a run resumed in a later phase adds to), earlier ones keep none yet."""
+    import json
+
+    logged, saved, _ = _run_loop(monkeypatch, tmp_path, "--train.max_steps", "6", "--train.log_every_steps", "2",
+                                 "--train.checkpoint_every_steps", "3", eval_files=(),
+                                 source_tokens=lambda k: {"books": 30 * k, "wiki": 10 * k})
+    assert {k: (v["train/source_tokens/books"], v["train/source_tokens/wiki"]) for k, v in logged.items()
+            if "train/source_tokens/books" in v} == {2: (60, 20), 3: (90, 30), 4: (120, 40), 6: (180, 60)}
+    states = [json.loads((d / "train_state.json").read_text()) for d in sorted(tmp_path.glob("checkpoint_*"))]
+    assert [s.get("source_tokens_before") for s in states] == [{}, {"books": 180, "wiki": 60}] and saved == [3, 6]

@@ -49,6 +49,7 @@ from pipeline.pretrain.identity import (check_run_init, legacy_run_notice, longe
 from pipeline.pretrain.feed import nothing_held_out
 from pipeline.pretrain.init import InitCheckpoint
 from pipeline.pretrain.loader import Batches, PhasePlan
+from pipeline.pretrain.mixture import phase_mixture
 from pipeline.pretrain.loop import train_loop_per_worker
 from pipeline.pretrain.worker import PretrainHandoff
 from pipeline.pretrain.metrics import NUM_COUNTS, counts, eval_metrics
@@ -74,15 +75,31 @@ def worker_config(cfg: Config, init: InitCheckpoint | None) -> Config:
 
 
 def phase_plans(cfg: Config, datasets: list[PreparedDataset]) -> list[PhasePlan]:
-    """One `PhasePlan` per phase (a single phase when `train.phases` is empty)."""
+    """One `PhasePlan` per phase (a single phase when `train.phases` is empty), with its mixture (`data.sources`,
+    or the phase's own) and its masking rate."""
     tc, plans = cfg.train, []
     for i, (ds, steps) in enumerate(zip(datasets, tc.phase_steps())):
         ph = tc.phases[i] if tc.phases else None
         mb = (ph.micro_batch_size if ph else None) or tc.micro_batch_size
         gb = (ph.global_batch_size if ph else None) or tc.global_batch_size
-        plans.append(PhasePlan.build(ds, steps=steps, micro_batch_size=mb, global_batch_size=gb,
-                                     num_eval_shards=tc.num_eval_shards, materialized=tc.materialize_data))
+        plan = PhasePlan.build(ds, steps=steps, micro_batch_size=mb, global_batch_size=gb,
+                               num_eval_shards=tc.num_eval_shards, materialized=tc.materialize_data)
+        plans.append(dataclasses.replace(plan, mixture=phase_mixture(cfg, i, ds, plan.train_files, steps, gb),
+                                         mask_rate=ph.mask_rate if ph else None))
     return plans
+
+
+def mixture_lines(plans: list[PhasePlan]) -> list[str]:
+    """The console's summary of each phase's mixture: every source's share of the tokens, its training tokens, and
+    how many times the phase reads it (a small source repeats, a large one is read in part)."""
+    out = []
+    for i, p in enumerate(plans):
+        if p.mixture is None:
+            continue
+        parts = [f"{d['name']} {d['token_share']:.1%} of the tokens ({d['epochs']:.2f} epochs of {d['tokens']:,})"
+                 for d in p.mixture.describe()]
+        out.append(f"[train] mixture{f' of phase {i}' if len(plans) > 1 else ''}: " + ", ".join(parts))
+    return out
 
 
 # Up to this many bytes of shards (`train.materialize_data`) are read by the driver itself and put in the object
@@ -215,16 +232,22 @@ def train_done(cfg: Config, datasets: list[PreparedDataset], uri: str, init: Ini
     return TrainResult(latest[0], run_id, name, cfg.train.max_steps, tuple(verified(latest[0])))
 
 
-def log_prepared_data(client, run_id: str, datasets: list[PreparedDataset], num_eval_shards: int) -> None:
-    """The run's Datasets panel: each phase's prepared data (context `training`) and held-out shards (`eval`)."""
-    from pipeline.data.dataset import PACKED_SCHEMA, SCHEMA
-    from pipeline.tracking.lineage import log_datasets, prepared_datasets
+def log_prepared_data(client, run_id: str, datasets: list[PreparedDataset], num_eval_shards: int,
+                      plans: list[PhasePlan] | None = None) -> None:
+    """The run's Datasets panel: each phase's prepared data (context `training`) and held-out shards (`eval`), and
+    in a mixture each source of each phase with its weight and the epochs the phase reads (`plans`' mixtures)."""
+    from pipeline.data.dataset import shard_schema
+    from pipeline.tracking.lineage import log_datasets, prepared_datasets, source_datasets
 
-    def schema(ds: PreparedDataset):  # packed by document: the doc_lengths column too
-        return PACKED_SCHEMA if ds.manifest["config"].get("pack_documents") else SCHEMA
+    def schema(ds: PreparedDataset):  # packed by document: the doc_lengths column too; a mixture's: source
+        return shard_schema(bool(ds.manifest["config"].get("pack_documents")), bool(ds.sources))
 
-    log_datasets(client, run_id, [entry for i, ds in enumerate(datasets) for entry in
-                                  prepared_datasets(ds, phase=i, num_eval_shards=num_eval_shards, arrow_schema=schema(ds))])
+    entries = [entry for i, ds in enumerate(datasets) for entry in
+               prepared_datasets(ds, phase=i, num_eval_shards=num_eval_shards, arrow_schema=schema(ds))]
+    for i, (ds, plan) in enumerate(zip(datasets, plans or [])):
+        if plan.mixture is not None:
+            entries += source_datasets(ds, plan.mixture.describe(), phase=i, arrow_schema=schema(ds))
+    log_datasets(client, run_id, entries)
 
 
 def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri: str, attempt: str,
@@ -238,6 +261,9 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
     os.environ["MLFLOW_TRACKING_URI"] = uri
     run_name = run_name_for(cfg, datasets, init)
     first = datasets[0]
+    plans = phase_plans(cfg, datasets)  # a mixture the data cannot give is one line here, before any run starts
+    for line in mixture_lines(plans):
+        print(line, flush=True)
     base = run_identity(cfg, datasets, init, without=("max_steps",))  # runs that differ only by their length share it
     for notice in (longer_run_notice(cfg, run_name, base, uri), legacy_run_notice(cfg, datasets, run_name, init)):
         if notice is not None:
@@ -262,7 +288,7 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
                 with open(os.path.join(sub, name), "wb") as f:
                     f.write(read_bytes(ds.file(name)))
             log.log_artifacts(sub, os.path.basename(sub))
-    log_prepared_data(log.client, run_id, datasets, cfg.train.num_eval_shards)
+    log_prepared_data(log.client, run_id, datasets, cfg.train.num_eval_shards, plans)
     print(f"[train] MLflow run {run_id} ({run_name}) at {tracking_server.redact(uri)}", flush=True)
     try:
         # Trained to the end already, under another store's MLflow run (train_done looks in this one): its final

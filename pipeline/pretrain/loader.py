@@ -29,6 +29,7 @@ import torch
 from pipeline.data.dataset import PreparedDataset
 from pipeline.core.precision import HOST_ONLY
 from pipeline.data.masking import MaskingPolicy, mask_batch
+from pipeline.pretrain.mixture import Mixture
 
 
 def pad_rows(rows: Sequence[np.ndarray], pad: int, dtype=np.int64, width: int | None = None) -> np.ndarray:
@@ -173,39 +174,31 @@ def split_global_batch(global_batch: int, world: int, cap: int) -> list[list[tup
     return out
 
 
-def epoch_batches(
+def permuted_rows(
     tables: Iterable[Any],
     *,
     num_rows: int,
     chunk_rows: int,
-    batch_size: int,
     seed_key: Sequence[int],
-    start: int = 0,
-) -> Iterator[tuple[int, Any]]:
-    """Yield `(index, batch_table)` for one epoch, from batch `start` on.
-
-    The epoch's rows are the first `num_rows` rows of the stream `tables` (pyarrow tables in a fixed order). They
-    are cut into chunks of `chunk_rows`; each chunk is permuted by an RNG seeded with `(*seed_key, chunk_index)` —
-    so the order is a pure function of the seed key (seed, phase, epoch), and resuming at batch `start` reproduces
-    exactly the batches an uninterrupted run would have seen. Chunks entirely before `start` are read but not
-    permuted. The last partial batch is dropped.
+    first_row: int = 0,
+    skipped: Callable[[Any], None] | None = None,
+) -> Iterator[Any]:
+    """One pass's rows, permuted: the first `num_rows` rows of the stream `tables` (pyarrow tables in a fixed
+    order), cut into chunks of `chunk_rows`, each permuted by an RNG seeded with `(*seed_key, chunk_index)`, yielded
+    as tables from row `first_row` of the permuted order on. Chunks entirely before `first_row` are read but not
+    permuted; `skipped` is called with the rows before `first_row` (whole chunks in stream order, then the
+    permuted head of the chunk `first_row` falls in).
 
     >>> import pyarrow as pa
-    >>> t = [pa.table({"x": list(range(10))})]
-    >>> [b["x"].to_pylist() for _, b in epoch_batches(t, num_rows=8, chunk_rows=8, batch_size=3, seed_key=[0])]
-    [[2, 4, 3], [6, 5, 0]]
-    >>> [b["x"].to_pylist() for _, b in epoch_batches(t, num_rows=8, chunk_rows=8, batch_size=3, seed_key=[0], start=1)]
-    [[6, 5, 0]]
+    >>> [t["x"].to_pylist() for t in permuted_rows([pa.table({"x": list(range(10))})], num_rows=8, chunk_rows=8,
+    ...                                             seed_key=[0], first_row=5)]
+    [[0, 1, 7]]
     """
     import pyarrow as pa
 
-    num_batches = num_rows // batch_size
-    first_row = start * batch_size  # first row (in permuted order) still to be yielded
     pending: list[Any] = []  # tables of the current chunk, in stream order
     pending_rows = 0
-    carry = None  # permuted rows not yet yielded
-    index = start
-    consumed = 0  # rows of the epoch seen so far
+    consumed = 0  # rows of the pass seen so far
     chunk = 0
 
     def stream():
@@ -229,18 +222,112 @@ def epoch_batches(
             chunk_start = chunk * chunk_rows
             chunk += 1
             if chunk_start + n <= first_row:
+                if skipped is not None:
+                    skipped(piece)
                 continue  # entirely before the resume point
             perm = np.random.default_rng([*map(int, seed_key), chunk - 1]).permutation(n)
             piece = piece.take(pa.array(perm))
             if chunk_start < first_row:
+                if skipped is not None:
+                    skipped(piece.slice(0, first_row - chunk_start))
                 piece = piece.slice(first_row - chunk_start)
-            carry = piece if carry is None else pa.concat_tables([carry, piece])
-            while carry.num_rows >= batch_size and index < num_batches:
-                yield index, carry.slice(0, batch_size)
-                carry = carry.slice(batch_size)
-                index += 1
-            if index >= num_batches:
-                return
+            yield piece
+
+
+def epoch_batches(
+    tables: Iterable[Any],
+    *,
+    num_rows: int,
+    chunk_rows: int,
+    batch_size: int,
+    seed_key: Sequence[int],
+    start: int = 0,
+) -> Iterator[tuple[int, Any]]:
+    """Yield `(index, batch_table)` for one epoch, from batch `start` on.
+
+    The epoch's rows are the first `num_rows` rows of the stream `tables` (pyarrow tables in a fixed order). They
+    are cut into chunks of `chunk_rows`; each chunk is permuted by an RNG seeded with `(*seed_key, chunk_index)` —
+    so the order is a pure function of the seed key (seed, phase, epoch), and resuming at batch `start` reproduces
+    exactly the batches an uninterrupted run would have seen (`permuted_rows`). The last partial batch is dropped.
+
+    >>> import pyarrow as pa
+    >>> t = [pa.table({"x": list(range(10))})]
+    >>> [b["x"].to_pylist() for _, b in epoch_batches(t, num_rows=8, chunk_rows=8, batch_size=3, seed_key=[0])]
+    [[2, 4, 3], [6, 5, 0]]
+    >>> [b["x"].to_pylist() for _, b in epoch_batches(t, num_rows=8, chunk_rows=8, batch_size=3, seed_key=[0], start=1)]
+    [[6, 5, 0]]
+    """
+    import pyarrow as pa
+
+    num_batches = num_rows // batch_size
+    index = start
+    carry = None  # permuted rows not yet yielded
+    if index >= num_batches:
+        return
+    for piece in permuted_rows(tables, num_rows=num_rows, chunk_rows=chunk_rows, seed_key=seed_key,
+                               first_row=start * batch_size):
+        carry = piece if carry is None else pa.concat_tables([carry, piece])
+        while carry.num_rows >= batch_size and index < num_batches:
+            yield index, carry.slice(0, batch_size)
+            carry = carry.slice(batch_size)
+            index += 1
+        if index >= num_batches:
+            return
+
+
+SOURCE_KEY = 0x534F55  # "SOU": a source's pass order is seeded apart from the epochs of one stream
+MIX_KEY = 0x4D4958  # "MIX": the order of a mixed global batch
+
+
+class SourceRows:
+    """One source's rows of a phase as an endless stream, from row `start` of it on: its training rows (those of
+    `tables()` whose `source` is `name`, in file order; `rows` of them, `tokens` tokens) read pass after pass, each
+    pass permuted in chunks of `chunk_rows` seeded by (seed, phase, SOURCE_KEY + index, pass) (`permuted_rows`).
+    Where it starts is a number of rows (`mixture.Mixture.before`), a function of the step alone. `tokens_before`:
+    the tokens of the rows before `start`, complete once the first rows are taken (a resumed run's counts).
+
+    >>> import pyarrow as pa
+    >>> t = pa.table({"source": ["a", "b", "a", "a"], "num_tokens": [1, 2, 3, 4]})
+    >>> s = SourceRows(lambda: [t], "a", 0, 3, 8, 3, seed=0, phase=0, start=5)
+    >>> [s.take(2)["num_tokens"].to_pylist() for _ in range(2)], s.tokens_before
+    ([[3, 1], [3, 4]], 13)
+    """
+
+    def __init__(self, tables: Callable[[], Iterable[Any]], name: str, index: int, rows: int, tokens: int,
+                 chunk_rows: int, *, seed: int, phase: int, start: int) -> None:
+        self.tables, self.name, self.rows, self.chunk_rows = tables, name, rows, chunk_rows
+        self.key = [seed, phase, SOURCE_KEY + index]
+        self._passes, self._first = divmod(start, rows)
+        self.tokens_before = self._passes * tokens  # + the head of the pass it starts in, as that is read
+        self._pieces = self._stream()
+        self._carry = None
+
+    def _stream(self) -> Iterator[Any]:
+        import pyarrow.compute as pc
+
+        def count(t) -> None:
+            self.tokens_before += int(pc.sum(t["num_tokens"]).as_py() or 0)
+
+        passes, first = self._passes, self._first
+        while True:
+            mine = (t.filter(pc.equal(t["source"], self.name)) for t in self.tables())
+            yield from permuted_rows(mine, num_rows=self.rows, chunk_rows=self.chunk_rows,
+                                     seed_key=[*self.key, passes], first_row=first, skipped=count if first else None)
+            passes, first = passes + 1, 0
+
+    def take(self, n: int) -> Any:
+        """The stream's next `n` rows, as one table."""
+        import pyarrow as pa
+
+        parts, have = [], 0
+        while have < n:
+            if self._carry is None or self._carry.num_rows == 0:
+                self._carry = next(self._pieces)
+            piece = self._carry.slice(0, n - have)
+            self._carry = self._carry.slice(piece.num_rows)
+            parts.append(piece)
+            have += piece.num_rows
+        return pa.concat_tables(parts) if len(parts) != 1 else parts[0]
 
 
 @dataclass(frozen=True)
@@ -261,20 +348,27 @@ class PhasePlan:
     eval_files: tuple[str, ...]
     materialized: bool
     """True: the driver reads the shards once into the object store (the training rows, then the held-out ones)."""
+    mixture: Mixture | None = None
+    """With `data.sources`: which rows of which source each step takes (`pipeline.pretrain.mixture`)."""
+    mask_rate: float | None = None
+    """Dynamic masking at this rate in this phase (`train.phases[].mask_rate`); None: the data's."""
 
     @property
     def batches_per_epoch(self) -> int:
         return self.train_rows // self.global_batch_size
 
-    def position(self, step: int) -> dict[str, int]:
+    def position(self, step: int) -> dict[str, Any]:
         """Where the data is after `step` optimizer steps of this phase: epoch, global batches done in it, and
-        the samples the phase consumed (`step * global_batch_size`).
+        the samples the phase consumed (`step * global_batch_size`); in a mixture also the rows each source gave.
 
         >>> PhasePlan(None, 10, 4, 4, (), 10, (), False).position(5)
         {'epoch': 2, 'batch': 1, 'samples': 20}
         """
         epoch, batch = divmod(step, self.batches_per_epoch)
-        return {"epoch": epoch, "batch": batch, "samples": step * self.global_batch_size}
+        out: dict[str, Any] = {"epoch": epoch, "batch": batch, "samples": step * self.global_batch_size}
+        if self.mixture is not None:
+            out["source_rows"] = dict(zip(self.mixture.names, self.mixture.before(step)))
+        return out
 
     @classmethod
     def build(cls, ds: PreparedDataset, *, steps: int, micro_batch_size: int, global_batch_size: int,
@@ -299,6 +393,8 @@ class Step:
     """Masked positions in the whole global batch (every rank's): the MLM loss is their mean."""
     nsp_examples: int
     """Examples with a next-sentence label in the whole global batch: the NSP loss is their mean."""
+    source_tokens: dict[str, int] | None = None
+    """In a mixture: each source's tokens the phase trained on up to this step, this one included."""
 
 
 class Batches:
@@ -313,7 +409,9 @@ class Batches:
                  unpad: bool = False, modernbert: bool = False) -> None:
         self.seed, self.pin_memory, self.pad_to, self.unpad = seed, pin_memory, pad_to, unpad
         self.modernbert = modernbert
-        self.policy: MaskingPolicy | None = plan.dataset.policy() if plan.dataset.dynamic_masking else None
+        self.policy: MaskingPolicy | None = None
+        if plan.dataset.dynamic_masking:  # at the phase's own rate when it has one
+            self.policy = plan.dataset.policy() if plan.mask_rate is None else plan.dataset.policy(plan.mask_rate)
 
     def rows(self, table, epoch: int) -> dict[str, Any]:
         rows = arrow_rows(table)
@@ -364,6 +462,9 @@ class StepFeed:
         self.slices = split_global_batch(plan.global_batch_size, world, plan.micro_batch_size)[rank]
 
     def __iter__(self) -> Iterator[Step]:
+        if self.plan.mixture is not None:
+            yield from self._mixed(self.plan.mixture)
+            return
         epoch, start = divmod(self.done, self.plan.batches_per_epoch)
         while True:
             for _, tbl in epoch_batches(self.tables(), num_rows=self.plan.train_rows, chunk_rows=self.shuffle_rows,
@@ -371,3 +472,29 @@ class StepFeed:
                                         start=start):
                 yield self.to_batch.step(tbl, epoch, self.slices)
             epoch, start = epoch + 1, 0
+
+    def _mixed(self, mix: Mixture) -> Iterator[Step]:
+        """A mixture's steps: step k's global batch is each source's next `mix.at(k)` rows (its own stream,
+        `SourceRows`, where `mix.before(k)` says it is), in an order seeded by (seed, phase, k); its dynamic masks
+        are drawn for step k (a row drawn again gets a fresh one). Each Step counts the tokens every source gave
+        the phase up to it."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        streams = [SourceRows(self.tables, name, i, rows, tokens, self.shuffle_rows, seed=self.seed, phase=self.phase,
+                              start=start)
+                   for name, i, rows, tokens, start in zip(mix.names, mix.index, mix.rows, mix.tokens,
+                                                           mix.before(self.done))]
+        drawn = [0] * len(streams)
+        step = self.done
+        while True:
+            parts = [(k, s.take(n)) for k, (s, n) in enumerate(zip(streams, mix.at(step))) if n]
+            for k, part in parts:
+                drawn[k] += int(pc.sum(part["num_tokens"]).as_py())
+            table = pa.concat_tables([part for _, part in parts])
+            order = np.random.default_rng([self.seed, self.phase, MIX_KEY, step]).permutation(table.num_rows)
+            table = table.take(pa.array(order))
+            out = self.to_batch.step(table, step, self.slices)
+            out.source_tokens = {s.name: s.tokens_before + d for s, d in zip(streams, drawn)}
+            yield out
+            step += 1

@@ -22,6 +22,23 @@ from pipeline.pretrain.metrics import NUM_COUNTS, counts, device_peak, eval_metr
 from pipeline.pretrain.worker import PretrainHandoff, start_worker
 
 
+def plus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    """Tokens per source, added.
+
+    >>> plus({"a": 1}, {"a": 2, "b": 3})
+    {'a': 3, 'b': 3}
+    """
+    return {n: a.get(n, 0) + b.get(n, 0) for n in {**a, **b}}
+
+
+def finished(earlier: dict[str, int], s, last_of_phase: bool) -> dict[str, dict[str, int]]:
+    """What a checkpoint keeps of a mixture's counts: each source's tokens in the phases finished at its step
+    (`source_tokens_before`, with this phase when the step is its last); nothing without a mixture."""
+    if s.source_tokens is None and not earlier:
+        return {}
+    return {"source_tokens_before": plus(earlier, s.source_tokens or {}) if last_of_phase else earlier}
+
+
 def train_loop_per_worker(h: PretrainHandoff) -> None:
     """Pretrain with DDP from where `start_worker` resumed (step 0, or a checkpoint exactly)."""
     cfg, plans, vocab_sha, on_step = h.cfg, h.plans, h.vocab_sha256, h.on_step
@@ -31,6 +48,7 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
 
     ends = np.cumsum([p.steps for p in plans]).tolist()
     step, evals = w.step, {}
+    earlier = dict(w.source_tokens)  # a mixture's tokens per source in the phases finished before this one
     background = cluster.uploads_in_background(tc.checkpoint_upload, tc.storage_path)
     figures = TrainFigures()  # sums stay on the device between the steps that read them
     peak = device_peak(device, say=say if rank == 0 else None)  # a GPU's: train/mfu; None on a CPU
@@ -59,6 +77,9 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
                     metrics = {**stats.metrics(), "train/phase": phase}
                     if peak:  # on the datasheet's dense bf16 basis (model.flops), per GPU
                         metrics["train/mfu"] = mfu(stats.flops, stats.seconds, peak, world)
+                    if s.source_tokens is not None:  # a mixture: each source's tokens trained on so far
+                        so_far = plus(earlier, s.source_tokens)
+                        metrics.update({f"train/source_tokens/{n}": v for n, v in so_far.items()})
                     log.step(step, metrics)
             if evaluating:
                 if phase not in evals:  # None: nothing held out, nothing evaluated (never the training rows)
@@ -78,9 +99,11 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
                     deferred = save_checkpoint(
                         d, rank, t, {"step": step, "position": {"phase": phase, **plan.position(step - begun)},
                                      "world_size": world, "vocab_sha256": vocab_sha, "run_id": h.run_id,
-                                     "max_steps": tc.max_steps}, background=background)
+                                     "max_steps": tc.max_steps, **finished(earlier, s, step == ends[phase])},
+                        background=background)
                     cluster.report({"step": step, "loss": stats.loss}, d, background=background, deferred=deferred)
             if on_step is not None:
                 on_step(step, rank)
+        earlier = plus(earlier, s.source_tokens or {})  # the phase is done: its tokens join the earlier ones
     if log is not None:
         log.close(wait_s=5)  # what is still unsent, the last checkpoint holds

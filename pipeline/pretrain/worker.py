@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -68,6 +68,8 @@ class Worker:
     """Optimizer steps done: the data position follows from it (`PhasePlan.position`)."""
     log: RunLogger | None
     """Rank 0's; None on the other ranks."""
+    source_tokens: dict[str, int] = field(default_factory=dict)
+    """A mixture's tokens per source in the phases finished before `step` (the checkpoint's `source_tokens_before`)."""
 
 
 def start_worker(h: PretrainHandoff) -> Worker:
@@ -102,4 +104,4 @@ def start_worker(h: PretrainHandoff) -> Worker:
                         log_every_steps=tc.log_every_steps, background=True, pending=pending)
         # where the workers ran: a multi-node run shows num_nodes > 1
         log.set_tags({"world_size": world, "num_nodes": nodes, "device": str(device)})
-    return Worker(rank, world, device, t, state["step"], log)
+    return Worker(rank, world, device, t, state["step"], log, state.get("source_tokens_before", {}))

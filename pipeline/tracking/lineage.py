@@ -12,6 +12,8 @@ carries:
 - the schema: the shards' columns (DESIGN.md) as an MLflow schema;
 - a profile: documents, examples, tokens, shards, the dedup counts.
 
+In a mixture (`data.sources`) each source is an input of its own as well (`source_datasets`), with its weight.
+
 Why a `Dataset` subclass: `mlflow.data.meta_dataset.MetaDataset` has a schema but no profile, and the pandas or
 Hugging Face datasets would load the shards to compute what the manifest already says.
 """
@@ -119,7 +121,43 @@ def prepared_datasets(ds, *, phase: int, num_eval_shards: int, arrow_schema) -> 
     return out
 
 
-def log_datasets(client, run_id: str, datasets: list[tuple[PreparedData, str]]) -> None:
-    """Log each (dataset, context) as an input of the run, in one call."""
-    client.log_inputs(run_id, datasets=[DatasetInput(d._to_mlflow_entity(), tags=[InputTag(CONTEXT_TAG, ctx)])
-                                        for d, ctx in datasets])
+Logged = tuple[PreparedData, str] | tuple[PreparedData, str, dict[str, str]]
+"""A dataset to log: (dataset, context) or (dataset, context, more input tags)."""
+
+
+def source_datasets(ds, sources: list[dict[str, Any]], *, phase: int, arrow_schema) -> list[Logged]:
+    """(dataset, context, tags) for each source of a phase's mixture (issue 58): `<name>[<source>]`, its text's
+    first input as the source, a digest of the manifest's and the source's name, and a profile of what it holds
+    (the manifest's counts) and what the run draws of it (`sources`: `pipeline.pretrain.mixture.Mixture.describe`
+    with the source's `weight` and `epochs` given); its weight and the epochs the phase reads of it are also tags.
+
+    >>> from types import SimpleNamespace as NS
+    >>> ds = NS(output="/d/tiny", manifest_sha256="f" * 64, manifest={"sources": [{"name": "wiki", "inputs": ["/w"],
+    ...          "documents": 3, "tokens": 90}]})
+    >>> [(d.name, ctx, tags) for d, ctx, tags in source_datasets(ds, [{"name": "wiki", "weight": 1, "epochs": 2.5}],
+    ...                                                          phase=0, arrow_schema=None)]
+    [('tiny[wiki]', 'training', {'mixture.weight': '1', 'mixture.epochs': '2.5'})]
+    """
+    import hashlib
+
+    held = {s["name"]: s for s in ds.manifest.get("sources", [])}
+    schema = shard_schema(arrow_schema) if arrow_schema is not None else None
+    out = []
+    for s in sources:
+        m = held[s["name"]]
+        digest = hashlib.sha256(f"{ds.manifest_sha256}:{s['name']}".encode()).hexdigest()
+        profile = {"documents": m["documents"], "tokens": m["tokens"], "inputs": m["inputs"],
+                   "manifest_sha256": ds.manifest_sha256, **{k: v for k, v in s.items() if k != "name"}}
+        data = PreparedData(m["inputs"][0], f"{dataset_name(ds.output, phase)}[{s['name']}]", digest, schema, profile)
+        weight = s.get("weight")
+        out.append((data, "training", {"mixture.weight": "" if weight is None else f"{weight:g}",
+                                       "mixture.epochs": f"{s['epochs']:.4g}"}))
+    return out
+
+
+def log_datasets(client, run_id: str, datasets: list[Logged]) -> None:
+    """Log each (dataset, context[, more tags]) as an input of the run, in one call."""
+    def tags(d: Logged) -> list[InputTag]:
+        return [InputTag(CONTEXT_TAG, d[1]), *(InputTag(k, v) for k, v in (d[2] if len(d) > 2 else {}).items())]
+
+    client.log_inputs(run_id, datasets=[DatasetInput(d[0]._to_mlflow_entity(), tags=tags(d)) for d in datasets])
