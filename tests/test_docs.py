@@ -105,7 +105,7 @@ def unknown_flags(text: str, flags: dict[str, set[str]]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def flags() -> dict[str, set[str]]:
-    return {job: job_flags(job) for job in ("pretrain", "finetune", "prepare_data")}
+    return {job: job_flags(job) for job in ("pretrain", "finetune", "prepare_data", "evaluate")}
 
 
 def test_docs_exist_and_readme_is_short():
