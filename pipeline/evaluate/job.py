@@ -257,7 +257,7 @@ def _evaluate(cfg, suite: Suite, todo: list[_Model], data: dict, tests: dict, ur
                             {**ft.flat(), "task": task.task, "suite_task": task.name, "source": m.spec,
                              "train_file": task.train, "dev_file": task.dev, "test_file": task.test or ""})
                         tracking.client(uri).update_run(run_id, status="SCHEDULED")
-                        shared = FinetuneHandoff(td_ref, init, uri, task.metric, cfg=ft, run_id=run_id)
+                        shared = FinetuneHandoff(td_ref, init, uri, task.metric, cfg=ft, run_id=run_id, quiet=True)
                         specs[key] = TrialSpec(f"{task.name} lr {lr_key(lr)} seed {seed} of {m.spec}", ft, shared,
                                                run_id, run_name, task.metric, test_ref=test_ref, keep=False)
                         where[key] = (m, task, lr, seed)

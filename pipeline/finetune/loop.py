@@ -159,6 +159,8 @@ class FinetuneHandoff:
     """This run's `FinetuneConfig`."""
     run_id: str | None = None
     """The MLflow run rank 0 logs into; None logs nothing."""
+    quiet: bool = False
+    """No console lines from the workers (an evaluation suite's trials: its driver prints one line a trial)."""
 
 
 class BestModel:
@@ -224,7 +226,7 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
         from pipeline.tracking import RunLogger
 
         log = RunLogger(h.run_id, h.tracking_uri, total_steps=total, log_every_steps=tc.log_every_steps,
-                        background=True, pending=pending)
+                        background=True, pending=pending, show_progress=not h.quiet)
 
     step, (epoch, done) = state["step"], (state["position"]["epoch"], state["position"]["micro"])
     best = tuple(state["best"]) if state["best"] is not None else None
@@ -251,7 +253,9 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
                 metrics.update({f"eval/{k}": v for k, v in ev.items()})
                 if log is not None:
                     log.log_metrics({f"eval/{k}": v for k, v in ev.items()}, step)
-                    say(f"[finetune] epoch {epoch} step {step}/{total} eval " + "  ".join(f"{k} {v:.4f}" for k, v in ev.items()))
+                    if not h.quiet:
+                        say(f"[finetune] epoch {epoch} step {step}/{total} eval "
+                            + "  ".join(f"{k} {v:.4f}" for k, v in ev.items()))
                 score = (ev[primary], -ev["loss"])  # ties on the metric (e.g. F1 0 early on) go to the lower loss
                 if best is None or score > best:
                     best = score

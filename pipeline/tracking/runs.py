@@ -223,12 +223,13 @@ class RunLogger:
 
     def __init__(self, run_id: str, uri: str | None = None, system_metrics_every_s: float | None = None, *,
                  total_steps: int | None = None, log_every_steps: int = 1, progress_every_s: float = 10.0,
-                 background: bool = False, pending: dict[str, Any] | None = None):
+                 background: bool = False, pending: dict[str, Any] | None = None, show_progress: bool = True):
         from pipeline.tracking.outbox import Outbox
 
         self.run_id = run_id
         self.client = client(uri)
         self.progress = Progress(total_steps, log_every_steps, progress_every_s)
+        self.show_progress = show_progress  # False: no console line (an evaluation trial; its driver has one)
         self.log_every_steps = log_every_steps
         self._last_step: dict[str, int] = {}
         self.outbox = Outbox(self.client, run_id) if background else None
@@ -305,7 +306,8 @@ class RunLogger:
         progress line at the `Progress` cadence."""
         if step % self.log_every_steps == 0 or step == self.progress.total:
             self.log_metrics(metrics, step)
-        self.progress.update(step, metrics)
+        if self.show_progress:
+            self.progress.update(step, metrics)
 
     def log_system_metrics(self) -> None:
         """One psutil sample; its step is seconds since the run started, so restarts never collide."""
