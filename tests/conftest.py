@@ -113,8 +113,12 @@ def _load_script(path: Path, name: str):
 
 
 def load_bench(name: str):
-    """bench/<name>.py imported as a module (bench/ is scripts, not a package)."""
-    return _load_script(REPO / "bench" / f"{name}.py", name)
+    """bench/<concern>/<name>.py (or bench/<name>.py) imported as a module (bench/ is scripts, not a package);
+    finished studies (bench/studies/) are not loaded."""
+    found = [p for p in sorted((REPO / "bench").glob(f"**/{name}.py")) if "studies" not in p.parts]
+    if len(found) != 1:
+        raise FileNotFoundError(f"bench/**/{name}.py outside bench/studies: {found or 'none'}")
+    return _load_script(found[0], name)
 
 
 def load_job(name: str):

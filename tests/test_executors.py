@@ -1,6 +1,6 @@
 """pipeline/data/executors.py: the dedup pass's grouping on a real local Ray (Ray Data's hash shuffles) against the
 local executor's sort: the same edges and dropped documents, and a shuffle of ids plus at most one signature row
-a document (measured with Ray Data's own stats, as bench/dedup_shuffle.py measures it)."""
+a document (measured with Ray Data's own stats, as bench/measure.py's captured_shuffles measures it)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_ray_grouping_equals_the_local_sort_and_ships_a_signature_once(ray_local
 
     from pipeline.data.grouping import SHUFFLE_INPUT_BYTES
 
-    bench = load_bench("dedup_shuffle")
+    bench = load_bench("measure")
     params = DedupParams(mode=mode)
     paths, orders, exact, sigs = _records(tmp_path)
     want_exact, want_near = find_edges(orders, exact, sigs, params)

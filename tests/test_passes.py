@@ -166,7 +166,7 @@ def test_signing_one_big_document_is_bounded(shared_dir, tmp_path):
     code = ("from pipeline.config import DataConfig; from pipeline.data.passes import sign_unit; "
             "from pipeline.data.sources import InputFile; "
             f"sign_unit(InputFile({str(doc)!r}, 'txt', 0), DataConfig(inputs=[]), {str(tmp_path / 's.parquet')!r})")
-    proc, log, _, sampler = bench.run_sampled([sys.executable, "-c", code], env=dict(os.environ))
-    assert proc.returncode == 0, log
+    run = bench.run_sampled([sys.executable, "-c", code], env=dict(os.environ))
+    assert run.returncode == 0, run.log
     assert len(pq.read_table(tmp_path / "s.parquet")) == 1
-    assert sampler.peak_one < 280 * 2**20, f"{sampler.peak_one / 2**20:.0f} MiB"
+    assert run.sampler.peak_one < 280 * 2**20, f"{run.sampler.peak_one / 2**20:.0f} MiB"

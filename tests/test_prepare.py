@@ -302,7 +302,7 @@ def test_pack_documents_needs_mlm_only_rows():
 
 
 
-# bench/wiki_scale.py's dump at 100 copies prepared by main's code before one read per document (5e49c2c, `_prepare`
+# bench/data/wiki_dump.py's dump at 100 copies prepared by main's code before one read per document (5e49c2c, `_prepare`
 # below with chunk_chars 200,000: 4 units): the shards' sha256, and duplicates.jsonl's (doc, kind, duplicate_of
 # doc, similarity) rows as the sha256 of their JSON list (its sources are this run's paths).
 DUMP_SHARDS = ["627b2529c63fea13fbfabb347ae8e7726c39c0795c2f34fa49d818ef814f2dbc",
@@ -324,7 +324,7 @@ def test_one_read_per_unit_resumed_after_a_crash_writes_todays_shards(minilm_dir
 
     dump = tmp_path / "dump"
     dump.mkdir()
-    load_bench("wiki_scale").build_dump(dump, 100)
+    load_bench("wiki_dump").build_dump(dump, 100)
     reads: Counter[int] = Counter()
     read_pages = wiki.read_pages
     monkeypatch.setattr(wiki, "read_pages",
