@@ -50,6 +50,19 @@ def minilm_vocab() -> Path:
     return minilm_dir() / "vocab.txt"
 
 
+def data_config(preset: str, dest: Path) -> Path:
+    """configs/<preset>'s `data:` section alone, as it is written, in the file `dest`: jobs/prepare_data.py reads
+    no other section of a preset ("Option 'model.preset' is not accepted")."""
+    text = (REPO / "configs" / preset).read_text()
+    dest.write_text(re.search(r"^data:\n(?:[ #].*\n|\n)*", text, re.M).group(0))
+    return dest
+
+
+PREPARE_INPUTS = ("--data.sources", "[]")
+"""With `--data.inputs` and a preset: its inputs replaced (prepare_data.py at 60856bd does not clear the preset's
+`data.sources` by itself: "bad config: must be called with a dataclass type or instance")."""
+
+
 def print_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     """A markdown table, as bench/RESULTS.md quotes it.
 

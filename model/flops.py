@@ -1,5 +1,5 @@
 """Model FLOPs of a training step and the device's dense bf16 peak: MFU, one formula for the benchmark
-(`bench/train_step.py`) and the training loop's `train/mfu` (bench/RESULTS.md, "GPU", keeps the hand count).
+(`bench/train/train_step.py`) and the training loop's `train/mfu` (bench/RESULTS.md, "GPU", keeps the hand count).
 
 Counted as the references count (MLPerf, ModernBERT, MosaicBERT, ../shared/GPU.md): matmuls only, forward + both
 backward GEMMs (3 x the forward's 2 FLOPs per multiply-add: 6 per matmul parameter and token), on the real

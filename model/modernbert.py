@@ -19,7 +19,7 @@ windows' halves, attend in chunks (`Banded`): each chunk of local_attention // 2
 neighbouring chunks' keys, under a (chunk, 3 chunks) mask of window and document, so a row of 1,024 computes 3/16 of
 the full scores. Not FlexAttention (no backward on the CPU in torch 2.13) nor SDPA on jagged tensors (it takes no
 mask, so no window). The measurements behind the choice, and what a GPU may change: bench/RESULTS.md, "Modern
-encoder (issue 33): the model" (`python bench/modernbert_step.py --threads 1 --attention`). Without padding and
+encoder (issue 33): the model" (`python bench/train/modernbert_step.py --threads 1 --attention`). Without padding and
 without `cu_seqlens` the global layers take no mask and nothing is computed on pad tokens (there are none); with
 padding, pad positions are computed (dense rows) but never attended to.
 """

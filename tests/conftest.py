@@ -45,9 +45,9 @@ SHARED = REPO.parent / "shared"
 # no compiled module, so every process the suite starts (job command lines, Ray workers and actors, local worker
 # processes) compiled the project's modules from source again: pip compiled the installed packages, but an
 # editable install leaves the project's own to the first import. A 24-step pretraining job in a warm cluster took
-# 58.2 CPU-s without the cache and 52.8 with it (bench/job_cost.py's shape, two jobs each, one run). The sources are
-# compiled once here, by the first pytest process, and the suite's processes may cache what else they compile (the
-# copy of the repository that Ray unpacks for each submitted job).
+# 58.2 CPU-s without the cache and 52.8 with it (bench/studies/job_cost.py's shape, two jobs each, one run). The
+# sources are compiled once here, by the first pytest process, and the suite's processes may cache what else they
+# compile (the copy of the repository that Ray unpacks for each submitted job).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 if "PYTEST_XDIST_WORKER" not in os.environ:

@@ -6,7 +6,7 @@ local path is shared between hosts except the read-only repository and virtual e
 A host is a holder process (`ip netns exec NS unshare --mount ... sleep`) whose namespaces every command enters
 with `nsenter`; its files are reachable from outside as `/proc/<holder>/root/...`. `Hosts.close` kills every
 process in the namespaces, deletes them and the links (the tmpfs mounts go with the last process in them).
-Used by tests/test_two_hosts.py and bench/two_hosts.py.
+Used by tests/test_two_hosts.py and bench/studies/two_hosts.py.
 """
 
 from __future__ import annotations

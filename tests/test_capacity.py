@@ -1,4 +1,4 @@
-"""bench/capacity.py: the capacity tables' arithmetic, checked by hand on one figure of each table."""
+"""bench/cost/capacity.py: the capacity tables' arithmetic, checked by hand on one figure of each table."""
 
 from __future__ import annotations
 

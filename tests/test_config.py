@@ -30,7 +30,7 @@ def test_presets_load_and_every_key_is_commented(repo_root, name):
 
 def test_modernbert_tiny_is_tinys_budget_packed_by_document(repo_root):
     """The modern encoder's main job: MLM-only rows packed by document at 30%, the wsd schedule, and tiny's token
-    slots a step (its step count: bench/modernbert_budget.py)."""
+    slots a step (its step count: bench/studies/modernbert_budget.py)."""
     cfg, tiny = load_config(repo_root / "configs" / "modernbert-tiny.yaml"), load_config(repo_root / "configs" / "tiny.yaml")
     assert cfg.model.modernbert and not tiny.model.modernbert
     assert (cfg.data.nsp, cfg.data.pack_documents, cfg.data.mask_rate, cfg.train.schedule) == (False, True, 0.3, "wsd")

@@ -1,4 +1,4 @@
-"""bench/gpu_bundle.py: Ray's wheel repacked without what a Python job never loads (RECORD kept consistent), wheels
+"""bench/gpu/gpu_bundle.py: Ray's wheel repacked without what a Python job never loads (RECORD kept consistent), wheels
 recompressed with LZMA byte for byte, the corpora staged for a device call."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""bench/gpu_e2e.py's loop-vs-step check: the loop's steady tokens/s over the product step's alone, read from
-bench/train_step.py's --json line; at the goal it passes, under it or without a reference it fails and says why."""
+"""bench/gpu/gpu_e2e.py's loop-vs-step check: the loop's steady tokens/s over the product step's alone, read from
+bench/train/train_step.py's --json line; at the goal it passes, under it or without a reference it fails and says
+why."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""bench/modernbert_step.py at the smallest shapes: the packed batch it builds, and every implementation steps and
+"""bench/train/modernbert_step.py at the smallest shapes: the packed batch it builds, and every implementation steps and
 lands in the table."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def test_every_implementation_steps_and_is_timed(bench, capsys):
 
 
 def test_chosen_implementations_in_bf16_with_the_flop_columns(bench, capsys):
-    """The GPU lease's form (bench/gpu_step.sh STEP_SET=modernbert) at CPU shapes: only the implementations asked
+    """The GPU lease's form (bench/gpu/gpu_step.sh STEP_SET=modernbert) at CPU shapes: only the implementations asked
     for, bf16 autocast, and the TFLOP/s and MFU columns (no MFU on a CPU: not in the peak table, said once)."""
     out = bench.main(["--rows", "1", "--seq", "64", "--vocab", "100", "--rounds", "1", "--steps", "1",
                       "--dtype", "bf16", "--impls", "ours", "--mfu"])

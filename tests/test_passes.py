@@ -158,7 +158,7 @@ def test_sign_unit_writes_the_records_of_its_documents(tmp_path):
 def test_signing_one_big_document_is_bounded(shared_dir, tmp_path):
     """Issue 37: signing held ~20x a document (all its words and shingles at once): this 16 MB book took 410 MiB,
     a 100 MB one 2 GiB. A window at a time it holds the text and a constant (170 MiB measured, 76 MiB of it the
-    imports): the child's largest RSS, sampled as bench/big_document_memory.py samples it, stays under a fixed
+    imports): the child's largest RSS, sampled as bench/data/big_document_memory.py samples it, stays under a fixed
     cap."""
     bench = load_bench("big_document_memory")
     doc = tmp_path / "book.txt"

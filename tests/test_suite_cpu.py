@@ -1,4 +1,4 @@
-"""bench/suite_cpu.py: how CPU polled per process is charged to tests."""
+"""bench/cost/suite_cpu.py: how CPU polled per process is charged to tests."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""bench/train_step.py, the GPU issue's measuring tool, run on the CPU at the smallest shapes: every try builds,
+"""bench/train/train_step.py, the GPU issue's measuring tool, run on the CPU at the smallest shapes: every try builds,
 steps and lands in the table with the FLOPs of its own model, and bad implementation names are refused."""
 
 from __future__ import annotations

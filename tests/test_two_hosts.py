@@ -8,7 +8,7 @@ settings (data prepared on Ray actors, two Train workers SPREAD, gloo over the v
 after the first checkpoint and comes back. The job must still give the shards, the final weights and the per-step
 losses of that module's one-host two-worker baseline (reused when it ran in this session, else run here), with
 each step logged once. About 2 minutes on 2 cores, most of it the job itself (about 30 s of it the crash and
-Ray's recovery); bench/two_hosts.py times one host against two.
+Ray's recovery); bench/studies/two_hosts.py times one host against two.
 
 Then the host lost for good (issue 34): the same training, elastic (`train.min_workers 1`), under another run name;
 the worker host crashes after the first checkpoint and stays dead, and the job finishes on the head's one worker.

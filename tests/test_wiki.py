@@ -341,8 +341,8 @@ def test_real_pages_cost_nothing_and_a_few_stray_openers_stay_within_the_budget(
 
 def test_a_dump_in_parts_reads_as_its_pages_in_order(tmp_path):
     """bench/data/wiki_dump.py's dump written in two parts, named as Wikimedia names the parts of the real dump
-    (bench/wiki_two_hosts.py's gigabyte): each part is a multistream input paired with its own index, and together
-    they hold the one-file dump's pages, ids continuing from part to part."""
+    (bench/studies/wiki_two_hosts.py's gigabyte): each part is a multistream input paired with its own index, and
+    together they hold the one-file dump's pages, ids continuing from part to part."""
     from conftest import load_bench
 
     ws = load_bench("wiki_dump")

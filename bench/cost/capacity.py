@@ -6,8 +6,8 @@ beside NVIDIA's and MLPerf's published figures. Arithmetic only: nothing is meas
 whose default is the measured (or published) figure, and its help names the RESULTS.md section it comes from, so
 the tables can be printed again when a rate improves:
 
-    python bench/capacity.py                    # the tables in RESULTS.md, "Capacity on paper (issue 18)"
-    python bench/capacity.py --large-128 180000 --large-512 190000   # after a faster BERT-large step is measured
+    python bench/cost/capacity.py                    # the tables in RESULTS.md, "Capacity on paper (issue 18)"
+    python bench/cost/capacity.py --large-128 180000 --large-512 190000   # after a faster BERT-large step is measured
 
 Conversions: words -> tokens by a tokens/word ratio measured per source on the shared corpora (MiniLM's vocabulary,
 which is bert-base-uncased's); tokens -> examples by the examples our preparation made from the shared corpora at 128
@@ -109,17 +109,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c.add_argument("--tokens-per-example", type=float, default=103.46,
                    help=f"source tokens per example at 128, NSP, static masks: 2,312,433 tokens of the shared corpora "
                         f"/ 22,351 examples ({R}, 'Side by side with Google's create_pretraining_data.py', "
-                        "`python bench/google_compare.py`)")
+                        "`python bench/studies/google_compare.py`)")
     d = ap.add_argument_group("data preparation (tokens of input text per CPU-second)")
     d.add_argument("--local-rate", type=float, default=559_460,
                    help=f"local path: 20,811,897 tokens / 37.2 CPU-s ({R}, 'Against raw encode_batch at 20.8M "
-                        "tokens', `python bench/data_throughput.py --skip-hf --ray-too`, 13:48 UTC)")
+                        "tokens', `python bench/data/data_throughput.py --skip-hf --ray-too`, 13:48 UTC)")
     d.add_argument("--ray-rate", type=float, default=370_319,
                    help="Ray path (--data.local_max_bytes 0): 20,811,897 tokens / 56.2 CPU-s (same run)")
     d.add_argument("--ray-node-efficiency", type=float, default=0.969,
                    help=f"Ray path's rate per CPU-s on two nodes / one node: 1,104 / 1,139 pages per CPU-s ({R}, "
-                        "'Scale on two nodes (issue 24)', `python bench/wiki_scale.py`); applied to every multi-node "
-                        "row")
+                        "'Scale on two nodes (issue 24)', `python bench/studies/wiki_scale.py`); applied to every "
+                        "multi-node row")
     w = ap.add_argument_group("data preparation from the raw sources, dedup near (the default; issue 36)")
     w.add_argument("--dump-words", type=float, default=4.5e9,
                    help="English Wikipedia's articles, every word, as read from its dump (Wikipedia:Size of "
@@ -129,15 +129,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     w.add_argument("--dump-word-rate", type=float, default=127_262,
                    help=f"words of the dump per CPU-s, dump -> shards on two hosts: 2,536 pages per CPU-s x 552/11 "
                         f"words a page, 1 GB of multistream bz2 ({R}, 'A gigabyte on two hosts', "
-                        "`python bench/wiki_two_hosts.py`)")
+                        "`python bench/studies/wiki_two_hosts.py`)")
     w.add_argument("--dump-xml-rate", type=float, default=4.342, help="MB of the dump's XML per CPU-s (same run)")
     w.add_argument("--books-rate", type=float, default=397_305,
                    help=f"tokens of book text per CPU-s on the Ray path, dedup off: 20,818,782 tokens / 52.4 CPU-s, "
                         f"the slower of two runs ({R}, 'The Ray path's CPU per token against the local path', "
-                        "`python bench/data_throughput.py --skip-hf --ray-too --memory-factors 1`)")
+                        "`python bench/data/data_throughput.py --skip-hf --ray-too --memory-factors 1`)")
     w.add_argument("--near-factor", type=float, default=1.07,
                    help=f"CPU of dedup near / off on the Ray path, 132,000 pages ({R}, 'One read per document', "
-                        "`python bench/one_read.py --copies 12000 --paths ray`)")
+                        "`python bench/studies/one_read.py --copies 12000 --paths ray`)")
     d.add_argument("--cores-per-node", type=int, default=32)
     d.add_argument("--nodes", default="1,4,16")
     g = ap.add_argument_group("GPU (token slots per second per GPU)")
@@ -152,7 +152,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ]:
         g.add_argument(f"--{name}", type=float, default=rate,
                        help=f"ours on one GPU, bf16: {how} ({R}, 'GPU (BERT-base / BERT-large, bf16, MFU)', "
-                            "`bash bench/gpu_step.sh`)")
+                            "`bash bench/gpu/gpu_step.sh`)")
     p = ap.add_argument_group("published figures")
     p.add_argument("--mlperf-large", type=float, default=246_000,
                    help="MLPerf Training v3.0 BERT-large, 8 x H100: about 970 seq/s a GPU = 246k real tokens/s "

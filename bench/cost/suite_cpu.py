@@ -1,7 +1,7 @@
 """Each test's CPU-seconds in a pytest run (issue 31: the suite is bound by CPU, so CPU is what a test costs).
 
-    python bench/suite_cpu.py --top 25 -- -q -p no:cacheprovider        # the whole suite, as CI runs it
-    python bench/suite_cpu.py --top 15 -- -q -m "not slow"              # the quick loop
+    python bench/cost/suite_cpu.py --top 25 -- -q -p no:cacheprovider        # the whole suite, as CI runs it
+    python bench/cost/suite_cpu.py --top 15 -- -q -m "not slow"              # the quick loop
 
 Runs pytest with the given arguments and this module as a plugin (`-p suite_cpu`): each test process writes when
 each test starts and ends. Meanwhile a thread here polls every process's CPU time (psutil) every `--every` seconds

@@ -1,8 +1,8 @@
 """Per-document memory: one ~100 MB document (a .txt book is one document) through `jobs/prepare_data.py`.
 
-    python bench/big_document_memory.py                      # 100 MB, bert-base-uncased vocab, 2 CPUs, dedup near
-    python bench/big_document_memory.py --dedup off          # the same without the dedup pass
-    python bench/big_document_memory.py --mb 50 --keep /tmp/bigdoc
+    python bench/data/big_document_memory.py                      # 100 MB, bert-base-uncased vocab, 2 CPUs, dedup near
+    python bench/data/big_document_memory.py --dedup off          # the same without the dedup pass
+    python bench/data/big_document_memory.py --mb 50 --keep /tmp/bigdoc
 
 The document is ../shared/corpora/books/*.txt joined by blank lines and repeated `reps` times. The job runs in a
 child process (its own local Ray); every 0.2 s the RSS of the child and of every process it started is read
@@ -28,8 +28,11 @@ from measure import GIB, REPO, SHARED, minilm_vocab, run_sampled  # noqa: E402
 
 
 def build_document(path: Path, mb: float) -> tuple[str, int]:
-    """Write the books, each ending in a blank line, repeated up to `mb` MB; returns (one repetition, reps)."""
+    """Write the books, each ending in a blank line, repeated up to `mb` MB; returns (one repetition, reps). Under
+    one repetition (4.1 MB), its first paragraphs up to `mb` MB."""
     unit = "".join(p.read_text(encoding="utf-8").rstrip("\n") + "\n\n" for p in sorted((SHARED / "corpora/books").glob("*.txt")))
+    if mb * 1e6 < len(unit.encode("utf-8")):
+        unit = unit[:unit.rindex("\n\n", 0, max(2, int(mb * 1e6))) + 2]
     reps = max(1, round(mb * 1e6 / len(unit.encode("utf-8"))))
     with open(path, "w", encoding="utf-8") as f:
         for _ in range(reps):

@@ -1,7 +1,7 @@
 """Scale curve of `jobs/prepare_data.py`: tokens/s at 1x, 4x and 16x the shared corpora, and peak memory (issue 10).
 
-    python bench/data_scale.py                                   # 1x, 4x, 16x; 1x on Ray too; memory at 8x / 1x
-    python bench/data_scale.py --factors 1,2 --ray-factors 1 --memory-factor 2 --write-results /tmp/scale.md
+    python bench/data/data_scale.py                                   # 1x, 4x, 16x; 1x on Ray too; memory at 8x / 1x
+    python bench/data/data_scale.py --factors 1,2 --ray-factors 1 --memory-factor 2 --write-results /tmp/scale.md
 
 Each point is one run of the README's data preparation with the main job's settings (`--config
 configs/tiny.yaml`, copied once at the start so every point has the same: an 8k WordPiece vocabulary trained on
@@ -35,15 +35,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from measure import GIB, REPO, SHARED, run_sampled  # noqa: E402
+from measure import GIB, PREPARE_INPUTS, REPO, SHARED, data_config, run_sampled  # noqa: E402
 
 
-def build_corpus(dest: Path, factor: int) -> int:
-    """`factor` copies of every file of ../shared/corpora under dest, named r000_<name>, r001_<name>, ...; bytes."""
+def build_corpus(corpora: Path, dest: Path, factor: int) -> int:
+    """`factor` copies of every file of `corpora` under dest, named r000_<name>, r001_<name>, ...; bytes."""
     size = 0
-    for src in sorted((SHARED / "corpora").rglob("*")):
+    for src in sorted(corpora.rglob("*")):
         if src.is_file():
-            rel = src.relative_to(SHARED / "corpora")
+            rel = src.relative_to(corpora)
             (dest / rel.parent).mkdir(parents=True, exist_ok=True)
             for r in range(factor):
                 shutil.copyfile(src, dest / rel.parent / f"r{r:03d}_{rel.name}")
@@ -56,13 +56,14 @@ def stage_seconds(log: str) -> dict[str, float]:
     return {m[1]: float(m[3]) for m in re.finditer(r"^(vocab|shards|validate)\s+(ran|skipped)\s+([\d.]+)", log, re.M)}
 
 
-def run_point(work: Path, config: Path, factor: int, force_ray: bool, num_cpus: int, env: dict[str, str]) -> dict:
+def run_point(work: Path, corpora: Path, config: Path, factor: int, force_ray: bool, num_cpus: int,
+              env: dict[str, str]) -> dict:
     """One preparation of `factor` x the corpus (built here, removed after) with `config`; its figures."""
     corpus, out = work / f"corpus{factor}", work / f"out{factor}{'-ray' if force_ray else ''}"
-    size = build_corpus(corpus, factor)
+    size = build_corpus(corpora, corpus, factor)
     # dedup off: the copies are exact duplicates of each other, which the default (near) would drop
-    cmd = [sys.executable, str(REPO / "jobs/prepare_data.py"), "--config", str(config),
-           "--data.inputs", str(corpus), "--data.output", str(out), "--num-cpus", str(num_cpus), "--data.dedup", "off"]
+    cmd = [sys.executable, str(REPO / "jobs/prepare_data.py"), "--config", str(config), "--data.inputs", str(corpus),
+           *PREPARE_INPUTS, "--data.output", str(out), "--num-cpus", str(num_cpus), "--data.dedup", "off"]
     if force_ray:
         cmd += ["--data.local_max_bytes", "0"]
     try:
@@ -82,6 +83,7 @@ def run_point(work: Path, config: Path, factor: int, force_ray: bool, num_cpus: 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--corpora", type=Path, default=SHARED / "corpora", help="the corpus copied (a directory)")
     ap.add_argument("--factors", default="1,4,16", help="corpus copies for the default command's curve")
     ap.add_argument("--ray-factors", default="1", help="corpus copies also run with --data.local_max_bytes 0")
     ap.add_argument("--memory-factor", type=int, default=8, help="peak memory at this many copies vs 1x")
@@ -97,9 +99,8 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="data_scale_"))
     # One snapshot of the main job's config for every point: the file may be edited while the curve runs.
-    config = work / "tiny.yaml"
-    shutil.copyfile(REPO / "configs/tiny.yaml", config)
-    config_sha = hashlib.sha256(config.read_bytes()).hexdigest()[:12]
+    config = data_config("tiny.yaml", work / "tiny.yaml")
+    config_sha = hashlib.sha256((REPO / "configs/tiny.yaml").read_bytes()).hexdigest()[:12]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": str(work)}
     env.pop("RAY_ADDRESS", None)  # a private local Ray per run, never a cluster running on the machine
     points: list[dict] = []
@@ -107,7 +108,7 @@ def main() -> int:
     load0 = os.getloadavg()[0]
     try:
         for f, force in plan:
-            p = run_point(work, config, f, force, a.num_cpus, env)
+            p = run_point(work, a.corpora, config, f, force, a.num_cpus, env)
             points.append(p)
             print(f"{f}x{' (forced Ray)' if force else ''}: {p['path']}, {p['tokens']:,} tokens in {p['wall']:.1f} s "
                   f"= {p['tokens'] / p['wall']:,.0f} tok/s, {p['cpu']:.1f} CPU-s, peak tree {p['peak_tree'] / GIB:.2f} GiB, "
@@ -155,7 +156,7 @@ def main() -> int:
     print(table)
     print("\n".join(lines))
     if a.write_results:
-        cmd = "python bench/data_scale.py " + " ".join(sys.argv[1:])
+        cmd = "python bench/data/data_scale.py " + " ".join(sys.argv[1:])
         Path(a.write_results).write_text(f"Command: `{cmd}` (run {started})\n\n{table}\n\n" + "\n".join(f"- {x}" for x in lines) + "\n")
     return 0
 

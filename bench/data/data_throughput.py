@@ -1,7 +1,7 @@
 """Data pipeline throughput and memory, as ratios against references measured in the same run.
 
-    python bench/data_throughput.py                          # ~20M tokens (shared corpora repeated), 2 CPUs
-    python bench/data_throughput.py --target-tokens 5e6 --memory-factors 1,8 --write-results
+    python bench/data/data_throughput.py                          # ~20M tokens (shared corpora repeated), 2 CPUs
+    python bench/data/data_throughput.py --target-tokens 5e6 --memory-factors 1,8 --write-results
 
 1. reference: raw `tokenizers.Tokenizer.encode_batch` tokens/s over the same text (paragraphs, batches of 4096),
    with the same number of threads as the pipeline has CPUs; run before and after the pipeline (shared machine).
@@ -257,7 +257,7 @@ def main() -> None:
                       + [f"| {k.ljust(w)} | {v} |" for k, v in rows])
     print(table)
     if a.write_results:
-        cmd = "python bench/data_throughput.py " + " ".join(sys.argv[1:])
+        cmd = "python bench/data/data_throughput.py " + " ".join(sys.argv[1:])
         Path(a.write_results).write_text(
             f"# Data pipeline benchmark\n\nCommand: `{cmd}`  \nMachine: {os.cpu_count()} cores shared with other "
             f"jobs (load varies); run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n\n{table}\n"

@@ -1,8 +1,8 @@
 """What removing duplicates costs: `jobs/prepare_data.py` with `--data.dedup near` (the default) against `off`
 (issue 20's goal: near adds at most 30% to the wall time, on the shared corpora and at 16x).
 
-    python bench/dedup_cost.py                         # 1x (3 runs each, median) and 16x (1 run each)
-    python bench/dedup_cost.py --factors 1 --runs 1
+    python bench/data/dedup_cost.py                         # 1x (3 runs each, median) and 16x (1 run each)
+    python bench/data/dedup_cost.py --factors 1 --runs 1
 
 Input: the shared books and wiki articles; at Nx, N copies of each file, copy r > 0 with every third word tagged
 (`word` -> `word~r`), so every 5-gram shingle differs between copies and nothing is a duplicate: the bench measures
@@ -43,16 +43,17 @@ def tag_words(text: str, r: int) -> str:
     return _WORD.sub(lambda m: f"{m.group(0)}~{r}" if next(k) % 3 == 0 else m.group(0), text)
 
 
-def build_corpus(dest: Path, factor: int) -> tuple[int, int]:
-    """`factor` distinct copies of the shared books and wiki under dest; (bytes, documents)."""
+def build_corpus(corpora: Path, dest: Path, factor: int) -> tuple[int, int]:
+    """`factor` distinct copies of the books (*.txt) and wiki articles (*.jsonl.gz) under `corpora` in dest;
+    (bytes, documents)."""
     size = docs = 0
     for r in range(factor):
-        for book in sorted((SHARED / "corpora/books").glob("*.txt")):
+        for book in sorted(corpora.rglob("*.txt")):
             out = dest / "books" / f"r{r:03d}_{book.name}"
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(tag_words(book.read_text(), r))
             size, docs = size + out.stat().st_size, docs + 1
-        for wiki in sorted((SHARED / "corpora/wiki").glob("*.jsonl.gz")):
+        for wiki in sorted(corpora.rglob("*.jsonl.gz")):
             out = dest / "wiki" / f"r{r:03d}_{wiki.name}"
             out.parent.mkdir(parents=True, exist_ok=True)
             with gzip.open(wiki, "rt") as src, gzip.open(out, "wt") as dst:
@@ -82,6 +83,7 @@ def run(corpus: Path, out: Path, dedup: str, env: dict[str, str]) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--corpora", type=Path, default=SHARED / "corpora", help="books (*.txt) and wiki (*.jsonl.gz)")
     ap.add_argument("--factors", default="1,16")
     ap.add_argument("--runs", type=int, default=3, help="runs of each setting at 1x (larger factors: one)")
     args = ap.parse_args()
@@ -92,7 +94,7 @@ def main() -> int:
     try:
         for factor in (int(f) for f in args.factors.split(",")):
             corpus = tmp / f"corpus{factor}"
-            size, docs = build_corpus(corpus, factor)
+            size, docs = build_corpus(args.corpora, corpus, factor)
             res: dict[str, list[dict]] = {"off": [], "near": []}
             for k in range(args.runs if factor == 1 else 1):
                 for mode in (("off", "near") if k % 2 == 0 else ("near", "off")):

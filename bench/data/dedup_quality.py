@@ -1,7 +1,7 @@
 """Deduplication quality and cost: planted copies in the shared corpora, brute-force Jaccard as ground truth.
 
-    python bench/dedup_quality.py                  # everything: real corpora, planted grid, LSH weights, speed
-    python bench/dedup_quality.py --skip-speed
+    python bench/data/dedup_quality.py                  # everything: real corpora, planted grid, LSH weights, speed
+    python bench/data/dedup_quality.py --skip-speed
 
 Corpus for quality (deterministic, `--seed`): the shared books split into paragraphs (one document per
 non-empty line, so there are ~1,200 of them instead of 66) and the first 383 wiki documents, plus planted

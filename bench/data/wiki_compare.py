@@ -1,7 +1,7 @@
 """Dump -> text: agreement with WikiExtractor 3.1.0 and speed against it, on the shared sample dump.
 
-    python bench/wiki_compare.py [--copies 1000] [--repeats 3]
-    python bench/wiki_compare.py --shards            # 3. only: agreement through the shards
+    python bench/data/wiki_compare.py [--copies 1000] [--repeats 3]
+    python bench/data/wiki_compare.py --shards            # 3. only: agreement through the shards
 
 1. Agreement: WikiExtractor (`--json`, its defaults: no lists, headings kept as "Title.", templates expanded from
    the dump's own Template: pages, of which the sample has none) and pipeline.data.wiki (default options, the BERT

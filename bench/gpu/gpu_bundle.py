@@ -1,14 +1,14 @@
 """What one device call carries besides the tracked files, to run the main job on the lent GPU machine
-(bench/gpu_e2e.sh): the wheels its image lacks (Ray, mlflow-skinny, the SQLite store, the project's own needs) as
+(bench/gpu/gpu_e2e.sh): the wheels its image lacks (Ray, mlflow-skinny, the SQLite store, the project's own needs) as
 manylinux wheels in `.whl/`, and the shared corpora, books gzipped, in `.e2e/corpora/` (git ignores both: never
 commit wheels or corpus copies). It prints what a call would carry against the 64 MiB limit.
 
-    python bench/gpu_bundle.py                          # cp312 wheels into .whl/, corpora into .e2e/, sizes
-    python bench/gpu_bundle.py --no-download            # repack and size what .whl/ already holds
-    python bench/gpu_bundle.py --python-version 3.11 --dest /tmp/whl311   # the same bundle for a dry run here
+    python bench/gpu/gpu_bundle.py                          # cp312 wheels into .whl/, corpora into .e2e/, sizes
+    python bench/gpu/gpu_bundle.py --no-download            # repack and size what .whl/ already holds
+    python bench/gpu/gpu_bundle.py --python-version 3.11 --dest /tmp/whl311   # the same bundle for a dry run here
 
 The package list is the image's gaps on the pretraining path (jobs/pretrain.py: data stage, Ray Train, the default
-`sqlite:///mlflow.db` store, the registry, the export), found by running bench/gpu_e2e.sh in a venv that holds only
+`sqlite:///mlflow.db` store, the registry, the export), found by running bench/gpu/gpu_e2e.sh in a venv that holds only
 the image's packages (/work/.library/device/KINDS.md): every ImportError there was a wheel missing here. The SQLite
 store costs SQLAlchemy + alembic + Mako + greenlet + cryptography (+ cffi, pycparser), 8.8 MB; Ray's dashboard, which
 the job starts, needs aiohttp-cors, opencensus (+ context), googleapis-common-protos and the Prometheus exporter.

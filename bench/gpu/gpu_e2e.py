@@ -1,14 +1,14 @@
-"""The checks of bench/gpu_e2e.sh (the main job end to end on the lent GPU machine), in Python.
+"""The checks of bench/gpu/gpu_e2e.sh (the main job end to end on the lent GPU machine), in Python.
 
-    python bench/gpu_e2e.py wait-checkpoint STORAGE PID [--timeout S]   # an intact checkpoint before the end
-    python bench/gpu_e2e.py report --logs DIR --uri URI --device cuda --out DIR   # checks -> summary.md/json
+    python bench/gpu/gpu_e2e.py wait-checkpoint STORAGE PID [--timeout S]   # an intact checkpoint before the end
+    python bench/gpu/gpu_e2e.py report --logs DIR --uri URI --device cuda --out DIR   # checks -> summary.md/json
 
 `wait-checkpoint` returns (exit 0, `checkpoint step N`) once the run under STORAGE has an intact checkpoint
 (pipeline.pretrain.identity.newest_intact: every file matches its recorded sha256) short of its last step, so that
 interrupting the job then leaves a point to resume from; exit 1 when PID ends first or the timeout passes.
 
 `report` reads the step logs the script wrote (tiny.log, base1.log: the interrupted run, base2.log: the same
-command again), the MLflow store and loopref.jsonl (bench/train_step.py's product step at the loop's micro-batch,
+command again), the MLflow store and loopref.jsonl (bench/train/train_step.py's product step at the loop's micro-batch,
 run alone on the same machine), and writes `summary.md` and `summary.json`: each check with its figure.
 Its exit status is the number of failed checks (0: all passed).
 """
@@ -238,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--warm-steps", type=int, default=20, help="steps left out of the tokens/s median after a (re)start")
     r.add_argument("--min-loss-drop", type=float, default=0.5, help="how far phase 0's loss must fall")
-    r.add_argument("--loopref", type=Path, help="bench/train_step.py --json output: the step alone at the loop's batch")
+    r.add_argument("--loopref", type=Path,
+                   help="bench/train/train_step.py --json output: the step alone at the loop's batch")
     a = ap.parse_args(argv)
     if a.cmd == "wait-checkpoint":
         return wait_checkpoint(a.storage, a.pid, a.timeout)

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The main job end to end on the lent GPU machine (issue 18, "GPU end to end"), in ONE device call of about 7 minutes
 # (the lease's call 1 of 2 in a session's 15 device-minutes: bench/RESULTS.md, "What the next lease runs"):
-#   0. install the carried wheels (.whl/, made by bench/gpu_bundle.py) into /tmp/site;
+#   0. install the carried wheels (.whl/, made by bench/gpu/gpu_bundle.py) into /tmp/site;
 #   1. tiny: jobs/pretrain.py --config configs/tiny.yaml --train.use_gpu true --train.precision bf16, its defaults
 #      otherwise, except --train.num_workers 1 (one GPU; 2 workers would each ask for one) and paths under /tmp;
 #   2. base1: BERT-base from configs/base.yaml, 1 worker, 1,000 steps (90% at 128, then 512: one step count, one LR
 #      schedule; logged every 10), on small shards of the carried corpora (.e2e/corpora), a checkpoint every 250 steps;
 #      interrupted with SIGINT to its process group (a Ctrl-C) once an intact checkpoint short of the end exists;
-#   3. loopref: bench/train_step.py's product step (ours+real, and +compile as base.yaml runs it) at the loop's
+#   3. loopref: bench/train/train_step.py's product step (ours+real, and +compile as base.yaml runs it) at the loop's
 #      micro-batch (32 x 128, NSP-like data), the same machine, nothing else running: the loop-vs-step reference;
 #   4. base2: the SAME command again: it must print "[rank 0] resumed at step N" and finish and register;
-#   5. bench/gpu_e2e.py report: loss falls, one step count + one LR schedule over both phases, the resume, the
+#   5. bench/gpu/gpu_e2e.py report: loss falls, one step count + one LR schedule over both phases, the resume, the
 #      registered version loaded in transformers (BertForPreTraining + AutoModel, a forward pass on the GPU), the
 #      system/* metrics (GPU memory included), steady train/tokens_per_s per phase (micro-batch 32 at 128, 8 at 512)
 #      and the loop's tokens/s at 128 over loopref's (goal >= 0.9).
@@ -18,10 +18,10 @@
 # report.log, summary.md, summary.json. Exit status: 0 when every check passed.
 #
 # Before the GPU session's call, once, here in the repo root (PyPI reachable; ~1 minute):
-#   /work/main/.venv/bin/python bench/gpu_bundle.py     # .whl/ (41 cp312 wheels, 48.9 MiB) + .e2e/corpora (2.6 MiB);
+#   /work/main/.venv/bin/python bench/gpu/gpu_bundle.py   # .whl/ (41 cp312 wheels, 48.9 MiB) + .e2e/corpora (2.6 MiB);
 #                                                        # prints "carried: ... = 53.9 MiB of 64 MiB"
 # Then the `run` tool call, from the checkout the session was started in (it is what travels), device nvidia-h100-x1:
-#   run(command="E2E_PARTS=base bash bench/gpu_e2e.sh", carry=[".whl", ".e2e"], timeout_s=510)
+#   run(command="E2E_PARTS=base bash bench/gpu/gpu_e2e.sh", carry=[".whl", ".e2e"], timeout_s=510)
 # Measured on an H200 (2026-11-28, E2E_PARTS=base): install 18 s, base1 (prep on 16 cores + 250 steps) 135 s,
 # loopref ~30 s, base2 (resume, 512 phase, final eval, export) ~200 s, report ~20 s; the tiny part (its own call,
 # E2E_PARTS=tiny) 129 s. Each part has its own time limit and the whole script a budget (E2E_BUDGET_S, 480 by
@@ -31,9 +31,9 @@
 #
 # Dry run on a CPU machine (checks that nothing is missing; the figures are CPU ones), in a venv that holds only
 # the image's packages (/work/.library/device/KINDS.md), with wheels made for its Python:
-#   python bench/gpu_bundle.py --python-version 3.11 --dest /tmp/whl311 --corpus ''
+#   python bench/gpu/gpu_bundle.py --python-version 3.11 --dest /tmp/whl311 --corpus ''
 #   E2E_DEVICE=cpu E2E_WHL=/tmp/whl311 E2E_SITE=/tmp/site311 E2E_WORK=/tmp/e2e OUT=/tmp/e2e-out \
-#     PATH=/path/to/imgvenv/bin:$PATH bash bench/gpu_e2e.sh
+#     PATH=/path/to/imgvenv/bin:$PATH bash bench/gpu/gpu_e2e.sh
 # E2E_DEVICE=cpu: fp32 on CPU, fewer steps and smaller batches (the GPU run's shapes stay in the code below).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -109,7 +109,7 @@ if [[ $PARTS == *base* ]]; then
         --train.num_workers 1 --train.storage_path "$WORK/runs" --train.num_eval_shards 1
         --train.num_to_keep 2 --tracking.system_metrics_every_s 5)
   if [ "$DEVICE" = cuda ]; then
-    # 1,000 steps of 32 sequences: 900 at 128 (micro-batch 32, no accumulation: bench/gpu_step.sh's loop reference),
+    # 1,000 steps of 32 sequences: 900 at 128 (micro-batch 32, no accumulation: bench/gpu/gpu_step.sh's loop reference),
     # 100 at 512 (micro-batch 8, 4 accumulation steps); warmup 10%; a figure read and logged every 10 steps, as a
     # real run would (every step would sync every step); evaluation and a checkpoint every 250 steps (a BERT-base
     # checkpoint with its optimizer state is 1.3 GB, written and hashed). At ~25 ms a step the first checkpoint comes
@@ -132,15 +132,18 @@ if [[ $PARTS == *base* ]]; then
   start base1 "${BASE[@]}"
   wait_s=$(( BUDGET - ($(date +%s) - T0) - RESERVE - 60 )); [ "$wait_s" -gt 150 ] && wait_s=150
   [ "$DEVICE" = cpu ] && wait_s=600
-  python3 bench/gpu_e2e.py wait-checkpoint "$WORK/runs" "$PID" --timeout "$wait_s" 2>&1 | grep -v "^$" | tail -3 | tee -a "$OUT/times.log"
+  python3 bench/gpu/gpu_e2e.py wait-checkpoint "$WORK/runs" "$PID" --timeout "$wait_s" 2>&1 | grep -v "^$" | tail -3 \
+    | tee -a "$OUT/times.log"
   say "base1: SIGINT to its process group (as Ctrl-C)"; kill -INT -- "-$PID" 2>/dev/null
   finish base1 60
   # The loop-vs-step reference, between base1 and base2 while the GPU is idle: the product's step alone, at the
   # loop's micro-batch and phase-0 shapes. (After base2 it once got 25 s of its 45 and came back empty: 2026-11-28.)
   left=$(( BUDGET - ($(date +%s) - T0) - RESERVE )); [ "$left" -gt 45 ] && left=45
   if [ "$left" -ge 15 ]; then
-    say "loopref: bench/train_step.py ${LOOPREF[*]} --masked 20 --data padded --impls ours+real,ours+real+compile (limit ${left}s)"
-    timeout "$left" python3 bench/train_step.py "${LOOPREF[@]}" --masked 20 --data padded --impls ours+real,ours+real+compile --no-memory \
+    say "loopref: bench/train/train_step.py ${LOOPREF[*]} --masked 20 --data padded" \
+      "--impls ours+real,ours+real+compile (limit ${left}s)"
+    timeout "$left" python3 bench/train/train_step.py "${LOOPREF[@]}" --masked 20 --data padded \
+      --impls ours+real,ours+real+compile --no-memory \
       --json "$OUT/loopref.jsonl" 2>&1 | grep -E "^\| ours|host syncs|Error" | tee -a "$OUT/times.log"
   else
     say "loopref: skipped, ${left}s left"
@@ -150,7 +153,7 @@ fi
 
 printf '{"tiny": %s, "base1": %s, "base2": %s}\n' "${STATUS[tiny]:-null}" "${STATUS[base1]:-null}" "${STATUS[base2]:-null}" >"$WORK/status.json"
 say "report"
-python3 bench/gpu_e2e.py report --logs "$OUT" --status "$WORK/status.json" --uri "$MLFLOW_TRACKING_URI" \
+python3 bench/gpu/gpu_e2e.py report --logs "$OUT" --status "$WORK/status.json" --uri "$MLFLOW_TRACKING_URI" \
   --device "$DEVICE" --out "$OUT" --warm-steps "${WARM:-20}" --min-loss-drop "${DROP:-0.5}" \
   --loopref "$OUT/loopref.jsonl" >"$OUT/report.log" 2>&1
 RC=$?

@@ -1,33 +1,34 @@
 #!/usr/bin/env bash
-# Issue 18's step measurements on a lent GPU, in one device call: bench/train_step.py for BERT-base and BERT-large at
-# 128 and 512, each try of the issue a row (see train_step.py's docstring for the features), in priority order,
+# Issue 18's step measurements on a lent GPU, in one device call: bench/train/train_step.py for BERT-base and BERT-large
+# at 128 and 512, each try of the issue a row (see train_step.py's docstring for the features), in priority order,
 # each run under its own time limit so that a slow compile costs its own rows and not the call. Nothing to carry:
 # the image has torch and transformers, and train_step.py imports neither Ray nor MLflow.
 #
-#   the device call:  run(command="STEP_BUDGET=250 bash bench/gpu_step.sh", timeout_s=270)   (the lease's call 2:
+#   the device call:  run(command="STEP_BUDGET=250 bash bench/gpu/gpu_step.sh", timeout_s=270)   (the lease's call 2:
 #                     bench/RESULTS.md, "What the next lease runs"; STEP_BUDGET = the call's timeout less 20 s)
 #   back in $OUT:     steps.log (every table) and steps.jsonl (one JSON line per run: setting + rows)
-#   a dry run here:   d=$(mktemp -d); STEP_DEVICE=cpu OUT=$d TMPDIR=$d bash bench/gpu_step.sh; rm -rf $d   (tiny shapes)
+#   a dry run here:   d=$(mktemp -d); STEP_DEVICE=cpu OUT=$d TMPDIR=$d bash bench/gpu/gpu_step.sh; rm -rf $d
+#                     (tiny shapes)
 #   STEP_SET=tune:    the second lease's set instead (profiles, larger micro-batches, large at 512, autotune)
-#   STEP_SET=modernbert: issue 33's GPU rows (bench/modernbert_step.py): modernbert-base at 1,024 and 8,192 tokens
+#   STEP_SET=modernbert: issue 33's GPU rows (bench/train/modernbert_step.py): modernbert-base at 1,024 and 8,192 tokens
 #                     and modernbert-large at 1,024, bf16, MFU, ours against transformers; nothing to carry
-#     run(command="STEP_SET=modernbert STEP_BUDGET=250 bash bench/gpu_step.sh", timeout_s=270)
+#     run(command="STEP_SET=modernbert STEP_BUDGET=250 bash bench/gpu/gpu_step.sh", timeout_s=270)
 #   STEP_SET=autotune: what is left for the MFU goals after three leases: max-autotune, whose Triton GEMM templates
 #                     take GELU and the bias as their epilogue (torch's cuBLASLt GELU epilogue, `_addmm_activation`,
 #                     has no derivative), with the whole budget; base 256 x 128, no dropout, against the compiled step
-#     run(command="STEP_SET=autotune STEP_BUDGET=330 bash bench/gpu_step.sh", timeout_s=350)
+#     run(command="STEP_SET=autotune STEP_BUDGET=330 bash bench/gpu/gpu_step.sh", timeout_s=350)
 #   STEP_SET=tune2:   the third lease's: every dropout 0 and FP8 GEMMs (torchao), compiled, base and large at
 #                     256 x 128. It needs torchao, which the image lacks: carry .whl-step (3.4 MB), made here with
 #     pip download torchao==0.18.0 --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_24_x86_64 --platform manylinux_2_28_x86_64 -d .whl-step
-#     run(command="STEP_SET=tune2 STEP_BUDGET=N bash bench/gpu_step.sh", carry=[".whl-step"], timeout_s=N + 20)
+#     run(command="STEP_SET=tune2 STEP_BUDGET=N bash bench/gpu/gpu_step.sh", carry=[".whl-step"], timeout_s=N + 20)
 #
 # Micro-batches of 32k tokens (base) and 16k (large) per GPU, as the issue asks; packed MLM-only data at 128 (no row
 # padded, so the packed path passes SDPA no mask) and Google-like NSP data with ~10% short rows at 512 (unpad).
 # The order: the MFU goals' rows first (base and large at 128: transformers, the product's step eager and compiled),
 # then phase 2 at 512 with and without unpadding, then the other tries at base 128, then max-autotune. A run that
 # would get under 20 s is skipped and named. The loop-vs-step reference (micro-batch 32, NSP data) is in
-# bench/gpu_e2e.sh, on the same machine as the loop it is compared with.
+# bench/gpu/gpu_e2e.sh, on the same machine as the loop it is compared with.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_step}
 mkdir -p "$OUT"
@@ -61,9 +62,9 @@ run_one() {  # run_one NAME SECONDS COMMAND...: one benchmark run within what is
   [ "$rc" = 0 ] || { echo "=== $name: exit $rc" | tee -a "$OUT/steps.log"; failed=1; }
 }
 # step NAME SECONDS ARGS...: one train_step.py run, its table into steps.log, its rows into steps.jsonl
-step() { run_one "$1" "$2" "$PY" bench/train_step.py "${common[@]}" "${@:3}" --json "$OUT/steps.jsonl"; }
-# mbstep NAME SECONDS ARGS...: one bench/modernbert_step.py run (issue 33's GPU rows)
-mbstep() { run_one "$1" "$2" "$PY" bench/modernbert_step.py "${mbcommon[@]}" "${@:3}"; }
+step() { run_one "$1" "$2" "$PY" bench/train/train_step.py "${common[@]}" "${@:3}" --json "$OUT/steps.jsonl"; }
+# mbstep NAME SECONDS ARGS...: one bench/train/modernbert_step.py run (issue 33's GPU rows)
+mbstep() { run_one "$1" "$2" "$PY" bench/train/modernbert_step.py "${mbcommon[@]}" "${@:3}"; }
 
 if [ "$DEV" = cuda ]; then
   mb=modernbert-base mbl=modernbert-large r1k=32 rl1k=16 r8k=4 s1k=1024 s8k=8192 mbv=50368

@@ -2,7 +2,7 @@
 authenticated requests with the cache off (MLflow's default, `auth_cache_ttl_seconds = 0`: werkzeug's scrypt on
 every request) and on (`60`, as deploy/mlflow_head.sh configures the cluster's head), in one run.
 
-    python bench/auth_cache.py --requests 100 --rounds 2
+    python bench/studies/auth_cache.py --requests 100 --rounds 2
 
 Each round starts `mlflow server --app-name basic-auth` (one worker, SQLite stores for runs and users, GenAI jobs
 off, as deploy/mlflow_head.sh starts it but without PostgreSQL, which the password check does not touch) once per

@@ -3,8 +3,8 @@ steps before, at and after a checkpoint, uploaded in the foreground (`train.chec
 the background (`async`, Ray Train's CheckpointUploadMode.ASYNC), in one run (issue 34's goal: a checkpoint
 costs the loop no more than one step's time).
 
-    python bench/checkpoint_upload.py                          # BERT-base weights + AdamW state (~1.3 GB)
-    python bench/checkpoint_upload.py --preset small --steps 8
+    python bench/studies/checkpoint_upload.py                          # BERT-base weights + AdamW state (~1.3 GB)
+    python bench/studies/checkpoint_upload.py --preset small --steps 8
 
 A real local Ray (2 CPUs) and a real `moto_server` on a loopback port (its objects in memory, as in the tests'
 `s3_server`); each mode is one Ray Train run (TorchTrainer, 1 worker) whose loop trains BertForPreTraining with

@@ -1,10 +1,10 @@
 """The dedup pass's Ray Data grouping alone: shuffle bytes and the largest process, this tree's code against another
-tree's (e.g. a worktree of the commit before), on the same records of bench/wiki_scale.py's dump.
+tree's (e.g. a worktree of the commit before), on the same records of bench/data/wiki_dump.py's dump.
 
-    python bench/dedup_shuffle.py --copies 3000 --against ../wt-base     # 33,000 pages: ~3 min on 2 cores
-    python bench/dedup_shuffle.py --copies 12000 --against ../wt-base    # wiki_scale's default dump (132,000 pages)
+    python bench/studies/dedup_shuffle.py --copies 3000 --against ../wt-base     # 33,000 pages: ~3 min on 2 cores
+    python bench/studies/dedup_shuffle.py --copies 12000 --against ../wt-base    # wiki_scale's dump (132,000 pages)
 
-1. The dump of bench/wiki_scale.py (`--copies` copies of the sample's 11 pages, a quarter of the article words
+1. The dump of bench/data/wiki_dump.py (`--copies` copies of the sample's 11 pages, a quarter of the article words
    replaced per copy), cut into the job's units (~1 MB of bz2) and signed once by `passes.sign_unit` on two
    processes: the records (doc_id, name, exact key, 512-byte signature) both trees then group.
 2. For each tree, in turn (`--rounds` times, alternating): a child process with PYTHONPATH at that tree starts a

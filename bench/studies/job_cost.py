@@ -1,7 +1,7 @@
 """What a small job costs beyond its own work: the CPU-seconds of every process that a few-step pretraining job and
 a few-step fine-tuning job take in a warm local Ray cluster, for one or more source trees, in one run.
 
-    python bench/job_cost.py --tree base=../wt-base --tree new=. --rounds 2 --jobs 2
+    python bench/studies/job_cost.py --tree base=../wt-base --tree new=. --rounds 2 --jobs 2
 
 The jobs have the test suite's shapes, where a job's fixed costs are most of what it costs (issue 31):
 - pretraining: `jobs/pretrain.py --config configs/tiny.yaml` on seven shared books (vocabulary 600, 4 shards, NSP,

@@ -7,7 +7,7 @@ Batches are what the loader makes of each config's shards (`collate`): tiny's ro
 modernbert-tiny's rows of 1,024 packed from documents of random lengths (`doc_lengths` -> `cu_seqlens`), 30% of the
 text tokens masked. Rounds alternate the two and use process CPU time, so a loaded machine's waiting does not count.
 
-    python bench/modernbert_budget.py --rounds 5 --steps 10
+    python bench/studies/modernbert_budget.py --rounds 5 --steps 10
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """What the dedup pass costs on a multistream Wikipedia dump: `prepare_data.py` with `--data.dedup near` (the
 default) against `off`, for one or more source trees (this one and, say, a worktree of main), in one run.
 
-    python bench/one_read.py --copies 12000 --tree main=../wt-base --tree new=. --rounds 2
-    python bench/one_read.py --copies 3000 --paths ray --tree main=../wt-base --tree new=.
+    python bench/studies/one_read.py --copies 12000 --tree main=../wt-base --tree new=. --rounds 2
+    python bench/studies/one_read.py --copies 3000 --paths ray --tree main=../wt-base --tree new=.
 
-The dump is bench/wiki_scale.py's (`--copies` copies of the shared sample's 11 pages, a quarter of the article words
-replaced per copy; 12,000 copies: 132,000 pages, 225 MB of XML, 23 MB of bz2; streams of 100 pages with their
+The dump is bench/data/wiki_dump.py's (`--copies` copies of the shared sample's 11 pages, a quarter of the article
+words replaced per copy; 12,000 copies: 132,000 pages, 225 MB of XML, 23 MB of bz2; streams of 100 pages with their
 index). Each round runs, for every path (`local`: the job's default, inputs under data.local_max_bytes prepared on
 local worker processes; `ray`: `--data.local_max_bytes 0`, two actors on a local Ray the job starts), every tree
 and both modes, in an order that alternates from round to round (off first, then near first), so that a change in

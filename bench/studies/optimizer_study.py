@@ -2,8 +2,8 @@
 Ray, MLflow on SQLite) once per optimizer, everything else the config's, then held-out MLM loss and accuracy of each
 final model on the same held-out rows (the job's own final evaluation: the whole held-out shard, one seed's masks).
 
-    python bench/optimizer_study.py --config configs/modernbert-tiny.yaml --out DIR [--optimizers adamw,stableadamw]
-        [--parallel] [--set --train.lr 1e-3 ...]
+    python bench/studies/optimizer_study.py --config configs/modernbert-tiny.yaml --out DIR
+        [--optimizers adamw,stableadamw] [--parallel] [--set --train.lr 1e-3 ...]
 
 The data is prepared once (the first job's stages; the others find it up to date). With `--parallel` the jobs
 after the first start once the first is training, so they share the machine: their wall times are not

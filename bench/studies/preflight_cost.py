@@ -1,8 +1,8 @@
 """What the storage preflight (pipeline/storage/preflight.py) costs a job, on a local S3 server (issue 26's goal: under 2 s
 for a job with 4 URIs).
 
-    python bench/preflight_cost.py             # 5 runs per case, median and max
-    python bench/preflight_cost.py --runs 3
+    python bench/studies/preflight_cost.py             # 5 runs per case, median and max
+    python bench/studies/preflight_cost.py --runs 3
 
 A real `moto_server` on a loopback port (moto 5.2.5, s3fs 2026.9). Each run is a fresh interpreter, as a job is:
 it times `import pipeline.storage.preflight` plus the first `check_storage` call (what the job pays: s3fs and botocore are

@@ -2,11 +2,11 @@
 each, interleaved in one run (a shared machine's load then falls on both alike), as ratios new / old.
 
     git worktree add --detach ../old c499024          # the code before issue 19's split
-    python bench/prepare_ab.py ../old . --copies 4 --runs 3
+    python bench/studies/prepare_ab.py ../old . --copies 4 --runs 3
 
 Input: N copies of ../shared/corpora/books and wiki under distinct names (the copies are duplicates of each other,
 so the new code runs with `--data.dedup off` unless `--new-args` says otherwise: the restructure is compared,
-not the dedup pass; bench/dedup_cost.py measures that). Both checkouts get MiniLM's vocabulary and the default
+not the dedup pass; bench/data/dedup_cost.py measures that). Both checkouts get MiniLM's vocabulary and the default
 settings, on the local path (default) and, with `--ray-too`, on Ray (`--data.local_max_bytes 0`, a fresh local
 Ray per run). Also checks that both write the same shards.
 """

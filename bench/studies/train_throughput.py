@@ -7,8 +7,8 @@
 3. Learning: held-out MLM accuracy of the tiny preset after a fixed budget (configs/tiny.yaml as shipped, or
    --learn-steps) / the accuracy of always predicting the most frequent masked token (unigram baseline).
 
-    python bench/train_throughput.py                       # all three on ../shared/corpora (~10 min on 2 cores)
-    python bench/train_throughput.py --skip-learning --steps 60
+    python bench/studies/train_throughput.py                       # all three on ../shared/corpora (~10 min on 2 cores)
+    python bench/studies/train_throughput.py --skip-learning --steps 60
 """
 
 from __future__ import annotations

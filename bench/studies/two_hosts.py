@@ -3,7 +3,7 @@ its data stage on Ray actors, first on the head host alone (two workers PACKed),
 joined (two workers SPREAD, gloo over the veth). Each host has 1 CPU slot of the machine's cores; the hosts are
 tests/netns_hosts.py's network + mount namespaces (root only), data and checkpoints on a moto S3 server.
 
-    sudo .venv/bin/python bench/two_hosts.py [--steps 60]
+    sudo .venv/bin/python bench/studies/two_hosts.py [--steps 60]
 
 Prints the data stage's wall time and the median train/tokens_per_s (steps after the first 10) of each run.
 """

@@ -1,7 +1,7 @@
 """A multistream Wikipedia dump through `jobs/prepare_data.py` on Ray: two nodes against one, memory, rate.
 
-    python bench/wiki_scale.py                     # --copies 12000: 132,000 pages, 225 MB of XML
-    python bench/wiki_scale.py --copies 500        # a quick look
+    python bench/studies/wiki_scale.py                     # --copies 12000: 132,000 pages, 225 MB of XML
+    python bench/studies/wiki_scale.py --copies 500        # a quick look
 
 The dump: bench/data/wiki_dump.py's (the shared sample's 11 pages `copies` times, each copy distinct to dedup),
 streams of 100 pages each with the index beside the dump, as Wikimedia writes them.

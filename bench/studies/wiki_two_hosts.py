@@ -1,10 +1,10 @@
 """A gigabyte of multistream Wikipedia dump prepared on two hosts, dedup on: wall, CPU-seconds per host, the
 largest process, shuffle bytes, the rate per core (issue 36, bench/RESULTS.md "Corpus scale").
 
-    sudo .venv/bin/python bench/wiki_two_hosts.py                       # 520,000 copies in 2 parts: ~1 GB of bz2
-    sudo .venv/bin/python bench/wiki_two_hosts.py --copies 2000         # a quick look (~4 MB)
+    sudo .venv/bin/python bench/studies/wiki_two_hosts.py                  # 520,000 copies in 2 parts: ~1 GB of bz2
+    sudo .venv/bin/python bench/studies/wiki_two_hosts.py --copies 2000    # a quick look (~4 MB)
 
-The dump is bench/wiki_scale.py's (the shared sample's 11 pages copied with a quarter of each article's words
+The dump is bench/studies/wiki_scale.py's (the shared sample's 11 pages copied with a quarter of each article's words
 replaced, so that dedup keeps the copies), split in `--parts` files named as Wikimedia names the parts of the real
 dump (`...-multistream1.xml-p1p2860000.bz2` with its index), built in parallel under `--work` (not /tmp: each host
 has its own). The hosts are tests/netns_hosts.py's two network + mount namespaces joined by a veth link, one Ray
@@ -17,7 +17,7 @@ cluster's shared filesystem):
 Measured: every process in each host's namespaces sampled every second (psutil): CPU-seconds per host since the
 submit, peak RSS of the largest process (and less its shared pages: a Ray worker maps the object store), the sum's
 peak; the bytes out of each hash shuffle's map side (`HashShuffleMap`, from the metrics Ray Data's executor logs
-as the operator completes, in the head's session log: the figure bench/dedup_shuffle.py reads); the finished
+as the operator completes, in the head's session log: the figure bench/studies/dedup_shuffle.py reads); the finished
 tasks per node (the state API); the manifest's counts. Everything the bench makes (dump, output, the hosts) is
 removed at the end unless `--keep`.
 """
@@ -84,7 +84,7 @@ def build(dump: Path, copies: int, parts: int) -> dict:
 
 def shuffle_bytes(logs: Path) -> list[tuple[str, int, int]]:
     """(operator, rows, bytes) out of every hash shuffle's map side (what crosses it), from the Ray Data logs under
-    `logs` (bench/dedup_shuffle.py reads the same figure from `Dataset.stats()`)."""
+    `logs` (bench/studies/dedup_shuffle.py reads the same figure from `Dataset.stats()`)."""
     found = []
     for f in sorted((logs / "ray-data").glob("ray-data-*.log")):  # a log per dataset (ray-data.log repeats them)
         for m in SHUFFLE_MAP.finditer(f.read_text(errors="replace")):

@@ -14,8 +14,8 @@ The GPU consumes token slots (batch x length, padding included): bench/RESULTS.m
 bf16, eager, on an H100 ran at 190,465 tokens/s. The goal of the GPU issue: 8 cores feed >= 1.5x that, i.e.
 8 x (slots per CPU-second) / 190,465 >= 1.5.
 
-    python bench/loader_throughput.py                    # both shapes, 64 x 128, 3 passes over the training rows
-    python bench/loader_throughput.py --shapes mlm --epochs 1
+    python bench/train/loader_throughput.py                    # both shapes, 64 x 128, 3 passes over the training rows
+    python bench/train/loader_throughput.py --shapes mlm --epochs 1
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from measure import PREPARE_INPUTS, REPO, SHARED, data_config  # noqa: E402
+
 GPU_TOKENS_PER_S = 190_465  # bench/RESULTS.md, GPU: BERT-base 64 x 128 bf16, ours, H100
 CORES = 8
 
@@ -45,9 +47,10 @@ def prepare(work: Path, shape: str, corpora: str) -> Path:
     not the loader's)."""
     config, extra = SHAPES[shape]
     out = work / shape
-    subprocess.run([sys.executable, str(REPO / "jobs" / "prepare_data.py"), "--config", str(REPO / "configs" / config),
-                    "--data.inputs", json.dumps([corpora]), "--data.output", str(out), "--data.max_seq_length", "128",
-                    "--data.dedup", "off", *extra], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, str(REPO / "jobs" / "prepare_data.py"), "--config",
+                    str(data_config(config, work / config)), "--data.inputs", json.dumps([corpora]), *PREPARE_INPUTS,
+                    "--data.output", str(out), "--data.max_seq_length", "128", "--data.dedup", "off", *extra],
+                   check=True, stdout=subprocess.DEVNULL)
     return out
 
 
@@ -67,7 +70,7 @@ def measure(output: Path, batch: int, epochs: int, seed: int = 0) -> dict[str, f
     ds = PreparedDataset.load(str(output))
     files = [p for p, _ in ds.shards][:-1]
     rows = sum(r for _, r in ds.shards[:-1])
-    to_batch = Batches(SimpleNamespace(dataset=ds), seed)
+    to_batch = Batches(SimpleNamespace(dataset=ds, mask_rate=None), seed)  # the data's own rate
     n = tokens = slots = 0
     cpu0, wall0 = time.process_time(), time.perf_counter()
     for epoch in range(epochs):
@@ -82,7 +85,7 @@ def measure(output: Path, batch: int, epochs: int, seed: int = 0) -> dict[str, f
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--corpora", default=str(REPO.parent / "shared" / "corpora"))
+    ap.add_argument("--corpora", default=str(SHARED / "corpora"))
     ap.add_argument("--shapes", default="mlm,nsp", help="comma-separated: " + ", ".join(SHAPES))
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=3)

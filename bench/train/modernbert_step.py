@@ -8,13 +8,13 @@ only); transformers' SDPA model takes no document boundaries, so it attends acro
 decoder on the labelled rows only); `ours-nodoc` is ours without the boundaries (what the document masks cost).
 Rounds are interleaved, the order flipping each round (the machine is shared); the table gives medians.
 
-    python bench/modernbert_step.py                          # modernbert-tiny, 4 rows x 1024, vocab 8000
-    python bench/modernbert_step.py --preset modernbert-mini --rounds 3
-    python bench/modernbert_step.py --threads 1 --attention [--flex-compile]   # the attention kernels compared
+    python bench/train/modernbert_step.py                          # modernbert-tiny, 4 rows x 1024, vocab 8000
+    python bench/train/modernbert_step.py --preset modernbert-mini --rounds 3
+    python bench/train/modernbert_step.py --threads 1 --attention [--flex-compile]   # the attention kernels compared
 
-On a GPU (the GPU issue's ModernBERT rows; the lease's call is in bench/gpu_step.sh, STEP_SET=modernbert):
+On a GPU (the GPU issue's ModernBERT rows; the lease's call is in bench/gpu/gpu_step.sh, STEP_SET=modernbert):
 
-    python bench/modernbert_step.py --device cuda --dtype bf16 --preset modernbert-base --rows 32 --seq 1024 \
+    python bench/train/modernbert_step.py --device cuda --dtype bf16 --preset modernbert-base --rows 32 --seq 1024 \
         --vocab 50368 --impls transformers,ours --mfu --rounds 3 --steps 10
 
 `--dtype bf16` runs forward and loss under autocast (weights and AdamW in fp32, as the training loop does);

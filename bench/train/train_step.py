@@ -7,10 +7,10 @@ on CUDA, torch.cuda.max_memory_allocated while one implementation is built and w
 before it; on the CPU a process's peak RSS only ever grows, so it is measured per (implementation, dtype) in a fresh
 subprocess: the resident high-water mark (VmHWM) over warmup + 2 steps minus the RSS before the model was built.
 
-    python bench/train_step.py                                   # CPU, mini, B32 L128 P20, fp32 + bf16
-    python bench/train_step.py --device cpu --preset tiny --mfu  # the GPU code path, cheaply, on CPU
-    python bench/train_step.py --device cuda --preset large --dtype bf16 --mfu
-    python bench/train_step.py --device cuda --preset base --batch 256 --dtype bf16 --mfu --data packed \\
+    python bench/train/train_step.py                                   # CPU, mini, B32 L128 P20, fp32 + bf16
+    python bench/train/train_step.py --device cpu --preset tiny --mfu  # the GPU code path, cheaply, on CPU
+    python bench/train/train_step.py --device cuda --preset large --dtype bf16 --mfu
+    python bench/train/train_step.py --device cuda --preset base --batch 256 --dtype bf16 --mfu --data packed \\
         --impls transformers,ours,ours+real,ours+real+compile,ours+real+cudagraphs   # the GPU issue's tries
 
 An implementation is `transformers`, or `ours` with `+feature`s (issue 18's tries, each one row of the table):
@@ -31,7 +31,7 @@ An implementation is `transformers`, or `ours` with `+feature`s (issue 18's trie
     fp8         FP8 GEMMs (torchao's float8 training, tensorwise scaling) in the encoder's nn.Linear layers: the
                 attention output and both feed-forward projections (QKV is one F.linear over the three weights
                 and stays bf16, as do the embeddings and the MLM head); never a bf16 row. CUDA (sm89+) only,
-                and torchao must be importable (bench/gpu_step.sh installs the carried wheel)
+                and torchao must be importable (bench/gpu/gpu_step.sh installs the carried wheel)
 
 Data (`--data`): `padded` is Google-like NSP data (~10% short sequences, a padding mask in play); `packed` is
 MLM-only data packed to full length (no row padded, no mask passed unless `+mask`).

@@ -76,7 +76,7 @@ def fit(loop: Callable[[Any], None], handoff: Any, *, name: str, storage_path: s
 
 def trainer_class() -> type:
     """Ray Train's TorchTrainer without two of the helper actors it starts for every run, each a Python process of
-    its own (bench/job_cost.py; bench/RESULTS.md "Job cost"):
+    its own (bench/studies/job_cost.py; bench/RESULTS.md "Job cost"):
 
     - the placement-group cleaner, a detached actor that polls the state API every second so that it can remove the
       workers' placement group if the Train controller dies while the program that called `fit` goes on (a Tune

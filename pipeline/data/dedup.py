@@ -60,7 +60,7 @@ Memory is bounded by the signatures (4 * num_perm bytes a document, 512 B at the
 holds one window of a document's text (pipeline/data/signing.py), never all of its words or shingles.
 
 Defaults (threshold 0.8, num_perm 128, shingle_size 5, bands x rows from `lsh_bands`: 14 x 9 at the default)
-were chosen by bench/dedup_quality.py on the shared corpora with planted copies (bench/RESULTS.md, section
+were chosen by bench/data/dedup_quality.py on the shared corpora with planted copies (bench/RESULTS.md, section
 "Deduplication"): recall of copies with true Jaccard >= 0.9 and documents dropped with no kept document above
 Jaccard 0.5 over a grid of threshold x num_perm.
 

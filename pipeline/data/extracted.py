@@ -6,10 +6,10 @@
 
 With dedup on (the default), pass 0 (`passes.sign_unit`) and pass 1 (`passes.tokenize_file`) both need every
 document's text. Reading a unit means decompressing and parsing it, and for a Wikipedia dump converting wikitext to
-text: the costliest steps of the whole preparation (bench/one_read.py: reading a dump's unit takes about four
+text: the costliest steps of the whole preparation (bench/studies/one_read.py: reading a dump's unit takes about four
 times the CPU time of tokenizing it). So the signing pass writes each record it reads to `text/<unit>.parquet` in the
 work directory (zstd level 1: 2.8x smaller than the UTF-8 text of the shared wiki articles, 4.8x on
-bench/wiki_scale.py's repetitive dump), and the tokenize pass reads that file instead of the unit
+bench/data/wiki_dump.py's repetitive dump), and the tokenize pass reads that file instead of the unit
 (`passes.unit_records`); for the kinds whose reading parses (`KEPT_KINDS`), not for text that is read as cheaply
 as its copy would be. A unit's file is written by rename before its signatures (so a unit whose signatures exist has
 its text kept, unless its tokens are already done) and removed as soon as the unit's tokenize done marker is
@@ -26,10 +26,11 @@ the corpus, so the tokenize pass cannot know them while it reads; and its output
 chunks are cut every `chunk_chars` characters of *kept* text, the random pool is a bottom-k over kept documents,
 and the example units follow the chunks. Keeping the shards byte-identical that way takes a further pass over
 every token chunk (read, drop, cut again, write, recompute the pool, with its own resume records), after
-tokenizing the duplicates for nothing. Measured on four units of bench/wiki_scale.py's dump (bench/one_read.py
---components, CPU time against dedup off's read + tokenize of the same units): this way's extra is 2.0% (writing
-the records 1.3%, reading them back 0.7%); the other way's floor, only re-reading and re-writing the token chunks
-(0.6%) and tokenizing the 9.1% of documents it then drops (1.9%), is 2.5%, before any of that pass's own work.
+tokenizing the duplicates for nothing. Measured on four units of bench/data/wiki_dump.py's dump
+(bench/studies/one_read.py --components, CPU time against dedup off's read + tokenize of the same units): this
+way's extra is 2.0% (writing the records 1.3%, reading them back 0.7%); the other way's floor, only re-reading and
+re-writing the token chunks (0.6%) and tokenizing the 9.1% of documents it then drops (1.9%), is 2.5%, before any
+of that pass's own work.
 With fewer duplicates (under about 7%) that floor falls below 2.0%, but it leaves out the pass itself (a pass
 over all chunks on every worker, the pool recomputed, another resume state), which was not built; this way is
 measured whole, is the simpler one, and is kept.

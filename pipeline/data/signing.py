@@ -24,7 +24,7 @@ Why the windows give the one-shot values, byte for byte
 tests/test_signing.py checks both against the one-shot computation and against values pinned before streaming.
 
 MinHash implementation: rensa's full-set R-MinHash (`RMinHash.digest_matrix_from_flat_token_hashes`, one call
-per batch, 32-bit slots), fed our own shingle hashes. Measured by bench/dedup_quality.py on the shared corpora
+per batch, 32-bit slots), fed our own shingle hashes. Measured by bench/data/dedup_quality.py on the shared corpora
 (66 books + 483 wiki documents, 1.44M shingles, num_perm 128): the sketch itself takes ~0.003 s in rensa, ~0.46 s
 in a vectorised numpy MinHash (multiply-shift hash functions, `np.minimum.reduceat` per document) and ~1 s in
 datasketch 2.0.0 (`update_batch`), so the pass's cost is the normalising and shingle hashing around it. Its
@@ -75,7 +75,7 @@ def lsh_bands(threshold: float, num_perm: int, fn_weight: float = 0.9) -> tuple[
     P(candidate | J) = 1 - (1 - J**rows)**bands: false positives (J < threshold) weighted 1 - fn_weight, false
     negatives (J >= threshold) weighted fn_weight. datasketch's `_optimal_param` with weights 0.5/0.5; here false
     negatives weigh more because every candidate is verified with the signatures, so a false positive costs one
-    comparison while a false negative is a missed duplicate (measured in bench/dedup_quality.py).
+    comparison while a false negative is a missed duplicate (measured in bench/data/dedup_quality.py).
 
     >>> lsh_bands(0.8, 128), lsh_bands(0.8, 128, fn_weight=0.5)
     ((14, 9), (9, 13))
@@ -201,7 +201,7 @@ def _poly_shingles(w: np.ndarray, k: int) -> np.ndarray:
 
 def shingle_hashes(text: str, shingle_size: int = 5) -> np.ndarray:
     """uint64 hashes of the word `shingle_size`-grams of `normalise(text)` (one shingle of all words when shorter),
-    all at once: for a document that fits in memory several times over (tests, bench/dedup_quality.py).
+    all at once: for a document that fits in memory several times over (tests, bench/data/dedup_quality.py).
 
     >>> len(shingle_hashes("a b c d e f", 5)), len(shingle_hashes("a b", 5)), len(shingle_hashes("", 5))
     (2, 1, 1)

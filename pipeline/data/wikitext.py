@@ -1,8 +1,8 @@
 """Wikitext -> text for MediaWiki dumps (pipeline.data.wiki): mwparserfromhell's C tokenizer, and a walk over its
 flat token stream. Its full parse (the node tree its Python builder makes) costs about 0.7 ms a page on the sample
 against 0.13 ms for the tokens, and wikitextparser's parse is as slow (4.3 ms for the 11 pages, either library);
-walking the tokens makes the conversion 1.5x WikiExtractor's instead of 0.36x (bench/wiki_compare.py). The rule is the BERT paper's
-"extract only the text passages and ignore lists, tables, and headers":
+walking the tokens makes the conversion 1.5x WikiExtractor's instead of 0.36x (bench/data/wiki_compare.py). The
+rule is the BERT paper's "extract only the text passages and ignore lists, tables, and headers":
   kept:    text; the text of internal links (`[[target|text]]` -> text, `[[target]]` -> target) and of
            external links with a label (`[http://x label]` -> label); the content of formatting tags
            (`''`/`'''` quotes are removed, `<b>`, `<i>`, `<span>`, `<sup>`, `<small>`, `<div>`, `<blockquote>`, ...);
