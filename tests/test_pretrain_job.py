@@ -264,6 +264,21 @@ def test_job_end_to_end(main_job, prepared, work, repo_root, tmp_path, monkeypat
     assert ev.info.status == "FINISHED" and "suite/pydocs_topic/accuracy" in ev.data.metrics
     assert "[stage scorecard]" in logs and "score (stage-test)" in logs
     assert logs.strip().splitlines()[-1].startswith("registered models:/bert-pretrain/")
+    # a run's checkpoint directory is an evaluation source: exported as the register stage exports the final one
+    import torch
+    from safetensors.torch import load_file
+
+    from pipeline.evaluate.checkpoint import export_checkpoint, is_pretraining_checkpoint
+
+    final = [c for c in (work / "runs-main").glob("*/checkpoint_*")
+             if c.is_dir() and json.loads((c / "train_state.json").read_text())["step"] == 24]
+    assert len(final) == 1 and is_pretraining_checkpoint(str(final[0]))
+    tags = export_checkpoint(str(final[0]), str(tmp_path / "from-checkpoint"))
+    assert tags["pretrain_run_id"] == run_id and tags["source_checkpoint_step"] == "24"
+    registered = tracking.download_model(f"models:/bert-pretrain/{info['version']}", str(tmp_path / "registered"))
+    ours, theirs = (load_file(str(Path(d) / "model.safetensors")) for d in (tmp_path / "from-checkpoint", registered))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert (tmp_path / "from-checkpoint" / "vocab.txt").read_bytes() == (Path(registered) / "vocab.txt").read_bytes()
     exp = tracking.client().get_experiment_by_name("bert-pretrain")
     check_in_browser(browser_page, uri, "bert-pretrain", info, exp, Path(prepared["validate"].output).name, tmp_path)
 
