@@ -55,13 +55,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         from pipeline.config import config_path, parse
-        from pipeline.evaluate.config import EV_SECTIONS, EvaluateConfig
+        from pipeline.evaluate.config import EV_SECTIONS, EvaluateConfig, check_protocol_owned
         from pipeline.evaluate.suite import load_suite, table
         from pipeline.storage.preflight import check_storage
 
         check_storage([("--config", config_path(argv), "read")])
         args, sections = parse(parser(), argv, EV_SECTIONS, renames=FLAGS)
         cfg = EvaluateConfig(**sections)
+        check_protocol_owned(cfg)  # train.lr, train.epochs, ... are the suite's: refused here, never ignored
         check_storage([("--suite", args.suite_file, "read"), ("--data.tokenizer", cfg.data.tokenizer, "read"),
                        ("train.storage_path", cfg.train.storage_path, "write")])
         suite = load_suite(args.suite_file)

@@ -147,3 +147,9 @@ def test_a_model_that_does_not_resolve_is_one_line(tmp_path, capsys, monkeypatch
     rc, _, err = _evaluate(["--model", str(tmp_path), "--suite", str(REPO / "tests" / "data" / "eval_tiny.yaml")],
                            capsys)
     assert rc == 1 and "not models:/name@alias" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_field_the_protocol_sets_is_refused_not_ignored(capsys):
+    rc, out, err = _evaluate(["--model", "scratch:tiny", "--suite", str(REPO / "tests" / "data" / "eval_tiny.yaml"),
+                              "--train.epochs", "5"], capsys)
+    assert rc == 1 and "train.epochs 5: each trial takes it from the suite's protocol (epochs)" in err, err

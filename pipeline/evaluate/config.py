@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from pipeline.config import flatten
+from pipeline.config import ConfigError, flatten
 from pipeline.config.sections import _check
 from pipeline.finetune.config import FtDataConfig, FtEvalConfig, FtModelConfig, FtTrackingConfig, FtTrainConfig
 
@@ -69,3 +69,28 @@ EV_SECTIONS: dict[str, type] = {
     "data": FtDataConfig, "model": FtModelConfig, "train": EvTrainConfig, "eval": FtEvalConfig,
     "tracking": EvTrackingConfig, "suite": SuiteRunConfig,
 }
+
+
+PROTOCOL_OWNED = {"train.lr": "lrs", "train.seed": "seeds", "train.epochs": "epochs", "train.batch_size": "batch_size",
+                  "train.max_steps": "epochs", "data.max_seq_length": "max_seq_length",
+                  "data.max_train_examples": "max_train_examples", "data.max_eval_examples": "max_eval_examples"}
+"""Fine-tuning fields that each trial takes from the suite's protocol: set here they would be ignored, so they are
+refused (`check_protocol_owned`)."""
+
+
+def check_protocol_owned(cfg: EvaluateConfig) -> None:
+    """One ConfigError line for a config field that the suite's protocol sets for every trial.
+
+    >>> from dataclasses import replace
+    >>> c = EvaluateConfig()
+    >>> check_protocol_owned(replace(c, train=replace(c.train, epochs=5)))
+    Traceback (most recent call last):
+    ...
+    pipeline.config.sections.ConfigError: train.epochs 5: each trial takes it from the suite's protocol (epochs); set it there, for the suite or for one task
+    """
+    default = EvaluateConfig().flat()
+    for key, value in cfg.flat().items():
+        if key in PROTOCOL_OWNED and value != default[key]:
+            raise ConfigError(f"{key} {value}: each trial takes it from the suite's protocol ({PROTOCOL_OWNED[key]}); "
+                              "set it there, for the suite or for one task")
+
