@@ -92,7 +92,11 @@ LONGEST_FIRST = ("test_finetune_job", "test_pretrain_job", "test_secure_tracking
                  "test_preflight", "test_outage")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config, items):  # noqa: ARG001 - pytest's hook signature
+    for item in items:  # a bench/ script's smoke run (tests/test_bench.py) is slow too: the quick loop skips it
+        if item.get_closest_marker("bench"):
+            item.add_marker(pytest.mark.slow)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: each module's own order kept
 

@@ -1,3 +1,4 @@
+# Finished study, ran at 2b77dab (2026-11-22): Google's create_pretraining_data.py takes 1.61x our wall (goal 4x)
 """Side by side with Google's 2018 `create_pretraining_data.py` on the shared corpora (issue 10).
 
     python bench/studies/google_compare.py /path/to/google-research/bert        # a checkout (the search tool's fetch)

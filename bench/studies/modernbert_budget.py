@@ -1,3 +1,4 @@
+# Finished study, ran at 1195949 (2026-11-27): modernbert-tiny's step 1.23x tiny's CPU; the jobs set 1,200 steps
 """The compute side of configs/modernbert-tiny.yaml's budget: its training step's CPU time against configs/tiny.yaml's,
 each as one of the job's two workers runs it (one intra-op thread, the config's micro-batch, forward + backward +
 AdamW). In the jobs themselves per-step costs outside the model hide this difference; the budget (1,200 steps) was

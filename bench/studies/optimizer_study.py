@@ -1,3 +1,4 @@
+# Finished study, ran at b50b91b (2026-11-27): StableAdamW 2.2 points of held-out MLM accuracy behind AdamW
 """StableAdamW against AdamW at the main job's budget (issue 33): the real job (`jobs/pretrain.py`, a private local
 Ray, MLflow on SQLite) once per optimizer, everything else the config's, then held-out MLM loss and accuracy of each
 final model on the same held-out rows (the job's own final evaluation: the whole held-out shard, one seed's masks).

@@ -1,3 +1,4 @@
+# Finished study, ran at e89e7d1 (2026-11-24): issue 19's split, new ÷ old CPU-s: 1.04 local, 0.64 Ray; same shards
 """Two checkouts of this project, the same data preparation: wall and CPU-seconds of `jobs/prepare_data.py` from
 each, interleaved in one run (a shared machine's load then falls on both alike), as ratios new / old.
 

@@ -1,3 +1,4 @@
+# Finished study, ran at 4577376 (2026-11-25): two hosts ÷ one: training tokens/s 1.00, data stage 1.78x slower
 """Two hosts vs one, on one machine: the tiny job (`configs/tiny.yaml`'s model, batch 32 x 128, two workers) and
 its data stage on Ray actors, first on the head host alone (two workers PACKed), then with the worker host
 joined (two workers SPREAD, gloo over the veth). Each host has 1 CPU slot of the machine's cores; the hosts are

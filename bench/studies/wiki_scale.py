@@ -1,3 +1,4 @@
+# Finished study, ran at bbc8c71 (2026-11-24): two nodes write one node's shards; largest process 1.39 GiB (goal 1.5)
 """A multistream Wikipedia dump through `jobs/prepare_data.py` on Ray: two nodes against one, memory, rate.
 
     python bench/studies/wiki_scale.py                     # --copies 12000: 132,000 pages, 225 MB of XML

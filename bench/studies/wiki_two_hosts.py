@@ -1,3 +1,4 @@
+# Finished study, ran at 7313bd2 (2026-11-28): 1,015 MB of bz2 dump on two hosts, dedup on: 1,256 s
 """A gigabyte of multistream Wikipedia dump prepared on two hosts, dedup on: wall, CPU-seconds per host, the
 largest process, shuffle bytes, the rate per core (issue 36, bench/RESULTS.md "Corpus scale").
 
