@@ -153,3 +153,13 @@ def test_a_field_the_protocol_sets_is_refused_not_ignored(capsys):
     rc, out, err = _evaluate(["--model", "scratch:tiny", "--suite", str(REPO / "tests" / "data" / "eval_tiny.yaml"),
                               "--train.epochs", "5"], capsys)
     assert rc == 1 and "train.epochs 5: each trial takes it from the suite's protocol (epochs)" in err, err
+
+
+@pytest.mark.parametrize("module", ["pipeline.evaluate.suite", "pipeline.evaluate.config", "pipeline.evaluate.job",
+                                    "pipeline.finetune.trials"])
+def test_the_worked_examples_in_the_docstrings_hold(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.failed == 0 and result.attempted > 0, result

@@ -41,7 +41,11 @@ MODEL_TASK = {"sentence-pair-classification": "sequence-classification"}
 
 
 def tag_keys(suite_name: str) -> dict[str, str]:
-    """The version tags of a scorecard: `tag_keys("shared")["sha256"] -> 'suite.shared.sha256'`."""
+    """The version tags of a scorecard.
+
+    >>> tag_keys("shared")
+    {'sha256': 'suite.shared.sha256', 'score': 'suite.shared.score', 'run_id': 'suite.shared.run_id'}
+    """
     return {k: f"suite.{suite_name}.{k}" for k in ("sha256", "score", "run_id")}
 
 
