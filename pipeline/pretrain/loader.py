@@ -20,6 +20,7 @@ file order, not global (shards are written in corpus order), so a step's rows co
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -182,21 +183,26 @@ def permuted_rows(
     seed_key: Sequence[int],
     first_row: int = 0,
     skipped: Callable[[Any], None] | None = None,
+    keep: Callable[[Any], np.ndarray] | None = None,
 ) -> Iterator[Any]:
     """One pass's rows, permuted: the first `num_rows` rows of the stream `tables` (pyarrow tables in a fixed
-    order), cut into chunks of `chunk_rows`, each permuted by an RNG seeded with `(*seed_key, chunk_index)`, yielded
-    as tables from row `first_row` of the permuted order on. Chunks entirely before `first_row` are read but not
-    permuted; `skipped` is called with the rows before `first_row` (whole chunks in stream order, then the
-    permuted head of the chunk `first_row` falls in).
+    order; with `keep`, only the rows at the indices it gives of each table), cut into chunks of `chunk_rows`, each
+    permuted by an RNG seeded with `(*seed_key, chunk_index)`, yielded as tables from row `first_row` of the
+    permuted order on. Chunks entirely before `first_row` are not permuted; `skipped` is called with the rows before
+    `first_row` (whole chunks in stream order, then the permuted head of the chunk `first_row` falls in). A chunk's
+    rows are copied once (one take), kept rows or not.
 
     >>> import pyarrow as pa
     >>> [t["x"].to_pylist() for t in permuted_rows([pa.table({"x": list(range(10))})], num_rows=8, chunk_rows=8,
     ...                                             seed_key=[0], first_row=5)]
     [[0, 1, 7]]
+    >>> [t["x"].to_pylist() for t in permuted_rows([pa.table({"x": list(range(10))})], num_rows=3, chunk_rows=8,
+    ...                                             seed_key=[0], keep=lambda t: np.arange(1, t.num_rows, 3))]
+    [[7, 1, 4]]
     """
     import pyarrow as pa
 
-    pending: list[Any] = []  # tables of the current chunk, in stream order
+    pending: list[tuple[Any, np.ndarray]] = []  # (table, its rows) of the current chunk, in stream order
     pending_rows = 0
     consumed = 0  # rows of the pass seen so far
     chunk = 0
@@ -204,34 +210,47 @@ def permuted_rows(
     def stream():
         nonlocal consumed
         for t in tables:
-            n = min(t.num_rows, num_rows - consumed)
-            consumed += n
-            if n > 0:
-                yield t.slice(0, n)
+            rows = np.arange(t.num_rows) if keep is None else keep(t)
+            rows = rows[: num_rows - consumed]
+            consumed += len(rows)
+            if len(rows):
+                yield t, rows
             if consumed >= num_rows:
                 return
 
-    for t in stream():
-        pending.append(t)
-        pending_rows += t.num_rows
+    def gather(parts: list[tuple[Any, np.ndarray]], order: np.ndarray | None = None):
+        """The rows of `parts`, in stream order or in `order` of it: one take from their tables side by side."""
+        starts = np.cumsum([0] + [t.num_rows for t, _ in parts[:-1]])
+        index = np.concatenate([rows + start for (_, rows), start in zip(parts, starts)])
+        return pa.concat_tables([t for t, _ in parts]).take(pa.array(index if order is None else index[order]))
+
+    for t, rows in stream():
+        pending.append((t, rows))
+        pending_rows += len(rows)
         while pending_rows >= chunk_rows or (consumed >= num_rows and pending_rows > 0):
-            whole = pa.concat_tables(pending)
-            n = min(chunk_rows, whole.num_rows)
-            piece, rest = whole.slice(0, n), whole.slice(n)
-            pending, pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
+            n = min(chunk_rows, pending_rows)
+            parts, rest, got = [], [], 0  # the chunk's first n rows, and what is left of pending
+            for t, rows in pending:
+                k = min(n - got, len(rows))
+                if k:
+                    parts.append((t, rows[:k]))
+                if k < len(rows):
+                    rest.append((t, rows[k:]))
+                got += k
+            pending, pending_rows = rest, pending_rows - n
             chunk_start = chunk * chunk_rows
             chunk += 1
             if chunk_start + n <= first_row:
                 if skipped is not None:
-                    skipped(piece)
+                    skipped(gather(parts))
                 continue  # entirely before the resume point
             perm = np.random.default_rng([*map(int, seed_key), chunk - 1]).permutation(n)
-            piece = piece.take(pa.array(perm))
             if chunk_start < first_row:
+                head = first_row - chunk_start
                 if skipped is not None:
-                    skipped(piece.slice(0, first_row - chunk_start))
-                piece = piece.slice(first_row - chunk_start)
-            yield piece
+                    skipped(gather(parts, perm[:head]))
+                perm = perm[head:]
+            yield gather(parts, perm)
 
 
 def epoch_batches(
@@ -276,21 +295,20 @@ def epoch_batches(
 
 
 SOURCE_KEY = 0x534F55  # "SOU": a source's pass order is seeded apart from the epochs of one stream
-MIX_KEY = 0x4D4958  # "MIX": the order of a mixed global batch
 
 
 class SourceRows:
     """One source's rows of a phase as an endless stream, from row `start` of it on: its training rows (those of
     `tables()` whose `source` is `name`, in file order; `rows` of them, `tokens` tokens) read pass after pass, each
     pass permuted in chunks of `chunk_rows` seeded by (seed, phase, SOURCE_KEY + index, pass) (`permuted_rows`).
-    Where it starts is a number of rows (`mixture.Mixture.before`), a function of the step alone. `tokens_before`:
-    the tokens of the rows before `start`, complete once the first rows are taken (a resumed run's counts).
+    Where it starts is a number of rows (`mixture.Mixture.before`), a function of the step alone. `tokens`: the
+    tokens of the rows before where the stream is (those before `start` included, once the first rows are taken).
 
     >>> import pyarrow as pa
     >>> t = pa.table({"source": ["a", "b", "a", "a"], "num_tokens": [1, 2, 3, 4]})
     >>> s = SourceRows(lambda: [t], "a", 0, 3, 8, 3, seed=0, phase=0, start=5)
-    >>> [s.take(2)["num_tokens"].to_pylist() for _ in range(2)], s.tokens_before
-    ([[3, 1], [3, 4]], 13)
+    >>> [s.take(2)["num_tokens"].to_pylist() for _ in range(2)], s.tokens
+    ([[3, 1], [3, 4]], 24)
     """
 
     def __init__(self, tables: Callable[[], Iterable[Any]], name: str, index: int, rows: int, tokens: int,
@@ -298,35 +316,39 @@ class SourceRows:
         self.tables, self.name, self.rows, self.chunk_rows = tables, name, rows, chunk_rows
         self.key = [seed, phase, SOURCE_KEY + index]
         self._passes, self._first = divmod(start, rows)
-        self.tokens_before = self._passes * tokens  # + the head of the pass it starts in, as that is read
+        self.tokens = self._passes * tokens  # + the head of the pass it starts in, as that is read
         self._pieces = self._stream()
-        self._carry = None
+        self._piece, self._at, self._cum = None, 0, np.zeros(1, np.int64)
 
     def _stream(self) -> Iterator[Any]:
         import pyarrow.compute as pc
 
         def count(t) -> None:
-            self.tokens_before += int(pc.sum(t["num_tokens"]).as_py() or 0)
+            self.tokens += int(pc.sum(t["num_tokens"]).as_py() or 0)
+
+        def mine(t) -> np.ndarray:  # this source's rows of a table
+            return np.flatnonzero(pc.equal(t["source"], self.name).to_numpy(zero_copy_only=False))
 
         passes, first = self._passes, self._first
         while True:
-            mine = (t.filter(pc.equal(t["source"], self.name)) for t in self.tables())
-            yield from permuted_rows(mine, num_rows=self.rows, chunk_rows=self.chunk_rows,
+            yield from permuted_rows(self.tables(), num_rows=self.rows, chunk_rows=self.chunk_rows, keep=mine,
                                      seed_key=[*self.key, passes], first_row=first, skipped=count if first else None)
             passes, first = passes + 1, 0
 
     def take(self, n: int) -> Any:
-        """The stream's next `n` rows, as one table."""
+        """The stream's next `n` rows, as one table (their tokens counted into `tokens`)."""
         import pyarrow as pa
 
         parts, have = [], 0
         while have < n:
-            if self._carry is None or self._carry.num_rows == 0:
-                self._carry = next(self._pieces)
-            piece = self._carry.slice(0, n - have)
-            self._carry = self._carry.slice(piece.num_rows)
-            parts.append(piece)
-            have += piece.num_rows
+            if self._piece is None or self._at == self._piece.num_rows:
+                self._piece, self._at = next(self._pieces), 0
+                self._cum = np.concatenate([[0], np.cumsum(self._piece["num_tokens"].to_numpy(), dtype=np.int64)])
+            k = min(n - have, self._piece.num_rows - self._at)
+            parts.append(self._piece.slice(self._at, k))
+            self.tokens += int(self._cum[self._at + k] - self._cum[self._at])
+            self._at += k
+            have += k
         return pa.concat_tables(parts) if len(parts) != 1 else parts[0]
 
 
@@ -428,23 +450,33 @@ class Batches:
     def __call__(self, table, epoch: int) -> dict[str, torch.Tensor]:
         return self.collate(self.rows(table, epoch))
 
-    def step(self, table, epoch: int, slices: Sequence[tuple[int, int]]) -> Step:
+    def step(self, table, epoch: int, slices: Sequence[tuple[int, int]], order: np.ndarray | None = None) -> Step:
         """A global batch (`table`) -> this rank's micro-batches (`slices` of its rows) and the whole batch's loss
         denominators, counted by every rank from all the rows: no collective is needed to know them. Static masks
         are counted in the table; dynamic ones are drawn for every row first (masks are per row, so a slice's are
-        what masking it alone gives), the rank's share only converted otherwise."""
+        what masking it alone gives), the rank's share only converted otherwise. `order`: the global batch is the
+        table's rows in this order (a mixture's), applied to the converted rows (no copy of the table)."""
         import pyarrow.compute as pc
 
         lo, hi = slices[0][0], slices[-1][1]
         nsp = int(pc.sum(pc.greater_equal(table["next_sentence_label"], 0)).as_py() or 0)
         if self.policy is None:
             masked = int(pc.sum(pc.list_value_length(table["masked_lm_positions"])).as_py() or 0)
-            rows = arrow_rows(table.slice(lo, hi - lo))
+            rows = arrow_rows(table.slice(lo, hi - lo)) if order is None else pick(arrow_rows(table), order[lo:hi])
         else:
             every = self.rows(table, epoch)
             masked = int(sum(len(p) for p in every["masked_lm_positions"]))
-            rows = {k: v[lo:hi] for k, v in every.items()}
+            rows = {k: v[lo:hi] for k, v in every.items()} if order is None else pick(every, order[lo:hi])
         return Step([self.collate({k: v[a - lo : b - lo] for k, v in rows.items()}) for a, b in slices], masked, nsp)
+
+
+def pick(rows: dict[str, Any], index: np.ndarray) -> dict[str, Any]:
+    """Converted rows (`arrow_rows`: lists of arrays, or arrays) taken at `index`, in its order.
+
+    >>> pick({"a": [np.array([1]), np.array([2, 3])], "b": np.array([7, 8])}, np.array([1, 0]))["b"].tolist()
+    [8, 7]
+    """
+    return {k: [v[i] for i in index] if isinstance(v, list) else v[index] for k, v in rows.items()}
 
 
 class StepFeed:
@@ -475,26 +507,34 @@ class StepFeed:
 
     def _mixed(self, mix: Mixture) -> Iterator[Step]:
         """A mixture's steps: step k's global batch is each source's next `mix.at(k)` rows (its own stream,
-        `SourceRows`, where `mix.before(k)` says it is), in an order seeded by (seed, phase, k); its dynamic masks
-        are drawn for step k (a row drawn again gets a fresh one). Each Step counts the tokens every source gave
-        the phase up to it."""
+        `SourceRows`, where `mix.before(k)` says it is), the sources' rows spread evenly through it (`interleave`),
+        so that every rank's share holds each source in proportion; its dynamic masks are drawn for step k (a row
+        drawn again gets a fresh one). Each Step counts the tokens every source gave the phase up to it."""
         import pyarrow as pa
-        import pyarrow.compute as pc
 
+        before = mix.before(self.done)
         streams = [SourceRows(self.tables, name, i, rows, tokens, self.shuffle_rows, seed=self.seed, phase=self.phase,
                               start=start)
-                   for name, i, rows, tokens, start in zip(mix.names, mix.index, mix.rows, mix.tokens,
-                                                           mix.before(self.done))]
-        drawn = [0] * len(streams)
+                   for name, i, rows, tokens, start in zip(mix.names, mix.index, mix.rows, mix.tokens, before)]
         step = self.done
         while True:
-            parts = [(k, s.take(n)) for k, (s, n) in enumerate(zip(streams, mix.at(step))) if n]
-            for k, part in parts:
-                drawn[k] += int(pc.sum(part["num_tokens"]).as_py())
-            table = pa.concat_tables([part for _, part in parts])
-            order = np.random.default_rng([self.seed, self.phase, MIX_KEY, step]).permutation(table.num_rows)
-            table = table.take(pa.array(order))
-            out = self.to_batch.step(table, step, self.slices)
-            out.source_tokens = {s.name: s.tokens_before + d for s, d in zip(streams, drawn)}
+            after = mix.before(step + 1)
+            counts = [b - a for a, b in zip(before, after)]
+            parts = [s.take(n) for s, n in zip(streams, counts) if n]
+            table = pa.concat_tables(parts).drop_columns(["source"])  # known: not converted
+            out = self.to_batch.step(table, step, self.slices, interleave(tuple(counts)))
+            out.source_tokens = {s.name: s.tokens for s in streams}
             yield out
-            step += 1
+            step, before = step + 1, after
+
+
+@functools.lru_cache(maxsize=256)
+def interleave(counts: tuple[int, ...]) -> np.ndarray:
+    """The order that spreads consecutive parts of these sizes evenly through one batch: row j of a part of n rows
+    goes to where (j + 1/2) / n of the way through the batch falls (ties: the earlier part first).
+
+    >>> interleave((4, 2)).tolist()
+    [0, 4, 1, 2, 5, 3]
+    """
+    keys = np.concatenate([(np.arange(n) + 0.5) / n for n in counts]) if sum(counts) else np.zeros(0)
+    return np.argsort(keys, kind="stable")
