@@ -106,26 +106,18 @@ def _registered(spec: str) -> tuple[str, str] | None:
     return info["name"], str(info["version"])
 
 
-def _read_back(m: _Model, suite: Suite, uri: str, force: bool) -> bool:
-    """A registered version's scorecard of this very suite (same sha256), read from its evaluation run."""
-    if m.version is None or force:
-        return False
+def scorecard_of(name: str, version: str, suite: Suite, uri: str) -> dict[str, Any] | None:
+    """The scorecard of registered version `name`/`version` on this very suite (same sha256), read back from its
+    evaluation run; None when it has none."""
     from pipeline import tracking
 
     c = tracking.client(uri)
-    tags = c.get_model_version(*m.version).tags
+    tags = c.get_model_version(name, version).tags
     keys = tag_keys(suite.name)
     if tags.get(keys["sha256"]) != suite.sha256:
-        return False
-    run_id = tags[keys["run_id"]]
+        return None
     with tempfile.TemporaryDirectory(prefix="scorecard-") as d:
-        path = c.download_artifacts(run_id, "scorecard.json", d)
-        m.result = json.loads(Path(path).read_text())
-    m.run_id = run_id
-    say(f"[evaluate] {m.spec} (models:/{m.version[0]}/{m.version[1]}) already has a scorecard of suite {suite.name} "
-        f"(sha256 {suite.sha256[:12]}): score {m.result['score']:.4f}, MLflow run {run_id}; --suite.force true "
-        f"evaluates it again")
-    return True
+        return json.loads(Path(c.download_artifacts(tags[keys["run_id"]], "scorecard.json", d)).read_text())
 
 
 def _source_name(m: _Model) -> str:
@@ -165,13 +157,21 @@ def run_evaluate(cfg, sources: list[str], suite: Suite) -> dict[str, Any]:
                 models.append(_Model(spec, Source(spec, out_dir, None, out_dir, tags), None))
                 continue
             try:
+                version = _registered(spec)
+                card = scorecard_of(*version, suite, uri) if version and not cfg.suite.force else None
+                if card is not None:  # scored on this very suite already: read back, nothing downloaded
+                    models.append(_Model(spec, None, version, card["run_id"], card))
+                    say(f"[evaluate] {spec} (models:/{version[0]}/{version[1]}) already has a scorecard of suite "
+                        f"{suite.name} (sha256 {suite.sha256[:12]}): score {card['score']:.4f}, MLflow run "
+                        f"{card['run_id']}; --suite.force true evaluates it again")
+                    continue
                 source = resolve_source(spec, cfg.data.tokenizer, os.path.join(work, f"source{i}"))
             except ConfigError:
                 raise
             except Exception as e:  # noqa: BLE001 - a registry that does not know it: one line naming it
                 raise ConfigError(f"--model {spec}: does not resolve ({str(e).splitlines()[0]})") from None
-            models.append(_Model(spec, source, _registered(spec)))
-        todo = [m for m in models if not _read_back(m, suite, uri, cfg.suite.force)]
+            models.append(_Model(spec, source, version))
+        todo = [m for m in models if m.result is None]
         # every task file, tokenized for every model still to evaluate, before any trial (bad data: one line)
         data = {(m.spec, t.name, s): _prepare(t, m.source, cfg, s, t.dev)
                 for m in todo for t in suite.tasks for s in _seeds_with_own_data(t)}

@@ -12,10 +12,7 @@ tokenizer.
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from pipeline.runner.dag import Stage
@@ -55,19 +52,12 @@ def run_scorecard(cfg, registered: dict[str, str], uri: str) -> dict[str, Any]:
 
 def scorecard_done(cfg, registered: dict[str, str], uri: str) -> dict[str, Any] | None:
     """The version's scorecard of this suite file, when it has one (tags `suite.<name>.sha256|run_id`)."""
-    from pipeline import tracking
-    from pipeline.evaluate.job import tag_keys
+    from pipeline.evaluate.job import scorecard_of
     from pipeline.evaluate.suite import load_suite
 
     suite = load_suite(cfg.eval.suite)
-    c = tracking.client(uri)
-    tags = c.get_model_version(registered["name"], registered["version"]).tags
-    keys = tag_keys(suite.name)
-    if tags.get(keys["sha256"]) != suite.sha256:
-        return None
-    with tempfile.TemporaryDirectory(prefix="scorecard-") as d:
-        mine = json.loads(Path(c.download_artifacts(tags[keys["run_id"]], "scorecard.json", d)).read_text())
-    return _result(suite, registered["uri"], {"models": {registered["uri"]: mine}})
+    mine = scorecard_of(registered["name"], registered["version"], suite, uri)
+    return None if mine is None else _result(suite, registered["uri"], {"models": {registered["uri"]: mine}})
 
 
 def scorecard_stage(cfg, tracking_uri: str) -> Stage:
