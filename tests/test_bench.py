@@ -76,11 +76,11 @@ def test_every_study_names_its_result_and_commit():
 
 
 def test_results_links_resolve():
-    """bench/RESULTS.md and bench/results/*.md: every relative link and #anchor resolves (as tests/test_docs.py
+    """bench/README.md, RESULTS.md and results/*.md: every relative link and #anchor resolves (as tests/test_docs.py
     checks the guides)."""
     from test_docs import bad_links
 
-    pages = [BENCH / "RESULTS.md", *sorted((BENCH / "results").glob("*.md"))]
+    pages = [BENCH / "README.md", BENCH / "RESULTS.md", *sorted((BENCH / "results").glob("*.md"))]
     assert [b for p in pages for b in bad_links(p)] == []
 
 

@@ -116,7 +116,7 @@ def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
         # Ray keeps as many idle worker processes as the machine has CPUs and kills the others after 1 s idle; a
         # job's bursts of Ray tasks (zero-CPU stage tasks, Ray Data's tasks at fractions of a CPU) then start new
         # ones, each paying Python's and Ray's imports again. Kept 10 s instead: six books prepared twice on Ray on
-        # 2 cores started 22 worker processes instead of 34, in 0.58 of the CPU-seconds (bench/idle_workers.py,
+        # 2 cores started 22 worker processes instead of 34, in 0.58 of the CPU-seconds (a study at b1e6bcb,
         # bench/RESULTS.md "Job cost"); idle workers past the limit still go after 10 s.
         os.environ.setdefault("RAY_idle_worker_killing_time_threshold_ms", str(IDLE_WORKER_KEEP_MS))
     if address != "local":

@@ -165,7 +165,7 @@ def make_optimizer(
 
     `fused` (AdamW only): one kernel for the whole update instead of a loop of small ones, and no host read of
     the step count. None = fused when every parameter is on a CUDA device (as torchtitan does) or on the CPU
-    (torch's CPU kernel: 0.14-0.21 of the loop's time a step on one thread, `python bench/optimizer_step.py`),
+    (torch's CPU kernel: 0.14-0.21 of the loop's time a step on one thread; bench/RESULTS.md, "Job cost"),
     torch's default otherwise: build the optimizer after the model is on its device. A checkpoint keeps the
     choice it was written with (the optimizer's state_dict carries it): a run resumes with the update it started
     with.
