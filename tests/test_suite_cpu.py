@@ -47,7 +47,7 @@ def test_the_plugin_logs_each_test_and_the_poller_finds_its_children(tmp_path):
     stop, ticks = threading.Event(), []
     poller = threading.Thread(target=sc.poll, args=(events, 0.2, stop, ticks), daemon=True)
     poller.start()
-    env = {**os.environ, sc.EVENTS: str(events), "PYTHONPATH": str(REPO / "bench")}
+    env = {**os.environ, sc.EVENTS: str(events), "PYTHONPATH": str(REPO / "bench" / "cost")}
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "suite_cpu", "-p", "no:cacheprovider", "-n", "0",
                         "-c", os.devnull, str(tmp_path / "test_x.py")], env=env, cwd=tmp_path, capture_output=True,
                        text=True, timeout=120)
