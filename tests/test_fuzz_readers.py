@@ -1,8 +1,8 @@
-"""Fuzzing every reader in CI (issue 38): seeded mutations of small real inputs (bench/fuzz_readers.py) through
+"""Fuzzing every reader in CI (issue 38): seeded mutations of small real inputs (bench/data/fuzz_readers.py) through
 expand_inputs -> split_units -> read_documents, with a fixed budget of cases and seconds. Asserted for each case:
 no unhandled exception, every record read or rejected (none lost or invented without a reason), every document's
 text writable as UTF-8, bounded time. The minimal reproducers of what it found are in test_sources.py and
-test_wiki.py; `python bench/fuzz_readers.py --cases 3000` runs the same cases at a larger budget."""
+test_wiki.py; `python bench/data/fuzz_readers.py --cases 3000` runs the same cases at a larger budget."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ def fuzz():
 
 
 def test_mutated_inputs_are_all_read_or_rejected_with_reasons(fuzz):
-    # as many cases as 4 s allow, up to 2,000 (about 1,200 on a quiet core; `python bench/fuzz_readers.py` runs more)
+    # as many cases as 4 s allow, up to 2,000 (about 1,200 on a quiet core; `python bench/data/fuzz_readers.py` runs
+    # more)
     outcomes = fuzz.fuzz(cases=2000, seed=38, seconds=4.0, slow=2.0)
     bad = [o for o in outcomes if o.verdict != "ok"]
     assert not bad, "\n" + fuzz.report(bad, show=10)
@@ -37,7 +38,7 @@ def test_the_harness_counts_a_lost_record(fuzz, tmp_path):
 
 
 def test_hostile_markup_timing_table_is_linear_or_rejected():
-    """bench/reader_timing.py's table (bench/RESULTS.md quotes it), at small sizes: every hostile page is rejected
+    """bench/data/reader_timing.py's table (bench/RESULTS.md quotes it), at small sizes: every hostile page is rejected
     by the markup budget or converted, fast, and the long-line checks are fast."""
     timing = load_bench("reader_timing")
     table = timing.markup_table([2, 4], cap=5.0)

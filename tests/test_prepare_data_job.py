@@ -259,7 +259,7 @@ def _xml_dump(lang: str, texts: list[str], damage=lambda page, k: page) -> bytes
 
 
 def _damaged_folder(root, fuzz):
-    """Every kind of damaged file fuzzing found (bench/fuzz_readers.py), beside good ones, each text distinct.
+    """Every kind of damaged file fuzzing found (bench/data/fuzz_readers.py), beside good ones, each text distinct.
     Returns (documents that must be written, rejection reasons, {path: the start of its skipped reason})."""
     import bz2
 

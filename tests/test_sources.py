@@ -221,8 +221,9 @@ def test_dangling_symlinks_and_loops_are_skipped_with_their_reason(shared_dir, t
 
 
 # ---------------------------------------------------------------------------------------------- malformed input
-# Minimal reproducers of what fuzzing the readers found (issue 38; bench/fuzz_readers.py, tests/test_fuzz_readers.py):
-# every record read or rejected with a reason, a file that cannot be read named with the exception, never raised.
+# Minimal reproducers of what fuzzing the readers found (issue 38; bench/data/fuzz_readers.py,
+# tests/test_fuzz_readers.py): every record read or rejected with a reason, a file that cannot be read named with the
+# exception, never raised.
 
 
 def _items(path, column="text"):

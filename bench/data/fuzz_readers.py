@@ -1,7 +1,7 @@
 """Malformed input (issue 38): seeded mutations of small real inputs through every reader, each case judged for
 unhandled exceptions, records lost without a reason, and time.
 
-    python bench/fuzz_readers.py --cases 3000 --seed 0         # fuzz counts: unhandled, lost records, slow cases
+    python bench/data/fuzz_readers.py --cases 3000 --seed 0         # fuzz counts: unhandled, lost records, slow cases
 
 Fuzzing. Seed inputs are built from ../shared/corpora in a temporary folder: a book (`.txt`, `.txt.gz`), JSON lines
 (`.jsonl`, `.jsonl.gz`), WikiExtractor's `<doc>` form (plain, .bz2, .gz) and `--json` form (plain, .bz2), the
@@ -27,7 +27,7 @@ Each case is one of:
 Reported: counts per outcome, per input form and per mutation, and the first cases of each bad outcome (seed and
 case number reproduce them: `--only CASE`). tests/test_fuzz_readers.py runs `fuzz` with a small budget in CI.
 
-bench/reader_timing.py measures the time side (hostile markup, long lines) and checks that good inputs give the
+bench/data/reader_timing.py measures the time side (hostile markup, long lines) and checks that good inputs give the
 same documents as before. Everything is written under a temporary directory, removed at the end.
 """
 

@@ -1,9 +1,9 @@
 """Malformed input (issue 38), the time side: how long wikitext conversion and the readers' long-line checks take
 on hostile input as it grows, and whether good inputs still give the same documents.
 
-    python bench/reader_timing.py --markup --sizes 20,40,80      # seconds per size: linear, or rejected
-    python bench/reader_timing.py --same-as ../old --repeats 3    # good inputs: same documents as an old checkout
-    python bench/reader_timing.py --budget-search 300 --seed 0    # the slowest page the markup budget lets through
+    python bench/data/reader_timing.py --markup --sizes 20,40,80      # seconds per size: linear, or rejected
+    python bench/data/reader_timing.py --same-as ../old --repeats 3    # good inputs: same documents as an old checkout
+    python bench/data/reader_timing.py --budget-search 300 --seed 0    # the slowest page the markup budget lets through
 
 Times are CPU seconds of this process (a shared machine's load does not count). Markup (`--markup`): wikitext
 of one hostile pattern repeated to each size goes through `wiki.page_text` (the dump reader's conversion, with its
