@@ -35,7 +35,7 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "data/wiki_dump.py": (["{tmp}", "--copies", "2", "--parts", "2"], "part 2: 11 pages (4 articles)"),
     "train/loader_throughput.py": (["--corpora", "{corpus}", "--shapes", "mlm", "--epochs", "1"], "| mlm | dynamic |"),
     "train/mixture_loader.py": (["--corpora", "{corpus}", "--steps", "10", "--resume-at", "4", "--resume-steps", "3",
-                                 "--repeats", "1"], "| loader | tokens / CPU-s (each run) | median |"),
+                                 "--repeats", "1"], "mixture / one stream: "),
 }
 
 ELSEWHERE = {

@@ -133,8 +133,14 @@ def collate(batch: dict[str, Any], pad_to: int | None = None, unpad: bool = Fals
     return out
 
 
-def arrow_rows(table) -> dict[str, Any]:
-    """A pyarrow Table -> {column: list of numpy arrays (list columns) or a numpy array (scalars)}."""
+def arrow_rows(table, order: np.ndarray | None = None) -> dict[str, Any]:
+    """A pyarrow Table -> {column: list of numpy arrays (list columns) or a numpy array (scalars)}; with `order`,
+    the rows at those indices, in that order (a mixture's global batch: no copy of the table to reorder it).
+
+    >>> import pyarrow as pa
+    >>> arrow_rows(pa.table({"a": [[1], [2, 3], []], "b": [7, 8, 9]}), np.array([1, 0]))["a"]
+    [array([2, 3]), array([1])]
+    """
     import pyarrow as pa
 
     out: dict[str, Any] = {}
@@ -143,9 +149,10 @@ def arrow_rows(table) -> dict[str, Any]:
         if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
             values = col.flatten().to_numpy(zero_copy_only=False)
             bounds = np.concatenate([[0], np.cumsum(col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False))])
-            out[name] = [values[bounds[i] : bounds[i + 1]] for i in range(len(col))]
+            out[name] = [values[bounds[i] : bounds[i + 1]] for i in (range(len(col)) if order is None else order)]
         else:
-            out[name] = col.to_numpy(zero_copy_only=False)
+            scalars = col.to_numpy(zero_copy_only=False)
+            out[name] = scalars if order is None else scalars[order]
     return out
 
 
@@ -435,8 +442,8 @@ class Batches:
         if plan.dataset.dynamic_masking:  # at the phase's own rate when it has one
             self.policy = plan.dataset.policy() if plan.mask_rate is None else plan.dataset.policy(plan.mask_rate)
 
-    def rows(self, table, epoch: int) -> dict[str, Any]:
-        rows = arrow_rows(table)
+    def rows(self, table, epoch: int, order: np.ndarray | None = None) -> dict[str, Any]:
+        rows = arrow_rows(table, order)
         if self.policy is not None:  # a fresh mask per epoch, a function of (seed, epoch, example_id)
             rows = mask_batch(rows, self.policy, seed=self.seed, epoch=epoch)
         return rows
@@ -462,21 +469,12 @@ class Batches:
         nsp = int(pc.sum(pc.greater_equal(table["next_sentence_label"], 0)).as_py() or 0)
         if self.policy is None:
             masked = int(pc.sum(pc.list_value_length(table["masked_lm_positions"])).as_py() or 0)
-            rows = arrow_rows(table.slice(lo, hi - lo)) if order is None else pick(arrow_rows(table), order[lo:hi])
+            rows = arrow_rows(table.slice(lo, hi - lo)) if order is None else arrow_rows(table, order[lo:hi])
         else:
-            every = self.rows(table, epoch)
+            every = self.rows(table, epoch, order)
             masked = int(sum(len(p) for p in every["masked_lm_positions"]))
-            rows = {k: v[lo:hi] for k, v in every.items()} if order is None else pick(every, order[lo:hi])
+            rows = {k: v[lo:hi] for k, v in every.items()}
         return Step([self.collate({k: v[a - lo : b - lo] for k, v in rows.items()}) for a, b in slices], masked, nsp)
-
-
-def pick(rows: dict[str, Any], index: np.ndarray) -> dict[str, Any]:
-    """Converted rows (`arrow_rows`: lists of arrays, or arrays) taken at `index`, in its order.
-
-    >>> pick({"a": [np.array([1]), np.array([2, 3])], "b": np.array([7, 8])}, np.array([1, 0]))["b"].tolist()
-    [8, 7]
-    """
-    return {k: [v[i] for i in index] if isinstance(v, list) else v[index] for k, v in rows.items()}
 
 
 class StepFeed:
