@@ -2,7 +2,7 @@
 
 Budgets (2 CPU cores, CI): the real MiniLM checkpoint on pydocs_topic with a 1200-example seeded training subset,
 max_seq_length 32, one epoch of 40 steps at batch 16 (LR 3e-4), evaluated on the first 400 dev rows (the quality
-at the full budget is bench/continue_study.py's); NER (one worker, one epoch of 40 steps at batch 8) and QA (one
+at the full budget: bench/results/quality.md); NER (one worker, one epoch of 40 steps at batch 8) and QA (one
 epoch) on the Bible-derived fixtures in tests/data with small subsets. The whole path through the
 command lines (pretraining, fine-tuning from the registered version, a `--tune.lr` sweep) is
 tests/test_secure_tracking.py's, on the cluster's authenticated tracking server.
@@ -55,7 +55,7 @@ def test_pydocs_topic_from_minilm(ray_local, store, shared_dir, minilm_dir):
     print(f"pydocs_topic dev accuracy (MiniLM, 40 steps): {acc:.4f}")
     # chance is 1/6; measured 2026-11-28: 0.4525 (at max_seq_length 48, a third more tokens: 0.440, 126 against 108
     # CPU-s for the module's first test alone; at 48: LR 6e-4 0.440 too, 30 steps 0.195, 75 steps 0.550; at 48 and
-    # batch 8 on 320 rows: 0.305; the whole train set at 3 LRs and 3 seeds: 0.700 ± 0.013, bench/continue_study.py)
+    # batch 8 on 320 rows: 0.305; the whole train set at 3 LRs and 3 seeds: 0.700 ± 0.013, bench/results/quality.md)
     assert acc >= 0.35, res["metrics"]
 
     # MLflow: params, a loss per step, eval metrics, the label map, the registered version and its lineage
