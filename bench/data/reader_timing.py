@@ -129,7 +129,7 @@ def good_inputs(root: Path) -> list[Path]:
         "".join(json.dumps({**r, "text": html.escape(r["text"], quote=False)}) + "\n" for r in recs))
     (root / "pq").mkdir()
     (root / "pq" / "w.parquet").write_bytes(_parquet(recs))
-    sys.path.insert(0, str(REPO / "bench"))
+    sys.path.insert(0, str(REPO / "bench" / "data"))
     from wiki_compare import replicate
 
     (root / "dump").mkdir()
