@@ -16,6 +16,8 @@ from typing import Any
 # call; and it phones home, which offline clusters cannot. Every mlflow import of the project is under this
 # package, so this runs first. MLFLOW_DISABLE_TELEMETRY=false keeps it on.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# and no tqdm bar of its own as a registry version or a scorecard downloads: a job's console is its own lines
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 # Each name loads its submodule on first use (PEP 562, as `model` does): mlflow takes seconds to import, and a job
 # that fails on its input, or a Train worker that never logs, should not pay for it.
