@@ -6,7 +6,7 @@ The scripts in bench/<concern>/ are scripts, not a package; each puts bench/ on 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from measure import REPO, Sampler, run_sampled  # noqa: E402
 
-The sampler's basis, for every figure made with it (bench/RESULTS.md names it as "sampled"):
+The sampler's basis, for every figure made with it:
 - CPU-seconds are each process's user + system time as /proc reports it, read every `interval` seconds (0.2 by
   default); a process that exits between two readings loses at most its last interval. `count_from="sampler"`: a
   process already running when the sampler is made counts from then, one started later from its own start;
@@ -17,6 +17,14 @@ The sampler's basis, for every figure made with it (bench/RESULTS.md names it as
   processes that map them, so the sum counts each page once).
 - Which processes: whatever `procs()` lists at each reading; by default every descendant of this process, and
   `tree(pid)` for a process and its descendants (a command's tree from its launch: `run_sampled`).
+
+The published rows kept their basis when the three samplers before this one became it (issue 62): `run_sampled`
+is big_document_memory's TreeSampler (a command's tree, itself included, CPU from each process's start), which
+big_document_memory, data_scale, dedup_cost, job_cost, one_read, prepare_ab and google_compare measured with;
+`Sampler()` is wiki_scale's Sampler (this process's descendants, CPU from the sampler's start), which wiki_scale,
+wiki_two_hosts and dedup_shuffle measured with; data_throughput's TreeCPU was `Sampler(tree(pid))` and its tree PSS
+`pss=True`. One change: `stop()` reads once more, so a process still running at the end counts up to then, not up
+to its last interval (TreeCPU did so already; a command run to its end has none left).
 """
 
 from __future__ import annotations
