@@ -166,7 +166,8 @@ def test_run_identity_without_init_is_unchanged_and_with_init_has_its_sha(tmp_pa
 def test_run_identity_of_a_warmup_fraction_is_that_of_its_steps(tmp_path):
     """A preset that moved from `warmup_steps: 120` to `warmup_fraction: 0.1` of 1,200 steps keeps its runs' names,
     and so does a run with the default (linear) decay shape; runs that differ only by max_steps still share their
-    identity without it (the fraction, not the steps it sets, is in that one)."""
+    identity without it (the fraction, not the steps it sets, is in that one). A mixture's weights are in it, as
+    numbers (3 and 3.0 alike)."""
     datasets = [SimpleNamespace(config_hash="c" * 64, vocab_sha256="v" * 64)]
     steps = _cfg(tmp_path, "--train.max_steps", "1200", "--train.warmup_steps", "120")
     fraction = _cfg(tmp_path, "--train.max_steps", "1200", "--train.warmup_fraction", "0.1")
@@ -176,6 +177,9 @@ def test_run_identity_of_a_warmup_fraction_is_that_of_its_steps(tmp_path):
                 "--train.decay_shape", "1-sqrt")
     assert run_identity(sqrt, datasets) != run_identity(dataclasses.replace(sqrt, train=dataclasses.replace(
         sqrt.train, decay_shape="linear")), datasets)
+    mixed = [_cfg(tmp_path, "--data.sources", f"[{{name: a, inputs: /a, weight: {w}}}, {{name: b, inputs: /b, weight: 1}}]")
+             for w in ("3", "3.0", "2")]
+    assert run_identity(mixed[0], datasets) == run_identity(mixed[1], datasets) != run_identity(mixed[2], datasets)
     short = _cfg(tmp_path, "--train.max_steps", "30", "--train.warmup_fraction", "0.1")
     assert run_identity(short, datasets) != run_identity(fraction, datasets)
     length = ("max_steps",)

@@ -65,6 +65,8 @@ class SourceConfig:
     def __post_init__(self) -> None:
         if isinstance(self.inputs, str):
             self.inputs = [self.inputs]
+        # numbers as floats, so that `weight: 3` and `weight: 3.0` name the same run (pretrain/identity.py)
+        self.weight, self.epochs = (None if v is None else float(v) for v in (self.weight, self.epochs))
         _check(isinstance(self.name, str) and SOURCE_NAME.fullmatch(self.name) is not None,
                f"data.sources name {self.name!r} must be letters, digits, '_', '-' or '.'")
         _check(bool(self.inputs), f"data.sources[{self.name}].inputs is empty: give its files or folders")
@@ -289,6 +291,8 @@ class PhaseConfig:
         w = self.source_weights
         _check(w is None or (isinstance(w, dict) and all(v >= 0 for v in w.values()) and sum(w.values()) > 0),
                f"train.phases source_weights {w} are not weights >= 0 summing to a positive number")
+        if w is not None:  # as floats, as a source's weight
+            self.source_weights = {k: float(v) for k, v in w.items()}
 
 
 @dataclass
