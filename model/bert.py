@@ -10,6 +10,7 @@ Departures from the reference, all for speed with identical fp32 numerics:
   kernel.
 - Unpadded path (`unpad_indices`, `cu_seqlens`): the encoder runs on the (T, H) real tokens only and attention on
   jagged nested tensors (SDPA's varlen kernels), then scatters back to (B, L, H); numerics as the masked path.
+  `cu_seqlens` is `model.segments.Segments`' offsets, one segment per row: the record ModernBERT's documents use.
 - No attention-probability outputs, caches, cross-attention or decoder mode (BERT does not use them).
 """
 
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import BertConfig
+from model.segments import Segments, jagged_attention
 
 
 def activation(name: str):
@@ -36,17 +38,6 @@ def activation(name: str):
     if name in ("silu", "swish"):
         return F.silu
     raise ValueError(f"hidden_act {name!r} is not supported")
-
-
-@dataclass(frozen=True)
-class Jagged:
-    """Where the rows of a padded (B, L) batch lie once its real tokens are packed into (T, H): what the encoder
-    gets instead of a mask on the unpadded path."""
-
-    offsets: torch.Tensor
-    """(B+1,) cumulative row lengths from 0 (cu_seqlens), on the device; every row holds at least one token."""
-    max_len: int
-    """An upper bound on a row's length (the padded L): given, so nothing reads the offsets on the host."""
 
 
 @dataclass
@@ -100,11 +91,11 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | Jagged | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Segments | None) -> torch.Tensor:
         w = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
         b = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # (3H,)
         dropout_p, scale = self.dropout_p if self.training else 0.0, 1.0 / math.sqrt(self.head_dim)
-        if isinstance(mask, Jagged):
+        if isinstance(mask, Segments):
             return self._jagged(F.linear(x, w, b), mask, dropout_p, scale)
         B, L, H = x.shape
         qkv = F.linear(x, w, b).view(B, L, 3, self.num_heads, self.head_dim)
@@ -112,19 +103,15 @@ class BertSelfAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
         return out.transpose(1, 2).reshape(B, L, H)  # (B, L, nh*hd)
 
-    def _jagged(self, qkv: torch.Tensor, jag: Jagged, dropout_p: float, scale: float) -> torch.Tensor:
-        """(T, 3H) packed QKV -> (T, H): SDPA on (B, nh, j, hd) jagged nested tensors, one row per sequence."""
+    def _jagged(self, qkv: torch.Tensor, segments: Segments, dropout_p: float, scale: float) -> torch.Tensor:
+        """(T, 3H) packed QKV -> (T, H): `model.segments.jagged_attention`, one segment per sequence."""
         T = qkv.shape[0]
         qkv = qkv.view(T, 3, self.num_heads, self.head_dim)
         if qkv.is_cuda:  # flash / memory-efficient kernels read the strided (T, nh, hd) views as they are
             parts = qkv.unbind(1)
         else:  # the math fallback (the CPU's only NJT kernel) wants contiguous values: one copy for the three
             parts = qkv.transpose(0, 1).contiguous().unbind(0)
-        # min/max seqlen given: kernel selection and the varlen kernels would otherwise read them off the device.
-        q, k, v = (torch.nested.nested_tensor_from_jagged(t, offsets=jag.offsets, min_seqlen=1, max_seqlen=jag.max_len)
-                   .transpose(1, 2) for t in parts)
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)  # (B, nh, j, hd)
-        return out.transpose(1, 2).values().reshape(T, self.num_heads * self.head_dim)
+        return jagged_attention(*parts, segments, dropout_p, scale).reshape(T, self.num_heads * self.head_dim)
 
 
 class BertSelfOutput(nn.Module):
@@ -146,7 +133,7 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(cfg)
         self.output = BertSelfOutput(cfg)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | Jagged | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Segments | None) -> torch.Tensor:
         return self.output(self.self(x, mask), x)
 
 
@@ -182,7 +169,7 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(cfg)
         self.output = BertOutput(cfg)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | Jagged | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Segments | None) -> torch.Tensor:
         x = self.attention(x, mask)
         return self.output(self.intermediate(x), x)
 
@@ -192,7 +179,7 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | Jagged | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Segments | None) -> torch.Tensor:
         for layer in self.layer:
             x = layer(x, mask)
         return x
@@ -288,9 +275,10 @@ class BertModel(BertPreTrainedModel):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, unpad_indices: torch.Tensor | None = None,
                 cu_seqlens: torch.Tensor | None = None) -> BertModelOutput:
-        """`unpad_indices` (T,) (the real tokens' indices into the flattened B*L) with `cu_seqlens` (B+1,) instead
-        of `attention_mask`: the encoder runs on the T real tokens only (`pipeline.pretrain.loader.collate`
-        builds both); padded positions of `last_hidden_state` are then 0."""
+        """`unpad_indices` (T,) (the real tokens' indices into the flattened B*L) with `cu_seqlens` (B+1,) (each
+        row's real tokens one segment, `model.segments.Segments`) instead of `attention_mask`: the encoder runs
+        on the T real tokens only (`pipeline.pretrain.loader.collate` builds both); padded positions of
+        `last_hidden_state` are then 0."""
         x = self.embeddings(input_ids, token_type_ids)  # (B, L, H)
         if unpad_indices is None:
             x = self.encoder(x, padding_mask(attention_mask))
@@ -298,7 +286,7 @@ class BertModel(BertPreTrainedModel):
             if cu_seqlens is None:
                 raise ValueError("unpad_indices needs cu_seqlens (B+1,)")
             B, L, H = x.shape
-            packed = self.encoder(x.reshape(B * L, H).index_select(0, unpad_indices), Jagged(cu_seqlens, L))  # (T, H)
+            packed = self.encoder(x.reshape(B * L, H).index_select(0, unpad_indices), Segments(cu_seqlens, L))  # (T, H)
             x = packed.new_zeros(B * L, H).index_copy(0, unpad_indices, packed).view(B, L, H)
         pooled = self.pooler(x) if self.pooler is not None else None
         return BertModelOutput(last_hidden_state=x, pooler_output=pooled)

@@ -214,6 +214,13 @@ class ModernBertConfig(_EncoderConfig):
     """RoPE base of global layers (ModernBERT: 160,000; context extension raises it)."""
     local_rope_theta: float = 10000.0
     """RoPE base of local layers."""
+    global_attention_kernel: Literal["sdpa", "flex", "jagged"] = "sdpa"
+    """How global layers attend (`model.modernbert`): "sdpa" under a dense document mask, "flex" FlexAttention
+    under a block mask (no dropout), "jagged" SDPA's varlen kernels on one nested tensor per document. How the model
+    runs, not what it is: not written to config.json."""
+    local_attention_kernel: Literal["banded", "sdpa", "flex"] = "banded"
+    """How local layers attend: "banded" in chunks of half a window against three, "sdpa" under a dense document
+    and window mask, "flex" FlexAttention under a block mask (no dropout). Not written to config.json."""
     embedding_dropout: float = 0.0
     """Dropout after the embedding norm."""
     mlp_bias: bool = False
@@ -249,6 +256,13 @@ class ModernBertConfig(_EncoderConfig):
                 raise ValueError(f"{name} must be > 0, got {value!r}")
         if self.classifier_pooling not in ("cls", "mean"):
             raise ValueError(f"classifier_pooling {self.classifier_pooling!r} is not 'cls' or 'mean'")
+        for name, kinds in (("global_attention_kernel", ("sdpa", "flex", "jagged")),
+                            ("local_attention_kernel", ("banded", "sdpa", "flex"))):
+            if getattr(self, name) not in kinds:
+                raise ValueError(f"{name} {getattr(self, name)!r} is not one of {', '.join(kinds)}")
+            if getattr(self, name) == "flex" and self.attention_dropout:
+                raise ValueError(f"{name} 'flex' has no attention dropout; attention_dropout is "
+                                 f"{self.attention_dropout}")
 
     @property
     def layer_types(self) -> list[str]:
@@ -265,6 +279,8 @@ class ModernBertConfig(_EncoderConfig):
         """A transformers 5 `config.json` dict (model_type "modernbert", layer_types and rope_parameters)."""
         d = _with_fields(self, {"architectures": list(architectures) if architectures else ["ModernBertModel"],
                                 "model_type": "modernbert", "tie_word_embeddings": True})
+        for name in ("global_attention_kernel", "local_attention_kernel"):
+            del d[name]  # how this run attends, not the model: a loaded model takes the defaults or overrides
         for name in ("global_attn_every_n_layers", "global_rope_theta", "local_rope_theta"):
             del d[name]  # transformers 5 spells these as the two entries below
         d["layer_types"] = self.layer_types

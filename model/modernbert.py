@@ -9,26 +9,36 @@ Module and parameter names follow transformers' `modeling_modernbert.py` (`model
 - `ModernBertForMaskedLM` takes `masked_lm_positions`/`masked_lm_ids` like `BertForPreTraining` and runs the head
   and decoder on the masked slots only (`model.heads.masked_lm`); without positions it returns logits at every
   position, as transformers does.
-- Packed rows: `cu_seqlens` (D+1,) gives document boundaries in the flattened (B*L) batch. Positions restart at
-  each document and attention never crosses a boundary, so a packed row gives each document's outputs as if it
-  ran alone; a local layer's window stays inside its document.
+- Packed rows: `cu_seqlens` (D+1,) gives the documents as segments of the batch's real tokens
+  (`model.segments.Segments`, the record BERT's unpadded rows use too); `attention_mask` says where the real tokens
+  lie when a row has padding. Positions restart at each document and attention never crosses a boundary, so a
+  packed row gives each document's outputs as if it ran alone; a local layer's window stays inside its document.
 
-How attention is done: `F.scaled_dot_product_attention` on dense (B, nh, L, hd) rows. Global layers take a boolean
-(B, 1, L, L) same-document mask (none at all without padding or documents). Local layers, once a row holds 4
-windows' halves, attend in chunks (`Banded`): each chunk of local_attention // 2 queries against its own and its two
-neighbouring chunks' keys, under a (chunk, 3 chunks) mask of window and document, so a row of 1,024 computes 3/16 of
-the full scores. Not FlexAttention (no backward on the CPU in torch 2.13) nor SDPA on jagged tensors (it takes no
-mask, so no window). The measurements behind the choice, and what a GPU may change: bench/RESULTS.md, "Modern
-encoder (issue 33): the model" (`python bench/train/modernbert_step.py --threads 1 --attention`). Without padding and
-without `cu_seqlens` the global layers take no mask and nothing is computed on pad tokens (there are none); with
-padding, pad positions are computed (dense rows) but never attended to.
+How attention is done: each layer kind builds its mask once per forward, by its kernel (`ModernBertConfig`'s
+`global_attention_kernel` and `local_attention_kernel`), and every layer of the kind attends through it
+(`LayerMask.attend`):
+- "sdpa": `F.scaled_dot_product_attention` on dense (B, nh, L, hd) rows under a boolean (B, 1, L, L) mask of
+  document (and window); global layers take none at all without padding or documents.
+- "banded" (local layers; the default): once a row holds 4 windows' halves, in chunks (`Banded`): each chunk of
+  local_attention // 2 queries against its own and its two neighbouring chunks' keys, under a (chunk, 3 chunks)
+  mask of window and document, so a row of 1,024 computes 3/16 of the full scores.
+- "flex": FlexAttention under a block mask (document, and window) built once per batch, so that blocks with nothing
+  to attend are skipped; compiled on a GPU. torch 2.13 runs it on the CPU eagerly, forward only (no backward).
+- "jagged" (global layers): SDPA on jagged nested tensors, one per document, over the real tokens (the varlen
+  kernels, no mask: no window can be said there).
+The defaults ("sdpa" global, "banded" local) are the CPU's choice; tests/test_modernbert.py holds every kernel to
+the reference attention, and bench/results/train.md ("Modern encoder (issue 33): the model") and the GPU lease
+(`python bench/train/modernbert_step.py --attention`) measure them. Without padding and without `cu_seqlens` the
+global layers take no mask and nothing is computed on pad tokens (there are none); with padding, pad positions are
+computed on dense rows but never attended to.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +46,7 @@ from torch import nn
 
 from model.bert import BertModelOutput, activation, padding_mask
 from model.config import ModernBertConfig
+from model.segments import Segments, jagged_attention
 from model.heads import (
     PreTrainingOutput,
     QuestionAnsweringOutput,
@@ -49,9 +60,6 @@ from model.heads import (
 
 __all__ = ["ModernBertConfig", "ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
            "ModernBertForTokenClassification", "ModernBertForQuestionAnswering"]
-
-Masks = dict[str, Any]  # layer kind -> boolean SDPA mask (B or 1, 1, L, L) / (B, 1, 1, L), a Banded one, or None
-
 
 class ModernBertEmbeddings(nn.Module):
     """Token embeddings, then LayerNorm and dropout (no positions: RoPE adds them in attention)."""
@@ -85,7 +93,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class ModernBertAttention(nn.Module):
-    """Fused QKV, RoPE on q and k, SDPA under the layer kind's mask, output projection."""
+    """Fused QKV, RoPE on q and k, attention by the layer kind's mask (its kernel), output projection."""
 
     def __init__(self, cfg: ModernBertConfig):
         super().__init__()
@@ -95,18 +103,14 @@ class ModernBertAttention(nn.Module):
         self.dropout_p = cfg.attention_dropout
         self.out_drop = nn.Dropout(cfg.attention_dropout) if cfg.attention_dropout > 0 else nn.Identity()
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor | Banded | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: LayerMask) -> torch.Tensor:
         B, L, H = x.shape
         qkv = self.Wqkv(x).view(B, L, 3, self.num_heads, self.head_dim)
         qk = apply_rotary(qkv[:, :, :2], *rope)  # q and k rotated in one pass: (B, L, 2, nh, hd)
         q, k = qk.transpose(1, 3).unbind(2)  # each (B, nh, L, hd)
         v = qkv[:, :, 2].transpose(1, 2)  # (B, nh, L, hd)
         dropout_p, scale = self.dropout_p if self.training else 0.0, self.head_dim ** -0.5
-        if isinstance(mask, Banded):
-            out = banded_attention(q, k, v, mask, dropout_p, scale)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+        out = mask.attend(q, k, v, dropout_p, scale)  # (B, nh, L, hd)
         return self.out_drop(self.Wo(out.transpose(1, 2).reshape(B, L, H)))
 
 
@@ -138,30 +142,21 @@ class ModernBertEncoderLayer(nn.Module):
         self.mlp_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
         self.mlp = ModernBertMLP(cfg)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor | Banded | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: LayerMask) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), rope, mask)
         return x + self.mlp(self.mlp_norm(x))
 
 
-def document_layout(B: int, L: int, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Document index and position in the document of every token of a (B, L) batch, from boundaries (D+1,) in
-    its flattened B*L order; tokens past cu_seqlens[-1] get index -1 (padding). Each document lies in one row,
-    checked on the CPU only (on an accelerator the check would wait for the device every forward).
+@dataclass(frozen=True)
+class DenseMask:
+    """SDPA under a boolean mask (True = attend) broadcast to (B, nh, L, L), or no mask at all (None)."""
 
-    >>> doc, pos = document_layout(1, 6, torch.tensor([0, 2, 5]))
-    >>> doc.tolist(), pos.tolist()
-    ([[0, 0, 1, 1, 1, -1]], [[0, 1, 0, 1, 2, 0]])
-    """
-    cu = cu_seqlens.long()
-    if cu.device.type == "cpu" and (cu[0] != 0 or bool((cu[1:] <= cu[:-1]).any()) or cu[-1] > B * L
-                                    or bool((cu[:-1] // L != (cu[1:] - 1) // L).any())):
-        raise ValueError(f"cu_seqlens {cu.tolist()} must rise from 0 to at most B*L={B * L}, a document per row")
-    flat = torch.arange(B * L, device=cu.device)
-    doc = torch.searchsorted(cu[1:], flat, right=True)  # (B*L,), D past the last boundary
-    inside = doc < cu.numel() - 1
-    pos = torch.where(inside, flat - cu[doc.clamp(max=cu.numel() - 2)], 0)
-    return torch.where(inside, doc, -1).view(B, L), pos.view(B, L)
+    mask: torch.Tensor | None
+    """(B or 1, 1, L, L) / (B, 1, 1, L) boolean, or None."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+               scale: float) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=dropout_p, scale=scale)
 
 
 @dataclass(frozen=True)
@@ -173,6 +168,50 @@ class Banded:
     mask: torch.Tensor
     """(B * C, 1, size, 3 * size) boolean, C = ceil(L / size) chunks: True = attend."""
     size: int
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+               scale: float) -> torch.Tensor:
+        return banded_attention(q, k, v, self, dropout_p, scale)
+
+
+@dataclass(frozen=True)
+class FlexMask:
+    """FlexAttention under a block mask: blocks of 128 x 128 (query, key) pairs with no pair to attend are skipped,
+    not computed and masked; compiled on a GPU (eager FlexAttention materialises every score), eager on the CPU,
+    where torch (2.13) runs its forward only. It has no dropout (`ModernBertConfig` refuses one with it)."""
+
+    block_mask: Any
+    """`torch.nn.attention.flex_attention.BlockMask` of (B, 1, L, L), built once per batch (`flex_block_mask`)."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+               scale: float) -> torch.Tensor:
+        return flex_kernel(q.is_cuda)(q, k, v, block_mask=self.block_mask, scale=scale)
+
+
+@dataclass(frozen=True)
+class JaggedRows:
+    """SDPA on jagged nested tensors, one per segment (`model.segments.jagged_attention`): the varlen kernels,
+    no mask, no score across segments or on padding. Global layers only: it cannot say a window."""
+
+    segments: Segments
+    index: torch.Tensor | None
+    """(T,) the real tokens' indices into the flattened B*L; None when every slot is real."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+               scale: float) -> torch.Tensor:
+        B, nh, L, hd = q.shape
+        q, k, v = (t.transpose(1, 2).reshape(B * L, nh, hd) for t in (q, k, v))  # (B*L, nh, hd): views, no copy
+        if self.index is not None:
+            q, k, v = (t.index_select(0, self.index) for t in (q, k, v))  # (T, nh, hd)
+        out = jagged_attention(q, k, v, self.segments, dropout_p, scale)  # (T, nh, hd)
+        if self.index is not None:  # padding's outputs are 0
+            out = out.new_zeros(B * L, nh, hd).index_copy(0, self.index, out)
+        return out.view(B, L, nh, hd).transpose(1, 2)  # (B, nh, L, hd)
+
+
+LayerMask = DenseMask | Banded | FlexMask | JaggedRows
+"""How one layer kind attends for a batch: built once per forward, shared by every layer of the kind."""
+Masks = dict[str, LayerMask]  # layer kind ("full_attention", "sliding_attention") -> its mask
 
 
 def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, band: Banded, dropout_p: float,
@@ -208,32 +247,78 @@ def banded_mask(doc: torch.Tensor, half: int, documents: bool) -> Banded:
     return Banded(keep.reshape(B * C, 1, c, 3 * c), c)
 
 
+def flex_block_mask(ids: torch.Tensor, half: int | None, documents: bool) -> Any:
+    """The block mask of rows whose tokens carry document ids `ids` (B, L) (-1 = padding): a query attends to real
+    keys, of its own document when `documents`, and at most `half` away when `half` is given (a local layer).
+    `create_block_mask` evaluates the rule on every (query, key) pair once, on the ids' device: the build cost the
+    lease measures (bench/train/modernbert_step.py --attention), paid once per batch and layer kind."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def mask_mod(b, h, q, k):
+        keep = ids[b, k] >= 0
+        if documents:
+            keep = keep & (ids[b, q] == ids[b, k])
+        if half is not None:
+            keep = keep & ((q - k).abs() <= half)
+        return keep
+
+    B, L = ids.shape
+    return create_block_mask(mask_mod, B, None, L, L, device=ids.device)
+
+
+@functools.cache
+def flex_kernel(compiled: bool) -> Callable[..., torch.Tensor]:
+    """FlexAttention, compiled (one fused kernel per shape: what makes it fast on a GPU) or eager."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+
+
 def attention_masks(cfg: ModernBertConfig, B: int, L: int, device: torch.device,
-                    attention_mask: torch.Tensor | None, doc: torch.Tensor | None) -> Masks:
-    """Each layer kind's mask: real keys of the same document, and on local layers only those at most
-    local_attention // 2 away. Global layers get a boolean SDPA mask, None where nothing is masked; local layers
-    a Banded mask once rows reach 4 chunks (below that the whole row costs little more), else a boolean one.
-    Without documents a pad query attends to real keys, as in transformers; a query with nothing to attend gets
-    zeros from SDPA (torch >= 2.5), not NaN, as in transformers."""
-    half = cfg.local_attention // 2
+                    attention_mask: torch.Tensor | None, doc: torch.Tensor | None,
+                    segments: Segments | None = None) -> Masks:
+    """Each layer kind's mask for a (B, L) batch, by the config's kernel for it (`global_attention_kernel`,
+    `local_attention_kernel`; `layer_mask`): real keys of the same document (`doc` (B, L), -1 = padding, from
+    `segments`), and on local layers only those at most local_attention // 2 away. Without documents a pad query
+    attends to real keys on dense rows, as in transformers (FlexAttention's and the jagged kernel's pad queries
+    attend to none); a query with nothing to attend gets zeros (SDPA since torch 2.5, FlexAttention), not NaN."""
     if doc is None:
         ids = torch.zeros(B, L, dtype=torch.long, device=device)
         ids = ids if attention_mask is None else ids.masked_fill(~attention_mask.bool(), -1)
-        masks: Masks = {"full_attention": padding_mask(attention_mask)}
     else:
         ids = doc if attention_mask is None else doc.masked_fill(~attention_mask.bool(), -1)
-        same = (ids[:, :, None] == ids[:, None, :]) & (ids[:, None, :] >= 0)  # (B, L, L)
-        masks = {"full_attention": same[:, None]}  # (B, 1, L, L)
-    if L >= 4 * half:
-        masks["sliding_attention"] = banded_mask(ids, half, documents=doc is not None)
-        return masks
-    i = torch.arange(L, device=device)
+    documents = doc is not None
+    return {"full_attention": layer_mask(cfg.global_attention_kernel, ids, None, documents, attention_mask, segments),
+            "sliding_attention": layer_mask(cfg.local_attention_kernel, ids, cfg.local_attention // 2, documents,
+                                            attention_mask, segments)}
+
+
+def layer_mask(kernel: str, ids: torch.Tensor, half: int | None, documents: bool,
+               attention_mask: torch.Tensor | None = None, segments: Segments | None = None) -> LayerMask:
+    """One layer kind's mask for rows whose tokens carry document ids `ids` (B, L) (-1 = padding): a global layer's
+    (`half` None) or a local one's (keys at most `half` away), by `kernel`. "sdpa" gives a boolean (B, 1, L, L)
+    mask, or none for a global layer without documents or padding (the mask's (B, 1, 1, L) with padding);
+    "banded" a Banded one once rows reach 4 halves (below that the whole row costs little more: then as "sdpa");
+    "flex" a block mask; "jagged" the segments (one a row without documents) and, with padding, the real tokens'
+    indices, found with one `nonzero` (a read of the device: packed pretraining rows are full and have none).
+    What `bench/train/modernbert_step.py --attention` times as the build, paid once per batch and layer kind."""
+    B, L = ids.shape
+    if kernel == "flex":
+        return FlexMask(flex_block_mask(ids, half, documents))
+    if kernel == "jagged":
+        index = None if attention_mask is None else attention_mask.to(ids.device).reshape(-1).nonzero().squeeze(1)
+        segs = segments if segments is not None else Segments.rows(B, L, attention_mask, ids.device)
+        return JaggedRows(segs, index)
+    if kernel == "banded" and L >= 4 * half:
+        return banded_mask(ids, half, documents=documents)
+    same = ((ids[:, :, None] == ids[:, None, :]) & (ids[:, None, :] >= 0))[:, None] if documents else None  # (B,1,L,L)
+    if half is None:
+        return DenseMask(padding_mask(attention_mask) if same is None else same)
+    i = torch.arange(L, device=ids.device)
     band = ((i[:, None] - i[None, :]).abs() <= half)[None, None]  # (1, 1, L, L)
-    if doc is None:
-        masks["sliding_attention"] = band if attention_mask is None else band & (ids >= 0)[:, None, None, :]
-    else:
-        masks["sliding_attention"] = masks["full_attention"] & band
-    return masks
+    if same is not None:
+        return DenseMask(same & band)
+    return DenseMask(band if attention_mask is None else band & (ids >= 0)[:, None, None, :])
 
 
 def init_modernbert_weights(model: nn.Module, cfg: ModernBertConfig) -> None:
@@ -302,18 +387,19 @@ class ModernBertModel(ModernBertPreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cu_seqlens: torch.Tensor | None = None) -> BertModelOutput:
-        """`attention_mask` (B, L): 1 = real, 0 = pad. `cu_seqlens` (D+1,): document boundaries in the flattened
-        batch for packed rows (see `document_layout`); positions then restart at every document."""
+        """`attention_mask` (B, L): 1 = real, 0 = pad. `cu_seqlens` (D+1,): packed rows' documents as segments of
+        the real tokens (`model.segments.Segments`); positions then restart at every document."""
         B, L = input_ids.shape
         if L > self.config.max_position_embeddings:
             raise ValueError(f"sequence length {L} exceeds max_position_embeddings "
                              f"{self.config.max_position_embeddings}")
-        doc = None
+        doc = segments = None
         if cu_seqlens is None:
             positions = torch.arange(L, device=input_ids.device)  # (L,): one RoPE table for every row
         else:
-            doc, positions = document_layout(B, L, cu_seqlens.to(input_ids.device))  # (B, L) each
-        masks = attention_masks(self.config, B, L, input_ids.device, attention_mask, doc)
+            segments = Segments(cu_seqlens.to(input_ids.device), L)
+            doc, positions = segments.layout(B, L, attention_mask)  # (B, L) each
+        masks = attention_masks(self.config, B, L, input_ids.device, attention_mask, doc, segments)
         hd = self.config.head_dim
         ropes = {"full_attention": rotary(positions, hd, self.config.global_rope_theta),
                  "sliding_attention": rotary(positions, hd, self.config.local_rope_theta)}

@@ -235,10 +235,13 @@ def _packed_rows(doc_lengths):
 
 def test_collate_for_modernbert_turns_doc_lengths_into_cu_seqlens():
     b = collate(_packed_rows([np.array([3, 4], np.int32), np.array([4], np.int32)]), modernbert=True)
-    # row 0: documents at 0..3 and 3..7; row 1 starts at 7: its document 7..11, its padding 11..14 a segment alone
-    assert b["cu_seqlens"].tolist() == [0, 3, 7, 11, 14]
+    # segments of the real tokens (BERT's unpadded cu_seqlens' meaning): row 0's documents at 0..3 and 3..7, row 1's
+    # at 7..11; its padding is no segment, the mask says where it is
+    assert b["cu_seqlens"].tolist() == [0, 3, 7, 11]
     assert b["input_ids"].tolist() == [[2, 5, 3, 2, 6, 7, 3], [2, 8, 9, 3, 0, 0, 0]]
-    assert set(b) == {"input_ids", "masked_lm_positions", "masked_lm_ids", "num_tokens", "spans", "cu_seqlens"}
+    assert b["attention_mask"].tolist() == [[1] * 7, [1, 1, 1, 1, 0, 0, 0]]
+    assert set(b) == {"input_ids", "masked_lm_positions", "masked_lm_ids", "num_tokens", "spans", "cu_seqlens",
+                      "attention_mask"}
     assert b["spans"].tolist() == [3, 4, 4]  # attention's spans (for MFU): each document, the padding none
     # shards without the column (written before it, or not packed): one document a row, BERT's mask for padding
     old = collate(_packed_rows(None), modernbert=True)

@@ -110,8 +110,9 @@ def test_docstring_examples_in_model_modules_hold():
     import model.heads
     import model.hf
     import model.modernbert
+    import model.segments
 
     for module in (model.config, model.bert, model.build, model.family, model.flops, model.heads, model.hf,
-                   model.modernbert):
+                   model.modernbert, model.segments):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted > 0 and result.failed == 0, module.__name__

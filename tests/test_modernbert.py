@@ -19,13 +19,15 @@ from model import (
 from model.hf import load_hf, save_hf
 from model.modernbert import (
     Banded,
+    DenseMask,
+    FlexMask,
+    JaggedRows,
     ModernBertForQuestionAnswering,
     ModernBertForSequenceClassification,
     ModernBertForTokenClassification,
     attention_masks,
-    banded_attention,
-    document_layout,
 )
+from model.segments import Segments
 
 VOCAB, WINDOW = 80, 16  # half-window 8: sequences of 40 put most pairs outside a local layer's reach
 
@@ -176,35 +178,36 @@ def test_masked_positions_give_the_full_logits_rows_and_their_loss():
     assert torch.allclose(out.loss, expected, atol=1e-6)
 
 
-@pytest.mark.parametrize("cu", [[0, 5, 14], [1, 6], [0, 6, 6], [0, 30]])  # crosses a row; not from 0; empty; too long
-def test_document_boundaries_are_checked(cu):
-    with pytest.raises(ValueError, match="a document per row"):
-        document_layout(2, 12, torch.tensor(cu))
+# crosses a row; not from 0; empty; past the real tokens
+@pytest.mark.parametrize("cu", [[0, 5, 14, 24], [1, 24], [0, 6, 6, 24], [0, 30]])
+def test_segments_are_checked(cu):
+    with pytest.raises(ValueError, match="a segment per row"):
+        Segments(torch.tensor(cu), 12).layout(2, 12)
 
 
 @pytest.mark.parametrize("window", [4, 8])  # half 2: banded chunks (12 >= 4 * 2); half 4: a dense band mask
 def test_document_layout_and_masks_keep_documents_and_windows(window):
-    doc, pos = document_layout(2, 12, torch.tensor([0, 3, 12, 22]))  # row 0: 3 + 9 tokens; row 1: 10 + 2 pad
+    pad = torch.tensor([[1] * 12, [1] * 10 + [0, 0]])
+    doc, pos = Segments(torch.tensor([0, 3, 12, 22]), 12).layout(2, 12, pad)  # row 0: 3 + 9 tokens; row 1: 10 + 2 pad
     assert doc.tolist() == [[0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1], [2] * 10 + [-1, -1]]
     assert pos.tolist() == [[0, 1, 2, 0, 1, 2, 3, 4, 5, 6, 7, 8], list(range(10)) + [0, 0]]
     cfg, half = tiny_cfg(local_attention=window), window // 2
-    masks = attention_masks(cfg, 2, 12, torch.device("cpu"), None, doc)
+    masks = attention_masks(cfg, 2, 12, torch.device("cpu"), pad, doc)
     i = torch.arange(12)
     same = (doc[:, :, None] == doc[:, None, :]) & (doc[:, None, :] >= 0)  # (2, 12, 12)
-    assert torch.equal(masks["full_attention"][:, 0], same)
-    assert not masks["full_attention"][1, 0, :, 10:].any()  # nobody attends to padding
+    assert torch.equal(masks["full_attention"].mask[:, 0], same)
+    assert not masks["full_attention"].mask[1, 0, :, 10:].any()  # nobody attends to padding
     local = same & ((i[:, None] - i[None]).abs() <= half)
     assert local[0, 4].nonzero().flatten().tolist() == list(range(3, 5 + half))  # 2 is the previous document
     assert isinstance(masks["sliding_attention"], Banded) == (half == 2)
     # The local layer's attention equals SDPA under the full (12 x 12) local mask, computed here independently.
     q, k, v = torch.randn(3, 2, 3, 12, 16).unbind(0)
-    got = (banded_attention(q, k, v, masks["sliding_attention"], 0.0, 0.25) if half == 2
-           else F.scaled_dot_product_attention(q, k, v, attn_mask=masks["sliding_attention"], scale=0.25))
+    got = masks["sliding_attention"].attend(q, k, v, 0.0, 0.25)
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=local[:, None], scale=0.25)
     real = doc >= 0
     assert (got - want).abs().amax(dim=(1, 3))[real].max() <= 1e-6
     plain = attention_masks(cfg, 2, 12, torch.device("cpu"), None, None)
-    assert plain["full_attention"] is None  # no padding, no documents: no mask, nothing masked or wasted
+    assert plain["full_attention"].mask is None  # no padding, no documents: no mask, nothing masked or wasted
 
 
 def test_packed_rows_give_each_document_its_own_outputs():
@@ -228,6 +231,144 @@ def test_packed_rows_give_each_document_its_own_outputs():
                 alone = m(d[None]).mlm_logits[0]
                 assert (packed[r, start:start + len(d)] - alone).abs().max() <= 1e-5
     assert (packed[0, 37:] - unbounded[0, 37:]).abs().max() > 1e-2  # without boundaries they would mix
+
+
+# The attention kernels (issue 61) against the reference attention on packed rows: row 0 holds documents of 9, 20
+# and 11 tokens, row 1 one of 26 then 14 pad; half-window 4, so the local layers see a fraction of each document.
+LENGTHS, PAD_ROW, HALF = [[9, 20, 11], [26]], 26, 4
+KERNELS = [("full_attention", "sdpa"), ("full_attention", "flex"), ("full_attention", "jagged"),
+           ("sliding_attention", "banded"), ("sliding_attention", "sdpa"), ("sliding_attention", "flex")]
+
+
+def reference_attention(q, k, v, doc, half, scale):
+    """Softmax attention written out: each query over the real keys of its own document, within `half` of it on a
+    local layer; (B, nh, L, hd). A pad query's row is uniform (never compared, its gradient in is 0)."""
+    i = torch.arange(q.shape[2])
+    allowed = (doc[:, :, None] == doc[:, None, :]) & (doc[:, None, :] >= 0)  # (B, L, L)
+    if half is not None:
+        allowed &= (i[:, None] - i[None, :]).abs() <= half
+    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~allowed[:, None], torch.finfo(q.dtype).min)
+    return scores.softmax(-1) @ v
+
+
+def packed_rows():
+    """(doc ids (B, L) by hand, attention mask, Segments) of LENGTHS."""
+    L = sum(LENGTHS[0])
+    doc = torch.full((2, L), -1)
+    doc[0] = torch.repeat_interleave(torch.arange(3), torch.tensor(LENGTHS[0]))
+    doc[1, :PAD_ROW] = 3
+    mask = (doc >= 0).long()
+    cu = torch.tensor([0, 9, 29, 40, 66], dtype=torch.int32)  # segments of the 66 real tokens
+    return doc, mask, Segments(cu, L)
+
+
+@pytest.mark.parametrize(("kind", "kernel"), KERNELS)
+def test_every_attention_kernel_equals_the_reference_on_packed_rows(kind, kernel):
+    """Forward and backward (dq, dk, dv), fp32, <= 1e-5 at every real token; padding's outputs are never read.
+    FlexAttention has no backward on the CPU in torch 2.13 (NotImplementedError): there its forward is compared,
+    and its block mask's rule as a dense mask, which is what its backward applies too; a GPU runs its backward
+    (bench/train/modernbert_step.py --attention checks it on the lease)."""
+    doc, mask, segments = packed_rows()
+    layout, _ = segments.layout(2, doc.shape[1], mask)
+    assert torch.equal(layout, doc)
+    field = "global_attention_kernel" if kind == "full_attention" else "local_attention_kernel"
+    cfg = tiny_cfg(local_attention=2 * HALF, **{field: kernel})
+    layer_mask = attention_masks(cfg, 2, doc.shape[1], torch.device("cpu"), mask, doc, segments)[kind]
+    assert isinstance(layer_mask, {"sdpa": DenseMask, "flex": FlexMask, "jagged": JaggedRows, "banded": Banded}[kernel])
+    g = torch.Generator().manual_seed(2)
+    q, k, v, grad = (torch.randn(2, 2, doc.shape[1], 8, generator=g) for _ in range(4))
+    grad = grad * mask[:, None, :, None]  # a loss that reads real tokens only
+    half = HALF if kind == "sliding_attention" else None
+    want_in = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = reference_attention(*want_in, doc, half, 0.3)
+    want.backward(grad)
+    real = mask.bool()
+    if kernel == "flex":
+        with torch.no_grad():
+            got = layer_mask.attend(q, k, v, 0.0, 0.3)
+        assert (got - want).abs().amax(dim=(1, 3))[real].max() <= 1e-5
+        from torch.nn.attention.flex_attention import create_mask
+
+        i = torch.arange(doc.shape[1])
+        rule = (doc[:, :, None] == doc[:, None, :]) & (doc[:, None, :] >= 0)
+        rule &= (i[:, None] - i[None]).abs() <= (half if half is not None else doc.shape[1])
+        dense = create_mask(layer_mask.block_mask.mask_mod, 2, 1, doc.shape[1], doc.shape[1], device="cpu")
+        assert torch.equal(dense[:, 0] & real[:, :, None], rule)
+        with pytest.raises(NotImplementedError, match="backward on CPU"):
+            layer_mask.attend(*(t.clone().requires_grad_() for t in (q, k, v)), 0.0, 0.3)
+        return
+    got_in = [t.clone().requires_grad_() for t in (q, k, v)]
+    got = layer_mask.attend(*got_in, 0.0, 0.3)
+    got.backward(grad)
+    assert (got - want).abs().amax(dim=(1, 3))[real].max() <= 1e-5
+    for a, b in zip(got_in, want_in):
+        assert (a.grad - b.grad).abs().max() <= 1e-5
+
+
+def test_flex_block_masks_skip_the_blocks_outside_documents_and_windows():
+    """At 128-token blocks, a row of 512 tokens holding documents of 200 and 312 tokens: each query block of the
+    global layer visits only the key blocks its documents reach, those of the local one (half-window 64) its
+    neighbours at most; the blocks wholly inside one document are told apart (no mask applied there)."""
+    cfg = tiny_cfg(local_attention=128, max_position_embeddings=512, global_attention_kernel="flex",
+                   local_attention_kernel="flex")
+    doc, _ = Segments(torch.tensor([0, 200, 512]), 512).layout(1, 512)
+    masks = attention_masks(cfg, 1, 512, torch.device("cpu"), None, doc, None)
+    glob, loc = (masks[k].block_mask for k in ("full_attention", "sliding_attention"))
+    # Blocks 0-1 hold document 0 (tokens 0-199), blocks 1-3 document 1: query block 1 reaches blocks 0-3.
+    assert (glob.kv_num_blocks + glob.full_kv_num_blocks)[0, 0].tolist() == [2, 4, 3, 3]
+    assert glob.full_kv_num_blocks[0, 0].tolist() == [1, 0, 2, 2]  # block 0 x 0 and blocks 2-3 x 2-3 are whole
+    assert (loc.kv_num_blocks + loc.full_kv_num_blocks)[0, 0].tolist() == [2, 3, 3, 2]  # its neighbours at most
+
+
+@pytest.mark.parametrize(("global_kernel", "local_kernel"), [("jagged", "banded"), ("sdpa", "sdpa"),
+                                                             ("jagged", "sdpa"), ("flex", "flex")])
+def test_the_model_gives_the_same_loss_and_gradients_with_every_kernel(global_kernel, local_kernel):
+    """ModernBertForMaskedLM on a collated packed batch (documents, one padded row), training mode: each kernel
+    pair's loss and every gradient within 1e-5 of the default's (FlexAttention: the loss, without gradients, on the
+    CPU)."""
+    import numpy as np
+
+    from pipeline.pretrain.loader import collate
+
+    g = np.random.default_rng(0)
+    rows = {"input_ids": [g.integers(5, VOCAB, n) for n in (40, 26)],
+            "masked_lm_positions": [np.array([1, 12, 33]), np.array([0, 20])],
+            "masked_lm_ids": [g.integers(5, VOCAB, 3), g.integers(5, VOCAB, 2)],
+            "token_type_ids": [np.zeros(40), np.zeros(26)], "next_sentence_label": np.array([-1, -1]),
+            "doc_lengths": [np.array(LENGTHS[0]), np.array([26])]}
+    batch = collate(rows, modernbert=True)
+    assert batch["cu_seqlens"].tolist() == [0, 9, 29, 40, 66] and "attention_mask" in batch
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "cu_seqlens", "masked_lm_positions",
+                                    "masked_lm_ids")}
+
+    def run(**kernels):
+        torch.manual_seed(0)
+        m = randomise(ModernBertForMaskedLM(tiny_cfg(local_attention=2 * HALF, **kernels))).train()
+        if "flex" in kernels.values():
+            with torch.no_grad():
+                return m(**inputs).loss, {}
+        loss = m(**inputs).loss
+        loss.backward()
+        return loss, {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
+
+    want, want_grads = run()
+    got, got_grads = run(global_attention_kernel=global_kernel, local_attention_kernel=local_kernel)
+    assert abs(got.item() - want.item()) <= 1e-5
+    assert got_grads.keys() == (want_grads.keys() if got_grads else set())
+    for name, grad in got_grads.items():
+        assert (grad - want_grads[name]).abs().max() <= 1e-5, name
+
+
+def test_kernel_fields_are_checked_and_stay_out_of_config_json():
+    with pytest.raises(ValueError, match="global_attention_kernel 'xformers' is not one of sdpa, flex, jagged"):
+        tiny_cfg(global_attention_kernel="xformers")
+    with pytest.raises(ValueError, match="local_attention_kernel 'jagged' is not one of banded, sdpa, flex"):
+        tiny_cfg(local_attention_kernel="jagged")  # jagged SDPA takes no mask: no window
+    with pytest.raises(ValueError, match="local_attention_kernel 'flex' has no attention dropout"):
+        tiny_cfg(local_attention_kernel="flex", attention_dropout=0.1)
+    d = tiny_cfg(global_attention_kernel="jagged").to_hf_dict()
+    assert "global_attention_kernel" not in d and "local_attention_kernel" not in d
+    assert ModernBertConfig.from_hf_dict(d).global_attention_kernel == "sdpa"
 
 
 def test_names_import_from_model_and_config_needs_no_torch():

@@ -48,7 +48,8 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention 
 
 from model import ModernBertConfig, ModernBertForMaskedLM  # noqa: E402
 from model.hf import save_hf  # noqa: E402
-from model.modernbert import attention_masks, banded_attention, document_layout  # noqa: E402
+from model.modernbert import attention_masks, layer_mask  # noqa: E402
+from model.segments import Segments  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: measure
 from measure import interleaved  # noqa: E402
@@ -165,17 +166,13 @@ def attention_table(batch: dict[str, torch.Tensor], cfg: ModernBertConfig, flex_
     B, L = batch["input_ids"].shape
     nh, hd, half = 2, 64, cfg.local_attention // 2
     q, k, v = (torch.randn(B, nh, L, hd, requires_grad=True) for _ in range(3))
-    doc, _ = document_layout(B, L, batch["cu_seqlens"])
+    doc, _ = Segments(batch["cu_seqlens"], L).layout(B, L)
     masks = attention_masks(cfg, B, L, torch.device("cpu"), None, doc)
     cu = batch["cu_seqlens"]
     flat = doc.flatten()
 
     def jagged() -> torch.Tensor:  # documents as the rows of (D, nh, j, hd) nested tensors
-        parts = [t.transpose(1, 2).reshape(B * L, nh, hd) for t in (q, k, v)]
-        nested = [torch.nested.nested_tensor_from_jagged(t, offsets=cu, min_seqlen=1,
-                                                         max_seqlen=int((cu[1:] - cu[:-1]).max())).transpose(1, 2)
-                  for t in parts]
-        return F.scaled_dot_product_attention(*nested).transpose(1, 2).values()
+        return layer_mask("jagged", doc, None, True, None, Segments(cu, L)).attend(q, k, v, 0.0, hd ** -0.5)
 
     def flex_mask(window: bool):
         def mask_mod(b, h, qi, ki):
@@ -185,16 +182,16 @@ def attention_table(batch: dict[str, torch.Tensor], cfg: ModernBertConfig, flex_
 
     flex = torch.compile(flex_attention, dynamic=False) if flex_compile else flex_attention
     i = torch.arange(L)
-    dense_local = masks["full_attention"] & ((i[:, None] - i[None, :]).abs() <= half)  # (B, 1, L, L)
+    dense_local = masks["full_attention"].mask & ((i[:, None] - i[None, :]).abs() <= half)  # (B, 1, L, L)
     kind = "flex compiled" if flex_compile else "flex eager"
     rows = [("global: SDPA + boolean document mask (chosen)",
-             lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=masks["full_attention"]), True),
+             lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=masks["full_attention"].mask), True),
             ("global: SDPA, no mask (rows not packed)", lambda: F.scaled_dot_product_attention(q, k, v), True),
             ("global: SDPA on jagged tensors (documents as rows)", jagged, True),
             (f"global: FlexAttention, document BlockMask ({kind})",
              lambda b=flex_mask(False): flex(q.detach(), k.detach(), v.detach(), block_mask=b), False),
             ("local: banded SDPA, chunks of 64 against 192 keys (chosen)",
-             lambda: banded_attention(q, k, v, masks["sliding_attention"], 0.0, hd ** -0.5), True),
+             lambda: masks["sliding_attention"].attend(q, k, v, 0.0, hd ** -0.5), True),
             ("local: SDPA + boolean document & window mask (L x L)",
              lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense_local), True),
             ("local: SDPA on jagged tensors", None, False),

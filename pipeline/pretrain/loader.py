@@ -49,21 +49,16 @@ def pad_rows(rows: Sequence[np.ndarray], pad: int, dtype=np.int64, width: int | 
     return out
 
 
-def document_boundaries(doc_lengths: Sequence[np.ndarray], lengths: np.ndarray, width: int) -> np.ndarray:
-    """`cu_seqlens` (D+1,) int32 of a batch padded to `width`: every row's documents (`doc_lengths`; an empty one
-    is the whole row) as offsets into the flattened (B*width) batch, and a row's padding as a segment of its own
-    (attended by nothing real), so that each segment lies in one row as ModernBERT's `document_layout` wants.
+def document_boundaries(doc_lengths: Sequence[np.ndarray], lengths: np.ndarray) -> np.ndarray:
+    """`cu_seqlens` (D+1,) int32: every row's documents (`doc_lengths`; an empty one is the whole row) as segments
+    of the batch's real tokens (`model.segments.Segments`), padding no segment; each lies in one row.
 
-    >>> document_boundaries([np.array([2, 3]), np.array([], np.int32)], np.array([5, 4]), 6).tolist()
-    [0, 2, 5, 6, 10, 12]
+    >>> document_boundaries([np.array([2, 3]), np.array([], np.int32)], np.array([5, 4])).tolist()
+    [0, 2, 5, 9]
     """
-    cuts = [0]
-    for b, (docs, n) in enumerate(zip(doc_lengths, lengths)):
-        row = b * width
-        cuts.extend((row + np.cumsum(docs if len(docs) else [n])).tolist())
-        if n < width:
-            cuts.append(row + width)
-    return np.asarray(cuts, dtype=np.int32)
+    docs = np.concatenate([np.asarray(d, dtype=np.int64) if len(d) else lengths[i:i + 1]
+                           for i, d in enumerate(doc_lengths)])
+    return np.concatenate([[0], np.cumsum(docs[docs > 0])]).astype(np.int32)  # an empty row: no segment
 
 
 def collate(batch: dict[str, Any], pad_to: int | None = None, unpad: bool = False,
@@ -80,8 +75,9 @@ def collate(batch: dict[str, Any], pad_to: int | None = None, unpad: bool = Fals
     `spans` (host, never copied, like `num_tokens`) holds the real-token lengths of what attention runs over (each
     row; each document of a packed ModernBERT row): the step's model FLOPs (`model.flops.train_flops`) for
     `train/mfu`. `modernbert` makes the batch `ModernBertForMaskedLM` takes: no token types or NSP labels, and when a row holds
-    several documents (the `doc_lengths` column) their boundaries as `cu_seqlens` (`document_boundaries`) instead
-    of the mask, so attention stays inside each document.
+    several documents (the `doc_lengths` column) the documents as `cu_seqlens` (`document_boundaries`: segments of
+    the real tokens, the meaning `cu_seqlens` has for BERT's unpadded rows too), beside the mask when a row has
+    padding, so attention stays inside each document.
 
     >>> rows = {"input_ids": [np.array([2, 5, 3]), np.array([2, 3])], "token_type_ids": [np.zeros(3), np.zeros(2)],
     ...         "masked_lm_positions": [np.array([1]), np.array([], np.int32)],
@@ -118,10 +114,8 @@ def collate(batch: dict[str, Any], pad_to: int | None = None, unpad: bool = Fals
         del out["token_type_ids"], out["next_sentence_label"]  # no segments, no NSP head
         docs = batch.get("doc_lengths")
         if docs is not None and any(len(d) > 1 for d in docs):
-            out["cu_seqlens"] = torch.from_numpy(document_boundaries(docs, lengths, ids.shape[1]))
-            out["spans"] = torch.from_numpy(np.concatenate(
-                [np.asarray(d, dtype=np.int64) if len(d) else lengths[i:i + 1] for i, d in enumerate(docs)]))
-            return out
+            out["cu_seqlens"] = torch.from_numpy(document_boundaries(docs, lengths))
+            out["spans"] = torch.from_numpy(np.diff(out["cu_seqlens"].numpy()).astype(np.int64))
         unpad = False  # its unpadded attention is the documents'
     if mask.all():
         return out
