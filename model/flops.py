@@ -3,12 +3,14 @@
 
 Counted as the references count (MLPerf, ModernBERT, MosaicBERT, ../shared/GPU.md): matmuls only, forward + both
 backward GEMMs (3 x the forward's 2 FLOPs per multiply-add: 6 per matmul parameter and token), on the real
-(non-pad) tokens only. Per real token and layer: the attention projections (Q, K, V, output: 4H^2) and the feed-forward (BERT:
-2HI; ModernBERT's gated one: 3HI), plus the attention scores and mix, 2 x H multiply-adds per key the token
-attends to: every token of its own sequence (12 x layers x seq x hidden per token), or of its own document in a
-packed ModernBERT row, and within a local layer's window only. Heads: BERT's pooler and NSP per sequence; the
-MLM transform (H^2) and the tied decoder (H x V) only at the rows that get logits (the valid masked positions in
-this project's heads). Embedding lookups, norms, activations, softmax and the optimizer count nothing.
+(non-pad) tokens only. Per real token and layer: the attention projections (Q, K, V, output: 4H^2) and the
+feed-forward (BERT: 2HI; ModernBERT's gated one: 3HI), plus the attention scores and mix, 2 x H multiply-adds per
+key the token attends to (`attended_pairs`): every token of its own sequence (12 x layers x seq x hidden per token),
+or of its own document in a packed ModernBERT row, and on a local layer only those at most local_attention // 2
+away (a window of 2 x 64 + 1 keys, fewer at a document's ends: window x tokens, not seq^2). Heads: BERT's pooler
+and NSP per sequence; the MLM transform (H^2) and the tied decoder (H x V) only at the rows that get logits (the
+valid masked positions in this project's heads). Embedding lookups, norms, activations, softmax and the optimizer
+count nothing.
 
 The peak is the datasheet's dense (no sparsity) bf16 tensor rate; MFU is always on that basis, whatever the run's
 precision, so figures compare across runs (the H100 SXM's 989.4 TFLOP/s is the references' basis).
@@ -51,6 +53,19 @@ def dense_bf16_peak(device_name: str) -> float | None:
     return None
 
 
+def attended_pairs(span: int, half: int | None = None) -> int:
+    """(query, key) pairs attention computes in a span of `span` tokens: every pair (span^2), or on a local layer
+    those at most `half` apart: span x (2 half + 1) less the keys the window loses past the span's two ends.
+
+    >>> attended_pairs(5), attended_pairs(5, 1), attended_pairs(3, 64), attended_pairs(1024, 64)
+    (25, 13, 9, 127936)
+    """
+    if half is None:
+        return span * span
+    m = min(half, span - 1)
+    return span * (2 * m + 1) - m * (m + 1)
+
+
 def train_flops(cfg: BertConfig | ModernBertConfig, spans: Iterable[int], mlm_rows: int,
                 sequences: int | None = None) -> float:
     """Model FLOPs of one training step (forward + backward) over `spans`, the lengths in real tokens of what
@@ -66,14 +81,16 @@ def train_flops(cfg: BertConfig | ModernBertConfig, spans: Iterable[int], mlm_ro
     H, V, n = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers
     tokens = sum(spans)
     if isinstance(cfg, ModernBertConfig):
-        I, w = cfg.intermediate_size, cfg.local_attention
+        I, half = cfg.intermediate_size, cfg.local_attention // 2
         n_global = len(range(0, n, cfg.global_attn_every_n_layers))
-        # A local layer's token attends to the keys within w/2 on either side, inside its document.
-        pairs = n_global * sum(k * k for k in spans) + (n - n_global) * sum(k * min(k, w + 1) for k in spans)
+        # A local layer's token attends to the keys at most half away inside its document: the pairs that are
+        # computed are those, whatever a kernel computes and masks beside them (a model FLOP is a useful one).
+        pairs = (n_global * sum(attended_pairs(k) for k in spans)
+                 + (n - n_global) * sum(attended_pairs(k, half) for k in spans))
         macs = n * tokens * (4 * H * H + 3 * H * I) + 2 * H * pairs
     else:
         I = cfg.intermediate_size
-        macs = n * (tokens * (4 * H * H + 2 * H * I) + 2 * H * sum(k * k for k in spans))
+        macs = n * (tokens * (4 * H * H + 2 * H * I) + 2 * H * sum(attended_pairs(k) for k in spans))
         macs += (len(spans) if sequences is None else sequences) * (H * H + 2 * H)  # pooler + NSP
     macs += mlm_rows * (H * H + H * V)
     return 3 * 2 * macs

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model.config import BertConfig, ModernBertConfig
-from model.flops import dense_bf16_peak, mfu, train_flops
+from model.flops import attended_pairs, dense_bf16_peak, mfu, train_flops
 from pipeline.core.optim import make_optimizer
 from pipeline.core.step import Trainable, TrainFigures, train_step
 from pipeline.pretrain.loader import collate
@@ -35,15 +35,46 @@ def test_bert_base_and_large_at_128_match_the_hand_count():
 
 def test_modernbert_counts_its_gated_mlp_and_local_windows():
     """ModernBERT-base, one 1,024-token document, 154 masked: 8 global layers (0, 3, ..., 21) see every key, 14
-    local ones 129 (64 either side); the GLU feed-forward is 3HI; no pooler, no NSP."""
+    local ones at most 129 (64 either side), 127,936 pairs in all (the first and last 64 tokens lose the keys past
+    the document's ends: 1,024 x 129 - 64 x 65); the GLU feed-forward is 3HI; no pooler, no NSP."""
     cfg = ModernBertConfig.from_preset("modernbert-base")
     want = (6 * 22 * 1024 * (4 * 768**2 + 3 * 768 * 1152)
-            + 6 * 2 * 768 * (8 * 1024 * 1024 + 14 * 1024 * 129)
+            + 6 * 2 * 768 * (8 * 1024 * 1024 + 14 * (1024 * 129 - 64 * 65))
             + 6 * 154 * (768**2 + 768 * 50368))
-    assert train_flops(cfg, [1024], 154) == want == 808_306_016_256
-    # two documents of 512 attend half as many pairs in the global layers as one of 1,024
+    assert train_flops(cfg, [1024], 154) == want == 807_769_276_416
+    # two documents of 512 attend half as many pairs in the global layers as one of 1,024, and lose 64 x 65 more
+    # in the local ones (one more pair of document ends)
     two = train_flops(cfg, [512, 512], 154)
-    assert want - two == 6 * 2 * 768 * 8 * (1024**2 - 2 * 512**2)
+    assert want - two == 6 * 2 * 768 * (8 * (1024**2 - 2 * 512**2) + 14 * 64 * 65)
+
+
+@pytest.mark.parametrize("span", [1, 5, 64, 65, 129, 300])
+@pytest.mark.parametrize("half", [None, 1, 64])
+def test_attended_pairs_count_what_the_attention_mask_lets_through(span, half):
+    i = torch.arange(span)
+    allowed = (i[:, None] - i[None, :]).abs() <= (span if half is None else half)
+    assert attended_pairs(span, half) == int(allowed.sum())
+
+
+def test_modernbert_mfu_counts_a_packed_batchs_real_tokens_and_windows():
+    """What `train/mfu` counts for a collated packed batch with padding: each document's pairs, none for the pad
+    slots, the masked rows through the head; at 8,192 tokens the local layers' share stays window x tokens."""
+    cfg = ModernBertConfig.from_preset("modernbert-base", vocab_size=100, pad_token_id=0)
+    rows = {"input_ids": [np.arange(300) % 90 + 5, np.arange(200) % 90 + 5],
+            "masked_lm_positions": [np.array([1, 7]), np.array([2])],
+            "masked_lm_ids": [np.array([9, 9]), np.array([9])],
+            "token_type_ids": [np.zeros(300), np.zeros(200)], "next_sentence_label": np.array([-1, -1]),
+            "doc_lengths": [np.array([100, 200]), np.array([50, 150])]}
+    b = collate(rows, modernbert=True)
+    assert b["input_ids"].shape == (2, 300) and "attention_mask" in b  # 100 pad slots, counted nowhere
+    pairs = 8 * (100**2 + 200**2 + 50**2 + 150**2) + 14 * sum(attended_pairs(k, 64) for k in (100, 200, 50, 150))
+    want = 6 * (22 * 500 * (4 * 768**2 + 3 * 768 * 1152) + 2 * 768 * pairs + 3 * (768**2 + 768 * 100))
+    assert flop_counter(cfg)(b) == train_flops(cfg, [100, 200, 50, 150], 3) == want
+    # one document of 8,192: the global layers grow with its square, the local ones with its length
+    long, short = (train_flops(cfg, [n], 0) for n in (8192, 1024))
+    local = 6 * 2 * 768 * 14
+    assert long - short == (6 * 22 * 7168 * (4 * 768**2 + 3 * 768 * 1152) + 6 * 2 * 768 * 8 * (8192**2 - 1024**2)
+                            + local * 7168 * 129)
 
 
 def test_peak_table_and_mfu():
