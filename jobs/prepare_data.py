@@ -37,7 +37,8 @@ def parser():
     voc = ap.add_mutually_exclusive_group()
     alias(voc, "--vocab", "data.vocab", help="existing vocab.txt or tokenizer.json (data.vocab)")
     alias(voc, "--vocab-size", "data.vocab_size", type=int, action=VocabSize,
-          help="train a WordPiece vocabulary of this size (data.vocab_size)")
+          help="train a vocabulary of this size (data.vocab_size), of the kind --tokenizer says")
+    alias(ap, "--tokenizer", "data.tokenizer", choices=["wordpiece", "bpe", "unigram"], help="(data.tokenizer)")
     alias(ap, "--max-seq-length", "data.max_seq_length", type=int, help="(data.max_seq_length)")
     alias(ap, "--masking", "data.masking", choices=["static", "dynamic"], help="(data.masking)")
     alias(ap, "--seed", "data.seed", type=int, help="(data.seed)")

@@ -127,3 +127,35 @@ def test_policy_from_vocab_errors():
         MaskingPolicy.from_vocab(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a"])
     with pytest.raises(ValueError, match="mask_rate"):
         MaskingPolicy(mask_rate=1.5)
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_whole_word_masking_for_every_tokenizer_kind(shared_dir, kind):
+    """On the same sentences, each kind's word starts (`##` continuations, `Ġ`, `▁`) group a word's pieces: every
+    whitespace word is masked whole or not at all, and multi-piece words are masked."""
+    import bisect
+    import re
+
+    from pipeline.data.tokenizer import train_tokenizer, vocab_list
+
+    text = (shared_dir / "corpora/books/01_Ge.txt").read_text()
+    tok = train_tokenizer(text.split("\n\n"), kind, vocab_size=400, lowercase=False)
+    words = re.sub(r"[^A-Za-z ]+", " ", " ".join(text.split()[:6000])).split()
+    sentences = [" ".join(words[k : k + 20]) for k in range(0, len(words), 20)]
+    policy = MaskingPolicy.from_vocab(vocab_list(tok), whole_word=True, mask_rate=0.3, max_predictions_per_seq=40)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    rows, word_of = [], []
+    for s in sentences:
+        enc = tok.encode(s, add_special_tokens=False)
+        rows.append(np.array([cls, *enc.ids, sep], np.int32))
+        starts = [0] + [i for i, c in enumerate(s) if c == " "]  # a space belongs to the word after it
+        word_of.append([-1] + [bisect.bisect_right(starts, a) - 1 for a, _ in enc.offsets] + [-2])
+    multi = 0
+    for row, w, (_, pos, _) in zip(rows, word_of, _mask_all(rows, policy)):
+        sel = np.zeros(len(row), bool)
+        sel[pos] = True
+        for word in set(w) - {-1, -2}:
+            at = [j for j, x in enumerate(w) if x == word]
+            assert len(set(sel[at])) == 1, (kind, tok.decode(row[at].tolist()), sel[at])
+            multi += len(at) > 1 and bool(sel[at[0]])
+    assert multi > 200, multi

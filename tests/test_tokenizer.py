@@ -169,3 +169,70 @@ def test_sentence_encoder_equals_the_tokenizer_on_adversarial_text(minilm_dir, w
         for _ in range(3):
             _assert_same(enc, ADVERSARIAL + SENTENCES)
         assert len(enc.index) < 200  # one batch's words
+
+
+# Issue 57: byte-level BPE and Unigram trained on the corpus.
+
+MIXED = "Ça va? naïve café — 日本語のテキスト 😀👍🏽 def f(x):\n\treturn {'a': x ** 2}  # done"
+
+
+@pytest.fixture(scope="module")
+def genesis(shared_dir):
+    return (shared_dir / "corpora/books/01_Ge.txt").read_text().split("\n\n")
+
+
+@pytest.mark.parametrize("kind", ["bpe", "unigram"])
+def test_trained_kinds_are_deterministic_padded_and_keep_bert_template(genesis, kind):
+    """Two trainings give the same tokenizer.json (each trainer run hashes its maps with a new random state:
+    Unigram's raw output differs almost every time); the vocabulary is BERT's five special tokens, the pieces,
+    then [unusedN] up to a multiple of 64; pairs get `[CLS] A [SEP] B [SEP]` with segment ids."""
+    from pipeline.data.tokenizer import tokenizer_json, tokenizer_kind, train_tokenizer
+
+    toks = [train_tokenizer(genesis, kind, vocab_size=700, lowercase=False) for _ in range(2)]
+    assert tokenizer_json(toks[0]) == tokenizer_json(toks[1])
+    tok = toks[0]
+    vocab = vocab_list(tok)
+    assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and len(vocab) % 64 == 0
+    n_unused = sum(t.startswith("[unused") for t in vocab)
+    assert vocab[len(vocab) - n_unused:] == [f"[unused{i}]" for i in range(n_unused)]
+    assert tokenizer_kind(tok) == kind and 0 < len(vocab) - 64 < 700
+    enc = tok.encode("And God said", "Let there be light")
+    assert enc.tokens[0] == "[CLS]" and enc.tokens.count("[SEP]") == 2 and enc.tokens[-1] == "[SEP]"
+    assert enc.type_ids[-1] == 1 and enc.type_ids[0] == 0
+    marker = {"bpe": "\u0120", "unigram": "\u2581"}[kind]
+    words = [t for t in tok.encode("And God said", add_special_tokens=False).tokens if t.startswith(marker)]
+    assert [t.lstrip(marker)[:1] for t in words][-2:] == ["G", "s"]  # every word after a space starts with it
+    assert "God" in tok.decode(enc.ids)
+
+
+def test_byte_level_bpe_round_trips_any_text_without_unknown(genesis):
+    from pipeline.data.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(genesis, "bpe", vocab_size=400, lowercase=False)
+    enc = tok.encode(MIXED, add_special_tokens=False)
+    assert tok.token_to_id("[UNK]") not in enc.ids
+    assert tok.decode(enc.ids) == MIXED  # accents, CJK, emoji with a skin tone, code, tabs and newlines
+    low = train_tokenizer(genesis, "bpe", vocab_size=400, lowercase=True)
+    assert low.decode(low.encode(MIXED, add_special_tokens=False).ids) == MIXED.lower()
+
+
+def test_unigram_pieces_start_words_and_never_hold_whitespace(genesis):
+    from pipeline.data.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(genesis, "unigram", vocab_size=600, lowercase=True)
+    assert not any(any(c.isspace() for c in t) for t in vocab_list(tok))  # vocab.txt is one token a line
+    tokens = tok.encode("In the beginning\tGod\ncreated", add_special_tokens=False).tokens
+    assert [t for t in tokens if t.startswith("\u2581")][:2] == ["\u2581in", "\u2581the"]
+    assert tok.decode(tok.encode("in the beginning", add_special_tokens=False).ids) == "in the beginning"
+
+
+def test_bad_tokenizer_kind_and_size_name_the_field():
+    from pipeline.config import DataConfig
+    from pipeline.data.tokenizer import train_tokenizer
+
+    with pytest.raises(VocabError, match="data.tokenizer 'sentencepiece' is not one of"):
+        train_tokenizer(["a b"], "sentencepiece", vocab_size=300)
+    with pytest.raises(ValueError, match="data.tokenizer 'bpe2' is not one of"):
+        DataConfig(tokenizer="bpe2")
+    with pytest.raises(ValueError, match="data.vocab_size 200 is too small for data.tokenizer bpe"):
+        DataConfig(tokenizer="bpe", vocab_size=200)

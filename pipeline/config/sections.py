@@ -96,9 +96,13 @@ class DataConfig:
     text_column: str = "text"
     """Column (JSONL key, Parquet column, datasets column) that holds a document's text."""
     vocab: str | None = None
-    """An existing vocab.txt or tokenizer.json; when null a WordPiece vocabulary is trained on the corpus."""
+    """An existing vocab.txt or tokenizer.json; when null a `tokenizer` vocabulary is trained on the corpus."""
+    tokenizer: Literal["wordpiece", "bpe", "unigram"] = "wordpiece"
+    """What `vocab: null` trains (pipeline/data/tokenizer.py): BERT's WordPiece (`##` continuations), a byte-level BPE
+    (RoBERTa, ModernBERT: no unknown token) or a SentencePiece-style Unigram (`▁` word starts); all with BERT's
+    special tokens, bpe and unigram padded with [unusedN] to a multiple of 64."""
     vocab_size: int = 30522
-    """Size of the WordPiece vocabulary to train when `vocab` is null."""
+    """Size of the vocabulary to train when `vocab` is null."""
     lowercase: bool = True
     """Uncased (BERT-base-uncased style) when true, cased when false."""
     max_seq_length: int = 128
@@ -118,7 +122,8 @@ class DataConfig:
     max_predictions_per_seq: int = 20
     """Cap on masked positions per example."""
     whole_word_mask: bool = False
-    """Mask WordPiece `##` continuations together with their word."""
+    """Mask a word's pieces together: `##` continuations (WordPiece), pieces without `Ġ` (byte-level BPE) or `▁`
+    (Unigram) join the word before them."""
     dupe_factor: int = 1
     """Static masking: number of copies of each example with different masks."""
     num_shards: int = 8
@@ -131,12 +136,18 @@ class DataConfig:
     random_pool_size: int = 20000
     """Sentence windows (about max_seq_length tokens each) sampled from the whole corpus for random-next B."""
     vocab_sample_chars: int = 50_000_000
-    """Characters of text (spread over the input files) a new WordPiece vocabulary is trained on."""
+    """Characters of text (spread over the input files, in file and record order) a new vocabulary is trained on:
+    the bounded, deterministic sample (as SentencePiece's input_sentence_size) that keeps its memory flat."""
     chunk_chars: int = 4_000_000
     """Characters of text per intermediate token chunk: the unit of parallel work, memory and resume."""
     max_document_chars: int = 1_000_000
     """Longer documents (a .txt book is one) are cut into pieces of at most this many characters at paragraph or
     sentence boundaries before tokenization, so memory does not grow with a document (pipeline/data/examples.py)."""
+    max_record_bytes: int = 128 * 2**20
+    """The most bytes one input record may hold (a dump page's XML, a WikiExtractor `<doc>` block, a JSON line, a
+    book's file, a Parquet or datasets row's text): a longer one is rejected as `record_too_large` and reading goes
+    on at the next record, so a record never closed (`<page>` without `</page>`) costs this much memory, not the rest
+    of its file. A book is one record: a larger one is rejected whole; raise this for it (pipeline/data/sources)."""
     local_max_bytes: int = 2**30
     """Inputs of at most this many bytes (on disk, 1 GiB by default) are prepared on the job's own machine without
     Ray: in its process, or on up to num_actors local worker processes. Ray's processes, actors and transfers
@@ -171,11 +182,16 @@ class DataConfig:
         _check(self.dupe_factor >= 1, f"data.dupe_factor {self.dupe_factor} < 1")
         _check(self.num_shards >= 1, f"data.num_shards {self.num_shards} < 1")
         _check(self.vocab_size >= 128, f"data.vocab_size {self.vocab_size} < 128")
+        _check(self.tokenizer in ("wordpiece", "bpe", "unigram"),
+               f"data.tokenizer {self.tokenizer!r} is not one of wordpiece, bpe, unigram")
+        _check(self.tokenizer != "bpe" or self.vocab or self.vocab_size >= 261, f"data.vocab_size {self.vocab_size} "
+               "is too small for data.tokenizer bpe: 256 bytes + 5 special tokens need at least 261")
         _check(self.num_actors >= 1, f"data.num_actors {self.num_actors} < 1")
         _check(self.random_pool_size >= 1, f"data.random_pool_size {self.random_pool_size} < 1")
         _check(self.chunk_chars >= 1, f"data.chunk_chars {self.chunk_chars} < 1")
         _check(self.vocab_sample_chars >= 1, f"data.vocab_sample_chars {self.vocab_sample_chars} < 1")
         _check(self.max_document_chars >= 1000, f"data.max_document_chars {self.max_document_chars} < 1000")
+        _check(self.max_record_bytes >= 1024, f"data.max_record_bytes {self.max_record_bytes} < 1024")
         _check(self.local_max_bytes >= 0, f"data.local_max_bytes {self.local_max_bytes} < 0")
 
     def _check_sources(self) -> None:

@@ -22,6 +22,7 @@ same call with epoch 0, and a whole batch is masked with vectorised numpy (no pe
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,13 +39,13 @@ class MaskingPolicy:
     max_predictions_per_seq: int = 20
     """Cap on masked positions per example."""
     whole_word: bool = False
-    """Mask `##` continuations together with the word they continue."""
+    """Mask continuations (`##x`; a BPE piece without `Ġ`, a Unigram piece without `▁`) with their word."""
     vocab_size: int = 30522
     mask_token_id: int = 103
     special_ids: tuple[int, ...] = (0, 100, 101, 102, 103)
     """Never masked, never drawn as a random replacement."""
     continuation_ids: tuple[int, ...] = ()
-    """Ids of `##` WordPiece continuation tokens (whole-word grouping)."""
+    """Ids of tokens that continue the word before them (whole-word grouping; see `from_vocab`)."""
     _tables: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -81,9 +82,7 @@ class MaskingPolicy:
         missing = [t for t in SPECIAL_TOKENS if t not in index]
         if missing:
             raise ValueError(f"vocabulary lacks special token(s) {', '.join(missing)}")
-        # Every bracketed token ([PAD], [unused0], ...) is special: never masked nor drawn.
-        special = tuple(i for i, t in enumerate(vocab) if t.startswith("[") and t.endswith("]"))
-        cont = tuple(i for i, t in enumerate(vocab) if t.startswith("##"))
+        special, cont = _special_and_continuations(vocab)
         return cls(
             mask_rate=mask_rate,
             max_predictions_per_seq=max_predictions_per_seq,
@@ -104,6 +103,32 @@ class MaskingPolicy:
                 "mask_token_id": self.mask_token_id,
             }
         )
+
+
+_BPE_SPACE, _UNIGRAM_SPACE = "\u0120", "\u2581"  # Ġ: a byte-level space; ▁: SentencePiece's word start
+_TRAINED_SPECIAL = re.compile(r"\[(PAD|UNK|CLS|SEP|MASK|unused\d+)\]")
+
+
+def _special_and_continuations(vocab: list[str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(special ids, ids that continue the word before them) for a vocabulary of any kind, told by its pieces:
+
+    - WordPiece (`##` pieces): every bracketed token ([PAD], [unused0], ...) is special; `##x` continues;
+    - byte-level BPE (`Ġ` pieces): a piece without the leading `Ġ` continues (punctuation joins its word);
+    - Unigram (`▁` pieces): a piece without the leading `▁` continues.
+
+    Special in the last two: BERT's five and [unusedN] (`train_tokenizer`'s padding).
+
+        >>> _special_and_continuations(["[PAD]", "[CLS]", "Ġthe", "re", "Ġcat", ","])
+        ((0, 1), (3, 5))
+    """
+    if any(t.startswith("##") and len(t) > 2 for t in vocab):
+        special = tuple(i for i, t in enumerate(vocab) if t.startswith("[") and t.endswith("]"))
+        return special, tuple(i for i, t in enumerate(vocab) if t.startswith("##"))
+    special = tuple(i for i, t in enumerate(vocab) if _TRAINED_SPECIAL.fullmatch(t))
+    space = _BPE_SPACE if sum(t.startswith(_BPE_SPACE) for t in vocab) >= sum(
+        t.startswith(_UNIGRAM_SPACE) for t in vocab) else _UNIGRAM_SPACE
+    skip = set(special)
+    return special, tuple(i for i, t in enumerate(vocab) if i not in skip and not t.startswith(space))
 
 
 _M1, _M2, _GOLD = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)

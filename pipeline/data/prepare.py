@@ -52,9 +52,10 @@ from pipeline.data.passes import (
 )
 from pipeline.data.pool import merge_pool
 from pipeline.data.progress import Progress, log
-from pipeline.data.sources import InputError, InputFile, Skipped, skipped_once, skipped_summary, split_units
-from pipeline.data.tokenizer import check_pair, read_vocab, sha256_bytes
-from pipeline.storage.io import filesystem, join, read_table, write_bytes_atomic
+from pipeline.data.sources import (MAX_RECORD_BYTES, InputError, InputFile, Skipped, skipped_once, skipped_summary,
+                                   split_units)
+from pipeline.data.tokenizer import check_pair, read_vocab, sha256_bytes, tokenizer_kind
+from pipeline.storage.io import filesystem, join, read_bytes, read_table, write_bytes_atomic
 
 
 class OutputExistsError(PipelineError, ValueError):
@@ -74,10 +75,24 @@ def output_config_hash(cfg: DataConfig, fingerprint: list, vocab_source: str | N
     if not d["pack_documents"]:  # added in issue 33: off, a config hashes as it did before the field
         del d["pack_documents"]
     del d["mix_temperature"]  # the loader's
+    if d["max_record_bytes"] == MAX_RECORD_BYTES:  # added in issue 59: at its default, a config hashes as before
+        del d["max_record_bytes"]
+    if d["tokenizer"] == "wordpiece" or vocab_source:  # added in issue 57: trained WordPiece hashes as before
+        del d["tokenizer"]
     sources = d.pop("sources")  # added in issue 58: without a mixture, a config hashes as it did before the field
     extra = ({"sources": [s["name"] for s in sources], "file_sources": sorted((file_sources or {}).items())}
              if sources else {})
     return config_hash({"data": d, "inputs": fingerprint, "vocab": vocab_source, "format": 1, **extra})
+
+
+def _tokenizer_entry(cfg: DataConfig, vocab: list[str]) -> dict[str, Any]:
+    """What the manifest says of the tokenizer: its kind, whether it was trained, its size and the [unusedN]
+    tokens that round a trained bpe/unigram vocabulary up to a multiple of 64."""
+    from tokenizers import Tokenizer
+
+    kind = tokenizer_kind(Tokenizer.from_str(read_bytes(join(cfg.output, "tokenizer.json")).decode("utf-8")))
+    unused = sum(1 for t in vocab if t.startswith("[unused") and t.endswith("]"))
+    return {"kind": kind, "trained": not cfg.vocab, "vocab_size": len(vocab), "unused_tokens": unused}
 
 
 def work_dir(cfg: DataConfig, chash: str, vocab_sha: str) -> str:
@@ -354,6 +369,7 @@ def _manifest(
         "masking": cfg.masking,
         "vocab_size": len(vocab),
         "special_token_ids": {t: vocab.index(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")},
+        "tokenizer": _tokenizer_entry(cfg, vocab),
         "input_files": len(files),
         "files_skipped": [s.path for s in skipped],
         "skipped_files": [{"path": s.path, "reason": s.reason} for s in skipped],

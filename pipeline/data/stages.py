@@ -89,7 +89,8 @@ def plan(cfg: DataConfig) -> Plan:
     else:
         vocab_key = config_hash(
             {"train": cfg.vocab_size, "lowercase": cfg.lowercase, "sample": cfg.vocab_sample_chars,
-             "column": cfg.text_column, "inputs": fingerprint(files)}
+             "column": cfg.text_column, "inputs": fingerprint(files),
+             **({"kind": cfg.tokenizer} if cfg.tokenizer != "wordpiece" else {})}
         )
     manifest_path = join(cfg.output, "manifest.json")
     if exists(manifest_path) and not cfg.overwrite:
@@ -142,7 +143,7 @@ def _sample_texts(p: Plan) -> Any:
     budget = p.cfg.vocab_sample_chars // max(1, len(p.files)) + 1
     for f in p.files:
         used = 0
-        for item in read_documents(f, p.cfg.text_column, wiki_options(p.cfg)):
+        for item in read_documents(f, p.cfg.text_column, wiki_options(p.cfg), p.cfg.max_record_bytes):
             if isinstance(item, Document):
                 yield item.text[: budget - used]
                 used += len(item.text)
@@ -158,7 +159,7 @@ def run_vocab(p: Plan) -> dict[str, Any]:
 
 
 def _run_vocab(p: Plan) -> dict[str, Any]:
-    from pipeline.data.tokenizer import load_tokenizer, tokenizer_json, train_wordpiece, vocab_bytes
+    from pipeline.data.tokenizer import load_tokenizer, tokenizer_json, train_tokenizer, vocab_bytes
 
     cfg = p.cfg
     fs, out = filesystem(cfg.output)
@@ -173,8 +174,8 @@ def _run_vocab(p: Plan) -> dict[str, Any]:
             tok = load_tokenizer(local_copy(cfg.vocab, tmp), lowercase=cfg.lowercase)
         log(f"vocab: using {cfg.vocab} ({tok.get_vocab_size()} tokens)")
     else:
-        log(f"vocab: training a WordPiece vocabulary of {cfg.vocab_size} on up to {cfg.vocab_sample_chars} chars")
-        tok = train_wordpiece(_Sample(p), cfg.vocab_size, cfg.lowercase)
+        log(f"vocab: training a {cfg.tokenizer} vocabulary of {cfg.vocab_size} on up to {cfg.vocab_sample_chars} chars")
+        tok = train_tokenizer(_Sample(p), cfg.tokenizer, cfg.vocab_size, cfg.lowercase)
     vb = vocab_bytes(tok)
     sha = hashlib.sha256(vb).hexdigest()
     write_bytes_atomic(join(cfg.output, "vocab.txt"), vb)

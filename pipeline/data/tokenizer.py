@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from pipeline.errors import PipelineError
 from pipeline.storage.io import read_bytes
@@ -301,6 +301,101 @@ def _train_ordered(texts: Iterable[str], vocab_size: int, lowercase: bool, conts
     n_chars = next((i for i, t in enumerate(rest) if len(t) != 1), len(rest))  # the sorted alphabet comes first
     used = set(by_id)
     return list(SPECIAL_TOKENS) + rest[:n_chars] + [c for c in conts if c in used] + rest[n_chars:]
+
+
+TOKENIZER_KINDS = ("wordpiece", "bpe", "unigram")
+VOCAB_MULTIPLE = 64  # trained bpe/unigram vocabularies are padded with [unusedN] to a multiple of this (tensor cores)
+
+
+def train_tokenizer(texts: Iterable[str], kind: str, vocab_size: int, lowercase: bool = True) -> Tokenizer:
+    """A tokenizer of `kind` trained on `texts`, deterministically, with BERT's special tokens ([PAD] [UNK] [CLS]
+    [SEP] [MASK], ids 0-4) and its `[CLS] A [SEP] B [SEP]` template:
+
+    - wordpiece: `train_wordpiece` (BERT's normalizer and pre-tokenizer, `##` continuations);
+    - bpe: byte-level, as RoBERTa, GPT-2 and OLMo (`Ġ` marks a space before a word): no unknown token, any text
+      decodes back to itself (cased; lowercase adds a Lowercase normalizer);
+    - unigram: SentencePiece-style, `▁` starts every word (NFKC, whitespace runs become one space).
+
+    bpe and unigram vocabularies are then padded with `[unusedN]` tokens to a multiple of 64.
+
+        >>> tok = train_tokenizer(["the cat sat on the mat"] * 10, "bpe", vocab_size=300, lowercase=False)
+        >>> tok.encode("the cat", add_special_tokens=False).tokens, tok.get_vocab_size()
+        (['the', 'Ġcat'], 320)
+    """
+    if kind not in TOKENIZER_KINDS:
+        raise VocabError(f"data.tokenizer {kind!r} is not one of {', '.join(TOKENIZER_KINDS)}")
+    if kind == "wordpiece":
+        return train_wordpiece(texts, vocab_size, lowercase)
+    tok = _train_bpe(texts, vocab_size, lowercase) if kind == "bpe" else _train_unigram(texts, vocab_size, lowercase)
+    n = tok.get_vocab_size()
+    tok.add_special_tokens([f"[unused{i}]" for i in range(-n % VOCAB_MULTIPLE)])
+    _post_processor(tok)
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
+def _train_bpe(texts: Iterable[str], vocab_size: int, lowercase: bool) -> Tokenizer:
+    """Byte-level BPE. The trainer is deterministic here: every byte is in its alphabet from the start (ids in
+    a fixed order) and equal-count merges are tied by those ids (tests/test_tokenizer.py trains twice)."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if vocab_size < len(alphabet) + len(SPECIAL_TOKENS):
+        raise VocabError(f"data.vocab_size {vocab_size} is too small for a byte-level BPE: it needs at least "
+                         f"{len(alphabet) + len(SPECIAL_TOKENS)} (256 bytes + {len(SPECIAL_TOKENS)} special tokens)")
+    tok = Tokenizer(models.BPE())
+    if lowercase:
+        tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), initial_alphabet=alphabet,
+                                  min_frequency=2, show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def _unigram_pipeline(tok: Tokenizer, lowercase: bool) -> Tokenizer:
+    steps = [normalizers.NFKC()] + ([normalizers.Lowercase()] if lowercase else [])
+    # one space for any whitespace run: no piece holds a newline (vocab.txt is one token a line)
+    tok.normalizer = normalizers.Sequence(steps + [normalizers.Replace(Regex(r"\s+"), " ")])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    return tok
+
+
+def _train_unigram(texts: Iterable[str], vocab_size: int, lowercase: bool) -> Tokenizer:
+    """SentencePiece Unigram. The trainer's EM sums floats in hash-map order, so two runs differ in a score's last
+    bits, and it scores the characters it adds back last in hash-map order; those scores are handed out in
+    character order, all are rounded to 1e-6 and the pieces ordered by (score, piece), so the same texts give the
+    same tokenizer.json (tests/test_tokenizer.py trains twice)."""
+    tok = _unigram_pipeline(Tokenizer(models.Unigram()), lowercase)
+    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), unk_token="[UNK]",
+                                      show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    special = set(SPECIAL_TOKENS)
+    pieces = [(p, s) for p, s in json.loads(tok.to_str())["model"]["vocab"] if p not in special]
+    # Characters the pruning dropped come back last with scores 1e-4 apart, given in hash-map order: the same
+    # scores, handed out again in the pieces' order.
+    start = len(pieces) - 1
+    while start > 0 and any(abs(pieces[start - 1][1] - pieces[start][1] - d) < 1e-9 for d in (0.0, 1e-4)):
+        start -= 1
+    tail = range(start, len(pieces))
+    for i, p, s in zip(tail, sorted(pieces[i][0] for i in tail), sorted((pieces[i][1] for i in tail), reverse=True)):
+        pieces[i] = (p, s)
+    rest = sorted(((p, round(s, 6)) for p, s in pieces), key=lambda ps: (-ps[1], ps[0]))
+    vocab = [(t, 0.0) for t in SPECIAL_TOKENS] + rest
+    out = _unigram_pipeline(Tokenizer(models.Unigram(vocab, unk_id=SPECIAL_TOKENS.index("[UNK]"),
+                                                     byte_fallback=False)), lowercase)
+    out.add_special_tokens(list(SPECIAL_TOKENS))
+    return out
+
+
+def tokenizer_kind(tok: Tokenizer) -> str:
+    """wordpiece, bpe or unigram: what the model of a tokenizer is (a BPE that is not byte-level counts as bpe)."""
+    model = json.loads(tok.to_str()).get("model") or {}
+    kind = {"WordPiece": "wordpiece", "BPE": "bpe", "Unigram": "unigram"}.get(model.get("type"))
+    if kind is None:
+        raise VocabError(f"tokenizer model {model.get('type')!r} is not WordPiece, BPE or Unigram")
+    return kind
 
 
 def vocab_list(tok: Tokenizer) -> list[str]:
