@@ -236,3 +236,30 @@ def test_bad_tokenizer_kind_and_size_name_the_field():
         DataConfig(tokenizer="bpe2")
     with pytest.raises(ValueError, match="data.vocab_size 200 is too small for data.tokenizer bpe"):
         DataConfig(tokenizer="bpe", vocab_size=200)
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_registered_directory_loads_in_transformers_with_the_pipelines_ids(genesis, shared_dir, tmp_path, kind):
+    """What the pretraining job registers (save_hf + write_tokenizer_config): AutoTokenizer gives the pipeline's
+    ids on held-out text, and fill-mask answers for the tokenizer's mask token, for BERT and ModernBERT."""
+    import transformers
+
+    from model.config import encoder_config
+    from model.build import build_model
+    from model.hf import save_hf
+    from pipeline.data.tokenizer import train_tokenizer
+    from pipeline.tracking.registry import write_tokenizer_config
+
+    tok = train_tokenizer(genesis, kind, vocab_size=500, lowercase=kind == "wordpiece")
+    held_out = (shared_dir / "corpora/books/02_Exo.txt").read_text().split("\n\n")[:30]
+    for preset in ("tiny", "modernbert-tiny"):
+        d = tmp_path / preset
+        save_hf(build_model(encoder_config(preset, vocab_size=tok.get_vocab_size())), d, tokenizer=tok)
+        write_tokenizer_config(str(d), model_max_length=128, lowercase=kind == "wordpiece")
+        auto = transformers.AutoTokenizer.from_pretrained(d)
+        assert auto.mask_token == "[MASK]" and auto.pad_token_id == tok.token_to_id("[PAD]")
+        for text in held_out:
+            assert auto(text, add_special_tokens=False)["input_ids"] == tok.encode(text, add_special_tokens=False).ids
+        assert auto("In the", "beginning")["input_ids"] == tok.encode("In the", "beginning").ids
+        preds = transformers.pipeline("fill-mask", model=str(d), top_k=3)(f"And God said {auto.mask_token} there")
+        assert len(preds) == 3 and all(isinstance(p["token_str"], str) for p in preds)

@@ -57,12 +57,17 @@ def find_version(name: str, run_id: str, uri: str | None = None) -> str | None:
 
 
 def write_tokenizer_config(model_dir: str, *, model_max_length: int, lowercase: bool) -> None:
-    """tokenizer_config.json + special_tokens_map.json, so `AutoTokenizer` loads the right class, case and length."""
+    """tokenizer_config.json + special_tokens_map.json, so `AutoTokenizer` loads the right class, case and length.
+
+    A WordPiece vocabulary loads as BertTokenizer(Fast); a byte-level BPE or Unigram tokenizer.json (data.tokenizer
+    bpe | unigram) as PreTrainedTokenizerFast, which takes the tokenizer.json as it is (normalizer, template)."""
     import json
 
     special = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"}
-    cfg = {"tokenizer_class": "BertTokenizerFast" if (Path(model_dir) / "tokenizer.json").is_file() else "BertTokenizer",
-           "do_lower_case": lowercase, "model_max_length": model_max_length, **special}
+    tj = Path(model_dir) / "tokenizer.json"
+    kind = (json.loads(tj.read_text(encoding="utf-8")).get("model") or {}).get("type") if tj.is_file() else "WordPiece"
+    cls = ("BertTokenizerFast" if tj.is_file() else "BertTokenizer") if kind == "WordPiece" else "PreTrainedTokenizerFast"
+    cfg = {"tokenizer_class": cls, "do_lower_case": lowercase, "model_max_length": model_max_length, **special}
     (Path(model_dir) / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     (Path(model_dir) / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
 
