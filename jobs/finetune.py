@@ -6,6 +6,9 @@
 
 --model: models:/name@alias | models:/name/version | a transformers directory | scratch:<preset> (random init;
 its vocabulary is --data.tokenizer, by default the one of models:/bert-pretrain@latest-pretrain).
+`--task embedding --train PAIRS --eval BEIR_DIR` trains sentence embeddings with in-batch negatives and scores them
+by retrieval (the JSON line's ndcg@10, mrr@10, recall@100); the registered directory is a sentence-transformers
+model too.
 The LR is train.lr (default `auto`: chosen by the model's hidden size); `--tune.lr 1e-4,3e-4,1e-3` instead runs a
 Ray Tune sweep, one trial per LR, and registers only the best trial's model (MLflow: one parent run, a child per LR).
 Honours MLFLOW_TRACKING_URI (default sqlite:///mlflow.db here) and RAY_ADDRESS (`ray job submit` sets it; unset,
@@ -48,9 +51,11 @@ def parser():
     ap.add_argument("--model-source", required=True, help="--model SRC: models:/name@alias, models:/name/version, a "
                     "HF dir, or scratch:<preset>")
     ap.add_argument("--task", required=True, choices=["sequence-classification", "sentence-pair-classification",
-                                                      "token-classification", "question-answering"])
-    ap.add_argument("--train-file", required=True, help="--train FILE: training file (TSV/CSV/JSONL, CoNLL, or SQuAD JSON)")
-    ap.add_argument("--eval-file", required=True, help="--eval FILE: evaluation file, same format")
+                                                      "token-classification", "question-answering", "embedding"])
+    ap.add_argument("--train-file", required=True, help="--train FILE: training file (TSV/CSV/JSONL, CoNLL, or SQuAD "
+                    "JSON; embedding: pairs with columns query, positive [, negative])")
+    ap.add_argument("--eval-file", required=True, help="--eval FILE: evaluation file, same format (embedding: a BEIR "
+                    "directory with corpus.jsonl, queries.jsonl and qrels/test.tsv, or a qrels file inside one)")
     ap.add_argument("--output", default=None, help="also keep the fine-tuned HF directory here")
     return ap
 

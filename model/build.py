@@ -19,7 +19,7 @@ from torch import nn
 from model.family import FAMILIES, ModelFamily, family_of
 from model.hf import checkpoint_model_type, load_hf
 
-Task = Literal["pretraining", "sequence-classification", "token-classification", "question-answering"]
+Task = Literal["pretraining", "sequence-classification", "token-classification", "question-answering", "embedding"]
 
 
 def model_class(family: str | ModelFamily, task: str) -> type[nn.Module]:

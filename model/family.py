@@ -23,7 +23,8 @@ from typing import Any, Mapping
 
 from model.config import MODERNBERT_PRESETS, PRESETS, BertConfig, ModernBertConfig, _preset_kwargs
 
-TASKS = ("pretraining", "sequence-classification", "token-classification", "question-answering")
+TASKS = ("pretraining", "sequence-classification", "token-classification", "question-answering", "embedding")
+"""What a family builds models for; `embedding` is the bare encoder (`model.pooling` turns its states into vectors)."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ BERT = ModelFamily(
     tasks={"pretraining": "model.heads:BertForPreTraining",
            "sequence-classification": "model.heads:BertForSequenceClassification",
            "token-classification": "model.heads:BertForTokenClassification",
-           "question-answering": "model.heads:BertForQuestionAnswering"},
+           "question-answering": "model.heads:BertForQuestionAnswering", "embedding": "model.bert:BertModel"},
     base="model.bert:BertModel", prefix="bert.", roots=("embeddings.", "encoder.", "pooler."),
     word_embeddings="embeddings.word_embeddings.weight", tied_decoder="cls.predictions.decoder.weight",
     shape_fields=("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
@@ -111,7 +112,8 @@ MODERNBERT = ModelFamily(
     tasks={"pretraining": "model.modernbert:ModernBertForMaskedLM",
            "sequence-classification": "model.modernbert:ModernBertForSequenceClassification",
            "token-classification": "model.modernbert:ModernBertForTokenClassification",
-           "question-answering": "model.modernbert:ModernBertForQuestionAnswering"},
+           "question-answering": "model.modernbert:ModernBertForQuestionAnswering",
+           "embedding": "model.modernbert:ModernBertModel"},
     base="model.modernbert:ModernBertModel", prefix="model.", roots=("embeddings.", "layers.", "final_norm."),
     word_embeddings="embeddings.tok_embeddings.weight", tied_decoder="decoder.weight",
     shape_fields=("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",

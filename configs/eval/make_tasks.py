@@ -9,6 +9,12 @@ documentation as WikiExtractor JSON lines). Their labels come from the documents
   the authors marked as code (``literal`` or a role such as :func:`len`, its link target dropped) is tagged
   B-CODE / I-CODE, any other O. The model must tell code from prose by context and form, not by markup. Pieces of
   at most 40 words; the same page split as same_page.
+- pydocs_search (retrieval, BEIR's layout): a paragraph's first sentence is a query, and the rest of that paragraph
+  (its first 48 words) the one relevant document, in a corpus of every such rest from the dev and test pages
+  (the others are the distractors); dev and test queries come from their pages (qrels/dev.tsv, qrels/test.tsv
+  over one corpus.jsonl and queries.jsonl). Its training pairs (query, positive) are made the same way from the
+  train pages only, so no test page is seen in training. Markup removed as in code_spans; a paragraph counts when
+  its first sentence has 6-40 words and the rest at least 12.
 
     python configs/eval/make_tasks.py [--shared ../shared] [--out configs/eval/tasks]
 
@@ -27,7 +33,11 @@ from pathlib import Path
 import numpy as np
 
 ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`([^`]+)`|``([^`]+)``")
-SIZES = {"same_page": {"train": 1200, "dev": 300, "test": 300}, "code_spans": {"train": 800, "dev": 200, "test": 200}}
+SIZES = {"same_page": {"train": 1200, "dev": 300, "test": 300}, "code_spans": {"train": 800, "dev": 200, "test": 200},
+         "pydocs_search": {"train": 1200, "dev": 150, "test": 150}}
+SENTENCE_END = re.compile(r"(?<=[a-z0-9)\]][.!?])\s+(?=[A-Z])")
+"""Where a paragraph's first sentence ends: '.', '!' or '?' after a lower-case letter, digit or bracket, then a
+capital (so `e.g. Foo` and `os.path.join` do not end one)."""
 
 
 def split_of(url: str) -> str:
@@ -103,6 +113,45 @@ def code_spans(pages: dict[str, list[str]], n: int, rng: np.random.Generator) ->
     return [pieces[i] for i in idx]
 
 
+def search_pairs(pages: dict[str, list[str]]) -> list[tuple[str, str, str]]:
+    """(id, first sentence, rest cut to 48 words) of every paragraph that splits so; id `<page path>#<paragraph>`."""
+    out = []
+    for u in sorted(pages):
+        for k, p in enumerate(pages[u]):
+            text = clean(p)
+            m = SENTENCE_END.search(text)
+            if m is None:
+                continue
+            query, rest = text[:m.start()], text[m.end():].split()
+            if 6 <= len(query.split()) <= 40 and len(rest) >= 12:
+                out.append((f"{u.split('/3.11/', 1)[-1]}#{k}", query.replace("\t", " "), " ".join(rest[:48])))
+    return out
+
+
+def pydocs_search(by_split: dict[str, dict[str, list[str]]], out: Path) -> None:
+    """The retrieval task's files under `out` (module docstring): train.tsv, corpus.jsonl, queries.jsonl, qrels/."""
+    rng = np.random.default_rng(4)
+    (out / "qrels").mkdir(parents=True, exist_ok=True)
+    train = search_pairs(by_split["train"])
+    with open(out / "train.tsv", "w") as f:
+        f.write("query\tpositive\n")
+        for i in sorted(rng.choice(len(train), SIZES["pydocs_search"]["train"], replace=False)):
+            f.write(f"{train[i][1]}\t{train[i][2]}\n")
+    held = {split: search_pairs(by_split[split]) for split in ("dev", "test")}
+    with open(out / "corpus.jsonl", "w") as f:
+        for split in ("dev", "test"):
+            f.writelines(json.dumps({"_id": i, "title": "", "text": d}) + "\n" for i, _, d in held[split])
+    with open(out / "queries.jsonl", "w") as fq:
+        for split in ("dev", "test"):
+            pick = sorted(rng.choice(len(held[split]), SIZES["pydocs_search"][split], replace=False))
+            with open(out / "qrels" / f"{split}.tsv", "w") as fr:
+                fr.write("query-id\tcorpus-id\tscore\n")
+                for j in pick:
+                    i, q, _ = held[split][j]
+                    fq.write(json.dumps({"_id": i, "text": q}) + "\n")
+                    fr.write(f"{i}\t{i}\t1\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     here = Path(__file__).resolve().parent
@@ -130,6 +179,7 @@ def main() -> None:
                 f.writelines(f"{w}\t{t}\n" for w, t in zip(words, tags))
                 f.write("\n")
         print(split, {k: len(v) for k, v in [("pages", by_split[split])]})
+    pydocs_search(by_split, Path(a.out, "pydocs_search"))
 
 
 if __name__ == "__main__":

@@ -36,8 +36,9 @@ from pipeline.config import ConfigError
 from pipeline.console import say
 from pipeline.evaluate.suite import Suite, Task, lr_key, suite_score, table, task_score
 
-MODEL_TASK = {"sentence-pair-classification": "sequence-classification"}
-"""The head a suite task type trains (a pair task is sequence classification over two segments)."""
+MODEL_TASK = {"sentence-pair-classification": "sequence-classification", "retrieval": "embedding"}
+"""The head a suite task type trains (a pair task is sequence classification over two segments; a retrieval task
+trains the bare encoder's sentence embeddings)."""
 
 
 def tag_keys(suite_name: str) -> dict[str, str]:
@@ -76,7 +77,8 @@ def _prepare(task: Task, source, cfg, seed: int, eval_path: str):
     from pipeline.finetune.data import prepare_task
 
     d = cfg.data
-    return prepare_task(task.task, task.train, eval_path, source.tokenizer_path, task.protocol.max_seq_length,
+    kind = "embedding" if task.task == "retrieval" else task.task  # a pair task keeps its own: it needs both columns
+    return prepare_task(kind, task.train, eval_path, source.tokenizer_path, task.protocol.max_seq_length,
                         d.doc_stride, d.max_query_length, task.protocol.max_train_examples,
                         task.protocol.max_eval_examples, seed)
 

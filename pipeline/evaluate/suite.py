@@ -32,14 +32,17 @@ from pipeline.config import ConfigError
 from pipeline.storage.io import is_uri
 
 TASK_TYPES = ("sequence-classification", "sentence-pair-classification", "token-classification",
-              "question-answering")
-"""finetune.py's tasks plus `sentence-pair-classification` (columns sentence1, sentence2, label)."""
+              "question-answering", "retrieval")
+"""finetune.py's tasks plus `sentence-pair-classification` (columns sentence1, sentence2, label); `retrieval` is
+finetune.py's `embedding`: train is a pairs file, dev and test are BEIR qrels files (`DIR/qrels/dev.tsv`) beside
+the set's corpus.jsonl and queries.jsonl."""
 
 METRICS = {
     "sequence-classification": ("accuracy", "macro_f1", "mcc", "pearson", "spearman"),
     "sentence-pair-classification": ("accuracy", "macro_f1", "mcc"),
     "token-classification": ("f1", "precision", "recall", "accuracy"),
     "question-answering": ("f1", "exact"),
+    "retrieval": ("ndcg@10", "mrr@10", "recall@100"),
 }
 """The metrics a task type can be scored by (what `pipeline.finetune.loop.evaluate` reports for it); pearson and
 spearman are a regression task's (numeric labels)."""

@@ -1,4 +1,5 @@
-"""Fine-tuning configuration: sections data/model/train/eval/tracking/tune (configs/finetune.yaml holds the defaults).
+"""Fine-tuning configuration: sections data/model/train/eval/tracking/tune/embedding (configs/finetune.yaml holds the
+defaults).
 
 Loaded like pretraining's (`pipeline.config.load_sections`: YAML plus `--section.field value`, checked by field
 type, validated); `jobs/finetune.py --help` lists every field. `FtTrainConfig` extends the training fields shared
@@ -108,6 +109,21 @@ class FtEvalConfig:
 
 
 @dataclass
+class FtEmbeddingConfig:
+    """`--task embedding`: how a text becomes one vector, and how sharply the contrastive loss ranks them."""
+
+    pooling: Literal["mean", "cls"] = "mean"
+    """The mean of the final token states (sentence-transformers' default, all-MiniLM-L6-v2's) or the first token's
+    ([CLS]); the registered sentence-transformers model pools the same way."""
+    temperature: float = 0.05
+    """Cosine similarities are divided by this in the InfoNCE loss (MultipleNegativesRankingLoss's scale 20)."""
+
+    def __post_init__(self) -> None:
+        _check(self.pooling in ("mean", "cls"), f"embedding.pooling {self.pooling!r} is not mean or cls")
+        _check(0 < self.temperature <= 1, f"embedding.temperature {self.temperature} is not in (0, 1]")
+
+
+@dataclass
 class FtTuneConfig:
     """An LR sweep with Ray Tune (`pipeline.finetune.sweep`); no LRs = one run at train.lr."""
 
@@ -159,6 +175,7 @@ class FinetuneConfig:
     eval: FtEvalConfig = field(default_factory=FtEvalConfig)
     tracking: FtTrackingConfig = field(default_factory=FtTrackingConfig)
     tune: FtTuneConfig = field(default_factory=FtTuneConfig)
+    embedding: FtEmbeddingConfig = field(default_factory=FtEmbeddingConfig)
 
     def flat(self) -> dict[str, Any]:
         return flatten(asdict(self))
@@ -166,7 +183,7 @@ class FinetuneConfig:
 
 FT_SECTIONS: dict[str, type] = {
     "data": FtDataConfig, "model": FtModelConfig, "train": FtTrainConfig, "eval": FtEvalConfig, "tracking": FtTrackingConfig,
-    "tune": FtTuneConfig,
+    "tune": FtTuneConfig, "embedding": FtEmbeddingConfig,
 }
 
 # `train.lr: auto`: the peak LR by hidden size, the largest key <= the model's. BERT-base's 5e-5 (Devlin et al.) is
@@ -192,7 +209,7 @@ def resolve_lr(lr: float | str, hidden_size: int) -> tuple[float, str]:
 
 
 def load_finetune_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> FinetuneConfig:
-    """YAML (sections data/model/train/eval/tracking/tune) plus `--section.field value` overrides.
+    """YAML (sections data/model/train/eval/tracking/tune/embedding) plus `--section.field value` overrides.
 
     >>> load_finetune_config(None, ["--train.max_steps", "20", "--data.max_seq_length", "64"]).train.max_steps
     20

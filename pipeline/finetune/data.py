@@ -9,6 +9,9 @@ function pads each batch to its longest row (`pad_batch`).
   `only_second` truncation with `stride` and its `overflowing` encodings, as transformers' run_qa.py gets them;
   the question is first cut to `max_query_length` tokens. A training window that does not contain the whole
   answer (or a v2 unanswerable question) points at [CLS].
+- Embeddings: each text alone, `[CLS] text [SEP]` (`encode_texts`); a training row is a query with its positive (and
+  hard negative), collated by `pipeline.finetune.embedding.pair_batch`; evaluation keeps the BEIR set's corpus and
+  qrels (`RetrievalEval`).
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ import numpy as np
 
 from pipeline.data.tokenizer import VocabError, load_tokenizer
 from pipeline.finetune.readers import (FinetuneDataError, QAExample, TaggedSentence, TextExample, check_tags,
-                                       infer_labels, label_ids, read_classification, read_conll, read_squad,
-                                       tag_labels)
+                                       infer_labels, label_ids, read_beir, read_classification, read_conll,
+                                       read_pairs, read_squad, tag_labels)
 
 IGNORE_INDEX = -100
 
@@ -125,6 +128,17 @@ def encode_qa(
     return feats, windows
 
 
+def encode_texts(tok, texts: list[str], max_seq_length: int) -> list[list[int]]:
+    """`[CLS] text [SEP]` ids of each text, cut to `max_seq_length` (what sentence-transformers' tokenizer call gives).
+
+    Embedding tasks pass no segment ids: every text is segment 0, a BERT's default."""
+    tok.enable_truncation(max_seq_length)
+    try:
+        return [enc.ids for enc in tok.encode_batch(texts)]
+    finally:
+        tok.no_truncation()
+
+
 def pad_batch(rows: dict[str, list], idx: list[int] | np.ndarray, pad_id: int = 0) -> dict[str, np.ndarray]:
     """Pad the selected rows of each per-token feature to the batch's longest; add `attention_mask`.
 
@@ -158,6 +172,19 @@ def pad_batch(rows: dict[str, list], idx: list[int] | np.ndarray, pad_id: int = 
 
 
 @dataclass
+class RetrievalEval:
+    """An embedding task's evaluation set, tokenized: queries (`TaskData.eval["input_ids"]`, in this order), every
+    document of the corpus, and the relevant documents of each query."""
+
+    query_ids: list[str]
+    doc_ids: list[str]
+    corpus: list[list[int]]
+    """Token ids of each document, in `doc_ids` order."""
+    qrels: dict[str, dict[str, int]]
+    """Query id -> {document id: relevance > 0}."""
+
+
+@dataclass
 class TaskData:
     """Tokenized train and eval features plus what evaluation needs to map predictions back to examples."""
 
@@ -171,6 +198,7 @@ class TaskData:
     eval_contexts: dict[str, str] = field(default_factory=dict)  # QA: context per question id
     eval_answers: dict[str, list[str]] = field(default_factory=dict)  # QA: gold texts per question id
     version_2: bool = False
+    retrieval: RetrievalEval | None = None  # embedding task: what the eval queries are searched against
 
     @property
     def num_labels(self) -> int:
@@ -243,5 +271,21 @@ def prepare_task(
         td.eval_answers = {e.qid: [a["text"] for a in e.answers] for e in ev}
         td.version_2 = v2
         return td
+    if task == "embedding":
+        # train: a query's ids in input_ids, its positive's (and hard negative's) beside them; eval: the BEIR set's
+        # queries (the first max_eval_examples that have a relevant document) against its whole corpus
+        pairs = subset(read_pairs(train_path), max_train_examples, True)
+        beir = read_beir(eval_path)
+        qids = list(beir.queries)[:max_eval_examples]
+        train = {"input_ids": encode_texts(tok, [p.query for p in pairs], max_seq_length),
+                 "positive_ids": encode_texts(tok, [p.positive for p in pairs], max_seq_length)}
+        if pairs[0].negative is not None:
+            train["negative_ids"] = encode_texts(tok, [p.negative or "" for p in pairs], max_seq_length)
+        td = TaskData(task, train, {"input_ids": encode_texts(tok, [beir.queries[q] for q in qids], max_seq_length)},
+                      problem_type="embedding")
+        td.retrieval = RetrievalEval(qids, list(beir.corpus), encode_texts(tok, list(beir.corpus.values()),
+                                                                            max_seq_length),
+                                     {q: beir.qrels[q] for q in qids})
+        return td
     raise FinetuneDataError(f"unknown task {task!r} (sequence-classification, sentence-pair-classification, "
-                            "token-classification, question-answering)")
+                            "token-classification, question-answering, embedding)")

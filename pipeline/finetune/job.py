@@ -1,4 +1,5 @@
-"""Fine-tuning on Ray Train: sequence classification, token classification and extractive QA from a checkpoint.
+"""Fine-tuning on Ray Train: sequence classification, token classification, extractive QA and sentence embeddings
+from a checkpoint.
 
 `run_finetune(cfg, source, task, train, eval)` is the whole job; `jobs/finetune.py` is its command line.
 
@@ -15,6 +16,9 @@
    the best epoch's model in every checkpoint under `train.storage_path`.
 4. The driver adds the tokenizer files and registers the best model (HF directory, safetensors) with tags
    naming the source model version and the pretraining run. A failed run ends FAILED, an interrupted one KILLED.
+   An embedding model (`--task embedding`, `pipeline.finetune.embedding`) is registered as a sentence-transformers
+   model too, after its retrieval metrics are measured again with the corpus embedded on the cluster
+   (`pipeline.finetune.retrieval.evaluate_on_cluster`): those are the job's metrics.
 
 The peak LR is `train.lr`, by default `auto` (`pipeline.finetune.config.resolve_lr`: by the model's hidden size). With `tune.lr`
 set, steps 3-4 become a Ray Tune sweep (`pipeline.finetune.sweep`): one trial per LR, each through the same
@@ -46,8 +50,10 @@ if TYPE_CHECKING:
 
 # torch, mlflow, scikit-learn and the loop are imported where training starts: bad input fails in a second or two
 
-TASKS = ("sequence-classification", "sentence-pair-classification", "token-classification", "question-answering")
-"""`sentence-pair-classification` is sequence classification that requires two text columns (sentence1, sentence2)."""
+TASKS = ("sequence-classification", "sentence-pair-classification", "token-classification", "question-answering",
+         "embedding")
+"""`sentence-pair-classification` is sequence classification that requires two text columns (sentence1, sentence2);
+`embedding` trains sentence embeddings on query/positive pairs and evaluates them by retrieval on a BEIR set."""
 DEFAULT_SCRATCH_TOKENIZER = "models:/bert-pretrain@latest-pretrain"
 
 
@@ -108,7 +114,7 @@ def resolve_source(spec: str, tokenizer: str | None = None, download_dir: str | 
 
 def build_model(source: Source, task: str, td: TaskData, overrides: dict[str, Any], vocab_size: int) -> torch.nn.Module:
     """The head class for `task` of the source's family (BERT or ModernBERT, `model.build`) with the source's
-    weights (or random for scratch) and the task's labels."""
+    weights (or random for scratch) and the task's labels; for `embedding` the bare encoder."""
     from model.build import build_model as build, load_model
     from model.config import encoder_config
 
@@ -118,6 +124,8 @@ def build_model(source: Source, task: str, td: TaskData, overrides: dict[str, An
         head["problem_type"] = td.problem_type
     if task == "question-answering":
         head = {"num_labels": 2, "id2label": None}
+    if task == "embedding":
+        head = {}  # the bare encoder (the family's `embedding` class): no head to initialise
     if source.model_dir is None:
         return build(encoder_config(source.preset, vocab_size=vocab_size, **head, **overrides), task)
     model = load_model(source.model_dir, task, **head, **overrides)
@@ -130,7 +138,7 @@ def build_model(source: Source, task: str, td: TaskData, overrides: dict[str, An
 # evaluation (pure: model + features -> metrics)
 
 _TASK_SHORT = {"sequence-classification": "cls", "sentence-pair-classification": "pair", "token-classification": "tok",
-               "question-answering": "qa"}
+               "question-answering": "qa", "embedding": "emb"}
 
 
 def run_name_for(task: str, source: Source) -> str:

@@ -2,7 +2,9 @@
 checkpoint. Optimisation, precision, the step (accumulation, clipping), checkpoints and the launcher are the
 ones pretraining uses (`pipeline.core`); what is fine-tuning's own is the data order (`epoch_micro_batches`),
 the training figures (`counts`, `summarise`) and evaluation on rank 0 after each epoch (`evaluate`, with
-`pipeline.finetune.metrics`).
+`pipeline.finetune.metrics`). An embedding task trains its encoder inside `pipeline.finetune.embedding`'s
+`ContrastiveModel` (its batches, loss and figures are that module's) and evaluates by retrieval
+(`pipeline.finetune.retrieval`).
 
 Every checkpoint holds what an exact resume needs (weights, optimizer, scheduler, scaler, RNGs, and the data
 position: epoch and micro-batch index) plus, in `best/`, the best epoch's model as a transformers directory with
@@ -50,14 +52,16 @@ def micro_batches_per_epoch(n_train: int, world: int, batch_size: int) -> int:
 
 
 def epoch_micro_batches(rows: dict[str, list], epoch: int, rank: int, world: int, batch_size: int, seed: int,
-                        start: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+                        start: int = 0, collate: Callable = pad_batch) -> Iterator[dict[str, torch.Tensor]]:
     """This rank's padded micro-batches of `epoch` from micro-batch `start` on. The permutation is the same on
-    every rank (seeded by seed + epoch) and each rank takes its stride, so a resumed epoch continues exactly."""
+    every rank (seeded by seed + epoch) and each rank takes its stride, so a resumed epoch continues exactly, and
+    every rank's k-th micro-batch has as many rows (what the embedding task's gather needs). `collate(rows, idx)`
+    pads a micro-batch (an embedding task's is `pipeline.finetune.embedding.pair_batch`)."""
     n = len(rows["input_ids"])
     perm = np.random.default_rng(seed + epoch).permutation(n)[: (n // world) * world]
     mine = perm[rank::world]
     for b in range(start * batch_size, len(mine), batch_size):
-        yield {k: torch.as_tensor(v) for k, v in pad_batch(rows, mine[b : b + batch_size]).items()}
+        yield {k: torch.as_tensor(v) for k, v in collate(rows, mine[b : b + batch_size]).items()}
 
 
 def counts(out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -85,7 +89,11 @@ def summarise(c: torch.Tensor) -> dict[str, float]:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, td: TaskData, cfg: Any, device: torch.device | str = "cpu") -> dict[str, float]:
-    """Eval metrics of `model` on `td.eval` (classification/regression, entities, or SQuAD EM/F1)."""
+    """Eval metrics of `model` on `td.eval` (classification/regression, entities, SQuAD EM/F1, or retrieval)."""
+    if td.task == "embedding":
+        from pipeline.finetune.retrieval import evaluate as evaluate_retrieval
+
+        return evaluate_retrieval(model, td, cfg, device)
     was_training = model.training
     model.eval()
     n = len(td.eval["input_ids"])
@@ -172,7 +180,9 @@ class BestModel:
         self.info: dict[str, float] = {}
 
     def update(self, model: torch.nn.Module, ev: dict[str, float], epoch: int, step: int) -> None:
-        self.model = copy.deepcopy(unwrap(model)).cpu()
+        from pipeline.finetune.embedding import encoder_of
+
+        self.model = copy.deepcopy(encoder_of(unwrap(model))).cpu()  # what is saved: an embedding task's encoder
         self.info = {**ev, "epoch": epoch, "step": step}
 
     def load(self, checkpoint_dir: str, cls: type) -> None:
@@ -199,6 +209,7 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
     import ray.train
 
     from model.build import rebuild
+    from pipeline.finetune.embedding import encoder_of
 
     cfg, primary, on_step = h.cfg, h.primary, h.on_step
     td: TaskData = ray.get(h.data_ref)
@@ -210,6 +221,12 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
     init = ray.get(h.init_ref)  # the driver's model: class name, config, initial weights
     model = rebuild(init["class"], init["config"])
     model.load_state_dict(init["state_dict"])
+    collate, task_counts = pad_batch, counts
+    if td.task == "embedding":  # the encoder inside the model that scores in-batch negatives; DDP wraps that
+        from pipeline.finetune import embedding
+
+        model = embedding.ContrastiveModel(model, cfg.embedding.pooling, cfg.embedding.temperature)
+        collate, task_counts = embedding.pair_batch, embedding.counts
     model = cluster.prepare_model(model)
     micro = micro_batches_per_epoch(len(td.train["input_ids"]), world, tc.batch_size)
     per_epoch = steps_per_epoch(len(td.train["input_ids"]), world, tc.batch_size, tc.accumulation_steps)
@@ -220,7 +237,8 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
     best_model = BestModel()
     # on rank 0 the best model is read first: building its copy draws from the RNGs that the restore then sets
     state, pending = resume(ray.train.get_checkpoint(), rank, t, {"step": 0, "best": None, "position": {"epoch": 1, "micro": 0}},
-                            seed=tc.seed, run_id=h.run_id, on_rank0=lambda d: best_model.load(d, type(unwrap(model))))
+                            seed=tc.seed, run_id=h.run_id,
+                            on_rank0=lambda d: best_model.load(d, type(encoder_of(unwrap(model)))))
     log = None
     if rank == 0 and h.run_id:  # mlflow loads on the logging rank only (seconds of CPU per process)
         from pipeline.tracking import RunLogger
@@ -233,11 +251,11 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
     figures = TrainFigures()  # sums stay on the device between the steps that read them
     model.train()
     while step < total:
-        batches = epoch_micro_batches(td.train, epoch, rank, world, tc.batch_size, tc.seed, start=done)
+        batches = epoch_micro_batches(td.train, epoch, rank, world, tc.batch_size, tc.seed, start=done, collate=collate)
         while step < total and done < micro:
             k = min(tc.accumulation_steps, micro - done)  # the epoch's last step may have fewer micro-batches
             step, done = step + 1, done + k
-            figures.add(train_step(t, batches, accumulation=k, counts=counts, summarise=summarise, device=device,
+            figures.add(train_step(t, batches, accumulation=k, counts=task_counts, summarise=summarise, device=device,
                                    precision=tc.precision, max_grad_norm=tc.max_grad_norm), step)
             end_of_epoch = done == micro or step == total
             checkpointing = end_of_epoch or (tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0)

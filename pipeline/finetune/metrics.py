@@ -17,6 +17,7 @@ would change the printed metrics, and gives NaN with a warning where this gives 
   evaluation scripts (max over gold answers; an unanswerable question's gold is `[""]`, as the v2.0 script),
   n-best span decoding over strided windows with a maximum answer length, and SQuAD v2's no-answer rule
   (predict "" when null score − best span score > threshold).
+- Retrieval: nDCG@10, MRR@10 and recall@100 of a ranking, trec_eval's (pytrec_eval, BEIR's evaluator).
 """
 
 from __future__ import annotations
@@ -300,10 +301,42 @@ def best_null_threshold(
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# retrieval
+
+RETRIEVAL_MEASURES = {"ndcg@10": "ndcg_cut_10", "mrr@10": "recip_rank", "recall@100": "recall_100"}
+"""Our names (the embedding job's contract) -> trec_eval's measures; MRR@10 is trec_eval's reciprocal rank of
+the ranking cut at 10."""
+
+
+def retrieval_metrics(qrels: dict[str, dict[str, int]], run: dict[str, dict[str, float]]) -> dict[str, float]:
+    """`ndcg@10`, `mrr@10` and `recall@100`, each the mean over the queries of `qrels`, computed by trec_eval
+    (pytrec_eval, as BEIR does): nDCG with linear gains (the relevance grade) and log2 discounts; a query absent
+    from `run` scores 0. `run` is {query: {document: score}}, ranked by score (at least each query's top 100).
+
+        >>> r = retrieval_metrics({"q": {"a": 1, "c": 2}}, {"q": {"a": 0.9, "b": 0.8, "c": 0.7}})
+        >>> round(r["ndcg@10"], 4), r["mrr@10"]
+        (0.7602, 1.0)
+
+    (DCG 1/log2(2) + 2/log2(4) = 2 against the ideal 2 + 1/log2(3) = 2.631: 0.760; the first relevant at rank 1:
+    MRR 1.)
+    """
+    import pytrec_eval
+
+    top10 = {q: dict(sorted(d.items(), key=lambda kv: -kv[1])[:10]) for q, d in run.items()}
+    deep = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recall.100"}).evaluate(run)
+    rr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(top10)
+    out = {}
+    for name, measure in RETRIEVAL_MEASURES.items():
+        per_query = rr if measure == "recip_rank" else deep
+        out[name] = sum(per_query.get(q, {}).get(measure, 0.0) for q in qrels) / max(1, len(qrels))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # the metric that picks the best epoch and trial
 
 PRIMARY = {"sequence-classification": "accuracy", "sentence-pair-classification": "accuracy", "token-classification": "f1",
-           "question-answering": "f1"}
+           "question-answering": "f1", "embedding": "ndcg@10"}
 
 
 def primary_metric(task: str, problem_type: str) -> str:

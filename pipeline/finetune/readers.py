@@ -8,6 +8,9 @@ the row (1-based line number for text files, question id for SQuAD) and the prob
 - Token classification: CoNLL (token first column, tag last column, blank line between sentences, `-DOCSTART-`
   skipped).
 - QA: SQuAD v1.1/v2.0.
+- Embeddings: training pairs (`query`, `positive` [, `negative`] columns, in any of the table formats) and
+  retrieval sets in BEIR's layout (`corpus.jsonl`, `queries.jsonl`, `qrels/<split>.tsv`), whose qrels may name
+  only documents and queries that exist.
 
 Why not `datasets` (considered in issue 31): `import datasets` took 3.3 s here (pandas, multiprocess, the hub
 client), its CSV/JSON loaders go through a builder that writes an Arrow cache under ~/.cache/huggingface for every
@@ -282,3 +285,123 @@ def read_squad(path: str | Path) -> tuple[list[QAExample], bool]:
     if not out:
         raise _err(path, None, "no questions")
     return out, v2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# sentence embeddings: training pairs and BEIR retrieval sets
+
+
+@dataclass
+class PairExample:
+    query: str
+    positive: str
+    negative: str | None
+    row: int
+
+
+PAIR_COLUMNS = ("query", "positive")
+
+
+def read_pairs(path: str | Path) -> list[PairExample]:
+    """Training pairs of a TSV/CSV/JSONL file with columns `query`, `positive` and optionally `negative` (a hard
+    negative: then every row has one). Every text must be non-empty."""
+    path = str(path)
+    rows = _read_rows(path)
+    with_negative = "negative" in rows[0][1]
+    out = []
+    for line, row in rows:
+        cols = [*PAIR_COLUMNS, "negative"] if with_negative else list(PAIR_COLUMNS)
+        missing = [c for c in cols if c not in row]
+        if missing:
+            raise _err(path, line, f"missing column(s) {', '.join(missing)}; has {', '.join(map(str, row))} "
+                                   "(a pairs file has query, positive [, negative])")
+        for c in cols:
+            if not isinstance(row[c], str) or not row[c].strip():
+                raise _err(path, line, f"empty or non-text {c!r}")
+        out.append(PairExample(row["query"], row["positive"], row["negative"] if with_negative else None, line))
+    return out
+
+
+@dataclass
+class BeirSet:
+    """A retrieval set in BEIR's layout: every document, the queries that have a relevant document in the qrels
+    (in queries.jsonl's order), and the qrels (query id -> {document id: relevance > 0})."""
+
+    corpus: dict[str, str]
+    """Document id -> its text: BEIR's `(title + " " + text).strip()`."""
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+
+
+def beir_files(path: str | Path) -> tuple[str, str, str]:
+    """(corpus.jsonl, queries.jsonl, qrels file) of a BEIR directory (its `qrels/test.tsv`) or of a qrels file
+    inside one (`DIR/qrels/dev.tsv`: another split of the same corpus and queries).
+
+    >>> beir_files("data/scifact")
+    ('data/scifact/corpus.jsonl', 'data/scifact/queries.jsonl', 'data/scifact/qrels/test.tsv')
+    >>> beir_files("data/scifact/qrels/dev.tsv")[2]
+    'data/scifact/qrels/dev.tsv'
+    """
+    path = str(path).rstrip("/")
+    if path.endswith(".tsv"):
+        root, qrels = posixpath.dirname(posixpath.dirname(path)), path
+    else:
+        root, qrels = path, posixpath.join(path, "qrels", "test.tsv")
+    return posixpath.join(root, "corpus.jsonl"), posixpath.join(root, "queries.jsonl"), qrels
+
+
+def _read_ids(path: str, what: str) -> dict[str, tuple[str, int]]:
+    """{_id: (text, line)} of a BEIR corpus or queries file; its text is `title text` for a document."""
+    out: dict[str, tuple[str, int]] = {}
+    for line, obj in _read_rows(path):
+        if not isinstance(obj.get("_id"), (str, int)) or str(obj["_id"]) == "":
+            raise _err(path, line, "missing '_id'")
+        if not isinstance(obj.get("text"), str):
+            raise _err(path, line, "missing 'text'")
+        title = obj.get("title") or ""
+        if not isinstance(title, str):
+            raise _err(path, line, "'title' is not a string")
+        key = str(obj["_id"])
+        if key in out:
+            raise _err(path, line, f"_id {key!r} again (first at row {out[key][1]})")
+        out[key] = ((title + " " + obj["text"]).strip(), line)
+    if not out:
+        raise _err(path, None, f"no {what}")
+    return out
+
+
+def read_beir(path: str | Path) -> BeirSet:
+    """Read and check a BEIR set (`beir_files`): unique ids, and qrels (header `query-id corpus-id score`, integer
+    scores) that name only documents and queries that exist, with at least one relevant (score > 0) pair."""
+    corpus_file, queries_file, qrels_file = beir_files(path)
+    corpus = _read_ids(corpus_file, "documents")
+    queries = _read_ids(queries_file, "queries")
+    text = _read_text(qrels_file)
+    qrels: dict[str, dict[str, int]] = {}
+    header = None
+    for i, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        fields = line.rstrip("\r").split("\t")
+        if header is None:
+            header = fields
+            if [f.strip() for f in fields] != ["query-id", "corpus-id", "score"]:
+                raise _err(qrels_file, i, f"header {line.strip()!r} is not 'query-id<TAB>corpus-id<TAB>score'")
+            continue
+        if len(fields) != 3:
+            raise _err(qrels_file, i, f"malformed row: {len(fields)} fields, not 3 (tab-separated)")
+        qid, did, score = (f.strip() for f in fields)
+        if qid not in queries:
+            raise _err(qrels_file, i, f"query-id {qid!r} is not in {queries_file}")
+        if did not in corpus:
+            raise _err(qrels_file, i, f"corpus-id {did!r} is not in {corpus_file}")
+        try:
+            rel = int(score)
+        except ValueError:
+            raise _err(qrels_file, i, f"score {score!r} is not an integer") from None
+        if rel > 0:
+            qrels.setdefault(qid, {})[did] = rel
+    if not qrels:
+        raise _err(qrels_file, None, "no relevant (score > 0) query-document pair")
+    return BeirSet({k: t for k, (t, _) in corpus.items()}, {k: t for k, (t, _) in queries.items() if k in qrels},
+                   {q: qrels[q] for q in queries if q in qrels})

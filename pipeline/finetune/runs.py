@@ -92,6 +92,9 @@ class Job:
     def log_task_files(self, logger) -> None:
         """The run's Datasets panel: the training file (context `training`) and the evaluation file (`eval`), each
         with its sha256 and what was made of it (pipeline.tracking.lineage)."""
+        import hashlib
+
+        from pipeline.finetune.readers import beir_files
         from pipeline.storage.io import sha256_file
         from pipeline.tracking.lineage import PreparedData, log_datasets
 
@@ -100,17 +103,36 @@ class Job:
             path = self.tags[key]
             profile = {"task": self.task, "features": len(feats["input_ids"]),
                        "labels": [self.td.id2label[k] for k in sorted(self.td.id2label)]}
-            entries.append((PreparedData(path, os.path.basename(path), sha256_file(path), None, profile), context))
+            if self.task == "embedding" and key == "eval_file":  # a BEIR set: the sha256 of its files' sha256s
+                sha = hashlib.sha256(" ".join(sha256_file(f) for f in beir_files(path)).encode()).hexdigest()
+                profile["documents"] = len(self.td.retrieval.doc_ids)
+            else:
+                sha = sha256_file(path)
+            entries.append((PreparedData(path, os.path.basename(path), sha, None, profile), context))
         log_datasets(logger.client, logger.run_id, entries)
 
     def export(self, checkpoint) -> tuple[dict[str, float], Path]:
-        """The best epoch's model out of a run's final checkpoint, with the tokenizer: (its eval metrics, directory)."""
+        """The best epoch's model out of a run's final checkpoint, with the tokenizer: (its eval metrics, directory).
+        An embedding model's directory is made a sentence-transformers model too, and its metrics are measured again
+        with the corpus embedded on the cluster (`pipeline.finetune.retrieval.evaluate_on_cluster`)."""
         out = Path(self.output_dir or os.path.join(self.work, "model"))
         out.mkdir(parents=True, exist_ok=True)
         with checkpoint.as_directory() as ck:
             shutil.copytree(os.path.join(ck, "best"), out, dirs_exist_ok=True)
         _copy_tokenizer(self.source.tokenizer_path, out)
-        return json.loads((out / "eval_metrics.json").read_text()), out
+        best = json.loads((out / "eval_metrics.json").read_text())
+        if self.task == "embedding":  # a sentence-transformers model too, scored with its corpus embedded on Ray Data
+            from pipeline.finetune.embedding import export_sentence_transformers
+            from pipeline.finetune.metrics import RETRIEVAL_MEASURES
+            from pipeline.finetune.retrieval import evaluate_on_cluster
+
+            export_sentence_transformers(out, self.cfg.embedding.pooling, self.cfg.data.max_seq_length)
+            final = evaluate_on_cluster(str(out), self.tags["eval_file"], self.cfg)
+            print("[finetune] the best epoch's model, its corpus embedded on the cluster: " + ", ".join(
+                f"{k} {final[k]:.4f} (in training {best[k]:.4f})" for k in RETRIEVAL_MEASURES), flush=True)
+            best = {**best, **final}
+            (out / "eval_metrics.json").write_text(json.dumps(best, indent=1))
+        return best, out
 
     def register(self, out: Path, best: dict[str, float], run_id: str, logger, tags: dict[str, str] | None = None) -> str | None:
         """Register `out` as a new version made by run `run_id` (lineage tags, alias); None when registering is off."""
@@ -120,8 +142,10 @@ class Job:
         if not tr.register:
             return None
         name = tr.model_name or f"bert-finetune-{self.task}"
+        own = {"pooling": self.cfg.embedding.pooling} if self.task == "embedding" else {}
         version = tracking.register_hf_model(
-            str(out), name, tr.alias, {**self.source.tags, "task": self.task, "run_id": run_id,
-                                       f"eval_{self.primary}": f"{best[self.primary]:.6g}", **(tags or {})}, run_id)
+            str(out), name, tr.alias, {**self.source.tags, "task": self.task, "run_id": run_id, **own,
+                                       tracking.metric_key(f"eval_{self.primary}"): f"{best[self.primary]:.6g}",
+                                       **(tags or {})}, run_id)
         logger.set_tags({"registered_model": f"models:/{name}/{version}"})
         return f"models:/{name}/{version}"

@@ -25,7 +25,7 @@ _WHERE = {
     **dict.fromkeys(["TrackingError", "artifact_root", "check_tracking_server", "client", "redact", "tracking_uri"],
                     "server"),
     **dict.fromkeys(["EXPERIMENT_KIND", "Progress", "RunLogger", "end_attempt_runs", "experiment_id", "find_run",
-                     "newest_run_tagged", "run_exists", "run_name", "start_run"], "runs"),
+                     "metric_key", "newest_run_tagged", "run_exists", "run_name", "start_run"], "runs"),
     **dict.fromkeys(["download_model", "fetch_registered", "find_version", "model_version_info", "register_hf_model",
                      "version_description", "write_tokenizer_config"], "registry"),
 }

@@ -214,6 +214,16 @@ class Progress:
         return line
 
 
+def metric_key(name: str) -> str:
+    """A metric's name as MLflow keys it: MLflow's names take no `@`, so the retrieval metrics' contract names
+    (`ndcg@10`, the JSON lines' and the suites') are logged as `ndcg_at_10`.
+
+    >>> metric_key("eval/ndcg@10"), metric_key("eval/accuracy")
+    ('eval/ndcg_at_10', 'eval/accuracy')
+    """
+    return name.replace("@", "_at_")
+
+
 class RunLogger:
     """Logs into one existing run (rank 0 of the Train workers, or the driver). Never logs a metric step twice.
 
@@ -284,8 +294,10 @@ class RunLogger:
         return self._last_step[key]
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Log `metrics` at `step`, dropping keys already logged at this or a later step (a recomputed step)."""
+        """Log `metrics` at `step`, dropping keys already logged at this or a later step (a recomputed step); names
+        go in as `metric_key` writes them."""
         ts = int(time.time() * 1000)
+        metrics = {metric_key(k): v for k, v in metrics.items()}
         if self.outbox is not None:  # the outbox drops what the server already has when it sends
             rows = [(k, float(v), ts, int(step)) for k, v in metrics.items()
                     if v is not None and step > self._last_step.get(k, -1)]
