@@ -46,6 +46,16 @@ def parser():
     return ap
 
 
+def _tokenizer_row(t: dict | None) -> str:
+    """The manifest's tokenizer entry in one line: kind, size and its report (pipeline.data.tokenizer)."""
+    from pipeline.data.tokenizer import report_line
+
+    if not t:
+        return "-"
+    return (f"{t['kind']}, {t['vocab_size']} tokens ({t['unused_tokens']} unused)"
+            + (f"; {report_line(t['report'])}" if t.get("report") else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -96,6 +106,7 @@ def run(data, num_cpus: int | None) -> int:
         ("masked tokens", str(s["masked_tokens"])),
         ("nsp random fraction", "-" if s["nsp_random_fraction"] is None else f"{s['nsp_random_fraction']:.4f}"),
         ("shards (rows)", f"{len(v.shards)} ({', '.join(str(r) for _, r in v.shards)})"),
+        ("tokenizer", _tokenizer_row(v.manifest.get("tokenizer"))),
         ("config_hash", v.config_hash[:16]),
         ("manifest", v.file("manifest.json")),
     ]

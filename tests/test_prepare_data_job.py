@@ -116,15 +116,21 @@ def test_full_corpus_end_to_end_rerun_and_killed_resume(repo_root, shared_dir, m
 
 
 @pytest.mark.slow
-def test_trained_vocab_and_shards_identical_in_independent_runs(repo_root, shared_dir, tmp_path):
-    """Two separate jobs (each its own Ray, its own hash seeds) training a vocabulary: the same bytes."""
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_trained_vocab_and_shards_identical_in_independent_runs(repo_root, shared_dir, tmp_path, kind):
+    """Two separate jobs (each its own Ray, its own hash seeds) training a vocabulary of each kind: the same bytes,
+    and the manifest says which kind, with its report."""
     books = shared_dir / "corpora/books"
     outs = [tmp_path / "a", tmp_path / "b"]
     for out in outs:
         p = _run(repo_root, "--input", books / "08_Ruth.txt", "--input", books / "31_Obad.txt", "--input",
-                 books / "57_Phmn.txt", "--output", out, "--vocab-size", "1500", "--num-cpus", "2")
+                 books / "57_Phmn.txt", "--output", out, "--vocab-size", "1500", "--num-cpus", "2", "--tokenizer", kind)
         assert p.returncode == 0, p.stderr[-3000:]
     a, b = outs
+    t = json.loads((a / "manifest.json").read_text())["tokenizer"]
+    assert t["kind"] == kind and t["trained"] and (kind == "wordpiece" or t["vocab_size"] % 64 == 0)
+    assert t["report"]["fertility"] >= 1 and (kind != "bpe" or t["report"]["unknown_rate"] == 0)
+    assert "tokenizer   " in p.stdout and f"{kind}, {t['vocab_size']} tokens" in p.stdout
     for name in ("vocab.txt", "tokenizer.json", "vocab.meta.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     assert _shard_hashes(a) == _shard_hashes(b) and len(_shard_hashes(a)) >= 1

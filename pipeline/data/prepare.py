@@ -86,13 +86,15 @@ def output_config_hash(cfg: DataConfig, fingerprint: list, vocab_source: str | N
 
 
 def _tokenizer_entry(cfg: DataConfig, vocab: list[str]) -> dict[str, Any]:
-    """What the manifest says of the tokenizer: its kind, whether it was trained, its size and the [unusedN]
-    tokens that round a trained bpe/unigram vocabulary up to a multiple of 64."""
+    """What the manifest says of the tokenizer: its kind, whether it was trained, its size, the [unusedN] tokens
+    that round a trained bpe/unigram vocabulary up to a multiple of 64, and its report on held-out text."""
     from tokenizers import Tokenizer
 
     kind = tokenizer_kind(Tokenizer.from_str(read_bytes(join(cfg.output, "tokenizer.json")).decode("utf-8")))
     unused = sum(1 for t in vocab if t.startswith("[unused") and t.endswith("]"))
-    return {"kind": kind, "trained": not cfg.vocab, "vocab_size": len(vocab), "unused_tokens": unused}
+    meta = join(cfg.output, "vocab.meta.json")  # the report the vocab stage measured (pipeline/data/stages.py)
+    report = json.loads(read_bytes(meta)).get("report") if filesystem(meta)[0].exists(meta) else None
+    return {"kind": kind, "trained": not cfg.vocab, "vocab_size": len(vocab), "unused_tokens": unused, "report": report}
 
 
 def work_dir(cfg: DataConfig, chash: str, vocab_sha: str) -> str:

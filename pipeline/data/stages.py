@@ -151,6 +151,38 @@ def _sample_texts(p: Plan) -> Any:
                     break
 
 
+REPORT_CHARS = 2_000_000  # text the tokenizer report reads: enough for stable figures, a few seconds to encode
+
+
+def _report_texts(p: Plan) -> tuple[list[str], bool]:
+    """(texts, held_out) for the tokenizer report: what follows the training sample in each input file, up to
+    REPORT_CHARS in file order; when the sample holds the whole corpus, the sample's first REPORT_CHARS
+    (held_out false: the figures are then measured on training text)."""
+    budget = p.cfg.vocab_sample_chars // max(1, len(p.files)) + 1
+    out, total = [], 0
+    for f in p.files:
+        used = 0
+        for item in read_documents(f, p.cfg.text_column, wiki_options(p.cfg)):
+            if not isinstance(item, Document):
+                continue
+            text = item.text[max(0, budget - used):] if used + len(item.text) > budget else ""
+            used += len(item.text)
+            if text:
+                out.append(text[: REPORT_CHARS - total])
+                total += len(out[-1])
+            if total >= REPORT_CHARS:
+                return out, True
+    if out:
+        return out, True
+    sample, total = [], 0
+    for text in _Sample(p):
+        sample.append(text[: REPORT_CHARS - total])
+        total += len(sample[-1])
+        if total >= REPORT_CHARS:
+            break
+    return sample, False
+
+
 def run_vocab(p: Plan) -> dict[str, Any]:
     """Load the given vocabulary or train one; write vocab.txt + tokenizer.json (+ a key marker) to the output,
     holding the output's writer lock (a second writer fails at once, see `pipeline.storage.io.output_lock`)."""
@@ -159,7 +191,8 @@ def run_vocab(p: Plan) -> dict[str, Any]:
 
 
 def _run_vocab(p: Plan) -> dict[str, Any]:
-    from pipeline.data.tokenizer import load_tokenizer, tokenizer_json, train_tokenizer, vocab_bytes
+    from pipeline.data.tokenizer import (load_tokenizer, report_line, tokenizer_json, tokenizer_kind, tokenizer_report,
+                                         train_tokenizer, vocab_bytes)
 
     cfg = p.cfg
     fs, out = filesystem(cfg.output)
@@ -181,7 +214,10 @@ def _run_vocab(p: Plan) -> dict[str, Any]:
     write_bytes_atomic(join(cfg.output, "vocab.txt"), vb)
     tj = tokenizer_json(tok).encode()
     write_bytes_atomic(join(cfg.output, "tokenizer.json"), tj)
-    meta = {"key": p.vocab_key, "vocab_sha256": sha, "tokenizer_sha256": sha256_bytes(tj)}
+    texts, held_out = _report_texts(p)
+    report = {**tokenizer_report(tok, texts), "held_out": held_out}
+    log(f"vocab: {tokenizer_kind(tok)} of {tok.get_vocab_size()} tokens: {report_line(report)}")
+    meta = {"key": p.vocab_key, "vocab_sha256": sha, "tokenizer_sha256": sha256_bytes(tj), "report": report}
     write_bytes_atomic(join(cfg.output, "vocab.meta.json"), json.dumps(meta).encode())
     return _vocab_result(cfg, sha)
 

@@ -26,6 +26,7 @@ import string
 import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -387,6 +388,40 @@ def _train_unigram(texts: Iterable[str], vocab_size: int, lowercase: bool) -> To
                                                      byte_fallback=False)), lowercase)
     out.add_special_tokens(list(SPECIAL_TOKENS))
     return out
+
+
+def tokenizer_report(tok: Tokenizer, texts: Iterable[str]) -> dict[str, Any]:
+    """How a tokenizer cuts `texts` (a held-out slice): fertility (tokens per whitespace-separated word), UTF-8
+    bytes per token, the share of tokens that are the unknown token, and the share of the vocabulary used.
+
+        >>> tok = train_tokenizer(["the cat sat on the mat"] * 10, "wordpiece", vocab_size=128)
+        >>> r = tokenizer_report(tok, ["the cat sat", "the dog"])
+        >>> r["fertility"], r["unknown_rate"], r["words"], r["tokens"]
+        (1.0, 0.2, 5, 5)
+    """
+    texts = [t for t in texts if t]
+    unk = tok.token_to_id("[UNK]")
+    model_unk = (json.loads(tok.to_str()).get("model") or {}).get("unk_token")
+    unk = tok.token_to_id(model_unk) if model_unk else unk
+    words = sum(len(t.split()) for t in texts)
+    nbytes = sum(len(t.encode("utf-8")) for t in texts)
+    ids = np.fromiter(itertools.chain.from_iterable(
+        e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)), dtype=np.int64)
+    n = len(ids)
+    return {
+        "fertility": round(n / words, 4) if words else None,
+        "bytes_per_token": round(nbytes / n, 4) if n else None,
+        "unknown_rate": round(float((ids == unk).sum()) / n, 4) if n and unk is not None else 0.0,
+        "vocab_used": round(len(np.unique(ids)) / tok.get_vocab_size(), 4),
+        "words": words, "tokens": n, "bytes": nbytes,
+    }
+
+
+def report_line(r: dict[str, Any]) -> str:
+    """One line of `tokenizer_report`'s figures, for the console."""
+    return (f"fertility {r['fertility']} tokens/word, {r['bytes_per_token']} bytes/token, unknown "
+            f"{100 * r['unknown_rate']:.2f}%, vocabulary used {100 * r['vocab_used']:.1f}% "
+            f"({r['words']:,} words{'' if r.get('held_out', True) else ', inside the training sample'})")
 
 
 def tokenizer_kind(tok: Tokenizer) -> str:

@@ -277,6 +277,9 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
         print(init.describe(), flush=True)
     log = tracking.RunLogger(run_id, uri)
     log.log_params(cfg.flat())
+    if report := (first.manifest.get("tokenizer") or {}).get("report"):  # issue 57: the vocab stage's figures
+        log.log_metrics({f"tokenizer/{k}": float(report[k]) for k in ("fertility", "bytes_per_token", "unknown_rate",
+                                                                       "vocab_used") if report.get(k) is not None}, step=0)
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(d, "config.yaml"), "w") as f:
             yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
