@@ -48,6 +48,7 @@ ELSEWHERE = {
     "gpu/gpu_e2e.py": "tests/test_bench.py::test_gpu_e2e_script_reports_on_the_cpu",
     "gpu/gpu_e2e.sh": "tests/test_bench.py::test_gpu_e2e_script_reports_on_the_cpu",
     "gpu/gpu_step.sh": "tests/test_bench.py::test_gpu_step_script_runs_every_step_of_its_set",
+    "quality/retrieval.py": "tests/test_embedding.py::test_the_retrieval_bench_runs_at_its_smallest",
     "train/modernbert_step.py": "tests/test_modernbert_step_bench.py::test_every_implementation_steps_and_is_timed",
     "train/train_step.py": "tests/test_train_step_bench.py::test_tries_run_and_count_the_flops_of_their_own_model",
 }
@@ -141,16 +142,24 @@ def test_smallest_run(script, corpus, tmp_path):
 
 
 @pytest.mark.bench
-def test_gpu_step_script_runs_every_step_of_its_set(tmp_path):
-    """bench/gpu/gpu_step.sh's default set on the CPU, each run's interpreter a stand-in that records its command:
-    every run names a script that exists, within the budget; the scripts themselves run in their own tests."""
+@pytest.mark.parametrize("step_set", ["goals", "modernbert"])
+def test_gpu_step_script_runs_every_step_of_its_set(tmp_path, step_set):
+    """bench/gpu/gpu_step.sh's default set and issue 61's ModernBERT set on the CPU, each run's interpreter a stand-in
+    that records its command: every run names a script that exists, within the budget; the scripts themselves run
+    in their own tests (tests/test_modernbert_step_bench.py runs the ModernBERT set's attention table)."""
     fake = tmp_path / "python"
     fake.write_text('#!/bin/sh\necho "$@" >> "$OUT/commands"\ntest -f "$1"\n')
     fake.chmod(0o755)
     out = run(["bash", str(BENCH / "gpu/gpu_step.sh")], tmp_path, STEP_DEVICE="cpu", PYTHON=str(fake),
-              OUT=str(tmp_path), TMPDIR=str(tmp_path))
+              OUT=str(tmp_path), TMPDIR=str(tmp_path), STEP_SET=step_set)
     commands = (tmp_path / "commands").read_text().splitlines()
-    assert len(commands) == 8 and all(c.startswith("bench/train/train_step.py --device cpu") for c in commands)
+    if step_set == "goals":
+        assert len(commands) == 8 and all(c.startswith("bench/train/train_step.py --device cpu") for c in commands)
+    else:  # steps at 1,024, the attention kernels at both lengths, 8,192, memory at twice the tokens, large
+        assert len(commands) == 6 and all(c.startswith("bench/train/modernbert_step.py --device cpu") for c in commands)
+        attention = [c for c in commands if "--attention" in c]
+        assert len(attention) == 1 and "--attention-seqs 128,256" in attention[0] and "attention.jsonl" in attention[0]
+        assert "--impls transformers,ours,ours+jagged" in commands[0]  # no FlexAttention step on a CPU (no backward)
     assert "done, failed=0" in out
 
 

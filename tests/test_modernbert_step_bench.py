@@ -26,13 +26,14 @@ def test_batch_packs_documents_into_full_rows_and_masks_its_share(bench):
 
 
 def test_every_implementation_steps_and_is_timed(bench, capsys):
+    """On a CPU by default every implementation that trains there: all but FlexAttention's (no CPU backward)."""
     out = bench.main(["--rows", "1", "--seq", "64", "--vocab", "100", "--rounds", "1", "--steps", "1"])
-    assert list(out) == list(bench.IMPLS)
+    assert list(out) == list(bench.CPU_IMPLS) and "ours+jagged" in out and "ours+flex" not in out
     assert all(wall > 0 and cpu > 0 for wall, cpu in out.values())
     text = capsys.readouterr().out
     loss_gap = float(text.split("|ours - transformers| = ")[1].split()[0])
     assert loss_gap <= 1e-5
-    assert text.count("\n| ") == 2 + len(bench.IMPLS) and "| transformers | " in text
+    assert text.count("\n| ") == 2 + len(bench.CPU_IMPLS) and "| transformers | " in text
 
 
 def test_chosen_implementations_in_bf16_with_the_flop_columns(bench, capsys):
@@ -50,3 +51,25 @@ def test_chosen_implementations_in_bf16_with_the_flop_columns(bench, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--impls", "ours,turbo"])
     assert "--impls: unknown turbo" in capsys.readouterr().err
+
+
+def test_attention_kernels_are_checked_and_timed_at_each_length(bench, capsys, tmp_path):
+    """--attention at CPU shapes, as the lease runs it on the GPU (bench/gpu/gpu_step.sh STEP_SET=modernbert): every
+    kernel of each layer kind at two lengths with the same tokens, the first length checked against the reference
+    attention in fp32 (FlexAttention's forward alone on a CPU), the build, the calls, and the rows in --json."""
+    json_path = tmp_path / "attention.jsonl"
+    bench.main(["--attention", "--rows", "2", "--seq", "128", "--attention-seqs", "128,256", "--vocab", "100",
+                "--json", str(json_path)])
+    text = capsys.readouterr().out
+    import json
+
+    line = json.loads(json_path.read_text())
+    rows = line["rows"]
+    assert [(r["seq"], r["rows"]) for r in rows] == [(128, 2)] * 6 + [(256, 1)] * 6
+    assert [(r["kind"], r["kernel"]) for r in rows[:6]] == [(k, n) for k, ks in bench.KERNELS.items() for n in ks]
+    checked = [r for r in rows if r["seq"] == 128]
+    assert all(r["max_err"] is not None and r["max_err"] <= 1e-5 for r in checked)
+    assert all(r["max_err"] is None for r in rows if r["seq"] == 256)
+    assert all((r["step_ms"] is None) == (r["kernel"] == "flex") for r in rows)  # no CPU backward for FlexAttention
+    assert all(r["build_ms"] >= 0 and r["forward_ms"] > 0 and r["peak_mib"] is r["mask_mib"] is None for r in rows)
+    assert text.count("fastest ") == 4 and "| 256 x 1 | local | flex |" in text and "no backward here" in text

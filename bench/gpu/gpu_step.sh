@@ -10,9 +10,12 @@
 #   a dry run here:   d=$(mktemp -d); STEP_DEVICE=cpu OUT=$d TMPDIR=$d bash bench/gpu/gpu_step.sh; rm -rf $d
 #                     (tiny shapes)
 #   STEP_SET=tune:    the second lease's set instead (profiles, larger micro-batches, large at 512, autotune)
-#   STEP_SET=modernbert: issue 33's GPU rows (bench/train/modernbert_step.py): modernbert-base at 1,024 and 8,192 tokens
-#                     and modernbert-large at 1,024, bf16, MFU, ours against transformers; nothing to carry
-#     run(command="STEP_SET=modernbert STEP_BUDGET=250 bash bench/gpu/gpu_step.sh", timeout_s=270)
+#   STEP_SET=modernbert: issues 33 and 61's GPU rows (bench/train/modernbert_step.py), bf16, MFU, nothing to carry:
+#                     modernbert-base at 1,024 (ours with each attention kernel pair against transformers), the
+#                     attention kernels alone at 1,024 and 8,192 (attention.jsonl), base at 8,192, the peak memory
+#                     at twice the tokens (the preset's micro-batches), then modernbert-large at 1,024
+#     run(command="STEP_SET=modernbert STEP_BUDGET=330 bash bench/gpu/gpu_step.sh", timeout_s=350)
+#     its dry run here: d=$(mktemp -d); STEP_SET=modernbert STEP_DEVICE=cpu OUT=$d TMPDIR=$d bash bench/gpu/gpu_step.sh
 #   STEP_SET=autotune: what is left for the MFU goals after three leases: max-autotune, whose Triton GEMM templates
 #                     take GELU and the bias as their epilogue (torch's cuBLASLt GELU epilogue, `_addmm_activation`,
 #                     has no derivative), with the whole budget; base 256 x 128, no dropout, against the compiled step
@@ -69,19 +72,33 @@ mbstep() { run_one "$1" "$2" "$PY" bench/train/modernbert_step.py "${mbcommon[@]
 if [ "$DEV" = cuda ]; then
   mb=modernbert-base mbl=modernbert-large r1k=32 rl1k=16 r8k=4 s1k=1024 s8k=8192 mbv=50368
   mbcommon=(--device cuda --dtype bf16 --mfu --rounds 3 --steps 10)
-else
-  mb=modernbert-tiny mbl=modernbert-tiny r1k=1 rl1k=1 r8k=1 s1k=128 s8k=256 mbv=100
+  kernels=ours,ours+jagged,ours+flex,ours+jagged+flex  # every kernel pair worth a step (bench/train/modernbert_step.py)
+  memory=ours,ours+jagged+flex
+else  # dry run: FlexAttention has no backward on a CPU, so its step rows are left out there
+  mb=modernbert-tiny mbl=modernbert-tiny r1k=2 rl1k=1 r8k=1 s1k=128 s8k=256 mbv=100
   mbcommon=(--device cpu --dtype bf16 --mfu --rounds 1 --steps 1)
+  kernels=ours,ours+jagged memory=ours,ours+jagged
 fi
 
 [ "$DEV" = cuda ] && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee -a "$OUT/steps.log"
 if [ "${STEP_SET:-goals}" = modernbert ]; then
-  # Issue 33's GPU rows: ModernBERT-base at 1,024 (phase 1) and 8,192 (the long-context phase), 32k tokens a step,
+  # Issues 33 and 61: ModernBERT-base at 1,024 (phase 1) and 8,192 (the long-context phase), 32k tokens a step,
   # rows packed by document (50-600 tokens each), 30% masked, our model (document-bounded attention, the head on
-  # the masked rows) against transformers' (attention across the whole row), bf16 autocast; then -large at 1,024.
-  mbstep mb1k 80 --preset $mb --rows $r1k --seq $s1k --vocab $mbv --impls transformers,ours
-  mbstep mb8k 100 --preset $mb --rows $r8k --seq $s8k --vocab $mbv --impls transformers,ours
-  mbstep mbl1k 90 --preset $mbl --rows $rl1k --seq $s1k --vocab $mbv --impls transformers,ours
+  # the masked rows) against transformers' (attention across the whole row), bf16 autocast. In priority order:
+  # 1. base at 1,024: transformers and ours with each attention kernel pair (the 1.5x and 40% MFU goals; FlexAttention
+  #    compiles in its warm-up step, not timed);
+  # 2. the kernels alone at 1,024 and 8,192, global and local layer: mask build, first call (compilation), forward,
+  #    forward + backward, memory, and each kernel against the reference attention in fp32 (FlexAttention's backward
+  #    is checked here first: the CPU has none) -> attention.jsonl;
+  # 3. base at 8,192 (the >= 0.6x of 1,024's tokens/s goal), 4. ours at twice the tokens at each length (peak memory
+  #    against tokens: configs/modernbert-base.yaml's micro-batches), 5. -large at 1,024.
+  mbstep mb1k 100 --preset $mb --rows $r1k --seq $s1k --vocab $mbv --impls transformers,$kernels
+  run_one mbattn 100 "$PY" bench/train/modernbert_step.py --device "$DEV" --dtype bf16 --preset $mb --rows $r1k \
+    --seq $s1k --vocab $mbv --attention --attention-seqs $s1k,$s8k --json "$OUT/attention.jsonl"
+  mbstep mb8k 90 --preset $mb --rows $r8k --seq $s8k --vocab $mbv --impls transformers,$kernels
+  mbstep mbmem1k 40 --preset $mb --rows $((r1k * 2)) --seq $s1k --vocab $mbv --impls $memory --rounds 1 --steps 3
+  mbstep mbmem8k 40 --preset $mb --rows $((r8k * 2)) --seq $s8k --vocab $mbv --impls $memory --rounds 1 --steps 3
+  mbstep mbl1k 60 --preset $mbl --rows $rl1k --seq $s1k --vocab $mbv --impls transformers,ours
 elif [ "${STEP_SET:-goals}" = autotune ]; then
   # The second lease's autotune run hit its 150 s limit after Inductor had benchmarked 12 GEMM shapes (cuBLAS won 9);
   # with epilogue fusion it also benchmarks each template with the bias + GELU fused, the one place the 4.2 ms of GELU

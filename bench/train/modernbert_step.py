@@ -5,17 +5,21 @@ One step = forward + backward + AdamW step, fp32, same weights (copied through s
 (`cu_seqlens`: attention stays inside each document) and the masked positions (head and decoder on those rows
 only); transformers' SDPA model takes no document boundaries, so it attends across the whole row, with labels
 -100 at the unmasked positions. `transformers+sparse` is transformers with its own `sparse_prediction` (head and
-decoder on the labelled rows only); `ours-nodoc` is ours without the boundaries (what the document masks cost).
-Rounds are interleaved, the order flipping each round (the machine is shared); the table gives medians.
+decoder on the labelled rows only); `ours-nodoc` is ours without the boundaries (what the document masks cost);
+`ours+sdpa`, `ours+jagged`, `ours+flex`, `ours+jagged+flex` are ours with other attention kernels
+(`KERNEL_IMPLS`: `ModernBertConfig.global_attention_kernel` / `local_attention_kernel`; FlexAttention's train on a
+GPU only). Rounds are interleaved, the order flipping each round (the machine is shared); the table gives medians.
 
     python bench/train/modernbert_step.py                          # modernbert-tiny, 4 rows x 1024, vocab 8000
     python bench/train/modernbert_step.py --preset modernbert-mini --rounds 3
-    python bench/train/modernbert_step.py --threads 1 --attention [--flex-compile]   # the attention kernels compared
+    python bench/train/modernbert_step.py --threads 1 --attention  # the attention kernels compared
 
-On a GPU (the GPU issue's ModernBERT rows; the lease's call is in bench/gpu/gpu_step.sh, STEP_SET=modernbert):
+On a GPU (issue 61's rows; the lease's calls are in bench/gpu/gpu_step.sh, STEP_SET=modernbert):
 
     python bench/train/modernbert_step.py --device cuda --dtype bf16 --preset modernbert-base --rows 32 --seq 1024 \
-        --vocab 50368 --impls transformers,ours --mfu --rounds 3 --steps 10
+        --vocab 50368 --impls transformers,ours,ours+jagged+flex --mfu --rounds 3 --steps 10
+    python bench/train/modernbert_step.py --device cuda --dtype bf16 --preset modernbert-base --rows 32 --seq 1024 \
+        --attention --attention-seqs 1024,8192 --json attention.jsonl
 
 `--dtype bf16` runs forward and loss under autocast (weights and AdamW in fp32, as the training loop does);
 `--mfu` adds model FLOPs (`model.flops.train_flops`: the documents as the attention spans, the masked rows through
@@ -23,38 +27,51 @@ the head) per second over the device's dense bf16 peak (`model.flops.dense_bf16_
 H100/H200); on CUDA the table adds the peak memory (`torch.cuda.max_memory_allocated`) of each implementation's
 steps, and each timing waits for the device (`torch.cuda.synchronize`).
 
-`--attention` times one attention call (2 heads of 64, the same packed rows) for each way the issue named:
-SDPA with the document (+ window) boolean mask per row, which the model uses; SDPA on jagged tensors (documents as
-rows: global layers only, it takes no mask, so no window); FlexAttention with a document (+ window) BlockMask,
-eager, or compiled with --flex-compile (forward only: in torch 2.13 it has no backward on the CPU).
+`--attention` times the model's attention kernels (`model.modernbert.layer_mask` and `LayerMask.attend`, the
+preset's heads) on the same packed rows, for a global layer and a local one, at each of --attention-seqs with
+--rows x --seq tokens each: building the layer kind's mask from the document ids (once per batch, shared by the
+kind's layers: 8 global and 14 local ones in modernbert-base), the first call (FlexAttention's compilation, once
+per shape, on CUDA), the forward, the forward + backward, the peak memory on CUDA, and at the first length each
+kernel's largest error against the reference attention written out in fp32 (outputs and dq, dk, dv; the check
+that FlexAttention's backward, which the CPU lacks, is right on the GPU). Wall time on a synchronised GPU, this
+process's CPU time on a CPU (use --threads 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: E402
 
 from model import ModernBertConfig, ModernBertForMaskedLM  # noqa: E402
 from model.hf import save_hf  # noqa: E402
-from model.modernbert import attention_masks, layer_mask  # noqa: E402
+from model.modernbert import layer_mask  # noqa: E402
 from model.segments import Segments  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: measure
 from measure import interleaved  # noqa: E402
 
-IMPLS = ("transformers", "transformers+sparse", "ours", "ours-nodoc")
+KERNEL_IMPLS = {"ours+sdpa": {"local_attention_kernel": "sdpa"},
+                "ours+jagged": {"global_attention_kernel": "jagged"},
+                "ours+flex": {"global_attention_kernel": "flex", "local_attention_kernel": "flex"},
+                "ours+jagged+flex": {"global_attention_kernel": "jagged", "local_attention_kernel": "flex"}}
+"""Ours with other attention kernels than the default ("sdpa" global, "banded" local): `ModernBertConfig` fields."""
+IMPLS = ("transformers", "transformers+sparse", "ours", "ours-nodoc", *KERNEL_IMPLS)
+CPU_IMPLS = tuple(i for i in IMPLS if "flex" not in i)
+"""What trains on a CPU (FlexAttention has no backward there in torch 2.13): the default --impls on one."""
 
 
 def make_batch(rows: int, seq: int, vocab: int, mask_rate: float, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -86,9 +103,9 @@ def build(impl: str, cfg: ModernBertConfig, directory: str) -> tuple[torch.nn.Mo
         # GPU image's 5.17 is unchecked, so the rows stay eager against eager whichever it is.
         model.config.reference_compile = False
         return model, lambda m, b: m(input_ids=b["input_ids"], labels=b["labels"]).loss
-    model = ModernBertForMaskedLM(cfg)
+    model = ModernBertForMaskedLM(dataclasses.replace(cfg, **KERNEL_IMPLS.get(impl, {})))
     model.load_state_dict(torch.load(os.path.join(directory, "ours.pt"), weights_only=True))
-    keys = ("masked_lm_positions", "masked_lm_ids") + (("cu_seqlens",) if impl == "ours" else ())
+    keys = ("masked_lm_positions", "masked_lm_ids") + (("cu_seqlens",) if impl != "ours-nodoc" else ())
     return model, lambda m, b: m(b["input_ids"], **{k: b[k] for k in keys}).loss
 
 
@@ -137,74 +154,174 @@ def time_steps(cfg: ModernBertConfig, batch: dict[str, torch.Tensor], rounds: in
     return times, peak
 
 
-def check_losses_agree(cfg: ModernBertConfig, batch: dict[str, torch.Tensor]) -> float:
-    """|our loss - transformers' loss| on the batch without document boundaries (same weights, eval mode)."""
+def check_losses_agree(cfg: ModernBertConfig, batch: dict[str, torch.Tensor], device: str = "cpu") -> float:
+    """|our loss - transformers' loss| on the batch's first two rows without document boundaries (same weights,
+    eval mode, fp32, on `device`: a base model on a whole GPU batch would take minutes on the host)."""
     with tempfile.TemporaryDirectory() as d:
         ours = ModernBertForMaskedLM(cfg).eval()
         save_hf(ours, d)
         theirs = transformers.ModernBertForMaskedLM.from_pretrained(d, attn_implementation="sdpa").eval()
+    ours, theirs = ours.to(device), theirs.to(device)
+    b = {k: batch[k][:2].to(device) for k in ("input_ids", "masked_lm_positions", "masked_lm_ids", "labels")}
     with torch.no_grad():
-        a = ours(batch["input_ids"], masked_lm_positions=batch["masked_lm_positions"],
-                 masked_lm_ids=batch["masked_lm_ids"]).loss
-        b = theirs(input_ids=batch["input_ids"], labels=batch["labels"]).loss
-    return abs(float(a) - float(b))
+        a = ours(b["input_ids"], masked_lm_positions=b["masked_lm_positions"], masked_lm_ids=b["masked_lm_ids"]).loss
+        t = theirs(input_ids=b["input_ids"], labels=b["labels"]).loss
+    return abs(float(a) - float(t))
 
 
-def median_ms(fn: Callable[[], torch.Tensor], backward: bool, repeats: int = 3) -> float:
-    """Median CPU milliseconds of fn() (and .sum().backward() when `backward`), after one warm-up call: this
-    process's CPU time, which on a shared machine counts the work and not the waiting (use --threads 1)."""
-    def once() -> None:
-        out = fn()
-        if backward:
-            out.sum().backward()
-    once()
-    return 1000 * statistics.median(cpu for _, cpu in interleaved({"fn": once}, 1, repeats)["fn"])
+KERNELS = {"global": ("sdpa", "jagged", "flex"), "local": ("banded", "sdpa", "flex")}
+"""The attention kernels of each layer kind (`ModernBertConfig.global_attention_kernel`, `local_attention_kernel`),
+the model's default first."""
 
 
-def attention_table(batch: dict[str, torch.Tensor], cfg: ModernBertConfig, flex_compile: bool) -> None:
-    """Prints ms of one attention call, forward and forward+backward, per kernel and layer kind."""
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc: torch.Tensor, half: int | None,
+                        scale: float) -> torch.Tensor:
+    """Softmax attention written out, in fp32: each query over the keys of its own document (`doc` (B, L)), within
+    `half` of it on a local layer; (B, nh, L, hd). What every kernel is checked against (tests/test_modernbert.py
+    holds the same on the CPU)."""
+    i = torch.arange(q.shape[2], device=q.device)
+    allowed = (doc[:, :, None] == doc[:, None, :]) & (doc[:, None, :] >= 0)  # (B, L, L)
+    if half is not None:
+        allowed &= (i[:, None] - i[None, :]).abs() <= half
+    scores = q.float() @ k.float().transpose(-1, -2) * scale  # (B, nh, L, L)
+    return scores.masked_fill(~allowed[:, None], torch.finfo(torch.float).min).softmax(-1) @ v.float()
+
+
+@dataclass
+class AttentionRow:
+    """One kernel of one layer kind at one length: what `--attention` prints and writes to --json."""
+
+    seq: int
+    rows: int
+    kind: str
+    kernel: str
+    build_ms: float
+    """Building the layer kind's mask from the document ids (`model.modernbert.layer_mask`): once per batch, shared
+    by every layer of the kind."""
+    first_s: float
+    """The first forward + backward, warm-up and any compilation (FlexAttention's, once per shape) included."""
+    forward_ms: float
+    step_ms: float | None
+    """Forward + backward; None where the device has no backward for the kernel (FlexAttention on a CPU)."""
+    peak_mib: float | None
+    """CUDA: the forward + backward's peak allocation above what was allocated before it (inputs, the mask); None
+    on a CPU."""
+    mask_mib: float | None
+    """CUDA: what the built mask holds on the device (for the whole forward and backward); None on a CPU."""
+    build_peak_mib: float | None
+    """CUDA: the build's peak allocation above what was allocated before it; None on a CPU."""
+    max_err: float | None
+    """fp32, against `reference_attention` on two rows of this length: the largest |difference| of the output and of
+    dq, dk, dv at the real tokens (the forward's alone where there is no backward); None when not checked."""
+
+
+def attention_inputs(batch: dict[str, torch.Tensor], nh: int, hd: int, dtype: torch.dtype, device: torch.device):
+    """(q, k, v) (B, nh, L, hd) as the model makes them (views of one (B, L, 3, nh, hd) projection), the leaf to
+    take gradients of, the document ids (B, L) and the segments of the packed rows."""
     B, L = batch["input_ids"].shape
-    nh, hd, half = 2, 64, cfg.local_attention // 2
-    q, k, v = (torch.randn(B, nh, L, hd, requires_grad=True) for _ in range(3))
-    doc, _ = Segments(batch["cu_seqlens"], L).layout(B, L)
-    masks = attention_masks(cfg, B, L, torch.device("cpu"), None, doc)
-    cu = batch["cu_seqlens"]
-    flat = doc.flatten()
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(B, L, 3, nh, hd, generator=g).to(device=device, dtype=dtype).requires_grad_()
+    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
+    segments = Segments(batch["cu_seqlens"].to(device=device, dtype=torch.int32), L)
+    doc, _ = segments.layout(B, L)
+    return (q, k, v), qkv, doc, segments
 
-    def jagged() -> torch.Tensor:  # documents as the rows of (D, nh, j, hd) nested tensors
-        return layer_mask("jagged", doc, None, True, None, Segments(cu, L)).attend(q, k, v, 0.0, hd ** -0.5)
 
-    def flex_mask(window: bool):
-        def mask_mod(b, h, qi, ki):
-            same = flat[b * L + qi] == flat[b * L + ki]
-            return same & ((qi - ki).abs() <= half) if window else same
-        return create_block_mask(mask_mod, B, None, L, L, device="cpu")
+def measure_memory(fn: Callable[[], object], device: torch.device) -> tuple[float, float] | None:
+    """CUDA: (MiB still allocated after fn(), its peak MiB above what was allocated before); None on a CPU."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    kept = fn()
+    torch.cuda.synchronize(device)
+    after, peak = torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device)
+    del kept
+    return (after - before) / 2**20, (peak - before) / 2**20
 
-    flex = torch.compile(flex_attention, dynamic=False) if flex_compile else flex_attention
-    i = torch.arange(L)
-    dense_local = masks["full_attention"].mask & ((i[:, None] - i[None, :]).abs() <= half)  # (B, 1, L, L)
-    kind = "flex compiled" if flex_compile else "flex eager"
-    rows = [("global: SDPA + boolean document mask (chosen)",
-             lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=masks["full_attention"].mask), True),
-            ("global: SDPA, no mask (rows not packed)", lambda: F.scaled_dot_product_attention(q, k, v), True),
-            ("global: SDPA on jagged tensors (documents as rows)", jagged, True),
-            (f"global: FlexAttention, document BlockMask ({kind})",
-             lambda b=flex_mask(False): flex(q.detach(), k.detach(), v.detach(), block_mask=b), False),
-            ("local: banded SDPA, chunks of 64 against 192 keys (chosen)",
-             lambda: masks["sliding_attention"].attend(q, k, v, 0.0, hd ** -0.5), True),
-            ("local: SDPA + boolean document & window mask (L x L)",
-             lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense_local), True),
-            ("local: SDPA on jagged tensors", None, False),
-            (f"local: FlexAttention, document & window BlockMask ({kind})",
-             lambda b=flex_mask(True): flex(q.detach(), k.detach(), v.detach(), block_mask=b), False)]
-    print("\n| attention (one call) | forward CPU ms | forward + backward CPU ms |\n| --- | ---: | ---: |")
-    for name, fn, trains in rows:
-        if fn is None:
-            print(f"| {name} | takes no mask: no window | |")
-            continue
-        fwd = median_ms(lambda f=fn: f().detach(), backward=False)
-        both = f"{median_ms(fn, backward=True):.1f}" if trains else "no CPU backward"
-        print(f"| {name} | {fwd:.1f} | {both} |")
+
+def check_kernel(batch: dict[str, torch.Tensor], kind: str, kernel: str, half: int, nh: int, hd: int,
+                 device: torch.device) -> float:
+    """The kernel's largest |difference| from `reference_attention`, fp32, forward and (where the device runs it)
+    backward, on the batch's first two rows."""
+    two = {"input_ids": batch["input_ids"][:2], "cu_seqlens": batch["cu_seqlens"]}
+    L = two["input_ids"].shape[1]
+    two["cu_seqlens"] = batch["cu_seqlens"][batch["cu_seqlens"] <= 2 * L]
+    (q, k, v), qkv, doc, segments = attention_inputs(two, nh, hd, torch.float32, device)
+    h = half if kind == "local" else None
+    mask = layer_mask(kernel, doc, h, True, None, segments)
+    backward = kernel != "flex" or device.type != "cpu"
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(device)
+    got = mask.attend(*((q, k, v) if backward else (q.detach(), k.detach(), v.detach())), 0.0, hd ** -0.5)
+    ref_in = qkv.detach().clone().requires_grad_()
+    ref = reference_attention(*(t.transpose(1, 2) for t in ref_in.unbind(2)), doc, h, hd ** -0.5)
+    err = (got - ref).abs().max().item()
+    if backward:
+        got.backward(grad)
+        ref.backward(grad)
+        err = max(err, (qkv.grad - ref_in.grad).abs().max().item())
+    return err
+
+
+def attention_rows(batch: dict[str, torch.Tensor], cfg: ModernBertConfig, device: torch.device, dtype: torch.dtype,
+                   repeats: int = 3, check: bool = True) -> list[AttentionRow]:
+    """Each kernel of each layer kind on the batch's packed rows, with the preset's heads: the mask's build, the
+    first call, the forward and the forward + backward (median of `repeats` after the first call; wall time with the
+    device synchronised on CUDA, this process's CPU time on a CPU), peak memory on CUDA, and the fp32 check."""
+    B, L = batch["input_ids"].shape
+    nh, hd, half = cfg.num_attention_heads, cfg.head_dim, cfg.local_attention // 2
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    pick = 0 if cuda else 1  # interleaved's (wall, CPU) seconds: wall on a synchronised GPU, CPU time on a CPU
+    (q, k, v), qkv, doc, segments = attention_inputs(batch, nh, hd, dtype, device)
+    grad = torch.randn(q.shape, device=device, dtype=dtype)
+    out = []
+    for kind, kernels in KERNELS.items():
+        h = half if kind == "local" else None
+        for kernel in kernels:
+            def build(kernel=kernel, h=h):
+                return layer_mask(kernel, doc, h, True, None, segments)
+
+            held = measure_memory(build, device)
+            mask = build()
+            trains = kernel != "flex" or cuda
+
+            def forward(mask=mask):
+                with torch.no_grad():  # detached: FlexAttention on a CPU refuses inputs that want a gradient
+                    return mask.attend(q.detach(), k.detach(), v.detach(), 0.0, hd ** -0.5)
+
+            def step(mask=mask):
+                mask.attend(q, k, v, 0.0, hd ** -0.5).backward(grad)
+                qkv.grad = None
+
+            sync()
+            t = time.perf_counter()
+            (step if trains else forward)()
+            sync()
+            first = time.perf_counter() - t
+            used = measure_memory(step if trains else forward, device)
+            fns = {"build": build, "forward": forward, **({"step": step} if trains else {})}
+            times = interleaved(fns, 1, repeats, sync=sync)
+            ms = {name: 1000 * statistics.median(x[pick] for x in t) for name, t in times.items()}
+            err = check_kernel(batch, kind, kernel, half, nh, hd, device) if check else None
+            out.append(AttentionRow(L, B, kind, kernel, ms["build"], first, ms["forward"], ms.get("step"),
+                                    used and used[1], held and held[0], held and held[1], err))
+    return out
+
+
+def print_attention(rows: list[AttentionRow], device: str) -> None:
+    clock = "ms (wall, synchronised)" if device.startswith("cuda") else "CPU ms"
+    print(f"\n| length x rows | layer | kernel | mask build {clock} (once a batch) | first call s | forward {clock} "
+          f"| forward + backward {clock} | peak MiB | mask MiB (build's peak) | max error, fp32 |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    mib = lambda x: "-" if x is None else f"{x:,.0f}"  # noqa: E731
+    for r in rows:
+        step = "no backward here" if r.step_ms is None else f"{r.step_ms:.2f}"
+        err = "-" if r.max_err is None else f"{r.max_err:.1e}"
+        mask = "-" if r.mask_mib is None else f"{r.mask_mib:,.0f} ({r.build_peak_mib:,.0f})"
+        print(f"| {r.seq:,} x {r.rows} | {r.kind} | {r.kernel} | {r.build_ms:.2f} | {r.first_s:.1f} "
+              f"| {r.forward_ms:.2f} | {step} | {mib(r.peak_mib)} | {mask} | {err} |")
 
 
 def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
@@ -219,13 +336,18 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
     p.add_argument("--steps", type=int, default=2, help="timed steps per implementation per round")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default, one per core)")
     p.add_argument("--attention", action="store_true", help="time the attention kernels instead of the step")
-    p.add_argument("--flex-compile", action="store_true", help="with --attention: compile FlexAttention (slow)")
+    p.add_argument("--attention-seqs", default="",
+                   help="with --attention: comma list of lengths (default --seq), each with --rows x --seq tokens")
+    p.add_argument("--no-check", action="store_true", help="with --attention: no fp32 check against the reference")
+    p.add_argument("--json", help="with --attention: append one JSON line of the rows to this file")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="bf16: forward and loss under autocast")
-    p.add_argument("--impls", default=",".join(IMPLS), help=f"comma list of {', '.join(IMPLS)}")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"),
+                   help="bf16: forward and loss under autocast; with --attention, the inputs' dtype")
+    p.add_argument("--impls", default=None,
+                   help=f"comma list of {', '.join(IMPLS)} (default: all on CUDA, {', '.join(CPU_IMPLS)} on a CPU)")
     p.add_argument("--mfu", action="store_true", help="model FLOPs per second over the device's dense bf16 peak")
     args = p.parse_args(argv)
-    impls = tuple(x for x in args.impls.split(",") if x)
+    impls = tuple(x for x in (args.impls or ",".join(CPU_IMPLS if args.device == "cpu" else IMPLS)).split(",") if x)
     bad = [x for x in impls if x not in IMPLS]
     if bad or not impls:
         p.error(f"--impls: unknown {', '.join(bad) or '(none given)'}; choose from {', '.join(IMPLS)}")
@@ -238,10 +360,11 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
           f"vocab {args.vocab}, {args.mask_rate:.0%} masked, {args.dtype}, {torch.get_num_threads()} threads, "
           f"device {device_name(args.device)}, torch {torch.__version__}, transformers {transformers.__version__}")
     if args.attention:
-        attention_table(batch, cfg, args.flex_compile)
+        attention(args, cfg)
         return {}
     if "transformers" in impls and "ours" in impls:
-        print(f"loss check without documents: |ours - transformers| = {check_losses_agree(cfg, batch):.2e}")
+        gap = check_losses_agree(cfg, batch, args.device)
+        print(f"loss check without documents: |ours - transformers| = {gap:.2e}")
     times, peak_mib = time_steps(cfg, batch, args.rounds, args.steps, impls, args.device, args.dtype)
     tokens = args.rows * args.seq
     wall = {impl: statistics.median(w for w, _ in times[impl]) for impl in impls}
@@ -269,6 +392,31 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
         print(f"| {impl} | {wall[impl]:.3f} | {tokens / wall[impl]:,.0f} | {wall[ref] / wall[impl]:.2f}x "
               f"| {cpu[impl]:.3f} | {cpu[ref] / cpu[impl]:.2f}x{cells} |")
     return {impl: (wall[impl], cpu[impl]) for impl in impls}
+
+
+def attention(args: argparse.Namespace, cfg: ModernBertConfig) -> list[AttentionRow]:
+    """--attention: the kernels at each length (the first one also checked in fp32), the table, the fastest kernel
+    per layer kind and length, and the rows as one JSON line in --json."""
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    seqs = [int(x) for x in args.attention_seqs.split(",") if x] or [args.seq]
+    rows: list[AttentionRow] = []
+    for n, L in enumerate(seqs):
+        batch = make_batch(max(1, args.rows * args.seq // L), L, args.vocab, args.mask_rate)
+        rows += attention_rows(batch, cfg, device, dtype, check=n == 0 and not args.no_check)
+    print_attention(rows, args.device)
+    for L in seqs:
+        for kind in KERNELS:
+            mine = [r for r in rows if r.seq == L and r.kind == kind]
+            best = min(mine, key=lambda r: (r.step_ms is None, r.step_ms or r.forward_ms))
+            print(f"fastest {kind} kernel at {L:,}: {best.kernel} "
+                  f"({'forward + backward' if best.step_ms is not None else 'forward'})")
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps({"setting": {"preset": args.preset, "device": device_name(args.device),
+                                            "dtype": args.dtype, "tokens": args.rows * args.seq},
+                                "rows": [dataclasses.asdict(r) for r in rows]}) + "\n")
+    return rows
 
 
 def device_name(device: str) -> str:
