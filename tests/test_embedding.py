@@ -198,3 +198,15 @@ def test_the_job_trains_registers_exports_and_evaluates(ray_local, tmp_path, min
         ours = sentence_embedding(encoder, torch.as_tensor(x["input_ids"]), torch.as_tensor(x["attention_mask"]))
     theirs = SentenceTransformer(local, device="cpu").encode(TEXTS, convert_to_tensor=True)
     torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.bench
+def test_the_retrieval_bench_runs_at_its_smallest(ray_local, capsys):
+    """bench/quality/retrieval.py on the module's cluster: 32 documents each way, one round, one search size."""
+    from conftest import load_bench
+
+    load_bench("retrieval").main(["--docs", "32", "--rounds", "1", "--search-sizes", "1000", "--queries", "4",
+                                          "--max-seq-length", "32", "--skip-quality"])
+    out = capsys.readouterr().out
+    assert "| Ray Data map_batches |" in out and "ratio Ray Data / loop: " in out and "| 1,000 | " in out

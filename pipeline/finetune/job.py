@@ -190,8 +190,12 @@ def run_finetune(
         print(f"[finetune] {task} from {source_spec}: reading {train_path} and {eval_path}", flush=True)
         td = prepare_task(task, train_path, eval_path, source.tokenizer_path, d.max_seq_length, d.doc_stride,
                           d.max_query_length, d.max_train_examples, d.max_eval_examples, t.seed)
-        print(f"[finetune] {len(td.train['input_ids'])} train / {len(td.eval['input_ids'])} eval features, "
-              f"labels {td.id2label or td.problem_type}", flush=True)
+        if td.retrieval is not None:
+            print(f"[finetune] {len(td.train['input_ids'])} training pairs; {len(td.eval['input_ids'])} eval queries "
+                  f"against {len(td.retrieval.doc_ids)} documents", flush=True)
+        else:
+            print(f"[finetune] {len(td.train['input_ids'])} train / {len(td.eval['input_ids'])} eval features, "
+                  f"labels {td.id2label or td.problem_type}", flush=True)
         started_ray = not ray.is_initialized()
         cluster.check_local_gpu("train", t.use_gpu)
         cluster.connect()
