@@ -42,13 +42,13 @@ def main() -> None:
     ap.add_argument("--kinds", nargs="+", default=["wordpiece", "bpe", "unigram"])
     ap.add_argument("--vocab-size", type=int, default=8000)
     ap.add_argument("--lowercase", action="store_true")
-    ap.add_argument("--inputs", default=str(SHARED / "corpora"))
+    ap.add_argument("--corpora", default=str(SHARED / "corpora"))
     a = ap.parse_args()
     print("| kind | vocab | train chars | seconds | peak MiB | fertility | bytes/token | unknown | vocab used |")
     print("|---|---|---|---|---|---|---|---|---|")
     for kind in a.kinds:
         out = subprocess.run([sys.executable, "-c", _CHILD, kind, str(a.vocab_size), "1" if a.lowercase else "0",
-                              a.inputs], cwd=REPO, capture_output=True, text=True, check=True).stdout
+                              a.corpora], cwd=REPO, capture_output=True, text=True, check=True).stdout
         r = json.loads(out.strip().splitlines()[-1])
         print(f"| {kind} | {r['vocab']} | {r['train_chars']:,} | {r['seconds']} | {r['peak_mib']} | {r['fertility']} | "
               f"{r['bytes_per_token']} | {100 * r['unknown_rate']:.3f}% | {100 * r['vocab_used']:.1f}% |", flush=True)
