@@ -345,7 +345,7 @@ PRESET_HASHES = {
 
 # Data fields added after the capture (dedup: issue 20; MediaWiki dumps: issue 24), left out of the comparison.
 ADDED_SINCE = ("dedup", "dedup_threshold", "dedup_num_perm", "wiki_keep_lists", "wiki_keep_headings", "pack_documents",
-               "sources", "mix_temperature")  # mixtures: issue 58
+               "sources", "mix_temperature", "max_record_bytes")  # mixtures: issue 58; max_record_bytes: 59
 # Training fields added since (train.compile, train.unpad: issue 18; train.head_only_steps: issue 21), left out likewise.
 TRAIN_ADDED_SINCE = ("compile", "head_only_steps", "unpad", "decay_fraction", "min_workers", "checkpoint_upload",
                      "warmup_fraction", "decay_shape")  # decay_fraction: 33; min_workers, checkpoint_upload: 34; 58
