@@ -24,11 +24,14 @@ def test_the_project_suites_load_and_their_files_exist(name):
     s = load_suite(str(REPO / "configs" / "eval" / f"{name}.yaml"))
     assert s.name == name and len(s.sha256) == 64
     check_files(s)  # every task file there and not empty
-    assert {t.name for t in s.tasks} >= {"pydocs_topic", "same_page"}
     by = {t.name: t for t in s.tasks}
-    assert by["same_page"].task == "sentence-pair-classification" and by["same_page"].test.endswith("test.tsv")
     assert by["pydocs_topic"].test is None and Path(by["pydocs_topic"].train).is_file()
+    if name == "quick":  # two trials side by side: the main job's budget (bench/results/quality.md)
+        assert set(by) == {"pydocs_topic"} and s.num_trials(1) == 2
+        assert by["pydocs_topic"].protocol.max_train_examples == 800 and by["pydocs_topic"].protocol.epochs == 2
     if name == "shared":
+        assert by["code_spans"].task == "token-classification" and by["code_spans"].test.endswith("test.conll")
+        assert by["same_page"].task == "sentence-pair-classification" and by["same_page"].test.endswith("test.tsv")
         assert s.protocol.lrs == (3e-4, 1e-3) and s.protocol.seeds == (1, 2, 3)
         assert by["same_page"].protocol.max_seq_length == 160 and by["pydocs_topic"].protocol.max_seq_length == 128
         assert s.num_trials(2) == 2 * 3 * 2 * 3
@@ -103,8 +106,8 @@ def test_the_derived_tasks_are_what_their_script_makes(tmp_path, shared_dir):
     subprocess.run([sys.executable, str(REPO / "configs" / "eval" / "make_tasks.py"), "--shared", str(shared_dir),
                     "--out", str(out)], check=True, capture_output=True)
     committed = REPO / "configs" / "eval" / "tasks"
-    files = sorted(p.relative_to(committed) for p in committed.rglob("*.*") if p.suffix in (".tsv", ".conll"))
-    assert len(files) == 6
+    files = sorted(p.relative_to(committed) for p in committed.rglob("*.*") if p.suffix in (".tsv", ".conll", ".jsonl"))
+    assert len(files) == 11  # pydocs_search: train.tsv, corpus.jsonl, queries.jsonl, qrels/dev.tsv, qrels/test.tsv
     for f in files:
         assert (out / f).read_bytes() == (committed / f).read_bytes(), f
     # labels from the data: balanced pairs; code tags only where the authors marked code
