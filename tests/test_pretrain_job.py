@@ -254,6 +254,7 @@ def test_job_end_to_end(main_job, prepared, work, repo_root, tmp_path, monkeypat
     assert short["config"]["max_seq_length"] == 64 and short["vocab_sha256"] == prepared["validate"].vocab_sha256
     run = tracking.client().get_run(run_id)
     assert run.data.params["train.phases"].count("max_seq_length") == 2
+    assert 1 <= run.data.metrics["tokenizer/fertility"] < 3  # the tokenizer report (issue 57)
     assert run.info.artifact_uri.startswith("mlflow-artifacts:")  # served by the server
     info = tracking.model_version_info("models:/bert-pretrain@latest-pretrain")
     # the scorecard stage (issue 56): the version scored on the suite, its table printed before the last line
