@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.data.sources import (
+    MAX_RECORD_BYTES,
     Document,
     InputError,
     Rejected,
@@ -226,9 +227,9 @@ def test_dangling_symlinks_and_loops_are_skipped_with_their_reason(shared_dir, t
 # exception, never raised.
 
 
-def _items(path, column="text"):
+def _items(path, column="text", max_record_bytes=MAX_RECORD_BYTES):
     files, _ = expand_inputs([str(path)])
-    return [x for f in files for x in read_documents(f, column)]
+    return [x for f in files for x in read_documents(f, column, max_record_bytes=max_record_bytes)]
 
 
 def _summary(items):
@@ -386,3 +387,113 @@ def test_datasets_directory_whose_state_cannot_be_read_is_named(tmp_path):
     (tmp_path / "hf" / "state.json").write_text("{not json")
     docs, reasons, skipped = _summary(_items(tmp_path / "hf"))
     assert not docs and skipped[0].startswith("unreadable from state.json: json.decoder.JSONDecodeError")
+
+
+# ---------------------------------------------------------------------------------------------- data.max_record_bytes
+
+def _page(i, text, close=True):
+    page = f"<page><title>P{i}</title><ns>0</ns><id>{i}</id><revision><text>{text}</text></revision></page>\n"
+    return page if close else page[: page.index("</text>")]
+
+
+_BIG = "A long line of words. " * 60  # 1,320 bytes: over the cap of 1,000 in the cases below
+
+
+@pytest.mark.parametrize(("name", "records"), [
+    ("w.jsonl", [json.dumps({"text": "Text 1."}) + "\n", json.dumps({"text": _BIG}) + "\n",
+                 json.dumps({"text": "Text 3."}) + "\n"]),
+    ("w.jsonl", [json.dumps({"text": "Text 1."}) + "\n", '{"text": "' + _BIG + "\n", json.dumps({"text": "Text 3."})]),
+    ("wiki_00", [_doc(1), _doc(2, body="\n".join([_BIG[:100]] * 12)), _doc(3)]),  # lines of 100 bytes
+    ("wiki_00", [_doc(1), _doc(2, body=_BIG, close=""), _doc(3)]),  # one long line, never closed
+    ("enwiki-pages-articles.xml", ["<mediawiki>\n" + _page(1, "Text 1."), _page(2, _BIG), _page(3, "Text 3.")]),
+    ("enwiki-pages-articles.xml", ["<mediawiki>\n" + _page(1, "Text 1."), _page(2, _BIG, close=False),
+                                   _page(3, "Text 3.")]),
+])
+def test_a_record_over_the_cap_is_rejected_and_the_next_one_read(tmp_path, name, records):
+    """Issue 59: a record longer than data.max_record_bytes (a JSON line, one without its newline, a `<doc>` block,
+    a dump's `<page>`, closed or not) is `record_too_large`; the records after it are read, numbered as before."""
+    (tmp_path / name).write_text("".join(records))
+    items = _items(tmp_path / name, max_record_bytes=1000)
+    assert _summary(items) == (["Text 1.", "Text 3."], ["record_too_large"], [])
+    assert [x.record if isinstance(x, Rejected) else x.doc_id & 0xFFFFFFFF for x in items] == [0, 1, 2]
+    assert _summary(_items(tmp_path / name))[1] != ["record_too_large"]  # the default cap takes it
+
+
+def test_the_readers_default_cap_is_the_configs():
+    from pipeline.config import DataConfig
+
+    assert DataConfig(inputs=[]).max_record_bytes == MAX_RECORD_BYTES
+
+
+@pytest.mark.parametrize("name", ["book.txt", "book.txt.gz"])
+def test_a_book_is_one_record_a_book_over_the_cap_is_rejected_whole(tmp_path, name):
+    text = "A sentence of the book. " * 50  # 1,200 bytes
+    if name.endswith(".gz"):
+        with gzip.open(tmp_path / name, "wt") as f:
+            f.write(text)
+    else:
+        (tmp_path / name).write_text(text)
+    assert _summary(_items(tmp_path / name, max_record_bytes=1000)) == ([], ["record_too_large"], [])
+    assert _summary(_items(tmp_path / name, max_record_bytes=1200)) == ([text], [], [])
+
+
+def test_a_parquet_row_over_the_cap_is_rejected(tmp_path):
+    (tmp_path / "t.parquet").write_bytes(_parquet_bytes(["Text 1.", "é" * 600, "Text 3."]))  # 1,200 bytes
+    assert _summary(_items(tmp_path / "t.parquet", max_record_bytes=1000)) == (["Text 1.", "Text 3."],
+                                                                               ["record_too_large"], [])
+
+
+def test_a_dump_page_over_the_cap_is_dropped_as_it_streams():
+    """The page's bytes are not kept once it is over the cap: the chunks after it are searched for the next
+    `<page>` only (a `<page>` straddling two chunks is found)."""
+    from pipeline.data.wiki import _page_blocks
+
+    chunks = [b"<page>" + b"x" * 50, b"x" * 50, b"</page><pa", b"ge>ok</page>"]
+    assert list(_page_blocks(chunks, max_bytes=60)) == [(b"", "record_too_large"), (b"<page>ok</page>", None)]
+    assert list(_page_blocks(chunks))[0][1] is None  # no cap: the whole page
+
+
+_UNCLOSED = {  # a file of its kind whose first record is never closed (it runs `mb` MB), then three records
+    "enwiki-pages-articles.xml": lambda f, mb: (
+        f.write(b"<mediawiki>\n<page><title>Big</title><ns>0</ns><id>1</id><revision><text>"),
+        [f.write(b"Words of an unclosed page, line after line.\n" * 23_000) for _ in range(mb)],
+        [f.write(_page(i, f"Text {i}.").encode()) for i in (2, 3, 4)]),
+    "wiki_00": lambda f, mb: (
+        f.write(b'<doc id="1" url="u" title="Big">\n'),
+        [f.write(b"Words of an unclosed block, line after line.\n" * 23_000) for _ in range(mb)],
+        [f.write(_doc(i).encode()) for i in (2, 3, 4)]),
+    "w.jsonl": lambda f, mb: (
+        f.write(b'{"text": "'),
+        [f.write(b"Words of a line that does not end. " * 30_000) for _ in range(mb)],
+        f.write(b"\n" + b"".join(json.dumps({"text": f"Text {i}."}).encode() + b"\n" for i in (2, 3, 4)))),
+}
+
+
+@pytest.mark.parametrize("name", list(_UNCLOSED))
+def test_an_unclosed_record_at_the_start_of_a_large_file_takes_the_cap_not_the_file(tmp_path, name):
+    """Issue 59: an unclosed `<page>`, `<doc>` or JSON line made its reader buffer the rest of the file. Here 64 MB
+    of it with a 4 MiB cap: the record is `record_too_large`, the three after it are read, and the reading
+    child's peak RSS (sampled as test_signing_one_big_document_is_bounded samples it) stays within the cap and a
+    constant of its RSS after the imports."""
+    import os
+    import sys
+
+    from conftest import load_bench
+
+    with open(tmp_path / name, "wb") as f:
+        _UNCLOSED[name](f, 64)
+    assert (tmp_path / name).stat().st_size > 60e6
+    cap = 4 * 2**20
+    code = ("import json, psutil; from pipeline.data.sources import Document, Rejected, expand_inputs, "
+            "read_documents; base = psutil.Process().memory_info().rss; "
+            f"files, _ = expand_inputs([{str(tmp_path / name)!r}]); "
+            f"items = [x for f in files for x in read_documents(f, max_record_bytes={cap})]; "
+            "print(json.dumps({'base': base, 'texts': [x.text for x in items if isinstance(x, Document)], "
+            "'reasons': [x.reason for x in items if isinstance(x, Rejected)]}))")
+    run = load_bench("big_document_memory").run_sampled([sys.executable, "-c", code], env=dict(os.environ))
+    assert run.returncode == 0, run.log
+    out = json.loads(run.log.strip().splitlines()[-1])
+    assert out["reasons"] == ["record_too_large"] and out["texts"] == ["Text 2.", "Text 3.", "Text 4."]
+    grown = run.sampler.peak_one - out["base"]
+    assert grown < cap + 24 * 2**20, f"{grown / 2**20:.0f} MiB over the imports"  # without the cap: over 64
+

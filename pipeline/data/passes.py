@@ -77,7 +77,7 @@ def sign_unit(f: InputFile, cfg: DataConfig, path: str, kept: str | None = None)
         return {"path": path}
     ids: list[int] = []
     names: list[str] = []
-    items = read_documents(f, cfg.text_column, wiki_options(cfg))
+    items = read_documents(f, cfg.text_column, wiki_options(cfg), cfg.max_record_bytes)
 
     def texts() -> Iterator[str]:
         for item in items if kept is None else keep(items, kept):
@@ -108,7 +108,7 @@ def unit_records(f: InputFile, cfg: DataConfig, work: str, skipped: list[Skipped
     document), else from the unit itself; the same records either way."""
     kept = text_path(f, work)
     if kept is None or not exists(kept):
-        yield from read_records(f, cfg.text_column, wiki_options(cfg), skipped)
+        yield from read_records(f, cfg.text_column, wiki_options(cfg), skipped, cfg.max_record_bytes)
         return
     for item in kept_records(kept):
         if isinstance(item, Skipped):

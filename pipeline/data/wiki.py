@@ -35,8 +35,10 @@ Wikitext to text: pipeline.data.wikitext (mwparserfromhell's tokenizer, the BERT
 
 Damaged dumps. Every `<page>` is a record, whatever its state: a page that does not parse (a raw `<`, a bad
 entity, NULs, `<ns>1.5</ns>`) is yielded as a `BrokenPage` (`unparsable_page`), one cut short by the next
-`<page>` as `unterminated_page`, one cut by the end of the data as `truncated_page`, and reading goes on at the
-next `<page>`. A page whose markup is over the budget is `markup_budget` (`page_text`).
+`<page>` as `unterminated_page`, one cut by the end of the data as `truncated_page`, one of more than
+`max_bytes` (data.max_record_bytes; its XML, escaped as the dump holds it) as `record_too_large` as soon as it is
+that long (its bytes are dropped, not buffered, up to the next `<page>`), and reading goes on at the next
+`<page>`. A page whose markup is over the budget is `markup_budget` (`page_text`).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ from pipeline.storage.io import filesystem
 CHUNK_BYTES = 1 << 20
 """Compressed bytes of a multistream unit read (and decompressed) at a time."""
 READ_BYTES = 1 << 16
-"""Decompressed bytes of a whole dump read at a time: a damaged stream loses what its last read had decoded."""
+"""Decompressed bytes read at a time (of a whole dump, or of a unit's stream): a damaged stream loses what its last
+read had decoded."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,8 @@ class Page:
 
 @dataclass(frozen=True)
 class BrokenPage:
-    """A `<page>` that cannot be read, and why: unparsable_page, unterminated_page, truncated_page."""
+    """A `<page>` that cannot be read, and why: unparsable_page, unterminated_page, truncated_page,
+    record_too_large."""
 
     ordinal: int
     reason: str
@@ -152,21 +156,21 @@ def _range_chunks(path: str, offset: int, length: int) -> Iterator[bytes]:
             if not data:
                 raise EOFError(f"{path}: range {offset}+{length} runs past the end of the file")
             left -= len(data)
-            while data:
-                yield d.decompress(data)
-                inside = True
+            while data or not (d.eof or d.needs_input):  # READ_BYTES at a time: a bz2 stream may hold far more
+                yield d.decompress(data, READ_BYTES)
+                inside, data = True, b""
                 if d.eof:  # the next stream starts in what is left over
                     data, d, inside = d.unused_data, bz2.BZ2Decompressor(), False
-                else:
-                    data = b""
     if inside:
         raise EOFError(f"{path}: range {offset}+{length} ends inside a bz2 stream")
 
 
-def _page_blocks(chunks: Iterable[bytes]) -> Iterator[tuple[bytes, str | None]]:
+def _page_blocks(chunks: Iterable[bytes], max_bytes: int | None = None) -> Iterator[tuple[bytes, str | None]]:
     """Every `<page>` in decompressed chunks of a dump or of a fragment of one: (its bytes through `</page>`, None),
     or, cut short, (its bytes up to the next `<page>`, "unterminated_page") and (its bytes to the end of the data,
-    "truncated_page"). Each byte is searched once, however many chunks a page spans."""
+    "truncated_page"), or, once it is over `max_bytes` long with neither `</page>` nor the next `<page>` in them,
+    (b"", "record_too_large"): its bytes are dropped as they come up to the next `<page>`. Each byte is searched
+    once, however many chunks a page spans; memory holds at most one page of `max_bytes` (None: any) and a chunk."""
     buf = bytearray()
     start = 0  # where the next `<page>` is looked for
     for chunk in chunks:
@@ -187,6 +191,11 @@ def _page_blocks(chunks: Iterable[bytes]) -> Iterator[tuple[bytes, str | None]]:
             elif b >= 0:
                 yield bytes(buf[a : b + 7]), None
                 start = b + 7
+            elif max_bytes is not None and len(buf) - a > max_bytes:
+                yield b"", "record_too_large"
+                del buf[: len(buf) - 5]  # searched: only the start of a `<page>` straddling chunks is kept
+                start = 0
+                break
             else:
                 del buf[:a]  # the page goes on in the next chunk
                 start = 0
@@ -211,14 +220,17 @@ def parse_page(block: bytes, ordinal: int) -> Page:
     )
 
 
-def read_pages(path: str, offset: int = 0, length: int | None = None, first_page: int = 0
-               ) -> Iterator[Page | BrokenPage]:
+def read_pages(path: str, offset: int = 0, length: int | None = None, first_page: int = 0,
+               max_bytes: int | None = None) -> Iterator[Page | BrokenPage]:
     """The pages of a dump, in order: the whole file (plain, .bz2 of one or several streams, .gz) when `length`
     is None, else the bz2 streams in bytes [offset, offset + length) of a multistream dump, whose first page is
-    page number `first_page` of the dump (`DumpUnit.first_page`). A page that cannot be read is a `BrokenPage`
-    and the next one is read; a stream that cannot be decompressed raises (OSError, EOFError, zlib.error)."""
+    page number `first_page` of the dump (`DumpUnit.first_page`). A page that cannot be read, or is over
+    `max_bytes` (None: no cap; the readers pass data.max_record_bytes), is a `BrokenPage` and the next one is read;
+    a stream that cannot be decompressed raises (OSError, EOFError, zlib.error)."""
     chunks = _file_chunks(path) if length is None else _range_chunks(path, offset, length)
-    for i, (block, broken) in enumerate(_page_blocks(chunks)):
+    for i, (block, broken) in enumerate(_page_blocks(chunks, max_bytes)):
+        if max_bytes is not None and len(block) > max_bytes:  # ended in the read that took it over
+            broken = "record_too_large"
         if broken:
             yield BrokenPage(first_page + i, broken)
             continue

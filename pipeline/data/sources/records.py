@@ -20,6 +20,13 @@ from pipeline.errors import PipelineError
 
 Kind = Literal["txt", "jsonl", "wikiext_json", "parquet", "hf", "wikiext", "wiki_xml", "wiki_multistream"]
 
+MAX_RECORD_BYTES = 128 * 2**20
+"""The most bytes one record may hold (data.max_record_bytes): a dump's `<page>` element, a WikiExtractor `<doc>`
+block, a JSON line, a book's file (its bytes once decompressed), a Parquet or datasets row's text. A longer record is
+rejected as `record_too_large`, and the reader goes on at the next record: a record never closed (a `<page>` without
+`</page>`, a last line without its newline) costs at most this much memory, not the rest of its file. 128 MiB is
+64 times a MediaWiki page's limit (2 MiB) and holds the 100 MB single-document book of bench/RESULTS.md."""
+
 MAX_WORD_CHARS = 1000
 """A whitespace-free run longer than this is not language (base64, minified data): the document is rejected."""
 

@@ -13,7 +13,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from pipeline.data.sources.records import READ_ERRORS, InputFile, Item, Rejected, Skipped, stopped, unreadable
+from pipeline.data.sources.records import (MAX_RECORD_BYTES, READ_ERRORS, InputFile, Item, Rejected, Skipped, stopped,
+                                           unreadable)
 from pipeline.data.sources.text import base_name, record
 from pipeline.storage.io import filesystem
 
@@ -34,8 +35,11 @@ def _values(col: Any) -> list:
         return out
 
 
-def _read_arrow_batches(f: InputFile, batches: Iterator, column: str, start: int = 0) -> Iterator[Item]:
-    """Rows as records numbered from `start`, named by an `id` column when there is one, else `file:row`."""
+def _read_arrow_batches(f: InputFile, batches: Iterator, column: str, start: int = 0,
+                        max_bytes: int = MAX_RECORD_BYTES) -> Iterator[Item]:
+    """Rows as records numbered from `start`, named by an `id` column when there is one, else `file:row`; a text of
+    more than `max_bytes` is `record_too_large` (Arrow has read it by then, a row group at a time: the cap keeps
+    such a text out of the pipeline, as in every other format)."""
     import pyarrow as pa
 
     i = start
@@ -58,11 +62,11 @@ def _read_arrow_batches(f: InputFile, batches: Iterator, column: str, start: int
                 yield Rejected(f.path, i, "invalid_utf8")
             else:
                 rec = {column: v} if names is None or names[k] is None else {column: v, "id": names[k]}
-                yield record(f, i, rec, column, f"{base}:{i}")
+                yield record(f, i, rec, column, f"{base}:{i}", max_bytes=max_bytes)
             i += 1
 
 
-def read_parquet(f: InputFile, column: str) -> Iterator[Item]:
+def read_parquet(f: InputFile, column: str, max_bytes: int = MAX_RECORD_BYTES) -> Iterator[Item]:
     """A Parquet file, row group by row group (see the module docstring for damaged files)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -88,7 +92,7 @@ def read_parquet(f: InputFile, column: str) -> Iterator[Item]:
             start, end = i, i + size
             try:
                 for item in _read_arrow_batches(f, pf.iter_batches(batch_size=1024, row_groups=[g], columns=cols),
-                                                column, i):
+                                                column, i, max_bytes):
                     if i == end:  # more rows than the footer says: they would take the next group's numbers
                         break
                     yield item
@@ -102,7 +106,7 @@ def read_parquet(f: InputFile, column: str) -> Iterator[Item]:
             i = end
 
 
-def read_hf(f: InputFile, column: str) -> Iterator[Item]:
+def read_hf(f: InputFile, column: str, max_bytes: int = MAX_RECORD_BYTES) -> Iterator[Item]:
     """A `datasets` save_to_disk directory: Arrow stream files in state.json's order. A state.json or Arrow file
     that cannot be read stops the directory there, named as skipped."""
     import pyarrow as pa
@@ -119,7 +123,7 @@ def read_hf(f: InputFile, column: str) -> Iterator[Item]:
     try:
         for name in files:
             with fs.open(f"{p}/{name}", "rb") as fh:
-                for item in _read_arrow_batches(f, iter(pa.ipc.open_stream(fh)), column, offset):
+                for item in _read_arrow_batches(f, iter(pa.ipc.open_stream(fh)), column, offset, max_bytes):
                     yield item
                     offset += 1
     except READ_ERRORS + (pa.ArrowException,) as e:

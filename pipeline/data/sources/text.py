@@ -2,7 +2,9 @@
 
 Each resyncs where the format allows: a bad JSON line is one rejected record and the next line is read; a damaged
 `<doc>` block is one rejected record and the next `<doc` line starts the next. A file that cannot be read on (a
-damaged or truncated compressed stream) rejects the record it was reading and is named (`records.stopped`).
+damaged or truncated compressed stream) rejects the record it was reading and is named (`records.stopped`). No
+record takes more than `max_record_bytes` of memory (`records.MAX_RECORD_BYTES`): lines are read at most that long
+(`lines`), a longer one, a longer `<doc>` block or book is rejected as `record_too_large`.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from collections.abc import Iterator
 
 from pipeline.data import wiki
 from pipeline.data.sources.inputs import kind_of
-from pipeline.data.sources.records import (READ_ERRORS, Document, InputFile, Item, Rejected, check_text, decode_text,
-                                           has_surrogate, stopped)
+from pipeline.data.sources.records import (MAX_RECORD_BYTES, READ_ERRORS, Document, InputFile, Item, Rejected,
+                                           check_text, decode_text, has_surrogate, stopped)
 from pipeline.storage.io import filesystem
 
 
@@ -39,14 +41,40 @@ def base_name(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1]
 
 
-def read_txt(f: InputFile) -> Iterator[Item]:
-    """A book: the whole file is one document, named by the file."""
+SKIP_BYTES = 1 << 20
+"""Bytes read at a time past a record over the cap, looking for its end."""
+
+
+def lines(fh: io.IOBase, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
+    """The lines of a binary stream as (line, True), a line longer than `max_bytes` (its newline left out) as (its
+    first max_bytes + 1 bytes, False): the rest of it is read past `SKIP_BYTES` at a time when the next line is asked
+    for. Memory holds at most max_bytes + 1 bytes of a line, however long.
+
+    >>> list(lines(io.BytesIO(b"ab\\nabcdef\\ncd"), 3))
+    [(b'ab\\n', True), (b'abcd', False), (b'cd', True)]
+    """
+    readline, limit = fh.readline, max_bytes + 1  # looked up once: fsspec's local files delegate each lookup
+    while line := readline(limit):
+        if len(line) < limit or line[-1] == 10:  # 10: a newline
+            yield line, True
+            continue
+        yield line, False
+        while (rest := readline(SKIP_BYTES)) and rest[-1] != 10:
+            pass
+
+
+def read_txt(f: InputFile, max_bytes: int = MAX_RECORD_BYTES) -> Iterator[Item]:
+    """A book: the whole file is one document, named by the file; a file of more than `max_bytes` (decompressed) is
+    rejected as `record_too_large`, after reading `max_bytes` + 1 of them."""
     doc_id = f.index << 32
     try:
         with open_bytes(f.path) as fh:
-            data = fh.read()
+            data = fh.read(max_bytes + 1)
     except READ_ERRORS as e:  # a truncated or damaged .gz, a name whose extension lies (`notes.bz2` of plain text)
         yield from stopped(f, 0, e)
+        return
+    if len(data) > max_bytes:
+        yield Rejected(f.path, 0, "record_too_large")
         return
     text, reason = decode_text(data)
     del data  # a book can be 100s of MB: keep the text only, not its bytes too, while it is being consumed
@@ -57,11 +85,12 @@ def read_txt(f: InputFile) -> Iterator[Item]:
         yield Document(doc_id, f.path, text, base_name(f.path))  # type: ignore[arg-type]
 
 
-def record(f: InputFile, i: int, rec: object, column: str, where: str = "", unescape: bool = False
-           ) -> Document | Rejected:
+def record(f: InputFile, i: int, rec: object, column: str, where: str = "", unescape: bool = False,
+           max_bytes: int = MAX_RECORD_BYTES) -> Document | Rejected:
     """`rec`'s document: named by its `id` when it has one, else `where` (`file:line`, `file:row`). `unescape`:
     the text is HTML-escaped (WikiExtractor escapes &, < and > in every output form). A text or id holding a lone
-    surrogate (JSON's `"\\ud800"`) cannot be written as UTF-8: `lone_surrogate`."""
+    surrogate (JSON's `"\\ud800"`) cannot be written as UTF-8: `lone_surrogate`; a text of more than `max_bytes`
+    (a Parquet or datasets row's: a JSON line's is no longer than its line) is `record_too_large`."""
     if not isinstance(rec, dict):
         return Rejected(f.path, i, "invalid_json")
     if column not in rec:
@@ -71,6 +100,8 @@ def record(f: InputFile, i: int, rec: object, column: str, where: str = "", unes
         return Rejected(f.path, i, "null_text")
     if not isinstance(text, str):
         return Rejected(f.path, i, "text_not_string")
+    if 4 * len(text) > max_bytes and len(text.encode("utf-8", "surrogatepass")) > max_bytes:
+        return Rejected(f.path, i, "record_too_large")
     if unescape:
         text = html.unescape(text)
     rid = rec.get("id")
@@ -93,15 +124,20 @@ def _parse_line(line: bytes) -> tuple[object, str | None]:
         return None, "invalid_json"
 
 
-def read_jsonl(f: InputFile, column: str) -> Iterator[Item]:
+def read_jsonl(f: InputFile, column: str, max_bytes: int = MAX_RECORD_BYTES) -> Iterator[Item]:
     """JSON lines, one record a line. WikiExtractor's `--json` output (recognised by content under its own names,
-    kind `wikiext_json`) is HTML-unescaped, as its `<doc>` form is; a `.jsonl` file is read as it is."""
+    kind `wikiext_json`) is HTML-unescaped, as its `<doc>` form is; a `.jsonl` file is read as it is. A line of
+    more than `max_bytes` is `record_too_large` (a last line without its newline: the rest of the file)."""
     i = 0
     unescape = f.kind == "wikiext_json"
     base = base_name(f.path)
     try:
         with open_bytes(f.path) as fh:
-            for n, line in enumerate(fh, 1):
+            for n, (line, whole) in enumerate(lines(fh, max_bytes), 1):
+                if not whole:
+                    yield Rejected(f.path, i, "record_too_large")
+                    i += 1
+                    continue
                 if not line.strip():
                     continue  # a blank line is not a record
                 rec, reason = _parse_line(line)
@@ -133,36 +169,44 @@ def _doc_attrs(raw: bytes) -> tuple[dict[str, str], str | None]:
     return {k: html.unescape(v) for k, v in _ATTR.findall(m.group(1))}, None
 
 
-def read_wikiext(f: InputFile) -> Iterator[Item]:
+def read_wikiext(f: InputFile, max_bytes: int = MAX_RECORD_BYTES) -> Iterator[Item]:
     """WikiExtractor's `<doc id=".." url=".." title="..">` ... `</doc>` blocks: one document each, named by its id.
 
     Every line that opens a block is a record. A block is rejected as `bad_doc_tag` (its line has no `>`),
-    `invalid_utf8`, `unterminated_doc` (the next `<doc` line came before its `</doc>`) or `truncated_doc` (the
-    file ended inside it), the first of these it has; text between blocks is no record."""
+    `invalid_utf8`, `record_too_large` (more than `max_bytes`, its lines from `<doc` to `</doc>`: its text is
+    dropped as it is read), `unterminated_doc` (the next `<doc` line came before its `</doc>`) or `truncated_doc`
+    (the file ended inside it), the first of these it has; text between blocks is no record."""
     i = 0
     inside = False
     attrs: dict[str, str] = {}
     bad: str | None = None
-    lines: list[str] = []
+    text: list[str] = []
+    size = 0  # the block's bytes so far
     try:
         with open_bytes(f.path) as fh:
-            for raw in fh:
+            for raw, whole in lines(fh, max_bytes):
                 if _DOC_OPEN.match(raw):
                     if inside:  # a block's first damage is its reason
                         yield Rejected(f.path, i, bad or "unterminated_doc")
                         i += 1
-                    inside, lines = True, []
-                    attrs, bad = _doc_attrs(raw)
-                elif not inside:
+                    inside, text, size = True, [], len(raw)
+                    attrs, bad = _doc_attrs(raw) if whole else ({}, "record_too_large")
+                    continue
+                if not inside:
                     continue  # text between blocks is not a record
-                elif _DOC_CLOSE.match(raw):
-                    yield Rejected(f.path, i, bad) if bad else _wikiext_doc(f, i, attrs, lines)
+                size += len(raw)
+                if _DOC_CLOSE.match(raw):
+                    yield Rejected(f.path, i, bad) if bad else _wikiext_doc(f, i, attrs, text)
                     i, inside = i + 1, False
-                elif not bad:
+                elif bad:
+                    continue
+                elif not whole or size > max_bytes:
+                    bad, text = "record_too_large", []
+                else:
                     try:
-                        lines.append(raw.decode("utf-8"))
+                        text.append(raw.decode("utf-8"))
                     except UnicodeDecodeError:
-                        bad, lines = "invalid_utf8", []
+                        bad, text = "invalid_utf8", []
     except READ_ERRORS as e:
         yield from stopped(f, i, e)
         return
