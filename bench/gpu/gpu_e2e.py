@@ -8,8 +8,9 @@
 interrupting the job then leaves a point to resume from; exit 1 when PID ends first or the timeout passes.
 
 `report` reads the step logs the script wrote (tiny.log, base1.log: the interrupted run, base2.log: the same
-command again), the MLflow store and loopref.jsonl (bench/train/train_step.py's product step at the loop's micro-batch,
-run alone on the same machine), and writes `summary.md` and `summary.json`: each check with its figure.
+command again; mb1.log and mb2.log: the same for modernbert-base, E2E_PARTS=modernbert), the MLflow store and
+loopref.jsonl (bench/train/train_step.py's product step at the loop's micro-batch, run alone on the same machine), and
+writes `summary.md` and `summary.json`: each check with its figure (modernbert-base's under "modernbert").
 Its exit status is the number of failed checks (0: all passed).
 """
 
@@ -67,7 +68,8 @@ def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
 
 
 def load_model(uri: str, device: str) -> dict:
-    """Download the registered version's files and run BertForPreTraining (and AutoModel) on one sentence."""
+    """Download the registered version's files and run transformers' class for its family on one sentence:
+    BertForPreTraining for BERT, AutoModelForMaskedLM (ModernBertForMaskedLM) for ModernBERT; and AutoModel."""
     import mlflow
     import torch
     import transformers
@@ -75,19 +77,24 @@ def load_model(uri: str, device: str) -> dict:
     with tempfile.TemporaryDirectory() as d:
         path = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=d)
         files = sorted(os.listdir(path))
+        family = json.loads((Path(path) / "config.json").read_text()).get("model_type")
         tok = transformers.AutoTokenizer.from_pretrained(path)
-        model = transformers.BertForPreTraining.from_pretrained(path).to(device).eval()
+        cls = transformers.BertForPreTraining if family == "bert" else transformers.AutoModelForMaskedLM
+        model = cls.from_pretrained(path).to(device).eval()
         enc = tok(["the lord spoke to moses in the wilderness of sinai"], return_tensors="pt").to(device)
+        enc.pop("token_type_ids", None) if family != "bert" else None
         with torch.no_grad():
             out = model(**enc)
+        logits = out.prediction_logits if family == "bert" else out.logits
         base = transformers.AutoModel.from_pretrained(path)
-        return {"files": files, "logits": list(out.prediction_logits.shape), "auto_model": type(base).__name__,
-                "finite": bool(torch.isfinite(out.prediction_logits).all()),
+        return {"files": files, "logits": list(logits.shape), "auto_model": type(base).__name__,
+                "model": type(model).__name__, "finite": bool(torch.isfinite(logits).all()),
                 "params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 1)}
 
 
 def report(logs: Path, status: Path, uri: str, device: str, out: Path, warm_steps: int, min_drop: float,
-           loopref: Path | None = None) -> int:
+           loopref: Path | None = None, mb_warm_steps: int = 20, mb_min_drop: float = 0.5,
+           mb_phases: tuple[str, str] = ("1,024", "8,192")) -> int:
     checks: list[dict] = []
 
     def check(name: str, ok: bool, figure: str) -> None:
@@ -101,9 +108,17 @@ def report(logs: Path, status: Path, uri: str, device: str, out: Path, warm_step
         reg = _last_line(tiny, "registered models:/")
         check("tiny job (configs/tiny.yaml) registers a model", statuses.get("tiny") == 0 and reg is not None,
               f"exit {statuses.get('tiny')}, {reg}")
+    times = _text(logs / "times.log")
     if statuses.get("base1") is not None:
-        base_checks(checks, check, summary, base1, base2, statuses, _text(logs / "times.log"), uri, device, warm_steps, min_drop)
+        base_checks(checks, check, summary, base1, base2, statuses, times, uri, device, warm_steps, min_drop)
         loop_vs_step(check, summary, loopref)
+    if statuses.get("mb1") is not None:  # issue 61: modernbert-base, both phases (E2E_PARTS=modernbert)
+        mb: dict = {}
+        summary["modernbert"] = mb
+        mb1, mb2 = (_text(logs / f) for f in ("mb1.log", "mb2.log"))
+        named = {"base1": statuses.get("mb1"), "base2": statuses.get("mb2")}
+        base_checks(checks, lambda name, ok, figure: check(f"modernbert-base: {name}", ok, figure), mb, mb1, mb2,
+                    named, times, uri, device, mb_warm_steps, mb_min_drop, phases=mb_phases)
     return write_summary(checks, summary, logs, out, device)
 
 
@@ -130,11 +145,14 @@ def loop_vs_step(check, summary: dict, loopref: Path | None) -> None:
           f"{json.loads(line[0])['setting']['batch']} x 128)")
 
 
-def base_checks(checks, check, summary, base1, base2, statuses, times, uri, device, warm_steps, min_drop) -> None:
+def base_checks(checks, check, summary, base1, base2, statuses, times, uri, device, warm_steps, min_drop,
+                phases: tuple[str, str] = ("128", "512")) -> None:
+    """The checks of a run interrupted and resumed (`base1`, `base2`: its two logs; `statuses` their exit codes
+    under those names), its MLflow run and its registered version; `phases` the two phases' lengths, as printed."""
     from mlflow import MlflowClient
 
     interrupted = "interrupted; re-running the same command resumes" in base1
-    check("base run interrupted after a checkpoint (SIGINT, as Ctrl-C)", interrupted and statuses.get("base1") != 0,
+    check("run interrupted after a checkpoint (SIGINT, as Ctrl-C)", interrupted and statuses.get("base1") != 0,
           f"exit {statuses.get('base1')}, {_last_line(times, 'checkpoint step') or 'no checkpoint seen'}")
     resumed = re.search(r"\[rank 0\] resumed at step (\d+)", base2)
     reg2 = _last_line(base2, "registered models:/")
@@ -164,7 +182,7 @@ def base_checks(checks, check, summary, base1, base2, statuses, times, uri, devi
         check("one step count over both phases", set(expect) <= set(steps) and switch is not None
               and all(phase[s] == (0 if s < switch else 1) for s in phase),
               f"steps {steps[0] if steps else '-'}..{steps[-1] if steps else '-'} ({len(steps)} logged, every "
-              f"{every}, max_steps {max_steps}); phase 1 (512) from logged step {switch}")
+              f"{every}, max_steps {max_steps}); phase 1 ({phases[1]}) from logged step {switch}")
         lrs = [v for _, v in lr]
         peak = max(range(len(lrs)), key=lrs.__getitem__) if lrs else 0
         decay = lrs[peak:]
@@ -183,15 +201,16 @@ def base_checks(checks, check, summary, base1, base2, statuses, times, uri, devi
                   for p in (0, 1)}
         med = {p: statistics.median(v) if v else None for p, v in steady.items()}
         check("steady-state train/tokens_per_s", med[0] is not None,
-              f"phase 0 (128): {med[0] or 0:,.0f} tok/s median of {len(steady[0])} steps; "
-              f"phase 1 (512): {med[1] or 0:,.0f} tok/s median of {len(steady[1])} steps")
+              f"phase 0 ({phases[0]}): {med[0] or 0:,.0f} tok/s median of {len(steady[0])} steps; "
+              f"phase 1 ({phases[1]}): {med[1] or 0:,.0f} tok/s median of {len(steady[1])} steps")
         mfus = _history(client, run_id, "train/mfu")
         steady_mfu = {p: [v for s, v in mfus if phase.get(s) == p and s > warm_steps
                           and not resumed_at < s <= resumed_at + warm_steps] for p in (0, 1)}
         mfu_med = {p: statistics.median(v) if v else None for p, v in steady_mfu.items()}
         check("train/mfu logged" + (" on the GPU" if device == "cuda" else ": none on a CPU"),
               bool(mfus) == (device == "cuda"),
-              f"{len(mfus)} steps; phase 0 (128): {mfu_med[0] or 0:.1%} median, phase 1 (512): {mfu_med[1] or 0:.1%}")
+              f"{len(mfus)} steps; phase 0 ({phases[0]}): {mfu_med[0] or 0:.1%} median, "
+              f"phase 1 ({phases[1]}): {mfu_med[1] or 0:.1%}")
         ev = {k: round(v, 4) for k, v in run.data.metrics.items() if k.startswith("eval/")}
         summary.update({"run_id": run_id, "run_name": run_line.group(2), "registered": reg2, "max_steps": max_steps,
                         "phase_switch_step": switch, "resumed_at": resumed_at, "loss_first5": first, "loss_last10_phase0": last,
@@ -202,7 +221,7 @@ def base_checks(checks, check, summary, base1, base2, statuses, times, uri, devi
         if reg2:
             try:
                 m = load_model(reg2.split(" ", 1)[1], device)
-                check("registered model loads in transformers (BertForPreTraining + AutoModel, forward pass)",
+                check(f"registered model loads in transformers ({m['model']} + AutoModel, forward pass)",
                       m["finite"], f"{reg2.split(' ', 1)[1]}: logits {m['logits']}, {m['params_M']}M params, "
                       f"AutoModel -> {m['auto_model']}, files {', '.join(m['files'])}")
                 summary["model"] = m
@@ -232,18 +251,23 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--timeout", type=float, default=300)
     r = sub.add_parser("report")
     r.add_argument("--logs", type=Path, required=True)
-    r.add_argument("--status", type=Path, required=True, help='JSON {"tiny": exit status or null, "base1": ..., "base2": ...}')
+    r.add_argument("--status", type=Path, required=True,
+                   help='JSON {"tiny": exit status or null, "base1": ..., "base2": ..., "mb1": ..., "mb2": ...}')
     r.add_argument("--uri", required=True, help="the MLflow store the jobs used")
     r.add_argument("--device", default="cuda")
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--warm-steps", type=int, default=20, help="steps left out of the tokens/s median after a (re)start")
     r.add_argument("--min-loss-drop", type=float, default=0.5, help="how far phase 0's loss must fall")
+    r.add_argument("--mb-warm-steps", type=int, default=20, help="--warm-steps of the modernbert part")
+    r.add_argument("--mb-min-loss-drop", type=float, default=0.5, help="--min-loss-drop of the modernbert part")
+    r.add_argument("--mb-phases", default="1,024/8,192", help="the modernbert part's two lengths, as printed")
     r.add_argument("--loopref", type=Path,
                    help="bench/train/train_step.py --json output: the step alone at the loop's batch")
     a = ap.parse_args(argv)
     if a.cmd == "wait-checkpoint":
         return wait_checkpoint(a.storage, a.pid, a.timeout)
-    return min(report(a.logs, a.status, a.uri, a.device, a.out, a.warm_steps, a.min_loss_drop, a.loopref), 100)
+    return min(report(a.logs, a.status, a.uri, a.device, a.out, a.warm_steps, a.min_loss_drop, a.loopref,
+                      a.mb_warm_steps, a.mb_min_loss_drop, tuple(a.mb_phases.split("/"))), 100)
 
 
 if __name__ == "__main__":

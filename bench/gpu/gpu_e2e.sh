@@ -14,8 +14,14 @@
 #      registered version loaded in transformers (BertForPreTraining + AutoModel, a forward pass on the GPU), the
 #      system/* metrics (GPU memory included), steady train/tokens_per_s per phase (micro-batch 32 at 128, 8 at 512)
 #      and the loop's tokens/s at 128 over loopref's (goal >= 0.9).
-# Writes to $OUT (8 files): times.log (timestamps per step), tiny.log, base1.log, base2.log, loopref.jsonl,
-# report.log, summary.md, summary.json. Exit status: 0 when every check passed.
+#   E2E_PARTS=modernbert (issue 61): modernbert-base from configs/modernbert-base.yaml, 300 steps (270 at 1,024, then
+#      30 at 8,192), rows packed by document, a checkpoint every 100; mb1 interrupted with SIGINT after an intact
+#      checkpoint, mb2 the same command (resume, the 8,192 phase, export, register); the report checks the same as
+#      base's (no loop reference) and loads the version in transformers (AutoModelForMaskedLM + AutoModel).
+#      run(command="E2E_PARTS=modernbert E2E_BUDGET_S=330 bash bench/gpu/gpu_e2e.sh", carry=[".whl", ".e2e"],
+#          timeout_s=360)
+# Writes to $OUT: times.log (timestamps per step), tiny.log, base1.log, base2.log, loopref.jsonl, mb1.log, mb2.log
+# (the parts that ran), report.log, summary.md, summary.json. Exit status: 0 when every check passed.
 #
 # Before the GPU session's call, once, here in the repo root (PyPI reachable; ~1 minute):
 #   /work/main/.venv/bin/python bench/gpu/gpu_bundle.py   # .whl/ (41 cp312 wheels, 48.9 MiB) + .e2e/corpora (2.6 MiB);
@@ -151,10 +157,51 @@ if [[ $PARTS == *base* ]]; then
   start base2 "${BASE[@]}"; finish base2 240  # it took ~200 s on an H200 (2026-11-28), exit included
 fi
 
-printf '{"tiny": %s, "base1": %s, "base2": %s}\n' "${STATUS[tiny]:-null}" "${STATUS[base1]:-null}" "${STATUS[base2]:-null}" >"$WORK/status.json"
+if [[ $PARTS == *modernbert* ]]; then
+  # Issue 61: ModernBERT-base's main job from configs/modernbert-base.yaml, scaled to fit a call: both phases (1,024,
+  # then 8,192: the context extension), rows packed by document, interrupted with SIGINT after an intact checkpoint
+  # and resumed by the same command, registered; the report loads the version in transformers
+  # (AutoModelForMaskedLM, AutoModel). No scorecard (eval.suite null: the suite's tasks are not carried).
+  MB=(--config "$REPO/configs/modernbert-base.yaml" --data.inputs "$CORPUS" --data.output "$WORK/data/mb"
+      --data.num_shards 8 --data.chunk_chars 250000 --train.num_workers 1 --train.storage_path "$WORK/runs-mb"
+      --train.num_eval_shards 1 --train.num_to_keep 2 --tracking.system_metrics_every_s 5
+      --tracking.model_name modernbert-e2e --eval.suite null)
+  if [ "$DEVICE" = cuda ]; then
+    # 300 steps: 270 of 32 rows x 1,024 (32k tokens, the preset's micro-batch), 30 of 4 x 8,192; a checkpoint (with
+    # AdamW's state, ~1.8 GB) and an evaluation every 100 steps; figures every 10.
+    MB+=(--data.num_actors 12 --train.use_gpu true --train.precision bf16 --train.cpus_per_worker 4
+         --train.max_steps 300 --train.global_batch_size 32 --train.micro_batch_size 32 --train.log_every_steps 10
+         --train.eval_every_steps 100 --train.checkpoint_every_steps 100 --train.eval_batches 5
+         --train.phases "[{max_seq_length: 1024, fraction: 0.9, max_predictions_per_seq: 308, micro_batch_size: 32},
+           {max_seq_length: 8192, max_predictions_per_seq: 2458, global_batch_size: 4, micro_batch_size: 4}]")
+    MB_WARM=20 MB_DROP=0.5 MB_PHASES=1,024/8,192
+  else
+    # modernbert-tiny's shapes and 128 then 256 tokens on the CPU: the same plumbing (two phases, packed rows,
+    # the interrupt, the resume, the registered version), fp32.
+    MB+=(--model.preset modernbert-tiny --data.vocab_size 8000 --data.num_actors 2 --train.use_gpu false
+         --train.precision fp32 --train.cpus_per_worker 1 --train.lr 1.0e-3 --train.max_steps 20
+         --train.global_batch_size 4 --train.micro_batch_size 4 --train.log_every_steps 2
+         --train.eval_every_steps 6 --train.checkpoint_every_steps 6 --train.eval_batches 2
+         --train.phases "[{max_seq_length: 128, fraction: 0.8, max_predictions_per_seq: 39, micro_batch_size: 4},
+           {max_seq_length: 256, max_predictions_per_seq: 77, micro_batch_size: 2}]")
+    MB_WARM=2 MB_DROP=0.1 MB_PHASES=128/256
+  fi
+  start mb1 "${MB[@]}"
+  wait_s=$(( BUDGET - ($(date +%s) - T0) - RESERVE - 60 )); [ "$wait_s" -gt 200 ] && wait_s=200
+  [ "$DEVICE" = cpu ] && wait_s=600
+  python3 bench/gpu/gpu_e2e.py wait-checkpoint "$WORK/runs-mb" "$PID" --timeout "$wait_s" 2>&1 | grep -v "^$" \
+    | tail -3 | tee -a "$OUT/times.log"
+  say "mb1: SIGINT to its process group (as Ctrl-C)"; kill -INT -- "-$PID" 2>/dev/null
+  finish mb1 60
+  start mb2 "${MB[@]}"; finish mb2 240
+fi
+
+printf '{"tiny": %s, "base1": %s, "base2": %s, "mb1": %s, "mb2": %s}\n' "${STATUS[tiny]:-null}" \
+  "${STATUS[base1]:-null}" "${STATUS[base2]:-null}" "${STATUS[mb1]:-null}" "${STATUS[mb2]:-null}" >"$WORK/status.json"
 say "report"
 python3 bench/gpu/gpu_e2e.py report --logs "$OUT" --status "$WORK/status.json" --uri "$MLFLOW_TRACKING_URI" \
   --device "$DEVICE" --out "$OUT" --warm-steps "${WARM:-20}" --min-loss-drop "${DROP:-0.5}" \
+  --mb-warm-steps "${MB_WARM:-20}" --mb-min-loss-drop "${MB_DROP:-0.5}" --mb-phases "${MB_PHASES:-1,024/8,192}" \
   --loopref "$OUT/loopref.jsonl" >"$OUT/report.log" 2>&1
 RC=$?
 cat "$OUT/report.log" | grep -E "^\[(PASS|FAIL)\]|checks passed|Error" ; say "done, exit $RC"
