@@ -88,8 +88,8 @@ def pytest_unconfigure(config):  # noqa: ARG001 - pytest's hook signature
 # takes it runs it after test_pretrain_job has written its one-host references (`one_host_reference`), which
 # test_two_hosts would otherwise train again.
 LONGEST_FIRST = ("test_finetune_job", "test_pretrain_job", "test_secure_tracking", "test_two_hosts", "test_stages",
-                 "test_prepare_data_job", "test_jobs_cli", "test_modernbert_job", "test_executors", "test_pretrain_loop",
-                 "test_preflight", "test_outage")
+                 "test_evaluate_job", "test_prepare_data_job", "test_jobs_cli", "test_modernbert_job", "test_executors",
+                 "test_pretrain_loop", "test_preflight", "test_outage")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
