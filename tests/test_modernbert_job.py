@@ -79,6 +79,18 @@ def test_modernbert_tiny_job_registers_a_version_transformers_loads(tmp_path, sh
         b = theirs(input_ids=ids, attention_mask=mask).logits
     assert (a - b)[mask.bool()].abs().max().item() < 1e-4
 
+    # the preset's byte-level BPE (issue 57) is registered with it: AutoTokenizer and fill-mask read it
+    from transformers import AutoTokenizer, pipeline
+
+    from pipeline.data.tokenizer import load_tokenizer
+
+    auto = AutoTokenizer.from_pretrained(local)
+    text = (shared_dir / "corpora" / "books" / "01_Ge.txt").read_text()[:3000]  # held out: not in the two books
+    assert auto(text, add_special_tokens=False)["input_ids"] == load_tokenizer(local).encode(
+        text, add_special_tokens=False).ids
+    assert json.loads((tmp_path / "data" / "manifest.json").read_text())["tokenizer"]["kind"] == "bpe"
+    assert len(pipeline("fill-mask", model=local, top_k=2)(f"And the {auto.mask_token} said")) == 2
+
     # fine-tuning starts from the registered version: its class is ModernBERT's, and it trains
     task = shared_dir / "tasks" / "pydocs_topic"
     ft = subprocess.run(
