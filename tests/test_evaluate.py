@@ -34,7 +34,9 @@ def test_the_project_suites_load_and_their_files_exist(name):
         assert by["same_page"].task == "sentence-pair-classification" and by["same_page"].test.endswith("test.tsv")
         assert s.protocol.lrs == (3e-4, 1e-3) and s.protocol.seeds == (1, 2, 3)
         assert by["same_page"].protocol.max_seq_length == 160 and by["pydocs_topic"].protocol.max_seq_length == 128
-        assert s.num_trials(2) == 2 * 3 * 2 * 3
+        assert by["pydocs_search"].task == "retrieval" and by["pydocs_search"].test.endswith("qrels/test.tsv")
+        assert by["pydocs_search"].metric == "ndcg@10" and by["pydocs_search"].protocol.max_seq_length == 64
+        assert s.num_trials(2) == 2 * 4 * 2 * 3
 
 
 def _suite(tmp_path: Path, text: str) -> str:
