@@ -306,6 +306,8 @@ def layer_mask(kernel: str, ids: torch.Tensor, half: int | None, documents: bool
     if kernel == "flex":
         return FlexMask(flex_block_mask(ids, half, documents))
     if kernel == "jagged":
+        if half is not None:
+            raise ValueError("the jagged kernel takes no mask, so no window: local layers take banded, sdpa or flex")
         index = None if attention_mask is None else attention_mask.to(ids.device).reshape(-1).nonzero().squeeze(1)
         segs = segments if segments is not None else Segments.rows(B, L, attention_mask, ids.device)
         return JaggedRows(segs, index)

@@ -26,6 +26,7 @@ from model.modernbert import (
     ModernBertForSequenceClassification,
     ModernBertForTokenClassification,
     attention_masks,
+    layer_mask,
 )
 from model.segments import Segments
 
@@ -366,6 +367,8 @@ def test_kernel_fields_are_checked_and_stay_out_of_config_json():
         tiny_cfg(local_attention_kernel="jagged")  # jagged SDPA takes no mask: no window
     with pytest.raises(ValueError, match="local_attention_kernel 'flex' has no attention dropout"):
         tiny_cfg(local_attention_kernel="flex", attention_dropout=0.1)
+    with pytest.raises(ValueError, match="the jagged kernel takes no mask, so no window"):
+        layer_mask("jagged", torch.zeros(1, 8, dtype=torch.long), 4, True)
     d = tiny_cfg(global_attention_kernel="jagged").to_hf_dict()
     assert "global_attention_kernel" not in d and "local_attention_kernel" not in d
     assert ModernBertConfig.from_hf_dict(d).global_attention_kernel == "sdpa"
