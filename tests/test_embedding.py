@@ -118,6 +118,34 @@ def test_pair_batch_and_the_training_figures():
     assert E.counts(out, {}).tolist() == [1.0, 2.0, 1.0, 2.0]
 
 
+def test_exact_search_in_chunks_is_one_search(monkeypatch):
+    """Scores computed a few queries at a time (`SCORE_ELEMENTS`) rank and score as all at once; each query's run
+    holds its top 100 and the loss is the mean over (query, relevant document) pairs."""
+    from pipeline.finetune import retrieval
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.nn.functional.normalize(torch.randn(7, 16, generator=g), dim=-1)
+    d = torch.nn.functional.normalize(torch.randn(150, 16, generator=g), dim=-1)
+    qids, dids = [f"q{i}" for i in range(7)], [f"d{i}" for i in range(150)]
+    qrels = {f"q{i}": {f"d{3 * i}": 1, f"d{3 * i + 1}": 2} for i in range(7)}
+    whole = retrieval.retrieval_scores(q, d, qids, dids, qrels, 0.05)
+    monkeypatch.setattr(retrieval, "SCORE_ELEMENTS", 300)  # two queries at a time
+    assert retrieval.retrieval_scores(q, d, qids, dids, qrels, 0.05) == pytest.approx(whole, rel=1e-6)  # float32 sums
+    s = q @ d.T / 0.05
+    want = sum(float(torch.logsumexp(s[i], 0) - s[i, int(k[1:])]) for i in range(7) for k in qrels[f"q{i}"]) / 14
+    assert whole["loss"] == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.parametrize("module", ["model.pooling", "pipeline.finetune.embedding", "pipeline.finetune.retrieval",
+                                    "pipeline.finetune.readers", "pipeline.finetune.metrics", "pipeline.tracking.runs"])
+def test_the_worked_examples_in_the_docstrings_hold(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.failed == 0 and result.attempted > 0, result
+
+
 # -- the sentence-transformers export ----------------------------------------------------------------------------
 
 TEXTS = ["How do I read a file line by line?", "The json module encodes and decodes JSON.",

@@ -320,3 +320,63 @@ def test_non_utf8_file_is_one_line_error(tmp_path, name, reader):
     p.write_bytes(b"sentence\tlabel\n\xff\xfe caf\xe9\ta\n")
     with pytest.raises(R.FinetuneDataError, match=rf"{name}: not valid UTF-8 \(byte 15\)"):
         reader(p)
+
+
+# -- sentence embeddings: pairs and BEIR sets ---------------------------------------------------------------------
+
+
+def beir(tmp_path: Path, corpus: str, queries: str, qrels: str, split: str = "test") -> Path:
+    (tmp_path / "qrels").mkdir(parents=True, exist_ok=True)
+    write(tmp_path, "corpus.jsonl", corpus)
+    write(tmp_path, "queries.jsonl", queries)
+    write(tmp_path / "qrels", f"{split}.tsv", qrels)
+    return tmp_path
+
+
+CORPUS = '{"_id": "d1", "title": "Ruth", "text": "Whither thou goest"}\n{"_id": "d2", "text": "I will go"}\n'
+QUERIES = '{"_id": "q1", "text": "where will you go"}\n{"_id": "q2", "text": "no judgement"}\n'
+QRELS = "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\t0\n"
+
+
+def test_embedding_task_features(tmp_path, minilm_dir):
+    """Pairs become query and positive ids (and negatives' when the file has them); the eval queries are those with
+    a relevant document, searched against the whole corpus (`title text`); a qrels file inside the directory is
+    another split of the same set."""
+    write(tmp_path, "pairs.tsv", "query\tpositive\tnegative\nwho\tRuth\tOrpah\nwhere\tMoab\tJudah\n")
+    d = beir(tmp_path / "b", CORPUS, QUERIES, QRELS)
+    td = D.prepare_task("embedding", tmp_path / "pairs.tsv", d, minilm_dir, 16)
+    tok = D.load_tokenizer(minilm_dir)
+    assert td.task == "embedding" and td.train["positive_ids"][0] == tok.encode("Ruth").ids
+    assert td.train["negative_ids"][1] == tok.encode("Judah").ids and len(td.train["input_ids"]) == 2
+    r = td.retrieval
+    assert r.query_ids == ["q1"] and r.doc_ids == ["d1", "d2"] and r.qrels == {"q1": {"d1": 1}}
+    assert r.corpus[0] == tok.encode("Ruth Whither thou goest").ids and td.eval["input_ids"][0] == tok.encode(
+        "where will you go").ids
+    write(tmp_path / "b" / "qrels", "dev.tsv", "query-id\tcorpus-id\tscore\nq2\td2\t2\n")
+    assert D.prepare_task("embedding", tmp_path / "pairs.tsv", d / "qrels" / "dev.tsv", minilm_dir).retrieval.qrels == {
+        "q2": {"d2": 2}}
+
+
+@pytest.mark.parametrize("pairs,corpus,queries,qrels,msg", [
+    ("query\tpos\nwho\tRuth\n", CORPUS, QUERIES, QRELS,
+     r"pairs.tsv: row 2: missing column\(s\) positive; has query, pos"),
+    ("query\tpositive\tnegative\nwho\tRuth\t \n", CORPUS, QUERIES, QRELS,
+     r"pairs.tsv: row 2: empty or non-text 'negative'"),
+    ("query\tpositive\nwho\tRuth\n", CORPUS, QUERIES, "query-id\tcorpus-id\tscore\nq1\td9\t1\n",
+     r"qrels/test.tsv: row 2: corpus-id 'd9' is not in .*corpus.jsonl"),
+    ("query\tpositive\nwho\tRuth\n", CORPUS, QUERIES, "query-id\tcorpus-id\tscore\nq1\td1\t1\nq7\td1\t1\n",
+     r"qrels/test.tsv: row 3: query-id 'q7' is not in .*queries.jsonl"),
+    ("query\tpositive\nwho\tRuth\n", "\n", QUERIES, QRELS, r"corpus.jsonl: file is empty"),
+    ("query\tpositive\nwho\tRuth\n", CORPUS + '{"_id": "d1", "text": "again"}\n', QUERIES, QRELS,
+     r"corpus.jsonl: row 3: _id 'd1' again \(first at row 1\)"),
+    ("query\tpositive\nwho\tRuth\n", CORPUS, QUERIES, "q1\td1\t1\n", r"qrels/test.tsv: row 1: header 'q1\\td1\\t1'"),
+    ("query\tpositive\nwho\tRuth\n", CORPUS, QUERIES, "query-id\tcorpus-id\tscore\nq1\td1\t0\n",
+     r"qrels/test.tsv: no relevant \(score > 0\) query-document pair"),
+], ids=["pairs-missing-column", "empty-negative", "unknown-document", "unknown-query", "empty-corpus", "duplicate-id",
+        "no-header", "nothing-relevant"])
+def test_embedding_bad_data_is_one_line_naming_file_and_row(tmp_path, minilm_dir, pairs, corpus, queries, qrels, msg):
+    write(tmp_path, "pairs.tsv", pairs)
+    d = beir(tmp_path / "b", corpus, queries, qrels)
+    with pytest.raises(R.FinetuneDataError, match=msg) as e:
+        D.prepare_task("embedding", tmp_path / "pairs.tsv", d, minilm_dir)
+    assert "\n" not in str(e.value)

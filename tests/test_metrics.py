@@ -206,3 +206,38 @@ def test_postprocess_qa_details():
     preds = M.postprocess_qa([w], s, e, {"q": ctx}, version_2=True, details=details)
     # best span "Naomi" 4.5 (start 2 + end 2); "Ruth clave unto Naomi" 1+2.5=3.5; null 6.0 -> diff 1.5 > 0
     assert preds == {"q": ""} and details["span"] == {"q": "Naomi"} and details["score_diff"] == {"q": 1.5}
+
+
+# -- retrieval ---------------------------------------------------------------------------------------------------
+
+
+def _direct(qrels: dict[str, dict[str, int]], run: dict[str, dict[str, float]]) -> dict[str, float]:
+    """nDCG@10 (linear gains, log2 discounts), MRR@10 and recall@100 written out from their definitions."""
+    out = {"ndcg@10": [], "mrr@10": [], "recall@100": []}
+    for q, rel in qrels.items():
+        ranked = [d for d, _ in sorted(run.get(q, {}).items(), key=lambda kv: -kv[1])]
+        dcg = sum(rel.get(d, 0) / math.log2(i + 2) for i, d in enumerate(ranked[:10]))
+        idcg = sum(g / math.log2(i + 2) for i, g in enumerate(sorted(rel.values(), reverse=True)[:10]))
+        out["ndcg@10"].append(dcg / idcg)
+        out["mrr@10"].append(next((1 / (i + 1) for i, d in enumerate(ranked[:10]) if rel.get(d, 0) > 0), 0.0))
+        out["recall@100"].append(sum(d in rel for d in ranked[:100]) / len(rel))
+    return {k: sum(v) / len(v) for k, v in out.items()}
+
+
+def test_retrieval_metrics_are_their_definitions_on_random_rankings():
+    """trec_eval's figures (pytrec_eval) against the definitions, on 200 random queries with graded relevance,
+    rankings of 150 documents (so recall@100 cuts), ties broken by distinct scores; a query the run never ranked
+    scores 0 on all three."""
+    rng = np.random.default_rng(0)
+    docs = [f"d{i}" for i in range(300)]
+    qrels, run = {}, {}
+    for q in range(200):
+        rel = rng.choice(300, int(rng.integers(1, 6)), replace=False)
+        qrels[f"q{q}"] = {docs[i]: int(rng.integers(1, 4)) for i in rel}
+        ranked = rng.permutation(300)[:150]
+        run[f"q{q}"] = {docs[i]: float(s) for i, s in zip(ranked, np.linspace(1, 0, 150))}
+    got, want = M.retrieval_metrics(qrels, run), _direct(qrels, run)
+    assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], abs=1e-9) for k in want), (got, want)
+    assert 0 < got["ndcg@10"] < 1 and 0 < got["recall@100"] < 1
+    del run["q0"]
+    assert M.retrieval_metrics({"q0": qrels["q0"]}, run) == {"ndcg@10": 0.0, "mrr@10": 0.0, "recall@100": 0.0}
