@@ -27,6 +27,7 @@ the suite bench/quality/pydocs_search.yaml's:
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -37,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from measure import REPO, interleaved, minilm_dir, print_table  # noqa: E402
 
 SEARCH = REPO / "configs" / "eval" / "tasks" / "pydocs_search"
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # as the jobs set it: a private local cluster needs no token
 
 
 def quality(model: str, split: str, max_seq_length: int) -> dict[str, float]:

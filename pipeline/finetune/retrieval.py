@@ -157,7 +157,8 @@ def embed_on_cluster(model: Any, tokenizer: str, texts: list[str], pooling: Pool
     ds = ray.data.from_arrow(blocks).map_batches(
         CorpusEmbedder, fn_constructor_kwargs={"model": ref, "tokenizer": tokenizer, "pooling": pooling,
                                                "max_seq_length": max_seq_length, "use_gpu": use_gpu},
-        batch_size=batch_size, batch_format="numpy", concurrency=actors, num_cpus=1, num_gpus=1 if use_gpu else 0)
+        batch_size=batch_size, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=1,
+        num_gpus=1 if use_gpu else 0)
     out: np.ndarray | None = None
     for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
         if out is None:
