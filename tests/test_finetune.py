@@ -17,7 +17,7 @@ import torch
 from pipeline.config import ConfigError
 from pipeline.finetune.data import prepare_task
 from pipeline.finetune.config import FinetuneConfig, load_finetune_config, resolve_lr
-from pipeline.finetune.job import build_model, resolve_source
+from pipeline.finetune.job import resolve_source, task_model
 from pipeline.finetune.loop import counts, epoch_micro_batches, evaluate, steps_per_epoch, summarise
 
 from conftest import sqlite_store
@@ -238,15 +238,15 @@ def pydocs_small(shared_dir, minilm_dir):
                         max_train_examples=12, max_eval_examples=40)
 
 
-def test_build_model_keeps_encoder_and_labels(minilm_dir, pydocs_small):
+def test_task_model_keeps_encoder_and_labels(minilm_dir, pydocs_small):
     from safetensors.torch import load_file
 
-    m = build_model(resolve_source(str(minilm_dir)), "sequence-classification", pydocs_small, {}, 30522)
+    m = task_model(resolve_source(str(minilm_dir)), pydocs_small, {}, 30522)
     assert m.config.num_labels == 6 and m.config.id2label[2] == "library"
     assert m.load_report["missing"] == ["classifier.bias", "classifier.weight"]
     ref = load_file(str(minilm_dir / "model.safetensors"))
     assert torch.equal(m.state_dict()["bert.encoder.layer.5.output.dense.weight"], ref["encoder.layer.5.output.dense.weight"])
-    s = build_model(resolve_source("scratch:tiny", str(minilm_dir)), "sequence-classification", pydocs_small, {}, 30522)
+    s = task_model(resolve_source("scratch:tiny", str(minilm_dir)), pydocs_small, {}, 30522)
     assert (s.config.hidden_size, s.config.vocab_size, s.config.num_labels) == (128, 30522, 6)
 
 
@@ -258,7 +258,7 @@ def _force(linear: torch.nn.Linear, bias: list[float]) -> None:
 
 
 def test_evaluate_classification_bookkeeping(minilm_dir, pydocs_small):
-    m = build_model(resolve_source("scratch:tiny", str(minilm_dir)), "sequence-classification", pydocs_small, {}, 30522)
+    m = task_model(resolve_source("scratch:tiny", str(minilm_dir)), pydocs_small, {}, 30522)
     _force(m.classifier, [0, 0, 5.0, 0, 0, 0])  # always "library"
     res = evaluate(m, pydocs_small, FinetuneConfig())
     gold = np.asarray(pydocs_small.eval["labels"])
@@ -275,7 +275,7 @@ def test_evaluate_token_bookkeeping(minilm_dir, tmp_path):
     ev = tmp_path / "ev.conll"
     ev.write_text("Naomi B-PER\nand O\nBethlehemjudah B-LOC\n\nthe O\nLORD B-DEITY\nGod O\n")
     td = prepare_task("token-classification", tr, ev, minilm_dir, 32)
-    m = build_model(resolve_source("scratch:tiny", str(minilm_dir)), "token-classification", td, {}, 30522)
+    m = task_model(resolve_source("scratch:tiny", str(minilm_dir)), td, {}, 30522)
     names = td.id2label
     _force(m.classifier, [5.0 if names[i] == "B-PER" else 0.0 for i in range(len(names))])  # every piece B-PER
     res = evaluate(m, td, FinetuneConfig())
@@ -289,7 +289,7 @@ def test_evaluate_qa_no_answer_path(minilm_dir):
     td = prepare_task("question-answering", DATA / "bible_squad_dev.json", DATA / "bible_squad_dev.json", minilm_dir,
                       96, doc_stride=16, max_train_examples=4, max_eval_examples=30)
     assert td.version_2 and any(not a for a in td.eval_answers.values())
-    m = build_model(resolve_source("scratch:tiny", str(minilm_dir)), "question-answering", td, {}, 30522)
+    m = task_model(resolve_source("scratch:tiny", str(minilm_dir)), td, {}, 30522)
     _force(m.qa_outputs, [0.0, 0.0])  # every start/end logit is 0
     # null score 0 − best span score 0 = 0 is not above the default threshold 0.0: every question gets a span
     # (the last tokens by tie order; a span like "." normalises to "" and happens to match a no-answer)
@@ -309,7 +309,7 @@ def test_regression_labels_and_metrics(minilm_dir, tmp_path):
     ev.write_text("sentence1\tsentence2\tlabel\nA man\tA man\t5.0\nMoab\tJudah\t1.0\nRuth\tNaomi\t2.0\n")
     td = prepare_task("sequence-classification", tr, ev, minilm_dir, 32)
     assert td.problem_type == "regression" and td.num_labels == 1 and td.eval["labels"] == [5.0, 1.0, 2.0]
-    m = build_model(resolve_source("scratch:tiny", str(minilm_dir)), "sequence-classification", td, {}, 30522)
+    m = task_model(resolve_source("scratch:tiny", str(minilm_dir)), td, {}, 30522)
     assert m.config.problem_type == "regression"
     _force(m.classifier, [2.0])  # predicts 2.0 for every pair
     res = evaluate(m, td, FinetuneConfig())
@@ -364,7 +364,7 @@ def test_a_modernbert_checkpoint_fine_tunes_every_task(modernbert_dir, shared_di
 
     train, dev, kw = _task_files(task, shared_dir, tmp_path)
     td = prepare_task(task, train, dev, modernbert_dir, 96 if task == "question-answering" else 32, **kw)
-    m = build_model(resolve_source(str(modernbert_dir)), task, td, {}, 30522)
+    m = task_model(resolve_source(str(modernbert_dir)), td, {}, 30522)
     assert type(m).__name__ == cls and sorted(m.load_report["missing"]) == [f"{head}.bias", f"{head}.weight"]
     ref = load_file(str(modernbert_dir / "model.safetensors"))
     assert torch.equal(m.state_dict()["model.layers.2.mlp.Wo.weight"], ref["model.layers.2.mlp.Wo.weight"])

@@ -36,10 +36,6 @@ from pipeline.config import ConfigError
 from pipeline.console import say
 from pipeline.evaluate.suite import Suite, Task, lr_key, suite_score, table, task_score
 
-MODEL_TASK = {"sentence-pair-classification": "sequence-classification", "retrieval": "embedding"}
-"""The head a suite task type trains (a pair task is sequence classification over two segments; a retrieval task
-trains the bare encoder's sentence embeddings)."""
-
 
 def tag_keys(suite_name: str) -> dict[str, str]:
     """The version tags of a scorecard.
@@ -207,7 +203,7 @@ def _evaluate(cfg, suite: Suite, todo: list[_Model], data: dict, tests: dict, ur
     import torch
 
     from pipeline import tracking
-    from pipeline.finetune.job import build_model
+    from pipeline.finetune.job import task_model
     from pipeline.finetune.data import load_tokenizer
     from pipeline.finetune.loop import FinetuneHandoff
     from pipeline.finetune.trials import (
@@ -246,8 +242,7 @@ def _evaluate(cfg, suite: Suite, todo: list[_Model], data: dict, tests: dict, ur
                         shared_data[dkey] = (td, ray.put(td), ray.put(test) if test is not None else None)
                     td, td_ref, test_ref = shared_data[dkey]
                     torch.manual_seed(seed)  # the new head's initialisation, as finetune.py draws it
-                    model = build_model(m.source, MODEL_TASK.get(task.task, task.task), td,
-                                        dict(cfg.model.overrides), vocab)
+                    model = task_model(m.source, td, dict(cfg.model.overrides), vocab)
                     init = ray.put({"class": type(model).__name__, "config": asdict(model.config),
                                     "state_dict": model.state_dict()})
                     del model

@@ -112,13 +112,14 @@ def resolve_source(spec: str, tokenizer: str | None = None, download_dir: str | 
     return Source(spec, str(p.resolve()), None, str(p.resolve()), {"source_model": str(p.resolve())})
 
 
-def build_model(source: Source, task: str, td: TaskData, overrides: dict[str, Any], vocab_size: int) -> torch.nn.Module:
-    """The head class for `task` of the source's family (BERT or ModernBERT, `model.build`) with the source's
-    weights (or random for scratch) and the task's labels; for `embedding` the bare encoder."""
-    from model.build import build_model as build, load_model
+def task_model(source: Source, td: TaskData, overrides: dict[str, Any], vocab_size: int) -> torch.nn.Module:
+    """The class for the task data's task (`td.task`: a pair task trains a sequence-classification head) of the
+    source's family with the task's labels: the source's weights (`model.build.load_model`), or a fresh preset
+    for scratch (`model.build.build_model`); for `embedding` the bare encoder."""
+    from model.build import build_model, load_model
     from model.config import encoder_config
 
-    task = td.task  # the model's task: a pair task trains a sequence-classification head
+    task = td.task
     head: dict[str, Any] = {"num_labels": td.num_labels, "id2label": td.id2label or None}
     if task == "sequence-classification":
         head["problem_type"] = td.problem_type
@@ -127,7 +128,7 @@ def build_model(source: Source, task: str, td: TaskData, overrides: dict[str, An
     if task == "embedding":
         head = {}  # the bare encoder (the family's `embedding` class): no head to initialise
     if source.model_dir is None:
-        return build(encoder_config(source.preset, vocab_size=vocab_size, **head, **overrides), task)
+        return build_model(encoder_config(source.preset, vocab_size=vocab_size, **head, **overrides), task)
     model = load_model(source.model_dir, task, **head, **overrides)
     _check(model.config.vocab_size >= vocab_size,
            f"the tokenizer has {vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}")
@@ -223,7 +224,7 @@ def _train_and_register(cfg: FinetuneConfig, source: Source, td: TaskData, task:
 
     torch.manual_seed(cfg.train.seed)  # the new head's initialisation
     vocab_size = load_tokenizer(source.tokenizer_path).get_vocab_size()
-    model = build_model(source, task, td, dict(cfg.model.overrides), vocab_size)
+    model = task_model(source, td, dict(cfg.model.overrides), vocab_size)
     init = {"class": type(model).__name__, "config": asdict(model.config), "state_dict": model.state_dict()}
     primary = primary_metric(task, td.problem_type)
     tags = {**source.tags, "task": task, "train_file": resolve_path(train_path), "eval_file": resolve_path(eval_path)}

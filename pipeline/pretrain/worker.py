@@ -45,15 +45,16 @@ class PretrainHandoff:
     """Test hook called in every worker after each step (fault injection)."""
 
 
-def build_model(model_cfg, vocab_size: int) -> nn.Module:
-    """The pretraining model of the config's family (`model.build`): BertForPreTraining or ModernBertForMaskedLM."""
-    from model.build import build_model as build
+def initial_model(model_cfg, vocab_size: int) -> nn.Module:
+    """The model pretraining starts from: `model.init`'s weights (pretrain/init.py) or a fresh model of the config's
+    family (`model.build.build_model`: BertForPreTraining or ModernBertForMaskedLM)."""
+    from model.build import build_model
 
     if model_cfg.init is not None:  # continued pretraining: a local transformers directory here (pretrain/init.py)
         from pipeline.pretrain.init import load_initial
 
         return load_initial(model_cfg, vocab_size)
-    return build(model_cfg.encoder_config(vocab_size=vocab_size), "pretraining")
+    return build_model(model_cfg.encoder_config(vocab_size=vocab_size), "pretraining")
 
 
 @dataclass
@@ -82,7 +83,7 @@ def start_worker(h: PretrainHandoff) -> Worker:
     rank, world, device = cluster.worker()
     torch.set_num_threads(max(1, int(tc.cpus_per_worker)))  # fixed thread count: bit-identical CPU math on restart
     torch.manual_seed(tc.seed)  # identical initial weights on every rank (DDP also broadcasts rank 0's)
-    model = build_model(cfg.model, plans[0].dataset.vocab_size)
+    model = initial_model(cfg.model, plans[0].dataset.vocab_size)
     if tc.compile:  # each layer in place: names (checkpoints) unchanged; batches come at one width (rank_steps)
         model.bert.encoder.compile_layers()
     model = cluster.prepare_model(model)
