@@ -32,6 +32,7 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "data/dedup_cost.py": (["--corpora", "{corpus}", "--factors", "1", "--runs", "1"], "| 1x | "),
     "data/dedup_quality.py": (["--skip-speed", "--skip-planted"], "## The shared corpora themselves: 549 documents"),
     "data/wiki_compare.py": (["--copies", "4", "--repeats", "1"], "ours / wikiextractor: "),
+    "data/tokenizer_kinds.py": (["--corpora", "{corpus}", "--vocab-size", "300"], "| unigram | 320 |"),
     "data/wiki_dump.py": (["{tmp}", "--copies", "2", "--parts", "2"], "part 2: 11 pages (4 articles)"),
     "train/loader_throughput.py": (["--corpora", "{corpus}", "--shapes", "mlm", "--epochs", "1"], "| mlm | dynamic |"),
     "train/mixture_loader.py": (["--corpora", "{corpus}", "--steps", "10", "--resume-at", "4", "--resume-steps", "3",
@@ -49,6 +50,7 @@ ELSEWHERE = {
     "gpu/gpu_e2e.sh": "tests/test_bench.py::test_gpu_e2e_script_reports_on_the_cpu",
     "gpu/gpu_step.sh": "tests/test_bench.py::test_gpu_step_script_runs_every_step_of_its_set",
     "quality/retrieval.py": "tests/test_embedding.py::test_the_retrieval_bench_runs_at_its_smallest",
+    "quality/eval_trials.py": "tests/test_evaluate_job.py::test_the_trials_bench_runs_at_its_smallest",
     "train/modernbert_step.py": "tests/test_modernbert_step_bench.py::test_every_implementation_steps_and_is_timed",
     "train/train_step.py": "tests/test_train_step_bench.py::test_tries_run_and_count_the_flops_of_their_own_model",
 }

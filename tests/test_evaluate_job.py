@@ -139,3 +139,16 @@ def test_the_same_suite_again_reads_the_version_back_and_scores_the_same(first, 
         assert a["score"] == pytest.approx(b["score"], abs=1e-12)
         for name in b["tasks"]:
             assert a["tasks"][name]["scores"] == b["tasks"][name]["scores"], (src, name)
+
+
+@pytest.mark.slow
+def test_the_trials_bench_runs_at_its_smallest(address, minilm_dir, tmp_path, capsys):
+    """bench/quality/eval_trials.py on one 4-step trial, both of its runs on the module's cluster."""
+    from conftest import load_bench
+
+    suite = tmp_path / "one.yaml"
+    suite.write_text(SUITE.read_text().split("  - {name: same_page")[0].replace("seeds: [1, 2]", "seeds: [1]")
+                     .replace("../../../shared", str(REPO.parent / "shared")))
+    assert load_bench("eval_trials").main(["--suite", str(suite), "--address", address]) == 0
+    out = capsys.readouterr().out
+    assert "ratio one at a time / side by side (wall): " in out and "this suite: 1 trials a model" in out

