@@ -315,28 +315,80 @@ HOSTILE = ["<!--", "<ref>", "<ref ", "[[a|", "{{a|", "<b>", "{|\n", "<p>", "[htt
 
 @pytest.mark.parametrize("pattern", HOSTILE)
 def test_hostile_markup_is_rejected_over_the_budget_in_linear_time(pattern):
-    """Each pattern repeated over 40 KiB took 2-60 s (time growing with the square of the page: bench/RESULTS.md,
-    "Malformed input"); now the markup budget rejects the page after one linear pass."""
+    """Each pattern repeated over 40 KiB took 2-60 s (time growing with the square of the page: bench/results/wiki.md,
+    "Malformed input"), 18-1,000 us a character; the markup budget rejects the page after one linear pass."""
     import time
 
-    from pipeline.data.wikitext import markup_cost
+    from pipeline.data.wikitext import MARKUP_BUDGET, markup_cost
 
     text = (pattern * (40 * 1024 // len(pattern)))
     start = time.process_time()
     assert page_text(wiki.Page(0, "1", "T", 0, False, text)) == (None, "markup_budget")
     assert time.process_time() - start < 1.0
-    assert markup_cost(text) > 4 * len(text)
+    assert markup_cost(text) > MARKUP_BUDGET * len(text)
 
 
-def test_real_pages_cost_nothing_and_a_few_stray_openers_stay_within_the_budget(sample):
+def test_the_timing_tables_hostile_pages_are_rejected_from_20_kib():
+    """bench/data/reader_timing.py --markup's pages at its smallest default size (20 KiB), where the cheapest of them
+    (`<!--`) takes 15 us a character to convert: every one is rejected, in linear time (issue 59 kept them so)."""
+    import time
+
+    from conftest import load_bench
+
+    timing = load_bench("reader_timing")
+    for pattern in timing.MARKUP[:-2]:  # the last two (spaces, a parenthesis and spaces) are converted, fast
+        text = timing._repeat(pattern, 20) + "x"
+        start = time.process_time()
+        assert page_text(wiki.Page(0, "1", "T", 0, False, text)) == (None, "markup_budget"), pattern
+        assert time.process_time() - start < 0.5, pattern
+
+
+def _cpu_us_per_char(text: str) -> float:
+    import time
+
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        wikitext_to_text(text)
+        best = min(best, time.process_time() - start)
+    return best / len(text) * 1e6
+
+
+def test_a_long_technical_page_with_thousands_of_unclosed_openers_is_converted(shared_dir):
+    """Issue 59: the old estimate read each unclosed `[[`, `{{` and `[http://` as costing the rest of the page
+    (3,000 times this page's length here, 750 times its budget) and rejected the page; the tokenizer gives each up
+    at its line's end, and converts the page at about 0.1 us a character. The estimate now knows where a name
+    fails, so the page is converted; so is a real one: the Python docs' longest "What's New" (176 unclosed tags,
+    each reading to the end: 2.8 us a character), rejected before."""
+    import gzip
+    import json
+
+    from pipeline.data.wikitext import _routes
+
+    lines = [f"Run [[ -f /etc/app{i}.conf ] && echo found; the template {{{{ user.name{i} }} fills in the name; "
+             f"see [http://example.org/app{i} the manual, on a line of its own." for i in range(3000)]
+    page = "\n".join(lines)
+    assert {k: len(v[0]) for k, v in _routes(page.encode()).items()} == {"template": 3000, "wikilink": 3000,
+                                                                          "extlink": 3000}
+    text, reason = page_text(wiki.Page(0, "1", "T", 0, False, page))
+    assert reason is None and text.count("fills in the name") == 3000
+    assert _cpu_us_per_char(page) < 10
+    with gzip.open(shared_dir / "corpora" / "wiki" / "pydocs.jsonl.gz", "rt") as f:
+        doc = next(r["text"] for r in map(json.loads, f) if r["title"] == "What's New In Python 3.5")
+    assert page_text(wiki.Page(0, "1", "T", 0, False, doc))[1] is None
+    assert _cpu_us_per_char(doc) < 10
+
+
+def test_real_pages_cost_nothing_and_stray_openers_cost_what_they_read(sample):
     from pipeline.data.wikitext import markup_cost, over_budget
 
     pages = [p for p in read_pages(str(sample)) if isinstance(p, wiki.Page)]
     assert [markup_cost(p.wikitext) for p in pages] == [0] * 11
     long = next(p.wikitext for p in pages if p.page_id == "7697611") * 20  # 55,000 characters
-    for stray in ["{{", "[[", "<ref>", "<!--", "[http://x y\n", "x<y z "]:
-        assert not over_budget(stray * 3 + long), stray  # three at the top: each costs about the page's length
-    assert over_budget("{{" * 7 + long)
+    for stray in ["{{a|", "[[a|", "<ref>", "<!--", "[http://x y\n", "x<y z "]:
+        assert not over_budget(stray * 30 + long), stray  # each reads the page again: 1-2 us a character
+        assert markup_cost(stray * 30 + long) >= 10 * markup_cost(stray * 3 + long) > 0, stray  # ten times as many
+    assert over_budget("{{a|" * 2000 + long)  # 2,000 readings of the page, each with its templates and links
 
 
 def test_a_dump_in_parts_reads_as_its_pages_in_order(tmp_path):

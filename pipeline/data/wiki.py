@@ -28,8 +28,8 @@ Which pages are documents (the rest are yielded as rejections, so read == writte
   - `wiki_namespace`: a page outside the article namespace (`<ns>` != 0: talk, user, Wikipedia:, Category:, ...);
   - `wiki_redirect`: a page with `<redirect>`;
   - `wiki_empty`: nothing left after the markup removal (a stub of templates only, a deleted revision);
-  - `markup_budget`: markup that would make the conversion's time grow with the square of the page's size
-    (pipeline.data.wikitext, `MARKUP_BUDGET`).
+  - `markup_budget`: markup never closed that would make the conversion cost more than `MARKUP_BUDGET` (12 us) a
+    character, as its time grows with the square of the page's size (pipeline.data.wikitext, `markup_cost`).
 
 Wikitext to text: pipeline.data.wikitext (mwparserfromhell's tokenizer, the BERT paper's rule, a markup budget).
 

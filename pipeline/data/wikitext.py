@@ -26,12 +26,16 @@ by `\\n`, which the sentence splitter reads as a space.
 
 Bounded time. The tokenizer backtracks: markup it cannot close (`<ref ` without `>`, `{{a|` without `}}`, an
 unclosed `<!--`, `<b>` without `</b>`) makes it read the rest of the page again, once for each such opener, so a
-page of them takes time that grows with the square of its size (`<ref ` at 20 KiB: 24 s; bench/RESULTS.md,
-"Malformed input"). `markup_cost` counts, in one linear pass, what those openers may make it read again (the text
-after each opener that is never closed); a page whose cost is over `MARKUP_BUDGET` times its length (plus
-`MARKUP_SLACK`) is not converted: the dump reader rejects it as `markup_budget` (`wiki.page_text`). A time limit
-would not do: the bytes would depend on the machine's load, and a signal that interrupts the tokenizer leaves it
-broken for every later call.
+page of them takes time that grows with the square of its size (`<ref ` at 20 KiB: 16 s; bench/results/wiki.md,
+"Malformed input"). What such a reading costs depends on what it meets: 5 ns a byte inside a comment, about 13 in
+a tag's body, and 0.5-1.6 us for each tag, entity, link, list line, template `|` or attribute it parses again on
+the way. `markup_cost` estimates, in one linear pass, that time (the routes that fail, `_routes`, each priced by
+`_PRICES`, which were fitted to the tokenizer's measured times); a page estimated over `MARKUP_BUDGET` ns a
+character (plus `MARKUP_SLACK`) is not converted: the dump reader rejects it as `markup_budget` (`wiki.page_text`).
+Real pages with hundreds of openers never closed (manuals, code, anything converted into wikitext) convert in a few
+us a character and are kept; the estimate is within 0.7-1.3x of the measured time on the hostile pages it rejects.
+A time limit would not do: the bytes would depend on the machine's load, and a signal that interrupts the
+tokenizer leaves it broken for every later call.
 """
 
 from __future__ import annotations
@@ -218,35 +222,71 @@ def wikitext_to_text(wikitext: str, options: WikiOptions = WikiOptions()) -> str
 
 # ---------------------------------------------------------------------------------------------- the markup budget
 
-MARKUP_BUDGET = 4
-"""How many times its own length (plus `MARKUP_SLACK` characters) a page's unclosed markup may make the tokenizer
-read again before the page is rejected (`markup_budget`). A real article's few stray openers cost well under one
-length; each one the budget admits costs up to about three times a clean page's conversion (bench/RESULTS.md,
-"Malformed input"), so a page within the budget converts in linear time."""
-MARKUP_SLACK = 1 << 16
-"""Characters of rescanning every page may cost whatever its length (a short page with a few stray openers)."""
+MARKUP_BUDGET = 12_000
+"""Nanoseconds of conversion (on the machine `_PRICES` were measured on) that a page's unclosed markup may cost
+per character of the page, plus `MARKUP_SLACK`: a page estimated over it is rejected (`markup_budget`). A page that
+converts in up to 10 us a character is within it (the estimate is within 0.7-1.1x of the measured time where it
+matters); the hostile pages of bench/data/reader_timing.py --markup, from 20 KiB, are over it."""
+MARKUP_SLACK = 10_000_000
+"""Nanoseconds every page may cost whatever its length (a short page with a few stray openers)."""
 
-# The openers and closers other than `{{ }}` and `[[ ]]` (counted with numpy, `_bracket_cost`), one pattern per
-# first character, so that the regex engine finds each by its literal first character and skips text fast.
-_ANGLE = re.compile(r"<(?:(?P<comment>!--)|(?P<slash>/?)(?P<tag>[A-Za-z][A-Za-z0-9]*))")  # comments, tags
-_TABLE_OPEN, _TABLE_CLOSE = re.compile(r"\{\|"), re.compile(r"\|\}(?!\})")  # `|}}` closes a template
+
+@dataclass(frozen=True)
+class _Price:
+    """What the tokenizer spends, in ns, on a route of one kind that fails (an opener never closed): per byte it
+    reads, once per route, and per mark it meets on the way (`_marks`): markup it parses, or tries to, and throws
+    away with the route."""
+
+    byte: float
+    route: float = 0.0
+    each: tuple[tuple[str, float], ...] = ()
+
+
+# Fitted to the C tokenizer's CPU times (`python bench/data/reader_timing.py --calibrate`; bench/RESULTS.md, "The markup
+# budget") on pages of one kind of opener followed by text holding one kind of mark, and on the hostile patterns.
+# What the estimate leaves out (a route that fails before the page's end, a page's first reading) it leaves out
+# everywhere: it is checked against the measured times of real pages in the same table.
+_PRICES = {
+    "comment": _Price(5, 3600),  # `<!--`: its content is not parsed
+    "opaque": _Price(8, 600, (("entity", 1400), ("endtag", 1200))),  # `<nowiki>`, `<pre>`, `<math>`, ...
+    "attrs": _Price(12, 20000, (("word", 800), ("link", 440), ("entity", 220), ("row", 190), ("equals", 150))),
+    "body": _Price(13, 16000, (("entity", 1600), ("line", 1200), ("tag", 1100), ("link", 640), ("colon", 100))),
+    "template": _Price(13, 20000, (("entity", 1300), ("line", 1000), ("link", 860), ("tag", 610), ("pipe", 540),
+                                   ("colon", 60), ("equals", 40))),
+    "wikilink": _Price(13, 6400, (("entity", 1300), ("tag", 1300), ("line", 1200), ("link", 1100), ("colon", 110))),
+    "table": _Price(14, 20000, (("entity", 1500), ("tag", 1300), ("line", 1200), ("row", 780), ("link", 600),
+                                ("colon", 100))),
+    "extlink": _Price(15, 3500, (("tag", 3200), ("entity", 1500), ("link", 1200))),  # to the line's end
+}
+
+# The openers and closers other than `{{ }}` and `[[ ]]` (found with numpy, `_unclosed`), one pattern per first
+# character, so that the regex engine finds each by its literal first character and skips text fast.
+_ANGLE = re.compile(rb"<(?:(?P<comment>!--)|(?P<slash>/?)(?P<tag>[A-Za-z][A-Za-z0-9]*))")  # comments, tags
+_TABLE_OPEN, _TABLE_CLOSE = re.compile(rb"\{\|"), re.compile(rb"\|\}(?!\})")  # `|}}` closes a template
 # [http://x label]; lowercase schemes only: a case-insensitive branch costs the engine its fast scan for `[`
-_LINK = re.compile(r"\[(?://|(?:%s):)" % "|".join(sorted(URI_SCHEMES)))
-_OPAQUE = frozenset(t.lower() for t in PARSER_BLACKLIST)  # nowiki, pre, math, source, ...: content is not parsed
-_SINGLE = frozenset(t.lower() for t in SINGLE)  # br, hr, li, td, ...: no closing tag needed
+_LINK = re.compile(rb"\[(?://|(?:%s):)" % "|".join(sorted(URI_SCHEMES)).encode())
+_LINK_END = re.compile(rb"(?<!\])\](?!\])")  # not one of a wikilink's `]]`
+_OPAQUE = frozenset(t.lower().encode() for t in PARSER_BLACKLIST)  # nowiki, pre, math, source, ...: not parsed
+_SINGLE = frozenset(t.lower().encode() for t in SINGLE)  # br, hr, li, td, ...: no closing tag needed
+# The marks a route meets on its way (`_Price.each`), besides the openers never closed (priced as their own routes).
+_ENTITY = re.compile(rb"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});")
+_TAG = re.compile(rb"</?[A-Za-z]")
+_END_TAG = re.compile(rb"</[A-Za-z]")  # in an unparsed tag's content: what may be its closing tag
+_LINE = re.compile(rb"\n[*#:;=]")  # a list item or a heading
+_ROW = re.compile(rb"\n[|!]")  # a table's row or cell
 
 
 class _Next:
     """The next position of a string at or after a position, for positions that only grow: each search starts
     where the last one stopped, so all of them together read the text once."""
 
-    def __init__(self, text: str, what: str | re.Pattern) -> None:
+    def __init__(self, text: bytes, what: bytes | re.Pattern) -> None:
         self.text, self.what, self.at = text, what, -1
 
     def __call__(self, pos: int) -> int:
         """The position, or len(text) when there is none."""
         if self.at < pos:
-            if isinstance(self.what, str):
+            if isinstance(self.what, bytes):
                 k = self.text.find(self.what, pos)
             else:
                 m = self.what.search(self.text, pos)
@@ -270,60 +310,141 @@ def _doubled(raw: np.ndarray, byte: int) -> np.ndarray:
     return hit[(np.arange(len(hit)) - run_first) % 2 == 0]
 
 
-def _bracket_cost(raw: np.ndarray, opener: int, closer: int) -> int:
-    """Σ (bytes after it) over each doubled `opener` no later doubled `closer` closes (last-in first-out):
-    an opener is closed where the depth first drops below the depth it opened."""
-    opens, closes = _doubled(raw, opener), _doubled(raw, closer)
+def _unclosed(opens: np.ndarray, closes: np.ndarray) -> np.ndarray:
+    """The openers no later closer closes (last-in first-out): an opener is closed where the depth first drops
+    below the depth it opened.
+
+    >>> _unclosed(np.array([0, 4, 9]), np.array([6])).tolist()
+    [0, 9]
+    """
     if not len(opens):
-        return 0
+        return opens
     pos = np.concatenate([opens, closes])
     order = np.argsort(pos, kind="stable")
-    pos = pos[order]
     sign = np.concatenate([np.ones(len(opens), np.int64), -np.ones(len(closes), np.int64)])[order]
     depth = np.cumsum(sign)
     floor = np.minimum.accumulate(depth[::-1])[::-1]  # the lowest depth from each position on
-    unclosed = (sign > 0) & (floor >= depth)
-    return int((len(raw) - pos[unclosed]).sum())
+    return pos[order][(sign > 0) & (floor >= depth)]
 
 
-def markup_cost(wikitext: str) -> int:
-    """Characters the tokenizer may read again for markup that is never closed, in linear time: for each opener
-    (`{{`, `[[`, `{|`, `<!--`, a tag that needs a closing tag) with no closer after it, the text after it; for a
-    tag with no `>` before the next `<`, the text after it; for an external link with no `]` on its line, the rest
-    of the line. Openers are matched to closers last-in first-out per kind (per name for tags); the contents of
-    comments and of unparsed tags (nowiki, pre, math, ...) hold no tags, tables or links.
+# What ends a template's name or a wikilink's title (the tokenizer's `verify_safe`): `|` goes on to the parameters
+# or the label, where anything goes; the others fail the route there. In a template's name, a line break after text
+# fails it at the next character that is not a space, unless that is a `|`.
+_NAME_END = re.compile(rb"[|\[\]<>{}\n]")
 
-    >>> markup_cost("A [[link]], {{t|x}} and <ref>r</ref>."), markup_cost("{{a|" * 3)
-    (0, 24)
+
+def _early_fail(text: bytes, opens: np.ndarray, template: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the routes of `{{` or `[[` openers never closed: an opener whose name (title) reaches a
+    `|`, or the page's end, reads to the page's end; one whose name meets what the name may not hold fails there.
+    Each search stops at the next `{` or `[`, so together they read the text about once.
+
+    >>> [e.tolist() for e in _early_fail(b"[[a|b [[c\\nd", np.array([0, 6]), template=False)]
+    [[0, 6], [11, 10]]
     """
-    n = len(wikitext)
-    raw = np.frombuffer(wikitext.encode("utf-8", "surrogatepass"), np.uint8)
-    brackets = _bracket_cost(raw, ord("{"), ord("}")) + _bracket_cost(raw, ord("["), ord("]"))
-    tags = _Tags(wikitext)
-    cost = brackets * n // max(1, len(raw)) + tags.cost()  # bytes to characters
+    n, ends = len(text), []
+    for a in opens.tolist():
+        pos = a + 2
+        while True:
+            m = _NAME_END.search(text, pos)
+            if m is None or text[m.start()] == ord("|"):
+                end = n
+            elif text[m.start()] == ord("\n") and template:
+                if not text[a + 2 : m.start()].strip():  # no text yet: the name may start on a later line
+                    pos = m.end()
+                    continue
+                k = m.end()
+                while k < n and text[k] in b" \t\r\n":
+                    k += 1
+                end = n if k < n and text[k] == ord("|") else k + 1
+            else:
+                end = m.start() + 1
+            break
+        ends.append(end)
+    return opens, np.array(ends, np.int64)
+
+
+def _routes(text: bytes) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The failing routes of a page's UTF-8 bytes by kind (`_PRICES`): the [start, end) each reads again. An opener
+    with no closer after it (`{{`, `[[`, `{|`, `<!--`, a tag that needs a closing tag, an unparsed tag's) reads to
+    the end, unless (`{{`, `[[`) its name fails first (`_early_fail`); so does a tag with no `>` before the next
+    `<` (its attributes); an external link with no lone `]` on its line reads to the line's end. Openers are matched
+    to closers last-in first-out per kind (per name for tags); the contents of comments and of unparsed tags
+    (nowiki, pre, math, ...) hold no tags, tables or links."""
+    n = len(text)
+    raw = np.frombuffer(text, np.uint8)
+    routes = {"template": _early_fail(text, _unclosed(_doubled(raw, ord("{")), _doubled(raw, ord("}"))), True),
+              "wikilink": _early_fail(text, _unclosed(_doubled(raw, ord("[")), _doubled(raw, ord("]"))), False)}
+    starts: dict[str, list] = {}
+    tags = _Tags(text)
+    starts.update(tags.unclosed())
     hidden = tags.hidden
     tables: list[int] = []
-    events = sorted([(m.start(), 1) for m in _TABLE_OPEN.finditer(wikitext)]
-                    + [(m.start(), -1) for m in _TABLE_CLOSE.finditer(wikitext)])
+    events = sorted([(m.start(), 1) for m in _TABLE_OPEN.finditer(text)]
+                    + [(m.start(), -1) for m in _TABLE_CLOSE.finditer(text)])
     for a, step in events:
-        if hidden.covers(a) or not _at_line_start(wikitext, a):
+        if hidden.covers(a) or not _at_line_start(text, a):
             continue
         if step > 0:
             tables.append(a)
         elif tables:
             tables.pop()
-    newline, bracket = _Next(wikitext, "\n"), _Next(wikitext, "]")
-    for m in _LINK.finditer(wikitext):  # its label ends at the line's end
-        if bracket(m.end()) >= newline(m.end()) and not hidden.covers(m.start()):  # equal: neither is there
-            cost += newline(m.end()) - m.start()
-    return cost + sum(n - a for a in tables)
+    starts["table"] = tables
+    routes.update({k: (np.asarray(s, np.int64), np.full(len(s), n, np.int64)) for k, s in starts.items()})
+    newline, bracket = _Next(text, b"\n"), _Next(text, _LINK_END)
+    links = [(m.start(), newline(m.end())) for m in _LINK.finditer(text)  # its label ends at the line's end
+             if bracket(m.end()) >= newline(m.end()) and not hidden.covers(m.start())]  # equal: neither is there
+    routes["extlink"] = (np.array([a for a, _ in links], np.int64), np.array([e for _, e in links], np.int64))
+    return {k: r for k, r in routes.items() if len(r[0])}
 
 
-def _at_line_start(text: str, a: int) -> bool:
+def _marks(text: bytes, kind: str, openers: np.ndarray) -> np.ndarray:
+    """Where the marks of one kind are (sorted byte positions): `word`, a non-space after a space (a tag's next
+    attribute); `pipe`, `equals`, `colon` (`|`, `=`, `:`; a colon sets the tokenizer looking for a URL scheme);
+    `entity`; `tag` and `link` (`{{`, `[[`), less the `openers` never closed (a route that failed once fails at
+    once the next time); `line`, a line that starts a list item, heading or table row."""
+    raw = np.frombuffer(text, np.uint8)
+    if kind == "word":
+        space = (raw == 32) | (raw == 9) | (raw == 10) | (raw == 13)
+        return np.flatnonzero(space[:-1] & ~space[1:]) + 1
+    if kind in ("pipe", "equals", "colon"):
+        return np.flatnonzero(raw == ord({"pipe": "|", "equals": "=", "colon": ":"}[kind]))
+    if kind == "link":
+        found = np.union1d(_doubled(raw, ord("{")), _doubled(raw, ord("[")))
+    else:
+        pattern = {"entity": _ENTITY, "tag": _TAG, "endtag": _END_TAG, "line": _LINE, "row": _ROW}[kind]
+        found = np.array([m.start() for m in pattern.finditer(text)], np.int64)
+    return np.setdiff1d(found, openers, assume_unique=True) if kind in ("tag", "link") else found
+
+
+def markup_cost(wikitext: str) -> int:
+    """What the routes that fail may cost the tokenizer, in ns (of the machine `_PRICES` were measured on), in
+    linear time: for each route that fails (`_routes`), the bytes it reads again and the marks it meets on the way,
+    each at its kind's price.
+
+    >>> markup_cost("A [[link]], {{t|x}} and <ref>r</ref>."), markup_cost("<ref>At the top.\\n" + "Text. " * 1000)
+    (0, 94221)
+    """
+    text = wikitext.encode("utf-8", "surrogatepass")
+    routes = _routes(text)
+    openers = np.sort(np.concatenate([s for s, _ in routes.values()])) if routes else np.zeros(0, np.int64)
+    marks: dict[str, np.ndarray] = {}
+    cost = 0.0
+    for kind, (starts, ends) in routes.items():
+        price = _PRICES[kind]
+        cost += price.route * len(starts) + price.byte * int((ends - starts).sum())
+        for mark, ns in price.each:
+            if mark not in marks:
+                marks[mark] = _marks(text, mark, openers)
+            at = marks[mark]
+            cost += ns * int((np.searchsorted(at, ends) - np.searchsorted(at, starts)).sum())
+    return round(cost)
+
+
+def _at_line_start(text: bytes, a: int) -> bool:
     """Whether only spaces and tabs stand between the line's start and `a` (a table's `{|` and `|}`)."""
-    while a > 0 and text[a - 1] in " \t":
+    while a > 0 and text[a - 1] in b" \t":
         a -= 1
-    return a == 0 or text[a - 1] == "\n"
+    return a == 0 or text[a - 1] == ord("\n")
 
 
 class _Spans:
@@ -343,58 +464,60 @@ class _Spans:
 
 
 class _Tags:
-    """`markup_cost` for comments and tags, in one walk over every `<`: an unclosed comment costs the text after
-    it; a `<name` with no `>` before the next `<` costs the text after it; an opening tag that needs a closing tag
-    and never gets one costs the text after it; the contents of comments and unparsed tags are `hidden`."""
+    """The failing routes of comments and tags, in one walk over every `<`: an unclosed comment (`comment`); a
+    `<name` with no `>` before the next `<` (`attrs`); an opening tag that needs a closing tag and never gets one
+    (`body`), an unparsed one's (`opaque`). The contents of comments and unparsed tags are `hidden`."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: bytes) -> None:
         self.text = text
         self.hidden = _Spans()
-        self.open_at: dict[str, list[int]] = {}  # tag name -> positions of its unclosed opening tags
-        self.gt, self.lt, self.comment_end = _Next(text, ">"), _Next(text, "<"), _Next(text, "-->")
-        self.closers: dict[str, _Next] = {}
+        self.open_at: dict[bytes, list[int]] = {}  # tag name -> positions of its unclosed opening tags
+        self.gt, self.lt, self.comment_end = _Next(text, b">"), _Next(text, b"<"), _Next(text, b"-->")
+        self.closers: dict[bytes, _Next] = {}
+        self.found: dict[str, list[int]] = {"comment": [], "attrs": [], "opaque": []}
 
-    def cost(self) -> int:
-        text, n = self.text, len(self.text)
-        cost = skip = 0
-        for m in _ANGLE.finditer(text):
+    def unclosed(self) -> dict[str, list[int]]:
+        n, skip = len(self.text), 0
+        for m in _ANGLE.finditer(self.text):
             a = m.start()
             if a < skip:
                 continue
             if m.group("comment"):
                 end = self.comment_end(m.end())
                 if end == n:
-                    cost += n - a
+                    self.found["comment"].append(a)
                 else:
                     self.hidden.add(a, end + 3)
                     skip = end + 3
             else:
-                cost, skip = self._tag(m, cost, skip)
-        return cost + sum(n - a for stack in self.open_at.values() for a in stack)
+                skip = self._tag(m, skip)
+        return {**self.found, "body": sorted(a for stack in self.open_at.values() for a in stack)}
 
-    def _tag(self, m: re.Match, cost: int, skip: int) -> tuple[int, int]:
+    def _tag(self, m: re.Match, skip: int) -> int:
         text, n, a, pos = self.text, len(self.text), m.start(), m.end()
         name = m.group("tag").lower()
         end = self.gt(pos)
         if end == n or self.lt(pos) < end:  # the tokenizer reads its attributes to no end
-            return cost + n - a, skip
+            self.found["attrs"].append(a)
+            return skip
         if m.group("slash"):
             if self.open_at.get(name):
                 self.open_at[name].pop()
-        elif text[end - 1] != "/" and name not in _SINGLE:
+        elif text[end - 1] != ord("/") and name not in _SINGLE:
             if name not in _OPAQUE:
                 self.open_at.setdefault(name, []).append(a)
-                return cost, skip
+                return skip
             if name not in self.closers:  # its content is text up to its closing tag
-                self.closers[name] = _Next(text, re.compile(r"</" + name + r"\b", re.IGNORECASE))
+                self.closers[name] = _Next(text, re.compile(rb"</" + name + rb"\b", re.IGNORECASE))
             close = self.closers[name](end)
             if close == n:
-                return cost + n - a, skip
+                self.found["opaque"].append(a)
+                return skip
             self.hidden.add(end, close)
-            return cost, close
-        return cost, skip
+            return close
+        return skip
 
 
 def over_budget(wikitext: str) -> bool:
-    """Whether converting `wikitext` may cost more than `MARKUP_BUDGET` times its length (`markup_cost`)."""
+    """Whether converting `wikitext` may cost more than `MARKUP_BUDGET` ns a character (`markup_cost`)."""
     return markup_cost(wikitext) > MARKUP_BUDGET * len(wikitext) + MARKUP_SLACK
