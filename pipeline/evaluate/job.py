@@ -216,7 +216,7 @@ def _evaluate(cfg, suite: Suite, todo: list[_Model], data: dict, tests: dict, ur
     at_once = cfg.suite.max_concurrent_trials or fitting_trials(t.num_workers, t.cpus_per_worker, cpus)
     tag = uuid.uuid4().hex[:6]
     specs: dict[str, TrialSpec] = {}
-    where: dict[str, tuple[_Model, Task, float, int]] = {}
+    where: dict[str, tuple[str, str, float, int]] = {}  # trial key -> (model, task, LR, seed)
     opened: list[str] = []
     status = "FAILED"
     try:
@@ -261,8 +261,7 @@ def _evaluate(cfg, suite: Suite, todo: list[_Model], data: dict, tests: dict, ur
                         shared = FinetuneHandoff(td_ref, init, uri, task.metric, cfg=ft, run_id=run_id, quiet=True)
                         specs[key] = TrialSpec(f"{task.name} lr {lr_key(lr)} seed {seed} of {m.spec}", ft, shared,
                                                run_id, run_name, task.metric, test_ref=test_ref, keep=False)
-                        where[key] = (m, task, lr, seed)
-        # trials in grid order by LR first, so the first results of every task come early
+                        where[key] = (m.spec, task.name, lr, seed)
         say(f"[evaluate] suite {suite.name} ({len(suite.tasks)} tasks, sha256 {suite.sha256[:12]}): {len(specs)} "
             f"trials for {len(todo)} model(s), {at_once} at a time ({trial_cpus(t.num_workers, t.cpus_per_worker):g} "
             f"CPU each, {cpus:g} CPU in the cluster)")
@@ -287,7 +286,7 @@ def _score(suite: Suite, m: _Model, reported: dict, where: dict) -> dict[str, An
         rep: dict[float, list[float]] = {lr: [] for lr in task.protocol.lrs}
         for seed in task.protocol.seeds:
             for lr in task.protocol.lrs:
-                key = next(k for k, w in where.items() if w == (m, task, lr, seed))
+                key = next(k for k, w in where.items() if w == (m.spec, task.name, lr, seed))
                 r = reported[key]
                 dev[lr].append(float(r[f"eval/{task.metric}"]))
                 rep[lr].append(float(r[f"test/{task.metric}"] if task.test else r[f"eval/{task.metric}"]))
