@@ -18,8 +18,8 @@
 #      30 at 8,192), rows packed by document, a checkpoint every 100; mb1 interrupted with SIGINT after an intact
 #      checkpoint, mb2 the same command (resume, the 8,192 phase, export, register); the report checks the same as
 #      base's (no loop reference) and loads the version in transformers (AutoModelForMaskedLM + AutoModel).
-#      run(command="E2E_PARTS=modernbert E2E_BUDGET_S=330 bash bench/gpu/gpu_e2e.sh", carry=[".whl", ".e2e"],
-#          timeout_s=360)
+#      run(command="E2E_PARTS=modernbert E2E_BUDGET_S=400 bash bench/gpu/gpu_e2e.sh", carry=[".whl", ".e2e"],
+#          timeout_s=430)
 # Writes to $OUT: times.log (timestamps per step), tiny.log, base1.log, base2.log, loopref.jsonl, mb1.log, mb2.log
 # (the parts that ran), report.log, summary.md, summary.json. Exit status: 0 when every check passed.
 #
