@@ -32,7 +32,7 @@ def test_modernbert_tiny_is_tinys_budget_packed_by_document(repo_root):
     """The modern encoder's main job: MLM-only rows packed by document at 30%, the wsd schedule, and tiny's token
     slots a step (its step count: bench/studies/modernbert_budget.py)."""
     cfg, tiny = load_config(repo_root / "configs" / "modernbert-tiny.yaml"), load_config(repo_root / "configs" / "tiny.yaml")
-    assert cfg.model.modernbert and not tiny.model.modernbert
+    assert cfg.model.family.documents and not tiny.model.family.documents
     assert (cfg.data.nsp, cfg.data.pack_documents, cfg.data.mask_rate, cfg.train.schedule) == (False, True, 0.3, "wsd")
     assert cfg.data.max_predictions_per_seq >= cfg.data.mask_rate * cfg.data.max_seq_length
     assert (cfg.train.global_batch_size * cfg.data.max_seq_length == tiny.train.global_batch_size * tiny.data.max_seq_length)

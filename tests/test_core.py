@@ -13,6 +13,7 @@ import pytest
 import torch
 from optimi import StableAdamW
 
+from model.family import MODERNBERT
 from pipeline.core.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.core.optim import Lamb, lr_lambda, make_optimizer
 from pipeline.core.precision import HOST_ONLY
@@ -234,7 +235,7 @@ def _packed_rows(doc_lengths):
 
 
 def test_collate_for_modernbert_turns_doc_lengths_into_cu_seqlens():
-    b = collate(_packed_rows([np.array([3, 4], np.int32), np.array([4], np.int32)]), modernbert=True)
+    b = collate(_packed_rows([np.array([3, 4], np.int32), np.array([4], np.int32)]), family=MODERNBERT)
     # segments of the real tokens (BERT's unpadded cu_seqlens' meaning): row 0's documents at 0..3 and 3..7, row 1's
     # at 7..11; its padding is no segment, the mask says where it is
     assert b["cu_seqlens"].tolist() == [0, 3, 7, 11]
@@ -244,7 +245,7 @@ def test_collate_for_modernbert_turns_doc_lengths_into_cu_seqlens():
                       "attention_mask"}
     assert b["spans"].tolist() == [3, 4, 4]  # attention's spans (for MFU): each document, the padding none
     # shards without the column (written before it, or not packed): one document a row, BERT's mask for padding
-    old = collate(_packed_rows(None), modernbert=True)
+    old = collate(_packed_rows(None), family=MODERNBERT)
     assert "cu_seqlens" not in old and old["attention_mask"].tolist() == [[1] * 7, [1, 1, 1, 1, 0, 0, 0]]
     assert "token_type_ids" not in old and "next_sentence_label" not in old
 
@@ -256,7 +257,7 @@ def test_modernbert_on_a_collated_packed_batch_equals_each_document_alone():
 
     torch.manual_seed(0)
     m = ModernBertForMaskedLM(ModernBertConfig.from_preset("modernbert-tiny", vocab_size=16, local_attention=4)).eval()
-    b = collate(_packed_rows([np.array([3, 4], np.int32), np.array([4], np.int32)]), modernbert=True)
+    b = collate(_packed_rows([np.array([3, 4], np.int32), np.array([4], np.int32)]), family=MODERNBERT)
     with torch.no_grad():
         packed = forward(m, b, torch.device("cpu"), "fp32").slot_logits  # (B*P, V): slots (0,0) (0,1) (1,0) (1,1)
         alone = [m(torch.tensor([ids])).mlm_logits[0] for ids in ([2, 5, 3], [2, 6, 7, 3], [2, 8, 9, 3])]
@@ -272,7 +273,7 @@ def test_pretraining_counts_of_an_mlm_only_model_have_no_nsp():
 
     torch.manual_seed(0)
     m = ModernBertForMaskedLM(ModernBertConfig.from_preset("modernbert-tiny", vocab_size=16))
-    b = collate(_packed_rows([np.array([3, 4], np.int32), np.array([4], np.int32)]), modernbert=True)
+    b = collate(_packed_rows([np.array([3, 4], np.int32), np.array([4], np.int32)]), family=MODERNBERT)
     out = m(**{k: v for k, v in b.items() if k not in HOST_ONLY})
     c = counts(out, b)
     assert c[2].item() == 3 and c[3:].tolist() == [0.0, 0.0, 0.0]

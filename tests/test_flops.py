@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from model.config import BertConfig, ModernBertConfig
+from model.family import MODERNBERT
 from model.flops import attended_pairs, dense_bf16_peak, mfu, train_flops
 from pipeline.core.optim import make_optimizer
 from pipeline.core.step import Trainable, TrainFigures, train_step
@@ -65,7 +66,7 @@ def test_modernbert_mfu_counts_a_packed_batchs_real_tokens_and_windows():
             "masked_lm_ids": [np.array([9, 9]), np.array([9])],
             "token_type_ids": [np.zeros(300), np.zeros(200)], "next_sentence_label": np.array([-1, -1]),
             "doc_lengths": [np.array([100, 200]), np.array([50, 150])]}
-    b = collate(rows, modernbert=True)
+    b = collate(rows, family=MODERNBERT)
     assert b["input_ids"].shape == (2, 300) and "attention_mask" in b  # 100 pad slots, counted nowhere
     pairs = 8 * (100**2 + 200**2 + 50**2 + 150**2) + 14 * sum(attended_pairs(k, 64) for k in (100, 200, 50, 150))
     want = 6 * (22 * 500 * (4 * 768**2 + 3 * 768 * 1152) + 2 * 768 * pairs + 3 * (768**2 + 768 * 100))
@@ -106,7 +107,7 @@ def test_flop_counter_reads_collated_batches():
     rows = {"input_ids": [np.arange(10) + 5, np.arange(6) + 5], "masked_lm_positions": [np.array([1, 7]), np.array([2])],
             "masked_lm_ids": [np.array([9, 9]), np.array([9])], "token_type_ids": [np.zeros(10), np.zeros(6)],
             "next_sentence_label": np.array([-1, -1]), "doc_lengths": [np.array([4, 6]), np.array([6])]}
-    m = collate(rows, modernbert=True)
+    m = collate(rows, family=MODERNBERT)
     assert m["spans"].tolist() == [4, 6, 6]
     assert flop_counter(mcfg)(m) == train_flops(mcfg, [4, 6, 6], 3)
 

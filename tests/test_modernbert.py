@@ -329,6 +329,7 @@ def test_the_model_gives_the_same_loss_and_gradients_with_every_kernel(global_ke
     CPU)."""
     import numpy as np
 
+    from model.family import MODERNBERT
     from pipeline.pretrain.loader import collate
 
     g = np.random.default_rng(0)
@@ -337,7 +338,7 @@ def test_the_model_gives_the_same_loss_and_gradients_with_every_kernel(global_ke
             "masked_lm_ids": [g.integers(5, VOCAB, 3), g.integers(5, VOCAB, 2)],
             "token_type_ids": [np.zeros(40), np.zeros(26)], "next_sentence_label": np.array([-1, -1]),
             "doc_lengths": [np.array(LENGTHS[0]), np.array([26])]}
-    batch = collate(rows, modernbert=True)
+    batch = collate(rows, family=MODERNBERT)
     assert batch["cu_seqlens"].tolist() == [0, 9, 29, 40, 66] and "attention_mask" in batch
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "cu_seqlens", "masked_lm_positions",
                                     "masked_lm_ids")}

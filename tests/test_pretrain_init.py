@@ -229,7 +229,8 @@ def test_a_modernbert_checkpoint_continues_as_modernbert(tmp_path, tiny_ckpt):
     saved = ModernBertForMaskedLM(ModernBertConfig.from_preset("modernbert-tiny", vocab_size=40))
     path = save_hf(saved, tmp_path / "mb", tokenizer=tmp_path / "tok")  # tiny_ckpt's 40-token vocabulary
     cfg, init = resolve_init(_cfg(tmp_path, "--model.init", str(path), "--model.preset", "null", "--data.nsp", "false"))
-    assert cfg.model.modernbert and cfg.model.encoder_config().local_attention == saved.config.local_attention
+    assert cfg.model.family.name == "modernbert"
+    assert cfg.model.encoder_config().local_attention == saved.config.local_attention
     assert init.family == "modernbert" and init.heads == "mlm"
     assert init.describe().endswith("encoder and MLM head loaded")  # no NSP head to speak of
     torch.manual_seed(0)
@@ -240,6 +241,6 @@ def test_a_modernbert_checkpoint_continues_as_modernbert(tmp_path, tiny_ckpt):
     with pytest.raises(ConfigError, match=r"^model.preset tiny is BERT, .* is ModernBERT: choose a modernbert-\* preset or null$"):
         resolve_init(_cfg(tmp_path, "--model.init", str(path), "--model.preset", "tiny", "--data.nsp", "false"))
     cfg, _ = resolve_init(_cfg(tmp_path, "--model.init", str(path), "--model.preset", "modernbert-tiny", "--data.nsp", "false"))
-    assert cfg.model.modernbert  # an agreeing preset of its family is fine
+    assert cfg.model.family.name == "modernbert"  # an agreeing preset of its family is fine
     with pytest.raises(ConfigError, match=r"is MLM-only \(no NSP head\): set data.nsp false"):
         resolve_init(_cfg(tmp_path, "--model.init", str(path), "--model.preset", "null"))

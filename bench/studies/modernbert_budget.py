@@ -46,7 +46,7 @@ def rows(cfg, rng: np.random.Generator) -> dict:
              "masked_lm_ids": lab, "next_sentence_label": np.full(n, -1)}
     if d.pack_documents:
         batch["doc_lengths"] = docs
-    return collate(batch, modernbert=cfg.model.modernbert)
+    return collate(batch, family=cfg.model.family)
 
 
 def step_cpu_s(cfg, steps: int, seed: int) -> float:

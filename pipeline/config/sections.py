@@ -246,12 +246,6 @@ class ModelConfig:
 
         return family_of(self.overrides if self.preset is None else self.preset)
 
-    @property
-    def modernbert(self) -> bool:
-        """The loader's flag (`pipeline.pretrain.loader.collate`): the family's batches hold no token types or NSP
-        labels and keep packed documents apart. (The loader takes it until it takes the family itself.)"""
-        return self.family.documents
-
     def encoder_config(self, **extra: Any):
         """The BertConfig or ModernBertConfig this section describes (plus `extra`, e.g. the prepared vocab_size).
         With preset null (model.init resolved by `pipeline.pretrain.init`) the overrides hold the checkpoint's

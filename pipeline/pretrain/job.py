@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import torch
 
+from model.family import ModelFamily
 from pipeline.config import Config, DataConfig, config_hash, phase_data_configs
 from pipeline import cluster
 from pipeline.console import say
@@ -310,11 +311,11 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
         raise
 
 
-def _eval_batches(ds: PreparedDataset, plan: PhasePlan, seed: int, modernbert: bool = False):
+def _eval_batches(ds: PreparedDataset, plan: PhasePlan, seed: int, family: ModelFamily):
     """The held-out rows' micro-batches (fixed masks: epoch 0); none when nothing is held out, never training rows."""
     from pipeline.storage.io import read_table
 
-    to_batch = Batches(plan, seed, modernbert=modernbert)
+    to_batch = Batches(plan, seed, family=family)
     for path in plan.eval_files:
         table = read_table(path)
         for i in range(0, table.num_rows, plan.micro_batch_size):
@@ -359,7 +360,7 @@ def evaluate_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, uri: 
         device = torch.device("cuda" if tc.use_gpu and torch.cuda.is_available() else "cpu")
         model = load_trained(cfg, trained.checkpoint, ds.vocab_size, trained.verified).to(device)
         torch.manual_seed(tc.seed)
-        batches = _eval_batches(ds, plan, tc.seed, cfg.model.modernbert)
+        batches = _eval_batches(ds, plan, tc.seed, cfg.model.family)
         sums = evaluate_sums(model, batches, counts=counts, size=NUM_COUNTS, device=device,
                              precision=tc.precision if device.type == "cuda" else "fp32")
         final = {k.replace("eval/", "eval/final/"): v for k, v in eval_metrics(sums).items()}

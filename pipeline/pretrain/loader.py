@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from model.family import BERT, ModelFamily
 from pipeline.data.dataset import PreparedDataset
 from pipeline.core.precision import HOST_ONLY
 from pipeline.data.masking import MaskingPolicy, mask_batch
@@ -62,7 +63,7 @@ def document_boundaries(doc_lengths: Sequence[np.ndarray], lengths: np.ndarray) 
 
 
 def collate(batch: dict[str, Any], pad_to: int | None = None, unpad: bool = False,
-            modernbert: bool = False) -> dict[str, torch.Tensor]:
+            family: ModelFamily = BERT) -> dict[str, torch.Tensor]:
     """Rows (dict of column -> sequence of int arrays) -> padded tensors for `BertForPreTraining`.
 
     Sequences are padded with 0 ([PAD]) to the longest in this batch (not to max_seq_length), masked positions
@@ -74,10 +75,11 @@ def collate(batch: dict[str, Any], pad_to: int | None = None, unpad: bool = Fals
     (B+1,) int32 (what the varlen kernels take) instead of the mask: the model then runs on the real tokens only.
     `spans` (host, never copied, like `num_tokens`) holds the real-token lengths of what attention runs over (each
     row; each document of a packed ModernBERT row): the step's model FLOPs (`model.flops.train_flops`) for
-    `train/mfu`. `modernbert` makes the batch `ModernBertForMaskedLM` takes: no token types or NSP labels, and when a row holds
-    several documents (the `doc_lengths` column) the documents as `cu_seqlens` (`document_boundaries`: segments of
-    the real tokens, the meaning `cu_seqlens` has for BERT's unpadded rows too), beside the mask when a row has
-    padding, so attention stays inside each document.
+    `train/mfu`. `family` (`model.family.ModelFamily`) says what its models take: token types and NSP labels only
+    when it has them; when it keeps documents apart and a row holds several (the `doc_lengths` column), the
+    documents as `cu_seqlens` (`document_boundaries`: segments of the real tokens, the meaning `cu_seqlens` has for
+    BERT's unpadded rows too), beside the mask when a row has padding, so attention stays inside each document;
+    `unpad` only for a family whose encoder runs unpadded (its documents are then its segments).
 
     >>> rows = {"input_ids": [np.array([2, 5, 3]), np.array([2, 3])], "token_type_ids": [np.zeros(3), np.zeros(2)],
     ...         "masked_lm_positions": [np.array([1]), np.array([], np.int32)],
@@ -110,13 +112,16 @@ def collate(batch: dict[str, Any], pad_to: int | None = None, unpad: bool = Fals
         "num_tokens": torch.tensor(int(lengths.sum())),
         "spans": torch.from_numpy(lengths),
     }
-    if modernbert:
-        del out["token_type_ids"], out["next_sentence_label"]  # no segments, no NSP head
+    if not family.token_types:
+        del out["token_type_ids"]
+    if not family.nsp:
+        del out["next_sentence_label"]
+    if family.documents:
         docs = batch.get("doc_lengths")
         if docs is not None and any(len(d) > 1 for d in docs):
             out["cu_seqlens"] = torch.from_numpy(document_boundaries(docs, lengths))
             out["spans"] = torch.from_numpy(np.diff(out["cu_seqlens"].numpy()).astype(np.int64))
-        unpad = False  # its unpadded attention is the documents'
+    unpad = unpad and family.unpad  # ModernBERT's unpadded attention is the documents'
     if mask.all():
         return out
     if unpad and lengths.min() > 0:  # the varlen kernels take no empty row; one would take the mask instead
@@ -425,13 +430,13 @@ class Batches:
 
     `pin_memory` (for a CUDA device) puts the tensors in page-locked memory, so that the step's
     `.to(device, non_blocking=True)` is an asynchronous DMA and the host goes on building the next batch;
-    `pad_to` pads every batch to that width, `unpad` passes batches with padding as real tokens, `modernbert` makes
-    ModernBERT's batches (`collate`)."""
+    `pad_to` pads every batch to that width, `unpad` passes batches with padding as real tokens, `family` says what
+    its models' batches hold (`collate`)."""
 
     def __init__(self, plan: PhasePlan, seed: int, pin_memory: bool = False, pad_to: int | None = None,
-                 unpad: bool = False, modernbert: bool = False) -> None:
+                 unpad: bool = False, family: ModelFamily = BERT) -> None:
         self.seed, self.pin_memory, self.pad_to, self.unpad = seed, pin_memory, pad_to, unpad
-        self.modernbert = modernbert
+        self.family = family
         self.policy: MaskingPolicy | None = None
         if plan.dataset.dynamic_masking:  # at the phase's own rate when it has one
             self.policy = plan.dataset.policy() if plan.mask_rate is None else plan.dataset.policy(plan.mask_rate)
@@ -443,7 +448,7 @@ class Batches:
         return rows
 
     def collate(self, rows: dict[str, Any]) -> dict[str, torch.Tensor]:
-        batch = collate(rows, self.pad_to, self.unpad, self.modernbert)
+        batch = collate(rows, self.pad_to, self.unpad, self.family)
         if self.pin_memory:  # `num_tokens` and `spans` stay on the host: they are never copied
             batch = {k: v if k in HOST_ONLY else v.pin_memory() for k, v in batch.items()}
         return batch

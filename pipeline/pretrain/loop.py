@@ -58,7 +58,7 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
         plan, begun = plans[phase], ends[phase] - plans[phase].steps  # the phase's first step
         steps = iter(rank_steps(plan, phase, rank, world, tc.seed, tc.shuffle_buffer_rows, step - begun,
                                 pin_memory=device.type == "cuda", compiled=tc.compile, unpad=tc.unpad,
-                                modernbert=cfg.model.modernbert))
+                                family=cfg.model.family))
         if log is not None and (why := nothing_held_out(plan, tc.num_eval_shards)) is not None:
             say(f"[train] phase {phase}: no evaluation, nothing is held out ({why})")
         while step < ends[phase]:
@@ -84,7 +84,7 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
             if evaluating:
                 if phase not in evals:  # None: nothing held out, nothing evaluated (never the training rows)
                     evals[phase] = eval_batches(plan, phase, rank, world, tc.seed, tc.eval_batches * tc.num_workers,
-                                                tc.compile, tc.unpad, cfg.model.modernbert)
+                                                tc.compile, tc.unpad, cfg.model.family)
                 if evals[phase] is not None:
                     sums = evaluate_sums(t.model, evals[phase], counts=counts, size=NUM_COUNTS, device=device,
                                          precision=tc.precision)
