@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 from typing import Literal
 
 import torch
@@ -30,28 +29,39 @@ def make_scaler(device: torch.device, precision: Precision) -> torch.amp.GradSca
     return torch.amp.GradScaler(device.type) if precision == "fp16" else None
 
 
-# Batch keys a model may not take: BERT's segments and NSP labels (ModernBERT has neither), the loader's count.
 HOST_ONLY = ("num_tokens", "spans")
 """Batch entries that count the work (real tokens, attention spans) for throughput and MFU: never copied."""
-_OPTIONAL = (*HOST_ONLY, "token_type_ids", "next_sentence_label")
 
 
 @functools.lru_cache(maxsize=None)
-def _takes(cls: type, key: str) -> bool:
-    return key in inspect.signature(cls.forward).parameters
+def _left_behind(cls: type) -> frozenset[str]:
+    """The batch keys a model of `cls` takes none of: the host's counts, and BERT's segments and NSP labels for a
+    family without them (`model.family.ModelFamily.token_types`, `nsp`: ModernBERT).
+
+    >>> sorted(_left_behind(torch.nn.Identity))
+    ['num_tokens', 'spans']
+    """
+    from model.family import family_of
+
+    try:
+        family = family_of(cls)
+    except ValueError:  # a wrapper of no family's (finetune.embedding.ContrastiveModel): its batches are its own
+        return frozenset(HOST_ONLY)
+    return frozenset((*HOST_ONLY, *(() if family.token_types else ("token_type_ids",)),
+                      *(() if family.nsp else ("next_sentence_label",))))
 
 
 def forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device, precision: Precision):
-    """`model(**batch)` on `device` under `precision`; `num_tokens`, and BERT's `token_type_ids` and
-    `next_sentence_label` for a model that takes none (ModernBERT), stay behind.
+    """`model(**batch)` on `device` under `precision`; `num_tokens` and `spans`, and BERT's `token_type_ids` and
+    `next_sentence_label` for a family that takes none (ModernBERT), stay behind.
 
-    >>> class M(torch.nn.Module):
-    ...     def forward(self, input_ids): return input_ids.sum()
-    >>> forward(M(), {"input_ids": torch.ones(1, 2), "token_type_ids": torch.zeros(1, 2)}, torch.device("cpu"), "fp32").item()
-    2.0
+    >>> from model import build_model, encoder_config
+    >>> m = build_model(encoder_config("modernbert-tiny", vocab_size=64))
+    >>> type(forward(m, {"input_ids": torch.ones(1, 2, dtype=torch.long), "token_type_ids": torch.zeros(1, 2)},
+    ...              torch.device("cpu"), "fp32")).__name__
+    'PreTrainingOutput'
     """
-    cls = type(getattr(model, "module", model))  # under DDP: the wrapped model's forward says what it takes
-    inputs = {k: v.to(device, non_blocking=True) for k, v in batch.items()
-              if k not in _OPTIONAL or (k not in HOST_ONLY and _takes(cls, k))}
+    skip = _left_behind(type(getattr(model, "module", model)))  # under DDP: the wrapped model's family
+    inputs = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k not in skip}
     with autocast(device, precision):
         return model(**inputs)
