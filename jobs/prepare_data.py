@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.storage.preflight import check_storage, data_targets
 
         check_storage([("--config", config_path(argv), "read")])
-        args, sections = parse(parser(), argv, {"data": None})
+        args, sections = parse(parser(), argv, {"data": None}, config_sections=("data",))  # a preset's data section
         cfg = resolve_paths(Config(data=sections["data"]))
         check_storage(data_targets(cfg.data))  # every URI: filesystem, credentials, endpoint, bucket
         check_paths(cfg.data)  # before Ray starts

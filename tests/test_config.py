@@ -450,3 +450,15 @@ def test_the_private_hooks_the_parser_relies_on_hold():
     m = p.NO_UNION_SUBTYPE.fullmatch(text)
     assert m and p.UNION_KINDS.findall(m.group(2)) == ["<class 'float'>", "typing.Literal['auto']"], text
     assert p.one_line(argparse.ArgumentError(None, text)) == "train.lr 'abc' is not a number or auto"
+
+
+def test_prepare_data_reads_a_presets_data_section_only():
+    """`jobs/prepare_data.py --config configs/tiny.yaml` (docs/cluster.md) takes the preset's data section; its
+    model, train, tracking and eval sections are the pretraining job's (they were refused as unknown options)."""
+    from conftest import load_job
+    from pipeline.config import parse
+
+    argv = ["--config", str(REPO / "configs" / "tiny.yaml"), "--input", "/x", "--output", "/y"]
+    _, sections = parse(load_job("prepare_data").parser(), argv, {"data": None}, config_sections=("data",))
+    data = sections["data"]
+    assert data.vocab_size == 8000 and data.mask_rate == 0.3 and data.output == "/y"

@@ -114,8 +114,9 @@ def alias(parser: Any, flag: str, field: str, **kwargs: Any) -> None:
     parser.add_argument(flag, dest=field, default=argparse.SUPPRESS, **kwargs)
 
 
-def read_config_file(path: str) -> str:
-    """The text of config file `path` (a local path or a URI), checked to be a mapping of sections, each a mapping."""
+def read_config_file(path: str, keep: tuple[str, ...] | None = None) -> str:
+    """The text of config file `path` (a local path or a URI), checked to be a mapping of sections, each a mapping;
+    with `keep`, only those sections (a job that reads one section of a preset: prepare_data's `data`)."""
     from pipeline.storage.io import filesystem  # fsspec: a config file may be a URI (s3://...) like every other input
 
     fs, p = filesystem(str(path))
@@ -129,6 +130,8 @@ def read_config_file(path: str) -> str:
     for section, values in (raw or {}).items():
         _check(values is None or isinstance(values, dict),
                f"config section {section} must be a mapping of field: value, got {type(values).__name__} {values!r}")
+    if keep is not None and raw:
+        return yaml.safe_dump({k: v for k, v in raw.items() if k in keep}, sort_keys=False)
     return text if raw else "{}"
 
 
@@ -212,15 +215,16 @@ def _values_as_values(argv: list[str]) -> list[str]:
     return out
 
 
-def parse(parser: Any, argv: list[str], sections: dict[str, type],
-          renames: dict[str, str] | None = None) -> tuple[Any, dict[str, Any]]:
+def parse(parser: Any, argv: list[str], sections: dict[str, type], renames: dict[str, str] | None = None,
+          config_sections: tuple[str, ...] | None = None) -> tuple[Any, dict[str, Any]]:
     """(the parsed namespace, for the job's own flags; {section: its dataclass}) from `argv`. The config file is read
     first, whatever its place, so that every `--section.field` flag overrides it. `renames` maps a flag the user
-    types to the name the parser knows it by. A bad argument is a ConfigError."""
+    types to the name the parser knows it by; `config_sections` keeps only those sections of the config file (a
+    preset's others are another job's). A bad argument is a ConfigError."""
     renames = renames or {}
     argv = [renames.get(flag, flag) + eq + value for flag, eq, value in (a.partition("=") for a in argv)]
     path, rest = _split_config(_values_as_values(argv))
-    config = ["--config", read_config_file(path)] if path not in (None, "", "null") else []
+    config = ["--config", read_config_file(path, config_sections)] if path not in (None, "", "null") else []
     typed = {flag[2:] for flag, _, _ in (a.partition("=") for a in rest) if flag.startswith("--")}
     try:
         ns = parser.parse_args(config + rest)
