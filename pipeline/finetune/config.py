@@ -187,10 +187,10 @@ FT_SECTIONS: dict[str, type] = {
 }
 
 # `train.lr: auto`: the peak LR by hidden size, the largest key <= the model's. BERT-base's 5e-5 (Devlin et al.) is
-# for base/large only: a tiny model fine-tuned at 5e-5 stays near chance (bench/RESULTS.md, "Recipe study").
+# for base/large only: a tiny model fine-tuned at 5e-5 stays near chance (bench/results/quality.md, "Recipe study").
 AUTO_LR: dict[int, float] = {0: 1e-3, 256: 3e-4, 384: 1e-4, 768: 5e-5}
 """Lower bound of the hidden size -> fine-tuning LR. tiny (128): 1e-3 was the best of 1e-4..3e-3 for every source in
-bench/recipe_study.py (3 seeds each); mini (256): 3e-4; MiniLM-L6-H384: 1e-4 and 3e-4 tie (0.75); base/large:
+the recipe study (bench/results/quality.md, 3 seeds each); mini (256): 3e-4; MiniLM-L6-H384: 1e-4 and 3e-4 tie (0.75); base/large:
 Devlin et al.'s 2e-5..5e-5."""
 
 
