@@ -327,8 +327,10 @@ def test_one_read_per_unit_resumed_after_a_crash_writes_todays_shards(minilm_dir
     load_bench("wiki_dump").build_dump(dump, 100)
     reads: Counter[int] = Counter()
     read_pages = wiki.read_pages
-    monkeypatch.setattr(wiki, "read_pages",
-                        lambda path, offset=0, *a: reads.update([offset]) or read_pages(path, offset, *a))
+    # units only (each starts past the dump's header stream): offset 0 is the whole file, which the vocab stage's
+    # tokenizer report (issue 57) starts to read for its bounded sample, as vocab training reads its own
+    monkeypatch.setattr(wiki, "read_pages", lambda path, offset=0, *a, **kw: (reads.update([offset]) if offset else None)
+                        or read_pages(path, offset, *a, **kw))
     finish = passes.FileMerge.finish
     calls = []
 
