@@ -180,8 +180,7 @@ def read_wikiext(f: InputFile, max_bytes: int = MAX_RECORD_BYTES) -> Iterator[It
     inside = False
     attrs: dict[str, str] = {}
     bad: str | None = None
-    text: list[str] = []
-    size = 0  # the block's bytes so far
+    body = bytearray()  # the block's lines, checked as UTF-8 one by one: bytes, not a str object a line (3x)
     try:
         with open_bytes(f.path) as fh:
             for raw, whole in lines(fh, max_bytes):
@@ -189,24 +188,25 @@ def read_wikiext(f: InputFile, max_bytes: int = MAX_RECORD_BYTES) -> Iterator[It
                     if inside:  # a block's first damage is its reason
                         yield Rejected(f.path, i, bad or "unterminated_doc")
                         i += 1
-                    inside, text, size = True, [], len(raw)
+                    inside, body = True, bytearray()
                     attrs, bad = _doc_attrs(raw) if whole else ({}, "record_too_large")
                     continue
                 if not inside:
                     continue  # text between blocks is not a record
-                size += len(raw)
                 if _DOC_CLOSE.match(raw):
-                    yield Rejected(f.path, i, bad) if bad else _wikiext_doc(f, i, attrs, text)
-                    i, inside = i + 1, False
+                    yield Rejected(f.path, i, bad) if bad else _wikiext_doc(f, i, attrs, body)
+                    i, inside, body = i + 1, False, bytearray()
                 elif bad:
                     continue
-                elif not whole or size > max_bytes:
-                    bad, text = "record_too_large", []
+                elif not whole or len(body) + len(raw) > max_bytes:
+                    bad, body = "record_too_large", bytearray()
                 else:
                     try:
-                        text.append(raw.decode("utf-8"))
+                        raw.decode("utf-8")
                     except UnicodeDecodeError:
-                        bad, text = "invalid_utf8", []
+                        bad, body = "invalid_utf8", bytearray()
+                        continue
+                    body += raw
     except READ_ERRORS as e:
         yield from stopped(f, i, e)
         return
@@ -214,10 +214,12 @@ def read_wikiext(f: InputFile, max_bytes: int = MAX_RECORD_BYTES) -> Iterator[It
         yield Rejected(f.path, i, bad or "truncated_doc")  # a block without its </doc>
 
 
-def _wikiext_doc(f: InputFile, i: int, attrs: dict[str, str], lines: list[str]) -> Document | Rejected:
-    if lines and lines[0].strip() == attrs.get("title", "").strip():
-        lines = lines[1:]  # the title line WikiExtractor writes first
-    text = html.unescape("".join(lines)).strip("\n")
+def _wikiext_doc(f: InputFile, i: int, attrs: dict[str, str], body: bytearray) -> Document | Rejected:
+    text = body.decode("utf-8")
+    first, newline, rest = text.partition("\n")
+    if newline and first.strip() == attrs.get("title", "").strip():
+        text = rest  # the title line WikiExtractor writes first
+    text = html.unescape(text).strip("\n")
     reason = check_text(text)
     if reason:
         return Rejected(f.path, i, reason)
