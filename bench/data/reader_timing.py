@@ -38,7 +38,8 @@ the `--markup` patterns at 8-20 KiB, where the failing routes are nearly all of 
 Unclosed records (`--unclosed-record GB`): a dump whose first `<page>` never closes, a WikiExtractor file whose first
 `<doc>` never closes and a JSON lines file whose first line runs on, each GB gigabytes, then three good records;
 each read by `read_documents` with `--record-cap` MiB in a child process sampled by bench/measure.py: its peak RSS
-(the larger of the sampled one and its own ru_maxrss, which no sampling interval misses), its RSS after the imports,
+(the larger of the sampled one and its own VmHWM, which no sampling interval misses: unlike ru_maxrss, it
+starts at the exec, not at the fork from a larger parent), its RSS after the imports,
 what it read.
 
 Good inputs (`--same-as OLD`): the shared corpora, WikiExtractor's two forms and Parquet of the 483 wiki articles,
@@ -234,7 +235,8 @@ def budget_search(pages: int, seed: int) -> str:
         us = cpu_per_char(text)
         admitted, admitted_over = admitted + 1, admitted_over + (us > 10)
         worst = max(worst, (us, text[:40]))
-    return (f"{admitted} of {pages} pages within the budget ({admitted_over} over 10 us/char); the slowest {worst[0]:.2f} CPU us/char ({worst[1]!r}), "
+    return (f"{admitted} of {pages} pages within the budget ({admitted_over} over 10 us/char); the slowest "
+            f"{worst[0]:.2f} CPU us/char ({worst[1]!r}), "
             f"a clean page {base:.2f} us/char: {worst[0] / base:.1f}x; the fastest rejected page (of those estimated "
             f"under 3x the budget) {fastest_rejected[0]:.2f} us/char ({fastest_rejected[1]!r}); converting in up to "
             f"10 us/char: {rejected_under} of the {rejected_timed} rejected pages timed")
@@ -440,14 +442,14 @@ def _unclosed_file(path: Path, form: str, gb: float) -> None:
 
 
 _READ_CAPPED = """
-import json, psutil, resource, sys, time
+import json, psutil, sys, time
 from pipeline.data.sources import Document, Rejected, expand_inputs, read_documents
 base = psutil.Process().memory_info().rss
 start = time.process_time()
 files, _ = expand_inputs([sys.argv[1]])
 items = [x for f in files for x in read_documents(f, max_record_bytes=int(sys.argv[2]))]
-print(json.dumps({"base": base, "cpu": time.process_time() - start, "maxrss": resource.getrusage(
-    resource.RUSAGE_SELF).ru_maxrss * 1024,
+print(json.dumps({"base": base, "cpu": time.process_time() - start, "hwm": 1024 * int(
+    next(x for x in open("/proc/self/status") if x.startswith("VmHWM:")).split()[1]),
                   "texts": [x.text for x in items if isinstance(x, Document)],
                   "reasons": [x.reason for x in items if isinstance(x, Rejected)]}))
 """
@@ -467,7 +469,7 @@ def unclosed_records(gb: float, cap_mib: int) -> str:
             run = run_sampled([sys.executable, "-c", _READ_CAPPED, str(path), str(cap_mib * 2**20)],
                               env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, cwd=d)
             out = json.loads(run.log.strip().splitlines()[-1])
-            peak, base = max(run.sampler.peak_one, out["maxrss"]) / 2**20, out["base"] / 2**20  # maxrss: exact
+            peak, base = max(run.sampler.peak_one, out["hwm"]) / 2**20, out["base"] / 2**20  # VmHWM: exact
             lines.append(f"| {name} (unclosed first record) | {path.stat().st_size / 1e9:.2f} GB | {cap_mib} MiB | "
                          f"{peak:.0f} MiB | {base:.0f} MiB | {peak - base:.0f} MiB | {out['reasons']} + "
                          f"{len(out['texts'])} documents | {out['cpu']:.1f} |")
