@@ -90,6 +90,7 @@ def print_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 
 def tree(pid: int) -> Callable[[], list[psutil.Process]]:
     """A lister of `pid` and its descendants as they are at each call, `pid` first; [] once `pid` has exited."""
+
     def procs() -> list[psutil.Process]:
         try:
             root = psutil.Process(pid)
@@ -113,8 +114,13 @@ class Sampler(threading.Thread):
     """Reads the processes `procs()` lists every `interval` seconds, on a thread of its own, until `stop()`; the
     figures and their basis are in this module's docstring. Also a context manager (started and stopped)."""
 
-    def __init__(self, procs: Callable[[], list[psutil.Process]] | None = None, interval: float = 0.2,
-                 count_from: Literal["sampler", "process"] = "sampler", pss: bool = False) -> None:
+    def __init__(
+        self,
+        procs: Callable[[], list[psutil.Process]] | None = None,
+        interval: float = 0.2,
+        count_from: Literal["sampler", "process"] = "sampler",
+        pss: bool = False,
+    ) -> None:
         super().__init__(daemon=True)
         me = psutil.Process()
         self._procs = procs or (lambda: me.children(recursive=True))
@@ -190,8 +196,9 @@ class SampledRun:
     """its tree sampled from its launch (count_from="process", the command included)"""
 
 
-def run_sampled(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | str | None = None,
-                pss: bool = False) -> SampledRun:
+def run_sampled(
+    cmd: list[str], env: dict[str, str] | None = None, cwd: Path | str | None = None, pss: bool = False
+) -> SampledRun:
     """Run `cmd` to completion while sampling its process tree (CPU from each process's start, memory)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -208,10 +215,13 @@ def run_sampled(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | s
 # timing
 
 
-def interleaved(steps: dict[str, Callable[[], object]], rounds: int, repeats: int,
-                sync: Callable[[], None] = lambda: None,
-                on_round: Callable[[int, dict[str, list[tuple[float, float]]]], None] | None = None,
-                ) -> dict[str, list[tuple[float, float]]]:
+def interleaved(
+    steps: dict[str, Callable[[], object]],
+    rounds: int,
+    repeats: int,
+    sync: Callable[[], None] = lambda: None,
+    on_round: Callable[[int, dict[str, list[tuple[float, float]]]], None] | None = None,
+) -> dict[str, list[tuple[float, float]]]:
     """(wall, CPU) seconds of each call of each function: `rounds` rounds of `repeats` calls of each in turn, the
     order reversed every other round, so that a shared machine's load drifts onto all of them alike. CPU time is
     this process's (it counts the work, not the waiting); `sync` runs before and after each call (a device that
@@ -240,9 +250,12 @@ def interleaved(steps: dict[str, Callable[[], object]], rounds: int, repeats: in
 # Ray Data
 
 
-_OP = re.compile(r"^Operator \d+ (?P<name>.*HashShuffleMap\(keys=\((?P<keys>[^)]*)\).*?):.*?"
-                 r"^\* Output num rows per block: .*?(?P<rows>\d+) total$.*?"
-                 r"^\* Output size bytes per block: .*?(?P<bytes>\d+) total$", re.M | re.S)
+_OP = re.compile(
+    r"^Operator \d+ (?P<name>.*HashShuffleMap\(keys=\((?P<keys>[^)]*)\).*?):.*?"
+    r"^\* Output num rows per block: .*?(?P<rows>\d+) total$.*?"
+    r"^\* Output size bytes per block: .*?(?P<bytes>\d+) total$",
+    re.M | re.S,
+)
 
 
 def shuffles(stats: str) -> list[dict]:

@@ -34,15 +34,26 @@ def curve(tc: TrainConfig) -> list[float]:
     [0.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
     """
     k = tc.head_only_steps
-    return [0.0 if s < k else tc.lr * lr_lambda(s - k, tc.warmup_steps, tc.max_steps - k, tc.schedule,
-                                                 tc.poly_power, tc.decay_steps, tc.decay_shape)
-            for s in range(tc.max_steps + 1)]
+    return [
+        0.0
+        if s < k
+        else tc.lr
+        * lr_lambda(
+            s - k, tc.warmup_steps, tc.max_steps - k, tc.schedule, tc.poly_power, tc.decay_steps, tc.decay_shape
+        )
+        for s in range(tc.max_steps + 1)
+    ]
 
 
 def describe(tc: TrainConfig) -> str:
     """A panel's subtitle: the schedule in words."""
-    decay = (f"wsd: {tc.decay_shape} decay over the last {tc.decay_fraction:.0%}" if tc.schedule == "wsd" else
-             f"polynomial decay (power {tc.poly_power:g})" if tc.schedule == "polynomial" else f"{tc.schedule} decay")
+    decay = (
+        f"wsd: {tc.decay_shape} decay over the last {tc.decay_fraction:.0%}"
+        if tc.schedule == "wsd"
+        else f"polynomial decay (power {tc.poly_power:g})"
+        if tc.schedule == "polynomial"
+        else f"{tc.schedule} decay"
+    )
     return f"lr {tc.lr:g}, warmup {tc.warmup_steps:,} of {tc.max_steps:,} steps; {decay}"
 
 
@@ -67,8 +78,10 @@ def main() -> None:
         tc = load_config(path, init + steps).train
         lrs = curve(tc)
         peak = max(range(len(lrs)), key=lrs.__getitem__)
-        print(f"{path.name:22} {describe(tc)}; peak {lrs[peak]:g} at step {peak:,}, "
-              f"half of it from step {next(s for s in range(peak, len(lrs)) if lrs[s] <= lrs[peak] / 2):,}")
+        print(
+            f"{path.name:22} {describe(tc)}; peak {lrs[peak]:g} at step {peak:,}, "
+            f"half of it from step {next(s for s in range(peak, len(lrs)) if lrs[s] <= lrs[peak] / 2):,}"
+        )
         ax.plot(range(len(lrs)), lrs, lw=1.6)
         ax.set_title(f"{path.name}\n{describe(tc).replace('; ', chr(10))}", fontsize=8.5)
         ax.set_xlabel("optimizer step", fontsize=8)
@@ -77,7 +90,7 @@ def main() -> None:
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
-    for ax in list(axes.flat)[len(paths):]:
+    for ax in list(axes.flat)[len(paths) :]:
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)

@@ -37,12 +37,29 @@ def start_server(work: Path) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--backend-store-uri", f"sqlite:///{work / 'mlflow.db'}",
-                             "--artifacts-destination", str(work / "artifacts"), "--workers", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            # no GenAI job consumers, whose job stores outlive the server in /dev/shm
-                            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{work / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(work / "artifacts"),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        # no GenAI job consumers, whose job stores outlive the server in /dev/shm
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+    )
     uri = f"http://127.0.0.1:{port}"
     for _ in range(480):
         try:
@@ -58,10 +75,28 @@ def run_job(uri: str, work: Path, steps: int) -> None:
     books = [str(REPO.parent / "shared" / "corpora" / "books" / b) for b in BOOKS]
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     env.pop("RAY_ADDRESS", None)
-    cmd = [sys.executable, "jobs/pretrain.py", "--config", "configs/tiny.yaml", "--data.inputs", json.dumps(books),
-           "--data.output", str(work / "data"), "--data.vocab_size", "2000", "--train.storage_path", str(work / "runs"),
-           "--train.max_steps", str(steps), "--train.eval_every_steps", str(max(1, steps // 6)),
-           "--train.checkpoint_every_steps", str(steps), "--tracking.system_metrics_every_s", "2"]
+    cmd = [
+        sys.executable,
+        "jobs/pretrain.py",
+        "--config",
+        "configs/tiny.yaml",
+        "--data.inputs",
+        json.dumps(books),
+        "--data.output",
+        str(work / "data"),
+        "--data.vocab_size",
+        "2000",
+        "--train.storage_path",
+        str(work / "runs"),
+        "--train.max_steps",
+        str(steps),
+        "--train.eval_every_steps",
+        str(max(1, steps // 6)),
+        "--train.checkpoint_every_steps",
+        str(steps),
+        "--tracking.system_metrics_every_s",
+        "2",
+    ]
     subprocess.run(cmd, cwd=REPO, env=env, check=True)
 
 

@@ -39,9 +39,12 @@ def parser():
     from pipeline.evaluate.config import EV_SECTIONS
 
     ap = config_parser(EV_SECTIONS, __doc__)
-    ap.add_argument("--model-source", action="append", required=True,
-                    help="--model SRC (repeat for more): models:/name@alias, models:/name/version, a HF dir, "
-                         "or scratch:<preset>")
+    ap.add_argument(
+        "--model-source",
+        action="append",
+        required=True,
+        help="--model SRC (repeat for more): models:/name@alias, models:/name/version, a HF dir, or scratch:<preset>",
+    )
     ap.add_argument("--suite-file", required=True, help="--suite FILE: the suite YAML (configs/eval/shared.yaml)")
     return ap
 
@@ -50,8 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.runner.cli import run_job
 
     argv = sys.argv[1:] if argv is None else argv
-    argv = ["--suite-file" if a == "--suite" else ("--suite-file=" + a[len("--suite="):] if a.startswith("--suite=")
-                                                   else a) for a in argv]
+    argv = [
+        "--suite-file"
+        if a == "--suite"
+        else ("--suite-file=" + a[len("--suite=") :] if a.startswith("--suite=") else a)
+        for a in argv
+    ]
 
     def body() -> int:
         from pipeline.config import config_path, parse
@@ -63,8 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         args, sections = parse(parser(), argv, EV_SECTIONS, renames=FLAGS)
         cfg = EvaluateConfig(**sections)
         check_protocol_owned(cfg)  # train.lr, train.epochs, ... are the suite's: refused here, never ignored
-        check_storage([("--suite", args.suite_file, "read"), ("--data.tokenizer", cfg.data.tokenizer, "read"),
-                       ("train.storage_path", cfg.train.storage_path, "write")])
+        check_storage(
+            [
+                ("--suite", args.suite_file, "read"),
+                ("--data.tokenizer", cfg.data.tokenizer, "read"),
+                ("train.storage_path", cfg.train.storage_path, "write"),
+            ]
+        )
         suite = load_suite(args.suite_file)
         from pipeline.evaluate.job import run_evaluate  # torch and Ray: after the command line is checked
 

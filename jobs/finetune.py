@@ -48,14 +48,34 @@ def parser():
     from pipeline.finetune.config import FT_SECTIONS
 
     ap = config_parser(FT_SECTIONS, __doc__)
-    ap.add_argument("--model-source", required=True, help="--model SRC: models:/name@alias, models:/name/version, a "
-                    "HF dir, or scratch:<preset>")
-    ap.add_argument("--task", required=True, choices=["sequence-classification", "sentence-pair-classification",
-                                                      "token-classification", "question-answering", "embedding"])
-    ap.add_argument("--train-file", required=True, help="--train FILE: training file (TSV/CSV/JSONL, CoNLL, or SQuAD "
-                    "JSON; embedding: pairs with columns query, positive [, negative])")
-    ap.add_argument("--eval-file", required=True, help="--eval FILE: evaluation file, same format (embedding: a BEIR "
-                    "directory with corpus.jsonl, queries.jsonl and qrels/test.tsv, or a qrels file inside one)")
+    ap.add_argument(
+        "--model-source",
+        required=True,
+        help="--model SRC: models:/name@alias, models:/name/version, a HF dir, or scratch:<preset>",
+    )
+    ap.add_argument(
+        "--task",
+        required=True,
+        choices=[
+            "sequence-classification",
+            "sentence-pair-classification",
+            "token-classification",
+            "question-answering",
+            "embedding",
+        ],
+    )
+    ap.add_argument(
+        "--train-file",
+        required=True,
+        help="--train FILE: training file (TSV/CSV/JSONL, CoNLL, or SQuAD "
+        "JSON; embedding: pairs with columns query, positive [, negative])",
+    )
+    ap.add_argument(
+        "--eval-file",
+        required=True,
+        help="--eval FILE: evaluation file, same format (embedding: a BEIR "
+        "directory with corpus.jsonl, queries.jsonl and qrels/test.tsv, or a qrels file inside one)",
+    )
     ap.add_argument("--output", default=None, help="also keep the fine-tuned HF directory here")
     return ap
 
@@ -75,12 +95,20 @@ def main(argv: list[str] | None = None) -> int:
         check_storage([("--config", config_path(argv), "read")])
         args, sections = parse(parser(), argv, FT_SECTIONS, renames=FLAGS)
         cfg = FinetuneConfig(**sections)
-        check_storage([("--train", args.train_file, "read"), ("--eval", args.eval_file, "read"),
-                       ("--data.tokenizer", cfg.data.tokenizer, "read"),
-                       ("train.storage_path", cfg.train.storage_path, "write")])
+        check_storage(
+            [
+                ("--train", args.train_file, "read"),
+                ("--eval", args.eval_file, "read"),
+                ("--data.tokenizer", cfg.data.tokenizer, "read"),
+                ("train.storage_path", cfg.train.storage_path, "write"),
+            ]
+        )
         if args.output and "://" in args.output:
             raise ConfigError(f"--output {args.output}: a local directory only (the registry keeps the model)")
-        for p in (args.train_file, args.eval_file):  # local files (URIs were checked above), through fsspec like the reader
+        for p in (
+            args.train_file,
+            args.eval_file,
+        ):  # local files (URIs were checked above), through fsspec like the reader
             if not exists(p):
                 raise FinetuneDataError(f"{p}: file does not exist (relative paths resolve against {os.getcwd()})")
         from pipeline.finetune.job import run_finetune  # torch and Ray: after the command line is checked

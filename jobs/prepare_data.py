@@ -36,13 +36,21 @@ def parser():
     alias(ap, "--output", "data.output", help="output directory or URI (data.output)")
     voc = ap.add_mutually_exclusive_group()
     alias(voc, "--vocab", "data.vocab", help="existing vocab.txt or tokenizer.json (data.vocab)")
-    alias(voc, "--vocab-size", "data.vocab_size", type=int, action=VocabSize,
-          help="train a vocabulary of this size (data.vocab_size), of the kind --tokenizer says")
+    alias(
+        voc,
+        "--vocab-size",
+        "data.vocab_size",
+        type=int,
+        action=VocabSize,
+        help="train a vocabulary of this size (data.vocab_size), of the kind --tokenizer says",
+    )
     alias(ap, "--tokenizer", "data.tokenizer", choices=["wordpiece", "bpe", "unigram"], help="(data.tokenizer)")
     alias(ap, "--max-seq-length", "data.max_seq_length", type=int, help="(data.max_seq_length)")
     alias(ap, "--masking", "data.masking", choices=["static", "dynamic"], help="(data.masking)")
     alias(ap, "--seed", "data.seed", type=int, help="(data.seed)")
-    ap.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray started when RAY_ADDRESS is unset")
+    ap.add_argument(
+        "--num-cpus", type=int, default=None, help="CPUs of the local Ray started when RAY_ADDRESS is unset"
+    )
     return ap
 
 
@@ -52,8 +60,9 @@ def _tokenizer_row(t: dict | None) -> str:
 
     if not t:
         return "-"
-    return (f"{t['kind']}, {t['vocab_size']} tokens ({t['unused_tokens']} unused)"
-            + (f"; {report_line(t['report'])}" if t.get("report") else ""))
+    return f"{t['kind']}, {t['vocab_size']} tokens ({t['unused_tokens']} unused)" + (
+        f"; {report_line(t['report'])}" if t.get("report") else ""
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,10 +106,17 @@ def run(data, num_cpus: int | None) -> int:
     print(summary_table(results))
     s = shards.result
     rows = [
-        ("documents read / written / rejected", f"{s['documents_read']} / {s['documents_written']} / {s['documents_rejected']}"),
+        (
+            "documents read / written / rejected",
+            f"{s['documents_read']} / {s['documents_written']} / {s['documents_rejected']}",
+        ),
         ("rejected reasons", ", ".join(f"{k}={n}" for k, n in s["rejected_reasons"].items()) or "-"),
-        ("duplicates dropped (exact / near)", "dedup off" if not s.get("duplicates") else
-         f"{s['duplicates']['exact']} / {s['duplicates']['near']}  ({v.file('duplicates.jsonl')})"),
+        (
+            "duplicates dropped (exact / near)",
+            "dedup off"
+            if not s.get("duplicates")
+            else f"{s['duplicates']['exact']} / {s['duplicates']['near']}  ({v.file('duplicates.jsonl')})",
+        ),
         ("examples", str(v.examples)),
         ("tokens", str(v.tokens)),
         ("masked tokens", str(s["masked_tokens"])),

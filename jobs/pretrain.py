@@ -67,9 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         check_storage([("--config", config_path(argv), "read")])
         _, sections = parse(parser, argv, SECTIONS)
         cfg = resolve_paths(Config(**sections))
-        check_storage(data_targets(cfg.data) + [("train.storage_path", cfg.train.storage_path, "write")]
-                      + [(f"train.phases[{i}].output", d.output, "write")
-                         for i, d in enumerate(phase_data_configs(cfg) if cfg.train.phases else [])])
+        check_storage(
+            data_targets(cfg.data)
+            + [("train.storage_path", cfg.train.storage_path, "write")]
+            + [
+                (f"train.phases[{i}].output", d.output, "write")
+                for i, d in enumerate(phase_data_configs(cfg) if cfg.train.phases else [])
+            ]
+        )
         check_paths(cfg.data)
         if cfg.eval.suite:  # the suite and its task files, before any work (the scorecard stage runs last)
             from pipeline.evaluate.job import check_files
@@ -93,14 +98,23 @@ def main(argv: list[str] | None = None) -> int:
         cluster.check_local_gpu("train", cfg.train.use_gpu)
         address = cluster.connect()
         try:
-            cluster.check_resources("train", use_gpu=cfg.train.use_gpu, num_workers=cfg.train.num_workers,
-                                     cpus_per_worker=cfg.train.cpus_per_worker)
+            cluster.check_resources(
+                "train",
+                use_gpu=cfg.train.use_gpu,
+                num_workers=cfg.train.num_workers,
+                cpus_per_worker=cfg.train.cpus_per_worker,
+            )
             ray.data.DataContext.get_current().enable_progress_bars = False  # bars would land after the last line
             res = ray.cluster_resources()
-            print(f"tracking: {redact(uri)}; ray: {address} ({res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU); "
-                  f"Ray's logs: {cluster.session_log_dir()}", flush=True)
+            print(
+                f"tracking: {redact(uri)}; ray: {address} ({res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU); "
+                f"Ray's logs: {cluster.session_log_dir()}",
+                flush=True,
+            )
             command = "python jobs/pretrain.py " + " ".join(shlex.quote(a) for a in argv)
-            stages = pretrain_stages(cfg, git_sha=git_sha(), tracking_uri=uri, attempt=attempt, command=command, init=init)
+            stages = pretrain_stages(
+                cfg, git_sha=git_sha(), tracking_uri=uri, attempt=attempt, command=command, init=init
+            )
             if cfg.eval.suite:  # the registered version scored on the suite (pipeline.evaluate.stage)
                 from pipeline.evaluate.stage import scorecard_stage
 
@@ -112,8 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         print(summary_table(results))
         if "scorecard" in results:
             card = results["scorecard"].result
-            print(f"scorecard of {card['version']}, suite {card['suite']} (MLflow run {card['run_id']}):\n{card['table']}",
-                  flush=True)
+            print(
+                f"scorecard of {card['version']}, suite {card['suite']} (MLflow run {card['run_id']}):\n{card['table']}",  # noqa: E501
+                flush=True,
+            )
         print(f"registered {results['register'].result['uri']}", flush=True)
         return 0
 

@@ -62,8 +62,9 @@ class BertEmbeddings(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         L = input_ids.shape[1]
         if L > self.position_embeddings.num_embeddings:
-            raise ValueError(f"sequence length {L} exceeds max_position_embeddings "
-                             f"{self.position_embeddings.num_embeddings}")
+            raise ValueError(
+                f"sequence length {L} exceeds max_position_embeddings {self.position_embeddings.num_embeddings}"
+            )
         # Shards store int32 ids and int8 segments; embedding lookups take int32/int64 only.
         if input_ids.dtype not in (torch.int32, torch.int64):
             input_ids = input_ids.long()
@@ -272,9 +273,14 @@ class BertModel(BertPreTrainedModel):
         self.pooler = BertPooler(cfg) if add_pooling_layer else None
         self.init_weights()
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, unpad_indices: torch.Tensor | None = None,
-                cu_seqlens: torch.Tensor | None = None) -> BertModelOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        unpad_indices: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> BertModelOutput:
         """`unpad_indices` (T,) (the real tokens' indices into the flattened B*L) with `cu_seqlens` (B+1,) (each
         row's real tokens one segment, `model.segments.Segments`) instead of `attention_mask`: the encoder runs
         on the T real tokens only (`pipeline.pretrain.loader.collate` builds both); padded positions of

@@ -27,9 +27,10 @@ def model_class(family: str | ModelFamily, task: str) -> type[nn.Module]:
     try:
         return family_of(family).model_class(task)
     except ValueError as e:
-        raise ValueError(f"no model for family {getattr(family, 'name', family)!r} and task {task!r} ({e}); known: "
-                         f"{', '.join(FAMILIES)} x {', '.join(sorted({t for f in FAMILIES.values() for t in f.tasks}))}"
-                         ) from None
+        raise ValueError(
+            f"no model for family {getattr(family, 'name', family)!r} and task {task!r} ({e}); known: "
+            f"{', '.join(FAMILIES)} x {', '.join(sorted({t for f in FAMILIES.values() for t in f.tasks}))}"
+        ) from None
 
 
 def build_model(cfg: Any, task: str = "pretraining") -> nn.Module:

@@ -94,8 +94,11 @@ class BertConfig(_EncoderConfig):
     def __post_init__(self) -> None:
         if not self.intermediate_size:
             self.intermediate_size = 4 * self.hidden_size
-        _check_common(self, ("max_position_embeddings", "type_vocab_size"),
-                      ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"))
+        _check_common(
+            self,
+            ("max_position_embeddings", "type_vocab_size"),
+            ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"),
+        )
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
         if not (isinstance(self.layer_norm_eps, (int, float)) and self.layer_norm_eps > 0):
@@ -143,17 +146,41 @@ class BertConfig(_EncoderConfig):
 # so one is global and two local (tiny: 0.4M non-embedding parameters, as BERT-tiny's 0.4M). The small ones take
 # BERT's WordPiece conventions ([PAD] = 0, vocabulary 30,522 until the prepared data's replaces it); the other
 # special ids are tokenizer metadata the model never reads, so they are left unset there.
-_WORDPIECE = {"vocab_size": 30522, "pad_token_id": 0, "bos_token_id": None, "eos_token_id": None,
-              "cls_token_id": None, "sep_token_id": None}
+_WORDPIECE = {
+    "vocab_size": 30522,
+    "pad_token_id": 0,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "cls_token_id": None,
+    "sep_token_id": None,
+}
 MODERNBERT_PRESETS: dict[str, dict[str, Any]] = {
-    "modernbert-tiny": {"num_hidden_layers": 3, "hidden_size": 128, "num_attention_heads": 2,
-                        "intermediate_size": 192, **_WORDPIECE},
-    "modernbert-mini": {"num_hidden_layers": 6, "hidden_size": 256, "num_attention_heads": 4,
-                        "intermediate_size": 384, **_WORDPIECE},
-    "modernbert-base": {"num_hidden_layers": 22, "hidden_size": 768, "num_attention_heads": 12,
-                        "intermediate_size": 1152},
-    "modernbert-large": {"num_hidden_layers": 28, "hidden_size": 1024, "num_attention_heads": 16,
-                         "intermediate_size": 2624},
+    "modernbert-tiny": {
+        "num_hidden_layers": 3,
+        "hidden_size": 128,
+        "num_attention_heads": 2,
+        "intermediate_size": 192,
+        **_WORDPIECE,
+    },
+    "modernbert-mini": {
+        "num_hidden_layers": 6,
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "intermediate_size": 384,
+        **_WORDPIECE,
+    },
+    "modernbert-base": {
+        "num_hidden_layers": 22,
+        "hidden_size": 768,
+        "num_attention_heads": 12,
+        "intermediate_size": 1152,
+    },
+    "modernbert-large": {
+        "num_hidden_layers": 28,
+        "hidden_size": 1024,
+        "num_attention_heads": 16,
+        "intermediate_size": 2624,
+    },
 }
 
 
@@ -245,8 +272,11 @@ class ModernBertConfig(_EncoderConfig):
     """Sequence-classification loss: None (inferred as transformers does) or one of PROBLEM_TYPES."""
 
     def __post_init__(self) -> None:
-        _check_common(self, ("max_position_embeddings", "global_attn_every_n_layers", "local_attention"),
-                      ("attention_dropout", "embedding_dropout", "mlp_dropout", "classifier_dropout"))
+        _check_common(
+            self,
+            ("max_position_embeddings", "global_attn_every_n_layers", "local_attention"),
+            ("attention_dropout", "embedding_dropout", "mlp_dropout", "classifier_dropout"),
+        )
         for name in ("hidden_activation", "classifier_activation"):
             if getattr(self, name) not in ACTIVATIONS:
                 raise ValueError(f"{name} {getattr(self, name)!r} is not one of {', '.join(ACTIVATIONS)}")
@@ -256,13 +286,16 @@ class ModernBertConfig(_EncoderConfig):
                 raise ValueError(f"{name} must be > 0, got {value!r}")
         if self.classifier_pooling not in ("cls", "mean"):
             raise ValueError(f"classifier_pooling {self.classifier_pooling!r} is not 'cls' or 'mean'")
-        for name, kinds in (("global_attention_kernel", ("sdpa", "flex", "jagged")),
-                            ("local_attention_kernel", ("banded", "sdpa", "flex"))):
+        for name, kinds in (
+            ("global_attention_kernel", ("sdpa", "flex", "jagged")),
+            ("local_attention_kernel", ("banded", "sdpa", "flex")),
+        ):
             if getattr(self, name) not in kinds:
                 raise ValueError(f"{name} {getattr(self, name)!r} is not one of {', '.join(kinds)}")
             if getattr(self, name) == "flex" and self.attention_dropout:
-                raise ValueError(f"{name} 'flex' has no attention dropout; attention_dropout is "
-                                 f"{self.attention_dropout}")
+                raise ValueError(
+                    f"{name} 'flex' has no attention dropout; attention_dropout is {self.attention_dropout}"
+                )
 
     @property
     def layer_types(self) -> list[str]:
@@ -277,15 +310,23 @@ class ModernBertConfig(_EncoderConfig):
 
     def to_hf_dict(self, architectures: list[str] | None = None) -> dict[str, Any]:
         """A transformers 5 `config.json` dict (model_type "modernbert", layer_types and rope_parameters)."""
-        d = _with_fields(self, {"architectures": list(architectures) if architectures else ["ModernBertModel"],
-                                "model_type": "modernbert", "tie_word_embeddings": True})
+        d = _with_fields(
+            self,
+            {
+                "architectures": list(architectures) if architectures else ["ModernBertModel"],
+                "model_type": "modernbert",
+                "tie_word_embeddings": True,
+            },
+        )
         for name in ("global_attention_kernel", "local_attention_kernel"):
             del d[name]  # how this run attends, not the model: a loaded model takes the defaults or overrides
         for name in ("global_attn_every_n_layers", "global_rope_theta", "local_rope_theta"):
             del d[name]  # transformers 5 spells these as the two entries below
         d["layer_types"] = self.layer_types
-        d["rope_parameters"] = {"full_attention": {"rope_type": "default", "rope_theta": self.global_rope_theta},
-                                "sliding_attention": {"rope_type": "default", "rope_theta": self.local_rope_theta}}
+        d["rope_parameters"] = {
+            "full_attention": {"rope_type": "default", "rope_theta": self.global_rope_theta},
+            "sliding_attention": {"rope_type": "default", "rope_theta": self.local_rope_theta},
+        }
         return d
 
     @classmethod
@@ -298,8 +339,9 @@ class ModernBertConfig(_EncoderConfig):
         for kind, name in (("full_attention", "global_rope_theta"), ("sliding_attention", "local_rope_theta")):
             rope = (d.get("rope_parameters") or {}).get(kind) or {}
             if rope.get("rope_type", "default") != "default":
-                raise ValueError(f"rope_parameters.{kind}.rope_type {rope['rope_type']!r} is not supported "
-                                 f"(only 'default')")
+                raise ValueError(
+                    f"rope_parameters.{kind}.rope_type {rope['rope_type']!r} is not supported (only 'default')"
+                )
             if "rope_theta" in rope:
                 d[name] = rope["rope_theta"]
         types = d.get("layer_types")
@@ -315,14 +357,22 @@ class ModernBertConfig(_EncoderConfig):
 def _check_common(cfg: BertConfig | ModernBertConfig, counts: tuple[str, ...], dropouts: tuple[str, ...]) -> None:
     """The checks both encoders' configs share: positive sizes, heads dividing the width, dropouts in [0, 1),
     the pad id inside the vocabulary, the problem type, and id2label (normalised to {int: str}) fitting num_labels."""
-    for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                 *counts, "num_labels"):
+    for name in (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        *counts,
+        "num_labels",
+    ):
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if cfg.hidden_size % cfg.num_attention_heads:
-        raise ValueError(f"hidden_size {cfg.hidden_size} is not divisible by "
-                         f"num_attention_heads {cfg.num_attention_heads}")
+        raise ValueError(
+            f"hidden_size {cfg.hidden_size} is not divisible by num_attention_heads {cfg.num_attention_heads}"
+        )
     for name in dropouts:
         value = getattr(cfg, name)
         if value is not None and not (isinstance(value, (int, float)) and 0.0 <= value < 1.0):
@@ -339,12 +389,15 @@ def _check_common(cfg: BertConfig | ModernBertConfig, counts: tuple[str, ...], d
         except (TypeError, ValueError) as e:
             raise ValueError(f"id2label must map integer ids to names: {e}") from None
         if sorted(cfg.id2label) != list(range(cfg.num_labels)):
-            raise ValueError(f"id2label has ids {sorted(cfg.id2label)} but num_labels is {cfg.num_labels} "
-                             f"(ids must be 0..num_labels-1)")
+            raise ValueError(
+                f"id2label has ids {sorted(cfg.id2label)} but num_labels is {cfg.num_labels} "
+                f"(ids must be 0..num_labels-1)"
+            )
 
 
-def _preset_kwargs(cls: type, presets: dict[str, dict[str, Any]], name: str,
-                   overrides: dict[str, Any]) -> dict[str, Any]:
+def _preset_kwargs(
+    cls: type, presets: dict[str, dict[str, Any]], name: str, overrides: dict[str, Any]
+) -> dict[str, Any]:
     """A preset's fields with `overrides` on top; unknown preset and field names are errors that list them."""
     if name not in presets:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(presets)}")
@@ -391,4 +444,3 @@ def encoder_config(preset: str | None, **fields: Any) -> BertConfig | ModernBert
     from model.family import family_of  # (model.family imports this module)
 
     return family_of(fields if preset is None else preset).config(preset, **fields)
-

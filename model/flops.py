@@ -66,8 +66,9 @@ def attended_pairs(span: int, half: int | None = None) -> int:
     return span * (2 * m + 1) - m * (m + 1)
 
 
-def train_flops(cfg: BertConfig | ModernBertConfig, spans: Iterable[int], mlm_rows: int,
-                sequences: int | None = None) -> float:
+def train_flops(
+    cfg: BertConfig | ModernBertConfig, spans: Iterable[int], mlm_rows: int, sequences: int | None = None
+) -> float:
     """Model FLOPs of one training step (forward + backward) over `spans`, the lengths in real tokens of what
     attention runs over (a sequence; a document of a packed ModernBERT row), with `mlm_rows` rows through the MLM
     head and, for BERT, `sequences` rows through the pooler and NSP head (default: one per span).
@@ -81,16 +82,17 @@ def train_flops(cfg: BertConfig | ModernBertConfig, spans: Iterable[int], mlm_ro
     H, V, n = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers
     tokens = sum(spans)
     if isinstance(cfg, ModernBertConfig):
-        I, half = cfg.intermediate_size, cfg.local_attention // 2
+        inter, half = cfg.intermediate_size, cfg.local_attention // 2
         n_global = len(range(0, n, cfg.global_attn_every_n_layers))
         # A local layer's token attends to the keys at most half away inside its document: the pairs that are
         # computed are those, whatever a kernel computes and masks beside them (a model FLOP is a useful one).
-        pairs = (n_global * sum(attended_pairs(k) for k in spans)
-                 + (n - n_global) * sum(attended_pairs(k, half) for k in spans))
-        macs = n * tokens * (4 * H * H + 3 * H * I) + 2 * H * pairs
+        pairs = n_global * sum(attended_pairs(k) for k in spans) + (n - n_global) * sum(
+            attended_pairs(k, half) for k in spans
+        )
+        macs = n * tokens * (4 * H * H + 3 * H * inter) + 2 * H * pairs
     else:
-        I = cfg.intermediate_size
-        macs = n * (tokens * (4 * H * H + 2 * H * I) + 2 * H * sum(attended_pairs(k) for k in spans))
+        inter = cfg.intermediate_size
+        macs = n * (tokens * (4 * H * H + 2 * H * inter) + 2 * H * sum(attended_pairs(k) for k in spans))
         macs += (len(spans) if sequences is None else sequences) * (H * H + 2 * H)  # pooler + NSP
     macs += mlm_rows * (H * H + H * V)
     return 3 * 2 * macs

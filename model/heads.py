@@ -118,8 +118,12 @@ def _accuracy(correct: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     return correct.float() / count.clamp(min=1).float()
 
 
-def masked_lm(h: torch.Tensor, predict: Callable[[torch.Tensor], torch.Tensor],
-              masked_lm_positions: torch.Tensor | None, masked_lm_ids: torch.Tensor | None) -> PreTrainingOutput:
+def masked_lm(
+    h: torch.Tensor,
+    predict: Callable[[torch.Tensor], torch.Tensor],
+    masked_lm_positions: torch.Tensor | None,
+    masked_lm_ids: torch.Tensor | None,
+) -> PreTrainingOutput:
     """The MLM half of a PreTrainingOutput: `predict` (hidden -> vocabulary logits) on the (B, P) masked slots of
     h (B, L, H) when positions are given, else at every position; loss, accuracy and counts when ids are given.
     loss is mlm_loss; the NSP fields stay None."""
@@ -146,15 +150,22 @@ def masked_lm(h: torch.Tensor, predict: Callable[[torch.Tensor], torch.Tensor],
                 mlm_correct = (logits32.argmax(-1) == labels).sum()  # -100 matches nothing
                 mlm_accuracy = _accuracy(mlm_correct, mlm_count)
             # Sum / max(N, 1): a batch without masked positions gives 0, not NaN.
-            mlm_loss = (F.cross_entropy(logits32, labels, ignore_index=-100, reduction="sum")
-                        / mlm_count.clamp(min=1))
+            mlm_loss = F.cross_entropy(logits32, labels, ignore_index=-100, reduction="sum") / mlm_count.clamp(min=1)
     else:
         if masked_lm_ids is not None:
             raise ValueError("masked_lm_ids needs masked_lm_positions (B, P); see PreTrainingOutput")
         logits = predict(h)  # (B, L, V)
-    return PreTrainingOutput(loss=mlm_loss, mlm_loss=mlm_loss, nsp_loss=None, slot_logits=logits, nsp_logits=None,
-                             mlm_accuracy=mlm_accuracy, mlm_correct=mlm_correct, mlm_count=mlm_count,
-                             slot_valid=slot_valid)
+    return PreTrainingOutput(
+        loss=mlm_loss,
+        mlm_loss=mlm_loss,
+        nsp_loss=None,
+        slot_logits=logits,
+        nsp_logits=None,
+        mlm_accuracy=mlm_accuracy,
+        mlm_correct=mlm_correct,
+        mlm_count=mlm_count,
+        slot_valid=slot_valid,
+    )
 
 
 class BertForPreTraining(BertPreTrainedModel):
@@ -177,11 +188,17 @@ class BertForPreTraining(BertPreTrainedModel):
         self.init_weights()
         nn.init.zeros_(self.cls.predictions.bias)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, masked_lm_positions: torch.Tensor | None = None,
-                masked_lm_ids: torch.Tensor | None = None,
-                next_sentence_label: torch.Tensor | None = None, unpad_indices: torch.Tensor | None = None,
-                cu_seqlens: torch.Tensor | None = None) -> PreTrainingOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        masked_lm_positions: torch.Tensor | None = None,
+        masked_lm_ids: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
+        unpad_indices: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> PreTrainingOutput:
         out = self.bert(input_ids, token_type_ids, attention_mask, unpad_indices=unpad_indices, cu_seqlens=cu_seqlens)
         h = out.last_hidden_state  # (B, L, H)
         decoder_weight = self.bert.embeddings.word_embeddings.weight  # (V, H), tied
@@ -197,15 +214,23 @@ class BertForPreTraining(BertPreTrainedModel):
                 nsp_count = nsp_valid.sum()
                 nsp_correct = ((nsp_logits.argmax(-1) == nsl) & nsp_valid).sum()
                 nsp_accuracy = _accuracy(nsp_correct, nsp_count)
-            nsp_loss = (F.cross_entropy(nsp_logits.float(), nsl, ignore_index=-1, reduction="sum")
-                        / nsp_count.clamp(min=1))
+            nsp_loss = F.cross_entropy(nsp_logits.float(), nsl, ignore_index=-1, reduction="sum") / nsp_count.clamp(
+                min=1
+            )
 
         if mlm.mlm_loss is not None:
             loss = mlm.mlm_loss if nsp_loss is None else mlm.mlm_loss + nsp_loss
         else:
             loss = nsp_loss
-        return dataclasses.replace(mlm, loss=loss, nsp_loss=nsp_loss, nsp_logits=nsp_logits, nsp_accuracy=nsp_accuracy,
-                                   nsp_correct=nsp_correct, nsp_count=nsp_count)
+        return dataclasses.replace(
+            mlm,
+            loss=loss,
+            nsp_loss=nsp_loss,
+            nsp_logits=nsp_logits,
+            nsp_accuracy=nsp_accuracy,
+            nsp_correct=nsp_correct,
+            nsp_count=nsp_count,
+        )
 
 
 def sequence_classification_loss(logits: torch.Tensor, labels: torch.Tensor, problem: str | None) -> torch.Tensor:
@@ -233,15 +258,18 @@ def token_classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> tor
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.long().view(-1), ignore_index=-100)
 
 
-def span_loss(start_logits: torch.Tensor, end_logits: torch.Tensor, start_positions: torch.Tensor,
-              end_positions: torch.Tensor) -> torch.Tensor:
+def span_loss(
+    start_logits: torch.Tensor, end_logits: torch.Tensor, start_positions: torch.Tensor, end_positions: torch.Tensor
+) -> torch.Tensor:
     """Extractive-QA loss as transformers: mean of start and end cross-entropies over (B, L) logits; positions
     outside the input are clamped to L and ignored."""
     ignored = start_logits.shape[1]
     start = start_positions.reshape(-1).long().clamp(0, ignored)
     end = end_positions.reshape(-1).long().clamp(0, ignored)
-    return (F.cross_entropy(start_logits.float(), start, ignore_index=ignored)
-            + F.cross_entropy(end_logits.float(), end, ignore_index=ignored)) / 2
+    return (
+        F.cross_entropy(start_logits.float(), start, ignore_index=ignored)
+        + F.cross_entropy(end_logits.float(), end, ignore_index=ignored)
+    ) / 2
 
 
 def _classifier_dropout(cfg: BertConfig) -> float:
@@ -264,9 +292,13 @@ class BertForSequenceClassification(BertPreTrainedModel):
         self.classifier = nn.Linear(cfg.hidden_size, cfg.num_labels)
         self.init_weights()
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None) -> SequenceClassifierOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> SequenceClassifierOutput:
         pooled = self.bert(input_ids, token_type_ids, attention_mask).pooler_output  # (B, H)
         logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
         loss = None if labels is None else sequence_classification_loss(logits, labels, self.config.problem_type)
@@ -285,9 +317,13 @@ class BertForTokenClassification(BertPreTrainedModel):
         self.classifier = nn.Linear(cfg.hidden_size, cfg.num_labels)
         self.init_weights()
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None) -> TokenClassifierOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TokenClassifierOutput:
         h = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # (B, L, H)
         logits = self.classifier(self.dropout(h))  # (B, L, num_labels)
         loss = None if labels is None else token_classification_loss(logits, labels)
@@ -307,9 +343,14 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         self.qa_outputs = nn.Linear(cfg.hidden_size, cfg.num_labels)
         self.init_weights()
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
-                end_positions: torch.Tensor | None = None) -> QuestionAnsweringOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+    ) -> QuestionAnsweringOutput:
         h = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # (B, L, H)
         logits = self.qa_outputs(h)  # (B, L, 2)
         start_logits, end_logits = logits[..., 0].contiguous(), logits[..., 1].contiguous()  # (B, L) each

@@ -25,7 +25,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from model.bert import BertModel
-from model.config import BertConfig
 from model.family import FAMILIES, family_of
 from model.heads import BertForQuestionAnswering, BertForTokenClassification
 
@@ -84,6 +83,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 def convert_state_dict(sd: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Rename a transformers/old/wrapped BERT state dict to `model`'s key names (missing keys stay missing).
 
+    >>> from model.config import BertConfig
     >>> m = BertModel(BertConfig.from_preset("tiny", vocab_size=10, num_hidden_layers=1))
     >>> sorted(convert_state_dict({"bert.pooler.dense.bias": torch.zeros(128)}, m))
     ['pooler.dense.bias']
@@ -113,8 +113,11 @@ def convert_state_dict(sd: dict[str, torch.Tensor], model: torch.nn.Module) -> d
     dec = out.pop(family.tied_decoder, None)
     emb_key = (prefix if has_prefix else "") + family.word_embeddings
     if dec is not None and emb_key in out and not torch.equal(dec, out[emb_key]):
-        log.warning("checkpoint's %s differs from %s; this model ties them and keeps the embeddings",
-                    family.tied_decoder, emb_key)
+        log.warning(
+            "checkpoint's %s differs from %s; this model ties them and keeps the embeddings",
+            family.tied_decoder,
+            emb_key,
+        )
     for k in list(out):
         if k.endswith(_BUFFERS) and k not in target:
             del out[k]
@@ -124,8 +127,9 @@ def convert_state_dict(sd: dict[str, torch.Tensor], model: torch.nn.Module) -> d
     return out
 
 
-def load_hf(path: str | Path, cls: type[torch.nn.Module] | str = BertModel, *, strict: bool = False,
-            **config_overrides: Any) -> torch.nn.Module:
+def load_hf(
+    path: str | Path, cls: type[torch.nn.Module] | str = BertModel, *, strict: bool = False, **config_overrides: Any
+) -> torch.nn.Module:
     """Build `cls` from a transformers BERT or ModernBERT directory (its config.json's model_type must be `cls`'s);
     `config_overrides` (e.g. num_labels=6) beat config.json.
 
@@ -142,23 +146,33 @@ def load_hf(path: str | Path, cls: type[torch.nn.Module] | str = BertModel, *, s
     model_type = checkpoint_model_type(path)
     config = json.loads((path / "config.json").read_text())
     if family_of(cls).name != model_type:
-        raise ValueError(f"{path} holds a {model_type} model; {cls.__name__} is a {family_of(cls).name} class "
-                         f"(choose one of {', '.join(FAMILIES[model_type].classes())})")
+        raise ValueError(
+            f"{path} holds a {model_type} model; {cls.__name__} is a {family_of(cls).name} class "
+            f"(choose one of {', '.join(FAMILIES[model_type].classes())})"
+        )
     model = cls(FAMILIES[model_type].config_class.from_hf_dict(config, **config_overrides))
     sd = convert_state_dict(read_state_dict(path), model)
     target = model.state_dict()
     missing = sorted(k for k in target if k not in sd)
     unexpected = sorted(k for k in sd if k not in target)
-    bad_shape = sorted(f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(target[k].shape)}"
-                       for k in sd if k in target and sd[k].shape != target[k].shape)
+    bad_shape = sorted(
+        f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(target[k].shape)}"
+        for k in sd
+        if k in target and sd[k].shape != target[k].shape
+    )
     if bad_shape:
         raise ValueError(f"{path}: shape mismatch for {'; '.join(bad_shape)}")
     if strict and (missing or unexpected):
         raise ValueError(f"{path} into {cls.__name__}: missing weights {missing}, unexpected weights {unexpected}")
     model.load_state_dict({k: v for k, v in sd.items() if k in target}, strict=False)
     if missing or unexpected:
-        log.warning("%s into %s: newly initialised (missing) %s; unused (unexpected) %s",
-                    path, cls.__name__, missing, unexpected)
+        log.warning(
+            "%s into %s: newly initialised (missing) %s; unused (unexpected) %s",
+            path,
+            cls.__name__,
+            missing,
+            unexpected,
+        )
     model.load_report = {"missing": missing, "unexpected": unexpected}
     return model
 

@@ -58,8 +58,15 @@ from model.heads import (
     token_classification_loss,
 )
 
-__all__ = ["ModernBertConfig", "ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
-           "ModernBertForTokenClassification", "ModernBertForQuestionAnswering"]
+__all__ = [
+    "ModernBertConfig",
+    "ModernBertModel",
+    "ModernBertForMaskedLM",
+    "ModernBertForSequenceClassification",
+    "ModernBertForTokenClassification",
+    "ModernBertForQuestionAnswering",
+]
+
 
 class ModernBertEmbeddings(nn.Module):
     """Token embeddings, then LayerNorm and dropout (no positions: RoPE adds them in attention)."""
@@ -109,7 +116,7 @@ class ModernBertAttention(nn.Module):
         qk = apply_rotary(qkv[:, :, :2], *rope)  # q and k rotated in one pass: (B, L, 2, nh, hd)
         q, k = qk.transpose(1, 3).unbind(2)  # each (B, nh, L, hd)
         v = qkv[:, :, 2].transpose(1, 2)  # (B, nh, L, hd)
-        dropout_p, scale = self.dropout_p if self.training else 0.0, self.head_dim ** -0.5
+        dropout_p, scale = self.dropout_p if self.training else 0.0, self.head_dim**-0.5
         out = mask.attend(q, k, v, dropout_p, scale)  # (B, nh, L, hd)
         return self.out_drop(self.Wo(out.transpose(1, 2).reshape(B, L, H)))
 
@@ -136,8 +143,9 @@ class ModernBertEncoderLayer(nn.Module):
     def __init__(self, cfg: ModernBertConfig, layer_idx: int):
         super().__init__()
         self.attention_type = cfg.layer_types[layer_idx]
-        self.attn_norm = (nn.Identity() if layer_idx == 0
-                          else nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias))
+        self.attn_norm = (
+            nn.Identity() if layer_idx == 0 else nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
+        )
         self.attn = ModernBertAttention(cfg)
         self.mlp_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
         self.mlp = ModernBertMLP(cfg)
@@ -154,8 +162,7 @@ class DenseMask:
     mask: torch.Tensor | None
     """(B or 1, 1, L, L) / (B, 1, 1, L) boolean, or None."""
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
-               scale: float) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, scale: float) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=dropout_p, scale=scale)
 
 
@@ -169,8 +176,7 @@ class Banded:
     """(B * C, 1, size, 3 * size) boolean, C = ceil(L / size) chunks: True = attend."""
     size: int
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
-               scale: float) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, scale: float) -> torch.Tensor:
         return banded_attention(q, k, v, self, dropout_p, scale)
 
 
@@ -183,8 +189,7 @@ class FlexMask:
     block_mask: Any
     """`torch.nn.attention.flex_attention.BlockMask` of (B, 1, L, L), built once per batch (`flex_block_mask`)."""
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
-               scale: float) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, scale: float) -> torch.Tensor:
         return flex_kernel(q.is_cuda)(q, k, v, block_mask=self.block_mask, scale=scale)
 
 
@@ -197,8 +202,7 @@ class JaggedRows:
     index: torch.Tensor | None
     """(T,) the real tokens' indices into the flattened B*L; None when every slot is real."""
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
-               scale: float) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, scale: float) -> torch.Tensor:
         B, nh, L, hd = q.shape
         q, k, v = (t.transpose(1, 2).reshape(B * L, nh, hd) for t in (q, k, v))  # (B*L, nh, hd): views, no copy
         if self.index is not None:
@@ -214,8 +218,9 @@ LayerMask = DenseMask | Banded | FlexMask | JaggedRows
 Masks = dict[str, LayerMask]  # layer kind ("full_attention", "sliding_attention") -> its mask
 
 
-def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, band: Banded, dropout_p: float,
-                     scale: float) -> torch.Tensor:
+def banded_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, band: Banded, dropout_p: float, scale: float
+) -> torch.Tensor:
     """SDPA of (B, nh, L, hd) q, k, v chunk by chunk under `band` -> (B, nh, L, hd)."""
     B, nh, L, hd = q.shape
     c = band.size
@@ -224,8 +229,12 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, band: Ba
     # Keys/values padded by a chunk on each side, as C + 2 chunks; chunk i's keys are chunks i, i+1, i+2 of that.
     # Three slices and a cat, not unfold: unfold's backward was a third of the step's attention time on the CPU.
     kb, vb = (F.pad(t, (0, 0, c, c + tail)).view(B, nh, C + 2, c, hd) for t in (k, v))
-    kb, vb = (torch.cat((t[:, :, :-2], t[:, :, 1:-1], t[:, :, 2:]), dim=3)  # (B, nh, C, 3c, hd)
-              .transpose(1, 2).reshape(B * C, nh, 3 * c, hd) for t in (kb, vb))
+    kb, vb = (
+        torch.cat((t[:, :, :-2], t[:, :, 1:-1], t[:, :, 2:]), dim=3)  # (B, nh, C, 3c, hd)
+        .transpose(1, 2)
+        .reshape(B * C, nh, 3 * c, hd)
+        for t in (kb, vb)
+    )
     qb = F.pad(q, (0, 0, 0, tail)).view(B, nh, C, c, hd).transpose(1, 2).reshape(B * C, nh, c, hd)
     out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=band.mask, dropout_p=dropout_p, scale=scale)
     return out.view(B, C, nh, c, hd).transpose(1, 2).reshape(B, nh, C * c, hd)[:, :, :L]
@@ -274,9 +283,15 @@ def flex_kernel(compiled: bool) -> Callable[..., torch.Tensor]:
     return torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
 
 
-def attention_masks(cfg: ModernBertConfig, B: int, L: int, device: torch.device,
-                    attention_mask: torch.Tensor | None, doc: torch.Tensor | None,
-                    segments: Segments | None = None) -> Masks:
+def attention_masks(
+    cfg: ModernBertConfig,
+    B: int,
+    L: int,
+    device: torch.device,
+    attention_mask: torch.Tensor | None,
+    doc: torch.Tensor | None,
+    segments: Segments | None = None,
+) -> Masks:
     """Each layer kind's mask for a (B, L) batch, by the config's kernel for it (`global_attention_kernel`,
     `local_attention_kernel`; `layer_mask`): real keys of the same document (`doc` (B, L), -1 = padding, from
     `segments`), and on local layers only those at most local_attention // 2 away. Without documents a pad query
@@ -288,13 +303,22 @@ def attention_masks(cfg: ModernBertConfig, B: int, L: int, device: torch.device,
     else:
         ids = doc if attention_mask is None else doc.masked_fill(~attention_mask.bool(), -1)
     documents = doc is not None
-    return {"full_attention": layer_mask(cfg.global_attention_kernel, ids, None, documents, attention_mask, segments),
-            "sliding_attention": layer_mask(cfg.local_attention_kernel, ids, cfg.local_attention // 2, documents,
-                                            attention_mask, segments)}
+    return {
+        "full_attention": layer_mask(cfg.global_attention_kernel, ids, None, documents, attention_mask, segments),
+        "sliding_attention": layer_mask(
+            cfg.local_attention_kernel, ids, cfg.local_attention // 2, documents, attention_mask, segments
+        ),
+    }
 
 
-def layer_mask(kernel: str, ids: torch.Tensor, half: int | None, documents: bool,
-               attention_mask: torch.Tensor | None = None, segments: Segments | None = None) -> LayerMask:
+def layer_mask(
+    kernel: str,
+    ids: torch.Tensor,
+    half: int | None,
+    documents: bool,
+    attention_mask: torch.Tensor | None = None,
+    segments: Segments | None = None,
+) -> LayerMask:
     """One layer kind's mask for rows whose tokens carry document ids `ids` (B, L) (-1 = padding): a global layer's
     (`half` None) or a local one's (keys at most `half` away), by `kernel`. "sdpa" gives a boolean (B, 1, L, L)
     mask, or none for a global layer without documents or padding (the mask's (B, 1, 1, L) with padding);
@@ -353,7 +377,7 @@ def init_modernbert_weights(model: nn.Module, cfg: ModernBertConfig) -> None:
             nn.init.zeros_(m.bias)
     classifier = getattr(model, "classifier", None)
     if classifier is not None:
-        normal(classifier, cfg.hidden_size ** -0.5)
+        normal(classifier, cfg.hidden_size**-0.5)
 
 
 class ModernBertPreTrainedModel(nn.Module):
@@ -387,14 +411,19 @@ class ModernBertModel(ModernBertPreTrainedModel):
         self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
         self.init_weights()
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                cu_seqlens: torch.Tensor | None = None) -> BertModelOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> BertModelOutput:
         """`attention_mask` (B, L): 1 = real, 0 = pad. `cu_seqlens` (D+1,): packed rows' documents as segments of
         the real tokens (`model.segments.Segments`); positions then restart at every document."""
         B, L = input_ids.shape
         if L > self.config.max_position_embeddings:
-            raise ValueError(f"sequence length {L} exceeds max_position_embeddings "
-                             f"{self.config.max_position_embeddings}")
+            raise ValueError(
+                f"sequence length {L} exceeds max_position_embeddings {self.config.max_position_embeddings}"
+            )
         doc = segments = None
         if cu_seqlens is None:
             positions = torch.arange(L, device=input_ids.device)  # (L,): one RoPE table for every row
@@ -403,8 +432,10 @@ class ModernBertModel(ModernBertPreTrainedModel):
             doc, positions = segments.layout(B, L, attention_mask)  # (B, L) each
         masks = attention_masks(self.config, B, L, input_ids.device, attention_mask, doc, segments)
         hd = self.config.head_dim
-        ropes = {"full_attention": rotary(positions, hd, self.config.global_rope_theta),
-                 "sliding_attention": rotary(positions, hd, self.config.local_rope_theta)}
+        ropes = {
+            "full_attention": rotary(positions, hd, self.config.global_rope_theta),
+            "sliding_attention": rotary(positions, hd, self.config.local_rope_theta),
+        }
         x = self.embeddings(input_ids)  # (B, L, H)
         for layer in self.layers:
             x = layer(x, ropes[layer.attention_type], masks[layer.attention_type])
@@ -453,9 +484,14 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
         self.decoder = TiedDecoder(cfg)
         self.init_weights()
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                masked_lm_positions: torch.Tensor | None = None, masked_lm_ids: torch.Tensor | None = None,
-                cu_seqlens: torch.Tensor | None = None) -> PreTrainingOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        masked_lm_positions: torch.Tensor | None = None,
+        masked_lm_ids: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> PreTrainingOutput:
         """As `BertForPreTraining` without NSP: `.mlm_logits` at the masked slots when `masked_lm_positions`
         (B, P, -1 = padding) is given, else (B, L, V) at every position; `.loss` is the MLM loss."""
         h = self.model(input_ids, attention_mask, cu_seqlens).last_hidden_state  # (B, L, H)
@@ -483,8 +519,9 @@ class ModernBertWithClassifier(ModernBertPreTrainedModel):
 class ModernBertForSequenceClassification(ModernBertWithClassifier):
     """First-token ("cls") or mean pooling -> head -> dropout -> linear; losses as `BertForSequenceClassification`."""
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None) -> SequenceClassifierOutput:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None
+    ) -> SequenceClassifierOutput:
         h = self.model(input_ids, attention_mask).last_hidden_state  # (B, L, H)
         if self.config.classifier_pooling == "cls":
             pooled = h[:, 0]
@@ -499,8 +536,9 @@ class ModernBertForSequenceClassification(ModernBertWithClassifier):
 class ModernBertForTokenClassification(ModernBertWithClassifier):
     """Per-token head -> dropout -> linear; labels (B, L) with -100 ignored."""
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None) -> TokenClassifierOutput:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None
+    ) -> TokenClassifierOutput:
         logits = self.classify(self.model(input_ids, attention_mask).last_hidden_state)  # (B, L, num_labels)
         loss = None if labels is None else token_classification_loss(logits, labels)
         return TokenClassifierOutput(loss=loss, logits=logits)
@@ -514,9 +552,13 @@ class ModernBertForQuestionAnswering(ModernBertWithClassifier):
             raise ValueError(f"num_labels must be 2 (start, end) for question answering, got {cfg.num_labels}")
         super().__init__(cfg)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                start_positions: torch.Tensor | None = None,
-                end_positions: torch.Tensor | None = None) -> QuestionAnsweringOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+    ) -> QuestionAnsweringOutput:
         logits = self.classify(self.model(input_ids, attention_mask).last_hidden_state)  # (B, L, 2)
         start_logits, end_logits = logits[..., 0].contiguous(), logits[..., 1].contiguous()  # (B, L) each
         loss = None

@@ -32,8 +32,9 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: Pooling = "me
     return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)  # sentence-transformers' clamp, for an empty row
 
 
-def sentence_embedding(encoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       pooling: Pooling = "mean") -> torch.Tensor:
+def sentence_embedding(
+    encoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, pooling: Pooling = "mean"
+) -> torch.Tensor:
     """(B, H) unit-length float32 sentence vectors of a bare encoder's batch; segment ids stay 0 (one text)."""
     h = encoder(input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
     return F.normalize(pool(h.float(), attention_mask, pooling), dim=-1)

@@ -56,8 +56,12 @@ class Segments:
         if cu.device.type == "cpu":
             T = B * L if real is None else int(real.sum())
             row = torch.arange(B * L) // L if real is None else (torch.arange(B * L) // L)[real]  # real token -> row
-            if (cu[0] != 0 or cu[-1] != T or bool((cu[1:] <= cu[:-1]).any())
-                    or bool((row[cu[:-1].clamp(max=T - 1)] != row[(cu[1:] - 1).clamp(min=0)]).any())):
+            if (
+                cu[0] != 0
+                or cu[-1] != T
+                or bool((cu[1:] <= cu[:-1]).any())
+                or bool((row[cu[:-1].clamp(max=T - 1)] != row[(cu[1:] - 1).clamp(min=0)]).any())
+            ):
                 raise ValueError(f"cu_seqlens {cu.tolist()} must rise from 0 to the {T} real tokens, a segment per row")
         # Each slot's rank among the real tokens (a cumulative sum, no nonzero: nothing read off the device).
         rank = torch.arange(B * L, device=cu.device) if real is None else real.long().cumsum(0) - 1  # (B*L,)
@@ -68,8 +72,9 @@ class Segments:
         return doc.view(B, L), pos.view(B, L)
 
 
-def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Segments, dropout_p: float,
-                     scale: float) -> torch.Tensor:
+def jagged_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Segments, dropout_p: float, scale: float
+) -> torch.Tensor:
     """SDPA of packed (T, nh, hd) q, k, v, each segment attending within itself -> (T, nh, hd): jagged nested
     tensors (S, nh, j, hd), one row per segment, so that SDPA takes its varlen kernels and computes no score
     across segments or on padding. They take no mask: a local layer's window cannot be said here."""
@@ -77,7 +82,11 @@ def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments
     if not q.is_cuda:  # the math fallback (the CPU's only NJT kernel) wants contiguous values
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     # min/max seqlen given: kernel selection and the varlen kernels would otherwise read them off the device.
-    q, k, v = (torch.nested.nested_tensor_from_jagged(t, offsets=segments.offsets, min_seqlen=1,
-                                                      max_seqlen=segments.max_len).transpose(1, 2) for t in (q, k, v))
+    q, k, v = (
+        torch.nested.nested_tensor_from_jagged(
+            t, offsets=segments.offsets, min_seqlen=1, max_seqlen=segments.max_len
+        ).transpose(1, 2)
+        for t in (q, k, v)
+    )
     out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)  # (S, nh, j, hd)
     return out.transpose(1, 2).values()  # (T, nh, hd)

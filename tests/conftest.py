@@ -71,7 +71,8 @@ os.chmod(_TMP, 0o711)  # traversable (not listable) like /tmp: the unprivileged 
 os.environ["TMPDIR"] = _TMP
 tempfile.tempdir = None  # tempfile re-reads TMPDIR
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_TMP, "torchinductor"))
-# A failed job writes its traceback under PIPELINE_LOG_DIR (pipeline.runner.cli.log_dir): the session's own, not ~/.local.
+# A failed job writes its traceback under PIPELINE_LOG_DIR (pipeline.runner.cli.log_dir): the session's own, not
+# ~/.local.
 os.environ.setdefault("PIPELINE_LOG_DIR", os.path.join(_TMP, "joblogs"))
 
 
@@ -87,9 +88,21 @@ def pytest_unconfigure(config):  # noqa: ARG001 - pytest's hook signature
 # worker its next module when two tests of its current one are left.) test_two_hosts goes fourth: whichever worker
 # takes it runs it after test_pretrain_job has written its one-host references (`one_host_reference`), which
 # test_two_hosts would otherwise train again.
-LONGEST_FIRST = ("test_finetune_job", "test_pretrain_job", "test_secure_tracking", "test_two_hosts", "test_stages",
-                 "test_evaluate_job", "test_prepare_data_job", "test_jobs_cli", "test_modernbert_job", "test_executors",
-                 "test_pretrain_loop", "test_preflight", "test_outage")
+LONGEST_FIRST = (
+    "test_finetune_job",
+    "test_pretrain_job",
+    "test_secure_tracking",
+    "test_two_hosts",
+    "test_stages",
+    "test_evaluate_job",
+    "test_prepare_data_job",
+    "test_jobs_cli",
+    "test_modernbert_job",
+    "test_executors",
+    "test_pretrain_loop",
+    "test_preflight",
+    "test_outage",
+)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
@@ -196,9 +209,16 @@ def dashboard_head(num_cpus: int):
     from pipeline.cluster.connect import free_port
 
     port = free_port()
-    head = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": num_cpus, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port,
-        "dashboard_agent_listen_port": free_port(avoid=frozenset({port}))})
+    head = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": num_cpus,
+            "include_dashboard": True,
+            "dashboard_host": "127.0.0.1",
+            "dashboard_port": port,
+            "dashboard_agent_listen_port": free_port(avoid=frozenset({port})),
+        },
+    )
     return head, port
 
 
@@ -330,10 +350,25 @@ class MlflowServer:
         from pipeline.tracking.server import TrackingError, check_tracking_server
 
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
-             "--backend-store-uri", self.store, "--artifacts-destination",
-             str(self.root / "artifacts"), "--workers", "1"],
-            stdout=subprocess.DEVNULL, stderr=open(self.root / "server.log", "a"), start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--backend-store-uri",
+                self.store,
+                "--artifacts-destination",
+                str(self.root / "artifacts"),
+                "--workers",
+                "1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.root / "server.log", "a"),
+            start_new_session=True,
             env={**os.environ, **SERVER_ENV},
         )
         deadline = time.time() + 240  # a loaded 2-core machine can take minutes to import and migrate
@@ -342,7 +377,9 @@ class MlflowServer:
                 check_tracking_server(self.uri, timeout=2)
                 import psutil
 
-                jobs = [p for p in psutil.Process(self.proc.pid).children(recursive=True) if "huey" in " ".join(p.cmdline())]
+                jobs = [
+                    p for p in psutil.Process(self.proc.pid).children(recursive=True) if "huey" in " ".join(p.cmdline())
+                ]
                 assert not jobs, f"the mlflow server started job consumers: {[p.cmdline() for p in jobs]}"
                 return self.uri
             except TrackingError:
@@ -380,15 +417,26 @@ class S3Server:
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
-        self.env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                    "AWS_DEFAULT_REGION": "us-east-1", "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-                    "AWS_CONFIG_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}
+        self.env = {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+            "AWS_CONFIG_FILE": os.devnull,
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
 
     def client(self):
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="testing",
-                            aws_secret_access_key="testing", region_name="us-east-1")
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
 
     def bucket(self, prefix: str = "b") -> str:
         import uuid
@@ -407,8 +455,12 @@ def s3_server(tmp_path_factory):
     buckets (`s3_server.bucket()`) and point processes at it with `s3_server.env` (or the `s3_env` fixture)."""
     port = free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=open(log, "w"), start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "w"),
+        start_new_session=True,
+    )
     server = S3Server(f"http://127.0.0.1:{port}")
     deadline = time.time() + 120
     while True:
@@ -439,8 +491,13 @@ def s3_env(s3_server, monkeypatch):
 
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+]
 
 
 @pytest.fixture()

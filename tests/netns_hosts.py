@@ -50,11 +50,15 @@ class Host:
 
     def start(self) -> None:
         """The holder: a private /tmp (with work/ and home/) and /dev/shm in the host's network namespace."""
-        script = (f"mount -t tmpfs -o size={self.tmp_size},mode=1777 tmpfs /tmp && "
-                  "mount -t tmpfs -o size=1g tmpfs /dev/shm && "
-                  "mkdir -p /tmp/work /tmp/home/.ray && touch /tmp/.ready && exec sleep 7200")
-        self.holder = subprocess.Popen(["ip", "netns", "exec", self.ns, "unshare", "--mount", "--propagation",
-                                        "private", "sh", "-c", script], start_new_session=True)
+        script = (
+            f"mount -t tmpfs -o size={self.tmp_size},mode=1777 tmpfs /tmp && "
+            "mount -t tmpfs -o size=1g tmpfs /dev/shm && "
+            "mkdir -p /tmp/work /tmp/home/.ray && touch /tmp/.ready && exec sleep 7200"
+        )
+        self.holder = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns, "unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+            start_new_session=True,
+        )
         for _ in range(100):  # `ip netns exec`, `unshare` and `exec sleep` keep the pid: its root is the host's view
             if self.path("/tmp/.ready").exists():
                 return
@@ -69,8 +73,19 @@ class Host:
 
     def _argv(self, cmd: str, env: dict[str, str] | None) -> list[str]:
         full = {**self.env, **(env or {})}
-        return ["nsenter", "-t", str(self.holder.pid), "-n", "-m", "env", "-i",
-                *[f"{k}={v}" for k, v in full.items()], "sh", "-c", f"cd /tmp/work && {cmd}"]
+        return [
+            "nsenter",
+            "-t",
+            str(self.holder.pid),
+            "-n",
+            "-m",
+            "env",
+            "-i",
+            *[f"{k}={v}" for k, v in full.items()],
+            "sh",
+            "-c",
+            f"cd /tmp/work && {cmd}",
+        ]
 
     def run(self, cmd: str, env: dict[str, str] | None = None, timeout: float = 120, check: bool = True):
         r = subprocess.run(self._argv(cmd, env), capture_output=True, text=True, timeout=timeout)
@@ -105,7 +120,24 @@ class Hosts:
             for name in self.names:
                 sh(["ip", "netns", "add", name])
             a, b = self.names[0], self.names[1]
-            sh(["ip", "link", "add", "name", CLUSTER_IF, "netns", a, "type", "veth", "peer", "name", CLUSTER_IF, "netns", b])
+            sh(
+                [
+                    "ip",
+                    "link",
+                    "add",
+                    "name",
+                    CLUSTER_IF,
+                    "netns",
+                    a,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    CLUSTER_IF,
+                    "netns",
+                    b,
+                ]
+            )
             sh(["ip", "link", "add", "name", self.up_if, "type", "veth", "peer", "name", "up0", "netns", a])
             sh(["ip", "addr", "add", f"10.213.{sub}.1/30", "dev", self.up_if])
             sh(["ip", "link", "set", self.up_if, "up"])
@@ -180,12 +212,21 @@ def host_env(head: str) -> dict[str, str]:
     token auth, the tracking server and the object store on the head, gloo on the cluster link."""
     return {
         "PATH": f"{VENV_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "HOME": "/tmp/home", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-        "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0",
+        "HOME": "/tmp/home",
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        "RAY_AUTH_MODE": "token",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_DEDUP_LOGS": "0",
         "MLFLOW_TRACKING_URI": f"http://{head}:5000",
-        "AWS_ENDPOINT_URL": f"http://{head}:5555", "MLFLOW_S3_ENDPOINT_URL": f"http://{head}:5555",
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-        "GLOO_SOCKET_IFNAME": CLUSTER_IF, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        "AWS_ENDPOINT_URL": f"http://{head}:5555",
+        "MLFLOW_S3_ENDPOINT_URL": f"http://{head}:5555",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "GLOO_SOCKET_IFNAME": CLUSTER_IF,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
         # After a host is lost for good, Ray Train's first restart still asks for the full worker group (Ray Data's
         # autoscaling coordinator, which it asks, looks at the nodes every 20 s) and waits this long for it before
         # trying the workers that fit (docs/cluster.md, "preemptible nodes"); Ray's default is 60 s.
@@ -220,8 +261,10 @@ class TwoHostCluster:
         self.s3_client().create_bucket(Bucket=self.bucket)
         self.mlflow = self.head.popen(
             "mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri sqlite:////tmp/mlflow.db "
-            f"--artifacts-destination s3://{self.bucket}/mlflow-artifacts --workers 1", "/tmp/mlflow.log",
-            env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # no GenAI job consumers (tests/conftest.py)
+            f"--artifacts-destination s3://{self.bucket}/mlflow-artifacts --workers 1",
+            "/tmp/mlflow.log",
+            env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        )  # no GenAI job consumers (tests/conftest.py)
 
     def s3(self):
         """s3fs on the bucket's server, from this namespace."""
@@ -233,13 +276,22 @@ class TwoHostCluster:
         """boto3 on the bucket's server, from this namespace (uncached listings, for polling)."""
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.s3_url, aws_access_key_id="testing", aws_secret_access_key="testing",
-                            region_name="us-east-1")
+        return boto3.client(
+            "s3",
+            endpoint_url=self.s3_url,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
 
     def s3_env(self) -> dict[str, str]:
         """The bucket's endpoint and credentials from this namespace (for pyarrow/s3fs/boto3 clients)."""
-        return {"AWS_ENDPOINT_URL": self.s3_url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                "AWS_DEFAULT_REGION": "us-east-1"}
+        return {
+            "AWS_ENDPOINT_URL": self.s3_url,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
 
     def wait_mlflow(self, seconds: float = 240) -> None:
         wait_http(self.mlflow_url + "/health", seconds, self.mlflow)
@@ -250,14 +302,21 @@ class TwoHostCluster:
     HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
 
     def start_head(self, cpus: int = 1, object_store: int = 300_000_000) -> None:
-        self.head.run(f"ray start --head --node-ip-address={self.head.address} --port=6379 --num-cpus={cpus} "
-                      f"--dashboard-host=127.0.0.1 --dashboard-port=8265 --object-store-memory={object_store} "
-                      "--disable-usage-stats", env=self.HEALTH_CHECKS, timeout=180)
+        self.head.run(
+            f"ray start --head --node-ip-address={self.head.address} --port=6379 --num-cpus={cpus} "
+            f"--dashboard-host=127.0.0.1 --dashboard-port=8265 --object-store-memory={object_store} "
+            "--disable-usage-stats",
+            env=self.HEALTH_CHECKS,
+            timeout=180,
+        )
 
     def start_worker(self, cpus: int = 1, wait: bool = True, object_store: int = 300_000_000) -> None:
         """`ray start --address` on the worker host; with `wait`, until the head counts both hosts."""
-        self.worker.run(f"ray start --address={self.head.address}:6379 --node-ip-address={self.worker.address} "
-                        f"--num-cpus={cpus} --object-store-memory={object_store} --disable-usage-stats", timeout=180)
+        self.worker.run(
+            f"ray start --address={self.head.address}:6379 --node-ip-address={self.worker.address} "
+            f"--num-cpus={cpus} --object-store-memory={object_store} --disable-usage-stats",
+            timeout=180,
+        )
         if wait:
             self.wait_nodes(2, "the worker host never joined")
 
@@ -286,9 +345,11 @@ class TwoHostCluster:
         import shlex
 
         env_json = json.dumps({"env_vars": {"GIT_SHA": git_sha}})
-        return (f"ray job submit --address http://127.0.0.1:8265 --working-dir {shlex.quote(str(repo))} "
-                f"--runtime-env-json {shlex.quote(env_json)} -- python jobs/pretrain.py "
-                + " ".join(shlex.quote(a) for a in args))
+        return (
+            f"ray job submit --address http://127.0.0.1:8265 --working-dir {shlex.quote(str(repo))} "
+            f"--runtime-env-json {shlex.quote(env_json)} -- python jobs/pretrain.py "
+            + " ".join(shlex.quote(a) for a in args)
+        )
 
     def submit(self, repo: Path, args: list[str], git_sha: str, timeout: float = 600):
         """Submit and wait; returns (exit code, the job's output)."""

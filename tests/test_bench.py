@@ -25,18 +25,24 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     # script: (arguments at its smallest size, a line its output must hold). {corpus}: books/ (three short books)
     # and wiki/ (20 articles); {tmp}: an empty directory.
     "data/big_document_memory.py": (["--mb", "0.2", "--dedup", "off"], "(expected {n}: equal)"),
-    "data/data_scale.py": (["--corpora", "{corpus}", "--factors", "1", "--ray-factors", "", "--memory-factor", "1"],
-                           "peak RSS tree 1x (local) ÷ 1x (local): 1.00"),
-    "data/data_throughput.py": (["--corpora", "{corpus}", "--target-tokens", "1", "--memory-factors", "1",
-                                 "--skip-hf"], "| CPU ratio (tokens per CPU-s) pipeline / encode_batch |"),
+    "data/data_scale.py": (
+        ["--corpora", "{corpus}", "--factors", "1", "--ray-factors", "", "--memory-factor", "1"],
+        "peak RSS tree 1x (local) ÷ 1x (local): 1.00",
+    ),
+    "data/data_throughput.py": (
+        ["--corpora", "{corpus}", "--target-tokens", "1", "--memory-factors", "1", "--skip-hf"],
+        "| CPU ratio (tokens per CPU-s) pipeline / encode_batch |",
+    ),
     "data/dedup_cost.py": (["--corpora", "{corpus}", "--factors", "1", "--runs", "1"], "| 1x | "),
     "data/dedup_quality.py": (["--skip-speed", "--skip-planted"], "## The shared corpora themselves: 549 documents"),
     "data/wiki_compare.py": (["--copies", "4", "--repeats", "1"], "ours / wikiextractor: "),
     "data/tokenizer_kinds.py": (["--corpora", "{corpus}", "--vocab-size", "300"], "| unigram | 320 |"),
     "data/wiki_dump.py": (["{tmp}", "--copies", "2", "--parts", "2"], "part 2: 11 pages (4 articles)"),
     "train/loader_throughput.py": (["--corpora", "{corpus}", "--shapes", "mlm", "--epochs", "1"], "| mlm | dynamic |"),
-    "train/mixture_loader.py": (["--corpora", "{corpus}", "--steps", "10", "--resume-at", "4", "--resume-steps", "3",
-                                 "--repeats", "1"], "mixture / one stream: "),
+    "train/mixture_loader.py": (
+        ["--corpora", "{corpus}", "--steps", "10", "--resume-at", "4", "--resume-steps", "3", "--repeats", "1"],
+        "mixture / one stream: ",
+    ),
 }
 
 ELSEWHERE = {
@@ -58,8 +64,11 @@ ELSEWHERE = {
 
 def maintained() -> set[str]:
     """bench/'s scripts outside bench/studies/, relative to bench/."""
-    return {str(p.relative_to(BENCH)) for p in BENCH.rglob("*") if p.suffix in (".py", ".sh")
-            and "studies" not in p.parts and "__pycache__" not in p.parts}
+    return {
+        str(p.relative_to(BENCH))
+        for p in BENCH.rglob("*")
+        if p.suffix in (".py", ".sh") and "studies" not in p.parts and "__pycache__" not in p.parts
+    }
 
 
 def test_every_maintained_script_has_a_smoke_run():
@@ -116,16 +125,19 @@ def corpus(shared_dir, tmp_path_factory) -> Path:
     (root / "wiki").mkdir()
     for book in ("57_Phmn.txt", "31_Obad.txt", "08_Ruth.txt"):
         shutil.copyfile(shared_dir / "corpora/books" / book, root / "books" / book)
-    with gzip.open(shared_dir / "corpora/wiki/pydocs.jsonl.gz", "rt") as src, \
-            gzip.open(root / "wiki/pydocs20.jsonl.gz", "wt") as dst:
+    with (
+        gzip.open(shared_dir / "corpora/wiki/pydocs.jsonl.gz", "rt") as src,
+        gzip.open(root / "wiki/pydocs20.jsonl.gz", "wt") as dst,
+    ):
         for _, line in zip(range(20), src):
             dst.write(line)
     return root
 
 
 def run(cmd: list[str], cwd: Path, **env: str) -> str:
-    p = subprocess.run(cmd, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, capture_output=True,
-                       text=True, timeout=SECONDS)
+    p = subprocess.run(
+        cmd, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, capture_output=True, text=True, timeout=SECONDS
+    )
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-3000:]
     return out
@@ -152,8 +164,15 @@ def test_gpu_step_script_runs_every_step_of_its_set(tmp_path, step_set):
     fake = tmp_path / "python"
     fake.write_text('#!/bin/sh\necho "$@" >> "$OUT/commands"\ntest -f "$1"\n')
     fake.chmod(0o755)
-    out = run(["bash", str(BENCH / "gpu/gpu_step.sh")], tmp_path, STEP_DEVICE="cpu", PYTHON=str(fake),
-              OUT=str(tmp_path), TMPDIR=str(tmp_path), STEP_SET=step_set)
+    out = run(
+        ["bash", str(BENCH / "gpu/gpu_step.sh")],
+        tmp_path,
+        STEP_DEVICE="cpu",
+        PYTHON=str(fake),
+        OUT=str(tmp_path),
+        TMPDIR=str(tmp_path),
+        STEP_SET=step_set,
+    )
     commands = (tmp_path / "commands").read_text().splitlines()
     if step_set == "goals":
         assert len(commands) == 8 and all(c.startswith("bench/train/train_step.py --device cpu") for c in commands)
@@ -169,8 +188,15 @@ def test_gpu_step_script_runs_every_step_of_its_set(tmp_path, step_set):
 def test_gpu_e2e_script_reports_on_the_cpu(tmp_path):
     """bench/gpu/gpu_e2e.sh with no part to run (E2E_PARTS none): its set-up and bench/gpu/gpu_e2e.py's report."""
     bin_dir = Path(sys.executable).parent  # the script calls python3: this interpreter
-    out = run(["bash", str(BENCH / "gpu/gpu_e2e.sh")], tmp_path, E2E_DEVICE="cpu", E2E_PARTS="none",
-              E2E_WORK=str(tmp_path / "work"), OUT=str(tmp_path / "out"), E2E_CORPUS=str(tmp_path),
-              PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    out = run(
+        ["bash", str(BENCH / "gpu/gpu_e2e.sh")],
+        tmp_path,
+        E2E_DEVICE="cpu",
+        E2E_PARTS="none",
+        E2E_WORK=str(tmp_path / "work"),
+        OUT=str(tmp_path / "out"),
+        E2E_CORPUS=str(tmp_path),
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+    )
     assert "installed: ray " in out and "0/0 checks passed" in out and "done, exit 0" in out
     assert (tmp_path / "out/summary.md").is_file()

@@ -53,8 +53,15 @@ def test_minilm_sentence_pairs_with_segments(minilm_pair):
 
 
 def _tiny(**kw) -> BertConfig:
-    return BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      intermediate_size=64, max_position_embeddings=40, **kw)
+    return BertConfig(
+        vocab_size=97,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        **kw,
+    )
 
 
 def test_padding_does_not_change_real_positions():
@@ -98,8 +105,12 @@ def test_bert_initialisation():
     cfg = BertConfig.from_preset("mini")
     model = BertForPreTraining(cfg)
     emb = model.bert.embeddings
-    for w in (emb.word_embeddings.weight[1:], model.bert.encoder.layer[0].intermediate.dense.weight,
-              model.bert.encoder.layer[1].attention.self.query.weight, model.cls.predictions.transform.dense.weight):
+    for w in (
+        emb.word_embeddings.weight[1:],
+        model.bert.encoder.layer[0].intermediate.dense.weight,
+        model.bert.encoder.layer[1].attention.self.query.weight,
+        model.cls.predictions.transform.dense.weight,
+    ):
         assert abs(w.std().item() - 0.02) < 0.002 and abs(w.mean().item()) < 0.002
     assert emb.word_embeddings.weight[cfg.pad_token_id].abs().max() == 0
     for name, p in model.named_parameters():

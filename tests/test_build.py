@@ -15,8 +15,9 @@ TASKS = ("pretraining", "sequence-classification", "token-classification", "ques
 @pytest.mark.parametrize("task", TASKS)
 def test_preset_and_task_pick_the_class(preset, family, task):
     cfg = encoder_config(preset, vocab_size=64, **({"num_labels": 2} if task == "question-answering" else {}))
-    name = {"pretraining": "ForPreTraining" if family == "Bert" else "ForMaskedLM"}.get(task) or \
-        "For" + "".join(w.capitalize() for w in task.split("-"))
+    name = {"pretraining": "ForPreTraining" if family == "Bert" else "ForMaskedLM"}.get(task) or "For" + "".join(
+        w.capitalize() for w in task.split("-")
+    )
     assert type(build_model(cfg, task)).__name__ == family + name
     assert model_class(family.lower(), task).__name__ == family + name
 
@@ -24,8 +25,9 @@ def test_preset_and_task_pick_the_class(preset, family, task):
 def test_encoder_config_families_and_unknown_presets():
     assert isinstance(encoder_config("modernbert-mini", vocab_size=100), ModernBertConfig)
     assert isinstance(encoder_config("mini"), BertConfig)
-    assert isinstance(encoder_config(None, hidden_size=64, num_attention_heads=2, global_attn_every_n_layers=2),
-                      ModernBertConfig)  # a whole config by its fields (model.init's): ModernBERT by its own fields
+    assert isinstance(
+        encoder_config(None, hidden_size=64, num_attention_heads=2, global_attn_every_n_layers=2), ModernBertConfig
+    )  # a whole config by its fields (model.init's): ModernBERT by its own fields
     with pytest.raises(ValueError, match="unknown preset 'huge'; choose one of tiny, .*modernbert-tiny"):
         encoder_config("huge")
     with pytest.raises(ValueError, match="no model for family 'bert' and task 'fill-mask'"):
@@ -43,7 +45,8 @@ def test_load_model_reads_the_family_from_config_json(tmp_path, preset):
     save_hf(pre, tmp_path)
     clf = load_model(tmp_path, "sequence-classification", num_labels=3)
     assert type(clf).__name__ == type(pre).__name__.replace("ForPreTraining", "ForSequenceClassification").replace(
-        "ForMaskedLM", "ForSequenceClassification")
+        "ForMaskedLM", "ForSequenceClassification"
+    )
     body = "bert." if preset == "tiny" else "model."
     mine, theirs = clf.state_dict(), pre.state_dict()
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs if k.startswith(body))
@@ -71,13 +74,27 @@ def test_a_third_family_is_one_new_object(tmp_path):
             return super().from_hf_dict({**d, "model_type": "bert"}, **overrides)
 
     class ToyModel(BertModel): ...
+
     class ToyForMaskedLM(BertForPreTraining): ...
+
     class ToyForSequenceClassification(BertForSequenceClassification): ...
 
-    toy = ModelFamily(**{**{f.name: getattr(BERT, f.name) for f in dataclasses.fields(BERT) if f.init}, **dict(
-        name="toy", architecture="Toy", config_class=ToyConfig, presets={"toy-tiny": {"num_hidden_layers": 1}},
-        tasks={"pretraining": ToyForMaskedLM, "sequence-classification": ToyForSequenceClassification},
-        base=ToyModel, nsp=False, unpad=False, _classes={})})
+    toy = ModelFamily(
+        **{
+            **{f.name: getattr(BERT, f.name) for f in dataclasses.fields(BERT) if f.init},
+            **dict(
+                name="toy",
+                architecture="Toy",
+                config_class=ToyConfig,
+                presets={"toy-tiny": {"num_hidden_layers": 1}},
+                tasks={"pretraining": ToyForMaskedLM, "sequence-classification": ToyForSequenceClassification},
+                base=ToyModel,
+                nsp=False,
+                unpad=False,
+                _classes={},
+            ),
+        }
+    )
     register(toy)
     try:
         cfg = encoder_config("toy-tiny", vocab_size=64)

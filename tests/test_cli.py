@@ -70,9 +70,13 @@ def test_a_cluster_failure_is_named_as_rays_not_as_a_bug(capsys):
     from ray.exceptions import OutOfMemoryError, RayTaskError
 
     oom = OutOfMemoryError("Task was killed due to the node running low on memory.\nMemory on the node was 1.9GB")
-    assert run_job("pretrain", lambda: (_ for _ in ()).throw(RayTaskError("shards", "tb", oom).as_instanceof_cause())) == 1
+    assert (
+        run_job("pretrain", lambda: (_ for _ in ()).throw(RayTaskError("shards", "tb", oom).as_instanceof_cause())) == 1
+    )
     line, _ = _line_and_log(capsys)
-    assert line.startswith("pretrain: error: Ray: OutOfMemoryError: Task was killed due to the node running low on memory. (log: ")
+    assert line.startswith(
+        "pretrain: error: Ray: OutOfMemoryError: Task was killed due to the node running low on memory. (log: "
+    )
 
 
 def test_every_error_class_of_the_pipeline_derives_from_the_one_base():
@@ -93,4 +97,6 @@ def test_every_error_class_of_the_pipeline_derives_from_the_one_base():
                 found[f"{mod.name}.{name}"] = obj
     assert len(found) >= 13, sorted(found)  # ConfigError, StorageError, TrackingError, ... (pipeline.errors' own too)
     assert [n for n, c in found.items() if not issubclass(c, PipelineError)] == []
-    assert [n for n, c in found.items() if c is not PipelineError and not issubclass(c, (ValueError, RuntimeError))] == []
+    assert [
+        n for n, c in found.items() if c is not PipelineError and not issubclass(c, (ValueError, RuntimeError))
+    ] == []

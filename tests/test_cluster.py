@@ -37,8 +37,12 @@ def test_head_runs_mlflow_and_nodes_point_at_it(cluster, repo_root):
     assert "deploy/mlflow_head.sh start" in head and "MLFLOW_ARTIFACTS_DESTINATION=s3://" in head
     assert "MLFLOW_TRACKING_URI=http://" in head and ":5000" in head and "ray start --head" in head
     script = (repo_root / "deploy" / "mlflow_head.sh").read_text()
-    for flag in ("mlflow server --app-name basic-auth", '--port "$port"', "--backend-store-uri \"postgresql+psycopg2://",
-                 '--artifacts-destination "$MLFLOW_ARTIFACTS_DESTINATION" --serve-artifacts'):
+    for flag in (
+        "mlflow server --app-name basic-auth",
+        '--port "$port"',
+        '--backend-store-uri "postgresql+psycopg2://',
+        '--artifacts-destination "$MLFLOW_ARTIFACTS_DESTINATION" --serve-artifacts',
+    ):
         assert flag in script, flag
     workers = " ".join(cluster["worker_start_ray_commands"])
     assert "MLFLOW_TRACKING_URI=http://$RAY_HEAD_IP:5000" in workers
@@ -51,8 +55,14 @@ def test_head_runs_mlflow_and_nodes_point_at_it(cluster, repo_root):
 
 
 def _all_commands(cluster) -> str:
-    keys = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
-            "head_start_ray_commands", "worker_start_ray_commands")
+    keys = (
+        "initialization_commands",
+        "setup_commands",
+        "head_setup_commands",
+        "worker_setup_commands",
+        "head_start_ray_commands",
+        "worker_start_ray_commands",
+    )
     return "\n".join(c for k in keys for c in cluster.get(k) or [])
 
 
@@ -68,8 +78,14 @@ def test_nothing_listens_on_every_interface_and_ray_keeps_token_auth(cluster, re
     # PostgreSQL gets no TCP listener; MLflow binds the private IP (MLFLOW_HOST default), never all interfaces.
     script = repo_root / "deploy" / "mlflow_head.sh"
     assert "listen_addresses = ''" in script.read_text() and "hostname -I" in script.read_text()
-    env = {**os.environ, "MLFLOW_HOST": "0.0.0.0", "MLFLOW_ARTIFACTS_DESTINATION": "/nonexistent",
-           "MLFLOW_TRACKING_USERNAME": "u", "MLFLOW_TRACKING_PASSWORD": "p", "MLFLOW_SERVER_DIR": "/nonexistent"}
+    env = {
+        **os.environ,
+        "MLFLOW_HOST": "0.0.0.0",
+        "MLFLOW_ARTIFACTS_DESTINATION": "/nonexistent",
+        "MLFLOW_TRACKING_USERNAME": "u",
+        "MLFLOW_TRACKING_PASSWORD": "p",
+        "MLFLOW_SERVER_DIR": "/nonexistent",
+    }
     out = subprocess.run(["bash", str(script), "start"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "not 0.0.0.0" in out.stderr and not os.path.exists("/nonexistent")
 

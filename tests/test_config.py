@@ -31,18 +31,25 @@ def test_presets_load_and_every_key_is_commented(repo_root, name):
 def test_modernbert_tiny_is_tinys_budget_packed_by_document(repo_root):
     """The modern encoder's main job: MLM-only rows packed by document at 30%, the wsd schedule, and tiny's token
     slots a step (its step count: bench/studies/modernbert_budget.py)."""
-    cfg, tiny = load_config(repo_root / "configs" / "modernbert-tiny.yaml"), load_config(repo_root / "configs" / "tiny.yaml")
+    cfg, tiny = (
+        load_config(repo_root / "configs" / "modernbert-tiny.yaml"),
+        load_config(repo_root / "configs" / "tiny.yaml"),
+    )
     assert cfg.model.family.documents and not tiny.model.family.documents
     assert (cfg.data.nsp, cfg.data.pack_documents, cfg.data.mask_rate, cfg.train.schedule) == (False, True, 0.3, "wsd")
     assert cfg.data.max_predictions_per_seq >= cfg.data.mask_rate * cfg.data.max_seq_length
-    assert (cfg.train.global_batch_size * cfg.data.max_seq_length == tiny.train.global_batch_size * tiny.data.max_seq_length)
+    assert (
+        cfg.train.global_batch_size * cfg.data.max_seq_length == tiny.train.global_batch_size * tiny.data.max_seq_length
+    )
     assert cfg.data.inputs == tiny.data.inputs and cfg.data.vocab_size == tiny.data.vocab_size
 
 
 def test_tiny_reads_the_shared_corpora(repo_root):
     cfg = load_config(repo_root / "configs" / "tiny.yaml")
     assert cfg.data.inputs == ["../shared/corpora"]
-    assert cfg.train.global_batch_size == cfg.train.micro_batch_size * cfg.train.num_workers * cfg.train.accumulation_steps
+    assert (
+        cfg.train.global_batch_size == cfg.train.micro_batch_size * cfg.train.num_workers * cfg.train.accumulation_steps
+    )
 
 
 @pytest.mark.parametrize("name,seq", [("base", [128, 512]), ("large", [128, 512]), ("modernbert-base", [1024, 8192])])
@@ -102,33 +109,64 @@ def test_sources_parse_replace_a_presets_inputs_and_their_inputs_are_the_datas(t
     p.write_text(f"data:\n  sources: {MIX}\n  mix_temperature: 0.5\n")
     assert load_config(p, ["--data.inputs", "/d"]).data.sources == []
     assert load_config(p, ["--data.sources", "[{name: d, inputs: /d}]"]).data.inputs == ["/d"]
-    phased = load_config(p, ["--data.masking", "dynamic", "--train.phases",
-                             "[{fraction: 0.8}, {source_weights: {books: 1}, mask_rate: 0.05}]"])
+    phased = load_config(
+        p,
+        [
+            "--data.masking",
+            "dynamic",
+            "--train.phases",
+            "[{fraction: 0.8}, {source_weights: {books: 1}, mask_rate: 0.05}]",
+        ],
+    )
     assert (phased.train.phases[1].source_weights, phased.train.phases[1].mask_rate) == ({"books": 1}, 0.05)
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--data.sources", "[{name: a, inputs: /a, weight: 0}, {name: b, inputs: /b, weight: 0}]"],
-     "data.sources weights 0, 0 do not sum to a positive number"),
-    (["--data.sources", "[{name: a, inputs: /a, weight: -1}]"], "data.sources[a].weight -1 must be >= 0"),
-    (["--data.sources", "[{name: a, inputs: /a, weight: 1, epochs: 2}]"], "data.sources[a]: give weight or epochs"),
-    (["--data.sources", "[{name: a, inputs: /a, weight: 1}, {name: b, inputs: /b}]"],
-     "data.sources: b without a weight beside weighted sources"),
-    (["--data.sources", "[{name: a, inputs: /a}, {name: a, inputs: /b}]"], "data.sources: the name a is given twice"),
-    (["--data.sources", "[{name: 'a b', inputs: /a}]"], "data.sources name 'a b' must be letters"),
-    (["--data.sources", "[{name: a, inputs: []}]"], "data.sources[a].inputs is empty"),
-    (["--data.sources", "[{name: a, inputs: /a}]", "--data.mix_temperature", "0"], "data.mix_temperature 0 must be > 0"),
-    (["--data.sources", "[{name: a, inputs: /a}]", "--data.inputs", "/b"], "data.inputs and data.sources are both"),
-    (["--data.sources", MIX, "--train.phases", "[{fraction: 0.5}, {source_weights: {news: 1}}]"],
-     "train.phases[1].source_weights names news, not a source of data.sources (books, wiki)"),
-    (["--train.phases", "[{source_weights: {news: 1}}]"],
-     "train.phases[0].source_weights names news, not a source of data.sources (none: data.inputs is one stream)"),
-    (["--data.sources", MIX, "--train.phases", "[{source_weights: {books: 0}}]"],
-     "train.phases source_weights {'books': 0.0} are not weights >= 0 summing to a positive number"),
-    (["--data.sources", MIX, "--train.phases", "[{mix_temperature: -1}]"], "train.phases mix_temperature -1 must be > 0"),
-    (["--data.masking", "static", "--train.phases", "[{mask_rate: 0.1}]"],
-     "train.phases[0].mask_rate needs data.masking dynamic"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--data.sources", "[{name: a, inputs: /a, weight: 0}, {name: b, inputs: /b, weight: 0}]"],
+            "data.sources weights 0, 0 do not sum to a positive number",
+        ),
+        (["--data.sources", "[{name: a, inputs: /a, weight: -1}]"], "data.sources[a].weight -1 must be >= 0"),
+        (["--data.sources", "[{name: a, inputs: /a, weight: 1, epochs: 2}]"], "data.sources[a]: give weight or epochs"),
+        (
+            ["--data.sources", "[{name: a, inputs: /a, weight: 1}, {name: b, inputs: /b}]"],
+            "data.sources: b without a weight beside weighted sources",
+        ),
+        (
+            ["--data.sources", "[{name: a, inputs: /a}, {name: a, inputs: /b}]"],
+            "data.sources: the name a is given twice",
+        ),
+        (["--data.sources", "[{name: 'a b', inputs: /a}]"], "data.sources name 'a b' must be letters"),
+        (["--data.sources", "[{name: a, inputs: []}]"], "data.sources[a].inputs is empty"),
+        (
+            ["--data.sources", "[{name: a, inputs: /a}]", "--data.mix_temperature", "0"],
+            "data.mix_temperature 0 must be > 0",
+        ),
+        (["--data.sources", "[{name: a, inputs: /a}]", "--data.inputs", "/b"], "data.inputs and data.sources are both"),
+        (
+            ["--data.sources", MIX, "--train.phases", "[{fraction: 0.5}, {source_weights: {news: 1}}]"],
+            "train.phases[1].source_weights names news, not a source of data.sources (books, wiki)",
+        ),
+        (
+            ["--train.phases", "[{source_weights: {news: 1}}]"],
+            "train.phases[0].source_weights names news, not a source of data.sources (none: data.inputs is one stream)",
+        ),
+        (
+            ["--data.sources", MIX, "--train.phases", "[{source_weights: {books: 0}}]"],
+            "train.phases source_weights {'books': 0.0} are not weights >= 0 summing to a positive number",
+        ),
+        (
+            ["--data.sources", MIX, "--train.phases", "[{mix_temperature: -1}]"],
+            "train.phases mix_temperature -1 must be > 0",
+        ),
+        (
+            ["--data.masking", "static", "--train.phases", "[{mask_rate: 0.1}]"],
+            "train.phases[0].mask_rate needs data.masking dynamic",
+        ),
+    ],
+)
 def test_a_bad_mixture_is_one_line_naming_the_field(args, message):
     with pytest.raises(ConfigError, match="^" + re.escape(message)):
         load_config(None, args)
@@ -145,8 +183,19 @@ def test_phase_steps_from_fractions_steps_and_remainder():
 
 
 def test_phases_parse_from_the_command_line():
-    cfg = load_config(None, ["--train.max_steps", "20", "--train.phases", "[{fraction: 0.5, max_seq_length: 64}, {max_seq_length: 128, micro_batch_size: 8}]"])
-    assert cfg.train.phases == [PhaseConfig(max_seq_length=64, fraction=0.5), PhaseConfig(max_seq_length=128, micro_batch_size=8)]
+    cfg = load_config(
+        None,
+        [
+            "--train.max_steps",
+            "20",
+            "--train.phases",
+            "[{fraction: 0.5, max_seq_length: 64}, {max_seq_length: 128, micro_batch_size: 8}]",
+        ],
+    )
+    assert cfg.train.phases == [
+        PhaseConfig(max_seq_length=64, fraction=0.5),
+        PhaseConfig(max_seq_length=128, micro_batch_size=8),
+    ]
     assert cfg.train.phase_steps() == [10, 10]
     with pytest.raises(ConfigError, match=r"^train.phases: Option 'seq_len' is not accepted$"):
         load_config(None, ["--train.phases", "[{seq_len: 64}]"])
@@ -157,7 +206,10 @@ def test_phases_on_the_command_line_replace_the_config_files(repo_root):
     the GPU run's `--data.output` and `--train.phases` still wrote configs/base.yaml's /mnt/shared paths."""
     base = repo_root / "configs" / "base.yaml"
     assert load_config(base, []).train.phases[0].output == "/mnt/shared/data/base-128"
-    cfg = load_config(base, ["--data.output", "/tmp/b", "--train.phases=[{max_seq_length: 128, fraction: 0.5}, {max_seq_length: 256}]"])
+    cfg = load_config(
+        base,
+        ["--data.output", "/tmp/b", "--train.phases=[{max_seq_length: 128, fraction: 0.5}, {max_seq_length: 256}]"],
+    )
     assert cfg.train.phases == [PhaseConfig(max_seq_length=128, fraction=0.5), PhaseConfig(max_seq_length=256)]
     with pytest.raises(ConfigError, match="fraction 2.0"):  # checked again after the replacement
         load_config(base, ["--train.phases", "[{fraction: 2.0}]"])
@@ -172,15 +224,30 @@ def test_phases_on_the_command_line_replace_the_config_files(repo_root):
         (["--train.precision", "fp8"], "train.precision 'fp8'"),
         (["--train.poly_power", "0"], "train.poly_power 0"),
         (["--train.decay_fraction", "1.5"], "train.decay_fraction 1.5 is not in [0, 1]"),
-        (["--train.schedule", "wsd", "--train.max_steps", "20", "--train.warmup_steps", "10",
-          "--train.decay_fraction", "0.6"], "train.decay_fraction 0.6 (12 steps) and train.warmup_steps 10"),
+        (
+            [
+                "--train.schedule",
+                "wsd",
+                "--train.max_steps",
+                "20",
+                "--train.warmup_steps",
+                "10",
+                "--train.decay_fraction",
+                "0.6",
+            ],
+            "train.decay_fraction 0.6 (12 steps) and train.warmup_steps 10",
+        ),
         (["--train.checkpoint_every_steps", "0"], "train.checkpoint_every_steps 0"),
         (["--train.cpus_per_worker", "0"], "train.cpus_per_worker 0"),
         (["--train.phases", "[{fraction: 2.0}]"], "fraction 2.0"),
-        (["--model.preset", "modernbert-tiny", "--data.nsp", "true"],
-         "model.preset modernbert-tiny is MLM-only (no NSP head): set data.nsp false"),
-        (["--model.preset", "modernbert-tiny", "--data.nsp", "false", "--train.unpad", "true"],
-         "train.unpad and train.compile are BERT's"),
+        (
+            ["--model.preset", "modernbert-tiny", "--data.nsp", "true"],
+            "model.preset modernbert-tiny is MLM-only (no NSP head): set data.nsp false",
+        ),
+        (
+            ["--model.preset", "modernbert-tiny", "--data.nsp", "false", "--train.unpad", "true"],
+            "train.unpad and train.compile are BERT's",
+        ),
     ],
 )
 def test_bad_values_name_the_field(override, message):
@@ -197,12 +264,22 @@ def test_unpad_parses_and_is_refused_with_compile():
 
 def test_phase_batch_sizes_are_checked():
     """Any micro-batch cap goes (each worker's share is cut at it); a phase's global batch needs a row per worker."""
-    ok = TrainConfig(num_workers=2, micro_batch_size=8, global_batch_size=32, phases=[{"fraction": 0.5}, {"micro_batch_size": 24}],
-                     max_steps=10)
+    ok = TrainConfig(
+        num_workers=2,
+        micro_batch_size=8,
+        global_batch_size=32,
+        phases=[{"fraction": 0.5}, {"micro_batch_size": 24}],
+        max_steps=10,
+    )
     assert ok.phases[1].micro_batch_size == 24 and ok.accumulation_steps == 2
     with pytest.raises(ConfigError, match=r"train.num_workers 4 > train.phases\[1\] global_batch_size 3"):
-        TrainConfig(num_workers=4, micro_batch_size=8, global_batch_size=32,
-                    phases=[{"fraction": 0.5}, {"global_batch_size": 3}], max_steps=10)
+        TrainConfig(
+            num_workers=4,
+            micro_batch_size=8,
+            global_batch_size=32,
+            phases=[{"fraction": 0.5}, {"global_batch_size": 3}],
+            max_steps=10,
+        )
 
 
 def test_model_overrides_take_bertconfig_fields():
@@ -215,22 +292,40 @@ def test_model_overrides_take_bertconfig_fields():
 # ------------------------------------------------------------------------------------------ errors, before any work
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--train.global_batch_size", "0"], "train.global_batch_size 0 < 1"),
-    (["--train.micro_batch_size", "-1"], "train.micro_batch_size -1 < 1"),
-    (["--train.num_workers", "64", "--train.global_batch_size", "32"], "train.num_workers 64 > global_batch_size 32"),
-    (["--train.phases", "[{max_seq_length: 64, micro_batch_size: 0}]"], r"train.phases\[0\].micro_batch_size 0 < 1"),
-    (["--model.preset", "huge"], "model: unknown preset 'huge'"),
-    (["--model.overrides.num_attention_heads", "3"], "model: hidden_size 128 is not divisible by num_attention_heads 3"),
-    (["--data.max_seq_length", "1024"], "data.max_seq_length 1024 > model max_position_embeddings 512"),
-    (["--train.phases", "[{max_seq_length: 1024}]"], r"train.phases\[0\].max_seq_length 1024 > model max_position_embeddings 512"),
-    (["--model.overrides.max_position_embeddings", "64"], "data.max_seq_length 128 > model max_position_embeddings 64"),
-    (["--train.lr", "abc"], "train.lr 'abc' is not a number"),
-    (["--train.max_steps", "1.5"], "train.max_steps 1.5 is not an integer"),
-    (["--train.use_gpu", "maybe"], "train.use_gpu 'maybe' is not true or false"),
-    (["--train.precision", "fp8"], "train.precision 'fp8' is not one of fp32, bf16, fp16"),
-    (["--data.masking", "sometimes"], "data.masking 'sometimes' is not one of static, dynamic"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--train.global_batch_size", "0"], "train.global_batch_size 0 < 1"),
+        (["--train.micro_batch_size", "-1"], "train.micro_batch_size -1 < 1"),
+        (
+            ["--train.num_workers", "64", "--train.global_batch_size", "32"],
+            "train.num_workers 64 > global_batch_size 32",
+        ),
+        (
+            ["--train.phases", "[{max_seq_length: 64, micro_batch_size: 0}]"],
+            r"train.phases\[0\].micro_batch_size 0 < 1",
+        ),
+        (["--model.preset", "huge"], "model: unknown preset 'huge'"),
+        (
+            ["--model.overrides.num_attention_heads", "3"],
+            "model: hidden_size 128 is not divisible by num_attention_heads 3",
+        ),
+        (["--data.max_seq_length", "1024"], "data.max_seq_length 1024 > model max_position_embeddings 512"),
+        (
+            ["--train.phases", "[{max_seq_length: 1024}]"],
+            r"train.phases\[0\].max_seq_length 1024 > model max_position_embeddings 512",
+        ),
+        (
+            ["--model.overrides.max_position_embeddings", "64"],
+            "data.max_seq_length 128 > model max_position_embeddings 64",
+        ),
+        (["--train.lr", "abc"], "train.lr 'abc' is not a number"),
+        (["--train.max_steps", "1.5"], "train.max_steps 1.5 is not an integer"),
+        (["--train.use_gpu", "maybe"], "train.use_gpu 'maybe' is not true or false"),
+        (["--train.precision", "fp8"], "train.precision 'fp8' is not one of fp32, bf16, fp16"),
+        (["--data.masking", "sometimes"], "data.masking 'sometimes' is not one of static, dynamic"),
+    ],
+)
 def test_bad_values_name_the_section_and_field(args, message):
     with pytest.raises(ConfigError, match=message):
         load_config(REPO / "configs" / "tiny.yaml", args)
@@ -263,12 +358,15 @@ def test_a_config_file_is_read_first_wherever_it_stands(repo_root):
     assert cfg.train.max_steps == 7 and cfg.data.inputs == ["../shared/corpora"]
 
 
-@pytest.mark.parametrize("text,message", [
-    ("train: 5\n", "config section train must be a mapping"),
-    ("train:\n  - lr\n", "config section train must be a mapping"),
-    ("train:\n  phases: {max_seq_length: 64}\n", "train.phases .* is not a list"),
-    ("- a\n- b\n", "must be a mapping of sections"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("train: 5\n", "config section train must be a mapping"),
+        ("train:\n  - lr\n", "config section train must be a mapping"),
+        ("train:\n  phases: {max_seq_length: 64}\n", "train.phases .* is not a list"),
+        ("- a\n- b\n", "must be a mapping of sections"),
+    ],
+)
 def test_non_mapping_sections_are_named(tmp_path, text, message):
     p = tmp_path / "c.yaml"
     p.write_text(text)
@@ -295,24 +393,43 @@ def _help_entries(text: str) -> dict[str, str]:
     return {k: " ".join(v.split()) for k, v in entries.items()}
 
 
-@pytest.mark.parametrize("job,expect", [
-    ("jobs/pretrain.py", [("--train.lr", "Peak learning rate", "default: 0.001"),
-                          ("--train.max_steps", "Optimizer steps in the whole run", "default: 100"),
-                          ("--data.inputs", "Files or folders (recursively)", "default: []"),
-                          ("--model.preset", "One of tiny, mini", "default: tiny"),
-                          ("--tracking.alias", "Alias moved to the new version", "default: latest-pretrain"),
-                          ("--config", "YAML preset", "")]),
-    ("jobs/prepare_data.py", [("--data.vocab_size", "Size of the vocabulary to train", "default: 30522"),
-                              ("--data.masking", "static: masked at preparation", "default: static"),
-                              ("--input", "file or folder", ""), ("--vocab-size", "train a vocabulary", ""),
-                              ("--tokenizer", "(data.tokenizer)", "")]),
-    ("jobs/finetune.py", [("--train.lr", "Peak LR; `auto` picks it", "default: auto"),
-                          ("--train.seed", "Seeds the head's init", "default: 42"),
-                          ("--train.num_workers", "Ray Train workers", "default: 1"),
-                          ("--tune.lr", "Peak LRs to try", "default: null"),
-                          ("--eval.n_best", "Start and end logits", "default: 20"),
-                          ("--task", "question-answering", "")]),
-])
+@pytest.mark.parametrize(
+    "job,expect",
+    [
+        (
+            "jobs/pretrain.py",
+            [
+                ("--train.lr", "Peak learning rate", "default: 0.001"),
+                ("--train.max_steps", "Optimizer steps in the whole run", "default: 100"),
+                ("--data.inputs", "Files or folders (recursively)", "default: []"),
+                ("--model.preset", "One of tiny, mini", "default: tiny"),
+                ("--tracking.alias", "Alias moved to the new version", "default: latest-pretrain"),
+                ("--config", "YAML preset", ""),
+            ],
+        ),
+        (
+            "jobs/prepare_data.py",
+            [
+                ("--data.vocab_size", "Size of the vocabulary to train", "default: 30522"),
+                ("--data.masking", "static: masked at preparation", "default: static"),
+                ("--input", "file or folder", ""),
+                ("--vocab-size", "train a vocabulary", ""),
+                ("--tokenizer", "(data.tokenizer)", ""),
+            ],
+        ),
+        (
+            "jobs/finetune.py",
+            [
+                ("--train.lr", "Peak LR; `auto` picks it", "default: auto"),
+                ("--train.seed", "Seeds the head's init", "default: 42"),
+                ("--train.num_workers", "Ray Train workers", "default: 1"),
+                ("--tune.lr", "Peak LRs to try", "default: null"),
+                ("--eval.n_best", "Start and end logits", "default: 20"),
+                ("--task", "question-answering", ""),
+            ],
+        ),
+    ],
+)
 def test_every_job_help_lists_the_fields_with_doc_and_default(job, expect):
     import dataclasses
     import subprocess
@@ -325,7 +442,11 @@ def test_every_job_help_lists_the_fields_with_doc_and_default(job, expect):
     entries = _help_entries(p.stdout)
     for option, doc, default in expect:
         assert doc in entries[option] and default in entries[option], (option, entries.get(option))
-    sections = {"pretrain": "data model train tracking", "prepare_data": "data", "finetune": "data model train eval tracking tune"}
+    sections = {
+        "pretrain": "data model train tracking",
+        "prepare_data": "data",
+        "finetune": "data model train eval tracking tune",
+    }
     cls = {"data": "DataConfig", "model": "ModelConfig", "train": "TrainConfig", "tracking": "TrackingConfig"}
     if "finetune" not in job:  # every field of every section the job reads is listed, each with a default
         for section in sections[Path(job).stem].split():
@@ -344,11 +465,29 @@ PRESET_HASHES = {
 
 
 # Data fields added after the capture (dedup: issue 20; MediaWiki dumps: issue 24), left out of the comparison.
-ADDED_SINCE = ("dedup", "dedup_threshold", "dedup_num_perm", "wiki_keep_lists", "wiki_keep_headings", "pack_documents",
-               "sources", "mix_temperature", "max_record_bytes")  # mixtures: issue 58; max_record_bytes: 59
-# Training fields added since (train.compile, train.unpad: issue 18; train.head_only_steps: issue 21), left out likewise.
-TRAIN_ADDED_SINCE = ("compile", "head_only_steps", "unpad", "decay_fraction", "min_workers", "checkpoint_upload",
-                     "warmup_fraction", "decay_shape")  # decay_fraction: 33; min_workers, checkpoint_upload: 34; 58
+ADDED_SINCE = (
+    "dedup",
+    "dedup_threshold",
+    "dedup_num_perm",
+    "wiki_keep_lists",
+    "wiki_keep_headings",
+    "pack_documents",
+    "sources",
+    "mix_temperature",
+    "max_record_bytes",
+)  # mixtures: issue 58; max_record_bytes: 59
+# Training fields added since (train.compile, train.unpad: issue 18; train.head_only_steps: issue 21), left out
+# likewise.
+TRAIN_ADDED_SINCE = (
+    "compile",
+    "head_only_steps",
+    "unpad",
+    "decay_fraction",
+    "min_workers",
+    "checkpoint_upload",
+    "warmup_fraction",
+    "decay_shape",
+)  # decay_fraction: 33; min_workers, checkpoint_upload: 34; 58
 # Tracking fields added since (tracking.server_wait_s: issue 22), left out likewise.
 TRACKING_ADDED_SINCE = ("server_wait_s",)
 # A phase's fields added since (its mixture and masking rate: issue 58), left out likewise.
@@ -377,9 +516,15 @@ def test_presets_load_to_the_same_values_as_before(name):
     if name != "finetune.yaml":  # pretraining's eval section (the scorecard stage: issue 56) came after the capture
         del d["eval"]
     d.pop("embedding", None)  # fine-tuning's embedding section (--task embedding: issue 60) came after it too
-    if name == "large.yaml":  # micro-batches raised since, by the H200 figures (bench/RESULTS.md, GPU): 64 -> 256, 8 -> 32
+    if (
+        name == "large.yaml"
+    ):  # micro-batches raised since, by the H200 figures (bench/RESULTS.md, GPU): 64 -> 256, 8 -> 32
         t = d["train"]
-        assert (t["micro_batch_size"], t["phases"][0]["micro_batch_size"], t["phases"][1]["micro_batch_size"]) == (256, 256, 32)
+        assert (t["micro_batch_size"], t["phases"][0]["micro_batch_size"], t["phases"][1]["micro_batch_size"]) == (
+            256,
+            256,
+            32,
+        )
         t["micro_batch_size"], t["phases"][0]["micro_batch_size"], t["phases"][1]["micro_batch_size"] = 64, 64, 8
     assert config_hash(d) == PRESET_HASHES[name]
 
@@ -393,8 +538,26 @@ def test_prepare_data_short_flags_are_aliases_in_the_one_parser(repo_root, tmp_p
     job = load_job("prepare_data")
     cfg = tmp_path / "c.yaml"
     cfg.write_text("data:\n  inputs: [/from/config]\n  vocab: /v.txt\n  seed: 3\n")
-    args, s = parse(job.parser(), ["--input", "/a", "--config", str(cfg), "--input", "/b", "--output", "o",
-                                   "--vocab-size", "600", "--masking", "dynamic", "--num-cpus", "2"], {"data": None})
+    args, s = parse(
+        job.parser(),
+        [
+            "--input",
+            "/a",
+            "--config",
+            str(cfg),
+            "--input",
+            "/b",
+            "--output",
+            "o",
+            "--vocab-size",
+            "600",
+            "--masking",
+            "dynamic",
+            "--num-cpus",
+            "2",
+        ],
+        {"data": None},
+    )
     d = s["data"]
     assert d.inputs == ["/a", "/b"] and d.output == "o" and d.vocab is None and d.vocab_size == 600
     assert d.masking == "dynamic" and d.seed == 3 and args.num_cpus == 2

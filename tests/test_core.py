@@ -49,13 +49,15 @@ def test_wsd_schedule_matches_transformers(warmup, decay, total, shape):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     ref = get_wsd_schedule(opt, warmup, decay, num_training_steps=total, decay_type=shape)
     for step in range(total + 1):
-        assert lr_lambda(step, warmup, total, "wsd", decay_steps=decay, decay_shape=shape) == \
-            pytest.approx(ref.lr_lambdas[0](step), abs=1e-12)
+        assert lr_lambda(step, warmup, total, "wsd", decay_steps=decay, decay_shape=shape) == pytest.approx(
+            ref.lr_lambdas[0](step), abs=1e-12
+        )
 
 
 def test_wsd_optimizer_lrs_warm_hold_and_decay():
-    opt, sched = make_optimizer(torch.nn.Linear(2, 2), "adamw", 0.1, 0.0, warmup_steps=2, total_steps=8,
-                                schedule="wsd", decay_steps=3)
+    opt, sched = make_optimizer(
+        torch.nn.Linear(2, 2), "adamw", 0.1, 0.0, warmup_steps=2, total_steps=8, schedule="wsd", decay_steps=3
+    )
     lrs = []
     for _ in range(8):
         lrs.append(round(sched.get_last_lr()[0], 6))
@@ -74,8 +76,18 @@ def test_wsd_1_sqrt_decay_drops_early_and_reaches_zero():
     model = torch.nn.Sequential()
     model.add_module("body", torch.nn.Linear(2, 2))
     model.add_module("cls", torch.nn.Linear(2, 2))
-    _, sched = make_optimizer(model, "adamw", 1.0, 0.0, warmup_steps=0, total_steps=10, schedule="wsd",
-                              decay_steps=4, decay_shape="1-sqrt", head_only_steps=2)
+    _, sched = make_optimizer(
+        model,
+        "adamw",
+        1.0,
+        0.0,
+        warmup_steps=0,
+        total_steps=10,
+        schedule="wsd",
+        decay_steps=4,
+        decay_shape="1-sqrt",
+        head_only_steps=2,
+    )
     assert [f(s) for f in sched.lr_lambdas for s in (7, 9)] == pytest.approx([0.5, 1 - 0.75**0.5] * 4)
 
 
@@ -127,7 +139,9 @@ def test_stableadamw_steps_like_adamw_until_a_gradient_spike_which_it_caps():
     params, opts = {}, {}
     for name in ("adamw", "stableadamw"):
         params[name] = torch.nn.Parameter(w0.clone())
-        opts[name], _ = make_optimizer(torch.nn.ParameterList([params[name]]), name, 1e-2, 0.01, warmup_steps=0, total_steps=100)
+        opts[name], _ = make_optimizer(
+            torch.nn.ParameterList([params[name]]), name, 1e-2, 0.01, warmup_steps=0, total_steps=100
+        )
     for g in grads:
         for name, opt in opts.items():
             params[name].grad = g.clone()
@@ -136,7 +150,9 @@ def test_stableadamw_steps_like_adamw_until_a_gradient_spike_which_it_caps():
 
     spike, before = grads[0] * 100, {n: p.detach().clone() for n, p in params.items()}
     copy_p = torch.nn.Parameter(params["stableadamw"].detach().clone())
-    copy_opt, _ = make_optimizer(torch.nn.ParameterList([copy_p]), "stableadamw", 1e-2, 0.01, warmup_steps=0, total_steps=100)
+    copy_opt, _ = make_optimizer(
+        torch.nn.ParameterList([copy_p]), "stableadamw", 1e-2, 0.01, warmup_steps=0, total_steps=100
+    )
     copy_opt.load_state_dict(copy.deepcopy(opts["stableadamw"].state_dict()))
     for name, opt in [*opts.items(), ("copy", copy_opt)]:
         p = copy_p if name == "copy" else params[name]
@@ -241,8 +257,15 @@ def test_collate_for_modernbert_turns_doc_lengths_into_cu_seqlens():
     assert b["cu_seqlens"].tolist() == [0, 3, 7, 11]
     assert b["input_ids"].tolist() == [[2, 5, 3, 2, 6, 7, 3], [2, 8, 9, 3, 0, 0, 0]]
     assert b["attention_mask"].tolist() == [[1] * 7, [1, 1, 1, 1, 0, 0, 0]]
-    assert set(b) == {"input_ids", "masked_lm_positions", "masked_lm_ids", "num_tokens", "spans", "cu_seqlens",
-                      "attention_mask"}
+    assert set(b) == {
+        "input_ids",
+        "masked_lm_positions",
+        "masked_lm_ids",
+        "num_tokens",
+        "spans",
+        "cu_seqlens",
+        "attention_mask",
+    }
     assert b["spans"].tolist() == [3, 4, 4]  # attention's spans (for MFU): each document, the padding none
     # shards without the column (written before it, or not packed): one document a row, BERT's mask for padding
     old = collate(_packed_rows(None), family=MODERNBERT)
@@ -309,7 +332,9 @@ def test_epoch_order_is_a_seeded_permutation_and_resumes_exactly(chunk):
     other = sum((b["x"].to_pylist() for _, b in epoch_batches(_stream(120, 9), seed_key=[1, 0, 1], **kw)), [])
     assert other != flat
     for start in range(len(full) + 1):  # resuming at any batch yields exactly the rest, however the stream is cut
-        rest = [(i, b["x"].to_pylist()) for i, b in epoch_batches(_stream(120, 13), seed_key=[1, 0, 0], start=start, **kw)]
+        rest = [
+            (i, b["x"].to_pylist()) for i, b in epoch_batches(_stream(120, 13), seed_key=[1, 0, 0], start=start, **kw)
+        ]
         assert [b for _, b in rest] == full[start:] and [i for i, _ in rest] == list(range(start, len(full)))
 
 
@@ -323,8 +348,13 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_rngs(tmp_path, pre
 
     def step(m, o, s):  # BERT's batch keys; ModernBERT's forward leaves token types and NSP labels behind
         ids = torch.arange(5, 21).view(2, 8)
-        batch = {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "masked_lm_positions": torch.tensor([[1], [2]]),
-                 "masked_lm_ids": ids[:, 1:2], "next_sentence_label": torch.tensor([0, 1])}
+        batch = {
+            "input_ids": ids,
+            "token_type_ids": torch.zeros_like(ids),
+            "masked_lm_positions": torch.tensor([[1], [2]]),
+            "masked_lm_ids": ids[:, 1:2],
+            "next_sentence_label": torch.tensor([0, 1]),
+        }
         forward(m, batch, torch.device("cpu"), "fp32").loss.backward()
         o.step()
         s.step()
@@ -336,7 +366,9 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_rngs(tmp_path, pre
     step(model, opt, sched)
     np.random.seed(3)
     random.seed(4)
-    save_checkpoint(str(tmp_path), 0, Trainable(model, opt, sched), {"step": 1, "position": {"phase": 0, "epoch": 2, "batch": 5}})
+    save_checkpoint(
+        str(tmp_path), 0, Trainable(model, opt, sched), {"step": 1, "position": {"phase": 0, "epoch": 2, "batch": 5}}
+    )
     expect = (torch.rand(3), np.random.rand(), random.random())
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     step(model, opt, sched)  # the uninterrupted run's next step (dropout draws from the RNG after `expect`)
@@ -345,7 +377,11 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_rngs(tmp_path, pre
     fresh = build_model(encoder_config(preset, vocab_size=64))
     opt2, sched2 = make_optimizer(fresh, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10)
     state = load_checkpoint(str(tmp_path), 0, Trainable(fresh, opt2, sched2))
-    assert state == {"step": 1, "position": {"phase": 0, "epoch": 2, "batch": 5}, "world_size": 1}  # the hashes left out
+    assert state == {
+        "step": 1,
+        "position": {"phase": 0, "epoch": 2, "batch": 5},
+        "world_size": 1,
+    }  # the hashes left out
     assert (torch.rand(3), np.random.rand(), random.random()) == (pytest.approx(expect[0]), expect[1], expect[2])
     for (n, a), b in zip(saved.items(), fresh.state_dict().values()):
         assert torch.equal(a, b), n
@@ -367,8 +403,14 @@ def test_a_background_checkpoint_holds_its_steps_state_while_training_goes_on(tm
 
     def step(m, o, s):
         ids = torch.arange(5, 21).view(2, 8)
-        m(ids, torch.zeros_like(ids), torch.ones_like(ids), masked_lm_positions=torch.tensor([[1], [2]]),
-          masked_lm_ids=ids[:, 1:2], next_sentence_label=torch.tensor([0, 1])).loss.backward()
+        m(
+            ids,
+            torch.zeros_like(ids),
+            torch.ones_like(ids),
+            masked_lm_positions=torch.tensor([[1], [2]]),
+            masked_lm_ids=ids[:, 1:2],
+            next_sentence_label=torch.tensor([0, 1]),
+        ).loss.backward()
         o.step()
         s.step()
         o.zero_grad()
@@ -385,8 +427,11 @@ def test_a_background_checkpoint_holds_its_steps_state_while_training_goes_on(tm
     step(model, t.optimizer, t.scheduler)
 
     second: list = []
-    waiting = threading.Thread(target=lambda: second.append(
-        save_checkpoint(str(tmp_path / "next"), 0, t, {**state, "step": 3}, background=True)))
+    waiting = threading.Thread(
+        target=lambda: second.append(
+            save_checkpoint(str(tmp_path / "next"), 0, t, {**state, "step": 3}, background=True)
+        )
+    )
     waiting.start()
     waiting.join(0.5)
     assert waiting.is_alive() and not second  # until the first snapshot is written
@@ -409,7 +454,9 @@ def _tiny_checkpoint(path, step: int, seed: int = 0) -> None:
     torch.manual_seed(seed)
     model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
     opt, sched = make_optimizer(model, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10)
-    save_checkpoint(str(path), 0, Trainable(model, opt, sched), {"step": step, "position": {"phase": 0, "epoch": 0, "batch": step}})
+    save_checkpoint(
+        str(path), 0, Trainable(model, opt, sched), {"step": step, "position": {"phase": 0, "epoch": 0, "batch": step}}
+    )
 
 
 def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path):
@@ -427,8 +474,11 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path):
     t = Trainable(model, *make_optimizer(model, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10))
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])  # a truncated copy
-    with pytest.raises(CheckpointCorrupt, match=rf"^checkpoint {tmp_path} is damaged: model.safetensors has sha256 "
-                                                r"[0-9a-f]{12}, not the [0-9a-f]{12} recorded when it was written$"):
+    with pytest.raises(
+        CheckpointCorrupt,
+        match=rf"^checkpoint {tmp_path} is damaged: model.safetensors has sha256 "
+        r"[0-9a-f]{12}, not the [0-9a-f]{12} recorded when it was written$",
+    ):
         load_checkpoint(str(tmp_path), 0, t)
     _tiny_checkpoint(tmp_path, 3)
     (tmp_path / "train_state.json").write_text(json.dumps({"step": 3}))  # an old checkpoint: no hashes
@@ -447,8 +497,16 @@ def test_resuming_skips_damaged_newer_checkpoints_and_says_so(tmp_path, capsys):
     for i, step in enumerate((4, 8, 12)):
         _tiny_checkpoint(run / f"checkpoint_2026-01-0{i + 1}_00-00-00.000000", step)
     # Ray Train's list of the run's checkpoints, beside them (its snapshot names each checkpoint directory)
-    (run / "checkpoint_manager_snapshot.json").write_text(json.dumps({"ray_version": "2.60.0", "checkpoint_results": [
-        {"version": 0, "checkpoint_dir_name": d.name, "metrics": {}} for d in run.glob("checkpoint_*")]}))
+    (run / "checkpoint_manager_snapshot.json").write_text(
+        json.dumps(
+            {
+                "ray_version": "2.60.0",
+                "checkpoint_results": [
+                    {"version": 0, "checkpoint_dir_name": d.name, "metrics": {}} for d in run.glob("checkpoint_*")
+                ],
+            }
+        )
+    )
     assert resume_point(str(tmp_path), "run")[0][1]["step"] == 12 and capsys.readouterr().out == ""
     newest, middle, oldest = sorted(run.glob("checkpoint_*/"), reverse=True)
     (newest / "model.safetensors").write_bytes(b"")
@@ -456,18 +514,26 @@ def test_resuming_skips_damaged_newer_checkpoints_and_says_so(tmp_path, capsys):
     good, damaged = resume_point(str(tmp_path), "run")
     assert good[0] == str(oldest) and good[1]["step"] == 4 and damaged == [str(middle), str(newest)]
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and out[0].startswith(f"[train] damaged checkpoints {middle} ({middle}/train_state.json is not valid JSON")
-    assert f"; {newest} (model.safetensors has sha256 " in out[0] and out[0].endswith(f"resuming from step 4 ({oldest})")
+    assert len(out) == 1 and out[0].startswith(
+        f"[train] damaged checkpoints {middle} ({middle}/train_state.json is not valid JSON"
+    )
+    assert f"; {newest} (model.safetensors has sha256 " in out[0] and out[0].endswith(
+        f"resuming from step 4 ({oldest})"
+    )
     cut = run / "checkpoint_2026-01-04_00-00-00.000000"
     cut.mkdir()  # an upload a crash cut short: no train_state.json, and Ray Train's snapshot never listed it
     (cut / "model.safetensors").write_bytes(b"half")
     assert resume_point(str(tmp_path), "run")[1] == [str(middle), str(newest)] and not cut.exists()  # removed
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[0] == (f"[train] removed 1 checkpoint a crashed run left half-written: {cut} ({cut}/train_state.json "
-                      f"does not exist)") and out[1].startswith("[train] damaged checkpoints ")
+    assert out[0] == (
+        f"[train] removed 1 checkpoint a crashed run left half-written: {cut} ({cut}/train_state.json does not exist)"
+    ) and out[1].startswith("[train] damaged checkpoints ")
     (oldest / "optimizer.pt").unlink()
-    with pytest.raises(CheckpointCorrupt, match=rf"^run {run} has no intact checkpoint: .*{oldest} \(optimizer.pt is "
-                                                rf"missing\); to start over, delete {run} \(or use another --train.run_name\)$"):
+    with pytest.raises(
+        CheckpointCorrupt,
+        match=rf"^run {run} has no intact checkpoint: .*{oldest} \(optimizer.pt is "
+        rf"missing\); to start over, delete {run} \(or use another --train.run_name\)$",
+    ):
         resume_point(str(tmp_path), "run")
     assert resume_point(str(tmp_path), "none") == (None, [])
 
@@ -549,8 +615,10 @@ def test_free_port_skips_rays_default_ports_and_the_avoided(monkeypatch):
     assert cluster.free_port(avoid=frozenset({41000})) == 41001
 
 
-@pytest.mark.parametrize("files,preset,actors", [(1, None, "1"), (10, None, "1"), (11, None, "2"), (25, None, "3"),
-                                                 (5000, None, "32"), (3, "7", "7")])
+@pytest.mark.parametrize(
+    "files,preset,actors",
+    [(1, None, "1"), (10, None, "1"), (11, None, "2"), (25, None, "3"), (5000, None, "32"), (3, "7", "7")],
+)
 def test_ray_data_parquet_reads_start_footer_readers_for_the_files_only(monkeypatch, files, preset, actors):
     """Ray Data lists parquet files on a pool of footer-reading actors, 32 by default (each a worker process, for
     every read): `cluster.read_parquet` asks for one per 10 files, at most 32, unless the user set the variable,
@@ -564,8 +632,13 @@ def test_ray_data_parquet_reads_start_footer_readers_for_the_files_only(monkeypa
     else:
         monkeypatch.setenv("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", preset)
     seen = []
-    monkeypatch.setattr(ray.data, "read_parquet", lambda paths, **kw: seen.append(
-        (len(paths), kw, os.environ["RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"])) or "dataset")
+    monkeypatch.setattr(
+        ray.data,
+        "read_parquet",
+        lambda paths, **kw: (
+            seen.append((len(paths), kw, os.environ["RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"])) or "dataset"
+        ),
+    )
     assert cluster.read_parquet([f"f{i}.parquet" for i in range(files)], shuffle=None) == "dataset"
     assert seen == [(files, {"shuffle": None}, actors)]
     assert os.environ.get("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS") == preset
@@ -592,7 +665,9 @@ def test_a_private_cluster_runs_no_dashboard_leaves_nothing_in_tmp_and_keeps_idl
 
     tmp_path = Path(tempfile.mkdtemp(prefix="dc-", dir="/tmp"))  # short: Ray's socket paths under it have a limit
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.delenv("RAY_idle_worker_killing_time_threshold_ms", raising=False)  # connect's own default, not conftest's
+    monkeypatch.delenv(
+        "RAY_idle_worker_killing_time_threshold_ms", raising=False
+    )  # connect's own default, not conftest's
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the cluster's processes inherit it
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     live_dir = tmp_path / "pymp-live"
@@ -646,34 +721,42 @@ def test_ray_train_runs_without_a_placement_group_cleaner_or_a_dataset_manager_w
     from pipeline.cluster.train import trainer_class
 
     def callbacks(cls, datasets):
-        t = cls(lambda: None, scaling_config=ScalingConfig(num_workers=1), datasets=datasets,
-                run_config=RunConfig(name="callbacks", storage_path=str(tmp_path)))
+        t = cls(
+            lambda: None,
+            scaling_config=ScalingConfig(num_workers=1),
+            datasets=datasets,
+            run_config=RunConfig(name="callbacks", storage_path=str(tmp_path)),
+        )
         return [type(c) for c in t._create_default_callbacks()]
 
     ds = {"p1_train": lambda: None}  # a dataset factory: nothing is read or started
     ray_own = callbacks(DataParallelTrainer, ds)
     assert PlacementGroupCleanerCallback in ray_own and DatasetsCallback in ray_own  # what Ray would start
     assert callbacks(trainer_class(), ds) == [c for c in ray_own if c is not PlacementGroupCleanerCallback]
-    assert callbacks(trainer_class(), None) == [c for c in ray_own if c not in (PlacementGroupCleanerCallback,
-                                                                                 DatasetsCallback)]
+    assert callbacks(trainer_class(), None) == [
+        c for c in ray_own if c not in (PlacementGroupCleanerCallback, DatasetsCallback)
+    ]
 
 
-@pytest.mark.parametrize("raised, shown", [
-    (RuntimeError("\nFailed to start the dashboard, return code 1\nmore"), "Failed to start the dashboard, return code 1"),
-    (TimeoutError(), "TimeoutError"),
-])
+@pytest.mark.parametrize(
+    "raised, shown",
+    [
+        (
+            RuntimeError("\nFailed to start the dashboard, return code 1\nmore"),
+            "Failed to start the dashboard, return code 1",
+        ),
+        (TimeoutError(), "TimeoutError"),
+    ],
+)
 def test_a_failed_ray_start_is_one_line_that_says_why(monkeypatch, raised, shown):
     """`connect`'s error when ray.init fails: the first line of the exception that says something (a dashboard
     that failed to start raises a message starting with an empty line: the job printed "...(local): " and
     nothing more), else the exception's type."""
-    import importlib
 
     import ray
 
     from pipeline import cluster
     from pipeline.cluster.connect import RayStartError
-
-    connect_module = importlib.import_module("pipeline.cluster.connect")  # the package's `connect` is the function
 
     def fail(**_kwargs):
         raise raised
@@ -687,11 +770,17 @@ def test_a_failed_ray_start_is_one_line_that_says_why(monkeypatch, raised, shown
     assert str(e.value) == f"could not start or join Ray (local): {shown}"
 
 
-@pytest.mark.parametrize("address, use_gpu, gpus, refused", [
-    (None, True, 0, True), ("local", True, 0, True), ("", True, 0, True),  # a private local cluster: this machine's GPUs
-    (None, True, 1, False), (None, False, 0, False),
-    ("10.0.0.5:6379", True, 0, False),  # a cluster: asked after connecting (check_resources)
-])
+@pytest.mark.parametrize(
+    "address, use_gpu, gpus, refused",
+    [
+        (None, True, 0, True),
+        ("local", True, 0, True),
+        ("", True, 0, True),  # a private local cluster: this machine's GPUs
+        (None, True, 1, False),
+        (None, False, 0, False),
+        ("10.0.0.5:6379", True, 0, False),  # a cluster: asked after connecting (check_resources)
+    ],
+)
 def test_check_local_gpu_before_a_private_cluster_starts(monkeypatch, address, use_gpu, gpus, refused):
     from pipeline import cluster
     from pipeline.config import ConfigError
@@ -702,8 +791,11 @@ def test_check_local_gpu_before_a_private_cluster_starts(monkeypatch, address, u
         monkeypatch.setenv("RAY_ADDRESS", address)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     if refused:
-        with pytest.raises(ConfigError, match=r"^train\.use_gpu is true but the Ray cluster has no GPU \(a private "
-                                              r"local cluster: torch \S+ sees no CUDA device on this machine\)$"):
+        with pytest.raises(
+            ConfigError,
+            match=r"^train\.use_gpu is true but the Ray cluster has no GPU \(a private "
+            r"local cluster: torch \S+ sees no CUDA device on this machine\)$",
+        ):
             cluster.check_local_gpu("train", use_gpu)
     else:
         assert cluster.check_local_gpu("train", use_gpu) is None

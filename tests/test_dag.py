@@ -28,8 +28,16 @@ def test_done_check_skips_a_stage_with_its_dependencies_results():
         calls.append(deps)
         return "from output" if deps["a"] == 1 else None
 
-    g = [Stage("a", lambda deps: 1), Stage("b", lambda deps: pytest.fail("b must be skipped"), deps=("a",), done=done,
-                                            describe=lambda r: f"figures of {r}")]
+    g = [
+        Stage("a", lambda deps: 1),
+        Stage(
+            "b",
+            lambda deps: pytest.fail("b must be skipped"),
+            deps=("a",),
+            done=done,
+            describe=lambda r: f"figures of {r}",
+        ),
+    ]
     res = run_graph(g, remote=False, log=logs.append)
     assert calls == [{"a": 1}] and res["b"].status == "skipped" and res["b"].result == "from output"
     assert "[stage b] up to date, skipped: figures of from output" in logs
@@ -48,11 +56,14 @@ def test_a_failing_stage_stops_everything_downstream():
     assert ran == []
 
 
-@pytest.mark.parametrize("stages,message", [
-    ([Stage("a", lambda d: 1, deps=("x",))], "depends on unknown stage 'x'"),
-    ([Stage("a", lambda d: 1, deps=("b",)), Stage("b", lambda d: 1, deps=("a",))], "cycle"),
-    ([Stage("a", lambda d: 1), Stage("a", lambda d: 2)], "unique"),
-])
+@pytest.mark.parametrize(
+    "stages,message",
+    [
+        ([Stage("a", lambda d: 1, deps=("x",))], "depends on unknown stage 'x'"),
+        ([Stage("a", lambda d: 1, deps=("b",)), Stage("b", lambda d: 1, deps=("a",))], "cycle"),
+        ([Stage("a", lambda d: 1), Stage("a", lambda d: 2)], "unique"),
+    ],
+)
 def test_malformed_graphs_are_refused(stages, message):
     with pytest.raises(ValueError, match=message):
         run_graph(stages, remote=False, log=lambda m: None)

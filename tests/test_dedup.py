@@ -45,7 +45,9 @@ def _edit(text: str, frac: float, rng: random.Random) -> str:
 @pytest.fixture(scope="module")
 def paragraphs(shared_dir) -> list[str]:
     """Real, mutually distinct paragraphs of 150+ words (Genesis and Exodus)."""
-    text = "\n".join((shared_dir / "corpora/books" / n).read_text(encoding="utf-8") for n in ("01_Ge.txt", "02_Exo.txt"))
+    text = "\n".join(
+        (shared_dir / "corpora/books" / n).read_text(encoding="utf-8") for n in ("01_Ge.txt", "02_Exo.txt")
+    )
     paras = [p for p in text.split("\n") if len(p.split()) >= 150]
     assert len(paras) >= 60
     return paras

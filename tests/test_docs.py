@@ -126,13 +126,16 @@ def test_flags_exist_in_the_jobs_help(path, flags):
 
 
 def test_the_checkers_catch_a_bad_link_and_a_bad_flag(tmp_path, flags):
-    (tmp_path / "a.md").write_text("# Top\n\n## Good part\n\n[ok](#good-part) [ok2](b.md) [gone](c.md) [x](b.md#nope)\n")
+    (tmp_path / "a.md").write_text(
+        "# Top\n\n## Good part\n\n[ok](#good-part) [ok2](b.md) [gone](c.md) [x](b.md#nope)\n"
+    )
     (tmp_path / "b.md").write_text("# B\n")
     assert bad_links(tmp_path / "a.md") == ["a.md: c.md (no such file)", "a.md: b.md#nope (no such heading)"]
     assert unknown_flags("python jobs/pretrain.py --train.max_steps 3 --model.overrides.hidden_size 8", flags) == []
     assert unknown_flags("python jobs/pretrain.py --train.max_stepz 3", flags) == ["train.max_stepz"]
     assert unknown_flags("python jobs/prepare_data.py --train.max_steps 3", flags) == [
-        "train.max_steps (not a flag of jobs/prepare_data.py)"]
+        "train.max_steps (not a flag of jobs/prepare_data.py)"
+    ]
 
 
 def runnable_blocks() -> list[tuple[str, str, str | None]]:
@@ -146,9 +149,12 @@ def runnable_blocks() -> list[tuple[str, str, str | None]]:
             if m.group(1).strip() != "bash runnable":
                 continue
             expected = None
-            if i + 1 < len(blocks) and blocks[i + 1].group(1).strip() == "" and \
-                    "```" not in text[m.end():blocks[i + 1].start()] and \
-                    len(text[m.end():blocks[i + 1].start()]) < 300:
+            if (
+                i + 1 < len(blocks)
+                and blocks[i + 1].group(1).strip() == ""
+                and "```" not in text[m.end() : blocks[i + 1].start()]
+                and len(text[m.end() : blocks[i + 1].start()]) < 300
+            ):
                 expected = blocks[i + 1].group(2)
             out.append((path.name, m.group(2), expected))
     return out
@@ -167,16 +173,21 @@ def test_runnable_blocks_run(doc, commands, expected, tmp_path):
         if child.name not in {"data", "runs", "mlflow.db", ".git"}:
             (repo / child.name).symlink_to(child)
     (tmp_path / "shared").symlink_to((ROOT.parent / "shared").resolve())
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PIPELINE_LOG_DIR": str(tmp_path / "logs"),
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+        "PIPELINE_LOG_DIR": str(tmp_path / "logs"),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+    }
     printed = ""
     for line in commands.strip().splitlines():
         argv = shlex.split(line, comments=True)
         if not argv:
             continue
         assert argv[0] == "python", f"{doc}: only python commands run here: {line}"
-        proc = subprocess.run([sys.executable, *argv[1:]], cwd=repo, env=env, capture_output=True, text=True,
-                              timeout=120)
+        proc = subprocess.run(
+            [sys.executable, *argv[1:]], cwd=repo, env=env, capture_output=True, text=True, timeout=120
+        )
         assert proc.returncode == 0, f"{doc}: {line}\n{proc.stderr[-2000:]}"
         printed += proc.stdout + proc.stderr
     if "--help" in commands:
@@ -204,11 +215,17 @@ def test_readme_progress_line_is_what_training_prints(monkeypatch):
     monkeypatch.setattr(runs, "say", lambda text, out=None: printed.append(text))
     progress.update(1, {})
     clock[0] = eta * (step - 1) / (total - step)  # elapsed / done * left = eta
-    got = progress.update(step, {"train/loss": float(m[3]), "train/mlm_accuracy": float(m[4]),
-                                 "train/tokens_per_s": float(m[5].replace(",", ""))})
+    got = progress.update(
+        step,
+        {
+            "train/loss": float(m[3]),
+            "train/mlm_accuracy": float(m[4]),
+            "train/tokens_per_s": float(m[5].replace(",", "")),
+        },
+    )
     assert got == line
     assert re.search(r"^registered models:/bert-pretrain/<version>$", readme, re.M)
-    assert 'print(f"registered {results[\'register\'].result[\'uri\']}"' in (ROOT / "jobs/pretrain.py").read_text()
+    assert "print(f\"registered {results['register'].result['uri']}\"" in (ROOT / "jobs/pretrain.py").read_text()
 
 
 def test_the_lr_curves_picture_draws_what_the_scheduler_sets():
@@ -224,13 +241,24 @@ def test_the_lr_curves_picture_draws_what_the_scheduler_sets():
     script = _load_script(ROOT / "docs" / "lr_curves.py", "lr_curves")
     assert {p.stem for p in script.presets()} >= {"tiny", "modernbert-tiny", "base", "large", "modernbert-base"}
     assert (ROOT / "docs" / "lr-curves.png").is_file()
-    for tc in (TrainConfig(max_steps=40, warmup_fraction=0.05, lr=8e-4, schedule="wsd", decay_shape="1-sqrt"),
-               TrainConfig(max_steps=40, warmup_fraction=0.1, lr=1e-3, head_only_steps=5)):
+    for tc in (
+        TrainConfig(max_steps=40, warmup_fraction=0.05, lr=8e-4, schedule="wsd", decay_shape="1-sqrt"),
+        TrainConfig(max_steps=40, warmup_fraction=0.1, lr=1e-3, head_only_steps=5),
+    ):
         model = torch.nn.Sequential()
         model.add_module("body", torch.nn.Linear(2, 2))
-        opt, sched = make_optimizer(model, "adamw", tc.lr, 0.0, warmup_steps=tc.warmup_steps, total_steps=tc.max_steps,
-                                    schedule=tc.schedule, decay_steps=tc.decay_steps, decay_shape=tc.decay_shape,
-                                    head_only_steps=tc.head_only_steps)
+        opt, sched = make_optimizer(
+            model,
+            "adamw",
+            tc.lr,
+            0.0,
+            warmup_steps=tc.warmup_steps,
+            total_steps=tc.max_steps,
+            schedule=tc.schedule,
+            decay_steps=tc.decay_steps,
+            decay_shape=tc.decay_shape,
+            head_only_steps=tc.head_only_steps,
+        )
         lrs = []
         for _ in range(tc.max_steps + 1):
             lrs.append(sched.get_last_lr()[-1])  # the last group: the encoder's (with head_only_steps, the body's)

@@ -38,16 +38,24 @@ def _tables() -> list[pa.Table]:
     for i in range(ROWS):
         n = int(rng.integers(6, SEQ + 1))
         pos = np.sort(rng.choice(np.arange(1, n - 1), size=int(rng.integers(1, min(6, n - 2) + 1)), replace=False))
-        rows.append({"input_ids": [2, *rng.integers(5, VOCAB, size=n - 2).tolist(), 3], "token_type_ids": [0] * n,
-                     "masked_lm_positions": pos.tolist(), "masked_lm_ids": rng.integers(5, VOCAB, size=len(pos)).tolist(),
-                     "next_sentence_label": int(rng.integers(-1, 2)), "num_tokens": n})
+        rows.append(
+            {
+                "input_ids": [2, *rng.integers(5, VOCAB, size=n - 2).tolist(), 3],
+                "token_type_ids": [0] * n,
+                "masked_lm_positions": pos.tolist(),
+                "masked_lm_ids": rng.integers(5, VOCAB, size=len(pos)).tolist(),
+                "next_sentence_label": int(rng.integers(-1, 2)),
+                "num_tokens": n,
+            }
+        )
     table = pa.Table.from_pylist(rows)
     return [table.slice(0, 17), table.slice(17, 20), table.slice(37)]
 
 
 TABLES = _tables()
-PLAN = PhasePlan(SimpleNamespace(dynamic_masking=False, max_seq_length=SEQ), STEPS, BATCH, CAP, ("a", "b", "c"), ROWS,
-                 (), False)
+PLAN = PhasePlan(
+    SimpleNamespace(dynamic_masking=False, max_seq_length=SEQ), STEPS, BATCH, CAP, ("a", "b", "c"), ROWS, (), False
+)
 
 
 def _feed(rank: int, world: int, done: int, plan: PhasePlan = PLAN, tables: list[pa.Table] = TABLES) -> StepFeed:
@@ -85,10 +93,19 @@ def test_dynamic_masks_and_the_global_counts_are_the_same_at_any_world_size():
     holds the masks the whole batch got (1, 2 and 3 workers: the same positions, ids and counts)."""
     from pipeline.data.masking import MaskingPolicy
 
-    policy = MaskingPolicy(mask_rate=0.3, max_predictions_per_seq=4, vocab_size=VOCAB, mask_token_id=4,
-                           special_ids=(0, 1, 2, 3, 4))
-    dynamic = PhasePlan(SimpleNamespace(dynamic_masking=True, policy=lambda: policy, max_seq_length=SEQ), STEPS, BATCH,
-                        CAP, ("a",), ROWS, (), False)
+    policy = MaskingPolicy(
+        mask_rate=0.3, max_predictions_per_seq=4, vocab_size=VOCAB, mask_token_id=4, special_ids=(0, 1, 2, 3, 4)
+    )
+    dynamic = PhasePlan(
+        SimpleNamespace(dynamic_masking=True, policy=lambda: policy, max_seq_length=SEQ),
+        STEPS,
+        BATCH,
+        CAP,
+        ("a",),
+        ROWS,
+        (),
+        False,
+    )
     table = pa.concat_tables(TABLES).drop_columns(["masked_lm_positions", "masked_lm_ids"])
     table = table.append_column("example_id", pa.array(range(ROWS), pa.int64()))
     batch = table.slice(0, BATCH)
@@ -97,8 +114,11 @@ def test_dynamic_masks_and_the_global_counts_are_the_same_at_any_world_size():
         parts = [Batches(dynamic, 7).step(batch, 2, s) for s in split_global_batch(BATCH, world, CAP)]
         assert len({(p.masked_tokens, p.nsp_examples) for p in parts}) == 1
         micro = [b for p in parts for b in p.micro_batches]
-        seen[world] = (parts[0].masked_tokens, [int((b["masked_lm_positions"] >= 0).sum()) for b in micro],
-                       sorted(tuple(row[row >= 0].tolist()) for b in micro for row in b["masked_lm_ids"]))
+        seen[world] = (
+            parts[0].masked_tokens,
+            [int((b["masked_lm_positions"] >= 0).sum()) for b in micro],
+            sorted(tuple(row[row >= 0].tolist()) for b in micro for row in b["masked_lm_ids"]),
+        )
         assert seen[world][0] == sum(seen[world][1])  # the count is the masks the ranks train on
     assert seen[1][0] == seen[2][0] == seen[3][0] > 0 and seen[1][2] == seen[2][2] == seen[3][2]
 
@@ -123,13 +143,23 @@ def _group(store, rank: int, world: int):
 
 def _model() -> BertForPreTraining:
     torch.manual_seed(0)  # no dropout: each rank's dropout draws are its own, the one thing a resize changes
-    cfg = BertConfig.from_preset("tiny", vocab_size=VOCAB, max_position_embeddings=SEQ, hidden_dropout_prob=0.0,
-                                 attention_probs_dropout_prob=0.0)
+    cfg = BertConfig.from_preset(
+        "tiny", vocab_size=VOCAB, max_position_embeddings=SEQ, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
     return BertForPreTraining(cfg)
 
 
-def _train(world: int, start: int, stop: int, ckpt_in=None, ckpt_out=None, ckpt_at: int | None = None,
-           global_mean: bool = True, plan: PhasePlan = PLAN, tables: list[pa.Table] = TABLES) -> dict[int, float]:
+def _train(
+    world: int,
+    start: int,
+    stop: int,
+    ckpt_in=None,
+    ckpt_out=None,
+    ckpt_at: int | None = None,
+    global_mean: bool = True,
+    plan: PhasePlan = PLAN,
+    tables: list[pa.Table] = TABLES,
+) -> dict[int, float]:
     """Steps start+1..stop on `world` ranks (threads, DDP over gloo when several), as the loop runs them: each
     rank its share of the step's global batch, the loss the global batch's mean (`step_loss`; with `global_mean`
     false the mean of the micro-batches' means, as before). Resumes from `ckpt_in`, writes `ckpt_out` after step
@@ -151,13 +181,26 @@ def _train(world: int, start: int, stop: int, ckpt_in=None, ckpt_out=None, ckpt_
             feed = iter(_feed(rank, world, start, plan, tables))
             for step in range(start + 1, stop + 1):
                 s = next(feed)
-                loss = (lambda out, s=s: step_loss(out, s.masked_tokens, s.nsp_examples, world)) if global_mean else None
-                got = train_step(t, s.micro_batches, accumulation=len(s.micro_batches), counts=counts,
-                                 summarise=summarise, device=torch.device("cpu"), loss=loss)
+                loss = (
+                    (lambda out, s=s: step_loss(out, s.masked_tokens, s.nsp_examples, world)) if global_mean else None
+                )
+                got = train_step(
+                    t,
+                    s.micro_batches,
+                    accumulation=len(s.micro_batches),
+                    counts=counts,
+                    summarise=summarise,
+                    device=torch.device("cpu"),
+                    loss=loss,
+                )
                 sums[(rank, step)] = got.counts
                 if step == ckpt_at:
-                    save_checkpoint(str(ckpt_out), rank, t, {"step": step, "position": {"phase": 0, **plan.position(step)},
-                                                             "world_size": world})
+                    save_checkpoint(
+                        str(ckpt_out),
+                        rank,
+                        t,
+                        {"step": step, "position": {"phase": 0, **plan.position(step)}, "world_size": world},
+                    )
         except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
             errors.append(e)
 
@@ -184,7 +227,9 @@ def test_a_run_on_two_workers_resumed_on_one_or_three_logs_the_same_losses(tmp_p
         resumed = _train(world, 3, STEPS, ckpt_in=tmp_path / "ckpt")
         for step in range(4, STEPS + 1):
             assert resumed[step] == pytest.approx(whole[step], rel=1e-3), (world, step)
-        print(f"resumed on {world}: largest relative loss difference {max(abs(resumed[s] / whole[s] - 1) for s in resumed):.1e}")
+        print(
+            f"resumed on {world}: largest relative loss difference {max(abs(resumed[s] / whole[s] - 1) for s in resumed):.1e}"  # noqa: E501
+        )
     means = {w: _train(w, 0, 4, global_mean=False) for w in (1, 2)}
     apart = max(abs(means[1][s] / means[2][s] - 1) for s in range(2, 5))
     print(f"mean of micro-batch means, 1 vs 2 workers: largest relative loss difference {apart:.1e}")
@@ -199,12 +244,21 @@ def test_a_mixture_resumed_on_other_worker_counts_logs_the_same_losses(tmp_path)
 
     whole_table = pa.concat_tables(TABLES)
     names = ["wiki" if i % 3 == 0 else "books" for i in range(ROWS)]
-    tables = [t.append_column("source", pa.array(n)) for t, n in
-              zip(TABLES, [names[:17], names[17:37], names[37:]])]
-    count = {n: {"rows": names.count(n), "tokens": sum(k for k, m in zip(whole_table["num_tokens"].to_pylist(), names)
-                                                       if m == n)} for n in ("books", "wiki")}
-    mix = Mixture.build([SourceConfig("books", ["/b"], weight=1), SourceConfig("wiki", ["/w"], weight=3)], count,
-                        steps=STEPS, global_batch_size=BATCH, temperature=1.0)
+    tables = [t.append_column("source", pa.array(n)) for t, n in zip(TABLES, [names[:17], names[17:37], names[37:]])]
+    count = {
+        n: {
+            "rows": names.count(n),
+            "tokens": sum(k for k, m in zip(whole_table["num_tokens"].to_pylist(), names) if m == n),
+        }
+        for n in ("books", "wiki")
+    }
+    mix = Mixture.build(
+        [SourceConfig("books", ["/b"], weight=1), SourceConfig("wiki", ["/w"], weight=3)],
+        count,
+        steps=STEPS,
+        global_batch_size=BATCH,
+        temperature=1.0,
+    )
     plan = PhasePlan(PLAN.dataset, STEPS, BATCH, CAP, ("a", "b", "c"), ROWS, (), False, mixture=mix)
     assert mix.epochs()[1] > 1  # wiki repeats within the run
     whole = _train(2, 0, STEPS, ckpt_out=tmp_path / "ckpt", ckpt_at=3, plan=plan, tables=tables)
@@ -222,16 +276,24 @@ def test_a_checkpoint_loads_at_another_world_size_and_in_the_format_before_world
     loads with its position and RNGs at its own size."""
     model = _model()
     t = Trainable(model, *make_optimizer(model, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10))
-    save_checkpoint(str(tmp_path), 0, t, {"step": 5, "position": {"phase": 0, "epoch": 1, "batch": 1, "samples": 60},
-                                          "world_size": 2})
+    save_checkpoint(
+        str(tmp_path),
+        0,
+        t,
+        {"step": 5, "position": {"phase": 0, "epoch": 1, "batch": 1, "samples": 60}, "world_size": 2},
+    )
     torch.manual_seed(7)
     before = torch.get_rng_state()
     other = _model()
     t2 = Trainable(other, *make_optimizer(other, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10))
     torch.set_rng_state(before)
     state = load_checkpoint(str(tmp_path), 0, t2, world=1)
-    assert state == {"step": 5, "position": {"phase": 0, "epoch": 1, "batch": 1, "samples": 60}, "world_size": 2,
-                     "rng": False}
+    assert state == {
+        "step": 5,
+        "position": {"phase": 0, "epoch": 1, "batch": 1, "samples": 60},
+        "world_size": 2,
+        "rng": False,
+    }
     assert torch.equal(torch.get_rng_state(), before)  # not set from the rank file
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))
 
@@ -274,7 +336,8 @@ def test_the_run_name_leaves_the_number_of_workers_out_and_earlier_runs_keep_the
     assert run_name_for(cfg(num_workers=1, micro_batch_size=32), ds) == new  # not at its size
     assert legacy_run_notice(cfg(), ds, "tiny-f6dfe608fd").startswith(
         "[train] tiny-f6dfe608fd was named before the data order stopped depending on the number of workers: it "
-        "resumes at its own size (train.num_workers 2)")
+        "resumes at its own size (train.num_workers 2)"
+    )
     (tmp_path / new / "checkpoint_2026-01-02_00-00-00.000000").mkdir(parents=True)
     assert run_name_for(cfg(), ds) == new  # once the new name has checkpoints, it is the run
 
@@ -303,7 +366,11 @@ def test_min_workers_makes_an_elastic_run_that_says_when_its_size_changes(monkey
             return SimpleNamespace(error=None)
 
     monkeypatch.setattr(ray.train.torch, "TorchTrainer", Trainer)
-    for scale, workers in ((cluster.Scale(4, min_workers=2), (2, 4)), (cluster.Scale(4), 4), (cluster.Scale(4, min_workers=4), 4)):
+    for scale, workers in (
+        (cluster.Scale(4, min_workers=2), (2, 4)),
+        (cluster.Scale(4), 4),
+        (cluster.Scale(4, min_workers=4), 4),
+    ):
         cluster.fit(lambda h: None, None, name="r", storage_path=str(tmp_path), scale=scale)
         assert made["scaling_config"].num_workers == workers
     cluster.fit(lambda h: None, None, name="r", storage_path=str(tmp_path), scale=cluster.Scale(4, min_workers=2))
@@ -314,14 +381,18 @@ def test_min_workers_makes_an_elastic_run_that_says_when_its_size_changes(monkey
     assert capfd.readouterr().out.splitlines() == [
         "[train] 4 workers (elastic: train.min_workers 2)",
         "[train] worker count 4 -> 3: resuming from the newest checkpoint",
-        "[train] worker count 3 -> 4: resuming from the newest checkpoint"]
+        "[train] worker count 3 -> 4: resuming from the newest checkpoint",
+    ]
 
 
-def test_checkpoints_upload_in_the_background_on_object_storage_and_their_directory_outlives_the_block(repo_root, tmp_path):
+def test_checkpoints_upload_in_the_background_on_object_storage_and_their_directory_outlives_the_block(
+    repo_root, tmp_path
+):
     """`train.checkpoint_upload` auto: in the background (Ray Train's ASYNC) for a URI other than file://, in the
     foreground on a disk; the directory of a background checkpoint is left for Ray Train to delete after its
     upload, a foreground one goes with the block. Not part of the run's name. The upload itself, on S3, and the
-    exact resume from it: tests/test_pretrain_job.py::test_checkpoints_uploaded_in_the_background_to_s3_resume_exactly."""
+    exact resume from it:
+    tests/test_pretrain_job.py::test_checkpoints_uploaded_in_the_background_to_s3_resume_exactly."""
     import dataclasses
     import os
 
@@ -329,10 +400,19 @@ def test_checkpoints_upload_in_the_background_on_object_storage_and_their_direct
     from pipeline.config import load_config
     from pipeline.pretrain.identity import run_name_for
 
-    modes = {(m, p): uploads_in_background(m, p) for m in ("auto", "sync", "async")
-             for p in ("s3://b/runs", "gs://b/runs", "file:///r", "runs")}
-    assert [k for k, v in modes.items() if v] == [("auto", "s3://b/runs"), ("auto", "gs://b/runs"), ("async", "s3://b/runs"),
-                                                  ("async", "gs://b/runs"), ("async", "file:///r"), ("async", "runs")]
+    modes = {
+        (m, p): uploads_in_background(m, p)
+        for m in ("auto", "sync", "async")
+        for p in ("s3://b/runs", "gs://b/runs", "file:///r", "runs")
+    }
+    assert [k for k, v in modes.items() if v] == [
+        ("auto", "s3://b/runs"),
+        ("auto", "gs://b/runs"),
+        ("async", "s3://b/runs"),
+        ("async", "gs://b/runs"),
+        ("async", "file:///r"),
+        ("async", "runs"),
+    ]
     with checkpoint_dir(True) as kept:
         open(os.path.join(kept, "train_state.json"), "w").write("{}")
     assert os.listdir(kept) == ["train_state.json"]
@@ -357,9 +437,13 @@ def test_mlm_only_batches_give_every_parameter_a_gradient():
     torch.manual_seed(0)
     m = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=50, max_position_embeddings=32))
     g = np.random.default_rng(0)
-    rows = {"input_ids": [g.integers(5, 50, 20) for _ in range(2)], "token_type_ids": [np.zeros(20, np.int64)] * 2,
-            "masked_lm_positions": [np.array([1, 4]), np.array([3])], "masked_lm_ids": [np.array([7, 8]), np.array([9])],
-            "next_sentence_label": np.array([-1, -1])}
+    rows = {
+        "input_ids": [g.integers(5, 50, 20) for _ in range(2)],
+        "token_type_ids": [np.zeros(20, np.int64)] * 2,
+        "masked_lm_positions": [np.array([1, 4]), np.array([3])],
+        "masked_lm_ids": [np.array([7, 8]), np.array([9])],
+        "next_sentence_label": np.array([-1, -1]),
+    }
     b = collate(rows)
     out = m(**{k: v for k, v in b.items() if k not in ("num_tokens", "spans")})
     loss = step_loss(out, masked_tokens=3, nsp_examples=0, world=2)

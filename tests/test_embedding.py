@@ -58,8 +58,15 @@ def _step(world: int, rows: dict[str, list], pooling: str) -> tuple[float, dict[
     the rows as `loop.epoch_micro_batches` does: (the loss summed as the loop's counts sum it, rank 0's gradients
     after DDP's average)."""
     torch.manual_seed(0)
-    init = BertModel(BertConfig.from_preset("tiny", vocab_size=VOCAB, max_position_embeddings=16,
-                                            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    init = BertModel(
+        BertConfig.from_preset(
+            "tiny",
+            vocab_size=VOCAB,
+            max_position_embeddings=16,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
+    )
     store, sums, grads, errors = dist.HashStore(), {}, {}, []
 
     def rank_run(rank: int) -> None:
@@ -113,8 +120,9 @@ def test_pair_batch_and_the_training_figures():
     assert b["doc_input_ids"][2, : len(rows["negative_ids"][2])].tolist() == rows["negative_ids"][2]
     assert int(b["num_tokens"]) == sum(len(rows[k][i]) for k in rows for i in (2, 0))
     # counts: the loss sum, queries, queries whose positive scored highest, queries
-    out = E.ContrastiveOutput(torch.tensor(0.5), torch.tensor([[3.0, 1.0, 0.0, 0.0], [2.0, 1.0, 0.0, 0.0]]),
-                              torch.tensor([0, 1]))
+    out = E.ContrastiveOutput(
+        torch.tensor(0.5), torch.tensor([[3.0, 1.0, 0.0, 0.0], [2.0, 1.0, 0.0, 0.0]]), torch.tensor([0, 1])
+    )
     assert E.counts(out, {}).tolist() == [1.0, 2.0, 1.0, 2.0]
 
 
@@ -136,8 +144,17 @@ def test_exact_search_in_chunks_is_one_search(monkeypatch):
     assert whole["loss"] == pytest.approx(want, rel=1e-5)
 
 
-@pytest.mark.parametrize("module", ["model.pooling", "pipeline.finetune.embedding", "pipeline.finetune.retrieval",
-                                    "pipeline.finetune.readers", "pipeline.finetune.metrics", "pipeline.tracking.runs"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "model.pooling",
+        "pipeline.finetune.embedding",
+        "pipeline.finetune.retrieval",
+        "pipeline.finetune.readers",
+        "pipeline.finetune.metrics",
+        "pipeline.tracking.runs",
+    ],
+)
 def test_the_worked_examples_in_the_docstrings_hold(module):
     import doctest
     import importlib
@@ -148,13 +165,16 @@ def test_the_worked_examples_in_the_docstrings_hold(module):
 
 # -- the sentence-transformers export ----------------------------------------------------------------------------
 
-TEXTS = ["How do I read a file line by line?", "The json module encodes and decodes JSON.",
-         "A short one.", "Lists are mutable sequences, typically used to store collections of homogeneous items."]
+TEXTS = [
+    "How do I read a file line by line?",
+    "The json module encodes and decodes JSON.",
+    "A short one.",
+    "Lists are mutable sequences, typically used to store collections of homogeneous items.",
+]
 
 
 @pytest.mark.parametrize("preset,pooling", [("tiny", "mean"), ("modernbert-tiny", "cls")])
-def test_sentence_transformers_loads_the_export_and_embeds_as_we_do(tmp_path, minilm_dir, one_thread, preset,
-                                                                    pooling):
+def test_sentence_transformers_loads_the_export_and_embeds_as_we_do(tmp_path, minilm_dir, one_thread, preset, pooling):
     """A fresh encoder of each family saved as the job saves it (transformers directory, the tokenizer files,
     `export_sentence_transformers`): SentenceTransformer(dir) gives our `sentence_embedding`, to 1e-5."""
     from sentence_transformers import SentenceTransformer
@@ -197,12 +217,42 @@ def test_the_job_trains_registers_exports_and_evaluates(ray_local, tmp_path, min
     from pipeline.finetune.data import encode_texts, load_tokenizer, pad_batch
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_store(tmp_path / "mlflow.db"))
-    rc = load_job("finetune").main([
-        "--model", "scratch:tiny", "--task", "embedding", "--train", str(SEARCH / "train.tsv"), "--eval", str(SEARCH),
-        "--data.tokenizer", str(minilm_dir), "--data.max_seq_length", "32", "--data.max_train_examples", "64",
-        "--data.max_eval_examples", "20", "--train.epochs", "2", "--train.batch_size", "16", "--train.lr", "1e-3",
-        "--train.num_workers", "2", "--train.cpus_per_worker", "0.5", "--train.torch_threads", "1",
-        "--train.storage_path", str(tmp_path / "runs"), "--tracking.model_name", "pydocs-search"])
+    rc = load_job("finetune").main(
+        [
+            "--model",
+            "scratch:tiny",
+            "--task",
+            "embedding",
+            "--train",
+            str(SEARCH / "train.tsv"),
+            "--eval",
+            str(SEARCH),
+            "--data.tokenizer",
+            str(minilm_dir),
+            "--data.max_seq_length",
+            "32",
+            "--data.max_train_examples",
+            "64",
+            "--data.max_eval_examples",
+            "20",
+            "--train.epochs",
+            "2",
+            "--train.batch_size",
+            "16",
+            "--train.lr",
+            "1e-3",
+            "--train.num_workers",
+            "2",
+            "--train.cpus_per_worker",
+            "0.5",
+            "--train.torch_threads",
+            "1",
+            "--train.storage_path",
+            str(tmp_path / "runs"),
+            "--tracking.model_name",
+            "pydocs-search",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     metrics = json.loads(out.strip().splitlines()[-1])
@@ -234,7 +284,20 @@ def test_the_retrieval_bench_runs_at_its_smallest(ray_local, capsys):
     """bench/quality/retrieval.py on the module's cluster: 32 documents each way, one round, one search size."""
     from conftest import load_bench
 
-    load_bench("retrieval").main(["--docs", "32", "--rounds", "1", "--search-sizes", "1000", "--queries", "4",
-                                          "--max-seq-length", "32", "--skip-quality"])
+    load_bench("retrieval").main(
+        [
+            "--docs",
+            "32",
+            "--rounds",
+            "1",
+            "--search-sizes",
+            "1000",
+            "--queries",
+            "4",
+            "--max-seq-length",
+            "32",
+            "--skip-quality",
+        ]
+    )
     out = capsys.readouterr().out
     assert "| Ray Data map_batches |" in out and "ratio Ray Data / loop: " in out and "| 1,000 | " in out

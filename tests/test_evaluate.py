@@ -48,18 +48,25 @@ def _suite(tmp_path: Path, text: str) -> str:
 TASK = "{name: t, task: sequence-classification, train: tr.tsv, dev: dev.tsv, metric: accuracy}"
 
 
-@pytest.mark.parametrize("text, words", [
-    ("name: s\ntasks: [{name: t, task: [unclosed\n", ["does not parse as YAML"]),
-    (f"name: s\ntasks: [{TASK.replace('sequence-classification', 'sentiment')}]\n", ["unknown task type 'sentiment'",
-                                                                                      "task t"]),
-    (f"name: s\ntasks: [{TASK.replace('accuracy', 'f1')}]\n", ["metric 'f1' does not fit sequence-classification",
-                                                                 "accuracy, macro_f1"]),
-    (f"name: s\nprotocol: {{lrs: [0]}}\ntasks: [{TASK}]\n", ["protocol", "lrs [0.0]"]),
-    (f"name: s\nprotocol: {{lr: [1e-3]}}\ntasks: [{TASK}]\n", ["unknown field(s) lr"]),
-    ("name: s\ntasks: []\n", ["tasks must be a non-empty list"]),
-    (f"name: s\ntasks: [{TASK}, {TASK}]\n", ["task t: named twice"]),
-    (f"name: s\ntasks: [{TASK.replace(', dev: dev.tsv', '')}]\n", ["task t: no dev file"]),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("name: s\ntasks: [{name: t, task: [unclosed\n", ["does not parse as YAML"]),
+        (
+            f"name: s\ntasks: [{TASK.replace('sequence-classification', 'sentiment')}]\n",
+            ["unknown task type 'sentiment'", "task t"],
+        ),
+        (
+            f"name: s\ntasks: [{TASK.replace('accuracy', 'f1')}]\n",
+            ["metric 'f1' does not fit sequence-classification", "accuracy, macro_f1"],
+        ),
+        (f"name: s\nprotocol: {{lrs: [0]}}\ntasks: [{TASK}]\n", ["protocol", "lrs [0.0]"]),
+        (f"name: s\nprotocol: {{lr: [1e-3]}}\ntasks: [{TASK}]\n", ["unknown field(s) lr"]),
+        ("name: s\ntasks: []\n", ["tasks must be a non-empty list"]),
+        (f"name: s\ntasks: [{TASK}, {TASK}]\n", ["task t: named twice"]),
+        (f"name: s\ntasks: [{TASK.replace(', dev: dev.tsv', '')}]\n", ["task t: no dev file"]),
+    ],
+)
 def test_a_bad_suite_is_one_line_naming_the_field(tmp_path, text, words):
     path = _suite(tmp_path, text)
     with pytest.raises(ConfigError) as e:
@@ -92,8 +99,13 @@ def test_the_protocol_picks_the_lr_by_mean_dev_and_reports_test_at_it():
 
 def test_the_table_reads_tasks_by_models():
     s = load_suite(str(REPO / "tests" / "data" / "eval_tiny.yaml"))
-    res = {"score": 0.6, "tasks": {"pydocs_topic": {"mean": 0.5, "sd": 0.01, "lr": 1e-3},
-                                   "same_page": {"mean": 0.7, "sd": 0.0, "lr": 1e-3}}}
+    res = {
+        "score": 0.6,
+        "tasks": {
+            "pydocs_topic": {"mean": 0.5, "sd": 0.01, "lr": 1e-3},
+            "same_page": {"mean": 0.7, "sd": 0.0, "lr": 1e-3},
+        },
+    }
     text = table(s, {"models:/m/1": res, "scratch:tiny": {**res, "score": 0.4}})
     lines = text.splitlines()
     assert lines[0].split()[-2:] == ["models:/m/1", "scratch:tiny"]
@@ -105,8 +117,18 @@ def test_the_table_reads_tasks_by_models():
 
 def test_the_derived_tasks_are_what_their_script_makes(tmp_path, shared_dir):
     out = tmp_path / "tasks"
-    subprocess.run([sys.executable, str(REPO / "configs" / "eval" / "make_tasks.py"), "--shared", str(shared_dir),
-                    "--out", str(out)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "configs" / "eval" / "make_tasks.py"),
+            "--shared",
+            str(shared_dir),
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+    )
     committed = REPO / "configs" / "eval" / "tasks"
     files = sorted(p.relative_to(committed) for p in committed.rglob("*.*") if p.suffix in (".tsv", ".conll", ".jsonl"))
     assert len(files) == 11  # pydocs_search: train.tsv, corpus.jsonl, queries.jsonl, qrels/dev.tsv, qrels/test.tsv
@@ -135,8 +157,17 @@ def test_a_dev_label_train_never_saw_is_one_line_before_any_trial(tmp_path, caps
     monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_store(tmp_path / "mlflow.db"))
     (tmp_path / "tr.tsv").write_text("sentence\tlabel\nan apple\tfruit\na carrot\tvegetable\n")
     (tmp_path / "dev.tsv").write_text("sentence\tlabel\na pear\tfruit\nan oak\ttree\n")
-    rc, out, err = _evaluate(["--model", str(minilm_dir), "--suite", _suite(tmp_path, f"name: s\ntasks: [{TASK}]\n"),
-                              "--train.storage_path", str(tmp_path / "runs")], capsys)
+    rc, out, err = _evaluate(
+        [
+            "--model",
+            str(minilm_dir),
+            "--suite",
+            _suite(tmp_path, f"name: s\ntasks: [{TASK}]\n"),
+            "--train.storage_path",
+            str(tmp_path / "runs"),
+        ],
+        capsys,
+    )
     assert rc == 1 and len(err.strip().splitlines()) == 1, err
     assert "dev.tsv: row 3: unknown label 'tree'" in err and "trial" not in out
     assert not (tmp_path / "runs").exists()
@@ -146,22 +177,28 @@ def test_a_model_that_does_not_resolve_is_one_line(tmp_path, capsys, monkeypatch
     from conftest import sqlite_store
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_store(tmp_path / "mlflow.db"))
-    rc, _, err = _evaluate(["--model", "models:/nothing-here@latest", "--suite",
-                            str(REPO / "tests" / "data" / "eval_tiny.yaml")], capsys)
+    rc, _, err = _evaluate(
+        ["--model", "models:/nothing-here@latest", "--suite", str(REPO / "tests" / "data" / "eval_tiny.yaml")], capsys
+    )
     assert rc == 1 and len(err.strip().splitlines()) == 1 and "nothing-here" in err, err
-    rc, _, err = _evaluate(["--model", str(tmp_path), "--suite", str(REPO / "tests" / "data" / "eval_tiny.yaml")],
-                           capsys)
+    rc, _, err = _evaluate(
+        ["--model", str(tmp_path), "--suite", str(REPO / "tests" / "data" / "eval_tiny.yaml")], capsys
+    )
     assert rc == 1 and "not models:/name@alias" in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_a_field_the_protocol_sets_is_refused_not_ignored(capsys):
-    rc, out, err = _evaluate(["--model", "scratch:tiny", "--suite", str(REPO / "tests" / "data" / "eval_tiny.yaml"),
-                              "--train.epochs", "5"], capsys)
+    rc, out, err = _evaluate(
+        ["--model", "scratch:tiny", "--suite", str(REPO / "tests" / "data" / "eval_tiny.yaml"), "--train.epochs", "5"],
+        capsys,
+    )
     assert rc == 1 and "train.epochs 5: each trial takes it from the suite's protocol (epochs)" in err, err
 
 
-@pytest.mark.parametrize("module", ["pipeline.evaluate.suite", "pipeline.evaluate.config", "pipeline.evaluate.job",
-                                    "pipeline.finetune.trials"])
+@pytest.mark.parametrize(
+    "module",
+    ["pipeline.evaluate.suite", "pipeline.evaluate.config", "pipeline.evaluate.job", "pipeline.finetune.trials"],
+)
 def test_the_worked_examples_in_the_docstrings_hold(module):
     import doctest
     import importlib

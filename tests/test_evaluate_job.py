@@ -39,10 +39,24 @@ def _evaluate(store: Path, minilm_dir: Path, ray_address: str, *models: str) -> 
     import os
 
     argv = [a for m in models for a in ("--model", m)]
-    p = subprocess.run([sys.executable, str(REPO / "jobs" / "evaluate.py"), *argv, "--suite", str(SUITE),
-                        "--data.tokenizer", str(minilm_dir / "vocab.txt"), "--train.storage_path", str(store / "runs")],
-                       cwd=store, env={**os.environ, "RAY_ADDRESS": ray_address}, capture_output=True, text=True,
-                       timeout=900)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "jobs" / "evaluate.py"),
+            *argv,
+            "--suite",
+            str(SUITE),
+            "--data.tokenizer",
+            str(minilm_dir / "vocab.txt"),
+            "--train.storage_path",
+            str(store / "runs"),
+        ],
+        cwd=store,
+        env={**os.environ, "RAY_ADDRESS": ray_address},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1]), p.stdout
 
@@ -83,8 +97,9 @@ def test_two_sources_scored_with_their_scorecards(first, store):
     c = tracking.client()
     tags = c.get_model_version("minilm", "1").tags
     assert tags["suite.tiny-test.sha256"] == res["suite_sha256"]
-    assert float(tags["suite.tiny-test.score"]) == pytest.approx(res["models"]["models:/minilm@shipped"]["score"],
-                                                                 abs=1e-5)
+    assert float(tags["suite.tiny-test.score"]) == pytest.approx(
+        res["models"]["models:/minilm@shipped"]["score"], abs=1e-5
+    )
     run_id = tags["suite.tiny-test.run_id"]
     assert run_id == res["models"]["models:/minilm@shipped"]["run_id"]
     run = c.get_run(run_id)
@@ -116,14 +131,37 @@ def test_a_trial_scores_what_finetune_py_makes_by_hand(first, store, minilm_dir,
     from pipeline.finetune.job import run_finetune
 
     res, _ = first
-    cfg = load_finetune_config(None, [
-        "--train.lr", "1e-3", "--train.seed", "2", "--train.epochs", "1", "--train.batch_size", "16",
-        "--data.max_seq_length", "32", "--data.max_train_examples", "64", "--data.max_eval_examples", "48",
-        "--data.tokenizer", str(minilm_dir / "vocab.txt"), "--train.torch_threads", "1",
-        "--train.storage_path", str(store / "manual"), "--tracking.register", "false"])
+    cfg = load_finetune_config(
+        None,
+        [
+            "--train.lr",
+            "1e-3",
+            "--train.seed",
+            "2",
+            "--train.epochs",
+            "1",
+            "--train.batch_size",
+            "16",
+            "--data.max_seq_length",
+            "32",
+            "--data.max_train_examples",
+            "64",
+            "--data.max_eval_examples",
+            "48",
+            "--data.tokenizer",
+            str(minilm_dir / "vocab.txt"),
+            "--train.torch_threads",
+            "1",
+            "--train.storage_path",
+            str(store / "manual"),
+            "--tracking.register",
+            "false",
+        ],
+    )
     task = shared_dir / "tasks" / "pydocs_topic"
-    manual = run_finetune(cfg, "scratch:tiny", "sequence-classification", str(task / "train.tsv"),
-                          str(task / "dev.tsv"))
+    manual = run_finetune(
+        cfg, "scratch:tiny", "sequence-classification", str(task / "train.tsv"), str(task / "dev.tsv")
+    )
     suite_score = res["models"]["scratch:tiny"]["tasks"]["pydocs_topic"]["scores"][1]  # seeds [1, 2]
     assert manual["metrics"]["accuracy"] == pytest.approx(suite_score, abs=1e-6)
 
@@ -147,8 +185,12 @@ def test_the_trials_bench_runs_at_its_smallest(address, minilm_dir, tmp_path, ca
     from conftest import load_bench
 
     suite = tmp_path / "one.yaml"
-    suite.write_text(SUITE.read_text().split("  - {name: same_page")[0].replace("seeds: [1, 2]", "seeds: [1]")
-                     .replace("../../../shared", str(REPO.parent / "shared")))
+    suite.write_text(
+        SUITE.read_text()
+        .split("  - {name: same_page")[0]
+        .replace("seeds: [1, 2]", "seeds: [1]")
+        .replace("../../../shared", str(REPO.parent / "shared"))
+    )
     assert load_bench("eval_trials").main(["--suite", str(suite), "--address", address]) == 0
     out = capsys.readouterr().out
     assert "ratio one at a time / side by side (wall): " in out and "this suite: 1 trials a model" in out

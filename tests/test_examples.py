@@ -47,7 +47,13 @@ def test_truncate_seq_pair_matches_google(la, lb, m):
 
 def test_split_sentences():
     text = 'He said "Go." Then 3 men left! Did they?  Yes.\n\nA new\nparagraph, e.g. this one.'
-    assert split_sentences(text) == ["He said \"Go.\"", "Then 3 men left!", "Did they?", "Yes.", "A new paragraph, e.g. this one."]
+    assert split_sentences(text) == [
+        'He said "Go."',
+        "Then 3 men left!",
+        "Did they?",
+        "Yes.",
+        "A new paragraph, e.g. this one.",
+    ]
     assert split_sentences("   \n\n ") == []
 
 
@@ -126,8 +132,9 @@ def test_pool_pick_other():
 def test_single_document_corpus_gives_only_isnext():
     doc = [np.arange(i * 10, i * 10 + 10, dtype=np.int32) for i in range(30)]
     pool = RandomPool.from_windows([(0, w) for w in document_windows(doc, 128)])
-    insts = create_instances_from_document(doc, 0, pool, max_seq_length=64, short_seq_prob=0.0,
-                                           rng=random.Random(1), cls_id=CLS, sep_id=SEP)
+    insts = create_instances_from_document(
+        doc, 0, pool, max_seq_length=64, short_seq_prob=0.0, rng=random.Random(1), cls_id=CLS, sep_id=SEP
+    )
     assert insts and all(x.next_sentence_label == 0 for x in insts)
 
 
@@ -194,7 +201,9 @@ def test_long_document_is_tokenized_in_pieces_with_every_token(shared_dir, minil
     assert cut["sentences"] == whole["sentences"]
 
     def ids(stats):
-        return [t for c in stats["chunks"] for row in pq.read_table(c["path"]).column("tokens").to_pylist() for t in row]
+        return [
+            t for c in stats["chunks"] for row in pq.read_table(c["path"]).column("tokens").to_pylist() for t in row
+        ]
 
     assert ids(cut) == ids(whole)
     doc_ids = [d for c in cut["chunks"] for d in pq.read_table(c["path"]).column("doc_id").to_pylist()]

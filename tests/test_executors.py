@@ -41,9 +41,16 @@ def _records(tmp_path, units: int = 3, per_unit: int = 400, seed: int = 0):
     paths = []
     for u in range(units):
         s = slice(u * per_unit, (u + 1) * per_unit)
-        t = pa.table([arrow(orders[s], pa.int64()), pa.array([f"d{o}" for o in orders[s]]), arrow(exact[s, 0], pa.uint64()),
-                      arrow(exact[s, 1], pa.uint64()), fixed_rows_array(sigs[s])],
-                     names=["doc_id", "name", "exact_hi", "exact_lo", "sig"])
+        t = pa.table(
+            [
+                arrow(orders[s], pa.int64()),
+                pa.array([f"d{o}" for o in orders[s]]),
+                arrow(exact[s, 0], pa.uint64()),
+                arrow(exact[s, 1], pa.uint64()),
+                fixed_rows_array(sigs[s]),
+            ],
+            names=["doc_id", "name", "exact_hi", "exact_lo", "sig"],
+        )
         paths.append(str(tmp_path / f"f{u:06d}.parquet"))
         pq.write_table(t, paths[-1], compression="lz4")
     return paths, orders, exact, sigs
@@ -63,8 +70,14 @@ def test_ray_grouping_equals_the_local_sort_and_ships_a_signature_once(ray_local
     # each shuffle's map-task input: (its dataset's context, the process's current context) as it is made
     plain, batch_bytes = ray.data.Dataset.repartition, []
     current = ray.data.DataContext.get_current
-    monkeypatch.setattr(ray.data.Dataset, "repartition", lambda ds, *a, **k: batch_bytes.append(
-        (ds.context.shuffle_input_batch_bytes, current().shuffle_input_batch_bytes)) or plain(ds, *a, **k))
+    monkeypatch.setattr(
+        ray.data.Dataset,
+        "repartition",
+        lambda ds, *a, **k: (
+            batch_bytes.append((ds.context.shuffle_input_batch_bytes, current().shuffle_input_batch_bytes))
+            or plain(ds, *a, **k)
+        ),
+    )
     default = current().shuffle_input_batch_bytes
     with bench.captured_shuffles() as seen:
         got_exact, got_near = ray_duplicate_edges(paths, params)
@@ -73,12 +86,16 @@ def test_ray_grouping_equals_the_local_sort_and_ships_a_signature_once(ray_local
     want, got = resolve(want_exact, want_near), resolve(got_exact, got_near)
     assert got.equals(want)
     assert sorted(zip(got_exact.src.tolist(), got_exact.dst.tolist())) == sorted(
-        zip(want_exact.src.tolist(), want_exact.dst.tolist()))
+        zip(want_exact.src.tolist(), want_exact.dst.tolist())
+    )
     assert set(zip(got_near.src.tolist(), got_near.dst.tolist(), got_near.similarity.tolist())) == set(
-        zip(want_near.src.tolist(), want_near.dst.tolist(), want_near.similarity.tolist()))
+        zip(want_near.src.tolist(), want_near.dst.tolist(), want_near.similarity.tolist())
+    )
     n, reps = len(orders), len(orders) - len(np.unique(want_exact.dst))
     by_keys = {s["keys"]: s for s in seen}
-    assert by_keys["'exact_hi', 'exact_lo'"]["rows"] == n and by_keys["'exact_hi', 'exact_lo'"]["bytes"] <= 24 * n + 4096
+    assert (
+        by_keys["'exact_hi', 'exact_lo'"]["rows"] == n and by_keys["'exact_hi', 'exact_lo'"]["bytes"] <= 24 * n + 4096
+    )
     if mode == "exact":
         assert len(seen) == 1 and len(got) == 29  # 30 planted exact copies, one of them copied from another
         return
@@ -104,8 +121,11 @@ def test_the_ray_executor_groups_up_to_the_limit_in_memory_and_past_it_on_ray_da
     want = resolve(*find_edges(orders, exact, sigs, params))
     released, on_ray = [], []
     executor = SimpleNamespace(release=lambda: released.append(True))  # what duplicate_edges uses of the executor
-    monkeypatch.setattr(grouping, "ray_duplicate_edges",
-                        lambda p, prm, rows: on_ray.append((p, rows)) or grouping.memory_duplicate_edges(p, prm))
+    monkeypatch.setattr(
+        grouping,
+        "ray_duplicate_edges",
+        lambda p, prm, rows: on_ray.append((p, rows)) or grouping.memory_duplicate_edges(p, prm),
+    )
     monkeypatch.setattr(grouping, "MEMORY_GROUPING_MAX_RECORDS", len(orders))
     assert resolve(*executors.RayExecutor.duplicate_edges(executor, paths, params)).equals(want)
     assert on_ray == [] and released == []

@@ -1,5 +1,5 @@
-"""pipeline/finetune/job.py and loop.py without Ray: config, source resolution (local dir, registry, scratch), model building,
-and the evaluation bookkeeping (predictions mapped back to labels, words and answer texts)."""
+"""pipeline/finetune/job.py and loop.py without Ray: config, source resolution (local dir, registry, scratch), model
+building, and the evaluation bookkeeping (predictions mapped back to labels, words and answer texts)."""
 
 from __future__ import annotations
 
@@ -37,8 +37,18 @@ def mlflow_store(tmp_path_factory):
 
 def test_config_file_matches_defaults_and_overrides():
     assert load_finetune_config(REPO / "configs" / "finetune.yaml") == FinetuneConfig()
-    cfg = load_finetune_config(None, ["--train.lr", "1e-4", "--train.max_steps", "7", "--eval.n_best=5",
-                                      "--model.overrides.hidden_dropout_prob", "0.0"])
+    cfg = load_finetune_config(
+        None,
+        [
+            "--train.lr",
+            "1e-4",
+            "--train.max_steps",
+            "7",
+            "--eval.n_best=5",
+            "--model.overrides.hidden_dropout_prob",
+            "0.0",
+        ],
+    )
     assert cfg.train.lr == 1e-4 and isinstance(cfg.train.lr, float)  # YAML 1.1 reads 1e-4 as a string
     assert cfg.train.max_steps == 7 and cfg.eval.n_best == 5
     assert cfg.model.overrides == {"hidden_dropout_prob": 0.0}
@@ -50,13 +60,16 @@ def test_config_file_matches_defaults_and_overrides():
         load_finetune_config(None, ["--train.lr", "fast"])
 
 
-@pytest.mark.parametrize("args, msg", [
-    (["--train.precision", "fp8"], "train.precision 'fp8' is not one of fp32, bf16, fp16"),
-    (["--train.accumulation_steps", "0"], "train.accumulation_steps 0 < 1"),
-    (["--train.batch_size", "0"], "train.batch_size 0 < 1"),
-    (["--train.max_failures", "x"], "train.max_failures 'x' is not an integer"),
-    (["--train.use_gpu", "maybe"], "train.use_gpu 'maybe' is not true or false"),
-])
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (["--train.precision", "fp8"], "train.precision 'fp8' is not one of fp32, bf16, fp16"),
+        (["--train.accumulation_steps", "0"], "train.accumulation_steps 0 < 1"),
+        (["--train.batch_size", "0"], "train.batch_size 0 < 1"),
+        (["--train.max_failures", "x"], "train.max_failures 'x' is not an integer"),
+        (["--train.use_gpu", "maybe"], "train.use_gpu 'maybe' is not true or false"),
+    ],
+)
 def test_config_errors_name_the_field(args, msg):
     with pytest.raises(ConfigError, match=re.escape(msg)):
         load_finetune_config(None, args)
@@ -69,29 +82,62 @@ def test_config_non_mapping_section(tmp_path):
 
 
 def test_precision_and_accumulation_fields():
-    cfg = load_finetune_config(None, ["--train.precision", "bf16", "--train.accumulation_steps", "4",
-                                      "--train.num_workers", "2", "--train.batch_size", "8", "--train.max_failures", "1"])
+    cfg = load_finetune_config(
+        None,
+        [
+            "--train.precision",
+            "bf16",
+            "--train.accumulation_steps",
+            "4",
+            "--train.num_workers",
+            "2",
+            "--train.batch_size",
+            "8",
+            "--train.max_failures",
+            "1",
+        ],
+    )
     assert (cfg.train.precision, cfg.train.global_batch_size, cfg.train.max_failures) == ("bf16", 64, 1)
 
 
-@pytest.mark.parametrize("field, value, error", [
-    ("train.lr", "1e-4", None),
-    ("train.lr", "abc", "train.lr 'abc' is not a number or auto"),
-    ("tune.lr", "1e-4,3e-4", None),
-    ("tune.lr", "1e-4,abc", "tune.lr[1] 'abc' is not a number"),
-    ("tune.lr", "0", "tune.lr 0 must be > 0"),
-    ("tune.lr", "-1e-3", "tune.lr -0.001 must be > 0"),
-])
+@pytest.mark.parametrize(
+    "field, value, error",
+    [
+        ("train.lr", "1e-4", None),
+        ("train.lr", "abc", "train.lr 'abc' is not a number or auto"),
+        ("tune.lr", "1e-4,3e-4", None),
+        ("tune.lr", "1e-4,abc", "tune.lr[1] 'abc' is not a number"),
+        ("tune.lr", "0", "tune.lr 0 must be > 0"),
+        ("tune.lr", "-1e-3", "tune.lr -0.001 must be > 0"),
+    ],
+)
 def test_cli_lr_value(tmp_path, field, value, error):
     """`--train.lr 1e-4` (a string to YAML 1.1) is a float, `--tune.lr 1e-4,3e-4` a list of them; a bad value is one
     line on stderr naming the field, exit 1, before any data, Ray or MLflow work (the model does not exist, so an
     accepted config fails on --model)."""
     for name in ("train.tsv", "dev.tsv"):
         (tmp_path / name).write_text("sentence\tlabel\nNaomi wept\ta\n")
-    p = subprocess.run([sys.executable, str(REPO / "jobs" / "finetune.py"), "--model", str(tmp_path / "nomodel"),
-                        "--task", "sequence-classification", "--train", "train.tsv", "--eval", "dev.tsv",
-                        f"--{field}", value], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "jobs" / "finetune.py"),
+            "--model",
+            str(tmp_path / "nomodel"),
+            "--task",
+            "sequence-classification",
+            "--train",
+            "train.tsv",
+            "--eval",
+            "dev.tsv",
+            f"--{field}",
+            value,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+    )
     assert p.returncode == 1 and p.stderr.strip().count("\n") == 0 and "Traceback" not in p.stderr, p.stderr
     if error is None:
         assert "--model" in p.stderr and field not in p.stderr, p.stderr
@@ -115,22 +161,26 @@ def test_tune_lr_from_cli_and_yaml(tmp_path):
     assert load_finetune_config(REPO / "configs" / "finetune.yaml").tune.lr is None  # default: no sweep
 
 
-@pytest.mark.parametrize("args, msg", [
-    (["--tune.lr", "abc"], "tune.lr[0] 'abc' is not a number"),
-    (["--tune.lr", "1e-4,,3e-4"], "tune.lr[1] '' is not a number"),
-    (["--tune.lr", "1e-4,nan"], "tune.lr nan must be > 0"),
-    (["--tune.lr", "1e-3,1e-3"], "tune.lr [0.001, 0.001] lists an LR twice"),
-    (["--tune.max_concurrent_trials", "0"], "tune.max_concurrent_trials 0 < 1"),
-    (["--train.lr", "0"], "train.lr 0.0 must be > 0"),
-    (["--train.lr", "-3e-4"], "train.lr -0.0003 must be > 0"),
-])
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (["--tune.lr", "abc"], "tune.lr[0] 'abc' is not a number"),
+        (["--tune.lr", "1e-4,,3e-4"], "tune.lr[1] '' is not a number"),
+        (["--tune.lr", "1e-4,nan"], "tune.lr nan must be > 0"),
+        (["--tune.lr", "1e-3,1e-3"], "tune.lr [0.001, 0.001] lists an LR twice"),
+        (["--tune.max_concurrent_trials", "0"], "tune.max_concurrent_trials 0 < 1"),
+        (["--train.lr", "0"], "train.lr 0.0 must be > 0"),
+        (["--train.lr", "-3e-4"], "train.lr -0.0003 must be > 0"),
+    ],
+)
 def test_lr_errors_name_the_field(args, msg):
     with pytest.raises(ConfigError, match=re.escape(msg)):
         load_finetune_config(None, args)
 
 
-@pytest.mark.parametrize("preset, lr", [("tiny", 1e-3), ("mini", 3e-4), ("small", 1e-4), ("medium", 1e-4),
-                                        ("base", 5e-5), ("large", 5e-5)])
+@pytest.mark.parametrize(
+    "preset, lr", [("tiny", 1e-3), ("mini", 3e-4), ("small", 1e-4), ("medium", 1e-4), ("base", 5e-5), ("large", 5e-5)]
+)
 def test_auto_lr_by_model_size(preset, lr):
     """`train.lr: auto` (the default) gives BERT-base's 5e-5 only to base/large; a given LR always wins."""
     from model import BertConfig
@@ -147,8 +197,12 @@ def test_pick_best_trial():
     """The best trial as the loop picks the best epoch: the metric first, then the lower loss; NaN ranks last."""
     from pipeline.finetune.sweep import pick_best
 
-    trials = [{"eval/accuracy": 0.40, "eval/loss": 1.1}, {"eval/accuracy": 0.55, "eval/loss": 1.5},
-              {"eval/accuracy": 0.55, "eval/loss": 1.2}, {"eval/accuracy": math.nan, "eval/loss": math.nan}]
+    trials = [
+        {"eval/accuracy": 0.40, "eval/loss": 1.1},
+        {"eval/accuracy": 0.55, "eval/loss": 1.5},
+        {"eval/accuracy": 0.55, "eval/loss": 1.2},
+        {"eval/accuracy": math.nan, "eval/loss": math.nan},
+    ]
     assert pick_best(trials, "accuracy") == 2
     assert pick_best([{"eval/f1": math.nan, "eval/loss": 0.1}, {"eval/f1": 0.0, "eval/loss": 3.0}], "f1") == 1
 
@@ -159,13 +213,21 @@ def test_sweep_refuses_trials_that_never_fit():
     from pipeline.finetune.trials import check_trial_resources
 
     check_trial_resources(2, 0.5, 2.0)
-    with pytest.raises(ConfigError, match=r"^tune.lr: a trial needs train.num_workers 2 x train.cpus_per_worker 1 .* = 2.05 CPUs; the cluster has 2$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^tune.lr: a trial needs train.num_workers 2 x train.cpus_per_worker 1 .* = 2.05 CPUs; the cluster has 2$",  # noqa: E501
+    ):
         check_trial_resources(2, 1.0, 2.0)
 
 
 def test_cli_usage_error_is_one_line_exit_1(tmp_path):
-    p = subprocess.run([sys.executable, str(REPO / "jobs" / "finetune.py"), "--task", "nonsense"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, str(REPO / "jobs" / "finetune.py"), "--task", "nonsense"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 1 and p.stderr.strip().count("\n") == 0 and "--task" in p.stderr, p.stderr
 
 
@@ -219,8 +281,9 @@ def test_resolve_registry_lineage(minilm_dir, mlflow_store, tmp_path):
     from pipeline import tracking
 
     run_id = tracking.start_run("pretrain-test", "pre", {})
-    v = tracking.register_hf_model(str(minilm_dir), "minilm", "latest-pretrain",
-                                   {"run_id": run_id, "config_hash": "abc"}, run_id)
+    v = tracking.register_hf_model(
+        str(minilm_dir), "minilm", "latest-pretrain", {"run_id": run_id, "config_hash": "abc"}, run_id
+    )
     src = resolve_source("models:/minilm@latest-pretrain", download_dir=str(tmp_path / "a"))
     assert (Path(src.model_dir) / "model.safetensors").is_file()
     assert src.tags["source_model"] == f"models:/minilm/{v}"
@@ -234,8 +297,15 @@ def test_resolve_registry_lineage(minilm_dir, mlflow_store, tmp_path):
 @pytest.fixture(scope="module")
 def pydocs_small(shared_dir, minilm_dir):
     t = shared_dir / "tasks" / "pydocs_topic"
-    return prepare_task("sequence-classification", t / "train.tsv", t / "dev.tsv", minilm_dir, 32,
-                        max_train_examples=12, max_eval_examples=40)
+    return prepare_task(
+        "sequence-classification",
+        t / "train.tsv",
+        t / "dev.tsv",
+        minilm_dir,
+        32,
+        max_train_examples=12,
+        max_eval_examples=40,
+    )
 
 
 def test_task_model_keeps_encoder_and_labels(minilm_dir, pydocs_small):
@@ -245,7 +315,9 @@ def test_task_model_keeps_encoder_and_labels(minilm_dir, pydocs_small):
     assert m.config.num_labels == 6 and m.config.id2label[2] == "library"
     assert m.load_report["missing"] == ["classifier.bias", "classifier.weight"]
     ref = load_file(str(minilm_dir / "model.safetensors"))
-    assert torch.equal(m.state_dict()["bert.encoder.layer.5.output.dense.weight"], ref["encoder.layer.5.output.dense.weight"])
+    assert torch.equal(
+        m.state_dict()["bert.encoder.layer.5.output.dense.weight"], ref["encoder.layer.5.output.dense.weight"]
+    )
     s = task_model(resolve_source("scratch:tiny", str(minilm_dir)), pydocs_small, {}, 30522)
     assert (s.config.hidden_size, s.config.vocab_size, s.config.num_labels) == (128, 30522, 6)
 
@@ -286,8 +358,16 @@ def test_evaluate_token_bookkeeping(minilm_dir, tmp_path):
 
 
 def test_evaluate_qa_no_answer_path(minilm_dir):
-    td = prepare_task("question-answering", DATA / "bible_squad_dev.json", DATA / "bible_squad_dev.json", minilm_dir,
-                      96, doc_stride=16, max_train_examples=4, max_eval_examples=30)
+    td = prepare_task(
+        "question-answering",
+        DATA / "bible_squad_dev.json",
+        DATA / "bible_squad_dev.json",
+        minilm_dir,
+        96,
+        doc_stride=16,
+        max_train_examples=4,
+        max_eval_examples=30,
+    )
     assert td.version_2 and any(not a for a in td.eval_answers.values())
     m = task_model(resolve_source("scratch:tiny", str(minilm_dir)), td, {}, 30522)
     _force(m.qa_outputs, [0.0, 0.0])  # every start/end logit is 0
@@ -345,15 +425,21 @@ def _task_files(task, shared_dir, tmp_path):
         f = tmp_path / "t.conll"
         f.write_text("Naomi B-PER\nwent O\nto O\nBethlehemjudah B-LOC\n\nthe O\nLORD B-DEITY\n")
         return f, f, {}
-    return DATA / "bible_squad_dev.json", DATA / "bible_squad_dev.json", {"doc_stride": 16, "max_train_examples": 4,
-                                                                           "max_eval_examples": 8}
+    return (
+        DATA / "bible_squad_dev.json",
+        DATA / "bible_squad_dev.json",
+        {"doc_stride": 16, "max_train_examples": 4, "max_eval_examples": 8},
+    )
 
 
-@pytest.mark.parametrize("task,cls,head", [
-    ("sequence-classification", "ModernBertForSequenceClassification", "classifier"),
-    ("token-classification", "ModernBertForTokenClassification", "classifier"),
-    ("question-answering", "ModernBertForQuestionAnswering", "classifier"),
-])
+@pytest.mark.parametrize(
+    "task,cls,head",
+    [
+        ("sequence-classification", "ModernBertForSequenceClassification", "classifier"),
+        ("token-classification", "ModernBertForTokenClassification", "classifier"),
+        ("question-answering", "ModernBertForQuestionAnswering", "classifier"),
+    ],
+)
 def test_a_modernbert_checkpoint_fine_tunes_every_task(modernbert_dir, shared_dir, tmp_path, task, cls, head):
     """The same builder as BERT's: the family from config.json, the encoder's weights from the file, a fresh head;
     BERT's token_type_ids in the task batches stay behind (pipeline.core.precision.forward), and it learns."""
@@ -369,9 +455,12 @@ def test_a_modernbert_checkpoint_fine_tunes_every_task(modernbert_dir, shared_di
     ref = load_file(str(modernbert_dir / "model.safetensors"))
     assert torch.equal(m.state_dict()["model.layers.2.mlp.Wo.weight"], ref["model.layers.2.mlp.Wo.weight"])
     res = evaluate(m, td, FinetuneConfig())
-    assert {"sequence-classification": "accuracy", "token-classification": "f1",
-            "question-answering": "exact_match"}[task] in res and math.isfinite(res["loss"])
-    batch = {k: torch.as_tensor(v) for k, v in pad_batch(td.train, list(range(min(4, len(td.train["input_ids"]))))).items()}
+    assert {"sequence-classification": "accuracy", "token-classification": "f1", "question-answering": "exact_match"}[
+        task
+    ] in res and math.isfinite(res["loss"])
+    batch = {
+        k: torch.as_tensor(v) for k, v in pad_batch(td.train, list(range(min(4, len(td.train["input_ids"]))))).items()
+    }
     assert "token_type_ids" in batch
     opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
     m.train()
@@ -383,4 +472,3 @@ def test_a_modernbert_checkpoint_fine_tunes_every_task(modernbert_dir, shared_di
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0] * 0.7, losses  # it fits one batch: the head and the encoder train
-

@@ -44,7 +44,10 @@ def test_tokenizer_of_a_checkpoint_dir(tmp_path, minilm_dir):
     [
         ("t.tsv", 'sentence\tlabel\nAnd Ruth said "Intreat me not"\tb\nNaomi wept\ta\n'),
         ("t.csv", 'sentence,label\n"And Ruth said ""Intreat me not"""  ,b\nNaomi wept,a\n'),
-        ("t.jsonl", '{"sentence": "And Ruth said \\"Intreat me not\\"", "label": "b"}\n\n{"sentence": "Naomi wept", "label": "a"}\n'),
+        (
+            "t.jsonl",
+            '{"sentence": "And Ruth said \\"Intreat me not\\"", "label": "b"}\n\n{"sentence": "Naomi wept", "label": "a"}\n',  # noqa: E501
+        ),
     ],
 )
 def test_read_classification_formats(tmp_path, name, text):
@@ -56,7 +59,9 @@ def test_read_classification_formats(tmp_path, name, text):
 def test_datasets_table_as_jsonl(tmp_path):
     """README: a `datasets` table goes in through `to_json` (JSON lines)."""
     datasets = pytest.importorskip("datasets")
-    datasets.Dataset.from_dict({"sentence": ["Naomi wept", "Ruth clave"], "label": [1, 0]}).to_json(tmp_path / "t.jsonl")
+    datasets.Dataset.from_dict({"sentence": ["Naomi wept", "Ruth clave"], "label": [1, 0]}).to_json(
+        tmp_path / "t.jsonl"
+    )
     ex = R.read_classification(tmp_path / "t.jsonl")
     assert [(e.text_a, e.label) for e in ex] == [("Naomi wept", "1"), ("Ruth clave", "0")]
 
@@ -72,8 +77,13 @@ def test_sentence_pairs_and_label_inference(tmp_path):
 def test_pydocs_task_label_map(shared_dir, minilm_dir):
     task = shared_dir / "tasks" / "pydocs_topic"
     td = D.prepare_task(
-        "sequence-classification", task / "train.tsv", task / "dev.tsv", minilm_dir, max_seq_length=64,
-        max_train_examples=120, max_eval_examples=50,
+        "sequence-classification",
+        task / "train.tsv",
+        task / "dev.tsv",
+        minilm_dir,
+        max_seq_length=64,
+        max_train_examples=120,
+        max_eval_examples=50,
     )
     assert td.id2label == dict(enumerate(["c-api", "howto", "library", "reference", "tutorial", "whatsnew"]))
     assert len(td.train["input_ids"]) == 120 and len(td.eval["labels"]) == 50
@@ -95,8 +105,11 @@ def test_pair_encoding_matches_transformers(tok, minilm_dir):
 
 
 def test_pad_batch():
-    rows = {"input_ids": [[101, 7, 102], [101, 102]], "token_type_ids": [[0, 0, 0], [0, 0]],
-            "labels": [[-100, 3, -100], [-100, -100]]}
+    rows = {
+        "input_ids": [[101, 7, 102], [101, 102]],
+        "token_type_ids": [[0, 0, 0], [0, 0]],
+        "labels": [[-100, 3, -100], [-100, -100]],
+    }
     b = D.pad_batch(rows, [1, 0])
     assert b["input_ids"].tolist() == [[101, 102, 0], [101, 7, 102]]
     assert b["labels"].tolist() == [[-100, -100, -100], [-100, 3, -100]]
@@ -108,7 +121,11 @@ def test_pad_batch():
 
 
 def test_conll_first_wordpiece_labels(tmp_path, tok):
-    p = write(tmp_path, "a.conll", "-DOCSTART- -X- O\n\nNaomi NNP B-PER\nunto IN O\nBethlehemjudah NNP B-LOC\n\nthe O\nLORD B-DEITY\nGod I-DEITY\n")
+    p = write(
+        tmp_path,
+        "a.conll",
+        "-DOCSTART- -X- O\n\nNaomi NNP B-PER\nunto IN O\nBethlehemjudah NNP B-LOC\n\nthe O\nLORD B-DEITY\nGod I-DEITY\n",  # noqa: E501
+    )
     sents = R.read_conll(p)
     assert [s.words for s in sents] == [["Naomi", "unto", "Bethlehemjudah"], ["the", "LORD", "God"]]
     assert sents[0].row == 3 and sents[1].row == 7
@@ -118,7 +135,14 @@ def test_conll_first_wordpiece_labels(tmp_path, tok):
     enc = D.encode_tokens(tok, sents, l2i, 32)
     # [CLS] naomi unto bethlehem ##ju ##dah [SEP]: label on 'bethlehem' only
     assert [tok.id_to_token(i) for i in enc["input_ids"][0]] == [
-        "[CLS]", "naomi", "unto", "bethlehem", "##ju", "##dah", "[SEP]"]
+        "[CLS]",
+        "naomi",
+        "unto",
+        "bethlehem",
+        "##ju",
+        "##dah",
+        "[SEP]",
+    ]
     assert enc["labels"][0] == [-100, l2i["B-PER"], l2i["O"], l2i["B-LOC"], -100, -100, -100]
     assert enc["word_ids"][0] == [-1, 0, 1, 2, 2, 2, -1]
     assert enc["labels"][1] == [-100, l2i["O"], l2i["B-DEITY"], l2i["I-DEITY"], -100]
@@ -135,7 +159,9 @@ def test_bible_fixture_tags(tok):
 # -- QA ----------------------------------------------------------------------------------------------------------
 
 
-def _squad(qas, context="Naomi had a kinsman of her husband's, a mighty man of wealth, and his name was Boaz.", version=None):
+def _squad(
+    qas, context="Naomi had a kinsman of her husband's, a mighty man of wealth, and his name was Boaz.", version=None
+):
     doc = {"data": [{"title": "Ruth 2", "paragraphs": [{"context": context, "qas": qas}]}]}
     if version:
         doc["version"] = version
@@ -144,8 +170,19 @@ def _squad(qas, context="Naomi had a kinsman of her husband's, a mighty man of w
 
 def test_read_squad_v1_v2(tmp_path):
     ctx = "Naomi had a kinsman of her husband's, a mighty man of wealth, and his name was Boaz."
-    v1 = write(tmp_path, "v1.json", _squad([{"id": "a", "question": "who was the kinsman?",
-                                              "answers": [{"text": "Boaz", "answer_start": ctx.index("Boaz")}]}]))
+    v1 = write(
+        tmp_path,
+        "v1.json",
+        _squad(
+            [
+                {
+                    "id": "a",
+                    "question": "who was the kinsman?",
+                    "answers": [{"text": "Boaz", "answer_start": ctx.index("Boaz")}],
+                }
+            ]
+        ),
+    )
     ex, v2 = R.read_squad(v1)
     assert not v2 and ex[0].answers[0]["text"] == "Boaz"
     p = write(tmp_path, "v2.json", _squad([{"id": "u", "question": "who wept?", "answers": [], "is_impossible": True}]))
@@ -214,13 +251,17 @@ def _long_examples() -> list[R.QAExample]:
     out = []
     for k, start in enumerate([0, 1, len(ctx) // 3, len(ctx) // 2 + 7, len(ctx) - 5]):
         text = ctx[start : start + 17]
-        out.append(R.QAExample(f"long-{k}", q if k % 2 else ex[k].question, ctx, [{"text": text, "answer_start": start}]))
+        out.append(
+            R.QAExample(f"long-{k}", q if k % 2 else ex[k].question, ctx, [{"text": text, "answer_start": start}])
+        )
     out.append(R.QAExample("long-none", q, ctx, [], True))
     out.append(R.QAExample("empty", "Who?", "", [], True))
     return out
 
 
-@pytest.mark.parametrize("max_seq_length, doc_stride, max_query_length", [(64, 16, 24), (384, 128, 64), (32, 4, 8), (100, 0, 64)])
+@pytest.mark.parametrize(
+    "max_seq_length, doc_stride, max_query_length", [(64, 16, 24), (384, 128, 64), (32, 4, 8), (100, 0, 64)]
+)
 @pytest.mark.parametrize("examples", ["fixtures", "long"])
 def test_qa_windows_equal_the_straightforward_ones(tok, examples, max_seq_length, doc_stride, max_query_length):
     if examples == "fixtures":
@@ -229,8 +270,15 @@ def test_qa_windows_equal_the_straightforward_ones(tok, examples, max_seq_length
         ex = _long_examples()
     feats, windows = D.encode_qa(tok, ex, max_seq_length, doc_stride, max_query_length)
     want = [(e.qid, row) for e in ex for row in reference_qa(tok, e, max_seq_length, doc_stride, max_query_length)]
-    got = list(zip(feats["input_ids"], feats["token_type_ids"], feats["start_positions"], feats["end_positions"],
-                   [w["offsets"] for w in windows]))
+    got = list(
+        zip(
+            feats["input_ids"],
+            feats["token_type_ids"],
+            feats["start_positions"],
+            feats["end_positions"],
+            [w["offsets"] for w in windows],
+        )
+    )
     assert [w["example_id"] for w in windows] == [qid for qid, _ in want]
     assert got == [row for _, row in want]
     assert examples == "fixtures" or len(windows) > 3 * len(ex)  # the long context really is split
@@ -242,8 +290,15 @@ def test_qa_windows_are_run_qa_windows(tok, minilm_dir):
     ref = transformers.BertTokenizerFast.from_pretrained(str(minilm_dir))
     ex = _long_examples()[:1]
     feats, windows = D.encode_qa(tok, ex, 96, 24, 64)
-    want = ref(ex[0].question, ex[0].context, truncation="only_second", max_length=96, stride=24,
-               return_overflowing_tokens=True, return_offsets_mapping=True)
+    want = ref(
+        ex[0].question,
+        ex[0].context,
+        truncation="only_second",
+        max_length=96,
+        stride=24,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+    )
     assert feats["input_ids"] == want["input_ids"] and feats["token_type_ids"] == want["token_type_ids"]
     for w, offsets, seq in zip(windows, want["offset_mapping"], (want.sequence_ids(i) for i in range(len(windows)))):
         assert w["offsets"] == [tuple(o) if s == 1 else None for o, s in zip(offsets, seq)]
@@ -258,7 +313,11 @@ def test_qa_windows_are_run_qa_windows(tok, minilm_dir):
         ("e.tsv", "", "e.tsv: file is empty"),
         ("h.tsv", "sentence\tlabel\n", "h.tsv: file has a header but no rows"),
         ("m.tsv", "text\tlabel\nNaomi wept\ta\n", "m.tsv: row 2: missing column(s) sentence"),
-        ("r.tsv", "sentence\tlabel\nNaomi wept\ta\nRuth\tb\textra\n", "r.tsv: row 3: malformed row: 3 fields, header has 2"),
+        (
+            "r.tsv",
+            "sentence\tlabel\nNaomi wept\ta\nRuth\tb\textra\n",
+            "r.tsv: row 3: malformed row: 3 fields, header has 2",
+        ),
         ("j.jsonl", '{"sentence": "a", "label": "x"}\n{"sentence": "b", "label": \n', "j.jsonl: row 2: malformed JSON"),
         ("l.tsv", "sentence\tlabel\nNaomi wept\t\n", "l.tsv: row 2: empty 'label'"),
     ],
@@ -272,7 +331,9 @@ def test_classification_bad_data(tmp_path, name, text, msg):
 def test_unknown_eval_label(tmp_path, minilm_dir):
     tr = write(tmp_path, "train.tsv", "sentence\tlabel\nNaomi wept\ta\nRuth clave\tb\n")
     ev = write(tmp_path, "dev.tsv", "sentence\tlabel\nNaomi wept\ta\nBoaz\tc\n")
-    with pytest.raises(R.FinetuneDataError, match=r"dev.tsv: row 3: unknown label 'c' \(not in the training labels: a, b\)"):
+    with pytest.raises(
+        R.FinetuneDataError, match=r"dev.tsv: row 3: unknown label 'c' \(not in the training labels: a, b\)"
+    ):
         D.prepare_task("sequence-classification", tr, ev, minilm_dir)
 
 
@@ -297,7 +358,9 @@ def test_conll_unknown_eval_tag(tmp_path, minilm_dir):
 
 
 def test_squad_bad_answer_and_missing_data(tmp_path):
-    p = write(tmp_path, "s.json", _squad([{"id": "q7", "question": "who?", "answers": [{"text": "Boaz", "answer_start": 3}]}]))
+    p = write(
+        tmp_path, "s.json", _squad([{"id": "q7", "question": "who?", "answers": [{"text": "Boaz", "answer_start": 3}]}])
+    )
     with pytest.raises(R.FinetuneDataError, match=r"s.json: row q7: answer 'Boaz' is not at answer_start 3"):
         R.read_squad(p)
     p = write(tmp_path, "n.json", json.dumps({"version": "1.1"}))
@@ -313,8 +376,9 @@ def test_missing_file(tmp_path):
         R.read_classification(tmp_path / "nope.tsv")
 
 
-@pytest.mark.parametrize("name, reader", [("t.tsv", R.read_classification), ("t.conll", R.read_conll),
-                                          ("t.json", R.read_squad)])
+@pytest.mark.parametrize(
+    "name, reader", [("t.tsv", R.read_classification), ("t.conll", R.read_conll), ("t.json", R.read_squad)]
+)
 def test_non_utf8_file_is_one_line_error(tmp_path, name, reader):
     p = tmp_path / name
     p.write_bytes(b"sentence\tlabel\n\xff\xfe caf\xe9\ta\n")
@@ -350,30 +414,81 @@ def test_embedding_task_features(tmp_path, minilm_dir):
     assert td.train["negative_ids"][1] == tok.encode("Judah").ids and len(td.train["input_ids"]) == 2
     r = td.retrieval
     assert r.query_ids == ["q1"] and r.doc_ids == ["d1", "d2"] and r.qrels == {"q1": {"d1": 1}}
-    assert r.corpus[0] == tok.encode("Ruth Whither thou goest").ids and td.eval["input_ids"][0] == tok.encode(
-        "where will you go").ids
+    assert (
+        r.corpus[0] == tok.encode("Ruth Whither thou goest").ids
+        and td.eval["input_ids"][0] == tok.encode("where will you go").ids
+    )
     write(tmp_path / "b" / "qrels", "dev.tsv", "query-id\tcorpus-id\tscore\nq2\td2\t2\n")
     assert D.prepare_task("embedding", tmp_path / "pairs.tsv", d / "qrels" / "dev.tsv", minilm_dir).retrieval.qrels == {
-        "q2": {"d2": 2}}
+        "q2": {"d2": 2}
+    }
 
 
-@pytest.mark.parametrize("pairs,corpus,queries,qrels,msg", [
-    ("query\tpos\nwho\tRuth\n", CORPUS, QUERIES, QRELS,
-     r"pairs.tsv: row 2: missing column\(s\) positive; has query, pos"),
-    ("query\tpositive\tnegative\nwho\tRuth\t \n", CORPUS, QUERIES, QRELS,
-     r"pairs.tsv: row 2: empty or non-text 'negative'"),
-    ("query\tpositive\nwho\tRuth\n", CORPUS, QUERIES, "query-id\tcorpus-id\tscore\nq1\td9\t1\n",
-     r"qrels/test.tsv: row 2: corpus-id 'd9' is not in .*corpus.jsonl"),
-    ("query\tpositive\nwho\tRuth\n", CORPUS, QUERIES, "query-id\tcorpus-id\tscore\nq1\td1\t1\nq7\td1\t1\n",
-     r"qrels/test.tsv: row 3: query-id 'q7' is not in .*queries.jsonl"),
-    ("query\tpositive\nwho\tRuth\n", "\n", QUERIES, QRELS, r"corpus.jsonl: file is empty"),
-    ("query\tpositive\nwho\tRuth\n", CORPUS + '{"_id": "d1", "text": "again"}\n', QUERIES, QRELS,
-     r"corpus.jsonl: row 3: _id 'd1' again \(first at row 1\)"),
-    ("query\tpositive\nwho\tRuth\n", CORPUS, QUERIES, "q1\td1\t1\n", r"qrels/test.tsv: row 1: header 'q1\\td1\\t1'"),
-    ("query\tpositive\nwho\tRuth\n", CORPUS, QUERIES, "query-id\tcorpus-id\tscore\nq1\td1\t0\n",
-     r"qrels/test.tsv: no relevant \(score > 0\) query-document pair"),
-], ids=["pairs-missing-column", "empty-negative", "unknown-document", "unknown-query", "empty-corpus", "duplicate-id",
-        "no-header", "nothing-relevant"])
+@pytest.mark.parametrize(
+    "pairs,corpus,queries,qrels,msg",
+    [
+        (
+            "query\tpos\nwho\tRuth\n",
+            CORPUS,
+            QUERIES,
+            QRELS,
+            r"pairs.tsv: row 2: missing column\(s\) positive; has query, pos",
+        ),
+        (
+            "query\tpositive\tnegative\nwho\tRuth\t \n",
+            CORPUS,
+            QUERIES,
+            QRELS,
+            r"pairs.tsv: row 2: empty or non-text 'negative'",
+        ),
+        (
+            "query\tpositive\nwho\tRuth\n",
+            CORPUS,
+            QUERIES,
+            "query-id\tcorpus-id\tscore\nq1\td9\t1\n",
+            r"qrels/test.tsv: row 2: corpus-id 'd9' is not in .*corpus.jsonl",
+        ),
+        (
+            "query\tpositive\nwho\tRuth\n",
+            CORPUS,
+            QUERIES,
+            "query-id\tcorpus-id\tscore\nq1\td1\t1\nq7\td1\t1\n",
+            r"qrels/test.tsv: row 3: query-id 'q7' is not in .*queries.jsonl",
+        ),
+        ("query\tpositive\nwho\tRuth\n", "\n", QUERIES, QRELS, r"corpus.jsonl: file is empty"),
+        (
+            "query\tpositive\nwho\tRuth\n",
+            CORPUS + '{"_id": "d1", "text": "again"}\n',
+            QUERIES,
+            QRELS,
+            r"corpus.jsonl: row 3: _id 'd1' again \(first at row 1\)",
+        ),
+        (
+            "query\tpositive\nwho\tRuth\n",
+            CORPUS,
+            QUERIES,
+            "q1\td1\t1\n",
+            r"qrels/test.tsv: row 1: header 'q1\\td1\\t1'",
+        ),
+        (
+            "query\tpositive\nwho\tRuth\n",
+            CORPUS,
+            QUERIES,
+            "query-id\tcorpus-id\tscore\nq1\td1\t0\n",
+            r"qrels/test.tsv: no relevant \(score > 0\) query-document pair",
+        ),
+    ],
+    ids=[
+        "pairs-missing-column",
+        "empty-negative",
+        "unknown-document",
+        "unknown-query",
+        "empty-corpus",
+        "duplicate-id",
+        "no-header",
+        "nothing-relevant",
+    ],
+)
 def test_embedding_bad_data_is_one_line_naming_file_and_row(tmp_path, minilm_dir, pairs, corpus, queries, qrels, msg):
     write(tmp_path, "pairs.tsv", pairs)
     d = beir(tmp_path / "b", corpus, queries, qrels)

@@ -38,8 +38,10 @@ def store(tmp_path_factory):
 
 
 def _cfg(store: Path, *overrides: str):
-    return load_finetune_config(REPO / "configs" / "finetune.yaml",
-                                ["--train.storage_path", str(store / "runs"), "--train.torch_threads", str(THREADS), *overrides])
+    return load_finetune_config(
+        REPO / "configs" / "finetune.yaml",
+        ["--train.storage_path", str(store / "runs"), "--train.torch_threads", str(THREADS), *overrides],
+    )
 
 
 @pytest.mark.slow
@@ -47,10 +49,31 @@ def test_pydocs_topic_from_minilm(ray_local, store, shared_dir, minilm_dir):
     from mlflow import MlflowClient
 
     task = shared_dir / "tasks" / "pydocs_topic"
-    cfg = _cfg(store, "--data.max_seq_length", "32", "--data.max_train_examples", "640", "--data.max_eval_examples", "400",
-               "--train.epochs", "1", "--train.batch_size", "16", "--train.lr", "3e-4", "--tracking.model_name", "pydocs-minilm")
-    res = run_finetune(cfg, str(minilm_dir), "sequence-classification", str(task / "train.tsv"), str(task / "dev.tsv"),
-                       str(store / "pydocs-model"))
+    cfg = _cfg(
+        store,
+        "--data.max_seq_length",
+        "32",
+        "--data.max_train_examples",
+        "640",
+        "--data.max_eval_examples",
+        "400",
+        "--train.epochs",
+        "1",
+        "--train.batch_size",
+        "16",
+        "--train.lr",
+        "3e-4",
+        "--tracking.model_name",
+        "pydocs-minilm",
+    )
+    res = run_finetune(
+        cfg,
+        str(minilm_dir),
+        "sequence-classification",
+        str(task / "train.tsv"),
+        str(task / "dev.tsv"),
+        str(store / "pydocs-model"),
+    )
     acc = res["metrics"]["accuracy"]
     print(f"pydocs_topic dev accuracy (MiniLM, 40 steps): {acc:.4f}")
     # chance is 1/6; measured 2026-11-28: 0.4525 (at max_seq_length 48, a third more tokens: 0.440, 126 against 108
@@ -79,7 +102,10 @@ def test_pydocs_topic_from_minilm(ray_local, store, shared_dir, minilm_dir):
     inputs = {d.tags[0].value: d.dataset for d in run.inputs.dataset_inputs}
     assert {k: d.name for k, d in inputs.items()} == {"training": "train.tsv", "eval": "dev.tsv"}
     assert inputs["training"].digest == hashlib.sha256((task / "train.tsv").read_bytes()).hexdigest()[:36]
-    assert json.loads(inputs["eval"].profile)["features"] == 400 and json.loads(inputs["training"].profile)["features"] == 640
+    assert (
+        json.loads(inputs["eval"].profile)["features"] == 400
+        and json.loads(inputs["training"].profile)["features"] == 640
+    )
 
     # the registered directory is a transformers checkpoint with the label names; its logits match ours
     transformers = pytest.importorskip("transformers")
@@ -88,7 +114,9 @@ def test_pydocs_topic_from_minilm(ray_local, store, shared_dir, minilm_dir):
     hf = transformers.BertForSequenceClassification.from_pretrained(str(out)).eval()
     assert hf.config.id2label[0] == "c-api"
     tok = transformers.BertTokenizerFast.from_pretrained(str(out))
-    enc = tok(["Use PyArg_ParseTuple to parse arguments.", "What's new in Python 3.11"], padding=True, return_tensors="pt")
+    enc = tok(
+        ["Use PyArg_ParseTuple to parse arguments.", "What's new in Python 3.11"], padding=True, return_tensors="pt"
+    )
     from model import BertForSequenceClassification
     from model.hf import load_hf
 
@@ -103,13 +131,36 @@ def test_token_classification_bible(ray_local, store, minilm_dir):
     # identically). Measured 2026-11-28: entity F1 0.634, token accuracy 0.977; two epochs at batch 16 (the same
     # steps, twice the tokens): F1 0.640, 129 against 94 CPU-s for the test and the module's fixtures alone; one epoch
     # at batch 16 and LR 1e-3: F1 0.222.
-    cfg = _cfg(store, "--data.max_seq_length", "48", "--data.max_train_examples", "320", "--data.max_eval_examples", "150",
-               "--train.epochs", "1", "--train.num_workers", "1", "--train.batch_size", "8",
-               "--train.lr", "3e-4", "--tracking.register", "false")
-    res = run_finetune(cfg, str(minilm_dir), "token-classification", str(DATA / "bible_ner_train.conll"),
-                       str(DATA / "bible_ner_dev.conll"))
+    cfg = _cfg(
+        store,
+        "--data.max_seq_length",
+        "48",
+        "--data.max_train_examples",
+        "320",
+        "--data.max_eval_examples",
+        "150",
+        "--train.epochs",
+        "1",
+        "--train.num_workers",
+        "1",
+        "--train.batch_size",
+        "8",
+        "--train.lr",
+        "3e-4",
+        "--tracking.register",
+        "false",
+    )
+    res = run_finetune(
+        cfg,
+        str(minilm_dir),
+        "token-classification",
+        str(DATA / "bible_ner_train.conll"),
+        str(DATA / "bible_ner_dev.conll"),
+    )
     m = res["metrics"]
-    print(f"bible NER entity F1 {m['f1']:.3f} P {m['precision']:.3f} R {m['recall']:.3f} token acc {m['token_accuracy']:.3f}")
+    print(
+        f"bible NER entity F1 {m['f1']:.3f} P {m['precision']:.3f} R {m['recall']:.3f} token acc {m['token_accuracy']:.3f}"  # noqa: E501
+    )
     # predicting O everywhere scores token accuracy ~0.94 and F1 0; the dev names (Jonah, 1 Samuel 11-16) are
     # partly unseen in training
     assert m["f1"] >= 0.5 and m["token_accuracy"] > 0.96, m
@@ -130,13 +181,31 @@ def test_question_answering_bible(ray_local, store, minilm_dir, tmp_path):
     doc = json.loads((DATA / "bible_squad_dev.json").read_text())
     for art in doc["data"]:
         for para in art["paragraphs"]:
-            para["qas"] = [{k: v for k, v in q.items() if k != "is_impossible"} for q in para["qas"] if not q["is_impossible"]]
+            para["qas"] = [
+                {k: v for k, v in q.items() if k != "is_impossible"} for q in para["qas"] if not q["is_impossible"]
+            ]
     v1 = tmp_path / "bible_squad_dev_v1.json"
     v1.write_text(json.dumps({"version": "1.1", "data": doc["data"]}))
     # 192 tokens hold most contexts whole (the longer ones are split with stride)
-    cfg = _cfg(store, "--data.max_seq_length", "192", "--data.doc_stride", "32", "--data.max_train_examples", "96",
-               "--data.max_eval_examples", "40", "--train.epochs", "1", "--train.batch_size", "16", "--train.lr", "3e-4",
-               "--tracking.register", "false")
+    cfg = _cfg(
+        store,
+        "--data.max_seq_length",
+        "192",
+        "--data.doc_stride",
+        "32",
+        "--data.max_train_examples",
+        "96",
+        "--data.max_eval_examples",
+        "40",
+        "--train.epochs",
+        "1",
+        "--train.batch_size",
+        "16",
+        "--train.lr",
+        "3e-4",
+        "--tracking.register",
+        "false",
+    )
     res = run_finetune(cfg, str(minilm_dir), "question-answering", str(DATA / "bible_squad_train.json"), str(v1))
     m = res["metrics"]
     print("bible QA (answerable dev, v1.1): " + json.dumps({k: round(v, 2) for k, v in m.items()}))
@@ -146,14 +215,24 @@ def test_question_answering_bible(ray_local, store, minilm_dir, tmp_path):
 
 
 def _job(*args: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "jobs" / "finetune.py"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, str(REPO / "jobs" / "finetune.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 @pytest.mark.parametrize(
     "train_text, eval_text, msg",
     [
-        ("sentence\tlabel\nNaomi wept\ta\nRuth clave\tb\n", "sentence\tlabel\nBoaz\tc\n", "dev.tsv: row 2: unknown label 'c'"),
+        (
+            "sentence\tlabel\nNaomi wept\ta\nRuth clave\tb\n",
+            "sentence\tlabel\nBoaz\tc\n",
+            "dev.tsv: row 2: unknown label 'c'",
+        ),
         ("text\tlabel\nNaomi wept\ta\n", "sentence\tlabel\nBoaz\ta\n", "train.tsv: row 2: missing column(s) sentence"),
         ("", "sentence\tlabel\nBoaz\ta\n", "train.tsv: file is empty"),
     ],
@@ -162,8 +241,18 @@ def test_cli_bad_data_one_line(tmp_path, minilm_dir, train_text, eval_text, msg)
     (tmp_path / "train.tsv").write_text(train_text)
     (tmp_path / "dev.tsv").write_text(eval_text)
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    p = _job("--model", str(minilm_dir), "--task", "sequence-classification", "--train", "train.tsv", "--eval", "dev.tsv",
-             cwd=tmp_path, env=env)
+    p = _job(
+        "--model",
+        str(minilm_dir),
+        "--task",
+        "sequence-classification",
+        "--train",
+        "train.tsv",
+        "--eval",
+        "dev.tsv",
+        cwd=tmp_path,
+        env=env,
+    )
     assert p.returncode == 1
     assert p.stderr.strip().count("\n") == 0 and msg in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert not list(tmp_path.glob("runs")), "bad data must fail before any training work"
@@ -177,13 +266,31 @@ def test_cli_use_gpu_without_gpu_is_one_line(ray_local, tmp_path, minilm_dir):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     (tmp_path / "train.tsv").write_text("sentence\tlabel\nNaomi wept\ta\nRuth clave\tb\n")
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
-           "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address}
-    p = _job("--model", str(minilm_dir), "--task", "sequence-classification", "--train", "train.tsv", "--eval", "train.tsv",
-             "--train.use_gpu", "true", cwd=tmp_path, env=env)
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address,
+    }
+    p = _job(
+        "--model",
+        str(minilm_dir),
+        "--task",
+        "sequence-classification",
+        "--train",
+        "train.tsv",
+        "--eval",
+        "train.tsv",
+        "--train.use_gpu",
+        "true",
+        cwd=tmp_path,
+        env=env,
+    )
     assert p.returncode == 1, p.stderr[-2000:]
-    assert p.stderr.strip().splitlines()[-1].startswith("finetune: error: train.use_gpu is true but the Ray cluster has no GPU "
-                                                        "(resources: CPU=2)"), p.stderr
+    assert (
+        p.stderr.strip()
+        .splitlines()[-1]
+        .startswith("finetune: error: train.use_gpu is true but the Ray cluster has no GPU (resources: CPU=2)")
+    ), p.stderr
     assert "Traceback" not in p.stderr
 
 
@@ -196,7 +303,9 @@ def _weights(model_dir: str) -> dict[str, torch.Tensor]:
 def _history(run_id: str, key: str) -> list[tuple[int, float]]:
     from mlflow import MlflowClient
 
-    return sorted((m.step, m.value) for m in MlflowClient(os.environ["MLFLOW_TRACKING_URI"]).get_metric_history(run_id, key))
+    return sorted(
+        (m.step, m.value) for m in MlflowClient(os.environ["MLFLOW_TRACKING_URI"]).get_metric_history(run_id, key)
+    )
 
 
 @pytest.mark.slow
@@ -208,13 +317,45 @@ def test_interrupted_run_resumes_bit_identically(ray_local, store, shared_dir, m
 
     def finetune(name: str, *extra: str, on_step=None) -> dict:
         # 48 rows: 24 per rank, 6 micro-batches of 4, 3 steps per epoch, 6 steps in all
-        cfg = _cfg(store, "--data.max_seq_length", "32", "--data.max_train_examples", "48", "--data.max_eval_examples", "24",
-                   "--data.tokenizer", str(minilm_dir / "vocab.txt"), "--train.epochs", "2", "--train.num_workers", "2",
-                   "--train.torch_threads", "1", "--train.batch_size", "4", "--train.accumulation_steps", "2",
-                   "--train.checkpoint_every_steps", "2", "--train.lr", "1e-3", "--tracking.register", "false",
-                   "--tracking.run_name", name, *extra)
-        return run_finetune(cfg, "scratch:tiny", "sequence-classification", str(task / "train.tsv"), str(task / "dev.tsv"),
-                            str(tmp_path / name), on_step=on_step)
+        cfg = _cfg(
+            store,
+            "--data.max_seq_length",
+            "32",
+            "--data.max_train_examples",
+            "48",
+            "--data.max_eval_examples",
+            "24",
+            "--data.tokenizer",
+            str(minilm_dir / "vocab.txt"),
+            "--train.epochs",
+            "2",
+            "--train.num_workers",
+            "2",
+            "--train.torch_threads",
+            "1",
+            "--train.batch_size",
+            "4",
+            "--train.accumulation_steps",
+            "2",
+            "--train.checkpoint_every_steps",
+            "2",
+            "--train.lr",
+            "1e-3",
+            "--tracking.register",
+            "false",
+            "--tracking.run_name",
+            name,
+            *extra,
+        )
+        return run_finetune(
+            cfg,
+            "scratch:tiny",
+            "sequence-classification",
+            str(task / "train.tsv"),
+            str(task / "dev.tsv"),
+            str(tmp_path / name),
+            on_step=on_step,
+        )
 
     marker, steps_seen = tmp_path / "fault_injected", tmp_path / "steps_seen"
 

@@ -21,14 +21,20 @@ from pipeline.tracking.runs import Progress
 
 def test_bert_base_and_large_at_128_match_the_hand_count():
     """One sequence of 128 real tokens with 20 masked positions (RESULTS.md's hand count, written out)."""
-    base = (6 * 12 * 128 * (4 * 768**2 + 2 * 768 * 3072)  # QKV + output, FFN: 6 x parameters x tokens
-            + 6 * 12 * 2 * 768 * 128**2                    # attention scores and mix: 12 x layers x seq x hidden per token
-            + 6 * (768**2 + 2 * 768)                       # pooler + NSP, once per sequence
-            + 6 * 20 * (768**2 + 768 * 30522))             # MLM transform + tied decoder at the masked rows only
+    base = (
+        6 * 12 * 128 * (4 * 768**2 + 2 * 768 * 3072)  # QKV + output, FFN: 6 x parameters x tokens
+        + 6 * 12 * 2 * 768 * 128**2  # attention scores and mix: 12 x layers x seq x hidden per token
+        + 6 * (768**2 + 2 * 768)  # pooler + NSP, once per sequence
+        + 6 * 20 * (768**2 + 768 * 30522)
+    )  # MLM transform + tied decoder at the masked rows only
     assert base == 69_928_989_696
     assert train_flops(BertConfig.from_preset("base"), [128], 20) == base
-    large = (6 * 24 * 128 * (4 * 1024**2 + 2 * 1024 * 4096) + 6 * 24 * 2 * 1024 * 128**2
-             + 6 * (1024**2 + 2 * 1024) + 6 * 20 * (1024**2 + 1024 * 30522))
+    large = (
+        6 * 24 * 128 * (4 * 1024**2 + 2 * 1024 * 4096)
+        + 6 * 24 * 2 * 1024 * 128**2
+        + 6 * (1024**2 + 2 * 1024)
+        + 6 * 20 * (1024**2 + 1024 * 30522)
+    )
     assert train_flops(BertConfig.from_preset("large"), [128], 20) == large == 240_642_748_416
     # per real token at 128: 546 MFLOP (base), 1.88 GFLOP (large): the figures MFU divides
     assert base / 128 == pytest.approx(546.3e6, rel=1e-3) and large / 128 == pytest.approx(1.880e9, rel=1e-3)
@@ -39,9 +45,11 @@ def test_modernbert_counts_its_gated_mlp_and_local_windows():
     local ones at most 129 (64 either side), 127,936 pairs in all (the first and last 64 tokens lose the keys past
     the document's ends: 1,024 x 129 - 64 x 65); the GLU feed-forward is 3HI; no pooler, no NSP."""
     cfg = ModernBertConfig.from_preset("modernbert-base")
-    want = (6 * 22 * 1024 * (4 * 768**2 + 3 * 768 * 1152)
-            + 6 * 2 * 768 * (8 * 1024 * 1024 + 14 * (1024 * 129 - 64 * 65))
-            + 6 * 154 * (768**2 + 768 * 50368))
+    want = (
+        6 * 22 * 1024 * (4 * 768**2 + 3 * 768 * 1152)
+        + 6 * 2 * 768 * (8 * 1024 * 1024 + 14 * (1024 * 129 - 64 * 65))
+        + 6 * 154 * (768**2 + 768 * 50368)
+    )
     assert train_flops(cfg, [1024], 154) == want == 807_769_276_416
     # two documents of 512 attend half as many pairs in the global layers as one of 1,024, and lose 64 x 65 more
     # in the local ones (one more pair of document ends)
@@ -61,11 +69,14 @@ def test_modernbert_mfu_counts_a_packed_batchs_real_tokens_and_windows():
     """What `train/mfu` counts for a collated packed batch with padding: each document's pairs, none for the pad
     slots, the masked rows through the head; at 8,192 tokens the local layers' share stays window x tokens."""
     cfg = ModernBertConfig.from_preset("modernbert-base", vocab_size=100, pad_token_id=0)
-    rows = {"input_ids": [np.arange(300) % 90 + 5, np.arange(200) % 90 + 5],
-            "masked_lm_positions": [np.array([1, 7]), np.array([2])],
-            "masked_lm_ids": [np.array([9, 9]), np.array([9])],
-            "token_type_ids": [np.zeros(300), np.zeros(200)], "next_sentence_label": np.array([-1, -1]),
-            "doc_lengths": [np.array([100, 200]), np.array([50, 150])]}
+    rows = {
+        "input_ids": [np.arange(300) % 90 + 5, np.arange(200) % 90 + 5],
+        "masked_lm_positions": [np.array([1, 7]), np.array([2])],
+        "masked_lm_ids": [np.array([9, 9]), np.array([9])],
+        "token_type_ids": [np.zeros(300), np.zeros(200)],
+        "next_sentence_label": np.array([-1, -1]),
+        "doc_lengths": [np.array([100, 200]), np.array([50, 150])],
+    }
     b = collate(rows, family=MODERNBERT)
     assert b["input_ids"].shape == (2, 300) and "attention_mask" in b  # 100 pad slots, counted nowhere
     pairs = 8 * (100**2 + 200**2 + 50**2 + 150**2) + 14 * sum(attended_pairs(k, 64) for k in (100, 200, 50, 150))
@@ -74,8 +85,9 @@ def test_modernbert_mfu_counts_a_packed_batchs_real_tokens_and_windows():
     # one document of 8,192: the global layers grow with its square, the local ones with its length
     long, short = (train_flops(cfg, [n], 0) for n in (8192, 1024))
     local = 6 * 2 * 768 * 14
-    assert long - short == (6 * 22 * 7168 * (4 * 768**2 + 3 * 768 * 1152) + 6 * 2 * 768 * 8 * (8192**2 - 1024**2)
-                            + local * 7168 * 129)
+    assert long - short == (
+        6 * 22 * 7168 * (4 * 768**2 + 3 * 768 * 1152) + 6 * 2 * 768 * 8 * (8192**2 - 1024**2) + local * 7168 * 129
+    )
 
 
 def test_peak_table_and_mfu():
@@ -89,9 +101,13 @@ def test_peak_table_and_mfu():
 
 def _bert_rows(lengths, masked):
     g = np.random.default_rng(0)
-    return {"input_ids": [g.integers(5, 90, n) for n in lengths], "token_type_ids": [np.zeros(n, np.int64) for n in lengths],
-            "masked_lm_positions": [np.arange(1, 1 + k) for k in masked],
-            "masked_lm_ids": [g.integers(5, 90, k) for k in masked], "next_sentence_label": np.array([0, 1, 1])}
+    return {
+        "input_ids": [g.integers(5, 90, n) for n in lengths],
+        "token_type_ids": [np.zeros(n, np.int64) for n in lengths],
+        "masked_lm_positions": [np.arange(1, 1 + k) for k in masked],
+        "masked_lm_ids": [g.integers(5, 90, k) for k in masked],
+        "next_sentence_label": np.array([0, 1, 1]),
+    }
 
 
 def test_flop_counter_reads_collated_batches():
@@ -104,9 +120,14 @@ def test_flop_counter_reads_collated_batches():
     assert flop_counter(cfg)(u) == flop_counter(cfg)(b)
 
     mcfg = ModernBertConfig.from_preset("modernbert-tiny", vocab_size=100)
-    rows = {"input_ids": [np.arange(10) + 5, np.arange(6) + 5], "masked_lm_positions": [np.array([1, 7]), np.array([2])],
-            "masked_lm_ids": [np.array([9, 9]), np.array([9])], "token_type_ids": [np.zeros(10), np.zeros(6)],
-            "next_sentence_label": np.array([-1, -1]), "doc_lengths": [np.array([4, 6]), np.array([6])]}
+    rows = {
+        "input_ids": [np.arange(10) + 5, np.arange(6) + 5],
+        "masked_lm_positions": [np.array([1, 7]), np.array([2])],
+        "masked_lm_ids": [np.array([9, 9]), np.array([9])],
+        "token_type_ids": [np.zeros(10), np.zeros(6)],
+        "next_sentence_label": np.array([-1, -1]),
+        "doc_lengths": [np.array([4, 6]), np.array([6])],
+    }
     m = collate(rows, family=MODERNBERT)
     assert m["spans"].tolist() == [4, 6, 6]
     assert flop_counter(mcfg)(m) == train_flops(mcfg, [4, 6, 6], 3)
@@ -123,14 +144,21 @@ def test_a_loop_window_sums_model_flops_and_the_step_line_shows_mfu():
     batches = [collate(_bert_rows([30, 20, 12], [4, 3, 1])), collate(_bert_rows([16, 16, 16], [2, 2, 2]))] * 2
     feed, figures, count = iter(batches), TrainFigures(), flop_counter(cfg)
     for _ in range(2):  # two steps of two micro-batches, read once
-        figures.add(train_step(t, feed, accumulation=2, counts=counts, summarise=summarise,
-                               device=torch.device("cpu"), flops=count))
+        figures.add(
+            train_step(
+                t, feed, accumulation=2, counts=counts, summarise=summarise, device=torch.device("cpu"), flops=count
+            )
+        )
     stats = figures.read()
     want = 2 * (train_flops(cfg, [30, 20, 12], 8) + train_flops(cfg, [16, 16, 16], 6))
     assert stats.flops == want and stats.tokens == 2 * (62 + 48) and stats.examples == 12
     # without a counter (fine-tuning, a CPU run) the figure is 0 and no train/mfu is made
-    assert train_step(t, iter(batches), accumulation=1, counts=counts, summarise=summarise,
-                      device=torch.device("cpu")).flops == 0.0
+    assert (
+        train_step(
+            t, iter(batches), accumulation=1, counts=counts, summarise=summarise, device=torch.device("cpu")
+        ).flops
+        == 0.0
+    )
     # the console's step line: after tok/s, one decimal, two under 1% (a tiny model on a big GPU)
     m = mfu(stats.flops, want / (0.412 * 989.4e12), 989.4e12)
     line = Progress(total=4, out=io.StringIO()).update(4, {**stats.metrics(), "train/mfu": m})

@@ -27,12 +27,20 @@ def _wheel(path, members: dict[str, bytes]) -> None:
 
 def test_repack_drops_jars_and_source_maps_and_their_record_lines(bundle, tmp_path, capsys):
     wheel = tmp_path / "ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl"
-    keep = {"ray/__init__.py": b"x = 1\n", "ray/_raylet.so": b"\0" * 100,
-            "ray/dashboard/client/build/index.html": b"<html/>", "ray-2.60.0.dist-info/METADATA": b"Name: ray\n",
-            # a vendored package's own RECORD: left as it is
-            "ray/thirdparty_files/x-1.0.dist-info/RECORD": b"ray/jars/ray_dist.jar,,\n"}
-    extra = {"ray/jars/ray_dist.jar": b"J" * 5000, "ray/dashboard/client/build/static/js/main.js.map": b"M" * 3000,
-             "ray/rllib/__init__.py": b"", "ray/llm/__init__.py": b""}
+    keep = {
+        "ray/__init__.py": b"x = 1\n",
+        "ray/_raylet.so": b"\0" * 100,
+        "ray/dashboard/client/build/index.html": b"<html/>",
+        "ray-2.60.0.dist-info/METADATA": b"Name: ray\n",
+        # a vendored package's own RECORD: left as it is
+        "ray/thirdparty_files/x-1.0.dist-info/RECORD": b"ray/jars/ray_dist.jar,,\n",
+    }
+    extra = {
+        "ray/jars/ray_dist.jar": b"J" * 5000,
+        "ray/dashboard/client/build/static/js/main.js.map": b"M" * 3000,
+        "ray/rllib/__init__.py": b"",
+        "ray/llm/__init__.py": b"",
+    }
     _wheel(wheel, {**keep, **extra})
     before = wheel.stat().st_size
 
@@ -84,7 +92,9 @@ def test_stage_corpus_gzips_books_and_copies_the_rest(bundle, tmp_path):
 
     written = bundle.stage_corpus(src, dest)
     assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()) == [
-        "books/01_Ge.txt.gz", "wiki/pages.jsonl.gz"]
+        "books/01_Ge.txt.gz",
+        "wiki/pages.jsonl.gz",
+    ]
     assert gzip.decompress((dest / "books" / "01_Ge.txt.gz").read_bytes()) == (src / "books" / "01_Ge.txt").read_bytes()
     assert (dest / "wiki" / "pages.jsonl.gz").read_bytes() == (src / "wiki" / "pages.jsonl.gz").read_bytes()
     assert written == bundle.folder_bytes(dest) < (src / "books" / "01_Ge.txt").stat().st_size

@@ -20,10 +20,25 @@ from pipeline.core.precision import HOST_ONLY
 
 # Random tiny configs: different widths, head counts, FFN ratios, segment vocab, activation.
 CONFIGS = {
-    "h32": dict(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                max_position_embeddings=32),
-    "h48": dict(vocab_size=77, hidden_size=48, num_hidden_layers=3, num_attention_heads=3, intermediate_size=80,
-                max_position_embeddings=24, type_vocab_size=3, hidden_act="gelu_new", num_labels=3),
+    "h32": dict(
+        vocab_size=101,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=32,
+    ),
+    "h48": dict(
+        vocab_size=77,
+        hidden_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=3,
+        intermediate_size=80,
+        max_position_embeddings=24,
+        type_vocab_size=3,
+        hidden_act="gelu_new",
+        num_labels=3,
+    ),
 }
 B, L = 3, 12
 
@@ -256,9 +271,13 @@ def test_pretraining_step_reads_no_value_off_the_device(padded):
     from pipeline.pretrain.loader import collate
 
     lengths = [10, 6 if padded else 10]
-    rows = {"input_ids": [np.arange(2, 2 + n) for n in lengths], "token_type_ids": [np.zeros(n) for n in lengths],
-            "masked_lm_positions": [np.array([1, 3]), np.array([2])], "masked_lm_ids": [np.array([5, 6]), np.array([7])],
-            "next_sentence_label": np.array([0, -1])}
+    rows = {
+        "input_ids": [np.arange(2, 2 + n) for n in lengths],
+        "token_type_ids": [np.zeros(n) for n in lengths],
+        "masked_lm_positions": [np.array([1, 3]), np.array([2])],
+        "masked_lm_ids": [np.array([5, 6]), np.array([7])],
+        "next_sentence_label": np.array([0, -1]),
+    }
     batch = {k: v.to("meta") for k, v in collate(rows).items() if k not in HOST_ONLY}
     assert ("attention_mask" in batch) == padded
     with torch.device("meta"):

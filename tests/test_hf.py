@@ -31,8 +31,15 @@ HF_CLASSES = {
 
 
 def tiny_cfg(**kw) -> BertConfig:
-    return BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      intermediate_size=48, max_position_embeddings=16, **kw)
+    return BertConfig(
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=16,
+        **kw,
+    )
 
 
 def inputs():
@@ -52,8 +59,7 @@ def randomise(model: torch.nn.Module) -> None:
 
 def test_minilm_into_heads_reports_only_new_head_weights(minilm_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="model.hf"):
-        m = load_hf(minilm_dir, BertForSequenceClassification, num_labels=6,
-                    id2label={i: f"c{i}" for i in range(6)})
+        m = load_hf(minilm_dir, BertForSequenceClassification, num_labels=6, id2label={i: f"c{i}" for i in range(6)})
     assert m.load_report == {"missing": ["classifier.bias", "classifier.weight"], "unexpected": []}
     assert "classifier.weight" in caplog.text
     assert m.classifier.weight.shape == (6, 384) and m.config.id2label[5] == "c5"
@@ -103,8 +109,12 @@ def test_save_hf_loads_in_transformers_without_missing_weights(cls, tmp_path):
     elif cls is BertForQuestionAnswering:
         torch.testing.assert_close(a.start_logits[real], b.start_logits[real], rtol=0, atol=1e-5)
     else:
-        torch.testing.assert_close(a.logits[real] if a.logits.dim() == 3 else a.logits,
-                                   b.logits[real] if b.logits.dim() == 3 else b.logits, rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            a.logits[real] if a.logits.dim() == 3 else a.logits,
+            b.logits[real] if b.logits.dim() == 3 else b.logits,
+            rtol=0,
+            atol=1e-5,
+        )
     # AutoModel reads the same directory without remote code.
     auto = transformers.AutoModel.from_pretrained(tmp_path)
     assert type(auto) is transformers.BertModel
@@ -135,8 +145,10 @@ def test_round_trip_through_transformers_pretraining_and_back(tmp_path):
 def test_pytorch_model_bin_with_old_names_and_no_pickle(tmp_path):
     ours = BertForPreTraining(tiny_cfg())
     randomise(ours)
-    sd = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
-          for k, v in ours.state_dict().items()}
+    sd = {
+        k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+        for k, v in ours.state_dict().items()
+    }
     sd["cls.predictions.decoder.weight"] = ours.bert.embeddings.word_embeddings.weight.detach().clone()
     sd["bert.embeddings.position_ids"] = torch.arange(16)[None]
     (tmp_path / "config.json").write_text(json.dumps(ours.config.to_hf_dict(["BertForPreTraining"])))
@@ -183,5 +195,8 @@ def test_tokenizer_files_are_written(minilm_dir, tmp_path):
     auto = transformers.AutoTokenizer.from_pretrained(tmp_path / "from_obj")  # a usable transformers dir
     assert auto("Hello world")["input_ids"] == [101, 7592, 2088, 102]
     save_hf(model, tmp_path / "from_file", tokenizer=minilm_dir / "vocab.txt")
-    assert sorted(p.name for p in (tmp_path / "from_file").iterdir()) == ["config.json", "model.safetensors",
-                                                                          "vocab.txt"]
+    assert sorted(p.name for p in (tmp_path / "from_file").iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "vocab.txt",
+    ]

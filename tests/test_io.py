@@ -25,12 +25,20 @@ def test_output_lock_one_writer_per_directory(repo_root, tmp_path):
 
     out = tmp_path / "out"
     for kill in (False, True):
-        holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(out)], cwd=repo_root, stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", _HOLD, str(out)],
+            cwd=repo_root,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert holder.stdout.readline() == "held\n"
-            with pytest.raises(OutputLockedError, match=rf"output {out} is being written by another preparation "
-                                                        rf"\(pid {holder.pid} on .+\)"):
+            with pytest.raises(
+                OutputLockedError,
+                match=rf"output {out} is being written by another preparation "
+                rf"\(pid {holder.pid} on .+\)",
+            ):
                 with output_lock(str(out)):
                     pass
         finally:
@@ -45,11 +53,14 @@ def test_output_lock_one_writer_per_directory(repo_root, tmp_path):
         pass
 
 
-@pytest.mark.parametrize("err, transient", [
-    (OSError(28, "No space left on device"), False),  # the same next time: the user frees space
-    (OSError(13, "Permission denied"), False),
-    (OSError(104, "Connection reset by peer"), True),  # object storage hiccup: worth a retry
-])
+@pytest.mark.parametrize(
+    "err, transient",
+    [
+        (OSError(28, "No space left on device"), False),  # the same next time: the user frees space
+        (OSError(13, "Permission denied"), False),
+        (OSError(104, "Connection reset by peer"), True),  # object storage hiccup: worth a retry
+    ],
+)
 def test_a_write_error_says_whether_trying_again_can_help(err, transient):
     """What Ray Train retries (pipeline.cluster.failfast): a user's error never, the environment's yes."""
     from pipeline.errors import PipelineError, is_transient

@@ -20,8 +20,9 @@ def _run(repo_root, *args, env=None, timeout=180):
     env = {**os.environ, **(env or {})}
     env.pop("RAY_ADDRESS", None) if env.get("RAY_ADDRESS") is None else None
     t = time.time()
-    p = subprocess.run([sys.executable, *map(str, args)], cwd=repo_root, env=env, capture_output=True, text=True,
-                       timeout=timeout)
+    p = subprocess.run(
+        [sys.executable, *map(str, args)], cwd=repo_root, env=env, capture_output=True, text=True, timeout=timeout
+    )
     return p, time.time() - t
 
 
@@ -31,16 +32,30 @@ def _one_line(p) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("args,expect", [
-    (["--train.lr", "abc"], "train.lr 'abc' is not a number"),
-    (["--train.global_batch_size", "0"], "train.global_batch_size 0 < 1"),
-    (["--model.preset", "huge"], "unknown preset 'huge'"),
-    (["--data.max_seq_length", "1024"], "data.max_seq_length 1024 > model max_position_embeddings"),
-    (["--data.inputs", "no/such/books"], "data.inputs: {cwd}/no/such/books does not exist (relative paths resolve against the current directory"),
-])
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["--train.lr", "abc"], "train.lr 'abc' is not a number"),
+        (["--train.global_batch_size", "0"], "train.global_batch_size 0 < 1"),
+        (["--model.preset", "huge"], "unknown preset 'huge'"),
+        (["--data.max_seq_length", "1024"], "data.max_seq_length 1024 > model max_position_embeddings"),
+        (
+            ["--data.inputs", "no/such/books"],
+            "data.inputs: {cwd}/no/such/books does not exist (relative paths resolve against the current directory",
+        ),
+    ],
+)
 def test_pretrain_bad_input_is_one_line_within_seconds(repo_root, tmp_path, args, expect):
-    p, secs = _run(repo_root, "jobs/pretrain.py", "--config", "configs/tiny.yaml",
-                   "--train.storage_path", tmp_path / "runs", *args, env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
+    p, secs = _run(
+        repo_root,
+        "jobs/pretrain.py",
+        "--config",
+        "configs/tiny.yaml",
+        "--train.storage_path",
+        tmp_path / "runs",
+        *args,
+        env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"},
+    )
     assert expect.format(cwd=repo_root) in _one_line(p)
     assert secs < 30 and not (tmp_path / "runs").exists()  # nothing started, nothing written
 
@@ -55,9 +70,17 @@ def test_a_dead_ray_address_is_one_line_not_a_hang(repo_root, tmp_path, shared_d
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens here once closed
-    p, secs = _run(repo_root, "jobs/pretrain.py", "--config", "configs/tiny.yaml", "--data.inputs",
-                   shared_dir / "corpora/books/08_Ruth.txt", "--data.output", tmp_path / "d",
-                   env={"RAY_ADDRESS": f"127.0.0.1:{port}", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
+    p, secs = _run(
+        repo_root,
+        "jobs/pretrain.py",
+        "--config",
+        "configs/tiny.yaml",
+        "--data.inputs",
+        shared_dir / "corpora/books/08_Ruth.txt",
+        "--data.output",
+        tmp_path / "d",
+        env={"RAY_ADDRESS": f"127.0.0.1:{port}", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"},
+    )
     assert f"no Ray cluster answers at 127.0.0.1:{port}" in _one_line(p) and secs < 60
 
 
@@ -68,9 +91,21 @@ def test_use_gpu_on_a_machine_without_gpu_fails_before_ray_starts(repo_root, tmp
     is checked after connecting: tests/test_finetune_job.py::test_cli_use_gpu_without_gpu_is_one_line."""
     if torch_sees_a_gpu():
         pytest.skip("this machine has a GPU")
-    p, secs = _run(repo_root, "jobs/pretrain.py", "--config", "configs/tiny.yaml", "--train.use_gpu", "true",
-                   "--data.inputs", shared_dir / "corpora/books/08_Ruth.txt", "--data.output", tmp_path / "d",
-                   "--train.storage_path", tmp_path / "runs", env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
+    p, secs = _run(
+        repo_root,
+        "jobs/pretrain.py",
+        "--config",
+        "configs/tiny.yaml",
+        "--train.use_gpu",
+        "true",
+        "--data.inputs",
+        shared_dir / "corpora/books/08_Ruth.txt",
+        "--data.output",
+        tmp_path / "d",
+        "--train.storage_path",
+        tmp_path / "runs",
+        env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"},
+    )
     line = _one_line(p)
     assert "train.use_gpu is true but the Ray cluster has no GPU (a private local cluster: torch " in line, line
     assert "ray: local" not in p.stdout and secs < 60  # Ray never started
@@ -95,11 +130,36 @@ def test_sigterm_ends_the_mlflow_run_as_killed(repo_root, tmp_path, shared_dir):
     env.pop("RAY_ADDRESS", None)
     books = [str(shared_dir / "corpora/books" / b) for b in ("08_Ruth.txt", "32_Jonah.txt")]
     proc = subprocess.Popen(
-        [sys.executable, "jobs/pretrain.py", "--config", "configs/tiny.yaml", "--data.inputs", repr(books).replace("'", '"'),
-         "--data.output", str(tmp_path / "d"), "--data.vocab_size", "600", "--data.num_shards", "3", "--data.num_actors", "1",
-         "--train.storage_path", str(tmp_path / "runs"), "--train.max_steps", "100000", "--train.micro_batch_size", "8",
-         "--train.global_batch_size", "16"],
-        cwd=repo_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "jobs/pretrain.py",
+            "--config",
+            "configs/tiny.yaml",
+            "--data.inputs",
+            repr(books).replace("'", '"'),
+            "--data.output",
+            str(tmp_path / "d"),
+            "--data.vocab_size",
+            "600",
+            "--data.num_shards",
+            "3",
+            "--data.num_actors",
+            "1",
+            "--train.storage_path",
+            str(tmp_path / "runs"),
+            "--train.max_steps",
+            "100000",
+            "--train.micro_batch_size",
+            "8",
+            "--train.global_batch_size",
+            "16",
+        ],
+        cwd=repo_root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     client = MlflowClient(uri)
     deadline, run = time.time() + 300, None
     while time.time() < deadline and proc.poll() is None:
@@ -119,9 +179,19 @@ def test_sigterm_ends_the_mlflow_run_as_killed(repo_root, tmp_path, shared_dir):
 
 def test_pretrain_model_init_contradicting_the_preset_is_one_line_before_work(repo_root, tmp_path, minilm_dir):
     """configs/tiny.yaml names preset tiny; MiniLM is 384 wide: refused in one line, nothing prepared or trained."""
-    p, _ = _run(repo_root, "jobs/pretrain.py", "--config", "configs/tiny.yaml", "--model.init", minilm_dir,
-                "--data.output", tmp_path / "data", "--train.storage_path", tmp_path / "runs",
-                env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    p, _ = _run(
+        repo_root,
+        "jobs/pretrain.py",
+        "--config",
+        "configs/tiny.yaml",
+        "--model.init",
+        minilm_dir,
+        "--data.output",
+        tmp_path / "data",
+        "--train.storage_path",
+        tmp_path / "runs",
+        env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+    )
     assert f"error: model.preset tiny: hidden_size 128 != 384 in {minilm_dir}/config.json (log: " in _one_line(p)
     assert not (tmp_path / "data").exists() and not (tmp_path / "runs").exists()
 
@@ -177,13 +247,28 @@ def test_an_input_error_in_a_train_worker_is_one_line(repo_root, tmp_path):
     state.write_text('{"step": 4, gar')
     logs = tmp_path / "logs"
     attempts = tmp_path / "attempts"
-    p, _ = _run(repo_root, "-c", _GARBLED_IN_A_WORKER, state, tmp_path / "runs", attempts,
-                env={"PIPELINE_LOG_DIR": str(logs), "PYTHONPATH": str(repo_root)}, timeout=300)
-    assert p.returncode == 1 and "Traceback" not in p.stderr and "Error in training function" not in p.stderr, p.stderr[-3000:]
+    p, _ = _run(
+        repo_root,
+        "-c",
+        _GARBLED_IN_A_WORKER,
+        state,
+        tmp_path / "runs",
+        attempts,
+        env={"PIPELINE_LOG_DIR": str(logs), "PYTHONPATH": str(repo_root)},
+        timeout=300,
+    )
+    assert p.returncode == 1 and "Traceback" not in p.stderr and "Error in training function" not in p.stderr, p.stderr[
+        -3000:
+    ]
     # the user's own error is not retried (max_failures 2 would have made it 3 attempts): one per worker
     assert attempts.exists() and attempts.read_text().split() == ["attempt", "attempt"], p.stderr[-3000:]
     mine = [line for line in p.stderr.splitlines() if "train_state.json" in line]
     assert len(mine) == 1 and mine[0].startswith(f"pretrain: error: {state} is not valid JSON: "), p.stderr[-3000:]
     log = mine[0].rsplit("(log: ", 1)[1].rstrip(")")
     text = open(log).read()
-    assert log.startswith(str(logs)) and "Traceback in the Ray Train worker" in text and "in loop" in text and "read_json" in text
+    assert (
+        log.startswith(str(logs))
+        and "Traceback in the Ray Train worker" in text
+        and "in loop" in text
+        and "read_json" in text
+    )

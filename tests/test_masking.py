@@ -30,8 +30,8 @@ def sequences(minilm_dir, shared_dir):
 
 
 def _mask_all(seqs, policy, seed=1, epoch=0):
-    m, p, l = mask_rows(seqs, np.arange(len(seqs)), policy, seed=seed, epoch=epoch)
-    return list(zip(m, p, l))
+    m, p, labels = mask_rows(seqs, np.arange(len(seqs)), policy, seed=seed, epoch=epoch)
+    return list(zip(m, p, labels))
 
 
 @pytest.mark.parametrize("whole_word", [False, True])
@@ -83,13 +83,19 @@ def test_max_predictions_per_seq_is_respected(sequences, vocab):
 
 def test_never_masks_only_special_tokens(vocab):
     policy = MaskingPolicy.from_vocab(vocab)
-    m, p, l = mask_example(np.array([101, 102, 102], np.int32), policy, seed=0, epoch=0, example_id=0)
+    m, p, _ = mask_example(np.array([101, 102, 102], np.int32), policy, seed=0, epoch=0, example_id=0)
     assert len(p) == 0 and m.tolist() == [101, 102, 102]
 
 
 def test_hand_computed_small_case():
-    p = MaskingPolicy(mask_rate=0.5, max_predictions_per_seq=2, whole_word=False, vocab_size=10, mask_token_id=4,
-                      special_ids=(0, 1, 2, 3, 4))
+    p = MaskingPolicy(
+        mask_rate=0.5,
+        max_predictions_per_seq=2,
+        whole_word=False,
+        vocab_size=10,
+        mask_token_id=4,
+        special_ids=(0, 1, 2, 3, 4),
+    )
     ids, pos, lab = mask_example(np.array([2, 7, 8, 3], np.int32), p, seed=0, epoch=0, example_id=1)
     # two candidates (positions 1, 2), round(4 * 0.5) = 2 to predict: both chosen
     assert pos.tolist() == [1, 2] and lab.tolist() == [7, 8]

@@ -84,6 +84,7 @@ def test_pearson_spearman_hand():
     assert M.spearman([10, 20, 20, 5], [2, 3.5, 3.5, 1]) == pytest.approx(1.0)
     assert M.pearson([1, 1, 1], [1, 2, 3]) == 0.0
     import scipy.stats as stats
+
     rng = np.random.default_rng(1)
     x, y = rng.normal(size=40), rng.integers(0, 5, 40).astype(float)
     assert M.spearman(x, y) == pytest.approx(stats.spearmanr(x, y).statistic)
@@ -104,15 +105,18 @@ def test_pearson_spearman_hand():
 def test_entity_chunks_follow_conlleval(tags, expected):
     """The chunks conlleval reads in `tags` are `expected`: the same chunks written canonically (B- then I-) score
     F1 1 against them, and with one chunk missing recall (n-1)/n."""
+
     def canonical(chunks):
         out = ["O"] * len(tags)
         for typ, start, end in chunks:
-            out[start:end + 1] = [f"B-{typ}"] + [f"I-{typ}"] * (end - start)
+            out[start : end + 1] = [f"B-{typ}"] + [f"I-{typ}"] * (end - start)
         return out
 
     assert M.entity_metrics([tags], [canonical(expected)])["f1"] == (1.0 if expected else 0.0)
     if expected:
-        assert M.entity_metrics([tags], [canonical(expected[1:])])["recall"] == pytest.approx((len(expected) - 1) / len(expected))
+        assert M.entity_metrics([tags], [canonical(expected[1:])])["recall"] == pytest.approx(
+            (len(expected) - 1) / len(expected)
+        )
 
 
 def test_entity_metrics_hand():

@@ -28,9 +28,17 @@ def mixed_tables(books: int = 30, wiki: int = 400, seed: int = 5) -> list[pa.Tab
     rng.shuffle(names)
     for i, name in enumerate(names):
         n = int(rng.integers(10, 17) if name == "books" else rng.integers(4, 9))
-        rows.append({"input_ids": [i + 100, *rng.integers(5, 60, size=n - 1).tolist()], "token_type_ids": [0] * n,
-                     "masked_lm_positions": [1], "masked_lm_ids": [7], "next_sentence_label": -1, "num_tokens": n,
-                     "source": name})
+        rows.append(
+            {
+                "input_ids": [i + 100, *rng.integers(5, 60, size=n - 1).tolist()],
+                "token_type_ids": [0] * n,
+                "masked_lm_positions": [1],
+                "masked_lm_ids": [7],
+                "next_sentence_label": -1,
+                "num_tokens": n,
+                "source": name,
+            }
+        )
     table = pa.Table.from_pylist(rows)
     return [table.slice(0, 40), table.slice(40, 45), table.slice(85)]
 
@@ -43,15 +51,28 @@ TOKENS_OF = {r[0]: len(r) for r in WHOLE["input_ids"].to_pylist()}
 
 def counts(tables: list[pa.Table]) -> dict[str, dict[str, int]]:
     t = pa.concat_tables(tables)
-    return {n: {"rows": t["source"].to_pylist().count(n),
-                "tokens": sum(k for k, s in zip(t["num_tokens"].to_pylist(), t["source"].to_pylist()) if s == n)}
-            for n in ("books", "wiki")}
+    return {
+        n: {
+            "rows": t["source"].to_pylist().count(n),
+            "tokens": sum(k for k, s in zip(t["num_tokens"].to_pylist(), t["source"].to_pylist()) if s == n),
+        }
+        for n in ("books", "wiki")
+    }
 
 
 SOURCES = [SourceConfig("books", ["/b"], weight=3), SourceConfig("wiki", ["/w"], weight=1)]
 MIX = Mixture.build(SOURCES, counts(TABLES), steps=STEPS, global_batch_size=BATCH, temperature=1.0)
-PLAN = PhasePlan(SimpleNamespace(dynamic_masking=False, max_seq_length=16), STEPS, BATCH, CAP, ("a", "b", "c"),
-                 WHOLE.num_rows, (), False, mixture=MIX)
+PLAN = PhasePlan(
+    SimpleNamespace(dynamic_masking=False, max_seq_length=16),
+    STEPS,
+    BATCH,
+    CAP,
+    ("a", "b", "c"),
+    WHOLE.num_rows,
+    (),
+    False,
+    mixture=MIX,
+)
 
 
 def feed(rank: int, world: int, done: int, plan: PhasePlan = PLAN) -> StepFeed:
@@ -88,21 +109,38 @@ def test_temperature_epochs_and_a_phases_own_weights():
     assert [round(s, 6) for s in by_size.token_shares()] == [0.8, 0.2]  # as one stream of both: by size
     flat = Mixture.build(plain, c, steps=10, global_batch_size=10, temperature=0.5)
     assert [round(s, 6) for s in flat.token_shares()] == [round(2 / 3, 6), round(1 / 3, 6)]  # sqrt(4): 2 to 1
-    epochs = Mixture.build([SourceConfig("a", ["/a"], epochs=0.5), SourceConfig("b", ["/b"], weight=1)], c, steps=10,
-                           global_batch_size=10, temperature=1.0)
+    epochs = Mixture.build(
+        [SourceConfig("a", ["/a"], epochs=0.5), SourceConfig("b", ["/b"], weight=1)],
+        c,
+        steps=10,
+        global_batch_size=10,
+        temperature=1.0,
+    )
     assert epochs.per_step == (5.0, 5.0) and epochs.epochs() == [0.5, 0.5]
     phase = Mixture.build(plain, c, steps=10, global_batch_size=10, temperature=1.0, weights={"b": 2})
     assert phase.names == ("b",) and phase.index == (1,) and phase.per_step == (10.0,) and phase.weights == (2,)
 
 
-@pytest.mark.parametrize("sources,count,message", [
-    ([SourceConfig("a", ["/a"], weight=1), SourceConfig("b", ["/b"], weight=1)], {"a": {"rows": 5, "tokens": 50}},
-     "data.sources: source b has no training row"),
-    ([SourceConfig("a", ["/a"], epochs=30), SourceConfig("b", ["/b"], weight=1)], None,
-     "data.sources: the sources' epochs need 30.0 rows a step, more than the global batch of 10"),
-    ([SourceConfig("a", ["/a"], epochs=1), SourceConfig("b", ["/b"], epochs=1)], None,
-     "data.sources: every source has epochs, and they fill 2.0 of the 10 rows a step"),
-])
+@pytest.mark.parametrize(
+    "sources,count,message",
+    [
+        (
+            [SourceConfig("a", ["/a"], weight=1), SourceConfig("b", ["/b"], weight=1)],
+            {"a": {"rows": 5, "tokens": 50}},
+            "data.sources: source b has no training row",
+        ),
+        (
+            [SourceConfig("a", ["/a"], epochs=30), SourceConfig("b", ["/b"], weight=1)],
+            None,
+            "data.sources: the sources' epochs need 30.0 rows a step, more than the global batch of 10",
+        ),
+        (
+            [SourceConfig("a", ["/a"], epochs=1), SourceConfig("b", ["/b"], epochs=1)],
+            None,
+            "data.sources: every source has epochs, and they fill 2.0 of the 10 rows a step",
+        ),
+    ],
+)
 def test_a_mixture_the_data_cannot_give_is_one_line(sources, count, message):
     count = count or {"a": {"rows": 10, "tokens": 100}, "b": {"rows": 10, "tokens": 100}}
     with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
@@ -142,11 +180,16 @@ def test_dynamic_masks_are_drawn_per_step_at_the_phases_rate():
     from pipeline.data.masking import MaskingPolicy
 
     def policy(rate: float = 0.3) -> MaskingPolicy:
-        return MaskingPolicy(mask_rate=rate, max_predictions_per_seq=8, vocab_size=600, mask_token_id=4,
-                             special_ids=(0, 1, 2, 3, 4))
+        return MaskingPolicy(
+            mask_rate=rate, max_predictions_per_seq=8, vocab_size=600, mask_token_id=4, special_ids=(0, 1, 2, 3, 4)
+        )
 
-    tables = [t.drop_columns(["masked_lm_positions", "masked_lm_ids"]).append_column(
-        "example_id", pa.array(range(k * 100, k * 100 + t.num_rows), pa.int64())) for k, t in enumerate(TABLES)]
+    tables = [
+        t.drop_columns(["masked_lm_positions", "masked_lm_ids"]).append_column(
+            "example_id", pa.array(range(k * 100, k * 100 + t.num_rows), pa.int64())
+        )
+        for k, t in enumerate(TABLES)
+    ]
     ds = SimpleNamespace(dynamic_masking=True, policy=lambda rate=None: policy(rate or 0.3), max_seq_length=16)
     masked = {}
     for rate in (None, 0.05):

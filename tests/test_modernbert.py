@@ -35,9 +35,19 @@ VOCAB, WINDOW = 80, 16  # half-window 8: sequences of 40 put most pairs outside 
 
 def tiny_cfg(**kw) -> ModernBertConfig:
     """4 layers (global, local, local, global), window 16, every bias and norm bias on unless kw says otherwise."""
-    base = dict(vocab_size=VOCAB, hidden_size=32, num_attention_heads=2, intermediate_size=48,
-                num_hidden_layers=4, local_attention=WINDOW, max_position_embeddings=128, norm_bias=True,
-                attention_bias=True, mlp_bias=True, classifier_bias=True)
+    base = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        local_attention=WINDOW,
+        max_position_embeddings=128,
+        norm_bias=True,
+        attention_bias=True,
+        mlp_bias=True,
+        classifier_bias=True,
+    )
     return ModernBertConfig.from_preset("modernbert-tiny", **{**base, **kw})
 
 
@@ -59,8 +69,10 @@ def padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randint(1, VOCAB, (3, 40), generator=g) * mask, mask
 
 
-@pytest.mark.parametrize(("name", "layers", "hidden", "inter", "count"), [
-    ("modernbert-base", 22, 768, 1152, 149_655_232), ("modernbert-large", 28, 1024, 2624, 395_881_664)])
+@pytest.mark.parametrize(
+    ("name", "layers", "hidden", "inter", "count"),
+    [("modernbert-base", 22, 768, 1152, 149_655_232), ("modernbert-large", 28, 1024, 2624, 395_881_664)],
+)
 def test_paper_presets_have_the_paper_sizes(name, layers, hidden, inter, count):
     """The paper's 149M and 395M; the counts are transformers' ModernBertForMaskedLM's at these configs."""
     cfg = ModernBertConfig.from_preset(name)
@@ -82,23 +94,27 @@ def test_cpu_presets_take_any_wordpiece_vocabulary(name):
         ModernBertConfig.from_preset("tiny")
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"hidden_size": 100}, "hidden_size 100 is not divisible by num_attention_heads 12"),
-    ({"local_attention": 0}, "local_attention"),
-    ({"mlp_dropout": 1.0}, "mlp_dropout"),
-    ({"global_rope_theta": 0}, "global_rope_theta"),
-    ({"hidden_activation": "tanh"}, "hidden_activation"),
-    ({"classifier_pooling": "max"}, "classifier_pooling"),
-    ({"vocab_size": 100}, "pad_token_id 50283"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"hidden_size": 100}, "hidden_size 100 is not divisible by num_attention_heads 12"),
+        ({"local_attention": 0}, "local_attention"),
+        ({"mlp_dropout": 1.0}, "mlp_dropout"),
+        ({"global_rope_theta": 0}, "global_rope_theta"),
+        ({"hidden_activation": "tanh"}, "hidden_activation"),
+        ({"classifier_pooling": "max"}, "classifier_pooling"),
+        ({"vocab_size": 100}, "pad_token_id 50283"),
+    ],
+)
 def test_invalid_fields_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ModernBertConfig(**kwargs)
 
 
 def test_config_json_both_spellings_and_transformers_reads_ours():
-    cfg = tiny_cfg(global_attn_every_n_layers=2, global_rope_theta=80000.0, num_labels=3,
-                   id2label={0: "a", 1: "b", 2: "c"})
+    cfg = tiny_cfg(
+        global_attn_every_n_layers=2, global_rope_theta=80000.0, num_labels=3, id2label={0: "a", 1: "b", 2: "c"}
+    )
     d = cfg.to_hf_dict(["ModernBertForMaskedLM"])
     theirs = transformers.ModernBertConfig(**d)
     assert theirs.layer_types == ["full_attention", "sliding_attention"] * 2
@@ -124,8 +140,9 @@ def test_masked_lm_matches_transformers_both_ways(tmp_path, biases):
     assert not any(info.values())
     ids, mask = padded_batch()
     with torch.no_grad():
-        assert (ours(ids, attention_mask=mask).mlm_logits - theirs.eval()(ids, attention_mask=mask).logits
-                ).abs().max() <= 1e-5
+        assert (
+            ours(ids, attention_mask=mask).mlm_logits - theirs.eval()(ids, attention_mask=mask).logits
+        ).abs().max() <= 1e-5
         assert (ours(ids).mlm_logits - theirs(ids).logits).abs().max() <= 1e-5  # no mask: the band alone
 
     theirs = randomise(transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**cfg.to_hf_dict())))
@@ -137,10 +154,12 @@ def test_masked_lm_matches_transformers_both_ways(tmp_path, biases):
     assert torch.equal(back.model.embeddings.tok_embeddings.weight, theirs.decoder.weight)  # tied on load
 
 
-HEADS = [(ModernBertForSequenceClassification, transformers.ModernBertForSequenceClassification, "cls"),
-         (ModernBertForSequenceClassification, transformers.ModernBertForSequenceClassification, "mean"),
-         (ModernBertForTokenClassification, transformers.ModernBertForTokenClassification, "cls"),
-         (ModernBertForQuestionAnswering, transformers.ModernBertForQuestionAnswering, "cls")]
+HEADS = [
+    (ModernBertForSequenceClassification, transformers.ModernBertForSequenceClassification, "cls"),
+    (ModernBertForSequenceClassification, transformers.ModernBertForSequenceClassification, "mean"),
+    (ModernBertForTokenClassification, transformers.ModernBertForTokenClassification, "cls"),
+    (ModernBertForQuestionAnswering, transformers.ModernBertForQuestionAnswering, "cls"),
+]
 
 
 @pytest.mark.parametrize(("ours_cls", "hf_cls", "pooling"), HEADS)
@@ -230,15 +249,21 @@ def test_packed_rows_give_each_document_its_own_outputs():
         for r, row in enumerate(docs):
             for start, d in zip(starts[r], row):
                 alone = m(d[None]).mlm_logits[0]
-                assert (packed[r, start:start + len(d)] - alone).abs().max() <= 1e-5
+                assert (packed[r, start : start + len(d)] - alone).abs().max() <= 1e-5
     assert (packed[0, 37:] - unbounded[0, 37:]).abs().max() > 1e-2  # without boundaries they would mix
 
 
 # The attention kernels (issue 61) against the reference attention on packed rows: row 0 holds documents of 9, 20
 # and 11 tokens, row 1 one of 26 then 14 pad; half-window 4, so the local layers see a fraction of each document.
 LENGTHS, PAD_ROW, HALF = [[9, 20, 11], [26]], 26, 4
-KERNELS = [("full_attention", "sdpa"), ("full_attention", "flex"), ("full_attention", "jagged"),
-           ("sliding_attention", "banded"), ("sliding_attention", "sdpa"), ("sliding_attention", "flex")]
+KERNELS = [
+    ("full_attention", "sdpa"),
+    ("full_attention", "flex"),
+    ("full_attention", "jagged"),
+    ("sliding_attention", "banded"),
+    ("sliding_attention", "sdpa"),
+    ("sliding_attention", "flex"),
+]
 
 
 def reference_attention(q, k, v, doc, half, scale):
@@ -310,8 +335,9 @@ def test_flex_block_masks_skip_the_blocks_outside_documents_and_windows():
     """At 128-token blocks, a row of 512 tokens holding documents of 200 and 312 tokens: each query block of the
     global layer visits only the key blocks its documents reach, those of the local one (half-window 64) its
     neighbours at most; the blocks wholly inside one document are told apart (no mask applied there)."""
-    cfg = tiny_cfg(local_attention=128, max_position_embeddings=512, global_attention_kernel="flex",
-                   local_attention_kernel="flex")
+    cfg = tiny_cfg(
+        local_attention=128, max_position_embeddings=512, global_attention_kernel="flex", local_attention_kernel="flex"
+    )
     doc, _ = Segments(torch.tensor([0, 200, 512]), 512).layout(1, 512)
     masks = attention_masks(cfg, 1, 512, torch.device("cpu"), None, doc, None)
     glob, loc = (masks[k].block_mask for k in ("full_attention", "sliding_attention"))
@@ -321,8 +347,9 @@ def test_flex_block_masks_skip_the_blocks_outside_documents_and_windows():
     assert (loc.kv_num_blocks + loc.full_kv_num_blocks)[0, 0].tolist() == [2, 3, 3, 2]  # its neighbours at most
 
 
-@pytest.mark.parametrize(("global_kernel", "local_kernel"), [("jagged", "banded"), ("sdpa", "sdpa"),
-                                                             ("jagged", "sdpa"), ("flex", "flex")])
+@pytest.mark.parametrize(
+    ("global_kernel", "local_kernel"), [("jagged", "banded"), ("sdpa", "sdpa"), ("jagged", "sdpa"), ("flex", "flex")]
+)
 def test_the_model_gives_the_same_loss_and_gradients_with_every_kernel(global_kernel, local_kernel):
     """ModernBertForMaskedLM on a collated packed batch (documents, one padded row), training mode: each kernel
     pair's loss and every gradient within 1e-5 of the default's (FlexAttention: the loss, without gradients, on the
@@ -333,15 +360,19 @@ def test_the_model_gives_the_same_loss_and_gradients_with_every_kernel(global_ke
     from pipeline.pretrain.loader import collate
 
     g = np.random.default_rng(0)
-    rows = {"input_ids": [g.integers(5, VOCAB, n) for n in (40, 26)],
-            "masked_lm_positions": [np.array([1, 12, 33]), np.array([0, 20])],
-            "masked_lm_ids": [g.integers(5, VOCAB, 3), g.integers(5, VOCAB, 2)],
-            "token_type_ids": [np.zeros(40), np.zeros(26)], "next_sentence_label": np.array([-1, -1]),
-            "doc_lengths": [np.array(LENGTHS[0]), np.array([26])]}
+    rows = {
+        "input_ids": [g.integers(5, VOCAB, n) for n in (40, 26)],
+        "masked_lm_positions": [np.array([1, 12, 33]), np.array([0, 20])],
+        "masked_lm_ids": [g.integers(5, VOCAB, 3), g.integers(5, VOCAB, 2)],
+        "token_type_ids": [np.zeros(40), np.zeros(26)],
+        "next_sentence_label": np.array([-1, -1]),
+        "doc_lengths": [np.array(LENGTHS[0]), np.array([26])],
+    }
     batch = collate(rows, family=MODERNBERT)
     assert batch["cu_seqlens"].tolist() == [0, 9, 29, 40, 66] and "attention_mask" in batch
-    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "cu_seqlens", "masked_lm_positions",
-                                    "masked_lm_ids")}
+    inputs = {
+        k: batch[k] for k in ("input_ids", "attention_mask", "cu_seqlens", "masked_lm_positions", "masked_lm_ids")
+    }
 
     def run(**kernels):
         torch.manual_seed(0)
@@ -377,8 +408,10 @@ def test_kernel_fields_are_checked_and_stay_out_of_config_json():
 
 def test_names_import_from_model_and_config_needs_no_torch():
     assert ModernBertModel.__module__ == "model.modernbert"
-    code = "import sys, model.config; model.config.ModernBertConfig.from_preset('modernbert-base'); " \
-           "assert 'torch' not in sys.modules"
+    code = (
+        "import sys, model.config; model.config.ModernBertConfig.from_preset('modernbert-base'); "
+        "assert 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -387,5 +420,10 @@ def test_load_hf_names_the_family_it_found(tmp_path):
     with pytest.raises(ValueError, match="holds a modernbert model; BertModel is a bert class.*ModernBertModel"):
         load_hf(tmp_path)
     bare = load_hf(tmp_path, "ModernBertForMaskedLM")  # a bare encoder into the MLM class: only the head is new
-    assert bare.load_report["missing"] == ["decoder.bias", "head.dense.bias", "head.dense.weight", "head.norm.bias",
-                                           "head.norm.weight"]
+    assert bare.load_report["missing"] == [
+        "decoder.bias",
+        "head.dense.bias",
+        "head.dense.weight",
+        "head.norm.bias",
+        "head.norm.weight",
+    ]

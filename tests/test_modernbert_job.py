@@ -32,19 +32,54 @@ def test_modernbert_tiny_job_registers_a_version_transformers_loads(tmp_path, sh
     from pipeline import tracking
 
     # both jobs join one local Ray cluster (`job_cluster`), as jobs on a cluster do
-    env = {**os.environ, "MLFLOW_TRACKING_URI": sqlite_store(tmp_path / "mlflow.db"), "PYTHONUNBUFFERED": "1",
-           "RAY_ADDRESS": job_cluster}
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": sqlite_store(tmp_path / "mlflow.db"),
+        "PYTHONUNBUFFERED": "1",
+        "RAY_ADDRESS": job_cluster,
+    }
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])  # this process reads the same store
     books = [str(shared_dir / "corpora" / "books" / b) for b in ("08_Ruth.txt", "41_Mark.txt")]
     pre = subprocess.run(
-        [sys.executable, str(REPO / "jobs" / "pretrain.py"), "--config", str(REPO / "configs" / "modernbert-tiny.yaml"),
-         "--data.inputs", f"[{', '.join(books)}]", "--data.output", str(tmp_path / "data"),
-         "--data.vocab_size", "600", "--data.max_document_chars", "4000", "--data.max_seq_length", "256",
-         "--data.max_predictions_per_seq", "77", "--train.max_steps", "8", "--train.warmup_steps", "2",
-         "--train.eval_every_steps", "4", "--train.checkpoint_every_steps", "4",
-         "--train.storage_path", str(tmp_path / "runs"), "--tracking.model_name", "mb-e2e", "--tracking.alias", "e2e",
-         "--eval.suite", "null"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            str(REPO / "jobs" / "pretrain.py"),
+            "--config",
+            str(REPO / "configs" / "modernbert-tiny.yaml"),
+            "--data.inputs",
+            f"[{', '.join(books)}]",
+            "--data.output",
+            str(tmp_path / "data"),
+            "--data.vocab_size",
+            "600",
+            "--data.max_document_chars",
+            "4000",
+            "--data.max_seq_length",
+            "256",
+            "--data.max_predictions_per_seq",
+            "77",
+            "--train.max_steps",
+            "8",
+            "--train.warmup_steps",
+            "2",
+            "--train.eval_every_steps",
+            "4",
+            "--train.checkpoint_every_steps",
+            "4",
+            "--train.storage_path",
+            str(tmp_path / "runs"),
+            "--tracking.model_name",
+            "mb-e2e",
+            "--tracking.alias",
+            "e2e",
+            "--eval.suite",
+            "null",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert pre.returncode == 0, pre.stderr[-3000:]
     last = pre.stdout.strip().splitlines()[-1]
@@ -86,27 +121,57 @@ def test_modernbert_tiny_job_registers_a_version_transformers_loads(tmp_path, sh
 
     auto = AutoTokenizer.from_pretrained(local)
     text = (shared_dir / "corpora" / "books" / "01_Ge.txt").read_text()[:3000]  # held out: not in the two books
-    assert auto(text, add_special_tokens=False)["input_ids"] == load_tokenizer(local).encode(
-        text, add_special_tokens=False).ids
+    assert (
+        auto(text, add_special_tokens=False)["input_ids"]
+        == load_tokenizer(local).encode(text, add_special_tokens=False).ids
+    )
     assert json.loads((tmp_path / "data" / "manifest.json").read_text())["tokenizer"]["kind"] == "bpe"
     assert len(pipeline("fill-mask", model=local, top_k=2)(f"And the {auto.mask_token} said")) == 2
 
     # fine-tuning starts from the registered version: its class is ModernBERT's, and it trains
     task = shared_dir / "tasks" / "pydocs_topic"
     ft = subprocess.run(
-        [sys.executable, str(REPO / "jobs" / "finetune.py"), "--model", "models:/mb-e2e@e2e",
-         "--task", "sequence-classification", "--train", str(task / "train.tsv"), "--eval", str(task / "dev.tsv"),
-         "--data.max_seq_length", "64", "--data.max_train_examples", "128", "--data.max_eval_examples", "64",
-         "--train.max_steps", "8", "--train.batch_size", "16", "--train.lr", "1e-3",
-         "--train.storage_path", str(tmp_path / "ft-runs")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            str(REPO / "jobs" / "finetune.py"),
+            "--model",
+            "models:/mb-e2e@e2e",
+            "--task",
+            "sequence-classification",
+            "--train",
+            str(task / "train.tsv"),
+            "--eval",
+            str(task / "dev.tsv"),
+            "--data.max_seq_length",
+            "64",
+            "--data.max_train_examples",
+            "128",
+            "--data.max_eval_examples",
+            "64",
+            "--train.max_steps",
+            "8",
+            "--train.batch_size",
+            "16",
+            "--train.lr",
+            "1e-3",
+            "--train.storage_path",
+            str(tmp_path / "ft-runs"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert ft.returncode == 0, ft.stderr[-3000:]
     result = json.loads(ft.stdout.strip().splitlines()[-1])
     assert 0.0 <= result["accuracy"] <= 1.0 and math.isfinite(result["loss"])
     version = c.get_model_version("bert-finetune-sequence-classification", "1")
     assert version.tags["source_model"] == "models:/mb-e2e/1"
-    config = json.loads(Path(tracking.download_model("models:/bert-finetune-sequence-classification/1",
-                                                     str(tmp_path / "ft-dl")), "config.json").read_text())
+    config = json.loads(
+        Path(
+            tracking.download_model("models:/bert-finetune-sequence-classification/1", str(tmp_path / "ft-dl")),
+            "config.json",
+        ).read_text()
+    )
     assert config["model_type"] == "modernbert" and config["architectures"] == ["ModernBertForSequenceClassification"]
-

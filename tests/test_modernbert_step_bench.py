@@ -39,8 +39,25 @@ def test_every_implementation_steps_and_is_timed(bench, capsys):
 def test_chosen_implementations_in_bf16_with_the_flop_columns(bench, capsys):
     """The GPU lease's form (bench/gpu/gpu_step.sh STEP_SET=modernbert) at CPU shapes: only the implementations asked
     for, bf16 autocast, and the TFLOP/s and MFU columns (no MFU on a CPU: not in the peak table, said once)."""
-    out = bench.main(["--rows", "1", "--seq", "64", "--vocab", "100", "--rounds", "1", "--steps", "1",
-                      "--dtype", "bf16", "--impls", "ours", "--mfu"])
+    out = bench.main(
+        [
+            "--rows",
+            "1",
+            "--seq",
+            "64",
+            "--vocab",
+            "100",
+            "--rounds",
+            "1",
+            "--steps",
+            "1",
+            "--dtype",
+            "bf16",
+            "--impls",
+            "ours",
+            "--mfu",
+        ]
+    )
     assert list(out) == ["ours"]
     text = capsys.readouterr().out
     assert "no MFU: cpu is not in model.flops.DENSE_BF16_PEAK" in text and "loss check" not in text
@@ -58,8 +75,21 @@ def test_attention_kernels_are_checked_and_timed_at_each_length(bench, capsys, t
     kernel of each layer kind at two lengths with the same tokens, the first length checked against the reference
     attention in fp32 (FlexAttention's forward alone on a CPU), the build, the calls, and the rows in --json."""
     json_path = tmp_path / "attention.jsonl"
-    bench.main(["--attention", "--rows", "2", "--seq", "128", "--attention-seqs", "128,256", "--vocab", "100",
-                "--json", str(json_path)])
+    bench.main(
+        [
+            "--attention",
+            "--rows",
+            "2",
+            "--seq",
+            "128",
+            "--attention-seqs",
+            "128,256",
+            "--vocab",
+            "100",
+            "--json",
+            str(json_path),
+        ]
+    )
     text = capsys.readouterr().out
     import json
 

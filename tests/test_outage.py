@@ -90,7 +90,6 @@ def test_a_stage_that_needs_the_server_waits_then_fails_in_one_line(capsys):
     server_wait.wait_for_server("sqlite:////nonexistent/mlflow.db", 1, "x")  # a local store never waits
 
 
-
 def test_an_unreadable_pending_file_is_skipped_not_fatal(tmp_path, capfd):
     (tmp_path / outage.PENDING_FILE).write_text('{"run_id": "r", "metrics": [["train/loss", 1.0, 1')  # cut short
     assert outage.read_pending(str(tmp_path), "r") is None

@@ -21,8 +21,15 @@ from pipeline.data.masking import MaskingPolicy
 from pipeline.data.dataset import SCHEMA
 from pipeline.data.examples import group_consecutive
 from pipeline.data.arrow import fixed_rows, list_array, list_rows
-from pipeline.data.passes import (balanced_ranges, dedup_params, examples_for_chunks, shard_plan, sign_unit,
-                                  tokenize_file, write_shard)
+from pipeline.data.passes import (
+    balanced_ranges,
+    dedup_params,
+    examples_for_chunks,
+    shard_plan,
+    sign_unit,
+    tokenize_file,
+    write_shard,
+)
 from pipeline.data.pool import merge_pool
 from pipeline.storage.io import write_bytes_atomic, write_parquet_atomic
 from pipeline.data.sources import expand_inputs
@@ -71,9 +78,15 @@ def test_shard_plan_and_streamed_shards_are_balanced(tmp_path):
     for i, n in enumerate([5, 0, 17, 3, 40]):
         rows = [np.arange(k + j, k + j + 4, dtype=np.int32) for j in range(n)]
         t = pa.table(
-            [list_array(rows, pa.int32()), list_array([np.zeros(4, np.int8)] * n, pa.int8()),
-             list_array([np.zeros(0, np.int32)] * n, pa.int32()), list_array([np.zeros(0, np.int32)] * n, pa.int32()),
-             pa.array([0] * n, pa.int8()), pa.array([4] * n, pa.int32()), pa.array(range(k, k + n), pa.int64())],
+            [
+                list_array(rows, pa.int32()),
+                list_array([np.zeros(4, np.int8)] * n, pa.int8()),
+                list_array([np.zeros(0, np.int32)] * n, pa.int32()),
+                list_array([np.zeros(0, np.int32)] * n, pa.int32()),
+                pa.array([0] * n, pa.int8()),
+                pa.array([4] * n, pa.int32()),
+                pa.array(range(k, k + n), pa.int64()),
+            ],
             schema=SCHEMA,
         )
         path = str(tmp_path / f"e{i}.parquet")
@@ -99,7 +112,9 @@ def test_shard_plan_and_streamed_shards_are_balanced(tmp_path):
 def tokenized(minilm_dir, shared_dir, tmp_path_factory):
     work = str(tmp_path_factory.mktemp("work"))
     cfg = DataConfig(inputs=[], chunk_chars=20_000, random_pool_size=50)
-    files, _ = expand_inputs([str(shared_dir / "corpora/books" / b) for b in ("08_Ruth.txt", "31_Obad.txt", "41_Mark.txt")])
+    files, _ = expand_inputs(
+        [str(shared_dir / "corpora/books" / b) for b in ("08_Ruth.txt", "31_Obad.txt", "41_Mark.txt")]
+    )
     tok = load_tokenizer(minilm_dir / "vocab.txt")
     return cfg, files, tok, work, [tokenize_file(f, tok, cfg, work) for f in files]
 
@@ -142,8 +157,12 @@ def test_sign_unit_writes_the_records_of_its_documents(tmp_path):
     """Documents signed one at a time from the unit's reader: the rows are `records` of all the texts at once;
     a rejected record has none."""
     texts = ["The LORD said unto Moses, " * 50, "short", "the lord  SAID unto moses, " * 50]
-    lines = [json.dumps({"id": "a", "text": texts[0]}), "not json", json.dumps({"text": texts[1]}),
-             json.dumps({"id": "c", "text": texts[2]})]
+    lines = [
+        json.dumps({"id": "a", "text": texts[0]}),
+        "not json",
+        json.dumps({"text": texts[1]}),
+        json.dumps({"id": "c", "text": texts[2]}),
+    ]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     files, _ = expand_inputs([str(tmp_path / "in.jsonl")])
     cfg = DataConfig(inputs=[], dedup_num_perm=64)
@@ -163,9 +182,11 @@ def test_signing_one_big_document_is_bounded(shared_dir, tmp_path):
     bench = load_bench("big_document_memory")
     doc = tmp_path / "book.txt"
     bench.build_document(doc, 16)
-    code = ("from pipeline.config import DataConfig; from pipeline.data.passes import sign_unit; "
-            "from pipeline.data.sources import InputFile; "
-            f"sign_unit(InputFile({str(doc)!r}, 'txt', 0), DataConfig(inputs=[]), {str(tmp_path / 's.parquet')!r})")
+    code = (
+        "from pipeline.config import DataConfig; from pipeline.data.passes import sign_unit; "
+        "from pipeline.data.sources import InputFile; "
+        f"sign_unit(InputFile({str(doc)!r}, 'txt', 0), DataConfig(inputs=[]), {str(tmp_path / 's.parquet')!r})"
+    )
     run = bench.run_sampled([sys.executable, "-c", code], env=dict(os.environ))
     assert run.returncode == 0, run.log
     assert len(pq.read_table(tmp_path / "s.parquet")) == 1

@@ -62,7 +62,8 @@ def test_misspelt_output_bucket_is_refused_not_created(corpus, s3_env, capsys):
 
 
 def test_a_write_never_creates_a_bucket(s3_env):
-    """Below the preflight too: pipeline.storage.io's writes do not mkdir on object stores (s3fs's would make the bucket)."""
+    """Below the preflight too: pipeline.storage.io's writes do not mkdir on object stores (s3fs's would make the
+    bucket)."""
     before = s3_env.buckets()
     from pipeline.storage.io import StorageError
 
@@ -75,7 +76,9 @@ def test_a_write_never_creates_a_bucket(s3_env):
 
 
 def test_missing_input_bucket_and_object(corpus, s3_env, capsys):
-    assert _prepare("--input", f"s3://{corpus}-missing/in", "--output", f"s3://{corpus}/prep", "--vocab-size", "200") == 1
+    assert (
+        _prepare("--input", f"s3://{corpus}-missing/in", "--output", f"s3://{corpus}/prep", "--vocab-size", "200") == 1
+    )
     _one_line(capsys, "prepare_data", f"data.inputs s3://{corpus}-missing/in: bucket {corpus}-missing does not exist")
     assert _prepare("--input", f"s3://{corpus}/nothing", "--output", f"s3://{corpus}/prep", "--vocab-size", "200") == 1
     _one_line(capsys, "prepare_data", f"data.inputs s3://{corpus}/nothing: does not exist")
@@ -100,8 +103,16 @@ def test_no_credentials_is_one_line(corpus, monkeypatch, capsys):
 def test_missing_storage_path_bucket_before_ray(corpus, s3_env, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    rc = _pretrain("--config", REPO / "configs" / "tiny.yaml", "--data.inputs", f"s3://{corpus}/in",
-                   "--data.output", f"s3://{corpus}/prep", "--train.storage_path", f"s3://{corpus}-runs/ckpt")
+    rc = _pretrain(
+        "--config",
+        REPO / "configs" / "tiny.yaml",
+        "--data.inputs",
+        f"s3://{corpus}/in",
+        "--data.output",
+        f"s3://{corpus}/prep",
+        "--train.storage_path",
+        f"s3://{corpus}-runs/ckpt",
+    )
     assert rc == 1
     _one_line(capsys, "pretrain", f"train.storage_path s3://{corpus}-runs/ckpt: bucket {corpus}-runs does not exist")
     assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
@@ -110,8 +121,11 @@ def test_missing_storage_path_bucket_before_ray(corpus, s3_env, tmp_path, monkey
 
 def test_config_from_s3(corpus, s3_env, capsys):
     """--config is read through fsspec: a config in the bucket works, a missing one is one line."""
-    s3_env.client().put_object(Bucket=corpus, Key="cfg/prep.yaml",
-                               Body=f"data:\n  inputs: [s3://{corpus}/in]\n  output: s3://{corpus}x/prep\n".encode())
+    s3_env.client().put_object(
+        Bucket=corpus,
+        Key="cfg/prep.yaml",
+        Body=f"data:\n  inputs: [s3://{corpus}/in]\n  output: s3://{corpus}x/prep\n".encode(),
+    )
     assert _prepare("--config", f"s3://{corpus}/cfg/prep.yaml", "--vocab-size", "200") == 1
     _one_line(capsys, "prepare_data", f"s3://{corpus}x/prep: bucket {corpus}x does not exist")  # the file was read
     assert _prepare("--config", f"s3://{corpus}/cfg/nope.yaml", "--vocab-size", "200") == 1
@@ -122,8 +136,19 @@ def test_prepare_s3_to_s3_with_an_s3_vocab_and_one_lock_notice(corpus, s3_env, m
     """s3:// in, s3:// out, `--vocab` from the bucket; the `[io] no lock` notice once, not once per stage."""
     s3_env.client().put_object(Bucket=corpus, Key="vocab/vocab.txt", Body=(minilm_dir / "vocab.txt").read_bytes())
     out = f"s3://{corpus}/prep"
-    assert _prepare("--input", f"s3://{corpus}/in", "--output", out, "--vocab", f"s3://{corpus}/vocab/vocab.txt",
-                    "--max-seq-length", "64") == 0
+    assert (
+        _prepare(
+            "--input",
+            f"s3://{corpus}/in",
+            "--output",
+            out,
+            "--vocab",
+            f"s3://{corpus}/vocab/vocab.txt",
+            "--max-seq-length",
+            "64",
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert err.count(f"[io] no lock on {out}") == 1, err
     assert read_text(f"{out}/vocab.txt") == (minilm_dir / "vocab.txt").read_text()
@@ -134,16 +159,35 @@ def test_prepare_s3_to_s3_with_an_s3_vocab_and_one_lock_notice(corpus, s3_env, m
 
 def test_s3fs_missing_is_one_line_naming_the_extra(corpus, s3_env, tmp_path):
     """A fresh interpreter where `import s3fs` fails, as on a node installed without the s3 extra."""
-    code = ("import sys, runpy; sys.modules['s3fs'] = None; "  # None in sys.modules: the import raises ImportError
-            f"sys.argv = ['prepare_data.py'] + sys.argv[1:]; runpy.run_path({str(REPO / 'jobs' / 'prepare_data.py')!r}, "
-            "run_name='__main__')")
-    p = subprocess.run([sys.executable, "-c", code, "--input", f"s3://{corpus}/in", "--output", f"s3://{corpus}/p",
-                        "--vocab-size", "200"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                       env={**os.environ, **s3_env.env})
+    code = (
+        "import sys, runpy; sys.modules['s3fs'] = None; "  # None in sys.modules: the import raises ImportError
+        f"sys.argv = ['prepare_data.py'] + sys.argv[1:]; runpy.run_path({str(REPO / 'jobs' / 'prepare_data.py')!r}, "
+        "run_name='__main__')"
+    )
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "--input",
+            f"s3://{corpus}/in",
+            "--output",
+            f"s3://{corpus}/p",
+            "--vocab-size",
+            "200",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, **s3_env.env},
+    )
     assert p.returncode == 1, p.stderr[-3000:]
     [line] = p.stderr.strip().splitlines()
-    assert line.startswith(f'prepare_data: error: data.inputs s3://{corpus}/in: s3:// needs s3fs, which is not '
-                           f'installed: pip install -e ".[s3]" (log: '), line
+    assert line.startswith(
+        f"prepare_data: error: data.inputs s3://{corpus}/in: s3:// needs s3fs, which is not "
+        f'installed: pip install -e ".[s3]" (log: '
+    ), line
 
 
 def test_finetune_task_files_from_s3(s3_env, minilm_dir):
@@ -154,11 +198,24 @@ def test_finetune_task_files_from_s3(s3_env, minilm_dir):
     c = s3_env.client()
     for name in ("bible_ner_train.conll", "bible_ner_dev.conll"):
         c.put_object(Bucket=bucket, Key=f"ner/{name}", Body=(DATA / name).read_bytes())
-    local = prepare_task("token-classification", DATA / "bible_ner_train.conll", DATA / "bible_ner_dev.conll",
-                         minilm_dir, max_seq_length=64, max_train_examples=50, max_eval_examples=20)
-    remote = prepare_task("token-classification", f"s3://{bucket}/ner/bible_ner_train.conll",
-                          f"s3://{bucket}/ner/bible_ner_dev.conll", minilm_dir, max_seq_length=64,
-                          max_train_examples=50, max_eval_examples=20)
+    local = prepare_task(
+        "token-classification",
+        DATA / "bible_ner_train.conll",
+        DATA / "bible_ner_dev.conll",
+        minilm_dir,
+        max_seq_length=64,
+        max_train_examples=50,
+        max_eval_examples=20,
+    )
+    remote = prepare_task(
+        "token-classification",
+        f"s3://{bucket}/ner/bible_ner_train.conll",
+        f"s3://{bucket}/ner/bible_ner_dev.conll",
+        minilm_dir,
+        max_seq_length=64,
+        max_train_examples=50,
+        max_eval_examples=20,
+    )
     assert remote.train == local.train and remote.eval == local.eval and remote.id2label == local.id2label
     assert len(remote.train["input_ids"]) == 50
 
@@ -174,15 +231,31 @@ def test_finetune_cli_reads_s3_task_files(s3_env, minilm_dir, tmp_path, monkeypa
     main = _job_main("finetune")
 
     def job(train: str) -> list[str]:
-        rc = main(["--model", str(minilm_dir), "--task", "sequence-classification", "--train", train,
-                   "--eval", f"s3://{bucket}/t/dev.tsv", "--train.storage_path", f"s3://{bucket}/runs"])
+        rc = main(
+            [
+                "--model",
+                str(minilm_dir),
+                "--task",
+                "sequence-classification",
+                "--train",
+                train,
+                "--eval",
+                f"s3://{bucket}/t/dev.tsv",
+                "--train.storage_path",
+                f"s3://{bucket}/runs",
+            ]
+        )
         err = capsys.readouterr().err
         assert rc == 1 and "Traceback" not in err, err
         return err.strip().splitlines()
 
-    assert job(f"s3://{bucket}/t/train.tsv")[-1].startswith(f"finetune: error: s3://{bucket}/t/dev.tsv: row 2: unknown label 'c'")
+    assert job(f"s3://{bucket}/t/train.tsv")[-1].startswith(
+        f"finetune: error: s3://{bucket}/t/dev.tsv: row 2: unknown label 'c'"
+    )
     missing = job(f"s3://{bucket}/t/nope.tsv")
-    assert len(missing) == 1 and missing[0].startswith(f"finetune: error: --train s3://{bucket}/t/nope.tsv: does not exist (log: ")
+    assert len(missing) == 1 and missing[0].startswith(
+        f"finetune: error: --train s3://{bucket}/t/nope.tsv: does not exist (log: "
+    )
     assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
 
 
@@ -199,7 +272,10 @@ def test_artifact_root_of_an_existing_experiment_is_checked(s3_env, mlflow_serve
     assert artifact_root(f"sqlite:///{tmp_path / 'm.db'}", "exp") is None and not (tmp_path / "m.db").exists()
     root = artifact_root(uri, "exp")
     assert root == "s3://art-missing-bucket/mlflow"
-    with pytest.raises(StorageError, match="^MLflow artifact root s3://art-missing-bucket/mlflow: bucket art-missing-bucket does not exist"):
+    with pytest.raises(
+        StorageError,
+        match="^MLflow artifact root s3://art-missing-bucket/mlflow: bucket art-missing-bucket does not exist",
+    ):
         check_storage([("MLflow artifact root", root, "write")])
     assert artifact_root(uri, "no-such-experiment") is None
 
@@ -220,8 +296,10 @@ def test_preflight_command(corpus, s3_env, capsys):
     assert main(["--read", f"s3://{corpus}/in", "--write", f"s3://{corpus}/prep"]) == 0
     assert capsys.readouterr().out == "this machine: ok\n"
     assert main(["--read", f"s3://{corpus}/in", "--write", f"s3://{corpus}-typo/prep"]) == 1
-    assert capsys.readouterr().err == (f"this machine: --write s3://{corpus}-typo/prep: bucket {corpus}-typo does not "
-                                       f"exist (endpoint {s3_env.endpoint}); create it first, this job never does\n")
+    assert capsys.readouterr().err == (
+        f"this machine: --write s3://{corpus}-typo/prep: bucket {corpus}-typo does not "
+        f"exist (endpoint {s3_env.endpoint}); create it first, this job never does\n"
+    )
 
 
 @pytest.mark.slow

@@ -30,8 +30,11 @@ def prepared_vocab(minilm_dir, tmp_path_factory):
 
 
 def _stats_without_paths(stats):
-    return [{k: v for k, v in s.items() if k not in ("chunks", "pool", "file")} | {"chunks": [
-        {k: v for k, v in c.items() if k != "path"} for c in s["chunks"]]} for s in stats]
+    return [
+        {k: v for k, v in s.items() if k not in ("chunks", "pool", "file")}
+        | {"chunks": [{k: v for k, v in c.items() if k != "path"} for c in s["chunks"]]}
+        for s in stats
+    ]
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -44,8 +47,14 @@ def test_big_file_batches_on_workers_equal_whole_files(shared_dir, prepared_voca
     out, sha = prepared_vocab
     books = [str(shared_dir / "corpora/books" / b) for b in ("01_Ge.txt", "08_Ruth.txt", "02_Exo.txt")]
     files, _ = expand_inputs(books)
-    cfg = DataConfig(inputs=books, output=str(out), chunk_chars=60_000, max_document_chars=25_000,
-                     random_pool_size=100, num_actors=workers)
+    cfg = DataConfig(
+        inputs=books,
+        output=str(out),
+        chunk_chars=60_000,
+        max_document_chars=25_000,
+        random_pool_size=100,
+        num_actors=workers,
+    )
     ref_work = str(tmp_path / "ref")
     tok = load_tokenizer(out / "vocab.txt")
     ref = [tokenize_file(f, tok, cfg, ref_work) for f in files]
@@ -92,7 +101,6 @@ def test_vocabularies_never_mix(shared_dir, minilm_dir, tmp_path):
     from pipeline.data.stages import plan, run_vocab, vocab_done
     from pipeline.data.tokenizer import VocabError, check_pair
 
-
     out = tmp_path / "out"
     book = str(shared_dir / "corpora/books/08_Ruth.txt")
     p = plan(DataConfig(inputs=[book], output=str(out), vocab=None, vocab_size=300))
@@ -124,15 +132,15 @@ def test_vocabularies_never_mix(shared_dir, minilm_dir, tmp_path):
     assert sorted(x.name for x in (out / "_work").iterdir()) == [mine.rsplit("/", 1)[-1]]
 
 
-
-
 # Shards of the six books + 60 wiki articles below, as prepared by the code before the dedup pass existed
 # (commit c499024, `data_stages` in this process; sha256 of each shard): dedup off, or near on inputs without
 # duplicates, must still write these bytes.
-TODAYS_SHARDS = ["bfff3b2167e891a778621dca600d559ad1959058b984ddde17f64c88628c246f",
-                 "c7e30b89ad2fe389d1602a621b356c0a2bb34da7f1087f210a73d7b5672c8d1d",
-                 "4fa44d550c713c6067b409efc11a4dbf088bda6f80c50e9cb4aee10d46f47024",
-                 "0d3944feb0db653702777906a46e9dc48d1660b5933f6b1eff3614c49ba75a48"]
+TODAYS_SHARDS = [
+    "bfff3b2167e891a778621dca600d559ad1959058b984ddde17f64c88628c246f",
+    "c7e30b89ad2fe389d1602a621b356c0a2bb34da7f1087f210a73d7b5672c8d1d",
+    "4fa44d550c713c6067b409efc11a4dbf088bda6f80c50e9cb4aee10d46f47024",
+    "0d3944feb0db653702777906a46e9dc48d1660b5933f6b1eff3614c49ba75a48",
+]
 
 
 @pytest.fixture(scope="module")
@@ -144,8 +152,12 @@ def _prepare(inputs, out, minilm_dir, **kw):
     from pipeline.runner.dag import run_graph
     from pipeline.data.stages import data_stages
 
-    cfg = DataConfig(inputs=inputs, output=str(out), vocab=str(minilm_dir / "vocab.txt"),
-                     **{"num_shards": 4, "chunk_chars": 60_000, "max_document_chars": 20_000, "num_actors": 1, **kw})
+    cfg = DataConfig(
+        inputs=inputs,
+        output=str(out),
+        vocab=str(minilm_dir / "vocab.txt"),
+        **{"num_shards": 4, "chunk_chars": 60_000, "max_document_chars": 20_000, "num_actors": 1, **kw},
+    )
     return run_graph(data_stages(cfg), remote=False, log=lambda m: None)
 
 
@@ -154,7 +166,9 @@ def test_dedup_off_or_nothing_found_writes_todays_shards(corpus, minilm_dir, tmp
     res = _prepare(corpus, tmp_path / "out", minilm_dir, dedup=dedup)
     m = res["validate"].result.manifest
     assert [s["sha256"] for s in m["shards"]] == TODAYS_SHARDS
-    assert ("duplicates" in m) == (dedup == "near") and (tmp_path / "out" / "duplicates.jsonl").exists() == (dedup == "near")
+    assert ("duplicates" in m) == (dedup == "near") and (tmp_path / "out" / "duplicates.jsonl").exists() == (
+        dedup == "near"
+    )
     if dedup == "near":
         assert m["duplicates"]["exact"] == m["duplicates"]["near"] == 0
         assert (tmp_path / "out" / "duplicates.jsonl").read_bytes() == b""
@@ -181,33 +195,46 @@ def test_dedup_drops_planted_copies_and_says_so(shared_dir, minilm_dir, tmp_path
         words[i] = "edited"
     (inp / "e_obad_edited.txt").write_text(" ".join(words))
     mark = (books / "41_Mark.txt").read_text()
-    (inp / "f_records.jsonl").write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in
-                                                 [("m1", mark[:30_000]), ("m2", mark[30_000:]), ("m3", mark[:30_000])]))
+    (inp / "f_records.jsonl").write_text(
+        "".join(
+            json.dumps({"id": i, "text": t}) + "\n"
+            for i, t in [("m1", mark[:30_000]), ("m2", mark[30_000:]), ("m3", mark[:30_000])]
+        )
+    )
     res = _prepare([str(inp)], tmp_path / "near", minilm_dir, random_pool_size=500)
     m = res["validate"].result.manifest
     lines = [json.loads(x) for x in (tmp_path / "near" / "duplicates.jsonl").read_text().splitlines()]
     short = [(d["source"].rsplit("/", 1)[-1], d["doc"], d["kind"], d["duplicate_of"]["doc"]) for d in lines]
-    assert short == [("c_ruth_copy.txt", "c_ruth_copy.txt", "exact", "a_ruth.txt"),
-                     ("d_ruth_loud.txt", "d_ruth_loud.txt", "exact", "a_ruth.txt"),
-                     ("e_obad_edited.txt", "e_obad_edited.txt", "near", "b_obad.txt"),
-                     ("f_records.jsonl", "m3", "exact", "m1")]
+    assert short == [
+        ("c_ruth_copy.txt", "c_ruth_copy.txt", "exact", "a_ruth.txt"),
+        ("d_ruth_loud.txt", "d_ruth_loud.txt", "exact", "a_ruth.txt"),
+        ("e_obad_edited.txt", "e_obad_edited.txt", "near", "b_obad.txt"),
+        ("f_records.jsonl", "m3", "exact", "m1"),
+    ]
     assert 0.8 <= lines[2]["similarity"] < 1 and lines[0]["similarity"] == 1.0
     assert all(d["duplicate_of"]["source"].endswith(("a_ruth.txt", "b_obad.txt", "f_records.jsonl")) for d in lines)
     assert m["rejected_reasons"] == {"duplicate": 3, "near_duplicate": 1}
     assert m["documents_read"] == 8 == m["documents_written"] + m["documents_rejected"] and m["documents_written"] == 4
     data = (tmp_path / "near" / "duplicates.jsonl").read_bytes()
-    assert m["duplicates"] == {"path": "duplicates.jsonl", "sha256": hashlib.sha256(data).hexdigest(), "exact": 3,
-                               "near": 1}
+    assert m["duplicates"] == {
+        "path": "duplicates.jsonl",
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "exact": 3,
+        "near": 1,
+    }
     assert "3 exact and 1 near duplicates dropped" in capfd.readouterr().err
     exact = _prepare([str(inp)], tmp_path / "exact", minilm_dir, random_pool_size=500, dedup="exact")
     assert exact["validate"].result.manifest["rejected_reasons"] == {"duplicate": 3}
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("dedup", "fuzzy", "data.dedup 'fuzzy' is not one of off, exact, near"),
-    ("dedup_threshold", 1.5, "data.dedup_threshold 1.5 is not in (0, 1]"),
-    ("dedup_num_perm", 8, "data.dedup_num_perm 8 is not in [16, 1024]"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("dedup", "fuzzy", "data.dedup 'fuzzy' is not one of off, exact, near"),
+        ("dedup_threshold", 1.5, "data.dedup_threshold 1.5 is not in (0, 1]"),
+        ("dedup_num_perm", 8, "data.dedup_num_perm 8 is not in [16, 1024]"),
+    ],
+)
 def test_bad_dedup_values_name_the_field(field, value, message):
     from pipeline.config import ConfigError, load_config
 
@@ -254,27 +281,39 @@ def test_sources_name_every_row_and_the_manifest_counts_each(corpus, minilm_dir,
     m = res.manifest
     got = {s["name"]: (s["input_files"], s["documents"], s["examples"], s["tokens"]) for s in m["sources"]}
     assert got["books"][0] == len(books) and got["wiki"][0] == 1 and got["wiki"][1] == 60
-    assert sum(v[1] for v in got.values()) == m["documents_written"] and sum(v[2] for v in got.values()) == m["examples"]
-    assert sum(v[3] for v in got.values()) == m["tokens"] and (m["sources"][0]["weight"], m["sources"][1]["weight"]) == (3, 1)
+    assert (
+        sum(v[1] for v in got.values()) == m["documents_written"] and sum(v[2] for v in got.values()) == m["examples"]
+    )
+    assert sum(v[3] for v in got.values()) == m["tokens"] and (
+        m["sources"][0]["weight"],
+        m["sources"][1]["weight"],
+    ) == (3, 1)
     t = pq.read_table([str(tmp_path / "mix" / s["path"]) for s in m["shards"]])
     assert t.schema.field("source") == SOURCE_FIELD and set(t.column("source").to_pylist()) == {"books", "wiki"}
     for s in m["shards"]:
         shard = pq.read_table(str(tmp_path / "mix" / s["path"]))
         rows = {n: shard.column("source").to_pylist().count(n) for n in ("books", "wiki")}
         assert s["source_rows"] == {k: v for k, v in rows.items() if v} and sum(s["source_tokens"].values()) == sum(
-            shard.column("num_tokens").to_pylist())
+            shard.column("num_tokens").to_pylist()
+        )
     counts = res.source_counts(tuple(p for p, _ in res.shards))
     assert {k: (v["rows"], v["tokens"]) for k, v in counts.items()} == {k: v[2:] for k, v in got.items()}
     # books' rows hold books' text alone: its text tokens ([CLS] and [SEP] aside), each once, as books on their own
     alone = _prepare(books, tmp_path / "books", minilm_dir, **{**kw, "sources": [mix[0]]})["validate"].result.manifest
     assert alone["tokens"] - 2 * alone["examples"] == got["books"][3] - 2 * got["books"][2]
-    reweighted = _prepare(corpus, tmp_path / "mix", minilm_dir, **{**kw, "sources": [
-        {**mix[0], "weight": 1}, {**mix[1], "epochs": 2, "weight": None}], "mix_temperature": 0.5})
+    reweighted = _prepare(
+        corpus,
+        tmp_path / "mix",
+        minilm_dir,
+        **{**kw, "sources": [{**mix[0], "weight": 1}, {**mix[1], "epochs": 2, "weight": None}], "mix_temperature": 0.5},
+    )
     assert reweighted["validate"].result.manifest["config_hash"] == m["config_hash"]  # prepared once: done
     packed = _prepare(corpus, tmp_path / "packed", minilm_dir, **{**kw, "pack_documents": True})["validate"].result
     pt = pq.read_table([p for p, _ in packed.shards])
     assert pt.column_names[-2:] == ["doc_lengths", "source"] and PreparedDataset.load(packed.output).sources == [
-        "books", "wiki"]
+        "books",
+        "wiki",
+    ]
 
 
 def test_a_source_without_files_or_sharing_one_is_one_line(corpus, tmp_path):
@@ -284,12 +323,16 @@ def test_a_source_without_files_or_sharing_one_is_one_line(corpus, tmp_path):
 
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "notes.bin").write_bytes(b"\x00\x01")
-    cfg = DataConfig(sources=[{"name": "books", "inputs": corpus[:1]}, {"name": "news", "inputs": str(tmp_path / "empty")}],
-                     output=str(tmp_path / "out"))
+    cfg = DataConfig(
+        sources=[{"name": "books", "inputs": corpus[:1]}, {"name": "news", "inputs": str(tmp_path / "empty")}],
+        output=str(tmp_path / "out"),
+    )
     with pytest.raises(InputError, match=r"^data.sources\[news\]: no readable input file under .*empty"):
         plan(cfg)
-    both = DataConfig(sources=[{"name": "a", "inputs": corpus[:2]}, {"name": "b", "inputs": corpus[1:3]}],
-                      output=str(tmp_path / "out"))
+    both = DataConfig(
+        sources=[{"name": "a", "inputs": corpus[:2]}, {"name": "b", "inputs": corpus[1:3]}],
+        output=str(tmp_path / "out"),
+    )
     with pytest.raises(InputError, match=r"^data.sources\[b\] and data.sources\[a\] both hold .*: a file is of one"):
         plan(both)
 
@@ -301,14 +344,15 @@ def test_pack_documents_needs_mlm_only_rows():
         DataConfig(pack_documents=True)
 
 
-
 # bench/data/wiki_dump.py's dump at 100 copies prepared by main's code before one read per document (5e49c2c, `_prepare`
 # below with chunk_chars 200,000: 4 units): the shards' sha256, and duplicates.jsonl's (doc, kind, duplicate_of
 # doc, similarity) rows as the sha256 of their JSON list (its sources are this run's paths).
-DUMP_SHARDS = ["627b2529c63fea13fbfabb347ae8e7726c39c0795c2f34fa49d818ef814f2dbc",
-               "8f312bf6527a70f9072b9980984739c1f4df4296536d3abad1df4ea06b423d60",
-               "f693461a91b33cffccef125752a830f070939105a18d93a7c0dcb06975352021",
-               "4ce9ba751163e561e695fc653700bb66dfb3a135c8489741dd7e688203b01a32"]
+DUMP_SHARDS = [
+    "627b2529c63fea13fbfabb347ae8e7726c39c0795c2f34fa49d818ef814f2dbc",
+    "8f312bf6527a70f9072b9980984739c1f4df4296536d3abad1df4ea06b423d60",
+    "f693461a91b33cffccef125752a830f070939105a18d93a7c0dcb06975352021",
+    "4ce9ba751163e561e695fc653700bb66dfb3a135c8489741dd7e688203b01a32",
+]
 DUMP_DUPLICATES = "7b9a243aa6a60e8c541e517bfa3a422b4912996d540ac1a89c888edb7a671c05"
 
 
@@ -329,8 +373,13 @@ def test_one_read_per_unit_resumed_after_a_crash_writes_todays_shards(minilm_dir
     read_pages = wiki.read_pages
     # units only (each starts past the dump's header stream): offset 0 is the whole file, which the vocab stage's
     # tokenizer report (issue 57) starts to read for its bounded sample, as vocab training reads its own
-    monkeypatch.setattr(wiki, "read_pages", lambda path, offset=0, *a, **kw: (reads.update([offset]) if offset else None)
-                        or read_pages(path, offset, *a, **kw))
+    monkeypatch.setattr(
+        wiki,
+        "read_pages",
+        lambda path, offset=0, *a, **kw: (
+            (reads.update([offset]) if offset else None) or read_pages(path, offset, *a, **kw)
+        ),
+    )
     finish = passes.FileMerge.finish
     calls = []
 

@@ -30,8 +30,9 @@ def _env():
 
 
 def _run(repo_root, *args, timeout=600):
-    return subprocess.run(_cmd(repo_root, *args), capture_output=True, text=True, env=_env(), timeout=timeout,
-                          cwd=repo_root)
+    return subprocess.run(
+        _cmd(repo_root, *args), capture_output=True, text=True, env=_env(), timeout=timeout, cwd=repo_root
+    )
 
 
 def _assert_clean_error(p, pattern):
@@ -53,8 +54,15 @@ def test_missing_path(repo_root, tmp_path):
 
 
 def test_missing_vocab(repo_root, shared_dir, tmp_path):
-    p = _run(repo_root, "--input", shared_dir / "corpora/books/08_Ruth.txt", "--output", tmp_path / "o",
-             "--vocab", tmp_path / "v.txt")
+    p = _run(
+        repo_root,
+        "--input",
+        shared_dir / "corpora/books/08_Ruth.txt",
+        "--output",
+        tmp_path / "o",
+        "--vocab",
+        tmp_path / "v.txt",
+    )
     _assert_clean_error(p, "vocabulary")
     assert len(p.stderr.strip().splitlines()) == 1
 
@@ -79,24 +87,58 @@ def test_full_corpus_end_to_end_rerun_and_killed_resume(repo_root, shared_dir, m
     common = ["--vocab", vocab, "--data.chunk_chars", "200000", "--num-cpus", "2"]
     # 1. the whole shared corpus, 2 actors
     ref = tmp_path / "ref"
-    p = _run(repo_root, "--input", corpora / "books", "--input", corpora / "wiki", "--output", ref, *common,
-             "--data.num_actors", "2")
+    p = _run(
+        repo_root,
+        "--input",
+        corpora / "books",
+        "--input",
+        corpora / "wiki",
+        "--output",
+        ref,
+        *common,
+        "--data.num_actors",
+        "2",
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     m = json.loads((ref / "manifest.json").read_text())
     assert m["documents_read"] == m["documents_written"] == 549 and m["documents_rejected"] == 0
     assert m["examples"] > 20_000 and abs(m["nsp_random_fraction"] - 0.5) <= 0.03
     assert "examples" in p.stdout and "nsp random fraction" in p.stdout and "shards" in p.stdout
-    assert sorted(os.listdir(ref)) == ["duplicates.jsonl", "manifest.json", "shards", "tokenizer.json", "vocab.meta.json", "vocab.txt"]
+    assert sorted(os.listdir(ref)) == [
+        "duplicates.jsonl",
+        "manifest.json",
+        "shards",
+        "tokenizer.json",
+        "vocab.meta.json",
+        "vocab.txt",
+    ]
     # 2. re-run: nothing to do
     p = _run(repo_root, "--input", corpora / "books", "--input", corpora / "wiki", "--output", ref, *common)
     assert p.returncode == 0 and "is up to date" in p.stdout, p.stderr[-2000:]
     assert json.loads((ref / "manifest.json").read_text()) == m
     # 3. a run on Ray (1 actor) killed mid-way, then resumed: the same bytes as the reference (in-process: small)
     out = tmp_path / "killed"
-    args = ["--input", corpora / "books", "--input", corpora / "wiki", "--output", out, *common, "--data.num_actors", "1",
-            "--data.local_max_bytes", "0"]
-    proc = subprocess.Popen(_cmd(repo_root, *args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=_env(), cwd=repo_root, start_new_session=True)
+    args = [
+        "--input",
+        corpora / "books",
+        "--input",
+        corpora / "wiki",
+        "--output",
+        out,
+        *common,
+        "--data.num_actors",
+        "1",
+        "--data.local_max_bytes",
+        "0",
+    ]
+    proc = subprocess.Popen(
+        _cmd(repo_root, *args),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=_env(),
+        cwd=repo_root,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None:
@@ -123,8 +165,23 @@ def test_trained_vocab_and_shards_identical_in_independent_runs(repo_root, share
     books = shared_dir / "corpora/books"
     outs = [tmp_path / "a", tmp_path / "b"]
     for out in outs:
-        p = _run(repo_root, "--input", books / "08_Ruth.txt", "--input", books / "31_Obad.txt", "--input",
-                 books / "57_Phmn.txt", "--output", out, "--vocab-size", "1500", "--num-cpus", "2", "--tokenizer", kind)
+        p = _run(
+            repo_root,
+            "--input",
+            books / "08_Ruth.txt",
+            "--input",
+            books / "31_Obad.txt",
+            "--input",
+            books / "57_Phmn.txt",
+            "--output",
+            out,
+            "--vocab-size",
+            "1500",
+            "--num-cpus",
+            "2",
+            "--tokenizer",
+            kind,
+        )
         assert p.returncode == 0, p.stderr[-3000:]
     a, b = outs
     t = json.loads((a / "manifest.json").read_text())["tokenizer"]
@@ -147,8 +204,18 @@ def test_second_concurrent_preparation_fails_at_once(repo_root, shared_dir, mini
     from pipeline.storage.io import output_lock
 
     out = tmp_path / "out"
-    args = ["--input", shared_dir / "corpora/books/08_Ruth.txt", "--input", shared_dir / "corpora/books/41_Mark.txt",
-            "--output", out, "--vocab", minilm_dir / "vocab.txt", "--num-cpus", "2"]
+    args = [
+        "--input",
+        shared_dir / "corpora/books/08_Ruth.txt",
+        "--input",
+        shared_dir / "corpora/books/41_Mark.txt",
+        "--output",
+        out,
+        "--vocab",
+        minilm_dir / "vocab.txt",
+        "--num-cpus",
+        "2",
+    ]
     with output_lock(str(out)):
         t0 = time.time()
         second = _run(repo_root, *args)
@@ -156,8 +223,9 @@ def test_second_concurrent_preparation_fails_at_once(repo_root, shared_dir, mini
         _assert_clean_error(second, f"output {out} is being written by another preparation (pid {os.getpid()} on ")
         assert len(second.stderr.strip().splitlines()) == 1 and took < 60, (took, second.stderr)
         assert os.listdir(out) == [".lock"]  # the refused job wrote nothing
-    first = subprocess.Popen(_cmd(repo_root, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=_env(), cwd=repo_root)
+    first = subprocess.Popen(
+        _cmd(repo_root, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=repo_root
+    )
     held = False
     try:
         while first.poll() is None:
@@ -170,7 +238,14 @@ def test_second_concurrent_preparation_fails_at_once(repo_root, shared_dir, mini
             first.kill()
     assert first.returncode == 0, stderr[-3000:]
     assert held  # the job took the output's lock while it wrote
-    assert sorted(os.listdir(out)) == ["duplicates.jsonl", "manifest.json", "shards", "tokenizer.json", "vocab.meta.json", "vocab.txt"]
+    assert sorted(os.listdir(out)) == [
+        "duplicates.jsonl",
+        "manifest.json",
+        "shards",
+        "tokenizer.json",
+        "vocab.meta.json",
+        "vocab.txt",
+    ]
     assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
     assert validate_output(str(out))["documents_written"] == 2
 
@@ -187,8 +262,9 @@ def test_a_local_preparation_imports_neither_ray_nor_torch_nor_pandas(repo_root,
         "except SystemExit as e:\n    assert not e.code, e.code\n"
         "print('LOADED', sorted(m for m in ('ray', 'torch', 'pandas', 'mlflow') if m in sys.modules))\n"
     )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), cwd=repo_root,
-                       timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_env(), cwd=repo_root, timeout=300
+    )
     assert p.returncode == 0, p.stderr
     assert "LOADED []" in p.stdout, p.stdout[-500:]
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["examples"] > 0
@@ -200,7 +276,9 @@ def full_disk(tmp_path):
     this process may not mount (not root, or a container without CAP_SYS_ADMIN)."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={36 * 4096}", "tmpfs", str(mnt)], capture_output=True, text=True)
+    p = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={36 * 4096}", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if p.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip()}")
     try:
@@ -214,8 +292,18 @@ def test_disk_full_is_one_line_and_a_moved_output_resumes_to_the_same_bytes(repo
     The unfinished output, moved to a disk with room (another path, as a shared mount seen elsewhere), resumes
     its finished units (the `_work` records hold paths relative to the output) and gives the clean run's bytes."""
     books = shared_dir / "corpora/books"
-    args = ["--input", books / "08_Ruth.txt", "--input", books / "31_Obad.txt", "--input", books / "32_Jonah.txt",
-            "--vocab-size", "600", "--data.num_shards", "4"]
+    args = [
+        "--input",
+        books / "08_Ruth.txt",
+        "--input",
+        books / "31_Obad.txt",
+        "--input",
+        books / "32_Jonah.txt",
+        "--vocab-size",
+        "600",
+        "--data.num_shards",
+        "4",
+    ]
     clean = tmp_path / "clean"
     assert _run(repo_root, *args, "--output", clean).returncode == 0
     out = full_disk / "out"
@@ -246,8 +334,10 @@ def test_broken_symlinks_in_an_input_folder_are_printed_and_in_the_manifest(repo
     assert f"skipped {src}/dangling.txt: dangling symlink (to /nonexistent/gone.txt)" in p.stderr
     assert f"skipped {src}/loop.txt: symlink loop" in p.stderr
     m = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert m["skipped_files"] == [{"path": f"{src}/dangling.txt", "reason": "dangling symlink (to /nonexistent/gone.txt)"},
-                                  {"path": f"{src}/loop.txt", "reason": "symlink loop"}]
+    assert m["skipped_files"] == [
+        {"path": f"{src}/dangling.txt", "reason": "dangling symlink (to /nonexistent/gone.txt)"},
+        {"path": f"{src}/loop.txt", "reason": "symlink loop"},
+    ]
     assert m["input_files"] == 1 and m["documents_written"] == 1
 
 
@@ -258,9 +348,14 @@ def _xml_dump(lang: str, texts: list[str], damage=lambda page, k: page) -> bytes
     """A MediaWiki dump of one article per text; `damage(page_xml, k)` may spoil page k."""
     import html
 
-    pages = [damage(f"  <page>\n    <title>{lang} {k}</title>\n    <ns>0</ns>\n    <id>{k + 1}</id>\n"
-                    f"    <revision><id>9</id><text>{html.escape(t, quote=False)}</text></revision>\n  </page>\n", k)
-             for k, t in enumerate(texts)]
+    pages = [
+        damage(
+            f"  <page>\n    <title>{lang} {k}</title>\n    <ns>0</ns>\n    <id>{k + 1}</id>\n"
+            f"    <revision><id>9</id><text>{html.escape(t, quote=False)}</text></revision>\n  </page>\n",
+            k,
+        )
+        for k, t in enumerate(texts)
+    ]
     return ("<mediawiki>\n" + "".join(pages) + "</mediawiki>\n").encode()
 
 
@@ -284,23 +379,37 @@ def _damaged_folder(root, fuzz):
     (bad / "utf8.parquet").write_bytes(fuzz._parquet(recs[20:22]).replace(b"Python", b"Pyth\xff\xfe", 1))
     assert b"Pyth\xff" in (bad / "utf8.parquet").read_bytes()
     # JSON nested 1,000 deep; a lone surrogate
-    (bad / "deep.jsonl").write_text("\n".join([json.dumps(recs[22]), "[" * 1000 + "]" * 1000,
-                                               '{"text": "A lone \\ud800 surrogate."}', json.dumps(recs[23])]) + "\n")
+    (bad / "deep.jsonl").write_text(
+        "\n".join(
+            [
+                json.dumps(recs[22]),
+                "[" * 1000 + "]" * 1000,
+                '{"text": "A lone \\ud800 surrogate."}',
+                json.dumps(recs[23]),
+            ]
+        )
+        + "\n"
+    )
     # WikiExtractor <doc> blocks: no `>`, `</DOC>` (read), `</dco>` (unterminated), cut inside the last
     blocks = [fuzz._doc_block(r) for r in recs[24:28]]
     blocks[0] = blocks[0].replace('">\n', '"\n', 1)
     blocks[1] = blocks[1].replace("</doc>", "</DOC>")
     blocks[2] = blocks[2].replace("</doc>", "</dco>")
     (bad / "AB" / "wiki_00").write_text("".join(blocks[:3]) + blocks[3][:300])
-    texts = [f"Article {k} of the {{lang}} dump tells of {w}. " * 8 for k, w in enumerate(
-        ["rivers", "mountains", "cities", "forests", "deserts", "islands"])]
+    texts = [
+        f"Article {k} of the {{lang}} dump tells of {w}. " * 8
+        for k, w in enumerate(["rivers", "mountains", "cities", "forests", "deserts", "islands"])
+    ]
     # a .xml.gz whose deflate data is damaged half-way; a dump of unparsable, nested, hostile and cut pages
     gz = bytearray(gzip.compress(_xml_dump("de", [t.format(lang="de") for t in texts]), mtime=0))
     gz[len(gz) // 2 : len(gz) // 2 + 40] = bytes(b ^ 0x5A for b in gz[len(gz) // 2 : len(gz) // 2 + 40])
     (bad / "dewiki-pages-articles.xml.gz").write_bytes(bytes(gz))
-    spoil = {1: lambda p: p.replace("</text>", " a < b</text>"), 2: lambda p: p.replace("<title>", "<page>\n<title>"),
-             3: lambda p: p.replace("<ns>0</ns>", "<ns>1.5</ns>"),
-             4: lambda p: p.replace("<text>", "<text>" + "{{a|" * 5000)}
+    spoil = {
+        1: lambda p: p.replace("</text>", " a < b</text>"),
+        2: lambda p: p.replace("<title>", "<page>\n<title>"),
+        3: lambda p: p.replace("<ns>0</ns>", "<ns>1.5</ns>"),
+        4: lambda p: p.replace("<text>", "<text>" + "{{a|" * 5000),
+    }
     fr = _xml_dump("fr", [t.format(lang="fr") for t in texts], lambda p, k: spoil.get(k, lambda p: p)(p))
     (bad / "frwiki-pages-articles.xml").write_bytes(fr[: fr.rindex(b"<revision>")])  # the last page cut
     # a multistream dump whose index is a truncated .bz2
@@ -310,12 +419,26 @@ def _damaged_folder(root, fuzz):
     index_path.write_bytes(bz2.compress(index)[:40])
     (bad / "notes.bz2").write_text("Plain words under a .bz2 name.")
     written = 1 + 6 + 6 + 4 + 6 + 1 + 2 + 1 + 2 + 6  # good files; utf8.parquet, deep.jsonl, AB, fr, es
-    reasons = {"wiki_redirect": 3, "wiki_namespace": 4, "invalid_utf8": 1, "invalid_json": 1, "lone_surrogate": 1,
-               "bad_doc_tag": 1, "unterminated_doc": 1, "truncated_doc": 1, "unparsable_page": 2,
-               "unterminated_page": 1, "markup_budget": 1, "truncated_page": 1}
-    skipped = {bad / "footer.parquet": "unreadable: pyarrow.lib.ArrowInvalid: Parquet magic bytes not found",
-               bad / "dewiki-pages-articles.xml.gz": "unreadable: zlib.error: Error -3 while decompressing data",
-               index_path: "damaged index, its dump read whole: EOFError", bad / "notes.bz2": "unknown format"}
+    reasons = {
+        "wiki_redirect": 3,
+        "wiki_namespace": 4,
+        "invalid_utf8": 1,
+        "invalid_json": 1,
+        "lone_surrogate": 1,
+        "bad_doc_tag": 1,
+        "unterminated_doc": 1,
+        "truncated_doc": 1,
+        "unparsable_page": 2,
+        "unterminated_page": 1,
+        "markup_budget": 1,
+        "truncated_page": 1,
+    }
+    skipped = {
+        bad / "footer.parquet": "unreadable: pyarrow.lib.ArrowInvalid: Parquet magic bytes not found",
+        bad / "dewiki-pages-articles.xml.gz": "unreadable: zlib.error: Error -3 while decompressing data",
+        index_path: "damaged index, its dump read whole: EOFError",
+        bad / "notes.bz2": "unknown format",
+    }
     return written, reasons, {str(k): v for k, v in skipped.items()}
 
 
@@ -326,8 +449,17 @@ def test_a_folder_of_damaged_files_beside_good_ones_is_prepared(repo_root, minil
     fuzz = _load_fuzz()
     written, reasons, skipped = _damaged_folder(tmp_path / "in", fuzz)
     start = time.perf_counter()
-    p = _run(repo_root, "--input", tmp_path / "in", "--output", tmp_path / "out", "--vocab", minilm_dir / "vocab.txt",
-             "--data.dedup", "exact")
+    p = _run(
+        repo_root,
+        "--input",
+        tmp_path / "in",
+        "--output",
+        tmp_path / "out",
+        "--vocab",
+        minilm_dir / "vocab.txt",
+        "--data.dedup",
+        "exact",
+    )
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert time.perf_counter() - start < 120
     m = json.loads((tmp_path / "out" / "manifest.json").read_text())
@@ -348,12 +480,21 @@ def _load_fuzz():
     return load_bench("fuzz_readers")
 
 
-@pytest.mark.parametrize(("name", "error"), [
-    ("p.parquet", "no usable document in 1 input file(s) (0 read: no records; skipped 1: {path} (unreadable: "
-                  "pyarrow.lib.ArrowInvalid: Parquet magic bytes not found in footer."),
-    ("enwiki-pages-articles.xml.gz", "no readable input file under {path} (skipped 1: {path} (unreadable: zlib.error: "
-                                     "Error -3 while decompressing data"),
-])
+@pytest.mark.parametrize(
+    ("name", "error"),
+    [
+        (
+            "p.parquet",
+            "no usable document in 1 input file(s) (0 read: no records; skipped 1: {path} (unreadable: "
+            "pyarrow.lib.ArrowInvalid: Parquet magic bytes not found in footer.",
+        ),
+        (
+            "enwiki-pages-articles.xml.gz",
+            "no readable input file under {path} (skipped 1: {path} (unreadable: zlib.error: "
+            "Error -3 while decompressing data",
+        ),
+    ],
+)
 def test_a_broken_file_named_alone_is_one_line_naming_it(repo_root, minilm_dir, tmp_path, name, error):
     """Such a file killed the job as an internal error naming no file; now one line names it and why."""
     fuzz = _load_fuzz()

@@ -21,8 +21,11 @@ from pipeline.pretrain.job import worker_config
 
 
 def _cfg(tmp_path: Path, *args: str):
-    return resolve_paths(load_config(None, ["--data.output", str(tmp_path / "data"), "--train.storage_path",
-                                            str(tmp_path / "runs"), *args]))
+    return resolve_paths(
+        load_config(
+            None, ["--data.output", str(tmp_path / "data"), "--train.storage_path", str(tmp_path / "runs"), *args]
+        )
+    )
 
 
 @pytest.fixture()
@@ -41,8 +44,17 @@ def tiny_ckpt(tmp_path):
 
 
 def test_minilm_directory_gives_architecture_vocabulary_and_lowercasing(tmp_path, minilm_dir):
-    cfg, init = resolve_init(_cfg(tmp_path, "--model.init", str(minilm_dir), "--model.preset", "null",
-                                  "--model.overrides.hidden_dropout_prob", "0.0"))
+    cfg, init = resolve_init(
+        _cfg(
+            tmp_path,
+            "--model.init",
+            str(minilm_dir),
+            "--model.preset",
+            "null",
+            "--model.overrides.hidden_dropout_prob",
+            "0.0",
+        )
+    )
     bc = cfg.model.encoder_config()
     assert (bc.hidden_size, bc.num_hidden_layers, bc.num_attention_heads, bc.vocab_size) == (384, 6, 12, 30522)
     assert bc.hidden_dropout_prob == 0.0  # a non-architecture override applies on top
@@ -85,11 +97,17 @@ def test_a_checkpoint_with_heads_loads_them_and_an_agreeing_preset_is_fine(tmp_p
         assert torch.equal(model.state_dict()[k], v), k
 
 
-@pytest.mark.parametrize("args,expect", [
-    (["--model.preset", "base"], "model.preset base: hidden_size 768 != 384 in {src}/config.json"),
-    (["--model.preset", "mini"], "model.preset mini: hidden_size 256 != 384 in {src}/config.json"),
-    (["--model.preset", "null", "--model.overrides.num_hidden_layers", "4"], "model.overrides num_hidden_layers: 4 != 6 in {src}/config.json"),
-])
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["--model.preset", "base"], "model.preset base: hidden_size 768 != 384 in {src}/config.json"),
+        (["--model.preset", "mini"], "model.preset mini: hidden_size 256 != 384 in {src}/config.json"),
+        (
+            ["--model.preset", "null", "--model.overrides.num_hidden_layers", "4"],
+            "model.overrides num_hidden_layers: 4 != 6 in {src}/config.json",
+        ),
+    ],
+)
 def test_a_contradicting_architecture_is_one_line_naming_both(tmp_path, minilm_dir, args, expect):
     with pytest.raises(ConfigError) as e:
         resolve_init(_cfg(tmp_path, "--model.init", str(minilm_dir), *args))
@@ -101,20 +119,25 @@ def test_vocabulary_other_than_the_checkpoints_is_refused(tmp_path, minilm_dir, 
     for same in ("vocab.txt", "tokenizer.json"):  # naming the checkpoint's own vocabulary is fine
         cfg, _ = resolve_init(_cfg(tmp_path, *base, "--data.vocab", str(minilm_dir / same)))
         assert cfg.data.vocab == str(minilm_dir / same)
-    with pytest.raises(ConfigError, match=r"^data.vocab .*vocab.txt \(sha256 [0-9a-f]{12}\) is not the vocabulary of model.init"):
+    with pytest.raises(
+        ConfigError, match=r"^data.vocab .*vocab.txt \(sha256 [0-9a-f]{12}\) is not the vocabulary of model.init"
+    ):
         resolve_init(_cfg(tmp_path, *base, "--data.vocab", str(tiny_ckpt[0] / "vocab.txt")))
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "manifest.json").write_text(json.dumps({"vocab_sha256": "ab" * 32}))
     with pytest.raises(ConfigError) as e:
         resolve_init(_cfg(tmp_path, *base))
-    assert str(e.value).startswith(f"data.output {tmp_path / 'data'} was prepared with vocabulary sha256 abababababab, "
-                                   f"model.init {minilm_dir} has ") and "\n" not in str(e.value)
+    assert str(e.value).startswith(
+        f"data.output {tmp_path / 'data'} was prepared with vocabulary sha256 abababababab, "
+        f"model.init {minilm_dir} has "
+    ) and "\n" not in str(e.value)
     resolve_init(_cfg(tmp_path, *base, "--data.overwrite", "true"))  # the user chose to rebuild it
     check_prepared([str(tmp_path / "nothing-yet")], "cd" * 32, "x")  # not prepared yet: fine
 
 
 def test_a_registered_version_with_storage_on_s3_is_copied_there_and_leaves_no_temporary_directory(
-        tmp_path, tiny_ckpt, s3_env, monkeypatch):
+    tmp_path, tiny_ckpt, s3_env, monkeypatch
+):
     """On a cluster with object storage every worker (and the data stage) must read the initial checkpoint from
     the storage, not from a temporary directory on the driver, and the driver's download must not be left behind."""
     import os
@@ -130,8 +153,9 @@ def test_a_registered_version_with_storage_on_s3_is_copied_there_and_leaves_no_t
     bucket = s3_env.bucket()
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     before = set(tmp.iterdir())
-    cfg, init = resolve_init(_cfg(tmp_path, "--model.init", "models:/tiny-init@champion", "--train.storage_path",
-                                  f"s3://{bucket}/runs"))
+    cfg, init = resolve_init(
+        _cfg(tmp_path, "--model.init", "models:/tiny-init@champion", "--train.storage_path", f"s3://{bucket}/runs")
+    )
     assert init.local_dir == f"s3://{bucket}/runs/init/tiny-init-v1"
     assert cfg.data.vocab == f"s3://{bucket}/runs/init/tiny-init-v1/vocab.txt" and cfg.data.lowercase is False
     assert init.weights_sha256 == hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
@@ -143,7 +167,10 @@ def test_a_registered_version_with_storage_on_s3_is_copied_there_and_leaves_no_t
 
 
 def test_not_a_checkpoint_is_one_line(tmp_path):
-    with pytest.raises(ConfigError, match=r"^model.init .*: not models:/name@alias, models:/name/version, or a directory with config.json$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^model.init .*: not models:/name@alias, models:/name/version, or a directory with config.json$",
+    ):
         resolve_init(_cfg(tmp_path, "--model.init", str(tmp_path), "--model.preset", "null"))
     with pytest.raises(ConfigError, match="model.preset null needs model.init"):
         _cfg(tmp_path, "--model.preset", "null")
@@ -173,12 +200,24 @@ def test_run_identity_of_a_warmup_fraction_is_that_of_its_steps(tmp_path):
     fraction = _cfg(tmp_path, "--train.max_steps", "1200", "--train.warmup_fraction", "0.1")
     shape = _cfg(tmp_path, "--train.max_steps", "1200", "--train.warmup_steps", "120", "--train.decay_shape", "linear")
     assert run_identity(steps, datasets) == run_identity(fraction, datasets) == run_identity(shape, datasets)
-    sqrt = _cfg(tmp_path, "--train.max_steps", "1200", "--train.warmup_steps", "120", "--train.schedule", "wsd",
-                "--train.decay_shape", "1-sqrt")
-    assert run_identity(sqrt, datasets) != run_identity(dataclasses.replace(sqrt, train=dataclasses.replace(
-        sqrt.train, decay_shape="linear")), datasets)
-    mixed = [_cfg(tmp_path, "--data.sources", f"[{{name: a, inputs: /a, weight: {w}}}, {{name: b, inputs: /b, weight: 1}}]")
-             for w in ("3", "3.0", "2")]
+    sqrt = _cfg(
+        tmp_path,
+        "--train.max_steps",
+        "1200",
+        "--train.warmup_steps",
+        "120",
+        "--train.schedule",
+        "wsd",
+        "--train.decay_shape",
+        "1-sqrt",
+    )
+    assert run_identity(sqrt, datasets) != run_identity(
+        dataclasses.replace(sqrt, train=dataclasses.replace(sqrt.train, decay_shape="linear")), datasets
+    )
+    mixed = [
+        _cfg(tmp_path, "--data.sources", f"[{{name: a, inputs: /a, weight: {w}}}, {{name: b, inputs: /b, weight: 1}}]")
+        for w in ("3", "3.0", "2")
+    ]
     assert run_identity(mixed[0], datasets) == run_identity(mixed[1], datasets) != run_identity(mixed[2], datasets)
     short = _cfg(tmp_path, "--train.max_steps", "30", "--train.warmup_fraction", "0.1")
     assert run_identity(short, datasets) != run_identity(fraction, datasets)
@@ -196,19 +235,26 @@ def test_a_run_longer_by_max_steps_only_says_it_is_new_and_how_to_continue(tmp_p
     from pipeline.pretrain.identity import longer_run_notice
 
     def notice(cfg):  # what train_stage passes
-        return longer_run_notice(cfg, run_name_for(cfg, datasets), run_identity(cfg, datasets, without=("max_steps",)), uri)
+        return longer_run_notice(
+            cfg, run_name_for(cfg, datasets), run_identity(cfg, datasets, without=("max_steps",)), uri
+        )
 
     uri = sqlite_store(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     datasets = [SimpleNamespace(config_hash="c" * 64, vocab_sha256="v" * 64)]
     short = _cfg(tmp_path, "--train.max_steps", "24")
-    run_id = tracking.start_run("bert-pretrain", run_name_for(short, datasets), {
-        "identity_without_max_steps": run_identity(short, datasets, without=("max_steps",))})
+    run_id = tracking.start_run(
+        "bert-pretrain",
+        run_name_for(short, datasets),
+        {"identity_without_max_steps": run_identity(short, datasets, without=("max_steps",))},
+    )
     tracking.RunLogger(run_id, uri).log_params(short.flat())
 
     longer = _cfg(tmp_path, "--train.max_steps", "48")
     line = notice(longer)
-    assert line.startswith(f"[train] only train.max_steps differs from run {run_name_for(short, datasets)} (24 -> 48 steps")
+    assert line.startswith(
+        f"[train] only train.max_steps differs from run {run_name_for(short, datasets)} (24 -> 48 steps"
+    )
     assert f"{run_name_for(longer, datasets)} is a new run, trained from scratch" in line and "\n" not in line
     assert "no registered version yet" in line and "--model.init models:/bert-pretrain/<version>" in line
 
@@ -238,9 +284,13 @@ def test_a_modernbert_checkpoint_continues_as_modernbert(tmp_path, tiny_ckpt):
     assert type(model).__name__ == "ModernBertForMaskedLM"
     for k, v in saved.state_dict().items():
         assert torch.equal(model.state_dict()[k], v), k
-    with pytest.raises(ConfigError, match=r"^model.preset tiny is BERT, .* is ModernBERT: choose a modernbert-\* preset or null$"):
+    with pytest.raises(
+        ConfigError, match=r"^model.preset tiny is BERT, .* is ModernBERT: choose a modernbert-\* preset or null$"
+    ):
         resolve_init(_cfg(tmp_path, "--model.init", str(path), "--model.preset", "tiny", "--data.nsp", "false"))
-    cfg, _ = resolve_init(_cfg(tmp_path, "--model.init", str(path), "--model.preset", "modernbert-tiny", "--data.nsp", "false"))
+    cfg, _ = resolve_init(
+        _cfg(tmp_path, "--model.init", str(path), "--model.preset", "modernbert-tiny", "--data.nsp", "false")
+    )
     assert cfg.model.family.name == "modernbert"  # an agreeing preset of its family is fine
     with pytest.raises(ConfigError, match=r"is MLM-only \(no NSP head\): set data.nsp false"):
         resolve_init(_cfg(tmp_path, "--model.init", str(path), "--model.preset", "null"))

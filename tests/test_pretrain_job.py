@@ -29,8 +29,20 @@ pytestmark = pytest.mark.slow
 BOOKS = ["08_Ruth.txt", "31_Obad.txt", "32_Jonah.txt", "34_Nahum.txt", "35_Hab.txt", "36_Zep.txt", "37_Hag.txt"]
 # Small and fast: a tiny vocabulary, 4 shards (1 held out), no dropout noise in the comparison tests.
 # the paper's objective (NSP pairs, 15%) rather than tiny.yaml's MLM-only 30%, so NSP is trained and logged here too
-DATA_ARGS = ["--data.vocab_size", "600", "--data.num_shards", "4", "--data.num_actors", "1", "--data.nsp", "true",
-             "--data.mask_rate", "0.15", "--data.max_predictions_per_seq", "20"]
+DATA_ARGS = [
+    "--data.vocab_size",
+    "600",
+    "--data.num_shards",
+    "4",
+    "--data.num_actors",
+    "1",
+    "--data.nsp",
+    "true",
+    "--data.mask_rate",
+    "0.15",
+    "--data.max_predictions_per_seq",
+    "20",
+]
 
 
 def free_port() -> int:
@@ -87,11 +99,28 @@ def prepared(cluster, work, shared_dir):
 
 def job_args(prepared, work, name: str, *extra: str) -> list[str]:
     return [
-        "--config", "configs/tiny.yaml", *prepared["args"],
-        "--train.storage_path", str(work / f"runs-{name}"),
-        "--train.max_steps", "24", "--train.warmup_steps", "4", "--train.eval_every_steps", "8",
-        "--train.checkpoint_every_steps", "12", "--train.micro_batch_size", "16", "--train.global_batch_size", "32",
-        "--tracking.system_metrics_every_s", "2", "--eval.suite", "null", *extra,
+        "--config",
+        "configs/tiny.yaml",
+        *prepared["args"],
+        "--train.storage_path",
+        str(work / f"runs-{name}"),
+        "--train.max_steps",
+        "24",
+        "--train.warmup_steps",
+        "4",
+        "--train.eval_every_steps",
+        "8",
+        "--train.checkpoint_every_steps",
+        "12",
+        "--train.micro_batch_size",
+        "16",
+        "--train.global_batch_size",
+        "32",
+        "--tracking.system_metrics_every_s",
+        "2",
+        "--eval.suite",
+        "null",
+        *extra,
     ]
 
 
@@ -101,7 +130,9 @@ _SHA: dict[str, str] = {}
 def head_sha(repo_root: Path) -> str:
     """The commit under test, read once (other commits may land while the module runs)."""
     if "sha" not in _SHA:
-        _SHA["sha"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root, capture_output=True, text=True).stdout.strip()
+        _SHA["sha"] = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo_root, capture_output=True, text=True
+        ).stdout.strip()
     return _SHA["sha"]
 
 
@@ -112,8 +143,11 @@ def submit(address: str, repo_root: Path, args: list[str], env: dict[str, str], 
     client = JobSubmissionClient(address)
     entry = " ".join([sys.executable, "jobs/pretrain.py", *[f"'{a}'" for a in args]])
     # Ray does not upload .git with the working dir, so the submitter passes the commit (as the README says).
-    runtime_env = {"working_dir": str(repo_root), "excludes": ["data/", "runs/", "mlruns/", "*.db"],
-                   "env_vars": {"RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "GIT_SHA": head_sha(repo_root), **env}}
+    runtime_env = {
+        "working_dir": str(repo_root),
+        "excludes": ["data/", "runs/", "mlruns/", "*.db"],
+        "env_vars": {"RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "GIT_SHA": head_sha(repo_root), **env},
+    }
     for _ in range(60):  # the node's dashboard agent takes a few seconds to register after ray.init
         try:
             job_id = client.submit_job(entrypoint=entry, runtime_env=runtime_env)
@@ -160,7 +194,17 @@ def check_registered(logs: str, model_name: str, prepared: dict, repo_root: Path
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["registered_model"] == f"models:/{model_name}/{version}"
     assert run.data.params["train.max_steps"] == "24" and run.data.params["model.preset"] == "tiny"
-    for key in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "lr", "grad_norm", "tokens_per_s", "examples_per_s"):
+    for key in (
+        "loss",
+        "mlm_loss",
+        "nsp_loss",
+        "mlm_accuracy",
+        "nsp_accuracy",
+        "lr",
+        "grad_norm",
+        "tokens_per_s",
+        "examples_per_s",
+    ):
         steps = [m.step for m in client.get_metric_history(run_id, f"train/{key}")]
         assert sorted(steps) == list(range(1, 25)), key  # every step exactly once
     loss = [m.value for m in sorted(client.get_metric_history(run_id, "train/mlm_loss"), key=lambda m: m.step)]
@@ -180,10 +224,15 @@ def check_registered(logs: str, model_name: str, prepared: dict, repo_root: Path
         assert d.digest == tags["data_manifest_sha256"][:36] or name.endswith(("-phase1", "-phase1-heldout"))
         profile, schema = json.loads(d.profile), json.loads(d.schema)["mlflow_colspec"]
         assert [c["name"] for c in schema][:2] == ["input_ids", "token_type_ids"] and profile["examples"] > 0
-        assert d.source_type == "local" and json.loads(d.source)["uri"].rstrip("/").endswith(name.split("-phase")[0].removesuffix("-heldout"))
+        assert d.source_type == "local" and json.loads(d.source)["uri"].rstrip("/").endswith(
+            name.split("-phase")[0].removesuffix("-heldout")
+        )
     first = json.loads(inputs[(data_name, "training")].profile)
     assert first["manifest_sha256"] == tags["data_manifest_sha256"] and first["shards"] == 3
-    assert first["examples"] + json.loads(inputs[(f"{data_name}-heldout", "eval")].profile)["examples"] == prepared["validate"].examples
+    assert (
+        first["examples"] + json.loads(inputs[(f"{data_name}-heldout", "eval")].profile)["examples"]
+        == prepared["validate"].examples
+    )
     arts = {a.path for a in client.list_artifacts(run_id)} | {a.path for a in client.list_artifacts(run_id, "data")}
     assert {"config.yaml", "data/manifest.json", "data/vocab.txt", "model"} <= arts
 
@@ -231,11 +280,22 @@ def main_job(cluster, prepared, work, repo_root, tracking_server):
     Two phases in one schedule (as base/large do): steps 1-12 on the fixture's 128-token shards, 13-24 on 64-token
     shards that the job prepares itself with phase 1's vocabulary. (A SQLite store is the second store of
     test_stage_truth_comes_from_the_current_tracking_store.)"""
-    phases = json.dumps([{"fraction": 0.5, "max_seq_length": 128, "output": prepared["validate"].output},
-                         {"max_seq_length": 64, "max_predictions_per_seq": 10, "output": str(work / "data-64")}])
+    phases = json.dumps(
+        [
+            {"fraction": 0.5, "max_seq_length": 128, "output": prepared["validate"].output},
+            {"max_seq_length": 64, "max_predictions_per_seq": 10, "output": str(work / "data-64")},
+        ]
+    )
     # the scorecard stage on a test-sized suite (2 trials of 4 steps; configs/tiny.yaml has configs/eval/quick.yaml)
-    args = job_args(prepared, work, "main", "--train.phases", phases,
-                    "--eval.suite", str(repo_root / "tests" / "data" / "eval_stage.yaml"))
+    args = job_args(
+        prepared,
+        work,
+        "main",
+        "--train.phases",
+        phases,
+        "--eval.suite",
+        str(repo_root / "tests" / "data" / "eval_stage.yaml"),
+    )
     return args, tracking_server, submit(cluster, repo_root, args, {"MLFLOW_TRACKING_URI": tracking_server})
 
 
@@ -249,7 +309,9 @@ def test_job_end_to_end(main_job, prepared, work, repo_root, tmp_path, monkeypat
     from pipeline.data.dataset import read_manifest
 
     phase = dict(_history(run_id, "train/phase"))
-    assert {s for s, p in phase.items() if p == 0} == set(range(1, 13)) and {s for s, p in phase.items() if p == 1} == set(range(13, 25))
+    assert {s for s, p in phase.items() if p == 0} == set(range(1, 13)) and {
+        s for s, p in phase.items() if p == 1
+    } == set(range(13, 25))
     short = read_manifest(str(work / "data-64"))
     assert short["config"]["max_seq_length"] == 64 and short["vocab_sha256"] == prepared["validate"].vocab_sha256
     run = tracking.client().get_run(run_id)
@@ -271,8 +333,11 @@ def test_job_end_to_end(main_job, prepared, work, repo_root, tmp_path, monkeypat
 
     from pipeline.evaluate.checkpoint import export_checkpoint, is_pretraining_checkpoint
 
-    final = [c for c in (work / "runs-main").glob("*/checkpoint_*")
-             if c.is_dir() and json.loads((c / "train_state.json").read_text())["step"] == 24]
+    final = [
+        c
+        for c in (work / "runs-main").glob("*/checkpoint_*")
+        if c.is_dir() and json.loads((c / "train_state.json").read_text())["step"] == 24
+    ]
     assert len(final) == 1 and is_pretraining_checkpoint(str(final[0]))
     tags = export_checkpoint(str(final[0]), str(tmp_path / "from-checkpoint"))
     assert tags["pretrain_run_id"] == run_id and tags["source_checkpoint_step"] == "24"
@@ -296,8 +361,9 @@ def test_stage_truth_comes_from_the_current_tracking_store(main_job, cluster, re
     for uri, expect in ((sqlite_store(tmp_path / "b.db"), "running"), (first, "up to date")):
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
         # (the second store's version is not scored: its scorecard stage would only repeat the first's trials)
-        logs = submit(cluster, repo_root, args if uri == first else [*args, "--eval.suite", "null"],
-                      {"MLFLOW_TRACKING_URI": uri})
+        logs = submit(
+            cluster, repo_root, args if uri == first else [*args, "--eval.suite", "null"], {"MLFLOW_TRACKING_URI": uri}
+        )
         assert f"[stage register] {expect}" in logs
         last = logs.strip().splitlines()[-1]
         assert last == (registered if uri == first else "registered models:/bert-pretrain/1"), logs[-3000:]
@@ -330,7 +396,9 @@ def check_in_browser(page, uri: str, model_name: str, info: dict, exp, data_name
     first = page.get_by_test_id("experiment-view-compare-runs-card").first
     first.get_by_text("(eval/loss)").wait_for(timeout=60_000)  # the chart's legend: run name (metric)
     assert first.get_by_role("heading").inner_text() == "loss"
-    assert page.get_by_text("eval/final", exact=True).count() >= 1 and page.get_by_text("train", exact=True).count() >= 1
+    assert (
+        page.get_by_text("eval/final", exact=True).count() >= 1 and page.get_by_text("train", exact=True).count() >= 1
+    )
     page.get_by_placeholder("Search metric charts").fill("train/loss")
     page.get_by_text("(train/loss)").first.wait_for(timeout=30_000)  # the chart's legend: run name (metric)
     page.screenshot(path=str(shots / "run.png"))
@@ -352,7 +420,11 @@ def test_unreachable_tracking_server_fails_before_training(repo_root, work, tmp_
     t = time.time()
     out = subprocess.run(
         [sys.executable, "jobs/pretrain.py", "--config", "configs/tiny.yaml", "--train.storage_path", str(storage)],
-        cwd=repo_root, env=env, capture_output=True, text=True, timeout=120,
+        cwd=repo_root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
@@ -360,8 +432,9 @@ def test_unreachable_tracking_server_fails_before_training(repo_root, work, tmp_
     assert "Traceback" not in out.stderr and not storage.exists() and time.time() - t < 60
 
 
-def test_a_second_identical_command_is_refused_while_the_first_holds_the_run(cluster, prepared, work, tmp_path, repo_root,
-                                                                             monkeypatch):
+def test_a_second_identical_command_is_refused_while_the_first_holds_the_run(
+    cluster, prepared, work, tmp_path, repo_root, monkeypatch
+):
     """The run's storage directory is locked (as the first command's driver holds it): the same command, run on
     the module's cluster, fails at once in one line naming the holder, before it opens an MLflow run or trains.
     ~30 s."""
@@ -376,13 +449,21 @@ def test_a_second_identical_command_is_refused_while_the_first_holds_the_run(clu
     tracking.client().search_experiments()  # the store exists (the first run's), so MLflow has no schema to create
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
     with run_lock(str(storage), "locked"):
-        out = subprocess.run([sys.executable, "jobs/pretrain.py", *job_args(prepared, work, "locked", "--train.run_name", "locked")],
-                             cwd=repo_root, env=env, capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "jobs/pretrain.py", *job_args(prepared, work, "locked", "--train.run_name", "locked")],
+            cwd=repo_root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert out.returncode == 1, out.stderr[-3000:]
     errors = out.stderr.strip().splitlines()
     assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
-    assert errors[0].startswith(f"pretrain: error: run {storage}/locked is being trained by another job "
-                                f"(pid {os.getpid()} on {socket.gethostname()}); wait for it to finish"), errors
+    assert errors[0].startswith(
+        f"pretrain: error: run {storage}/locked is being trained by another job "
+        f"(pid {os.getpid()} on {socket.gethostname()}); wait for it to finish"
+    ), errors
     assert "[stage shards] up to date" in out.stdout and "[stage train]" not in out.stdout
     assert not list(storage.glob("locked/checkpoint_*"))
     assert tracking.find_run("bert-pretrain", "locked") is None  # no MLflow run opened
@@ -394,7 +475,15 @@ def test_a_second_identical_command_is_refused_while_the_first_holds_the_run(clu
 def _cfg(prepared, work, name: str, *extra: str):
     from pipeline.config import load_config, resolve_paths
 
-    args = [*prepared["args"], "--train.storage_path", str(work / "ft-runs"), "--train.run_name", name, *FT_ARGS, *extra]
+    args = [
+        *prepared["args"],
+        "--train.storage_path",
+        str(work / "ft-runs"),
+        "--train.run_name",
+        name,
+        *FT_ARGS,
+        *extra,
+    ]
     return resolve_paths(load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml", args))
 
 
@@ -405,10 +494,27 @@ def _cfg(prepared, work, name: str, *extra: str):
 NO_DROPOUT = ("--model.overrides.hidden_dropout_prob", "0.0", "--model.overrides.attention_probs_dropout_prob", "0.0")
 
 # The fault-tolerance runs' training (tests/test_two_hosts.py repeats the baseline's on two hosts).
-FT_ARGS = ["--train.max_steps", "8", "--train.warmup_steps", "2", "--train.micro_batch_size", "8",
-           "--train.global_batch_size", "32", "--train.checkpoint_every_steps", "4", "--train.eval_every_steps", "4",
-           "--train.shuffle_buffer_rows", "24", "--tracking.system_metrics_every_s", "0", "--eval.suite", "null",
-           *NO_DROPOUT]
+FT_ARGS = [
+    "--train.max_steps",
+    "8",
+    "--train.warmup_steps",
+    "2",
+    "--train.micro_batch_size",
+    "8",
+    "--train.global_batch_size",
+    "32",
+    "--train.checkpoint_every_steps",
+    "4",
+    "--train.eval_every_steps",
+    "4",
+    "--train.shuffle_buffer_rows",
+    "24",
+    "--tracking.system_metrics_every_s",
+    "0",
+    "--eval.suite",
+    "null",
+    *NO_DROPOUT,
+]
 
 
 def weights_digest(checkpoint: str) -> str:
@@ -479,8 +585,9 @@ def baseline(cluster, prepared, work, ft_store, one_host_reference, s3_server):
     before = set(Path(tempfile.gettempdir()).glob("checkpoint-upload-*"))
     digest, run_id = _train(prepared, work, "baseline", "--train.storage_path", storage)
     left = set(Path(tempfile.gettempdir()).glob("checkpoint-upload-*")) - before
-    one_host_reference.update(digest=digest, shards=prepared["validate"].manifest["shards"],
-                              losses=_history(run_id, "train/loss"))
+    one_host_reference.update(
+        digest=digest, shards=prepared["validate"].manifest["shards"], losses=_history(run_id, "train/loss")
+    )
     return digest, run_id, storage, left
 
 
@@ -545,7 +652,9 @@ def test_checkpoints_uploaded_in_the_background_to_s3_resume_exactly(baseline, p
     # the re-run names the damaged checkpoint and the hash it recorded, and falls back to the previous one
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "damaged" in ln]
     recorded = state["files"]["model.safetensors"]
-    assert len(lines) == 1 and lines[0].startswith(f"[train] damaged checkpoint {at[8]} (model.safetensors has sha256 "), lines
+    assert len(lines) == 1 and lines[0].startswith(
+        f"[train] damaged checkpoint {at[8]} (model.safetensors has sha256 "
+    ), lines
     assert lines[0].endswith(f", not the {recorded[:12]} recorded when it was written): resuming from step 4 ({at[4]})")
     assert at[4].startswith(f"{storage}/s3-async/checkpoint_")
     assert digest == baseline[0]
@@ -632,10 +741,15 @@ def test_resuming_with_another_vocabulary_is_refused(interrupted, prepared, work
     from pipeline.data.stages import data_stages
 
     old = prepared["validate"]
-    cfg = DataConfig(**{**old.manifest["config"], "output": str(work / "data-vocabswap"), "vocab": str(minilm_dir / "vocab.txt")})
+    cfg = DataConfig(
+        **{**old.manifest["config"], "output": str(work / "data-vocabswap"), "vocab": str(minilm_dir / "vocab.txt")}
+    )
     rebuilt = run_graph(data_stages(cfg), remote=False, log=lambda m: None)["validate"].result
     assert rebuilt.vocab_sha256 != old.vocab_sha256
-    with pytest.raises(CheckpointMismatch, match=rf"trained with vocabulary sha256 {old.vocab_sha256[:12]}.*{rebuilt.vocab_sha256[:12]}"):
+    with pytest.raises(
+        CheckpointMismatch,
+        match=rf"trained with vocabulary sha256 {old.vocab_sha256[:12]}.*{rebuilt.vocab_sha256[:12]}",
+    ):
         _train(prepared, work, "vocabswap", data=rebuilt)
 
 
@@ -649,8 +763,10 @@ def test_a_run_resumes_on_fewer_workers_with_the_same_losses(baseline, prepared,
 
     runs = work / "uri-runs"
     copy_run(f"{baseline[2]}/baseline", str(runs / "one-worker"))
-    newest = max((d for d in (runs / "one-worker").glob("checkpoint_*") if d.is_dir()),
-                 key=lambda d: json.loads((d / "train_state.json").read_text())["step"])
+    newest = max(
+        (d for d in (runs / "one-worker").glob("checkpoint_*") if d.is_dir()),
+        key=lambda d: json.loads((d / "train_state.json").read_text())["step"],
+    )
     (newest / "model.safetensors").write_bytes(b"")
     capsys.readouterr()
     _, one = _train(prepared, work, "one-worker", "--train.storage_path", runs.as_uri(), "--train.num_workers", "1")
@@ -660,8 +776,10 @@ def test_a_run_resumes_on_fewer_workers_with_the_same_losses(baseline, prepared,
     assert [s for s, _ in both] == list(range(1, 9)) and [s for s, _ in resumed] == [5, 6, 7, 8]
     for (step, want), (_, got) in zip(both[4:], resumed):
         assert got == pytest.approx(want, rel=1e-3), step
-    print(f"largest relative loss difference, 2 workers vs resumed on 1: "
-          f"{max(abs(got / want - 1) for (_, want), (_, got) in zip(both[4:], resumed)):.1e}")
+    print(
+        f"largest relative loss difference, 2 workers vs resumed on 1: "
+        f"{max(abs(got / want - 1) for (_, want), (_, got) in zip(both[4:], resumed)):.1e}"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ model.init
@@ -699,5 +817,7 @@ def test_continued_run_from_a_directory_and_a_registered_version(baseline, prepa
     assert via_registry.source_tags["source_model"] == reg["uri"] and via_registry.heads == "mlm+nsp"
 
     _, other = resolve_init(_cfg(prepared, work, "continued", "--model.init", str(dirs[1])))
-    with pytest.raises(CheckpointMismatch, match=rf"started from {dirs[0]} \(weights sha256 {init.weights_sha256[:12]}\)"):
+    with pytest.raises(
+        CheckpointMismatch, match=rf"started from {dirs[0]} \(weights sha256 {init.weights_sha256[:12]}\)"
+    ):
         run_training(cfg, [data], run_id, "continued", tracking.tracking_uri(), init=other)

@@ -33,9 +33,13 @@ def _rows(rng: np.random.Generator, n: int, lengths: list[int] | None = None, ns
     lengths = lengths or [SEQ] * n
     ids = [np.concatenate([[2], rng.integers(5, VOCAB, size=L - 2), [3]]) for L in lengths]
     pos = [np.sort(rng.choice(np.arange(1, L - 1), size=3, replace=False)) for L in lengths]
-    return {"input_ids": ids, "token_type_ids": [np.zeros(L, np.int64) for L in lengths],
-            "masked_lm_positions": pos, "masked_lm_ids": [rng.integers(5, VOCAB, size=3) for _ in lengths],
-            "next_sentence_label": rng.integers(0, 2, size=n) if nsp else np.full(n, -1)}
+    return {
+        "input_ids": ids,
+        "token_type_ids": [np.zeros(L, np.int64) for L in lengths],
+        "masked_lm_positions": pos,
+        "masked_lm_ids": [rng.integers(5, VOCAB, size=3) for _ in lengths],
+        "next_sentence_label": rng.integers(0, 2, size=n) if nsp else np.full(n, -1),
+    }
 
 
 def _batches(seed: int, num: int, padded: bool) -> list[dict[str, torch.Tensor]]:
@@ -67,9 +71,12 @@ def _step_as_before(t: Trainable, micro_batches, accumulation: int) -> StepStats
     t.optimizer.zero_grad(set_to_none=True)
     lr = t.scheduler.get_last_lr()[0]
     t.scheduler.step()
-    totals = all_reduce_sum(torch.cat([sums, torch.tensor([tokens, examples], dtype=torch.float64)]), torch.device("cpu"))
-    return StepStats(summarise(totals[:-2]), lr, float(grad_norm), int(totals[-1]), int(totals[-2]),
-                     time.perf_counter() - start)
+    totals = all_reduce_sum(
+        torch.cat([sums, torch.tensor([tokens, examples], dtype=torch.float64)]), torch.device("cpu")
+    )
+    return StepStats(
+        summarise(totals[:-2]), lr, float(grad_norm), int(totals[-1]), int(totals[-2]), time.perf_counter() - start
+    )
 
 
 @pytest.mark.parametrize("padded", [False, True])
@@ -84,14 +91,21 @@ def test_sync_free_figures_equal_the_per_step_figures_of_before(padded, log_ever
     torch.manual_seed(7)  # the same dropout stream
     feed, figures, read = iter(data), TrainFigures(), {}
     for step in range(1, steps + 1):
-        figures.add(train_step(after, feed, accumulation=accumulation, counts=counts, summarise=summarise,
-                               device=torch.device("cpu")))
+        figures.add(
+            train_step(
+                after, feed, accumulation=accumulation, counts=counts, summarise=summarise, device=torch.device("cpu")
+            )
+        )
         if step % log_every == 0:
             read[step] = figures.read()
     assert sorted(read) == list(range(log_every, steps + 1, log_every))
     for step, got in read.items():
         want = ref[step - 1]
-        assert got.figures.keys() == want.figures.keys() == {"loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy"}
+        assert (
+            got.figures.keys()
+            == want.figures.keys()
+            == {"loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy"}
+        )
         for k in want.figures:
             assert got.figures[k] == pytest.approx(want.figures[k], rel=1e-12, abs=1e-12), k
         assert got.lr == want.lr and got.grad_norm == pytest.approx(want.grad_norm, rel=1e-12)
@@ -99,7 +113,9 @@ def test_sync_free_figures_equal_the_per_step_figures_of_before(padded, log_ever
         assert got.tokens == sum(r.tokens for r in ref[step - log_every : step])
         assert got.examples == sum(r.examples for r in ref[step - log_every : step]) == 4 * accumulation * log_every
         metrics = got.metrics()
-        assert set(metrics) == {f"train/{k}" for k in (*want.figures, "lr", "grad_norm", "tokens_per_s", "examples_per_s")}
+        assert set(metrics) == {
+            f"train/{k}" for k in (*want.figures, "lr", "grad_norm", "tokens_per_s", "examples_per_s")
+        }
 
 
 @contextlib.contextmanager
@@ -135,7 +151,9 @@ def test_no_host_sync_on_steps_that_are_not_read(padded):
     feed, figures = iter(data), TrainFigures()
     with _host_syncs(roots) as calls:
         for _ in range(3):
-            figures.add(train_step(t, feed, accumulation=2, counts=counts, summarise=summarise, device=torch.device("cpu")))
+            figures.add(
+                train_step(t, feed, accumulation=2, counts=counts, summarise=summarise, device=torch.device("cpu"))
+            )
         assert calls == []
         stats = figures.read()
         assert calls, "the reading is where the host syncs"
@@ -174,7 +192,9 @@ def test_batches_pin_memory_only_for_cuda_and_change_nothing_else():
 
     plan = types.SimpleNamespace(dataset=types.SimpleNamespace(dynamic_masking=False))
     rows = _rows(np.random.default_rng(5), 3, [SEQ, SEQ - 3, SEQ])
-    table = pa.table({k: [list(map(int, r)) for r in v] if isinstance(v, list) else v.tolist() for k, v in rows.items()})
+    table = pa.table(
+        {k: [list(map(int, r)) for r in v] if isinstance(v, list) else v.tolist() for k, v in rows.items()}
+    )
     for unpad in (False, True):  # unpadded batches: `unpad_indices` and `cu_seqlens` instead of the mask, pinned too
         want = collate(rows, unpad=unpad)
         assert ("cu_seqlens" in want) == unpad == ("attention_mask" not in want)
@@ -200,14 +220,23 @@ def test_compiled_encoder_trains_like_eager(tmp_path, monkeypatch):
 
     monkeypatch.setattr(codecache, "_HEADER_DIR", str(tmp_path / "headers"), raising=False)
     monkeypatch.setattr(codecache, "_HEADER_LOCK_DIR", str(tmp_path / "headers" / "locks"), raising=False)
-    data = [collate(_rows(np.random.default_rng(6 + i), 4, [SEQ - 4, SEQ - 5, SEQ - 4, SEQ - 2]), pad_to=SEQ)
-            for i in range(2)]
+    data = [
+        collate(_rows(np.random.default_rng(6 + i), 4, [SEQ - 4, SEQ - 5, SEQ - 4, SEQ - 2]), pad_to=SEQ)
+        for i in range(2)
+    ]
     assert all(b["input_ids"].shape == (4, SEQ) for b in data)
     runs = {}
     for compiled in (False, True):
         torch.manual_seed(0)
-        m = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=VOCAB, max_position_embeddings=SEQ,
-                                                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+        m = BertForPreTraining(
+            BertConfig.from_preset(
+                "tiny",
+                vocab_size=VOCAB,
+                max_position_embeddings=SEQ,
+                hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0,
+            )
+        )
         if compiled:
             from torch._dynamo.utils import counters
 
@@ -215,10 +244,14 @@ def test_compiled_encoder_trains_like_eager(tmp_path, monkeypatch):
             m.bert.encoder.compile_layers()
         opt, sched = make_optimizer(m, "adamw", 1e-3, 0.01, warmup_steps=0, total_steps=10)
         t, feed = Trainable(m, opt, sched), iter(data)
-        runs[compiled] = [train_step(t, feed, accumulation=1, counts=counts, summarise=summarise,
-                                     device=torch.device("cpu")).read() for _ in range(2)]
+        runs[compiled] = [
+            train_step(t, feed, accumulation=1, counts=counts, summarise=summarise, device=torch.device("cpu")).read()
+            for _ in range(2)
+        ]
         assert "encoder.layer.0.attention.self.query.weight" in dict(m.bert.named_parameters())
-        if compiled:  # every layer compiled, and one graph traced for them all (a second layer's guard miss would add one)
+        if (
+            compiled
+        ):  # every layer compiled, and one graph traced for them all (a second layer's guard miss would add one)
             assert all(layer._compiled_call_impl is not None for layer in m.bert.encoder.layer)
             assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     for eager, comp in zip(runs[False], runs[True]):
@@ -242,8 +275,15 @@ def _varied_rows(seed: int) -> dict:
 
 def _no_dropout_model(seed: int = 0) -> BertForPreTraining:
     torch.manual_seed(seed)  # dropout off: the two paths draw different numbers of random values
-    return BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=VOCAB, max_position_embeddings=SEQ,
-                                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    return BertForPreTraining(
+        BertConfig.from_preset(
+            "tiny",
+            vocab_size=VOCAB,
+            max_position_embeddings=SEQ,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
+    )
 
 
 def test_unpadded_batches_give_the_padded_loss_logits_and_gradients():
@@ -273,8 +313,12 @@ def test_unpadded_batches_give_the_padded_loss_logits_and_gradients():
     real = padded["attention_mask"].bool()
     with torch.no_grad():
         h_pad = m.bert(padded["input_ids"], padded["token_type_ids"], padded["attention_mask"]).last_hidden_state
-        h_unpad = m.bert(unpadded["input_ids"], unpadded["token_type_ids"], unpad_indices=unpadded["unpad_indices"],
-                         cu_seqlens=unpadded["cu_seqlens"]).last_hidden_state
+        h_unpad = m.bert(
+            unpadded["input_ids"],
+            unpadded["token_type_ids"],
+            unpad_indices=unpadded["unpad_indices"],
+            cu_seqlens=unpadded["cu_seqlens"],
+        ).last_hidden_state
     torch.testing.assert_close(h_unpad[real], h_pad[real], rtol=0, atol=1e-5)
     assert h_unpad[~real].abs().max() == 0 and h_pad[real].abs().mean() > 0.1
 
@@ -300,8 +344,12 @@ def test_unpadded_forward_reads_nothing_off_the_device(monkeypatch):
         monkeypatch.setattr(torch.Tensor, name, sync)
     with pytest.raises(AssertionError, match="host sync"):  # the patch does catch a read
         bool(torch.ones(()))
-    m.bert(batch["input_ids"], batch["token_type_ids"], unpad_indices=batch["unpad_indices"],
-           cu_seqlens=batch["cu_seqlens"]).last_hidden_state.sum().backward()
+    m.bert(
+        batch["input_ids"],
+        batch["token_type_ids"],
+        unpad_indices=batch["unpad_indices"],
+        cu_seqlens=batch["cu_seqlens"],
+    ).last_hidden_state.sum().backward()
     assert len(built) == 3 * m.config.num_hidden_layers
     assert {(nt._get_min_seqlen(), nt._get_max_seqlen()) for nt in built} == {(1, SEQ)}
 
@@ -315,8 +363,10 @@ def test_unpadded_steps_train_like_padded_steps():
         m = _no_dropout_model()
         opt, sched = make_optimizer(m, "adamw", 1e-3, 0.01, warmup_steps=0, total_steps=10)
         t, feed = Trainable(m, opt, sched), iter([collate(r, unpad=unpad) for r in rows])
-        runs[unpad] = [train_step(t, feed, accumulation=2, counts=counts, summarise=summarise,
-                                  device=torch.device("cpu")).read() for _ in range(2)]
+        runs[unpad] = [
+            train_step(t, feed, accumulation=2, counts=counts, summarise=summarise, device=torch.device("cpu")).read()
+            for _ in range(2)
+        ]
     for padded, unpadded in zip(runs[False], runs[True]):
         assert unpadded.loss == pytest.approx(padded.loss, abs=1e-3)
         assert unpadded.figures.keys() == padded.figures.keys() and "nsp_accuracy" in padded.figures
@@ -330,12 +380,20 @@ def test_unpadded_steps_train_like_padded_steps():
 # ------------------------------------------------------------------------------------------------ the loop itself
 
 
-def _run_loop(monkeypatch, tmp_path, *args: str, eval_files: tuple[str, ...] = ("held.parquet",), lr: float = 1e-3,
-              on_step=None, source_tokens=None) -> tuple[dict[int, dict[str, float]], list[int], list[str]]:
+def _run_loop(
+    monkeypatch,
+    tmp_path,
+    *args: str,
+    eval_files: tuple[str, ...] = ("held.parquet",),
+    lr: float = 1e-3,
+    on_step=None,
+    source_tokens=None,
+) -> tuple[dict[int, dict[str, float]], list[int], list[str]]:
     """`pipeline.pretrain.loop.train_loop_per_worker` on one rank in this process, configs/tiny.yaml with `args`:
     what Ray Train gives a worker (its setup, its data shards, the checkpoint's upload) replaced by a tiny BERT on
     `_batches`, held-out batches when `eval_files`, and records; checkpoints are written (`save_checkpoint`) into
-    `tmp_path`; `on_step(model, step)` after each step. Returns ({step: logged metrics}, the steps checkpointed, the console lines)."""
+    `tmp_path`; `on_step(model, step)` after each step. Returns ({step: logged metrics}, the steps checkpointed, the
+    console lines)."""
     from types import SimpleNamespace
 
     from pipeline.config import load_config
@@ -343,9 +401,20 @@ def _run_loop(monkeypatch, tmp_path, *args: str, eval_files: tuple[str, ...] = (
     from pipeline.pretrain.loader import PhasePlan, Step
     from pipeline.pretrain.worker import PretrainHandoff, Worker
 
-    cfg = load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml",
-                      ["--train.num_workers", "1", "--train.global_batch_size", "4", "--train.micro_batch_size", "4",
-                       "--train.warmup_steps", "2", *args])
+    cfg = load_config(
+        Path(__file__).parents[1] / "configs" / "tiny.yaml",
+        [
+            "--train.num_workers",
+            "1",
+            "--train.global_batch_size",
+            "4",
+            "--train.micro_batch_size",
+            "4",
+            "--train.warmup_steps",
+            "2",
+            *args,
+        ],
+    )
     steps = cfg.train.max_steps
     tmp_path.mkdir(parents=True, exist_ok=True)
     plan = PhasePlan(SimpleNamespace(), steps, 4, 4, ("train.parquet",), 4 * steps, eval_files, False)
@@ -373,8 +442,15 @@ def _run_loop(monkeypatch, tmp_path, *args: str, eval_files: tuple[str, ...] = (
     held = _batches(4, 2, padded=True)
 
     def rank_steps(plan, phase, rank, world, seed, rows, done, **_):  # `source_tokens(k)`: a mixture's counts at step k
-        return (Step([b], int((b["masked_lm_positions"] >= 0).sum()), len(b["input_ids"]),
-                     source_tokens(k) if source_tokens else None) for k, b in enumerate(data[done:], done + 1))
+        return (
+            Step(
+                [b],
+                int((b["masked_lm_positions"] >= 0).sum()),
+                len(b["input_ids"]),
+                source_tokens(k) if source_tokens else None,
+            )
+            for k, b in enumerate(data[done:], done + 1)
+        )
 
     @contextlib.contextmanager
     def checkpoint_dir(background):
@@ -387,9 +463,15 @@ def _run_loop(monkeypatch, tmp_path, *args: str, eval_files: tuple[str, ...] = (
     # the real eval_batches without held-out files (it returns before Ray), else the held-out batches
     real_eval_batches = loop.eval_batches
     monkeypatch.setattr(loop, "eval_batches", lambda plan, *a: held if plan.eval_files else real_eval_batches(plan, *a))
-    monkeypatch.setattr(loop, "cluster", SimpleNamespace(
-        uploads_in_background=lambda mode, path: False, checkpoint_dir=checkpoint_dir,
-        report=lambda metrics, d, **_: saved.append(metrics["step"])))
+    monkeypatch.setattr(
+        loop,
+        "cluster",
+        SimpleNamespace(
+            uploads_in_background=lambda mode, path: False,
+            checkpoint_dir=checkpoint_dir,
+            report=lambda metrics, d, **_: saved.append(metrics["step"]),
+        ),
+    )
     monkeypatch.setattr(loop, "say", said.append, raising=False)
     hook = None if on_step is None else lambda step, rank: on_step(m, step)
     loop.train_loop_per_worker(PretrainHandoff(cfg, [plan], "run", "uri", "sha", on_step=hook))
@@ -403,17 +485,21 @@ def test_the_loop_evaluates_only_held_out_rows(monkeypatch, tmp_path):
     logged, saved, said = _run_loop(monkeypatch, tmp_path / "held", *args)
     assert [s for s in logged if "eval/loss" in logged[s]] == [2, 4] and saved == [4] and said == []
     assert logged[4]["eval/masked_tokens"] > 0
-    logged, saved, said = _run_loop(monkeypatch, tmp_path / "none", *args, "--train.num_eval_shards", "0",
-                                    eval_files=())
+    logged, saved, said = _run_loop(
+        monkeypatch, tmp_path / "none", *args, "--train.num_eval_shards", "0", eval_files=()
+    )
     assert not any(k.startswith("eval/") for m in logged.values() for k in m) and saved == [4]
     assert said == ["[train] phase 0: no evaluation, nothing is held out (train.num_eval_shards is 0)"]
 
 
-@pytest.mark.parametrize("shards, num_eval_shards, read", [
-    (("a", "b", "c"), 1, ["c"]),
-    (("a", "b", "c"), 0, []),  # nothing held out: the training shard "c" was scored before
-    (("a",), 1, []),  # one shard: it is trained on, never held out
-])
+@pytest.mark.parametrize(
+    "shards, num_eval_shards, read",
+    [
+        (("a", "b", "c"), 1, ["c"]),
+        (("a", "b", "c"), 0, []),  # nothing held out: the training shard "c" was scored before
+        (("a",), 1, []),  # one shard: it is trained on, never held out
+    ],
+)
 def test_the_final_evaluation_never_scores_training_rows(monkeypatch, shards, num_eval_shards, read):
     """`evaluate_stage` reads the held-out shards only; with none it logs no eval/final/* and says so in one line
     naming train.num_eval_shards (the evaluation of the real weights: tests/test_pretrain_job.py)."""
@@ -426,21 +512,38 @@ def test_the_final_evaluation_never_scores_training_rows(monkeypatch, shards, nu
     from pipeline.config import load_config
     from pipeline.pretrain import job
 
-    cfg = load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml",
-                      ["--train.num_workers", "1", "--train.global_batch_size", "4", "--train.micro_batch_size", "4",
-                       "--train.num_eval_shards", str(num_eval_shards)])
+    cfg = load_config(
+        Path(__file__).parents[1] / "configs" / "tiny.yaml",
+        [
+            "--train.num_workers",
+            "1",
+            "--train.global_batch_size",
+            "4",
+            "--train.micro_batch_size",
+            "4",
+            "--train.num_eval_shards",
+            str(num_eval_shards),
+        ],
+    )
     ds = SimpleNamespace(output="d", shards=tuple((s, 8) for s in shards), vocab_size=VOCAB, dynamic_masking=False)
     rows = _rows(np.random.default_rng(0), 8)
-    table = pa.table({k: [np.asarray(v).tolist() for v in col] if k != "next_sentence_label" else col.tolist()
-                      for k, col in rows.items()})
+    table = pa.table(
+        {
+            k: [np.asarray(v).tolist() for v in col] if k != "next_sentence_label" else col.tolist()
+            for k, col in rows.items()
+        }
+    )
     opened, logged, said = [], {}, []
     monkeypatch.setattr(pipeline.storage.io, "read_table", lambda path: opened.append(path) or table)
     monkeypatch.setattr(job, "load_trained", lambda *a: _trainable().model.eval())
     monkeypatch.setattr(job, "server_needed", lambda *a: contextlib.nullcontext())
     monkeypatch.setattr(job, "send_pending", lambda *a: None)
     monkeypatch.setattr(job, "say", said.append, raising=False)
-    monkeypatch.setitem(tracking.__dict__, "RunLogger", lambda *a: SimpleNamespace(
-        log_metrics=lambda metrics, step: logged.update(metrics)))
+    monkeypatch.setitem(
+        tracking.__dict__,
+        "RunLogger",
+        lambda *a: SimpleNamespace(log_metrics=lambda metrics, step: logged.update(metrics)),
+    )
     trained = job.TrainResult("ckpt", "run", "name", cfg.train.max_steps)
     final = job.evaluate_stage(cfg, trained, ds, "uri")
     assert opened == read and final == logged
@@ -448,10 +551,15 @@ def test_the_final_evaluation_never_scores_training_rows(monkeypatch, shards, nu
         assert logged["eval/final/masked_tokens"] == 8 * 3 and len(said) == 1
     else:
         assert logged == {}
-        why = ("train.num_eval_shards is 0" if num_eval_shards == 0 else
-               "train.num_eval_shards 1 holds out no shard of a dataset of 1 shard: one is always left to train on")
-        assert said == [f"[evaluate] skipped: nothing is held out ({why}); the final evaluation never scores training "
-                        "data, so no eval/final/* is logged"]
+        why = (
+            "train.num_eval_shards is 0"
+            if num_eval_shards == 0
+            else "train.num_eval_shards 1 holds out no shard of a dataset of 1 shard: one is always left to train on"
+        )
+        assert said == [
+            f"[evaluate] skipped: nothing is held out ({why}); the final evaluation never scores training "
+            "data, so no eval/final/* is logged"
+        ]
 
 
 def _poison(model: torch.nn.Module, used: bool = True) -> None:
@@ -478,8 +586,10 @@ def test_a_non_finite_step_is_named_at_the_next_reading_without_a_sync_before_it
         for step in range(1, 5):
             if step == 3:
                 _poison(t.model)
-            figures.add(train_step(t, feed, accumulation=2, counts=counts, summarise=summarise,
-                                   device=torch.device("cpu")), step)
+            figures.add(
+                train_step(t, feed, accumulation=2, counts=counts, summarise=summarise, device=torch.device("cpu")),
+                step,
+            )
             if step % log_every == 0 and step < 3:
                 assert np.isfinite(figures.read().loss)
             elif step % log_every == 0:
@@ -521,13 +631,22 @@ def test_the_loop_stops_at_a_non_finite_step_and_checkpoints_nothing_from_it(mon
         if step == 5:
             _poison(model, used=cause == "used")
 
-    args = ["--train.max_steps", "12", "--train.log_every_steps", "3", "--train.checkpoint_every_steps", "2",
-            "--train.eval_every_steps", "0"]
+    args = [
+        "--train.max_steps",
+        "12",
+        "--train.log_every_steps",
+        "3",
+        "--train.checkpoint_every_steps",
+        "2",
+        "--train.eval_every_steps",
+        "0",
+    ]
     if cause == "lr":
         args += ["--train.lr", "1e4", "--train.max_grad_norm", "0"]
     with pytest.raises(NonFiniteLoss) as e:
-        _run_loop(monkeypatch, tmp_path, *args, lr=1e4 if cause == "lr" else 1e-3,
-                  on_step=None if cause == "lr" else poison)
+        _run_loop(
+            monkeypatch, tmp_path, *args, lr=1e4 if cause == "lr" else 1e-3, on_step=None if cause == "lr" else poison
+        )
     msg = str(e.value)
     step = int(msg.split(" at step ")[1].split(" ")[0].rstrip(":"))
     if cause == "used":
@@ -546,10 +665,22 @@ def test_a_mixture_logs_each_sources_tokens_so_far_and_its_checkpoint_keeps_a_fi
     (`source_tokens_before`, what a run resumed in a later phase adds to), earlier ones keep none yet."""
     import json
 
-    logged, saved, _ = _run_loop(monkeypatch, tmp_path, "--train.max_steps", "6", "--train.log_every_steps", "2",
-                                 "--train.checkpoint_every_steps", "3", eval_files=(),
-                                 source_tokens=lambda k: {"books": 30 * k, "wiki": 10 * k})
-    assert {k: (v["train/source_tokens/books"], v["train/source_tokens/wiki"]) for k, v in logged.items()
-            if "train/source_tokens/books" in v} == {2: (60, 20), 3: (90, 30), 4: (120, 40), 6: (180, 60)}
+    logged, saved, _ = _run_loop(
+        monkeypatch,
+        tmp_path,
+        "--train.max_steps",
+        "6",
+        "--train.log_every_steps",
+        "2",
+        "--train.checkpoint_every_steps",
+        "3",
+        eval_files=(),
+        source_tokens=lambda k: {"books": 30 * k, "wiki": 10 * k},
+    )
+    assert {
+        k: (v["train/source_tokens/books"], v["train/source_tokens/wiki"])
+        for k, v in logged.items()
+        if "train/source_tokens/books" in v
+    } == {2: (60, 20), 3: (90, 30), 4: (120, 40), 6: (180, 60)}
     states = [json.loads((d / "train_state.json").read_text()) for d in sorted(tmp_path.glob("checkpoint_*"))]
     assert [s.get("source_tokens_before") for s in states] == [{}, {"books": 180, "wiki": 60}] and saved == [3, 6]

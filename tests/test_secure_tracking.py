@@ -71,7 +71,9 @@ def postgres():
     out = subprocess.run([pg_bin("initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "--no-sync"], **run)
     assert out.returncode == 0, out.stderr
     opts = f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories={root} -c fsync=off"
-    out = subprocess.run([pg_bin("pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-w", "-t", "240", "-o", opts, "start"], **run)
+    out = subprocess.run(
+        [pg_bin("pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-w", "-t", "240", "-o", opts, "start"], **run
+    )
     assert out.returncode == 0, out.stdout + out.stderr + (root / "log").read_text()
     try:
         yield {"PGHOST": str(root), "PGPORT": str(port)}
@@ -85,11 +87,18 @@ def rendered_head_commands(repo_root: Path, secret_file: Path) -> list[str]:
     `~/bert-pipeline` is, the test's secret file, and no `sudo -u postgres` (the test's PGUSER is the superuser).
     `install` (apt-get, systemctl) is what .ci/run does instead."""
     cluster = yaml.safe_load((repo_root / "cluster.yaml").read_text())
-    cmds = [c for c in cluster["head_setup_commands"] + cluster["head_start_ray_commands"]
-            if "deploy/mlflow_head.sh" in c and "mlflow_head.sh install" not in c]
+    cmds = [
+        c
+        for c in cluster["head_setup_commands"] + cluster["head_start_ray_commands"]
+        if "deploy/mlflow_head.sh" in c and "mlflow_head.sh install" not in c
+    ]
     assert [("init-db" in c, " start" in c) for c in cmds] == [(True, False), (False, True)], cmds
-    return [c.replace("~/bert-pipeline", str(repo_root)).replace("~/.bert-pipeline/mlflow.env", str(secret_file))
-             .replace("sudo -u postgres ", "") for c in cmds]
+    return [
+        c.replace("~/bert-pipeline", str(repo_root))
+        .replace("~/.bert-pipeline/mlflow.env", str(secret_file))
+        .replace("sudo -u postgres ", "")
+        for c in cmds
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -106,20 +115,34 @@ def tracking_server(postgres, repo_root, tmp_path_factory):
     (work / "state" / "admin-password").chmod(0o600)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PG"))}
-    env.update(postgres, PGUSER="postgres", PYTHON=sys.executable, MLFLOW_HOST="127.0.0.1", MLFLOW_PORT=str(port),
-               MLFLOW_SERVER_DIR=str(work / "state"), MLFLOW_SERVER_WORKERS="1", MLFLOW_START_TIMEOUT=str(START_TIMEOUT_S),
-               PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
+    env.update(
+        postgres,
+        PGUSER="postgres",
+        PYTHON=sys.executable,
+        MLFLOW_HOST="127.0.0.1",
+        MLFLOW_PORT=str(port),
+        MLFLOW_SERVER_DIR=str(work / "state"),
+        MLFLOW_SERVER_WORKERS="1",
+        MLFLOW_START_TIMEOUT=str(START_TIMEOUT_S),
+        PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
+    )
     cmds = rendered_head_commands(repo_root, secret)
     # cluster.yaml sends artifacts to S3; here a local directory stands in for the bucket.
     cmds[1] = cmds[1].replace("s3://my-bert-bucket/mlflow-artifacts", str(work / "artifacts"))
     stop = f"bash {repo_root / 'deploy' / 'mlflow_head.sh'} stop"
     try:
         for cmd in cmds:  # from a directory of their own, where nothing may appear (tested)
-            out = subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True, timeout=START_TIMEOUT_S + 60,
-                                 cwd=work)
+            out = subprocess.run(
+                ["bash", "-c", cmd], env=env, capture_output=True, text=True, timeout=START_TIMEOUT_S + 60, cwd=work
+            )
             assert out.returncode == 0, f"{cmd}\n{out.stdout}\n{out.stderr}"
-        yield {"uri": f"http://127.0.0.1:{port}", "log": work / "state" / "server.log", "artifacts": work / "artifacts",
-               "cwd": work, "pg": postgres}
+        yield {
+            "uri": f"http://127.0.0.1:{port}",
+            "log": work / "state" / "server.log",
+            "artifacts": work / "artifacts",
+            "cwd": work,
+            "pg": postgres,
+        }
     finally:
         subprocess.run(["bash", "-c", stop], env=env, capture_output=True, timeout=120)
         pid_file = work / "state" / "server.pid"
@@ -171,8 +194,13 @@ def test_server_state_is_private_and_secrets_are_not_on_its_command_line(trackin
     # ./basic_auth.db in the directory the server was started from (what a comment line inside the script's start
     # command once made of it).
     assert {p.name for p in tracking_server["cwd"].iterdir()} <= {"artifacts", "mlflow.env", "state"}
-    out = subprocess.run([pg_bin("psql"), "-U", "postgres", "-d", "mlflow_auth", "-AtX", "-c", "SELECT username FROM users"],
-                         env={**os.environ, **tracking_server["pg"]}, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [pg_bin("psql"), "-U", "postgres", "-d", "mlflow_auth", "-AtX", "-c", "SELECT username FROM users"],
+        env={**os.environ, **tracking_server["pg"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert sorted(out.stdout.split()) == ["admin", JOBS_USER], out.stdout + out.stderr
 
 
@@ -214,9 +242,21 @@ def test_credentials_in_the_uri_itself_are_used_and_never_shown(tracking_server,
 def test_job_with_wrong_password_fails_in_one_line_before_ray(tracking_server, repo_root, tmp_path):
     storage = tmp_path / "runs"
     out = subprocess.run(
-        [sys.executable, "jobs/pretrain.py", "--config", "configs/tiny.yaml", "--train.storage_path", str(storage),
-         "--data.output", str(tmp_path / "data")],
-        cwd=repo_root, env=job_env(tracking_server["uri"], "wrong-password"), capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "jobs/pretrain.py",
+            "--config",
+            "configs/tiny.yaml",
+            "--train.storage_path",
+            str(storage),
+            "--data.output",
+            str(tmp_path / "data"),
+        ],
+        cwd=repo_root,
+        env=job_env(tracking_server["uri"], "wrong-password"),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode != 0
     lines = out.stderr.strip().splitlines()
@@ -243,13 +283,38 @@ def pretrained(tracking_server, ray_head, repo_root, shared_dir, tmp_path_factor
     work = tmp_path_factory.mktemp("pretrain")
     inputs = json.dumps([str(shared_dir / "corpora" / "books" / b) for b in BOOKS])
     out = subprocess.run(
-        [sys.executable, str(repo_root / "jobs" / "pretrain.py"), "--config", str(repo_root / "configs" / "tiny.yaml"),
-         "--data.inputs", inputs,
-         "--data.output", str(work / "data"), "--train.storage_path", str(work / "runs"),
-         "--data.vocab_size", "600", "--data.num_shards", "4", "--data.num_actors", "1", "--train.max_steps", "4",
-         "--train.micro_batch_size", "8", "--train.global_batch_size", "8", "--train.num_workers", "1",
-         "--eval.suite", "null"],
-        cwd=work, env={**job_env(tracking_server["uri"]), "RAY_ADDRESS": ray_head}, capture_output=True, text=True,
+        [
+            sys.executable,
+            str(repo_root / "jobs" / "pretrain.py"),
+            "--config",
+            str(repo_root / "configs" / "tiny.yaml"),
+            "--data.inputs",
+            inputs,
+            "--data.output",
+            str(work / "data"),
+            "--train.storage_path",
+            str(work / "runs"),
+            "--data.vocab_size",
+            "600",
+            "--data.num_shards",
+            "4",
+            "--data.num_actors",
+            "1",
+            "--train.max_steps",
+            "4",
+            "--train.micro_batch_size",
+            "8",
+            "--train.global_batch_size",
+            "8",
+            "--train.num_workers",
+            "1",
+            "--eval.suite",
+            "null",
+        ],
+        cwd=work,
+        env={**job_env(tracking_server["uri"]), "RAY_ADDRESS": ray_head},
+        capture_output=True,
+        text=True,
         timeout=900,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -281,7 +346,8 @@ def test_pretraining_registers_a_version_on_the_authenticated_server(pretrained,
 
 
 def test_finetuning_from_latest_pretrain_with_a_learning_rate_sweep_registers_the_best_trial(
-        pretrained, tracking_server, ray_head, repo_root, shared_dir, tmp_path, monkeypatch):
+    pretrained, tracking_server, ray_head, repo_root, shared_dir, tmp_path, monkeypatch
+):
     """Fine-tuning starts from `models:/bert-pretrain@latest-pretrain` on the server, with `--tune.lr 1e-4,3e-3`:
     Ray Tune runs a trial per LR (each the job's Ray Train run, rank 0 logging to the server with the cluster's
     credentials), MLflow holds one parent run and a child run per LR, and the one registered version is the best
@@ -290,13 +356,40 @@ def test_finetuning_from_latest_pretrain_with_a_learning_rate_sweep_registers_th
     tests/test_finetune.py::test_resolve_registry_lineage.)"""
     task = shared_dir / "tasks" / "pydocs_topic"
     out = subprocess.run(
-        [sys.executable, str(repo_root / "jobs" / "finetune.py"), "--model", "models:/bert-pretrain@latest-pretrain",
-         "--task", "sequence-classification", "--train", str(task / "train.tsv"), "--eval", str(task / "dev.tsv"),
-         "--data.max_seq_length", "32",
-         "--data.max_train_examples", "64", "--data.max_eval_examples", "32", "--train.batch_size", "16",
-         "--train.max_steps", "4", "--tune.lr", "1e-4,3e-3", "--train.storage_path", str(tmp_path / "sweep"),
-         "--tracking.experiment", "tune-lr", "--tracking.model_name", "tune-lr"],
-        cwd=tmp_path, env={**job_env(tracking_server["uri"]), "RAY_ADDRESS": ray_head}, capture_output=True, text=True,
+        [
+            sys.executable,
+            str(repo_root / "jobs" / "finetune.py"),
+            "--model",
+            "models:/bert-pretrain@latest-pretrain",
+            "--task",
+            "sequence-classification",
+            "--train",
+            str(task / "train.tsv"),
+            "--eval",
+            str(task / "dev.tsv"),
+            "--data.max_seq_length",
+            "32",
+            "--data.max_train_examples",
+            "64",
+            "--data.max_eval_examples",
+            "32",
+            "--train.batch_size",
+            "16",
+            "--train.max_steps",
+            "4",
+            "--tune.lr",
+            "1e-4,3e-3",
+            "--train.storage_path",
+            str(tmp_path / "sweep"),
+            "--tracking.experiment",
+            "tune-lr",
+            "--tracking.model_name",
+            "tune-lr",
+        ],
+        cwd=tmp_path,
+        env={**job_env(tracking_server["uri"]), "RAY_ADDRESS": ray_head},
+        capture_output=True,
+        text=True,
         timeout=900,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -312,7 +405,9 @@ def _check_sweep(lines: list[str], c, storage: Path, source_mv) -> None:
     # one line per trial start and end and one naming the best; none of Tune's own tables or banners
     assert sum(line.startswith("[tune] trial ") for line in lines) == 4
     assert sum(line.startswith("[tune] best: lr ") for line in lines) == 1
-    assert not any(s in "\n".join(lines) for s in ("Trial status", "View detailed results", "Configuration for experiment"))
+    assert not any(
+        s in "\n".join(lines) for s in ("Trial status", "View detailed results", "Configuration for experiment")
+    )
 
     runs = c.search_runs([c.get_experiment_by_name("tune-lr").experiment_id])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
@@ -339,6 +434,10 @@ def _check_sweep(lines: list[str], c, storage: Path, source_mv) -> None:
     assert mv.tags["source_model"] == f"models:/bert-pretrain/{source_mv.version}"
     assert mv.tags["pretrain_run_id"] == source_mv.tags["run_id"]
     assert parent.data.tags["tune_best_run_id"] == best.info.run_id
-    assert float(parent.data.tags["tune_best_lr"]) == parent.data.metrics["tune/best_lr"] == float(best.data.params["train.lr"])
+    assert (
+        float(parent.data.tags["tune_best_lr"])
+        == parent.data.metrics["tune/best_lr"]
+        == float(best.data.params["train.lr"])
+    )
     assert metrics["accuracy"] == pytest.approx(best.data.metrics["best/accuracy"])
     assert parent.data.metrics["best/accuracy"] == pytest.approx(metrics["accuracy"])

@@ -26,17 +26,29 @@ from pipeline.data.signing import (
     windows,
 )
 
-EDGE = ["", " ", "a", "A b", "one two three four", "one two three four five", "one two three four five six",
-        "Straße\u00a0 IS\r\nhere\u2003and   ΣΑΣ  ΌΣΟΣ \u3000 end\u2028x\x1cy\x85z", "\t lead and trail \n",
-        "x " * 3000, "İstanbul ǅ ﬁ ﬃ"]
+EDGE = [
+    "",
+    " ",
+    "a",
+    "A b",
+    "one two three four",
+    "one two three four five",
+    "one two three four five six",
+    "Straße\u00a0 IS\r\nhere\u2003and   ΣΑΣ  ΌΣΟΣ \u3000 end\u2028x\x1cy\x85z",
+    "\t lead and trail \n",
+    "x " * 3000,
+    "İstanbul ǅ ﬁ ﬃ",
+]
 """Texts shorter than a shingle, empty, all whitespace, Unicode whitespace and case folds that change length."""
 
 
 @pytest.fixture(scope="module")
 def texts(shared_dir) -> list[str]:
     """EDGE, three shared books and the first 40 wiki articles: the texts the values below were pinned on."""
-    books = [(shared_dir / "corpora/books" / n).read_text(encoding="utf-8") for n in ("08_Ruth.txt", "31_Obad.txt",
-                                                                                      "57_Phmn.txt")]
+    books = [
+        (shared_dir / "corpora/books" / n).read_text(encoding="utf-8")
+        for n in ("08_Ruth.txt", "31_Obad.txt", "57_Phmn.txt")
+    ]
     with gzip.open(shared_dir / "corpora/wiki/pydocs.jsonl.gz", "rt", encoding="utf-8") as f:
         wiki = [json.loads(line)["text"] for _, line in zip(range(40), f)]
     return EDGE + books + wiki
@@ -46,8 +58,9 @@ def _digest(a: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]
 
 
-@pytest.mark.parametrize("window_chars, batch_shingles, batch_words", [(1 << 20, 1 << 21, 1 << 16), (37, 50, 7),
-                                                                      (300, 1, 1)])
+@pytest.mark.parametrize(
+    "window_chars, batch_shingles, batch_words", [(1 << 20, 1 << 21, 1 << 16), (37, 50, 7), (300, 1, 1)]
+)
 @pytest.mark.parametrize(
     "params, sigs_digest",
     [
@@ -56,8 +69,9 @@ def _digest(a: np.ndarray) -> str:
         (DedupParams(num_perm=16, shingle_size=1), "c38abcaa20cde03b"),
     ],
 )
-def test_records_are_the_values_pinned_before_streaming(texts, params, sigs_digest, window_chars, batch_shingles,
-                                                        batch_words):
+def test_records_are_the_values_pinned_before_streaming(
+    texts, params, sigs_digest, window_chars, batch_shingles, batch_words
+):
     """The digests were taken with the one-shot code (whole normalised text, all shingles in one rensa call), before
     documents were shingled in batches of words (a batch of 1 or 7 words flushes inside nearly every document)."""
     keys, sigs = records(texts, params, window_chars, batch_shingles, batch_words)
@@ -69,7 +83,7 @@ def test_records_are_the_values_pinned_before_streaming(texts, params, sigs_dige
 def test_streamed_equals_one_shot(texts, window_chars):
     """Against the definitions: blake2b of normalise(text), rensa over all of shingle_hashes(text) at once."""
     params = DedupParams(num_perm=32, shingle_size=4)
-    sample = EDGE + random.Random(window_chars).sample(texts[len(EDGE):], 8)
+    sample = EDGE + random.Random(window_chars).sample(texts[len(EDGE) :], 8)
     keys, sigs = records(sample, params, window_chars=window_chars, batch_shingles=97, batch_words=window_chars + 2)
     assert keys.tobytes() == b"".join(hashlib.blake2b(normalise(t).encode(), digest_size=16).digest() for t in sample)
     one_shot = signatures_of_shingles([shingle_hashes(t, params.shingle_size) for t in sample], params)
@@ -87,8 +101,9 @@ def test_exact_mode_signs_nothing():
 def test_windows_never_cut_a_word(window_chars):
     spaces = "".join(chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace())
     rng = random.Random(window_chars)
-    text = "".join(rng.choice(["Ab", "ß", "ǅx", "ﬁ", "word", rng.choice(spaces), rng.choice(spaces) * 3])
-                   for _ in range(2000))
+    text = "".join(
+        rng.choice(["Ab", "ß", "ǅx", "ﬁ", "word", rng.choice(spaces), rng.choice(spaces) * 3]) for _ in range(2000)
+    )
     words = [w for ws in windows(text, window_chars) for w in ws]
     assert " ".join(words) == normalise(text)
 

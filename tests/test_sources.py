@@ -73,8 +73,9 @@ def test_jsonl_bad_records_are_counted(tmp_path):
     (tmp_path / "w.jsonl").write_bytes(raw)
     _, _, docs, reasons = _read_all([tmp_path / "w.jsonl"])
     assert [d.text for d in docs] == ["Good one.", "Good two."]
-    assert reasons == Counter(invalid_json=2, missing_text=1, null_text=1, text_not_string=1, empty=1,
-                              word_too_long=1, invalid_utf8=1)
+    assert reasons == Counter(
+        invalid_json=2, missing_text=1, null_text=1, text_not_string=1, empty=1, word_too_long=1, invalid_utf8=1
+    )
     # record numbers (the low half of doc_id) count records, so ids are stable
     assert [d.doc_id & 0xFFFFFFFF for d in docs] == [0, 8]
 
@@ -146,8 +147,11 @@ def _wikiext_doc(i, title, body):
     return f'<doc id="{i}" url="https://en.wikipedia.org/wiki?curid={i}" title="{title}">\n{title}\n\n{body}\n</doc>\n'
 
 
-WIKIEXT_DOCS = [("12", "Anarchism", "Anarchism is a political philosophy.\nHistory.\nIt grew &amp; spread."),
-                ("25", "Autism", "Autism is a condition."), ("39", "Stub", "")]
+WIKIEXT_DOCS = [
+    ("12", "Anarchism", "Anarchism is a political philosophy.\nHistory.\nIt grew &amp; spread."),
+    ("25", "Autism", "Autism is a condition."),
+    ("39", "Stub", ""),
+]
 
 
 @pytest.mark.parametrize("form", ["doc", "json"])
@@ -158,8 +162,10 @@ def test_wikiextractor_output_recognised_by_content(tmp_path, form, compress):
     if form == "doc":
         bodies = ["".join(_wikiext_doc(i, t, b) for i, t, b in WIKIEXT_DOCS[:2]), _wikiext_doc(*WIKIEXT_DOCS[2])]
     else:
-        bodies = ["".join(json.dumps({"id": i, "url": "u", "title": t, "text": b}) + "\n" for i, t, b in WIKIEXT_DOCS[:2]),
-                  json.dumps({"id": "39", "url": "u", "title": "Stub", "text": ""}) + "\n"]
+        bodies = [
+            "".join(json.dumps({"id": i, "url": "u", "title": t, "text": b}) + "\n" for i, t, b in WIKIEXT_DOCS[:2]),
+            json.dumps({"id": "39", "url": "u", "title": "Stub", "text": ""}) + "\n",
+        ]
     suffix = {"bz2": ".bz2", "gz": ".gz", None: ""}[compress]
     pack = {"bz2": bz2.compress, "gz": gzip.compress, None: lambda b: b}[compress]
     for sub, body in zip(["AA", "AB"], bodies):
@@ -175,7 +181,9 @@ def test_wikiextractor_output_recognised_by_content(tmp_path, form, compress):
 
 def test_document_names(tmp_path):
     (tmp_path / "book.txt").write_text("A book.")
-    (tmp_path / "w.jsonl").write_text(json.dumps({"text": "No id."}) + "\n\n" + json.dumps({"id": 7, "text": "Id."}) + "\n")
+    (tmp_path / "w.jsonl").write_text(
+        json.dumps({"text": "No id."}) + "\n\n" + json.dumps({"id": 7, "text": "Id."}) + "\n"
+    )
     pq.write_table(pa.table({"text": ["R0.", "R1."]}), tmp_path / "p.parquet")
     pq.write_table(pa.table({"text": ["R0.", "R1."], "id": ["a", None]}), tmp_path / "q.parquet")
     _, _, docs, _ = _read_all([tmp_path])
@@ -190,7 +198,9 @@ def test_skipped_files_are_named_with_their_reasons(tmp_path):
     files, skipped = expand_inputs([str(tmp_path)])
     assert not files and skipped[0] == Skipped(str(tmp_path / "notes0.md"), "unknown format")
     msg = str(no_readable_input([str(tmp_path)], skipped))
-    assert msg.startswith(f"no readable input file under {tmp_path} (skipped 7: {tmp_path}/notes0.md (unknown format), ")
+    assert msg.startswith(
+        f"no readable input file under {tmp_path} (skipped 7: {tmp_path}/notes0.md (unknown format), "
+    )
     assert msg.endswith("notes4.md (unknown format), and 2 more)")
 
 
@@ -213,10 +223,13 @@ def test_dangling_symlinks_and_loops_are_skipped_with_their_reason(shared_dir, t
     files, skipped = expand_inputs([str(root)])
     assert [f.path for f in files][:2] == [str(root / "book.txt"), str(root / "linked" / "01_Ge.txt")]
     assert len(files) == 1 + len(os.listdir(shared_dir / "corpora" / "books"))
-    assert skipped == [(str(root / "a.txt"), "symlink loop"), (str(root / "b.txt"), "symlink loop"),
-                       (str(root / "dangling.txt"), "dangling symlink (to /nonexistent/gone.txt)"),
-                       (str(root / "self.txt"), "symlink loop"),
-                       (str(root / "sub" / "up"), f"symlink loop (to {root}, a folder above it)")]
+    assert skipped == [
+        (str(root / "a.txt"), "symlink loop"),
+        (str(root / "b.txt"), "symlink loop"),
+        (str(root / "dangling.txt"), "dangling symlink (to /nonexistent/gone.txt)"),
+        (str(root / "self.txt"), "symlink loop"),
+        (str(root / "sub" / "up"), f"symlink loop (to {root}, a folder above it)"),
+    ]
     with pytest.raises(InputError, match=r"dangling.txt is a dangling symlink \(to /nonexistent/gone.txt\)$"):
         expand_inputs([str(root / "dangling.txt")])
 
@@ -234,8 +247,11 @@ def _items(path, column="text", max_record_bytes=MAX_RECORD_BYTES):
 
 def _summary(items):
     """(documents' texts, rejection reasons in order, skipped files' reasons)"""
-    return ([x.text for x in items if isinstance(x, Document)], [x.reason for x in items if isinstance(x, Rejected)],
-            [x.reason for x in items if isinstance(x, Skipped)])
+    return (
+        [x.text for x in items if isinstance(x, Document)],
+        [x.reason for x in items if isinstance(x, Rejected)],
+        [x.reason for x in items if isinstance(x, Skipped)],
+    )
 
 
 def _parquet_bytes(texts, **kw):
@@ -246,11 +262,14 @@ def _parquet_bytes(texts, **kw):
     return buf.getvalue()
 
 
-@pytest.mark.parametrize(("damage", "error"), [
-    (lambda d: b"", "ArrowInvalid: Parquet file size is 0 bytes"),
-    (lambda d: d[:-4] + b"PAR2", "ArrowInvalid: Parquet magic bytes not found in footer"),
-    (lambda d: d[:-8] + (len(d) * 4).to_bytes(4, "little") + b"PAR1", "ArrowInvalid: "),
-])
+@pytest.mark.parametrize(
+    ("damage", "error"),
+    [
+        (lambda d: b"", "ArrowInvalid: Parquet file size is 0 bytes"),
+        (lambda d: d[:-4] + b"PAR2", "ArrowInvalid: Parquet magic bytes not found in footer"),
+        (lambda d: d[:-8] + (len(d) * 4).to_bytes(4, "little") + b"PAR1", "ArrowInvalid: "),
+    ],
+)
 def test_parquet_whose_footer_cannot_be_read_is_skipped_and_named(tmp_path, damage, error):
     (tmp_path / "p.parquet").write_bytes(damage(_parquet_bytes(["One.", "Two."])))
     docs, reasons, skipped = _summary(_items(tmp_path / "p.parquet"))
@@ -259,8 +278,14 @@ def test_parquet_whose_footer_cannot_be_read_is_skipped_and_named(tmp_path, dama
 
 
 def test_parquet_damaged_row_group_rejects_its_rows_and_reads_the_next(tmp_path):
-    data = bytearray(_parquet_bytes([f"Row {i} " + "words " * 20 for i in range(6)], row_group_size=2,
-                                    compression="snappy", use_dictionary=False))
+    data = bytearray(
+        _parquet_bytes(
+            [f"Row {i} " + "words " * 20 for i in range(6)],
+            row_group_size=2,
+            compression="snappy",
+            use_dictionary=False,
+        )
+    )
     import io
 
     c = pq.ParquetFile(io.BytesIO(bytes(data))).metadata.row_group(1).column(0)
@@ -283,8 +308,11 @@ def test_parquet_row_group_that_decodes_to_no_rows_has_them_rejected(tmp_path):
     data[pq.ParquetFile(io.BytesIO(bytes(data))).metadata.row_group(1).column(0).data_page_offset + 1] = 41
     (tmp_path / "p.parquet").write_bytes(bytes(data))
     items = _items(tmp_path / "p.parquet")
-    assert _summary(items) == (["Row 0 words.", "Row 1 words.", "Row 4 words.", "Row 5 words."], ["unreadable"] * 2,
-                               ["unreadable from record 2: row group 1 gave 0 of its 2 rows"])
+    assert _summary(items) == (
+        ["Row 0 words.", "Row 1 words.", "Row 4 words.", "Row 5 words."],
+        ["unreadable"] * 2,
+        ["unreadable from record 2: row group 1 gave 0 of its 2 rows"],
+    )
     assert [x.record for x in items if isinstance(x, Rejected)] == [2, 3]
 
 
@@ -296,10 +324,14 @@ def test_parquet_string_that_is_not_utf8_rejects_its_row(tmp_path):
 
 @pytest.mark.parametrize("name", ["w.jsonl", "wiki_00"])  # JSON lines, WikiExtractor's --json form
 def test_json_nested_a_thousand_deep_and_lone_surrogates_are_rejected(tmp_path, name):
-    lines = ['{"id": "1", "text": "Good."}', "[" * 1000 + "]" * 1000,
-             '{"id": "3", "text": ' + "[" * 5000 + "]" * 5000 + "}",
-             '{"id": "4", "text": "lone \\ud800 surrogate"}', '{"id": "\\udc00", "text": "An id that is not UTF-8."}',
-             '{"id": "6", "text": "Good \\u00e9 \\ud83d\\ude00."}']  # a surrogate pair is one character: kept
+    lines = [
+        '{"id": "1", "text": "Good."}',
+        "[" * 1000 + "]" * 1000,
+        '{"id": "3", "text": ' + "[" * 5000 + "]" * 5000 + "}",
+        '{"id": "4", "text": "lone \\ud800 surrogate"}',
+        '{"id": "\\udc00", "text": "An id that is not UTF-8."}',
+        '{"id": "6", "text": "Good \\u00e9 \\ud83d\\ude00."}',
+    ]  # a surrogate pair is one character: kept
     (tmp_path / name).write_text("\n".join(lines) + "\n")
     docs, reasons, skipped = _summary(_items(tmp_path / name))
     assert docs == ["Good.", "Good é 😀."] and not skipped
@@ -323,8 +355,10 @@ def test_truncated_or_damaged_gzip_names_the_file(tmp_path):
     (tmp_path / "t.jsonl.gz").write_bytes(bytes(data[: len(data) // 2]))
     data[len(data) // 2 :] = bytes(b ^ 0x55 for b in data[len(data) // 2 :])
     (tmp_path / "d.jsonl.gz").write_bytes(bytes(data))
-    for name, reason, error in [("t", "truncated_gzip", r"EOFError: Compressed file ended"),
-                                ("d", "unreadable", r"(zlib\.error|gzip\.BadGzipFile): ")]:  # bad data or CRC
+    for name, reason, error in [
+        ("t", "truncated_gzip", r"EOFError: Compressed file ended"),
+        ("d", "unreadable", r"(zlib\.error|gzip\.BadGzipFile): "),
+    ]:  # bad data or CRC
         items = _items(tmp_path / f"{name}.jsonl.gz")
         assert [x.reason for x in items if isinstance(x, Rejected)] == [reason]
         (skip,) = [x for x in items if isinstance(x, Skipped)]
@@ -336,18 +370,21 @@ def _doc(i, body="Text", open_=">", close="</doc>"):
     return f'<doc id="{i}" url="u" title="T{i}"{open_}\nT{i}\n\n{body} {i}.\n{close}\n'
 
 
-@pytest.mark.parametrize(("block", "outcome"), [
-    (_doc(2), "Text 2."),
-    (_doc(2, close="</DOC>"), "Text 2."),
-    (_doc(2, close="</doc >"), "Text 2."),
-    (_doc(2, close="  </doc>"), "Text 2."),
-    (_doc(2, open_=""), "bad_doc_tag"),  # the opening line without `>`
-    ("  " + _doc(2), "Text 2."),  # an indented opening line
-    (_doc(2).replace('title="T2"', 'title="T\xff"'), "invalid_utf8"),
-    (_doc(2, body="Bad \xff byte"), "invalid_utf8"),
-    (_doc(2, close="</dco>"), "unterminated_doc"),  # the next <doc> line ends it
-    (_doc(2, close=""), "unterminated_doc"),
-])
+@pytest.mark.parametrize(
+    ("block", "outcome"),
+    [
+        (_doc(2), "Text 2."),
+        (_doc(2, close="</DOC>"), "Text 2."),
+        (_doc(2, close="</doc >"), "Text 2."),
+        (_doc(2, close="  </doc>"), "Text 2."),
+        (_doc(2, open_=""), "bad_doc_tag"),  # the opening line without `>`
+        ("  " + _doc(2), "Text 2."),  # an indented opening line
+        (_doc(2).replace('title="T2"', 'title="T\xff"'), "invalid_utf8"),
+        (_doc(2, body="Bad \xff byte"), "invalid_utf8"),
+        (_doc(2, close="</dco>"), "unterminated_doc"),  # the next <doc> line ends it
+        (_doc(2, close=""), "unterminated_doc"),
+    ],
+)
 def test_wikiextractor_block_is_read_or_rejected_and_the_next_one_read(tmp_path, block, outcome):
     raw = (_doc(1) + block + _doc(3)).encode("utf-8", "surrogateescape")
     raw = raw.replace("\xff".encode(), b"\xff")  # the invalid byte itself, not its UTF-8 encoding
@@ -391,6 +428,7 @@ def test_datasets_directory_whose_state_cannot_be_read_is_named(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- data.max_record_bytes
 
+
 def _page(i, text, close=True):
     page = f"<page><title>P{i}</title><ns>0</ns><id>{i}</id><revision><text>{text}</text></revision></page>\n"
     return page if close else page[: page.index("</text>")]
@@ -399,16 +437,30 @@ def _page(i, text, close=True):
 _BIG = "A long line of words. " * 60  # 1,320 bytes: over the cap of 1,000 in the cases below
 
 
-@pytest.mark.parametrize(("name", "records"), [
-    ("w.jsonl", [json.dumps({"text": "Text 1."}) + "\n", json.dumps({"text": _BIG}) + "\n",
-                 json.dumps({"text": "Text 3."}) + "\n"]),
-    ("w.jsonl", [json.dumps({"text": "Text 1."}) + "\n", '{"text": "' + _BIG + "\n", json.dumps({"text": "Text 3."})]),
-    ("wiki_00", [_doc(1), _doc(2, body="\n".join([_BIG[:100]] * 12)), _doc(3)]),  # lines of 100 bytes
-    ("wiki_00", [_doc(1), _doc(2, body=_BIG, close=""), _doc(3)]),  # one long line, never closed
-    ("enwiki-pages-articles.xml", ["<mediawiki>\n" + _page(1, "Text 1."), _page(2, _BIG), _page(3, "Text 3.")]),
-    ("enwiki-pages-articles.xml", ["<mediawiki>\n" + _page(1, "Text 1."), _page(2, _BIG, close=False),
-                                   _page(3, "Text 3.")]),
-])
+@pytest.mark.parametrize(
+    ("name", "records"),
+    [
+        (
+            "w.jsonl",
+            [
+                json.dumps({"text": "Text 1."}) + "\n",
+                json.dumps({"text": _BIG}) + "\n",
+                json.dumps({"text": "Text 3."}) + "\n",
+            ],
+        ),
+        (
+            "w.jsonl",
+            [json.dumps({"text": "Text 1."}) + "\n", '{"text": "' + _BIG + "\n", json.dumps({"text": "Text 3."})],
+        ),
+        ("wiki_00", [_doc(1), _doc(2, body="\n".join([_BIG[:100]] * 12)), _doc(3)]),  # lines of 100 bytes
+        ("wiki_00", [_doc(1), _doc(2, body=_BIG, close=""), _doc(3)]),  # one long line, never closed
+        ("enwiki-pages-articles.xml", ["<mediawiki>\n" + _page(1, "Text 1."), _page(2, _BIG), _page(3, "Text 3.")]),
+        (
+            "enwiki-pages-articles.xml",
+            ["<mediawiki>\n" + _page(1, "Text 1."), _page(2, _BIG, close=False), _page(3, "Text 3.")],
+        ),
+    ],
+)
 def test_a_record_over_the_cap_is_rejected_and_the_next_one_read(tmp_path, name, records):
     """Issue 59: a record longer than data.max_record_bytes (a JSON line, one without its newline, a `<doc>` block,
     a dump's `<page>`, closed or not) is `record_too_large`; the records after it are read, numbered as before."""
@@ -439,8 +491,11 @@ def test_a_book_is_one_record_a_book_over_the_cap_is_rejected_whole(tmp_path, na
 
 def test_a_parquet_row_over_the_cap_is_rejected(tmp_path):
     (tmp_path / "t.parquet").write_bytes(_parquet_bytes(["Text 1.", "é" * 600, "Text 3."]))  # 1,200 bytes
-    assert _summary(_items(tmp_path / "t.parquet", max_record_bytes=1000)) == (["Text 1.", "Text 3."],
-                                                                               ["record_too_large"], [])
+    assert _summary(_items(tmp_path / "t.parquet", max_record_bytes=1000)) == (
+        ["Text 1.", "Text 3."],
+        ["record_too_large"],
+        [],
+    )
 
 
 def test_a_dump_page_over_the_cap_is_dropped_as_it_streams():
@@ -457,15 +512,18 @@ _UNCLOSED = {  # a file of its kind whose first record is never closed (it runs 
     "enwiki-pages-articles.xml": lambda f, mb: (
         f.write(b"<mediawiki>\n<page><title>Big</title><ns>0</ns><id>1</id><revision><text>"),
         [f.write(b"Words of an unclosed page, line after line.\n" * 23_000) for _ in range(mb)],
-        [f.write(_page(i, f"Text {i}.").encode()) for i in (2, 3, 4)]),
+        [f.write(_page(i, f"Text {i}.").encode()) for i in (2, 3, 4)],
+    ),
     "wiki_00": lambda f, mb: (
         f.write(b'<doc id="1" url="u" title="Big">\n'),
         [f.write(b"Words of an unclosed block, line after line.\n" * 23_000) for _ in range(mb)],
-        [f.write(_doc(i).encode()) for i in (2, 3, 4)]),
+        [f.write(_doc(i).encode()) for i in (2, 3, 4)],
+    ),
     "w.jsonl": lambda f, mb: (
         f.write(b'{"text": "'),
         [f.write(b"Words of a line that does not end. " * 30_000) for _ in range(mb)],
-        f.write(b"\n" + b"".join(json.dumps({"text": f"Text {i}."}).encode() + b"\n" for i in (2, 3, 4)))),
+        f.write(b"\n" + b"".join(json.dumps({"text": f"Text {i}."}).encode() + b"\n" for i in (2, 3, 4))),
+    ),
 }
 
 
@@ -484,18 +542,19 @@ def test_an_unclosed_record_at_the_start_of_a_large_file_takes_the_cap_not_the_f
         _UNCLOSED[name](f, 64)
     assert (tmp_path / name).stat().st_size > 60e6
     cap = 4 * 2**20
-    code = ("import json, psutil; from pipeline.data.sources import Document, Rejected, expand_inputs, "
-            "read_documents; base = psutil.Process().memory_info().rss; "
-            f"files, _ = expand_inputs([{str(tmp_path / name)!r}]); "
-            f"items = [x for f in files for x in read_documents(f, max_record_bytes={cap})]; "
-            "hwm = next(x for x in open('/proc/self/status') if x.startswith('VmHWM:')); "
-            "print(json.dumps({'base': base, 'hwm': 1024 * int(hwm.split()[1]), "
-            "'texts': [x.text for x in items if isinstance(x, Document)], "
-            "'reasons': [x.reason for x in items if isinstance(x, Rejected)]}))")
+    code = (
+        "import json, psutil; from pipeline.data.sources import Document, Rejected, expand_inputs, "
+        "read_documents; base = psutil.Process().memory_info().rss; "
+        f"files, _ = expand_inputs([{str(tmp_path / name)!r}]); "
+        f"items = [x for f in files for x in read_documents(f, max_record_bytes={cap})]; "
+        "hwm = next(x for x in open('/proc/self/status') if x.startswith('VmHWM:')); "
+        "print(json.dumps({'base': base, 'hwm': 1024 * int(hwm.split()[1]), "
+        "'texts': [x.text for x in items if isinstance(x, Document)], "
+        "'reasons': [x.reason for x in items if isinstance(x, Rejected)]}))"
+    )
     run = load_bench("big_document_memory").run_sampled([sys.executable, "-c", code], env=dict(os.environ))
     assert run.returncode == 0, run.log
     out = json.loads(run.log.strip().splitlines()[-1])
     assert out["reasons"] == ["record_too_large"] and out["texts"] == ["Text 2.", "Text 3.", "Text 4."]
     grown = max(run.sampler.peak_one, out["hwm"]) - out["base"]  # VmHWM: the peak no sampling can miss
     assert grown < cap + 24 * 2**20, f"{grown / 2**20:.0f} MiB over the imports"  # without the cap: over 64
-

@@ -1,5 +1,5 @@
-"""pipeline.data.stages (vocab -> shards -> validate) on a real local Ray cluster: byte-identical across executors, runs and actor counts, up-to-date skips,
-config protection, validation, statistics of the written shards, dynamic masking at load time, trained vocab."""
+"""pipeline.data.stages (vocab -> shards -> validate) on a real local Ray cluster: byte-identical across executors, runs
+and actor counts, up-to-date skips, config protection, validation, statistics of the written shards, dynamic masking at load time, trained vocab."""  # noqa: E501
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from pipeline.data.stages import data_stages
 
 pytestmark = pytest.mark.slow
 
+
 @pytest.fixture(scope="module")
 def ray_local():
     """A private local Ray (2 CPUs) for this module. Unlike conftest's fixture it passes address="local", so it
@@ -47,8 +48,15 @@ def inputs(small_corpus):
 
 
 def _cfg(inputs, out, minilm_dir, **kw):
-    base = dict(inputs=inputs, output=str(out), vocab=str(minilm_dir / "vocab.txt"), num_shards=4,
-                chunk_chars=200_000, num_actors=1, local_max_bytes=0)  # on Ray unless a test says otherwise
+    base = dict(
+        inputs=inputs,
+        output=str(out),
+        vocab=str(minilm_dir / "vocab.txt"),
+        num_shards=4,
+        chunk_chars=200_000,
+        num_actors=1,
+        local_max_bytes=0,
+    )  # on Ray unless a test says otherwise
     return DataConfig(**{**base, **kw})
 
 
@@ -92,12 +100,23 @@ def test_local_preparation_is_byte_identical_to_ray(ray_prepared, inputs, minilm
     assert "[data] shard: 1/4 units done" in err
 
 
-_STATS = ("documents_read", "documents_written", "documents_rejected", "rejected_reasons", "examples", "tokens",
-          "masked_tokens", "source_tokens", "document_pieces", "shards")
+_STATS = (
+    "documents_read",
+    "documents_written",
+    "documents_rejected",
+    "rejected_reasons",
+    "examples",
+    "tokens",
+    "masked_tokens",
+    "source_tokens",
+    "document_pieces",
+    "shards",
+)
 
 
-def test_documents_cut_across_batches_count_once_on_every_path(ray_local, inputs, minilm_dir, tmp_path, monkeypatch,
-                                                               capfd):
+def test_documents_cut_across_batches_count_once_on_every_path(
+    ray_local, inputs, minilm_dir, tmp_path, monkeypatch, capfd
+):
     """Documents cut into pieces (max_document_chars) whose pieces fall into different batches (chunk_chars), the
     batches encoded on two local workers: the same shards and the same manifest figures (documents, pieces,
     tokens) as one Ray actor reading each file whole. (With test_local_preparation_is_byte_identical_to_ray's
@@ -116,7 +135,9 @@ def test_documents_cut_across_batches_count_once_on_every_path(ray_local, inputs
     assert {k: a.manifest[k] for k in _STATS} == {k: b.manifest[k] for k in _STATS}
     assert a.manifest["document_pieces"] > a.manifest["documents_written"]  # documents were cut
     m = a.manifest  # and each cut document still counts once
-    assert m["documents_read"] == m["documents_written"] + m["documents_rejected"] == 6 + 60  # six books, 60 wiki articles (small_corpus)
+    assert (
+        m["documents_read"] == m["documents_written"] + m["documents_rejected"] == 6 + 60
+    )  # six books, 60 wiki articles (small_corpus)
 
 
 def test_rerun_is_a_noop_and_says_up_to_date(ray_prepared, inputs, minilm_dir):
@@ -139,7 +160,9 @@ def test_different_config_never_overwrites_silently(ray_prepared, inputs, minilm
 def test_manifest_and_shard_statistics(ray_prepared):
     tmp, a = ray_prepared
     m = validate_output(str(tmp / "a"))
-    assert m["documents_read"] == m["documents_written"] + m["documents_rejected"] == 6 + 60  # six books, 60 wiki articles (small_corpus)
+    assert (
+        m["documents_read"] == m["documents_written"] + m["documents_rejected"] == 6 + 60
+    )  # six books, 60 wiki articles (small_corpus)
     rows = [s["rows"] for s in m["shards"]]
     assert len(rows) == 4 and max(rows) - min(rows) <= 1 and sum(rows) == m["examples"]
     policy = PreparedDataset.load(str(tmp / "a")).policy()
@@ -161,7 +184,7 @@ def test_manifest_and_shard_statistics(ray_prepared):
     assert masked == m["masked_tokens"] and abs(masked / m["tokens"] - 0.15) <= 0.005
     n_mask = sum(int(ids[i][j] == policy.mask_token_id) for i in range(len(ids)) for j in pos[i])
     assert abs(n_mask / masked - 0.8) <= 0.02
-    assert all(not special[l].any() for l in map(np.asarray, lab) if len(l))
+    assert all(not special[x].any() for x in map(np.asarray, lab) if len(x))
     assert all(len(p) <= 20 for p in pos)
     assert len(set(t.column("example_id").to_pylist())) == len(ids)
 
@@ -222,8 +245,17 @@ def test_dynamic_masking_remote_stages_and_downstream_interface(ray_local, share
 
 def test_trained_vocab_and_file_uri_output(ray_local, shared_dir, tmp_path):
     inputs = [str(shared_dir / "corpora/books" / b) for b in ("08_Ruth.txt", "57_Phmn.txt")]
-    cfg = DataConfig(inputs=inputs, output=f"file://{tmp_path}/tv", vocab=None, vocab_size=800, num_shards=3,
-                     lowercase=False, num_actors=1, max_seq_length=64, nsp=False)
+    cfg = DataConfig(
+        inputs=inputs,
+        output=f"file://{tmp_path}/tv",
+        vocab=None,
+        vocab_size=800,
+        num_shards=3,
+        lowercase=False,
+        num_actors=1,
+        max_seq_length=64,
+        nsp=False,
+    )
     res, _ = _run(cfg, tmp_path)
     vocab = (tmp_path / "tv" / "vocab.txt").read_text().split("\n")[:-1]
     assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and len(vocab) <= 800 and "Boaz" in vocab
@@ -277,8 +309,12 @@ def test_partial_work_from_another_vocabulary_is_never_resumed(ray_local, shared
     from pipeline.storage.io import sha256_file
 
     inputs = [str(shared_dir / "corpora/books" / b) for b in ("08_Ruth.txt", "57_Phmn.txt")]
-    cfg = lambda out: DataConfig(inputs=inputs, output=str(out), vocab=None, vocab_size=800, num_shards=2,
-                                 num_actors=1, chunk_chars=50_000)
+
+    def cfg(out):
+        return DataConfig(
+            inputs=inputs, output=str(out), vocab=None, vocab_size=800, num_shards=2, num_actors=1, chunk_chars=50_000
+        )
+
     clean, _ = _run(cfg(tmp_path / "clean"), tmp_path)
     dirty = tmp_path / "dirty"
     p = plan(cfg(dirty))
@@ -320,8 +356,11 @@ def _planted(inputs, shared_dir, tmp_path):
     starts = [m.start() for m in re.finditer(rb"  <page>", raw)]
     ends = [m.end() for m in re.finditer(rb"</page>\n", raw)]
     pages = [raw[a:b] for a, b in zip(starts, ends)]
-    pages = [re.sub(rb"<id>(\d+)</id>", lambda m: b"<id>%d</id>" % (int(m.group(1)) + copy * 10**8), p, count=1)
-             for copy in range(3) for p in pages]
+    pages = [
+        re.sub(rb"<id>(\d+)</id>", lambda m: b"<id>%d</id>" % (int(m.group(1)) + copy * 10**8), p, count=1)
+        for copy in range(3)
+        for p in pages
+    ]
     streams = [raw[: starts[0]]] + [b"".join(pages[i : i + 4]) for i in range(0, len(pages), 4)] + [raw[ends[-1] :]]
     blobs = [bz2.compress(x) for x in streams]
     offsets = [sum(len(b) for b in blobs[:k]) for k in range(len(blobs))]
@@ -354,10 +393,25 @@ def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, shared_dir, 
     def prepare(out, env, on_ray=True):
         # chunk_chars 60k: Genesis and Exodus are over two batches (split across the actors), the dump is cut
         # into several units of ~15 kB of bz2 streams, and there are several example units
-        cmd = [sys.executable, "jobs/prepare_data.py", *[a for p in given for a in ("--input", p)],
-               "--output", str(out), "--vocab", str(minilm_dir / "vocab.txt"), "--num-cpus", "2",
-               "--data.local_max_bytes", "0" if on_ray else str(2**30), "--data.num_actors", "2",
-               "--data.num_shards", "4", "--data.chunk_chars", "60000"]
+        cmd = [
+            sys.executable,
+            "jobs/prepare_data.py",
+            *[a for p in given for a in ("--input", p)],
+            "--output",
+            str(out),
+            "--vocab",
+            str(minilm_dir / "vocab.txt"),
+            "--num-cpus",
+            "2",
+            "--data.local_max_bytes",
+            "0" if on_ray else str(2**30),
+            "--data.num_actors",
+            "2",
+            "--data.num_shards",
+            "4",
+            "--data.chunk_chars",
+            "60000",
+        ]
         r = subprocess.run(cmd, cwd=repo_root, env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
         assert ("on 2 Ray actor(s)" in r.stderr) == on_ray  # locally: in its process (~1.4 MB, one worker)
@@ -374,7 +428,9 @@ def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, shared_dir, 
         multi = prepare(tmp_path / "two", {**os.environ, "RAY_ADDRESS": two.address})
         state = f"http://127.0.0.1:{dashboard}"
         nodes = {n.node_id for n in list_nodes(address=state) if n.state == "ALIVE"}
-        tasks = list_tasks(address=state, filters=[("state", "=", "FINISHED")], limit=10_000, raise_on_missing_output=False)
+        tasks = list_tasks(
+            address=state, filters=[("state", "=", "FINISHED")], limit=10_000, raise_on_missing_output=False
+        )
     finally:
         two.shutdown()
     assert len(nodes) == 2
@@ -387,13 +443,16 @@ def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, shared_dir, 
     # (the shouted Mark is exact after normalising, the edited one near); the dump's second and third copies of
     # its 4 articles go.
     dups = (tmp_path / "two" / "duplicates.jsonl").read_text().splitlines()
-    got = [(lambda d: (d["source"].rsplit("/", 1)[-1], d["doc"], d["kind"], d["duplicate_of"]["doc"]))(json.loads(x))
-           for x in dups]
+    got = [
+        (lambda d: (d["source"].rsplit("/", 1)[-1], d["doc"], d["kind"], d["duplicate_of"]["doc"]))(json.loads(x))
+        for x in dups
+    ]
     dump = "enwiki-20990101-pages-articles-multistream.xml.bz2"
     assert got == [(dump, str(c * 10**8 + int(a)), "exact", a) for c in (1, 2) for a in sorted(ARTICLES)] + [
         ("zz_mark_edited.txt", "zz_mark_edited.txt", "near", "41_Mark.txt"),
         ("zz_mark_shouted.txt", "zz_mark_shouted.txt", "exact", "41_Mark.txt"),
-        ("zz_ruth_again.txt", "zz_ruth_again.txt", "exact", "08_Ruth.txt")]
+        ("zz_ruth_again.txt", "zz_ruth_again.txt", "exact", "08_Ruth.txt"),
+    ]
     kinds = Counter(g[2] for g in got)
     assert multi["rejected_reasons"]["duplicate"] == kinds["exact"]
     assert multi["rejected_reasons"]["near_duplicate"] == kinds["near"]
@@ -427,8 +486,9 @@ def test_local_workers_do_not_rerun_the_callers_script(inputs, minilm_dir, tmp_p
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         if how == "file":
             (tmp_path / "unguarded.py").write_text(code)
-            p = subprocess.run([sys.executable, str(tmp_path / "unguarded.py")], capture_output=True, text=True,
-                               env=env, timeout=300)
+            p = subprocess.run(
+                [sys.executable, str(tmp_path / "unguarded.py")], capture_output=True, text=True, env=env, timeout=300
+            )
         else:
             p = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, env=env, timeout=300)
         assert p.returncode == 0, p.stderr[-2000:]

@@ -19,8 +19,14 @@ def test_cpu_is_charged_to_the_test_its_process_was_running(tmp_path):
     the next, one of a process that is no test process's to 'not charged'; the tables sum to the ticks."""
     sc = load_bench("suite_cpu")
     events = tmp_path / "events.jsonl"
-    rows = [("start", "a.py::one", 1, 10.0), ("end", "a.py::one", 1, 20.0), ("start", "a.py::two", 1, 30.0),
-            ("end", "a.py::two", 1, 31.0), ("start", "b.py::three", 2, 10.0), ("end", "b.py::three", 2, 40.0)]
+    rows = [
+        ("start", "a.py::one", 1, 10.0),
+        ("end", "a.py::one", 1, 20.0),
+        ("start", "a.py::two", 1, 30.0),
+        ("end", "a.py::two", 1, 31.0),
+        ("start", "b.py::three", 2, 10.0),
+        ("end", "b.py::three", 2, 40.0),
+    ]
     events.write_text("".join(json.dumps({"k": k, "id": i, "pid": p, "t": t}) + "\n" for k, i, p, t in rows))
     ticks = [(15.0, {1: 2.0, 2: 1.0}), (25.0, {1: 4.0, "other": 0.5}), (30.5, {1: 1.0, 2: 1.0})]
     out = sc.report(events, ticks, top=5)
@@ -41,16 +47,36 @@ def test_the_plugin_logs_each_test_and_the_poller_finds_its_children(tmp_path):
         "import subprocess, sys\n"
         "def test_burn():\n"
         "    subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
-        "while time.process_time() - t < 1.5: pass'], check=True)\n")
+        "while time.process_time() - t < 1.5: pass'], check=True)\n"
+    )
     events = tmp_path / "events.jsonl"
     events.touch()
     stop, ticks = threading.Event(), []
     poller = threading.Thread(target=sc.poll, args=(events, 0.2, stop, ticks), daemon=True)
     poller.start()
     env = {**os.environ, sc.EVENTS: str(events), "PYTHONPATH": str(REPO / "bench" / "cost")}
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "suite_cpu", "-p", "no:cacheprovider", "-n", "0",
-                        "-c", os.devnull, str(tmp_path / "test_x.py")], env=env, cwd=tmp_path, capture_output=True,
-                       text=True, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "suite_cpu",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "0",
+            "-c",
+            os.devnull,
+            str(tmp_path / "test_x.py"),
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     time.sleep(0.3)
     stop.set()
     poller.join()

@@ -48,7 +48,9 @@ def test_train_wordpiece(shared_dir, lowercase):
     assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     assert 500 <= len(vocab) <= 600 and any(t.startswith("##") for t in vocab)
     enc = tok.encode("And God said, Let there be light", add_special_tokens=False)
-    assert tok.decode(enc.ids) == ("and god said, let there be light" if lowercase else "And God said, Let there be light")
+    assert tok.decode(enc.ids) == (
+        "and god said, let there be light" if lowercase else "And God said, Let there be light"
+    )
     assert ("God" in vocab) != lowercase
 
 
@@ -77,8 +79,14 @@ def test_trained_vocab_is_identical_in_fresh_processes(repo_root, shared_dir, lo
     """Each process hashes its maps with a new random state; the raw WordPieceTrainer gives a different
     vocabulary almost every time on this input (huggingface/tokenizers#1794), ours the same bytes."""
     outs = {
-        subprocess.run([sys.executable, "-c", _TRAIN, str(shared_dir / "corpora/books"), lowercase], cwd=repo_root,
-                       capture_output=True, text=True, check=True, timeout=300).stdout
+        subprocess.run(
+            [sys.executable, "-c", _TRAIN, str(shared_dir / "corpora/books"), lowercase],
+            cwd=repo_root,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        ).stdout
         for _ in range(3)
     }
     assert len(outs) == 1, outs
@@ -128,10 +136,29 @@ def test_sentence_encoder_equals_the_tokenizer_on_the_shared_corpora(shared_dir,
 
 
 ADVERSARIAL = [
-    "", " ", "   \t ", "a", "A.B,c", "x" * 99, "y" * 100, "z" * 101 + " ok", "Mr. Smith's 3.5kg (approx.)!",
-    "tab\tsep\rcarriage", "line\nbreak", "ctrl\x01in\x7fside\x0bvt\x0cff\x1cfs\x1dgs", "\x00nul", "~`^|\\{}[]<>@#$%&*+=",
-    "[MASK] and [CLS] and [cls] and [Mask]", "naïve café", "日本語 text", "İstanbul ΣΑΣ", "emoji 🙂 ok", "\u00a0nbsp",
-    "e\u0301 combining", "zero\u200bwidth", "UPPER lower MiXeD 123abc ABC123",
+    "",
+    " ",
+    "   \t ",
+    "a",
+    "A.B,c",
+    "x" * 99,
+    "y" * 100,
+    "z" * 101 + " ok",
+    "Mr. Smith's 3.5kg (approx.)!",
+    "tab\tsep\rcarriage",
+    "line\nbreak",
+    "ctrl\x01in\x7fside\x0bvt\x0cff\x1cfs\x1dgs",
+    "\x00nul",
+    "~`^|\\{}[]<>@#$%&*+=",
+    "[MASK] and [CLS] and [cls] and [Mask]",
+    "naïve café",
+    "日本語 text",
+    "İstanbul ΣΑΣ",
+    "emoji 🙂 ok",
+    "\u00a0nbsp",
+    "e\u0301 combining",
+    "zero\u200bwidth",
+    "UPPER lower MiXeD 123abc ABC123",
 ]
 
 
@@ -147,7 +174,9 @@ def test_sentence_encoder_equals_the_tokenizer_on_adversarial_text(minilm_dir, w
     if which == "trained-cased":
         tok = train_wordpiece(ADVERSARIAL * 5 + SENTENCES * 5, vocab_size=300, lowercase=False)
     elif which == "not-bert":
-        tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(["[UNK]", "a", "b", "##b", "."])}, unk_token="[UNK]"))
+        tok = Tokenizer(
+            models.WordPiece({t: i for i, t in enumerate(["[UNK]", "a", "b", "##b", "."])}, unk_token="[UNK]")
+        )
         tok.pre_tokenizer = pre_tokenizers.Whitespace()
     else:
         tok = load_tokenizer(minilm_dir / which)
@@ -194,7 +223,7 @@ def test_trained_kinds_are_deterministic_padded_and_keep_bert_template(genesis, 
     vocab = vocab_list(tok)
     assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and len(vocab) % 64 == 0
     n_unused = sum(t.startswith("[unused") for t in vocab)
-    assert vocab[len(vocab) - n_unused:] == [f"[unused{i}]" for i in range(n_unused)]
+    assert vocab[len(vocab) - n_unused :] == [f"[unused{i}]" for i in range(n_unused)]
     assert tokenizer_kind(tok) == kind and 0 < len(vocab) - 64 < 700
     enc = tok.encode("And God said", "Let there be light")
     assert enc.tokens[0] == "[CLS]" and enc.tokens.count("[SEP]") == 2 and enc.tokens[-1] == "[SEP]"

@@ -50,8 +50,10 @@ def test_a_failed_reopening_never_fails_a_run_that_registered_a_version(store):
     tracking.RunLogger(done).finish("FINISHED")
     other = tracking.start_run("exp-keep", "other", {})
     c = tracking.client()
-    for attempt, end in (("a1", lambda run_id: tracking.RunLogger(run_id).finish("FAILED")),
-                         ("a2", lambda run_id: tracking.end_attempt_runs("exp-keep", "a2", "KILLED"))):
+    for attempt, end in (
+        ("a1", lambda run_id: tracking.RunLogger(run_id).finish("FAILED")),
+        ("a2", lambda run_id: tracking.end_attempt_runs("exp-keep", "a2", "KILLED")),
+    ):
         assert tracking.start_run("exp-keep", "done", {"attempt": attempt}) == done
         assert c.get_run(done).info.status == "RUNNING"
         end(done)
@@ -99,7 +101,13 @@ def test_register_download_and_version_info(store, minilm_dir):
     run_id = tracking.start_run("exp", "reg", {})
     export = store / "export"
     shutil.copytree(minilm_dir, export)
-    tags = {"data_manifest_sha256": "d" * 64, "vocab_sha256": "v" * 64, "config_hash": "c" * 64, "git_sha": "g", "run_id": run_id}
+    tags = {
+        "data_manifest_sha256": "d" * 64,
+        "vocab_sha256": "v" * 64,
+        "config_hash": "c" * 64,
+        "git_sha": "g",
+        "run_id": run_id,
+    }
     v1 = tracking.register_hf_model(str(export), "bert-test", "latest-pretrain", tags, run_id)
     v2 = tracking.register_hf_model(str(export), "bert-test", "latest-pretrain", {**tags, "git_sha": "h"}, run_id)
     assert (v1, v2) == ("1", "2")
@@ -129,7 +137,9 @@ def test_progress_prints_at_a_steady_cadence_and_always_the_last_step(monkeypatc
     printed = []
     for step in range(1, 31):
         clock[0] += 3.0  # 3 s per step: every 5 steps is 15 s, later than 10 s
-        line = p.update(step, {"train/loss": 7.0 - step / 10, "train/mlm_accuracy": 0.01 * step, "train/tokens_per_s": 1234.5})
+        line = p.update(
+            step, {"train/loss": 7.0 - step / 10, "train/mlm_accuracy": 0.01 * step, "train/tokens_per_s": 1234.5}
+        )
         if line:
             printed.append(step)
     assert printed == [5, 10, 15, 20, 25, 30]
@@ -151,11 +161,21 @@ def test_prepared_data_is_logged_as_the_runs_datasets(tmp_path):
 
     out = tmp_path / "tiny"
     (out / "shards").mkdir(parents=True)
-    manifest = {"documents_written": 3, "examples": 10, "tokens": 700, "duplicates": {"exact": 1, "near": 2},
-                "config": {"max_seq_length": 128}, "vocab_sha256": "ab" * 32}
+    manifest = {
+        "documents_written": 3,
+        "examples": 10,
+        "tokens": 700,
+        "duplicates": {"exact": 1, "near": 2},
+        "config": {"max_seq_length": 128},
+        "vocab_sha256": "ab" * 32,
+    }
     (out / "manifest.json").write_text(json.dumps(manifest))
     sha = hashlib.sha256((out / "manifest.json").read_bytes()).hexdigest()
-    shards = ((str(out / "shards/a.parquet"), 4), (str(out / "shards/b.parquet"), 3), (str(out / "shards/c.parquet"), 3))
+    shards = (
+        (str(out / "shards/a.parquet"), 4),
+        (str(out / "shards/b.parquet"), 3),
+        (str(out / "shards/c.parquet"), 3),
+    )
     ds = PreparedDataset(str(out), manifest, sha, ("[PAD]",), shards)
     c = MlflowClient(sqlite_store(tmp_path / "m.db"))
     run = c.create_run(c.create_experiment("lineage"))
@@ -167,8 +187,12 @@ def test_prepared_data_is_logged_as_the_runs_datasets(tmp_path):
     assert (train["duplicates_exact"], train["duplicates_near"], train["manifest_sha256"]) == (1, 2, sha)
     assert all(d.digest == sha[:36] and json.loads(d.source)["uri"] == str(out) for d in got.values())
     cols = json.loads(got[("tiny", "training")].schema)["mlflow_colspec"]
-    assert [c["name"] for c in cols] == SCHEMA.names and cols[0] == {"type": "array", "items": {"type": "integer"},
-                                                                      "name": "input_ids", "required": True}
+    assert [c["name"] for c in cols] == SCHEMA.names and cols[0] == {
+        "type": "array",
+        "items": {"type": "integer"},
+        "name": "input_ids",
+        "required": True,
+    }
 
 
 @pytest.mark.parametrize("given, client", [(None, False), ("false", True)])
@@ -178,10 +202,16 @@ def test_mlflow_telemetry_is_off_unless_the_environment_turns_it_on(given, clien
     import sys
 
     # as a user's job runs: MLflow itself turns telemetry off under pytest (PYTEST_CURRENT_TEST) and in CI
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", "PYTEST_CURRENT_TEST", "CI")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", "PYTEST_CURRENT_TEST", "CI")
+    }
     if given is not None:
         env["MLFLOW_DISABLE_TELEMETRY"] = given
-    code = ("from pipeline.tracking import runs; from mlflow.telemetry.client import get_telemetry_client; "
-            "print(get_telemetry_client() is not None)")
+    code = (
+        "from pipeline.tracking import runs; from mlflow.telemetry.client import get_telemetry_client; "
+        "print(get_telemetry_client() is not None)"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == str(client), out.stderr[-2000:]

@@ -63,8 +63,16 @@ def test_two_first_runs_create_one_new_sqlite_store(tmp_path, repo_root):
 
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONPATH": str(repo_root)}
     go, ready = tmp_path / "go", [tmp_path / f"ready{i}" for i in range(2)]
-    procs = [subprocess.Popen([sys.executable, "-c", _CREATE_STORE, str(r), str(go)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in ready]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CREATE_STORE, str(r), str(go)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in ready
+    ]
     while not all(r.exists() for r in ready) and all(p.poll() is None for p in procs):
         time.sleep(0.05)
     go.touch()

@@ -23,9 +23,33 @@ def test_docstring_examples(bench):
 
 def test_tries_run_and_count_the_flops_of_their_own_model(bench, tmp_path):
     out = tmp_path / "rows.jsonl"
-    rows = bench.main(["--preset", "tiny", "--batch", "3", "--seq", "24", "--masked", "4", "--dtype", "fp32",
-                       "--warmup", "1", "--steps", "1", "--rounds", "2", "--no-memory", "--peak-tflops", "2",
-                       "--impls", "transformers,ours,ours+real+unpad,ours+mask+drop0+vocab64", "--json", str(out)])
+    rows = bench.main(
+        [
+            "--preset",
+            "tiny",
+            "--batch",
+            "3",
+            "--seq",
+            "24",
+            "--masked",
+            "4",
+            "--dtype",
+            "fp32",
+            "--warmup",
+            "1",
+            "--steps",
+            "1",
+            "--rounds",
+            "2",
+            "--no-memory",
+            "--peak-tflops",
+            "2",
+            "--impls",
+            "transformers,ours,ours+real+unpad,ours+mask+drop0+vocab64",
+            "--json",
+            str(out),
+        ]
+    )
     by = {r["impl"]: r for r in rows}
     assert list(by) == ["transformers", "ours", "ours+real+unpad", "ours+mask+drop0+vocab64"]
     assert by["transformers"]["vs_first"] == 1.0
@@ -53,9 +77,29 @@ def test_a_try_that_cannot_run_here_costs_only_its_row(bench, monkeypatch, capsy
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_torchao)
-    rows = bench.main(["--preset", "tiny", "--batch", "2", "--seq", "16", "--masked", "3", "--dtype", "fp32",
-                       "--warmup", "1", "--steps", "1", "--rounds", "1", "--no-memory",
-                       "--impls", "ours+fp8,ours,ours+nodrop"])
+    rows = bench.main(
+        [
+            "--preset",
+            "tiny",
+            "--batch",
+            "2",
+            "--seq",
+            "16",
+            "--masked",
+            "3",
+            "--dtype",
+            "fp32",
+            "--warmup",
+            "1",
+            "--steps",
+            "1",
+            "--rounds",
+            "1",
+            "--no-memory",
+            "--impls",
+            "ours+fp8,ours,ours+nodrop",
+        ]
+    )
     assert [r["impl"] for r in rows] == ["ours", "ours+nodrop"] and rows[0]["vs_first"] == 1.0
     out = capsys.readouterr().out
     assert "ours+fp8: failed, left out: ImportError" in out and "speed ÷ ours (paired)" in out
@@ -63,15 +107,18 @@ def test_a_try_that_cannot_run_here_costs_only_its_row(bench, monkeypatch, capsy
     assert cfg.hidden_dropout_prob == cfg.attention_probs_dropout_prob == 0.0
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("ours+turbo", "unknown feature 'turbo'"),
-    ("transformers+real", "features apply to ours only"),
-    ("ours+compile+unpad", "one shape"),
-    ("ours+compile+cudagraphs", "one of compile"),
-    ("ours+real+whole", "whole goes with one of compile"),
-    ("ours+real+fused", "make_optimizer"),
-    ("mine", "neither"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("ours+turbo", "unknown feature 'turbo'"),
+        ("transformers+real", "features apply to ours only"),
+        ("ours+compile+unpad", "one shape"),
+        ("ours+compile+cudagraphs", "one of compile"),
+        ("ours+real+whole", "whole goes with one of compile"),
+        ("ours+real+fused", "make_optimizer"),
+        ("mine", "neither"),
+    ],
+)
 def test_bad_implementations_are_refused_by_name(bench, spec, message, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--impls", f"ours,{spec}"])

@@ -91,10 +91,26 @@ def job_args(bucket: str, run_name: str) -> list[str]:
     cut short; how often a run checkpoints changes no weight (resumption is exact)."""
     train = [*pj.FT_ARGS]
     train[train.index("--train.checkpoint_every_steps") + 1] = "1"
-    return ["--config", "configs/tiny.yaml", *pj.DATA_ARGS, "--data.inputs", f"s3://{bucket}/corpus",
-            "--data.output", f"s3://{bucket}/data", "--data.num_actors", "2", "--data.local_max_bytes", "0", *train,
-            "--train.storage_path", f"s3://{bucket}/runs", "--train.run_name", run_name,
-            "--train.placement_strategy", "SPREAD"]
+    return [
+        "--config",
+        "configs/tiny.yaml",
+        *pj.DATA_ARGS,
+        "--data.inputs",
+        f"s3://{bucket}/corpus",
+        "--data.output",
+        f"s3://{bucket}/data",
+        "--data.num_actors",
+        "2",
+        "--data.local_max_bytes",
+        "0",
+        *train,
+        "--train.storage_path",
+        f"s3://{bucket}/runs",
+        "--train.run_name",
+        run_name,
+        "--train.placement_strategy",
+        "SPREAD",
+    ]
 
 
 def newest_step(s3, bucket: str, prefix: str) -> int:
@@ -139,9 +155,17 @@ def run_with_crash(cluster, repo_root, args: list[str], run_name: str, come_back
         assert time.time() < t_crash + 300, f"the job did not end 300 s after the crash:\n{log.read_text()[-5000:]}"
         time.sleep(0.2)
     t_end, rc, out = time.time(), job.returncode, log.read_text()
-    crash = {"killed": killed, "on_s3": on_s3, "at_s": t_crash - t0, "back_s": t_back - t_crash, "rc": rc,
-             "resumed_s": (t_resumed or t_end) - t_crash, "ended_s": t_end - t_crash, "job_s": t_end - t0,
-             "t_crash": t_crash}
+    crash = {
+        "killed": killed,
+        "on_s3": on_s3,
+        "at_s": t_crash - t0,
+        "back_s": t_back - t_crash,
+        "rc": rc,
+        "resumed_s": (t_resumed or t_end) - t_crash,
+        "ended_s": t_end - t_crash,
+        "job_s": t_end - t0,
+        "t_crash": t_crash,
+    }
     if rc != 0 and come_back:  # Ray could not recover within the job: one line says why, and the same command resumes
         failures = [x for x in out.splitlines() if x.startswith("pretrain: ")]
         assert len(failures) == 1 and "error" in failures[0], out[-5000:]
@@ -155,8 +179,17 @@ def record_crash(record_property, crash: dict) -> None:
     """The crash's figures in the junit report (`--junitxml`; the printed lines show only on failure): seconds from
     the submit to the crash, then from the crash to the host's return, the resumed line and the job's end; the
     first submission's exit code (not 0: Ray did not recover within it and the command was submitted again)."""
-    record_property("crash", json.dumps({**{k: round(v, 1) for k, v in crash.items() if k.endswith("_s")},
-                                         "rc": crash["rc"], "on_s3": crash["on_s3"], "killed": len(crash["killed"])}))
+    record_property(
+        "crash",
+        json.dumps(
+            {
+                **{k: round(v, 1) for k, v in crash.items() if k.endswith("_s")},
+                "rc": crash["rc"],
+                "on_s3": crash["on_s3"],
+                "killed": len(crash["killed"]),
+            }
+        ),
+    )
 
 
 def read_from_outside(cluster, monkeypatch) -> None:
@@ -180,10 +213,13 @@ def test_two_hosts_train_like_one(cluster, reference, repo_root, monkeypatch, re
     b, name = cluster.bucket, "two-hosts"
     out, crash = run_with_crash(cluster, repo_root, job_args(b, name), name)
     record_crash(record_property, crash)
-    print(f"[two hosts] job {crash['job_s']:.1f}s; " + "; ".join(re.findall(r"\[stage \w+\] done in [0-9.]+s", out))
-          + f"; the worker host crashed {crash['at_s']:.1f}s after the submit ({len(crash['killed'])} processes), back"
-          f" in {crash['back_s']:.1f}s; the resumed line in the job's log {crash['resumed_s']:.1f}s and the job ended"
-          f" {crash['ended_s']:.1f}s (rc {crash['rc']}) after the crash")
+    print(
+        f"[two hosts] job {crash['job_s']:.1f}s; "
+        + "; ".join(re.findall(r"\[stage \w+\] done in [0-9.]+s", out))
+        + f"; the worker host crashed {crash['at_s']:.1f}s after the submit ({len(crash['killed'])} processes), back"
+        f" in {crash['back_s']:.1f}s; the resumed line in the job's log {crash['resumed_s']:.1f}s and the job ended"
+        f" {crash['ended_s']:.1f}s (rc {crash['rc']}) after the crash"
+    )
     assert "on 2 Ray actor(s) on 2 node(s)" in out, out[-5000:]  # the data passes ran on both hosts
     assert any(k.startswith("ray::RayTrainWorker") for k in crash["killed"]), crash["killed"]  # it trained there
     resumed = [int(s) for s in re.findall(r"\[rank 0\] resumed at step (\d+)", out)]
@@ -198,9 +234,11 @@ def test_two_hosts_train_like_one(cluster, reference, repo_root, monkeypatch, re
     client = tracking.client()
     run = client.get_run(run_id)
     assert run.data.tags["world_size"] == "2"  # gloo across the veth (before the crash: the killed Train worker)
-    print(f"[two hosts] killed {sorted(crash['killed'])} with steps 1-{crash['on_s3']} checkpointed; "
-          f"resumed at step {resumed[-1]} on "
-          f"{run.data.tags['num_nodes']} node(s)")
+    print(
+        f"[two hosts] killed {sorted(crash['killed'])} with steps 1-{crash['on_s3']} checkpointed; "
+        f"resumed at step {resumed[-1]} on "
+        f"{run.data.tags['num_nodes']} node(s)"
+    )
     for key in run.data.metrics:
         steps = [m.step for m in client.get_metric_history(run_id, key)]
         assert len(steps) == len(set(steps)), (key, sorted(steps))  # no step twice
@@ -243,8 +281,10 @@ def test_two_hosts_host_lost_for_good(cluster, reference, repo_root, monkeypatch
     assert crash["rc"] == 0, out[-5000:]  # one submission
     assert any(k.startswith("ray::RayTrainWorker") for k in crash["killed"]), crash["killed"]
     counts = [x for x in out.splitlines() if x.startswith("[train] ") and "worker" in x]
-    assert counts == ["[train] 2 workers (elastic: train.min_workers 1)",
-                      "[train] worker count 2 -> 1: resuming from the newest checkpoint"], out[-5000:]
+    assert counts == [
+        "[train] 2 workers (elastic: train.min_workers 1)",
+        "[train] worker count 2 -> 1: resuming from the newest checkpoint",
+    ], out[-5000:]
     resumed = re.findall(r"\[rank 0\] resumed at step (\d+) .*written by 2 workers, now 1", out)
     assert resumed and 1 <= int(resumed[-1]) < 8, out[-5000:]
     assert cluster.alive_nodes() == 1  # the job ended on the head alone
@@ -275,8 +315,10 @@ def test_two_hosts_host_lost_for_good(cluster, reference, repo_root, monkeypatch
     t_ms = crash["t_crash"] * 1000
     before = max((m.step for m in history if m.timestamp < t_ms), default=0)
     first_after = min(m.timestamp for m in history if m.timestamp >= t_ms) / 1000 - crash["t_crash"]
-    print(f"[two hosts] host lost for good {crash['at_s']:.1f}s after the submit (steps 1-{crash['on_s3']} on S3, "
-          f"step {before} logged); resumed at step {resumed[-1]} on 1 worker: {before - int(resumed[-1])} step(s) "
-          f"redone; resumed line {crash['resumed_s']:.1f}s, first step trained {first_after:.1f}s, job ended "
-          f"{crash['ended_s']:.1f}s after the crash; job {crash['job_s']:.1f}s; largest relative loss difference "
-          f"{worst:.1e}")
+    print(
+        f"[two hosts] host lost for good {crash['at_s']:.1f}s after the submit (steps 1-{crash['on_s3']} on S3, "
+        f"step {before} logged); resumed at step {resumed[-1]} on 1 worker: {before - int(resumed[-1])} step(s) "
+        f"redone; resumed line {crash['resumed_s']:.1f}s, first step trained {first_after:.1f}s, job ended "
+        f"{crash['ended_s']:.1f}s after the crash; job {crash['job_s']:.1f}s; largest relative loss difference "
+        f"{worst:.1e}"
+    )

@@ -90,8 +90,9 @@ def test_multistream_whole_and_by_units_agree(tmp_path, sample, header_alone):
     dump = _multistream(tmp_path, sample, per_stream=3, header_alone=header_alone)
     files, skipped, items = _read([tmp_path / "dump"])
     assert [f.kind for f in files] == ["wiki_multistream"]  # one input: the dump; its index is no document
-    assert skipped == [Skipped(str(dump).replace("multistream.xml", "multistream-index.txt"),
-                               "index of a multistream dump")]
+    assert skipped == [
+        Skipped(str(dump).replace("multistream.xml", "multistream-index.txt"), "index of a multistream dump")
+    ]
     whole = _docs(items)
     assert {n: i & 0xFFFFFFFF for i, n, _ in whole} == ARTICLES
     ranges = stream_ranges(wiki.index_name(str(dump)), dump.stat().st_size)
@@ -134,18 +135,31 @@ def test_index_without_dump_and_unknown_files_are_skipped_with_reasons(tmp_path)
 def _page(text, ns=0, redirect=False, pid=1):
     body = html.escape(text, quote=False)
     red = '<redirect title="X" />' if redirect else ""
-    return (f"  <page>\n    <title>T{pid}</title>\n    <ns>{ns}</ns>\n    <id>{pid}</id>\n    {red}\n"
-            f"    <revision><id>9</id><text xml:space=\"preserve\">{body}</text></revision>\n  </page>\n")
+    return (
+        f"  <page>\n    <title>T{pid}</title>\n    <ns>{ns}</ns>\n    <id>{pid}</id>\n    {red}\n"
+        f'    <revision><id>9</id><text xml:space="preserve">{body}</text></revision>\n  </page>\n'
+    )
 
 
 def test_rejection_reasons(tmp_path):
-    pages = [_page("A real article. It has text.", pid=1), _page("Talk.", ns=1, pid=2),
-             _page("#REDIRECT [[X]]", redirect=True, pid=3), _page("{{stub}}\n[[Category:X]]", pid=4),
-             _page("== Only a heading ==\n* and a list", pid=5), _page("x" * 2000, pid=6)]
+    pages = [
+        _page("A real article. It has text.", pid=1),
+        _page("Talk.", ns=1, pid=2),
+        _page("#REDIRECT [[X]]", redirect=True, pid=3),
+        _page("{{stub}}\n[[Category:X]]", pid=4),
+        _page("== Only a heading ==\n* and a list", pid=5),
+        _page("x" * 2000, pid=6),
+    ]
     (tmp_path / "d.xml").write_text("<mediawiki>\n" + "".join(pages) + "</mediawiki>\n")
     _, _, items = _read([tmp_path / "d.xml"])
-    assert [getattr(x, "reason", None) for x in items] == [None, "wiki_namespace", "wiki_redirect", "wiki_empty",
-                                                            "wiki_empty", "word_too_long"]
+    assert [getattr(x, "reason", None) for x in items] == [
+        None,
+        "wiki_namespace",
+        "wiki_redirect",
+        "wiki_empty",
+        "wiki_empty",
+        "word_too_long",
+    ]
     assert [x.record for x in items if isinstance(x, Rejected)] == [1, 2, 3, 4, 5]
     _, _, items = _read([tmp_path / "d.xml"], WikiOptions(keep_lists=True, keep_headings=True))
     assert items[4].text == "Only a heading\n\nand a list"
@@ -154,7 +168,10 @@ def test_rejection_reasons(tmp_path):
 @pytest.mark.parametrize(
     ("wikitext", "expected"),
     [
-        ("'''Bold''' and ''italic'' [[Target page|shown text]] and [[Plain]]s.", "Bold and italic shown text and Plains."),
+        (
+            "'''Bold''' and ''italic'' [[Target page|shown text]] and [[Plain]]s.",
+            "Bold and italic shown text and Plains.",
+        ),
         ("Before{{Infobox x\n| a = [[B]]\n}} after.", "Before after."),
         ("Claim.<ref name=a>{{cite web|url=http://x}}</ref> Next.<ref name=a/>", "Claim. Next."),
         ("[[File:A.jpg|thumb|A [[caption]] here]]Text [[Image:B.png]]stays.", "Text stays."),
@@ -191,8 +208,23 @@ def test_wikiextractor_output_is_read_back(tmp_path, sample, form):
     gives the same articles, named by the same page ids, as our reading of the dump."""
     pytest.importorskip("wikiextractor")
     out = tmp_path / "text"
-    subprocess.run([sys.executable, "-m", "wikiextractor.WikiExtractor", str(sample), "-o", str(out), "--processes",
-                    "1", "-q", *form], check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wikiextractor.WikiExtractor",
+            str(sample),
+            "-o",
+            str(out),
+            "--processes",
+            "1",
+            "-q",
+            *form,
+        ],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     files, skipped, items = _read([out])
     suffix = ".bz2" if "--compress" in form else ""
     assert [f.path for f in files] == [str(out / "AA" / f"wiki_00{suffix}")] and not skipped
@@ -211,8 +243,11 @@ def test_wikiextractor_output_is_read_back(tmp_path, sample, form):
 
 
 def _records(items):
-    return [(x.record, x.reason) if isinstance(x, Rejected) else (x.doc_id & 0xFFFFFFFF, "doc")
-            for x in items if not isinstance(x, Skipped)]
+    return [
+        (x.record, x.reason) if isinstance(x, Rejected) else (x.doc_id & 0xFFFFFFFF, "doc")
+        for x in items
+        if not isinstance(x, Skipped)
+    ]
 
 
 def _dump(tmp_path, pages, tail="</mediawiki>\n", name="d.xml"):
@@ -220,15 +255,18 @@ def _dump(tmp_path, pages, tail="</mediawiki>\n", name="d.xml"):
     return tmp_path / name
 
 
-@pytest.mark.parametrize(("damage", "middle"), [
-    (lambda p: p.replace("</text>", " a < b</text>"), ["unparsable_page"]),  # a raw `<`
-    (lambda p: p.replace("</text>", "&bogus;</text>"), ["unparsable_page"]),
-    (lambda p: p.replace("<ns>0</ns>", "<ns>1.5</ns>"), ["unparsable_page"]),
-    (lambda p: p.replace("<title>", "<title>\x00"), ["unparsable_page"]),
-    (lambda p: p.replace("</text>", "&#xd800;</text>"), ["unparsable_page"]),  # not an XML character
-    (lambda p: p.replace("</page>", ""), ["unterminated_page"]),  # the next <page> comes first
-    (lambda p: p.replace("<title>", "<page>\n<title>"), ["unterminated_page", "doc"]),  # a <page> inside a page
-])
+@pytest.mark.parametrize(
+    ("damage", "middle"),
+    [
+        (lambda p: p.replace("</text>", " a < b</text>"), ["unparsable_page"]),  # a raw `<`
+        (lambda p: p.replace("</text>", "&bogus;</text>"), ["unparsable_page"]),
+        (lambda p: p.replace("<ns>0</ns>", "<ns>1.5</ns>"), ["unparsable_page"]),
+        (lambda p: p.replace("<title>", "<title>\x00"), ["unparsable_page"]),
+        (lambda p: p.replace("</text>", "&#xd800;</text>"), ["unparsable_page"]),  # not an XML character
+        (lambda p: p.replace("</page>", ""), ["unterminated_page"]),  # the next <page> comes first
+        (lambda p: p.replace("<title>", "<page>\n<title>"), ["unterminated_page", "doc"]),  # a <page> inside a page
+    ],
+)
 def test_a_damaged_page_is_rejected_and_the_next_one_read(tmp_path, damage, middle):
     """One unparsable page was one `unreadable` rejection and every later page of the file went uncounted."""
     pages = [_page("First article.", pid=1), damage(_page("Second article.", pid=2)), _page("Third article.", pid=3)]
@@ -259,8 +297,9 @@ def test_a_damaged_compressed_dump_names_the_file(tmp_path, sample, compress):
     path.write_bytes(bytes(data))
     _, skipped, items = _read([path])
     (named,) = [x for x in items if isinstance(x, Skipped)]
-    assert named.path == str(path) and re.match(r"unreadable from record \d+: (zlib\.error|OSError|gzip\.BadGzipFile)",
-                                                named.reason), named
+    assert named.path == str(path) and re.match(
+        r"unreadable from record \d+: (zlib\.error|OSError|gzip\.BadGzipFile)", named.reason
+    ), named
     assert _records(items)[-1][1] == "unreadable"
 
 
@@ -321,7 +360,7 @@ def test_hostile_markup_is_rejected_over_the_budget_in_linear_time(pattern):
 
     from pipeline.data.wikitext import MARKUP_BUDGET, markup_cost
 
-    text = (pattern * (40 * 1024 // len(pattern)))
+    text = pattern * (40 * 1024 // len(pattern))
     start = time.process_time()
     assert page_text(wiki.Page(0, "1", "T", 0, False, text)) == (None, "markup_budget")
     assert time.process_time() - start < 1.0
@@ -365,11 +404,17 @@ def test_a_long_technical_page_with_thousands_of_unclosed_openers_is_converted(s
 
     from pipeline.data.wikitext import _routes
 
-    lines = [f"Run [[ -f /etc/app{i}.conf ] && echo found; the template {{{{ user.name{i} }} fills in the name; "
-             f"see [http://example.org/app{i} the manual, on a line of its own." for i in range(3000)]
+    lines = [
+        f"Run [[ -f /etc/app{i}.conf ] && echo found; the template {{{{ user.name{i} }} fills in the name; "
+        f"see [http://example.org/app{i} the manual, on a line of its own."
+        for i in range(3000)
+    ]
     page = "\n".join(lines)
-    assert {k: len(v[0]) for k, v in _routes(page.encode()).items()} == {"template": 3000, "wikilink": 3000,
-                                                                          "extlink": 3000}
+    assert {k: len(v[0]) for k, v in _routes(page.encode()).items()} == {
+        "template": 3000,
+        "wikilink": 3000,
+        "extlink": 3000,
+    }
     text, reason = page_text(wiki.Page(0, "1", "T", 0, False, page))
     assert reason is None and text.count("fills in the name") == 3000
     assert _cpu_us_per_char(page) < 10
@@ -403,7 +448,8 @@ def test_a_dump_in_parts_reads_as_its_pages_in_order(tmp_path):
     ws.build_dump(tmp_path / "one", 5)
     figs = [ws.build_dump(tmp_path / "parts", 2, 0, 0, 1), ws.build_dump(tmp_path / "parts", 3, 0, 2, 2)]
     assert sorted(p.name for p in (tmp_path / "parts").iterdir()) == sorted(
-        [*ws.part_names(1, 1, 22), *ws.part_names(2, 23, 55)])
+        [*ws.part_names(1, 1, 22), *ws.part_names(2, 23, 55)]
+    )
     assert [f["pages"] for f in figs] == [22, 33] and [f["articles"] for f in figs] == [8, 12]
 
     def pages(d):

@@ -81,89 +81,168 @@ def raw_sources_table(a: argparse.Namespace) -> str:
     by_words, by_xml = a.dump_words / a.dump_word_rate / 3600, a.dump_xml_mb / a.dump_xml_rate / 3600
     wiki = max(by_words, by_xml)
     books = a.books_words * a.books_tokens_per_word * a.near_factor / a.books_rate / 3600
-    lines = [f"\nHours from the raw sources, dedup near (the default), nodes of {a.cores_per_node} cores. CPU-hours: "
-             f"Wikipedia's dump -> shards {wiki:.1f} (by words {by_words:.1f}, by XML bytes {by_xml:.1f}), "
-             f"BooksCorpus -> shards {books:.2f}\n",
-             "| nodes | cores | English Wikipedia, dump -> shards | BooksCorpus -> shards | both |",
-             "|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"\nHours from the raw sources, dedup near (the default), nodes of {a.cores_per_node} cores. CPU-hours: "
+        f"Wikipedia's dump -> shards {wiki:.1f} (by words {by_words:.1f}, by XML bytes {by_xml:.1f}), "
+        f"BooksCorpus -> shards {books:.2f}\n",
+        "| nodes | cores | English Wikipedia, dump -> shards | BooksCorpus -> shards | both |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for n in (int(x) for x in a.nodes.split(",")):
         cores = n * a.cores_per_node
-        lines.append(f"| {n} | {cores} | {fmt_h(wiki / cores)} | {fmt_h(books / cores)} | "
-                     f"{fmt_h((wiki + books) / cores)} |")
+        lines.append(
+            f"| {n} | {cores} | {fmt_h(wiki / cores)} | {fmt_h(books / cores)} | {fmt_h((wiki + books) / cores)} |"
+        )
     return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     c = ap.add_argument_group("corpus")
-    c.add_argument("--wiki-words", type=float, default=2.5e9,
-                   help="English Wikipedia, words of text passages (BERT paper section 3.1; DeepLearningExamples "
-                        "README 'Getting the data': 2500M)")
+    c.add_argument(
+        "--wiki-words",
+        type=float,
+        default=2.5e9,
+        help="English Wikipedia, words of text passages (BERT paper section 3.1; DeepLearningExamples "
+        "README 'Getting the data': 2500M)",
+    )
     c.add_argument("--books-words", type=float, default=0.8e9, help="BooksCorpus words (same sources: 800M)")
-    c.add_argument("--wiki-tokens-per-word", type=float, default=1.386,
-                   help=f"765 WordPiece tokens / 552 words of the shared sample dump's 4 articles ({R}, "
-                        "'Wikipedia: dump -> text against WikiExtractor' and 'Capacity on paper: English Wikipedia "
-                        "from its dump')")
-    c.add_argument("--books-tokens-per-word", type=float, default=1.273,
-                   help=f"1,005,183 tokens / 789,634 words of the shared books ({R}, 'Capacity on paper (issue 18)')")
-    c.add_argument("--tokens-per-example", type=float, default=103.46,
-                   help=f"source tokens per example at 128, NSP, static masks: 2,312,433 tokens of the shared corpora "
-                        f"/ 22,351 examples ({R}, 'Side by side with Google's create_pretraining_data.py', "
-                        "`python bench/studies/google_compare.py`)")
+    c.add_argument(
+        "--wiki-tokens-per-word",
+        type=float,
+        default=1.386,
+        help=f"765 WordPiece tokens / 552 words of the shared sample dump's 4 articles ({R}, "
+        "'Wikipedia: dump -> text against WikiExtractor' and 'Capacity on paper: English Wikipedia "
+        "from its dump')",
+    )
+    c.add_argument(
+        "--books-tokens-per-word",
+        type=float,
+        default=1.273,
+        help=f"1,005,183 tokens / 789,634 words of the shared books ({R}, 'Capacity on paper (issue 18)')",
+    )
+    c.add_argument(
+        "--tokens-per-example",
+        type=float,
+        default=103.46,
+        help=f"source tokens per example at 128, NSP, static masks: 2,312,433 tokens of the shared corpora "
+        f"/ 22,351 examples ({R}, 'Side by side with Google's create_pretraining_data.py', "
+        "`python bench/studies/google_compare.py`)",
+    )
     d = ap.add_argument_group("data preparation (tokens of input text per CPU-second)")
-    d.add_argument("--local-rate", type=float, default=559_460,
-                   help=f"local path: 20,811,897 tokens / 37.2 CPU-s ({R}, 'Against raw encode_batch at 20.8M "
-                        "tokens', `python bench/data/data_throughput.py --skip-hf --ray-too`, 13:48 UTC)")
-    d.add_argument("--ray-rate", type=float, default=370_319,
-                   help="Ray path (--data.local_max_bytes 0): 20,811,897 tokens / 56.2 CPU-s (same run)")
-    d.add_argument("--ray-node-efficiency", type=float, default=0.969,
-                   help=f"Ray path's rate per CPU-s on two nodes / one node: 1,104 / 1,139 pages per CPU-s ({R}, "
-                        "'Scale on two nodes (issue 24)', `python bench/studies/wiki_scale.py`); applied to every "
-                        "multi-node row")
+    d.add_argument(
+        "--local-rate",
+        type=float,
+        default=559_460,
+        help=f"local path: 20,811,897 tokens / 37.2 CPU-s ({R}, 'Against raw encode_batch at 20.8M "
+        "tokens', `python bench/data/data_throughput.py --skip-hf --ray-too`, 13:48 UTC)",
+    )
+    d.add_argument(
+        "--ray-rate",
+        type=float,
+        default=370_319,
+        help="Ray path (--data.local_max_bytes 0): 20,811,897 tokens / 56.2 CPU-s (same run)",
+    )
+    d.add_argument(
+        "--ray-node-efficiency",
+        type=float,
+        default=0.969,
+        help=f"Ray path's rate per CPU-s on two nodes / one node: 1,104 / 1,139 pages per CPU-s ({R}, "
+        "'Scale on two nodes (issue 24)', `python bench/studies/wiki_scale.py`); applied to every "
+        "multi-node row",
+    )
     w = ap.add_argument_group("data preparation from the raw sources, dedup near (the default; issue 36)")
-    w.add_argument("--dump-words", type=float, default=4.5e9,
-                   help="English Wikipedia's articles, every word, as read from its dump (Wikipedia:Size of "
-                        f"Wikipedia, April 2024; {R}, 'Capacity on paper: English Wikipedia from its dump')")
-    w.add_argument("--dump-xml-mb", type=float, default=95_000, help="its uncompressed XML, MB (4.3 x 22 GB of bz2: "
-                   "an assumption, same section)")
-    w.add_argument("--dump-word-rate", type=float, default=127_262,
-                   help=f"words of the dump per CPU-s, dump -> shards on two hosts: 2,536 pages per CPU-s x 552/11 "
-                        f"words a page, 1 GB of multistream bz2 ({R}, 'A gigabyte on two hosts', "
-                        "`python bench/studies/wiki_two_hosts.py`)")
+    w.add_argument(
+        "--dump-words",
+        type=float,
+        default=4.5e9,
+        help="English Wikipedia's articles, every word, as read from its dump (Wikipedia:Size of "
+        f"Wikipedia, April 2024; {R}, 'Capacity on paper: English Wikipedia from its dump')",
+    )
+    w.add_argument(
+        "--dump-xml-mb",
+        type=float,
+        default=95_000,
+        help="its uncompressed XML, MB (4.3 x 22 GB of bz2: an assumption, same section)",
+    )
+    w.add_argument(
+        "--dump-word-rate",
+        type=float,
+        default=127_262,
+        help=f"words of the dump per CPU-s, dump -> shards on two hosts: 2,536 pages per CPU-s x 552/11 "
+        f"words a page, 1 GB of multistream bz2 ({R}, 'A gigabyte on two hosts', "
+        "`python bench/studies/wiki_two_hosts.py`)",
+    )
     w.add_argument("--dump-xml-rate", type=float, default=4.342, help="MB of the dump's XML per CPU-s (same run)")
-    w.add_argument("--books-rate", type=float, default=397_305,
-                   help=f"tokens of book text per CPU-s on the Ray path, dedup off: 20,818,782 tokens / 52.4 CPU-s, "
-                        f"the slower of two runs ({R}, 'The Ray path's CPU per token against the local path', "
-                        "`python bench/data/data_throughput.py --skip-hf --ray-too --memory-factors 1`)")
-    w.add_argument("--near-factor", type=float, default=1.07,
-                   help=f"CPU of dedup near / off on the Ray path, 132,000 pages ({R}, 'One read per document', "
-                        "`python bench/studies/one_read.py --copies 12000 --paths ray`)")
+    w.add_argument(
+        "--books-rate",
+        type=float,
+        default=397_305,
+        help=f"tokens of book text per CPU-s on the Ray path, dedup off: 20,818,782 tokens / 52.4 CPU-s, "
+        f"the slower of two runs ({R}, 'The Ray path's CPU per token against the local path', "
+        "`python bench/data/data_throughput.py --skip-hf --ray-too --memory-factors 1`)",
+    )
+    w.add_argument(
+        "--near-factor",
+        type=float,
+        default=1.07,
+        help=f"CPU of dedup near / off on the Ray path, 132,000 pages ({R}, 'One read per document', "
+        "`python bench/studies/one_read.py --copies 12000 --paths ray`)",
+    )
     d.add_argument("--cores-per-node", type=int, default=32)
     d.add_argument("--nodes", default="1,4,16")
     g = ap.add_argument_group("GPU (token slots per second per GPU)")
     for name, rate, how in [
         ("base-128", 568_976, "H200, 2026-11-27: BERT-base 256 x 128 packed, the product's step with train.compile"),
-        ("base-512", 411_034, "H200, 2026-11-27: BERT-base 64 x 512 padded (802.8 seq/s x 512 slots), eager: no "
-                              "compiled row at 512 was measured"),
-        ("large-128", 219_040, "H200, the second lease of 2026-11-27: BERT-large 256 x 128 packed (large.yaml's "
-                               "micro-batch), the product's step with train.compile"),
-        ("large-512", 176_172, "H200, the second lease of 2026-11-27: BERT-large 32 x 512 padded (344.1 seq/s x 512 "
-                               "slots; large.yaml's micro-batch), the product's step with train.compile"),
+        (
+            "base-512",
+            411_034,
+            "H200, 2026-11-27: BERT-base 64 x 512 padded (802.8 seq/s x 512 slots), eager: no "
+            "compiled row at 512 was measured",
+        ),
+        (
+            "large-128",
+            219_040,
+            "H200, the second lease of 2026-11-27: BERT-large 256 x 128 packed (large.yaml's "
+            "micro-batch), the product's step with train.compile",
+        ),
+        (
+            "large-512",
+            176_172,
+            "H200, the second lease of 2026-11-27: BERT-large 32 x 512 padded (344.1 seq/s x 512 "
+            "slots; large.yaml's micro-batch), the product's step with train.compile",
+        ),
     ]:
-        g.add_argument(f"--{name}", type=float, default=rate,
-                       help=f"ours on one GPU, bf16: {how} ({R}, 'GPU (BERT-base / BERT-large, bf16, MFU)', "
-                            "`bash bench/gpu/gpu_step.sh`)")
+        g.add_argument(
+            f"--{name}",
+            type=float,
+            default=rate,
+            help=f"ours on one GPU, bf16: {how} ({R}, 'GPU (BERT-base / BERT-large, bf16, MFU)', "
+            "`bash bench/gpu/gpu_step.sh`)",
+        )
     p = ap.add_argument_group("published figures")
-    p.add_argument("--mlperf-large", type=float, default=246_000,
-                   help="MLPerf Training v3.0 BERT-large, 8 x H100: about 970 seq/s a GPU = 246k real tokens/s "
-                        "(issue 18's table); applied to both phases")
-    p.add_argument("--dle-seq-128", type=float, default=580,
-                   help="NVIDIA DeepLearningExamples PyTorch BERT README, 'Pre-training NVIDIA DGX A100 (8x A100 "
-                        "80GB)': BERT-large, 1 GPU, mixed precision, sequence length 128, sequences/s")
+    p.add_argument(
+        "--mlperf-large",
+        type=float,
+        default=246_000,
+        help="MLPerf Training v3.0 BERT-large, 8 x H100: about 970 seq/s a GPU = 246k real tokens/s "
+        "(issue 18's table); applied to both phases",
+    )
+    p.add_argument(
+        "--dle-seq-128",
+        type=float,
+        default=580,
+        help="NVIDIA DeepLearningExamples PyTorch BERT README, 'Pre-training NVIDIA DGX A100 (8x A100 "
+        "80GB)': BERT-large, 1 GPU, mixed precision, sequence length 128, sequences/s",
+    )
     p.add_argument("--dle-seq-512", type=float, default=210, help="the same table at sequence length 512")
-    p.add_argument("--dle-gpu-hours", type=float, default=256 * 1.2,
-                   help="the same README, 'Pre-training loss results': 32 x DGX A100 80GB (256 GPUs), 1.2 h time to "
-                        "train, mixed precision, LAMB schedule")
+    p.add_argument(
+        "--dle-gpu-hours",
+        type=float,
+        default=256 * 1.2,
+        help="the same README, 'Pre-training loss results': 32 x DGX A100 80GB (256 GPUs), 1.2 h time to "
+        "train, mixed precision, LAMB schedule",
+    )
     return ap.parse_args(argv)
 
 
@@ -171,17 +250,23 @@ def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
     tokens = corpus_tokens([(a.wiki_words, a.wiki_tokens_per_word), (a.books_words, a.books_tokens_per_word)])
     words = a.wiki_words + a.books_words
-    print(f"Corpus: {a.wiki_words / 1e9:.2f}B words x {a.wiki_tokens_per_word} (Wikipedia) + "
-          f"{a.books_words / 1e9:.2f}B x {a.books_tokens_per_word} (BooksCorpus) = {words / 1e9:.2f}B words = "
-          f"{tokens / 1e9:.2f}B tokens = {tokens / a.tokens_per_example / 1e6:.1f}M examples at 128 tokens "
-          f"({a.tokens_per_example} tokens an example)\n")
+    print(
+        f"Corpus: {a.wiki_words / 1e9:.2f}B words x {a.wiki_tokens_per_word} (Wikipedia) + "
+        f"{a.books_words / 1e9:.2f}B x {a.books_tokens_per_word} (BooksCorpus) = {words / 1e9:.2f}B words = "
+        f"{tokens / 1e9:.2f}B tokens = {tokens / a.tokens_per_example / 1e6:.1f}M examples at 128 tokens "
+        f"({a.tokens_per_example} tokens an example)\n"
+    )
 
     cpu_local, cpu_ray = tokens / a.local_rate / 3600, tokens / a.ray_rate / 3600
-    print(f"Hours to prepare it once (one max_seq_length; dedup off), nodes of {a.cores_per_node} cores. "
-          f"CPU-hours: local path {cpu_local:.2f}, Ray path {cpu_ray:.2f} (one node), "
-          f"{cpu_ray / a.ray_node_efficiency:.2f} (several nodes)\n")
-    print(f"| nodes | cores | local path ({a.local_rate:,.0f} tokens/CPU-s) | Ray path ({a.ray_rate:,.0f} "
-          f"tokens/CPU-s, x{a.ray_node_efficiency} across nodes) | Ray path, both phases (128 and 512) |")
+    print(
+        f"Hours to prepare it once (one max_seq_length; dedup off), nodes of {a.cores_per_node} cores. "
+        f"CPU-hours: local path {cpu_local:.2f}, Ray path {cpu_ray:.2f} (one node), "
+        f"{cpu_ray / a.ray_node_efficiency:.2f} (several nodes)\n"
+    )
+    print(
+        f"| nodes | cores | local path ({a.local_rate:,.0f} tokens/CPU-s) | Ray path ({a.ray_rate:,.0f} "
+        f"tokens/CPU-s, x{a.ray_node_efficiency} across nodes) | Ray path, both phases (128 and 512) |"
+    )
     print("|---:|---:|---:|---:|---:|")
     for n in (int(x) for x in a.nodes.split(",")):
         cores = n * a.cores_per_node
@@ -208,12 +293,20 @@ def main(argv: list[str] | None = None) -> None:
             slots_sum += slots
             hours = [gpu_hours(steps, batch, seq, r[0] if seq == 128 else r[1]) for r in rates.values()]
             totals = [t + h for t, h in zip(totals, hours)]
-            print(f"| {name} | {phase} | {steps:,} x {batch:,} x {seq} | {slots / 1e9:.1f}B | {slots / tokens:.1f} | "
-                  + " | ".join(fmt_h(h) for h in hours) + " |")
-        print(f"| {name} | **total** | | {slots_sum / 1e9:.1f}B | {slots_sum / tokens:.1f} | "
-              + " | ".join(f"**{fmt_h(t)}**" for t in totals) + " |")
-    print(f"| NVIDIA DLE, published time to train | LAMB, both phases | 256 A100-80GB x 1.2 h | | | | | | "
-          f"{fmt_h(a.dle_gpu_hours)} |")
+            print(
+                f"| {name} | {phase} | {steps:,} x {batch:,} x {seq} | {slots / 1e9:.1f}B | {slots / tokens:.1f} | "
+                + " | ".join(fmt_h(h) for h in hours)
+                + " |"
+            )
+        print(
+            f"| {name} | **total** | | {slots_sum / 1e9:.1f}B | {slots_sum / tokens:.1f} | "
+            + " | ".join(f"**{fmt_h(t)}**" for t in totals)
+            + " |"
+        )
+    print(
+        f"| NVIDIA DLE, published time to train | LAMB, both phases | 256 A100-80GB x 1.2 h | | | | | | "
+        f"{fmt_h(a.dle_gpu_hours)} |"
+    )
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ EVENTS = "SUITE_CPU_EVENTS"
 
 # --- the pytest plugin (loaded in every test process through `-p suite_cpu`) ---
 
+
 def _event(kind: str, nodeid: str) -> None:
     with open(os.environ[EVENTS], "a") as f:  # one short line per write: appends from two processes do not mix
         f.write(json.dumps({"k": kind, "id": nodeid, "pid": os.getpid(), "t": time.time()}) + "\n")
@@ -48,6 +49,7 @@ def pytest_runtest_logfinish(nodeid, location):  # noqa: ARG001 - pytest's hook 
 
 
 # --- the poller and the report ---
+
 
 def _owners(events: Path) -> set[int]:
     try:
@@ -113,8 +115,12 @@ def report(events: Path, ticks: list, top: int) -> str:
     modules = collections.Counter()
     for test, c in cpu.items():
         modules[test.split("::")[0]] += c
-    lines = [f"CPU-s charged to tests {sum(cpu.values()):.0f}, not charged {other:.0f}", "",
-             "| module | CPU-s |", "|---|---:|"]
+    lines = [
+        f"CPU-s charged to tests {sum(cpu.values()):.0f}, not charged {other:.0f}",
+        "",
+        "| module | CPU-s |",
+        "|---|---:|",
+    ]
     lines += [f"| {m} | {c:.0f} |" for m, c in modules.most_common(top)]
     lines += ["", "| test | CPU-s | wall s |", "|---|---:|---:|"]
     lines += [f"| {t} | {c:.1f} | {wall[t]:.1f} |" for t, c in cpu.most_common(top)]
@@ -132,8 +138,11 @@ def main() -> int:
         events = Path(d) / "events.jsonl"
         events.touch()
         here = str(Path(__file__).resolve().parent)
-        env = {**os.environ, EVENTS: str(events),
-               "PYTHONPATH": os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        env = {
+            **os.environ,
+            EVENTS: str(events),
+            "PYTHONPATH": os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])]),
+        }
         stop, ticks = threading.Event(), []
         poller = threading.Thread(target=poll, args=(events, a.every, stop, ticks), daemon=True)
         poller.start()

@@ -30,9 +30,11 @@ from measure import GIB, REPO, SHARED, minilm_vocab, run_sampled  # noqa: E402
 def build_document(path: Path, mb: float) -> tuple[str, int]:
     """Write the books, each ending in a blank line, repeated up to `mb` MB; returns (one repetition, reps). Under
     one repetition (4.1 MB), its first paragraphs up to `mb` MB."""
-    unit = "".join(p.read_text(encoding="utf-8").rstrip("\n") + "\n\n" for p in sorted((SHARED / "corpora/books").glob("*.txt")))
+    unit = "".join(
+        p.read_text(encoding="utf-8").rstrip("\n") + "\n\n" for p in sorted((SHARED / "corpora/books").glob("*.txt"))
+    )
     if mb * 1e6 < len(unit.encode("utf-8")):
-        unit = unit[:unit.rindex("\n\n", 0, max(2, int(mb * 1e6))) + 2]
+        unit = unit[: unit.rindex("\n\n", 0, max(2, int(mb * 1e6))) + 2]
     reps = max(1, round(mb * 1e6 / len(unit.encode("utf-8"))))
     with open(path, "w", encoding="utf-8") as f:
         for _ in range(reps):
@@ -53,8 +55,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mb", type=float, default=100.0, help="size of the one document in MB")
     ap.add_argument("--num-cpus", type=int, default=2)
-    ap.add_argument("--dedup", choices=["near", "exact", "off"], default="near",
-                    help="data.dedup (near, the default, signs every document in the dedup pass first)")
+    ap.add_argument(
+        "--dedup",
+        choices=["near", "exact", "off"],
+        default="near",
+        help="data.dedup (near, the default, signs every document in the dedup pass first)",
+    )
     ap.add_argument("--keep", default=None, help="work directory to keep (default: a temporary one, removed)")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more prepare_data arguments")
     args = ap.parse_args()
@@ -65,8 +71,21 @@ def main() -> int:
     shutil.rmtree(out, ignore_errors=True)
     unit, reps = build_document(doc, args.mb)
     expected = reps * unit_tokens(unit, vocab)
-    cmd = [sys.executable, str(REPO / "jobs/prepare_data.py"), "--input", str(doc), "--output", str(out),
-           "--vocab", str(vocab), "--num-cpus", str(args.num_cpus), "--data.dedup", args.dedup, *args.extra]
+    cmd = [
+        sys.executable,
+        str(REPO / "jobs/prepare_data.py"),
+        "--input",
+        str(doc),
+        "--output",
+        str(out),
+        "--vocab",
+        str(vocab),
+        "--num-cpus",
+        str(args.num_cpus),
+        "--data.dedup",
+        args.dedup,
+        *args.extra,
+    ]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
     print(f"document: {doc} ({doc.stat().st_size / 1e6:.1f} MB, {reps} x {len(unit) / 1e6:.2f}M chars)", flush=True)
@@ -78,14 +97,18 @@ def main() -> int:
         return 1
     m = json.loads((out / "manifest.json").read_text())
     rows = [
-        ("document", f"{doc.stat().st_size / 1e6:.1f} MB, 1 document, {m['document_pieces']} pieces, "
-                     f"dedup {args.dedup}"),
+        (
+            "document",
+            f"{doc.stat().st_size / 1e6:.1f} MB, 1 document, {m['document_pieces']} pieces, dedup {args.dedup}",
+        ),
         ("largest process, peak RSS", f"{sampler.peak_one / GIB:.2f} GiB ({sampler.peak_name})"),
         ("process tree, peak RSS sum", f"{sampler.peak_sum / GIB:.2f} GiB"),
         ("wall", f"{run.wall:.1f} s"),
         ("CPU-seconds, process tree", f"{sampler.cpu_seconds:.1f}"),
-        ("tokens written by the tokenize pass", f"{m['source_tokens']} (expected {expected}: "
-                                                f"{'equal' if m['source_tokens'] == expected else 'DIFFERENT'})"),
+        (
+            "tokens written by the tokenize pass",
+            f"{m['source_tokens']} (expected {expected}: {'equal' if m['source_tokens'] == expected else 'DIFFERENT'})",
+        ),
         ("examples / tokens in shards", f"{m['examples']} / {m['tokens']}"),
         ("goal: largest process <= 1.5 GiB", "met" if sampler.peak_one <= 1.5 * GIB else "NOT met"),
     ]

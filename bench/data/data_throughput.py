@@ -97,9 +97,19 @@ def child_pipeline(corpus: str, out: str, vocab: str, num_cpus: int, local_max_b
     m = json.loads(Path(out, "manifest.json").read_text())
     if on_ray:
         ray.shutdown()
-    print(json.dumps({"seconds": secs, "cpu_seconds": cpu_secs, "source_tokens": m["source_tokens"],
-                      "examples": m["examples"], "tokens": m["tokens"], "status": res["shards"].status,
-                      "path": "Ray" if on_ray else "local"}))
+    print(
+        json.dumps(
+            {
+                "seconds": secs,
+                "cpu_seconds": cpu_secs,
+                "source_tokens": m["source_tokens"],
+                "examples": m["examples"],
+                "tokens": m["tokens"],
+                "status": res["shards"].status,
+                "path": "Ray" if on_ray else "local",
+            }
+        )
+    )
 
 
 def child_hf(corpus: str, out: str, model_dir: str, num_cpus: int, max_len: int) -> None:
@@ -127,10 +137,15 @@ def child_hf(corpus: str, out: str, model_dir: str, num_cpus: int, max_len: int)
                     yield {"text": json.loads(line)["text"]}
 
     ds = datasets.Dataset.from_generator(gen, cache_dir=os.path.join(out, "cache"))
-    ds = ds.map(lambda b: {"text": [p for t in b["text"] for p in t.split("\n\n") if p.strip()]}, batched=True,
-                remove_columns=["text"], num_proc=num_cpus)
-    tokenized = ds.map(lambda b: tok(b["text"], add_special_tokens=False), batched=True, num_proc=num_cpus,
-                       remove_columns=["text"])
+    ds = ds.map(
+        lambda b: {"text": [p for t in b["text"] for p in t.split("\n\n") if p.strip()]},
+        batched=True,
+        remove_columns=["text"],
+        num_proc=num_cpus,
+    )
+    tokenized = ds.map(
+        lambda b: tok(b["text"], add_special_tokens=False), batched=True, num_proc=num_cpus, remove_columns=["text"]
+    )
     n_tokens = sum(sum(len(x) for x in b["input_ids"]) for b in tokenized.select_columns("input_ids").iter(10000))
     body = max_len - 2
 
@@ -149,8 +164,11 @@ def child_hf(corpus: str, out: str, model_dir: str, num_cpus: int, max_len: int)
     masked.to_parquet(os.path.join(out, "hf.parquet"))
     secs = time.perf_counter() - t
     cpu.stop()
-    print(json.dumps({"seconds": secs, "cpu_seconds": cpu.cpu_seconds, "source_tokens": n_tokens,
-                      "examples": len(masked)}))
+    print(
+        json.dumps(
+            {"seconds": secs, "cpu_seconds": cpu.cpu_seconds, "source_tokens": n_tokens, "examples": len(masked)}
+        )
+    )
 
 
 def main() -> None:
@@ -160,8 +178,11 @@ def main() -> None:
     ap.add_argument("--memory-factors", default="1,8", help="corpus repetitions for the peak-memory comparison")
     ap.add_argument("--num-cpus", type=int, default=2)
     ap.add_argument("--skip-hf", action="store_true", help="skip the datasets.map reference")
-    ap.add_argument("--ray-too", action="store_true",
-                    help="also run the pipeline on Ray (--data.local_max_bytes 0) at the throughput size")
+    ap.add_argument(
+        "--ray-too",
+        action="store_true",
+        help="also run the pipeline on Ray (--data.local_max_bytes 0) at the throughput size",
+    )
     ap.add_argument("--write-results", metavar="FILE", help="also write the table and the command to FILE (markdown)")
     ap.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -185,7 +206,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_data_"))
     me = [sys.executable, str(Path(__file__).resolve()), "--child"]
     try:
-        print(f"corpus: {corpus_tokens} tokens; throughput run at {factor}x = {factor * corpus_tokens / 1e6:.1f}M tokens")
+        print(
+            f"corpus: {corpus_tokens} tokens; throughput run at {factor}x = {factor * corpus_tokens / 1e6:.1f}M tokens"
+        )
         big = build_corpus(a.corpora, work / f"corpus{factor}", factor)
         paras_file = str(work / "paras.json")
         Path(paras_file).write_text(json.dumps([p for t in texts * factor for p in t.split("\n\n") if p.strip()]))
@@ -193,8 +216,9 @@ def main() -> None:
         # mean; the CPU-seconds ratio (tokens per CPU-second of the whole process tree) is less load-sensitive.
         ref1 = reference_encode(paras_file, vocab, a.num_cpus)
         print(f"reference encode_batch: {ref1['source_tokens']} tokens in {ref1['seconds']:.1f}s")
-        ours, peak_big = run_child([*me, "pipeline", str(big), str(work / "out_big"), str(vocab), str(a.num_cpus),
-                                    "default"])
+        ours, peak_big = run_child(
+            [*me, "pipeline", str(big), str(work / "out_big"), str(vocab), str(a.num_cpus), "default"]
+        )
         print(f"pipeline: {ours['source_tokens']} tokens in {ours['seconds']:.1f}s, peak {peak_big / 2**20:.0f} MiB")
         ref2 = reference_encode(paras_file, vocab, a.num_cpus)
         print(f"reference encode_batch again: {ref2['seconds']:.1f}s")
@@ -207,43 +231,62 @@ def main() -> None:
         rows += [
             ("corpus tokens (1x)", f"{corpus_tokens:,}"),
             (f"throughput run ({factor}x)", f"{ours['source_tokens']:,} tokens, {ours['examples']:,} examples"),
-            (f"raw encode_batch ({a.num_cpus} threads), before / after",
-             f"{refs[0]:,.0f} / {refs[1]:,.0f} tok/s ({ref1['seconds']:.1f} / {ref2['seconds']:.1f} s)"),
-            (f"pipeline end-to-end ({a.num_cpus} CPUs, {ours['path']})", f"{ours_tps:,.0f} tok/s ({ours['seconds']:.1f} s)"),
+            (
+                f"raw encode_batch ({a.num_cpus} threads), before / after",
+                f"{refs[0]:,.0f} / {refs[1]:,.0f} tok/s ({ref1['seconds']:.1f} / {ref2['seconds']:.1f} s)",
+            ),
+            (
+                f"pipeline end-to-end ({a.num_cpus} CPUs, {ours['path']})",
+                f"{ours_tps:,.0f} tok/s ({ours['seconds']:.1f} s)",
+            ),
             ("wall ratio pipeline / encode_batch (goal >= 0.8)", f"{ours_tps / ref_tps:.2f}"),
             ("CPU-seconds: encode_batch / pipeline", f"{ref_cpu:.1f} / {ours['cpu_seconds']:.1f}"),
-            ("CPU ratio (tokens per CPU-s) pipeline / encode_batch",
-             f"{(ours['source_tokens'] / ours['cpu_seconds']) / ref_tpc:.2f}"),
+            (
+                "CPU ratio (tokens per CPU-s) pipeline / encode_batch",
+                f"{(ours['source_tokens'] / ours['cpu_seconds']) / ref_tpc:.2f}",
+            ),
         ]
         shutil.rmtree(work / "out_big", ignore_errors=True)
         if a.ray_too:
             ray_run, _ = run_child([*me, "pipeline", str(big), str(work / "out_ray"), str(vocab), str(a.num_cpus), "0"])
             print(f"pipeline on Ray: {ray_run['seconds']:.1f}s, {ray_run['cpu_seconds']:.1f} CPU-s")
             rows += [
-                ("on Ray (--data.local_max_bytes 0): wall, CPU-s",
-                 f"{ray_run['seconds']:.1f} s, {ray_run['cpu_seconds']:.1f} CPU-s (Ray started before the clock)"),
-                ("on Ray: wall ratio / CPU ratio vs encode_batch",
-                 f"{ray_run['source_tokens'] / ray_run['seconds'] / ref_tps:.2f} / "
-                 f"{ray_run['source_tokens'] / ray_run['cpu_seconds'] / ref_tpc:.2f}"),
+                (
+                    "on Ray (--data.local_max_bytes 0): wall, CPU-s",
+                    f"{ray_run['seconds']:.1f} s, {ray_run['cpu_seconds']:.1f} CPU-s (Ray started before the clock)",
+                ),
+                (
+                    "on Ray: wall ratio / CPU ratio vs encode_batch",
+                    f"{ray_run['source_tokens'] / ray_run['seconds'] / ref_tps:.2f} / "
+                    f"{ray_run['source_tokens'] / ray_run['cpu_seconds'] / ref_tpc:.2f}",
+                ),
             ]
             shutil.rmtree(work / "out_ray", ignore_errors=True)
         if not a.skip_hf:
             hf, _ = run_child([*me, "hf", str(big), str(work / "hf"), str(vocab.parent), str(a.num_cpus), "128"])
             hf_tps = hf["source_tokens"] / hf["seconds"]
-            print(f"datasets.map + collator: {hf['source_tokens']} tokens in {hf['seconds']:.1f}s = {hf_tps:,.0f} tok/s")
+            print(
+                f"datasets.map + collator: {hf['source_tokens']} tokens in {hf['seconds']:.1f}s = {hf_tps:,.0f} tok/s"
+            )
             rows += [
-                ("datasets.map + DataCollatorForLM", f"{hf_tps:,.0f} tok/s ({hf['seconds']:.1f} s, {hf['cpu_seconds']:.1f} CPU-s)"),
+                (
+                    "datasets.map + DataCollatorForLM",
+                    f"{hf_tps:,.0f} tok/s ({hf['seconds']:.1f} s, {hf['cpu_seconds']:.1f} CPU-s)",
+                ),
                 ("wall ratio pipeline / datasets.map", f"{ours_tps / hf_tps:.2f}"),
-                ("CPU ratio pipeline / datasets.map",
-                 f"{(ours['source_tokens'] / ours['cpu_seconds']) / (hf['source_tokens'] / hf['cpu_seconds']):.2f}"),
+                (
+                    "CPU ratio pipeline / datasets.map",
+                    f"{(ours['source_tokens'] / ours['cpu_seconds']) / (hf['source_tokens'] / hf['cpu_seconds']):.2f}",
+                ),
             ]
             shutil.rmtree(work / "hf", ignore_errors=True)
         shutil.rmtree(big, ignore_errors=True)
         peaks = {}
         for f in mem_factors:
             c = build_corpus(a.corpora, work / f"corpus_m{f}", f)
-            _, peaks[f] = run_child([*me, "pipeline", str(c), str(work / f"out_m{f}"), str(vocab), str(a.num_cpus),
-                                     "default"])
+            _, peaks[f] = run_child(
+                [*me, "pipeline", str(c), str(work / f"out_m{f}"), str(vocab), str(a.num_cpus), "default"]
+            )
             print(f"peak memory at {f}x: {peaks[f] / 2**20:.0f} MiB")
             rows.append((f"peak memory (PSS, whole run) at {f}x", f"{peaks[f] / 2**20:,.0f} MiB"))
             shutil.rmtree(c, ignore_errors=True)
@@ -253,8 +296,10 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     w = max(len(k) for k, _ in rows)
-    table = "\n".join([f"| {'measure'.ljust(w)} | value |", f"|{'-' * (w + 2)}|-------|"]
-                      + [f"| {k.ljust(w)} | {v} |" for k, v in rows])
+    table = "\n".join(
+        [f"| {'measure'.ljust(w)} | value |", f"|{'-' * (w + 2)}|-------|"]
+        + [f"| {k.ljust(w)} | {v} |" for k, v in rows]
+    )
     print(table)
     if a.write_results:
         cmd = "python bench/data/data_throughput.py " + " ".join(sys.argv[1:])

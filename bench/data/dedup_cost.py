@@ -68,17 +68,36 @@ def build_corpus(corpora: Path, dest: Path, factor: int) -> tuple[int, int]:
 
 def run(corpus: Path, out: Path, dedup: str, env: dict[str, str]) -> dict:
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, str(REPO / "jobs/prepare_data.py"), "--input", str(corpus), "--output", str(out),
-           "--vocab", str(minilm_vocab()), "--num-cpus", "2", "--data.dedup", dedup]
+    cmd = [
+        sys.executable,
+        str(REPO / "jobs/prepare_data.py"),
+        "--input",
+        str(corpus),
+        "--output",
+        str(out),
+        "--vocab",
+        str(minilm_vocab()),
+        "--num-cpus",
+        "2",
+        "--data.dedup",
+        dedup,
+    ]
     job = run_sampled(cmd, env, cwd=REPO)
     log = job.log
     if job.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({job.returncode}):\n{log[-3000:]}")
     m = json.loads((out / "manifest.json").read_text())
-    found = re.search(r"\[data\] dedup: (\d+) documents, (\d+) exact and (\d+) near duplicates dropped \(([\d.]+)s\)", log)
-    return {"wall": job.wall, "peak_gib": job.sampler.peak_sum / GIB, "shards": [s["sha256"] for s in m["shards"]],
-            "dedup_s": float(found[4]) if found else 0.0, "docs": int(found[1]) if found else m["documents_read"],
-            "dropped": int(found[2]) + int(found[3]) if found else 0}
+    found = re.search(
+        r"\[data\] dedup: (\d+) documents, (\d+) exact and (\d+) near duplicates dropped \(([\d.]+)s\)", log
+    )
+    return {
+        "wall": job.wall,
+        "peak_gib": job.sampler.peak_sum / GIB,
+        "shards": [s["sha256"] for s in m["shards"]],
+        "dedup_s": float(found[4]) if found else 0.0,
+        "docs": int(found[1]) if found else m["documents_read"],
+        "dropped": int(found[2]) + int(found[3]) if found else 0,
+    }
 
 
 def main() -> int:
@@ -97,21 +116,41 @@ def main() -> int:
             size, docs = build_corpus(args.corpora, corpus, factor)
             res: dict[str, list[dict]] = {"off": [], "near": []}
             for k in range(args.runs if factor == 1 else 1):
-                for mode in (("off", "near") if k % 2 == 0 else ("near", "off")):
+                for mode in ("off", "near") if k % 2 == 0 else ("near", "off"):
                     res[mode].append(run(corpus, tmp / f"out-{mode}", mode, env))
             assert all(r["shards"] == res["off"][0]["shards"] for r in res["off"] + res["near"]), "shards differ"
             assert all(r["dropped"] == 0 for r in res["near"]), "the distinct copies were taken for duplicates"
             off = statistics.median(r["wall"] for r in res["off"])
             near = statistics.median(r["wall"] for r in res["near"])
             dd = statistics.median(r["dedup_s"] for r in res["near"])
-            rows.append((f"{factor}x", f"{size / 1e6:.1f} MB, {docs} docs", f"{off:.1f}", f"{near:.1f}",
-                         f"{near / off:.2f}", f"{dd:.1f}", f"{docs / dd:,.0f}" if dd else "-",
-                         f"{max(r['peak_gib'] for r in res['off']):.2f} / {max(r['peak_gib'] for r in res['near']):.2f}"))
+            rows.append(
+                (
+                    f"{factor}x",
+                    f"{size / 1e6:.1f} MB, {docs} docs",
+                    f"{off:.1f}",
+                    f"{near:.1f}",
+                    f"{near / off:.2f}",
+                    f"{dd:.1f}",
+                    f"{docs / dd:,.0f}" if dd else "-",
+                    f"{max(r['peak_gib'] for r in res['off']):.2f} / {max(r['peak_gib'] for r in res['near']):.2f}",
+                )
+            )
             shutil.rmtree(corpus)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print_table(("input", "size", "wall off (s)", "wall near (s)", "near / off", "dedup pass (s)",
-                 "docs/s of the pass", "peak tree GiB off / near"), rows)
+    print_table(
+        (
+            "input",
+            "size",
+            "wall off (s)",
+            "wall near (s)",
+            "near / off",
+            "dedup pass (s)",
+            "docs/s of the pass",
+            "peak tree GiB off / near",
+        ),
+        rows,
+    )
     return 0
 
 

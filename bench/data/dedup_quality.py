@@ -205,8 +205,10 @@ def run_real() -> None:
     print(f"dropped {len(dup)}: exact {kinds.count('exact')}, near {kinds.count('near')}")
     for o, k, kind, s in zip(dup.order, dup.duplicate_of, kinds, dup.similarity):
         i, j = pos[int(o)], pos[int(k)]
-        print(f"  {kind:5s} est {s:.3f} true {jac[i, j]:.3f}  {label(i)} ({len(texts[i].split())} words)"
-              f"  dup of {label(j)} ({len(texts[j].split())} words)")
+        print(
+            f"  {kind:5s} est {s:.3f} true {jac[i, j]:.3f}  {label(i)} ({len(texts[i].split())} words)"
+            f"  dup of {label(j)} ({len(texts[j].split())} words)"
+        )
     np.fill_diagonal(jac, 0)
     iu = np.triu_indices(len(texts), 1)
     for lo in (0.9, 0.8, 0.5, 0.3):
@@ -237,8 +239,10 @@ def run_planted(seed: int) -> None:
     np.fill_diagonal(jac, 1)
 
     print("\ngrid (LSH bands x rows from lsh_bands(threshold, num_perm), fn_weight 0.9):")
-    print("| threshold | num_perm | bands x rows | dropped | recall@0.9 (of n) | false drops (% of docs) | "
-          "below thr-0.1 | est err | verified edges | signature s |")
+    print(
+        "| threshold | num_perm | bands x rows | dropped | recall@0.9 (of n) | false drops (% of docs) | "
+        "below thr-0.1 | est err | verified edges | signature s |"
+    )
     print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     results = {}
     for num_perm in (64, 128, 256):
@@ -251,12 +255,16 @@ def run_planted(seed: int) -> None:
                 t_sig = time.perf_counter() - t0
             q = quality(orders, texts, jac, p, sigs)
             results[(threshold, num_perm)] = q
-            print(f"| {threshold} | {num_perm} | {p.bands} x {p.rows} | {q['dropped']} | {q['recall']:.3f} "
-                  f"({q['worthy']}) | {q['false']} ({q['false_pct']:.2f}%) | {q['below']} | {q['err']:.3f} | "
-                  f"{q['edges']} | {t_sig:.1f} |")
+            print(
+                f"| {threshold} | {num_perm} | {p.bands} x {p.rows} | {q['dropped']} | {q['recall']:.3f} "
+                f"({q['worthy']}) | {q['false']} ({q['false_pct']:.2f}%) | {q['below']} | {q['err']:.3f} | "
+                f"{q['edges']} | {t_sig:.1f} |"
+            )
 
     print("\nLSH weights at threshold 0.8, num_perm 128 (candidates verified either way):")
-    print("| fn_weight | bands x rows | P(cand at J=0.8) | P(cand at J=0.9) | recall@0.9 | false drops | verified edges |")
+    print(
+        "| fn_weight | bands x rows | P(cand at J=0.8) | P(cand at J=0.9) | recall@0.9 | false drops | verified edges |"
+    )
     print("|---:|---|---:|---:|---:|---:|---:|")
     sigs = signatures(texts, DedupParams())
     for w in (0.5, 0.7, 0.9, 0.97):
@@ -268,7 +276,9 @@ def run_planted(seed: int) -> None:
     for b, r in ((14, 9), (20, 6)):
         # threshold ~0: every band collision is accepted as a duplicate, as a pass without verification does
         q = quality(orders, texts, jac, DedupParams(threshold=0.01, bands=b, rows=r), sigs)
-        print(f"| unverified | {b} x {r} | | | {q['recall']:.3f} | {q['false']} ({q['false_pct']:.2f}%) | {q['edges']} |")
+        print(
+            f"| unverified | {b} x {r} | | | {q['recall']:.3f} | {q['false']} ({q['false_pct']:.2f}%) | {q['edges']} |"
+        )
 
     q = results[(0.8, 128)]
     print("\nat the defaults (0.8, 128), per planted kind: dropped / docs (each planted doc or its original):")
@@ -329,8 +339,9 @@ def run_speed(num_perm: int = 128) -> None:
     def shingles_only():
         return [shingle_strings(t) for t in texts]
 
-    print(f"\n## Signature speed: {len(texts)} real documents, {mb:.1f} MB, num_perm {num_perm} "
-          "(best of 3, wall and CPU)")
+    print(
+        f"\n## Signature speed: {len(texts)} real documents, {mb:.1f} MB, num_perm {num_perm} (best of 3, wall and CPU)"
+    )
     print("| implementation | docs/s | MB/s | wall s | CPU s |")
     print("|---|---:|---:|---:|---:|")
     for name, fn in [
@@ -358,12 +369,16 @@ def run_speed(num_perm: int = 128) -> None:
     sigs = signatures(texts, params)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    print(f"\nsignatures of the {len(texts)} documents: {sigs.nbytes / 1e3:.0f} kB "
-          f"({sigs.nbytes // len(texts)} B/doc); tracemalloc peak while computing them {peak / 2**20:.1f} MiB "
-          f"(the batch's shingle hashes, 8 B each, and rensa's rows; the texts themselves are not counted)")
+    print(
+        f"\nsignatures of the {len(texts)} documents: {sigs.nbytes / 1e3:.0f} kB "
+        f"({sigs.nbytes // len(texts)} B/doc); tracemalloc peak while computing them {peak / 2**20:.1f} MiB "
+        f"(the batch's shingle hashes, 8 B each, and rensa's rows; the texts themselves are not counted)"
+    )
     keys = 8 * params.bands
-    print(f"per document in the pass: signature {4 * num_perm} B + band keys {keys} B + order and exact key 24 B; "
-          f"1e9 documents -> {(4 * num_perm + keys + 24) * 1e9 / 2**30:.0f} GiB spread over the cluster")
+    print(
+        f"per document in the pass: signature {4 * num_perm} B + band keys {keys} B + order and exact key 24 B; "
+        f"1e9 documents -> {(4 * num_perm + keys + 24) * 1e9 / 2**30:.0f} GiB spread over the cluster"
+    )
 
 
 def main() -> None:

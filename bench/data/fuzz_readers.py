@@ -99,12 +99,17 @@ def seeds() -> list[Seed]:
     ext_json = "".join(json.dumps({**r, "text": html.escape(r["text"], quote=False)}) + "\n" for r in recs).encode()
     dump = (CORPORA / "wikidump" / "enwiki-sample-pages-articles.xml").read_bytes()
     return [
-        Seed("book", "ruth.txt", book), Seed("book", "ruth.txt.gz", book, "gz"),
-        Seed("jsonl", "w.jsonl", jsonl), Seed("jsonl", "w.jsonl.gz", jsonl, "gz"),
-        Seed("wikiext", "wiki_00", wikiext), Seed("wikiext", "wiki_00.bz2", wikiext, "bz2"),
+        Seed("book", "ruth.txt", book),
+        Seed("book", "ruth.txt.gz", book, "gz"),
+        Seed("jsonl", "w.jsonl", jsonl),
+        Seed("jsonl", "w.jsonl.gz", jsonl, "gz"),
+        Seed("wikiext", "wiki_00", wikiext),
+        Seed("wikiext", "wiki_00.bz2", wikiext, "bz2"),
         Seed("wikiext", "wiki_00.gz", wikiext, "gz"),
-        Seed("wikiext_json", "wiki_01", ext_json), Seed("wikiext_json", "wiki_01.bz2", ext_json, "bz2"),
-        Seed("xml", "enwiki-pages-articles.xml", dump), Seed("xml", "enwiki-pages-articles.xml.bz2", dump, "bz2"),
+        Seed("wikiext_json", "wiki_01", ext_json),
+        Seed("wikiext_json", "wiki_01.bz2", ext_json, "bz2"),
+        Seed("xml", "enwiki-pages-articles.xml", dump),
+        Seed("xml", "enwiki-pages-articles.xml.bz2", dump, "bz2"),
         Seed("xml", "enwiki-pages-articles.xml.gz", dump, "gz"),
         Seed("multistream", "enwiki-20990101-pages-articles-multistream.xml.bz2", dump, "bz2"),
         Seed("parquet", "p.parquet", _parquet(recs)),
@@ -146,7 +151,7 @@ def _replace_one(rng: random.Random, data: bytes, old: bytes, new: bytes) -> byt
     if not spots:
         return data
     k = rng.choice(spots)
-    return data[:k] + new + data[k + len(old):]
+    return data[:k] + new + data[k + len(old) :]
 
 
 def _flip(rng: random.Random, data: bytes) -> bytes:
@@ -184,7 +189,7 @@ def _hostile_page(rng: random.Random, data: bytes) -> bytes:
     if not m:
         return data
     t = rng.choice(m)
-    return data[: t.start(2)] + text + data[t.end(2):]
+    return data[: t.start(2)] + text + data[t.end(2) :]
 
 
 CONTENT = {  # mutation -> (forms it applies to, function of (rng, plain bytes))
@@ -192,13 +197,24 @@ CONTENT = {  # mutation -> (forms it applies to, function of (rng, plain bytes))
     "truncate": (None, lambda r, d: d[: _at(r, d)]),
     "nul": (None, lambda r, d: _insert(r, d, b"\x00" * r.randint(1, 4))),
     "invalid_utf8": (None, lambda r, d: _insert(r, d, r.choice(_NOT_UTF8))),
-    "splice": (None, lambda r, d: _insert(r, d, d[_at(r, d):][: r.randint(1, 400)])),
-    "drop_close": ({"wikiext", "xml", "multistream"},
-                   lambda r, d: _replace_one(r, d, r.choice([b"</doc>", b"</page>", b"</text>", b"</revision>"]), b"")),
-    "misspell_close": ({"wikiext", "xml", "multistream"},
-                       lambda r, d: _replace_one(r, _replace_one(r, d, b"</doc>", r.choice(_DOC_CLOSERS)), b"</page>",
-                                                 r.choice([b"</Page>", b"</page >", b"</pgae>"]))),
-    "open_tag": ({"wikiext"}, lambda r, d: re.sub(rb"(<doc [^>\n]*)>", lambda m: m.group(1 if r.random() < 0.3 else 0), d)),
+    "splice": (None, lambda r, d: _insert(r, d, d[_at(r, d) :][: r.randint(1, 400)])),
+    "drop_close": (
+        {"wikiext", "xml", "multistream"},
+        lambda r, d: _replace_one(r, d, r.choice([b"</doc>", b"</page>", b"</text>", b"</revision>"]), b""),
+    ),
+    "misspell_close": (
+        {"wikiext", "xml", "multistream"},
+        lambda r, d: _replace_one(
+            r,
+            _replace_one(r, d, b"</doc>", r.choice(_DOC_CLOSERS)),
+            b"</page>",
+            r.choice([b"</Page>", b"</page >", b"</pgae>"]),
+        ),
+    ),
+    "open_tag": (
+        {"wikiext"},
+        lambda r, d: re.sub(rb"(<doc [^>\n]*)>", lambda m: m.group(1 if r.random() < 0.3 else 0), d),
+    ),
     "long_doc_tag": ({"wikiext"}, lambda r, d: _insert(r, d, b"\n<doc" + b" " * 20000 + b"\n")),
     "nested_page": ({"xml", "multistream"}, lambda r, d: _replace_one(r, d, b"<title>", b"<page>\n<title>")),
     "raw_lt": ({"xml", "multistream"}, lambda r, d: _replace_one(r, d, b"</text>", b" a < b </text>")),
@@ -210,7 +226,7 @@ CONTENT = {  # mutation -> (forms it applies to, function of (rng, plain bytes))
     "long_words": ({"book"}, lambda r, d: d + (b"a" * 1000 + b" ") * r.randint(100, 400)),
 }
 PACKED = {  # mutations of the bytes as stored (compressed, Parquet), for seeds with a container
-    "garbage_header": lambda r, d: bytes(r.randrange(256) for _ in range(r.randint(2, 12))) + d[r.randint(2, 12):],
+    "garbage_header": lambda r, d: bytes(r.randrange(256) for _ in range(r.randint(2, 12))) + d[r.randint(2, 12) :],
     "packed_flip": _flip,
     "packed_truncate": lambda r, d: d[: _at(r, d)],
 }
@@ -267,8 +283,9 @@ def make_case(number: int, seed: int, pool: list[Seed]) -> Case:
             index = INDEX[mutation](rng, bz2.compress(index))
         else:
             index = bz2.compress(index)
-        return Case(number, s, mutation, {name: dump, name.replace("multistream.xml", "multistream-index.txt"): index},
-                    plain)
+        return Case(
+            number, s, mutation, {name: dump, name.replace("multistream.xml", "multistream-index.txt"): index}, plain
+        )
     data = pack(plain, "" if mutation == "lying_name" else s.pack)
     if s.form == "parquet":
         fn = PARQUET.get(mutation) or CONTENT[mutation][1]
@@ -370,8 +387,9 @@ def _encodes(text: str) -> bool:
     return True
 
 
-def fuzz(cases: int, seed: int = 0, seconds: float | None = None, slow: float = 2.0,
-         only: int | None = None) -> list[Outcome]:
+def fuzz(
+    cases: int, seed: int = 0, seconds: float | None = None, slow: float = 2.0, only: int | None = None
+) -> list[Outcome]:
     """Run up to `cases` cases (or until `seconds` have passed); every case's outcome."""
     pool = seeds()
     out: list[Outcome] = []
@@ -389,11 +407,14 @@ def fuzz(cases: int, seed: int = 0, seconds: float | None = None, slow: float = 
 
 def report(outcomes: list[Outcome], show: int = 3) -> str:
     verdicts = Counter(o.verdict for o in outcomes)
-    lines = [f"{len(outcomes)} cases: " + ", ".join(f"{k} {v}" for k, v in sorted(verdicts.items())),
-             f"records lost without a reason: {sum(o.expected - o.records for o in outcomes if o.verdict == 'lost')}"
-             f" in {verdicts['lost']} files; records of named (skipped) files not read: "
-             f"{sum(o.missing for o in outcomes if o.verdict == 'ok' and o.missing)}",
-             f"slowest case: {max((o.seconds for o in outcomes), default=0):.2f} CPU s", ""]
+    lines = [
+        f"{len(outcomes)} cases: " + ", ".join(f"{k} {v}" for k, v in sorted(verdicts.items())),
+        f"records lost without a reason: {sum(o.expected - o.records for o in outcomes if o.verdict == 'lost')}"
+        f" in {verdicts['lost']} files; records of named (skipped) files not read: "
+        f"{sum(o.missing for o in outcomes if o.verdict == 'ok' and o.missing)}",
+        f"slowest case: {max((o.seconds for o in outcomes), default=0):.2f} CPU s",
+        "",
+    ]
     by = Counter((o.case.seed.form, o.verdict) for o in outcomes)
     forms = sorted({o.case.seed.form for o in outcomes})
     cols = sorted(verdicts)

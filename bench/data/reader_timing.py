@@ -111,8 +111,10 @@ def markup_table(sizes: list[int], cap: float) -> str:
     """CPU seconds and outcome per size for each hostile pattern; a size is not run once the previous one took
     over `cap`."""
     rows = [(f"page_text `{p[:12]!r}`", lambda k, p=p: markup_seconds(p, k)) for p in MARKUP]
-    rows += [("check_text, 1,000-char words (x 25: MiB)", long_words_seconds),
-             ("`<doc` + spaces, no `>`", doc_tag_seconds)]
+    rows += [
+        ("check_text, 1,000-char words (x 25: MiB)", long_words_seconds),
+        ("`<doc` + spaces, no `>`", doc_tag_seconds),
+    ]
     lines = ["| case | " + " | ".join(f"{k} KiB" for k in sizes) + " |", "|---|" + "---:|" * len(sizes)]
     for label, fn in rows:
         cells: list[str] = []
@@ -152,7 +154,8 @@ def good_inputs(root: Path) -> list[Path]:
     (root / "ext" / "AA" / "wiki_00").write_text("".join(_doc_block(r) for r in recs))
     (root / "ext_json" / "AA").mkdir(parents=True)
     (root / "ext_json" / "AA" / "wiki_00").write_text(
-        "".join(json.dumps({**r, "text": html.escape(r["text"], quote=False)}) + "\n" for r in recs))
+        "".join(json.dumps({**r, "text": html.escape(r["text"], quote=False)}) + "\n" for r in recs)
+    )
     (root / "pq").mkdir()
     (root / "pq" / "w.parquet").write_bytes(_parquet(recs))
     sys.path.insert(0, str(REPO / "bench" / "data"))
@@ -165,8 +168,16 @@ def good_inputs(root: Path) -> list[Path]:
     dump, index = multistream((root / "dump" / "enwiki-pages-articles.xml").read_bytes(), per_stream=100)
     (ms / "enwiki-20990101-pages-articles-multistream.xml.bz2").write_bytes(dump)
     (ms / "enwiki-20990101-pages-articles-multistream-index.txt.bz2").write_bytes(bz2.compress(index))
-    return [CORPORA / "books", CORPORA / "wiki", CORPORA / "wikidump", root / "ext", root / "ext_json", root / "pq",
-            root / "dump", root / "ms"]
+    return [
+        CORPORA / "books",
+        CORPORA / "wiki",
+        CORPORA / "wikidump",
+        root / "ext",
+        root / "ext_json",
+        root / "pq",
+        root / "dump",
+        root / "ms",
+    ]
 
 
 def same_as(old: Path, repeats: int) -> str:
@@ -181,19 +192,63 @@ def same_as(old: Path, repeats: int) -> str:
             for _ in range(repeats):
                 for name, checkout in (("old", old), ("new", REPO)):
                     env = {"PYTHONPATH": str(checkout.resolve()), "PATH": "/usr/bin:/bin"}
-                    out = subprocess.run([sys.executable, "-c", _READ, str(path)], capture_output=True, text=True,
-                                         check=True, env=env, cwd=d)  # not the repository: `-c` puts cwd first
+                    out = subprocess.run(
+                        [sys.executable, "-c", _READ, str(path)],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                        env=env,
+                        cwd=d,
+                    )  # not the repository: `-c` puts cwd first
                     runs[name].append(out.stdout.split())
             o, n = runs["old"][0], runs["new"][0]
             cpu = {k: statistics.median(float(r[2]) for r in v) for k, v in runs.items()}
-            lines.append(f"| {path.name} | {n[0]} | {'yes' if o[:2] == n[:2] else f'NO ({o[:2]} / {n[:2]})'} | "
-                         f"{cpu['old']:.2f} | {cpu['new']:.2f} | {cpu['new'] / cpu['old']:.2f} |")
+            lines.append(
+                f"| {path.name} | {n[0]} | {'yes' if o[:2] == n[:2] else f'NO ({o[:2]} / {n[:2]})'} | "
+                f"{cpu['old']:.2f} | {cpu['new']:.2f} | {cpu['new'] / cpu['old']:.2f} |"
+            )
     return "\n".join(lines)
 
 
-_FRAGMENTS = ["<!--", "-->", "<ref>", "</ref>", "<ref ", "<ref name=a/>", "[[a|", "[[", "]]", "{{a|", "{{", "}}", "<b>",
-              "</b>", "{|\n", "\n|}\n", "<p>", "<span>", "<div>", "</div>", "[http://x ", "]", " ", "\n", "x<y ", ">", "<",
-              "(", ")", "'''", "==", "<nowiki>", "</nowiki>", "&amp;", "|", "=", "text "]
+_FRAGMENTS = [
+    "<!--",
+    "-->",
+    "<ref>",
+    "</ref>",
+    "<ref ",
+    "<ref name=a/>",
+    "[[a|",
+    "[[",
+    "]]",
+    "{{a|",
+    "{{",
+    "}}",
+    "<b>",
+    "</b>",
+    "{|\n",
+    "\n|}\n",
+    "<p>",
+    "<span>",
+    "<div>",
+    "</div>",
+    "[http://x ",
+    "]",
+    " ",
+    "\n",
+    "x<y ",
+    ">",
+    "<",
+    "(",
+    ")",
+    "'''",
+    "==",
+    "<nowiki>",
+    "</nowiki>",
+    "&amp;",
+    "|",
+    "=",
+    "text ",
+]
 
 
 def budget_search(pages: int, seed: int) -> str:
@@ -235,14 +290,17 @@ def budget_search(pages: int, seed: int) -> str:
         us = cpu_per_char(text)
         admitted, admitted_over = admitted + 1, admitted_over + (us > 10)
         worst = max(worst, (us, text[:40]))
-    return (f"{admitted} of {pages} pages within the budget ({admitted_over} over 10 us/char); the slowest "
-            f"{worst[0]:.2f} CPU us/char ({worst[1]!r}), "
-            f"a clean page {base:.2f} us/char: {worst[0] / base:.1f}x; the fastest rejected page (of those estimated "
-            f"under 3x the budget) {fastest_rejected[0]:.2f} us/char ({fastest_rejected[1]!r}); converting in up to "
-            f"10 us/char: {rejected_under} of the {rejected_timed} rejected pages timed")
+    return (
+        f"{admitted} of {pages} pages within the budget ({admitted_over} over 10 us/char); the slowest "
+        f"{worst[0]:.2f} CPU us/char ({worst[1]!r}), "
+        f"a clean page {base:.2f} us/char: {worst[0] / base:.1f}x; the fastest rejected page (of those estimated "
+        f"under 3x the budget) {fastest_rejected[0]:.2f} us/char ({fastest_rejected[1]!r}); converting in up to "
+        f"10 us/char: {rejected_under} of the {rejected_timed} rejected pages timed"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- technical pages
+
 
 def man_pages(limit: int | None = None) -> list[tuple[str, str]]:
     """(name, text) of section 1's manual pages on this machine, rendered as a reader sees them (`man -l -P cat`,
@@ -276,8 +334,10 @@ def technical_dump(path: Path, man_limit: int | None) -> tuple[int, int]:
     with open(path, "w", encoding="utf-8") as f:
         f.write('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/">\n')
         for i, (title, text) in enumerate(man + docs, 1):
-            f.write(f"<page><title>{html.escape(title)}</title><ns>0</ns><id>{i}</id><revision>"
-                    f"<text>{html.escape(text, quote=False)}</text></revision></page>\n")
+            f.write(
+                f"<page><title>{html.escape(title)}</title><ns>0</ns><id>{i}</id><revision>"
+                f"<text>{html.escape(text, quote=False)}</text></revision></page>\n"
+            )
         f.write("</mediawiki>\n")
     return len(man), len(docs)
 
@@ -318,25 +378,53 @@ def technical(man_limit: int | None, old: Path | None) -> str:
             if checkout is None:
                 continue
             env = {"PYTHONPATH": str(Path(checkout).resolve()), "PATH": "/usr/bin:/bin"}
-            out = json.loads(subprocess.run([sys.executable, "-c", _TECHNICAL, str(dump)], capture_output=True,
-                                            text=True, check=True, env=env, cwd=d).stdout)  # cwd: as in same_as
+            out = json.loads(
+                subprocess.run(
+                    [sys.executable, "-c", _TECHNICAL, str(dump)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    env=env,
+                    cwd=d,
+                ).stdout
+            )  # cwd: as in same_as
             rejected = {k: len(v) for k, v in out["rejected"].items() if k != "markup_budget"}
             us, title, n, est = out["worst"]
             budget = out["rejected"].get("markup_budget", [])
-            lines.append(f"{name}: markup_budget {len(budget)} of {n_man + n_docs} ({', '.join(budget[:12])}"
-                         f"{', ...' if len(budget) > 12 else ''}); other rejections {rejected}; "
-                         f"{out['admitted']} converted, the slowest {us:.2f} CPU us/char ({title}, {n:,} chars, "
-                         f"estimated {est:.2f})")
+            lines.append(
+                f"{name}: markup_budget {len(budget)} of {n_man + n_docs} ({', '.join(budget[:12])}"
+                f"{', ...' if len(budget) > 12 else ''}); other rejections {rejected}; "
+                f"{out['admitted']} converted, the slowest {us:.2f} CPU us/char ({title}, {n:,} chars, "
+                f"estimated {est:.2f})"
+            )
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------- calibration
 
-_OPENERS = {"comment": "<!--", "opaque": "<nowiki>", "attrs": "<ref ", "body": "<b>", "template": "{{a|",
-            "wikilink": "[[a|", "table": "\n{|\n", "extlink": "[http://x "}
-_SNIPPETS = {"plain": "xxxxxxx ", "word": "x x x x ", "pipe": "x|x|x|x|", "equals": "x=x=x=x=", "colon": "a:b:c:d:",
-             "entity": "&amp; &#123; ", "tag": "<i>x</i> ", "endtag": "x</i> ", "link": "[[x]] {{x}} ",
-             "line": "\n* x\n== x ==\n", "row": "\n|x\n!x\n|-\n"}
+_OPENERS = {
+    "comment": "<!--",
+    "opaque": "<nowiki>",
+    "attrs": "<ref ",
+    "body": "<b>",
+    "template": "{{a|",
+    "wikilink": "[[a|",
+    "table": "\n{|\n",
+    "extlink": "[http://x ",
+}
+_SNIPPETS = {
+    "plain": "xxxxxxx ",
+    "word": "x x x x ",
+    "pipe": "x|x|x|x|",
+    "equals": "x=x=x=x=",
+    "colon": "a:b:c:d:",
+    "entity": "&amp; &#123; ",
+    "tag": "<i>x</i> ",
+    "endtag": "x</i> ",
+    "link": "[[x]] {{x}} ",
+    "line": "\n* x\n== x ==\n",
+    "row": "\n|x\n!x\n|-\n",
+}
 
 
 def _features(text: str) -> dict[str, int]:
@@ -392,21 +480,45 @@ def calibrate() -> str:
     w = 1 / np.maximum(y, 1e6)
     fit = dict(zip(keys, lsq_linear(x * w[:, None], y * w, bounds=(0, np.inf)).x))
     ratio = (x @ np.array([fit[k] for k in keys])) / y
-    lines = [f"{len(rows)} pages, fitted time / measured: median {np.median(ratio):.2f}, 10-90% "
-             f"{np.percentile(ratio, 10):.2f}-{np.percentile(ratio, 90):.2f}", "",
-             "| kind | | byte | route | " + " | ".join(m for m in ("word", "pipe", "equals", "colon", "entity", "tag",
-                                                                  "endtag", "link", "line", "row")) + " |",
-             "|---|---|" + "---:|" * 12]
+    lines = [
+        f"{len(rows)} pages, fitted time / measured: median {np.median(ratio):.2f}, 10-90% "
+        f"{np.percentile(ratio, 10):.2f}-{np.percentile(ratio, 90):.2f}",
+        "",
+        "| kind | | byte | route | "
+        + " | ".join(m for m in ("word", "pipe", "equals", "colon", "entity", "tag", "endtag", "link", "line", "row"))
+        + " |",
+        "|---|---|" + "---:|" * 12,
+    ]
     for kind in _OPENERS:
         price = W._PRICES[kind]
         code = {"byte": price.byte, "route": price.route, **dict(price.each)}
-        for name, values in (("fitted", {k.split("|")[1]: v for k, v in fit.items() if k.startswith(kind + "|")}),
-                             ("code", code)):
-            cells = [f"{values.get(m, 0):.0f}" for m in ("byte", "route", "word", "pipe", "equals", "colon", "entity",
-                                                          "tag", "endtag", "link", "line", "row")]
+        for name, values in (
+            ("fitted", {k.split("|")[1]: v for k, v in fit.items() if k.startswith(kind + "|")}),
+            ("code", code),
+        ):
+            cells = [
+                f"{values.get(m, 0):.0f}"
+                for m in (
+                    "byte",
+                    "route",
+                    "word",
+                    "pipe",
+                    "equals",
+                    "colon",
+                    "entity",
+                    "tag",
+                    "endtag",
+                    "link",
+                    "line",
+                    "row",
+                )
+            ]
             lines.append(f"| {kind} | {name} | " + " | ".join(cells) + " |")
-    lines += ["", "| pattern | " + " | ".join(f"{k} KiB: estimate / measured us/char" for k in (8, 12, 16, 20)) + " |",
-              "|---|" + "---:|" * 4]
+    lines += [
+        "",
+        "| pattern | " + " | ".join(f"{k} KiB: estimate / measured us/char" for k in (8, 12, 16, 20)) + " |",
+        "|---|" + "---:|" * 4,
+    ]
     for pattern in MARKUP[:-2] + ["<nowiki>", "x<y "]:
         cells = []
         for kib in (8, 12, 16, 20):
@@ -424,21 +536,34 @@ def calibrate() -> str:
 
 # ---------------------------------------------------------------------------------------------- unclosed records
 
+
 def _unclosed_file(path: Path, form: str, gb: float) -> None:
     """A file of `form` (dump, wikiext, jsonl) whose first record runs `gb` GB without closing, then 3 good ones."""
-    line = {"dump": b"Words of an unclosed page, line after line.\n", "wikiext": b"Words of an unclosed block.\n",
-            "jsonl": b"Words of a line that does not end. "}[form]
+    line = {
+        "dump": b"Words of an unclosed page, line after line.\n",
+        "wikiext": b"Words of an unclosed block.\n",
+        "jsonl": b"Words of a line that does not end. ",
+    }[form]
     block = line * (2**20 // len(line))
     with open(path, "wb") as f:
-        f.write({"dump": b"<mediawiki>\n<page><title>Big</title><ns>0</ns><id>1</id><revision><text>",
-                 "wikiext": b'<doc id="1" url="u" title="Big">\n', "jsonl": b'{"text": "'}[form])
+        f.write(
+            {
+                "dump": b"<mediawiki>\n<page><title>Big</title><ns>0</ns><id>1</id><revision><text>",
+                "wikiext": b'<doc id="1" url="u" title="Big">\n',
+                "jsonl": b'{"text": "',
+            }[form]
+        )
         for _ in range(int(gb * 1e9 / len(block))):
             f.write(block)
         for i in (2, 3, 4):
-            f.write({"dump": f"<page><title>P{i}</title><ns>0</ns><id>{i}</id><revision><text>Text {i}.</text>"
-                             "</revision></page>\n",
-                     "wikiext": f'<doc id="{i}" url="u" title="T{i}">\nT{i}\n\nText {i}.\n</doc>\n',
-                     "jsonl": ("\n" if i == 2 else "") + json.dumps({"text": f"Text {i}."}) + "\n"}[form].encode())
+            f.write(
+                {
+                    "dump": f"<page><title>P{i}</title><ns>0</ns><id>{i}</id><revision><text>Text {i}.</text>"
+                    "</revision></page>\n",
+                    "wikiext": f'<doc id="{i}" url="u" title="T{i}">\nT{i}\n\nText {i}.\n</doc>\n',
+                    "jsonl": ("\n" if i == 2 else "") + json.dumps({"text": f"Text {i}."}) + "\n",
+                }[form].encode()
+            )
 
 
 _READ_CAPPED = """
@@ -459,20 +584,27 @@ def unclosed_records(gb: float, cap_mib: int) -> str:
     """The `--unclosed-record` table: per form, the reading child's peak RSS against its RSS after the imports."""
     from measure import run_sampled
 
-    lines = ["| file | size | cap | peak RSS | RSS after imports | peak - imports | read | CPU s |",
-             "|---|---:|---:|---:|---:|---:|---|---:|"]
+    lines = [
+        "| file | size | cap | peak RSS | RSS after imports | peak - imports | read | CPU s |",
+        "|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
     names = {"dump": "enwiki-pages-articles.xml", "wikiext": "wiki_00", "jsonl": "w.jsonl"}
     with tempfile.TemporaryDirectory() as d:
         for form, name in names.items():
             path = Path(d) / name
             _unclosed_file(path, form, gb)
-            run = run_sampled([sys.executable, "-c", _READ_CAPPED, str(path), str(cap_mib * 2**20)],
-                              env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, cwd=d)
+            run = run_sampled(
+                [sys.executable, "-c", _READ_CAPPED, str(path), str(cap_mib * 2**20)],
+                env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+                cwd=d,
+            )
             out = json.loads(run.log.strip().splitlines()[-1])
             peak, base = max(run.sampler.peak_one, out["hwm"]) / 2**20, out["base"] / 2**20  # VmHWM: exact
-            lines.append(f"| {name} (unclosed first record) | {path.stat().st_size / 1e9:.2f} GB | {cap_mib} MiB | "
-                         f"{peak:.0f} MiB | {base:.0f} MiB | {peak - base:.0f} MiB | {out['reasons']} + "
-                         f"{len(out['texts'])} documents | {out['cpu']:.1f} |")
+            lines.append(
+                f"| {name} (unclosed first record) | {path.stat().st_size / 1e9:.2f} GB | {cap_mib} MiB | "
+                f"{peak:.0f} MiB | {base:.0f} MiB | {peak - base:.0f} MiB | {out['reasons']} + "
+                f"{len(out['texts'])} documents | {out['cpu']:.1f} |"
+            )
             path.unlink()
     return "\n".join(lines)
 

@@ -32,7 +32,8 @@ t = time.perf_counter()
 tok = train_tokenizer(train, kind, size, lower)
 seconds = time.perf_counter() - t
 r = tokenizer_report(tok, held)
-print(json.dumps({"kind": kind, "seconds": round(seconds, 1), "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+print(json.dumps({"kind": kind, "seconds": round(seconds, 1), "peak_mib":
+resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
                   "train_chars": sum(map(len, train)), "vocab": tok.get_vocab_size(), **r}))
 """
 
@@ -47,11 +48,19 @@ def main() -> None:
     print("| kind | vocab | train chars | seconds | peak MiB | fertility | bytes/token | unknown | vocab used |")
     print("|---|---|---|---|---|---|---|---|---|")
     for kind in a.kinds:
-        out = subprocess.run([sys.executable, "-c", _CHILD, kind, str(a.vocab_size), "1" if a.lowercase else "0",
-                              a.corpora], cwd=REPO, capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", _CHILD, kind, str(a.vocab_size), "1" if a.lowercase else "0", a.corpora],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         r = json.loads(out.strip().splitlines()[-1])
-        print(f"| {kind} | {r['vocab']} | {r['train_chars']:,} | {r['seconds']} | {r['peak_mib']} | {r['fertility']} | "
-              f"{r['bytes_per_token']} | {100 * r['unknown_rate']:.3f}% | {100 * r['vocab_used']:.1f}% |", flush=True)
+        print(
+            f"| {kind} | {r['vocab']} | {r['train_chars']:,} | {r['seconds']} | {r['peak_mib']} | {r['fertility']} | "
+            f"{r['bytes_per_token']} | {100 * r['unknown_rate']:.3f}% | {100 * r['vocab_used']:.1f}% |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

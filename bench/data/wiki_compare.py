@@ -47,8 +47,22 @@ def _vocab() -> str:
 
 
 def wikiextractor_texts(dump: Path, out: Path) -> dict[str, str]:
-    subprocess.run([sys.executable, "-m", "wikiextractor.WikiExtractor", str(dump), "-o", str(out), "--json",
-                    "--processes", "1", "-q"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wikiextractor.WikiExtractor",
+            str(dump),
+            "-o",
+            str(out),
+            "--json",
+            "--processes",
+            "1",
+            "-q",
+        ],
+        check=True,
+        capture_output=True,
+    )
     texts = {}
     for f in sorted(out.rglob("wiki_*")):
         for line in f.read_text().splitlines():
@@ -82,11 +96,15 @@ def agreement(tmp: Path) -> None:
     tok = BertWordPieceTokenizer(_vocab(), lowercase=True)
     theirs = wikiextractor_texts(SAMPLE, tmp / "we_sample")
     bag = lambda t: Counter(tok.encode(t, add_special_tokens=False).tokens)  # noqa: E731
-    for label, opts in [("default (BERT rule: no lists, no headings)", WikiOptions()),
-                        ("keep_headings=True (as WikiExtractor)", WikiOptions(keep_headings=True))]:
+    for label, opts in [
+        ("default (BERT rule: no lists, no headings)", WikiOptions()),
+        ("keep_headings=True (as WikiExtractor)", WikiOptions(keep_headings=True)),
+    ]:
         ours = our_texts(SAMPLE, opts)
-        print(f"\nagreement, ours {label}: articles ours {len(ours)}, WikiExtractor {len(theirs)}, "
-              f"both {len(ours.keys() & theirs.keys())}")
+        print(
+            f"\nagreement, ours {label}: articles ours {len(ours)}, WikiExtractor {len(theirs)}, "
+            f"both {len(ours.keys() & theirs.keys())}"
+        )
         tot = [0, 0, 0]
         for pid in sorted(ours.keys() | theirs.keys()):
             s, common, n_o, n_t = f1(bag(ours.get(pid, "")), bag(theirs.get(pid, "")))
@@ -133,9 +151,21 @@ def speed(tmp: Path, copies: int, repeats: int) -> None:
     dump = tmp / "enwiki-replicated-pages-articles.xml"
     n = replicate(dump, copies)
     print(f"\nspeed: {n} article pages, {dump.stat().st_size / 2**20:.1f} MiB of XML, best of {repeats}")
-    runs = {"ours (read_documents, 1 process)": [sys.executable, "-c", OURS, str(dump)],
-            "wikiextractor --processes 1": [sys.executable, "-m", "wikiextractor.WikiExtractor", str(dump), "-o",
-                                            str(tmp / "we_out"), "--json", "--processes", "1", "-q"]}
+    runs = {
+        "ours (read_documents, 1 process)": [sys.executable, "-c", OURS, str(dump)],
+        "wikiextractor --processes 1": [
+            sys.executable,
+            "-m",
+            "wikiextractor.WikiExtractor",
+            str(dump),
+            "-o",
+            str(tmp / "we_out"),
+            "--json",
+            "--processes",
+            "1",
+            "-q",
+        ],
+    }
     best = {}
     for _ in range(repeats):
         for name, cmd in runs.items():
@@ -156,9 +186,13 @@ def speed(tmp: Path, copies: int, repeats: int) -> None:
     pages = [p for p in read_pages(str(SAMPLE)) if p.ns == 0 and not p.redirect]
     loops = max(1, copies // 4)
     timing = {}
-    for name, fn in [("ours wikitext_to_text", lambda p: wikitext_to_text(p.wikitext)),
-                     ("WikiExtractor Extractor.clean_text",
-                      lambda p: Extractor(p.page_id, "0", "", p.title, [p.wikitext]).clean_text(p.wikitext))]:
+    for name, fn in [
+        ("ours wikitext_to_text", lambda p: wikitext_to_text(p.wikitext)),
+        (
+            "WikiExtractor Extractor.clean_text",
+            lambda p: Extractor(p.page_id, "0", "", p.title, [p.wikitext]).clean_text(p.wikitext),
+        ),
+    ]:
         best_t = float("inf")
         for _ in range(repeats):
             t0 = time.process_time()
@@ -174,9 +208,21 @@ def speed(tmp: Path, copies: int, repeats: int) -> None:
 
 def prepare(inputs: list[Path], out: Path, vocab: str) -> list[Path]:
     """`jobs/prepare_data.py` MLM-only with dynamic masking (ids as tokenized, no [MASK]); the shard paths."""
-    cmd = [sys.executable, str(REPO / "jobs/prepare_data.py"), *[a for i in inputs for a in ("--input", str(i))],
-           "--output", str(out), "--vocab", vocab, "--data.nsp", "false", "--data.masking", "dynamic",
-           "--data.num_shards", "1"]
+    cmd = [
+        sys.executable,
+        str(REPO / "jobs/prepare_data.py"),
+        *[a for i in inputs for a in ("--input", str(i))],
+        "--output",
+        str(out),
+        "--vocab",
+        vocab,
+        "--data.nsp",
+        "false",
+        "--data.masking",
+        "dynamic",
+        "--data.num_shards",
+        "1",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     if r.returncode:
         raise SystemExit(r.stdout[-2000:] + r.stderr[-2000:])
@@ -205,8 +251,10 @@ def shards_agreement(tmp: Path) -> None:
     drop = {special["[CLS]"], special["[SEP]"], special["[PAD]"]}
     we_dir = tmp / "we_json"
     theirs_text = wikiextractor_texts(SAMPLE, we_dir)
-    print(f"\nagreement through the shards: WikiExtractor --json wrote {len(theirs_text)} articles "
-          f"({', '.join(str(p.relative_to(we_dir)) for p in sorted(we_dir.rglob('wiki_*')))})")
+    print(
+        f"\nagreement through the shards: WikiExtractor --json wrote {len(theirs_text)} articles "
+        f"({', '.join(str(p.relative_to(we_dir)) for p in sorted(we_dir.rglob('wiki_*')))})"
+    )
     ours = shard_bag(prepare([SAMPLE], tmp / "ours", vocab), drop)
     theirs = shard_bag(prepare([we_dir], tmp / "theirs", vocab), drop)
     # the same bags from the texts (ours: pipeline.data.wiki; theirs: the JSON's text as the pipeline reads it,
@@ -215,10 +263,14 @@ def shards_agreement(tmp: Path) -> None:
 
     text_bag = lambda texts: Counter(i for t in texts for i in tok.encode(t, add_special_tokens=False).ids)  # noqa: E731
     raw = [json.loads(line)["text"] for f in sorted(we_dir.rglob("wiki_*")) for line in f.read_text().splitlines()]
-    rows = [("shards' input_ids", ours, theirs),
-            ("documents' texts (before examples)", text_bag(our_texts(SAMPLE, WikiOptions()).values()), text_bag(raw))]
-    print(f"  {'bag of token ids':36s} {'ours':>6s} {'theirs':>6s} {'common':>6s} {'precision':>9s} "
-          f"{'recall':>6s} {'F1':>6s}")
+    rows = [
+        ("shards' input_ids", ours, theirs),
+        ("documents' texts (before examples)", text_bag(our_texts(SAMPLE, WikiOptions()).values()), text_bag(raw)),
+    ]
+    print(
+        f"  {'bag of token ids':36s} {'ours':>6s} {'theirs':>6s} {'common':>6s} {'precision':>9s} "
+        f"{'recall':>6s} {'F1':>6s}"
+    )
     for label, a, b in rows:
         s, common, n_a, n_b = f1(a, b)
         print(f"  {label:36s} {n_a:6d} {n_b:6d} {common:6d} {common / n_a:9.4f} {common / n_b:6.4f} {s:6.4f}")

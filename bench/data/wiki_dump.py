@@ -51,8 +51,10 @@ def _word_pool() -> list[str]:
 
 def part_names(part: int, first: int, last: int) -> tuple[str, str]:
     """(dump, index) file names of part `part` of a dump split as Wikimedia splits the real one, pages first..last."""
-    return (f"enwiki-29990101-pages-articles-multistream{part}.xml-p{first}p{last}.bz2",
-            f"enwiki-29990101-pages-articles-multistream-index{part}.txt-p{first}p{last}.bz2")
+    return (
+        f"enwiki-29990101-pages-articles-multistream{part}.xml-p{first}p{last}.bz2",
+        f"enwiki-29990101-pages-articles-multistream-index{part}.txt-p{first}p{last}.bz2",
+    )
 
 
 def build_dump(d: Path, copies: int, seed: int = 0, start: int = 0, part: int | None = None) -> dict:
@@ -111,18 +113,28 @@ def build_dump(d: Path, copies: int, seed: int = 0, start: int = 0, part: int | 
                     text = "".join(pieces)
                 title = p.title if c == 0 else f"{p.title} ({c})"
                 redirect = f'    <redirect title="{escape(title)}" />\n' if p.redirect else ""
-                batch.append((str(n), title,
-                              f"  <page>\n    <title>{escape(title)}</title>\n    <ns>{p.ns}</ns>\n    <id>{n}</id>\n"
-                              f"{redirect}    <revision>\n      <id>{n}</id>\n      <text bytes=\"{len(text)}\" "
-                              f"xml:space=\"preserve\">{escape(text)}</text>\n    </revision>\n  </page>\n"))
+                batch.append(
+                    (
+                        str(n),
+                        title,
+                        f"  <page>\n    <title>{escape(title)}</title>\n    <ns>{p.ns}</ns>\n    <id>{n}</id>\n"
+                        f'{redirect}    <revision>\n      <id>{n}</id>\n      <text bytes="{len(text)}" '
+                        f'xml:space="preserve">{escape(text)}</text>\n    </revision>\n  </page>\n',
+                    )
+                )
                 if len(batch) == PAGES_PER_STREAM:
                     flush()
         if batch:
             flush()
         f.write(bz2.compress(tail))
         fi.write(index.flush())
-    return {"pages": n - start * len(pages), "articles": articles, "xml": xml_bytes, "bz2": (d / dump).stat().st_size,
-            "seconds": time.perf_counter() - t0}
+    return {
+        "pages": n - start * len(pages),
+        "articles": articles,
+        "xml": xml_bytes,
+        "bz2": (d / dump).stat().st_size,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,9 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         start = k * each
         n = min(each, a.copies - start)
         b = build_dump(a.dir, n, a.seed, start, None if a.parts == 1 else k + 1)
-        print(f"{'dump' if a.parts == 1 else f'part {k + 1}'}: {b['pages']:,} pages ({b['articles']:,} articles), "
-              f"{b['xml'] / 1e6:.1f} MB of XML, {b['bz2'] / 1e6:.1f} MB of bz2 in streams of {PAGES_PER_STREAM} "
-              f"pages; {b['seconds']:.1f} s", flush=True)
+        print(
+            f"{'dump' if a.parts == 1 else f'part {k + 1}'}: {b['pages']:,} pages ({b['articles']:,} articles), "
+            f"{b['xml'] / 1e6:.1f} MB of XML, {b['bz2'] / 1e6:.1f} MB of bz2 in streams of {PAGES_PER_STREAM} "
+            f"pages; {b['seconds']:.1f} s",
+            flush=True,
+        )
     return 0
 
 

@@ -12,10 +12,11 @@ The package list is the image's gaps on the pretraining path (jobs/pretrain.py: 
 the image's packages (/work/.library/device/KINDS.md): every ImportError there was a wheel missing here. The SQLite
 store costs SQLAlchemy + alembic + Mako + greenlet + cryptography (+ cffi, pycparser), 8.8 MB; Ray's dashboard, which
 the job starts, needs aiohttp-cors, opencensus (+ context), googleapis-common-protos and the Prometheus exporter.
-Measured 2026-11-25: 41 wheels, 48.9 MiB; with the corpora (2.6 MiB) and the tracked files (2.4 MiB), 53.9 MiB. Ray's wheel carries Java workers (`ray/jars/`),
-the dashboard's source maps, RLlib and Ray LLM, which this project never loads: they are taken out, their RECORD lines with them, so pip installs
-the wheel cleanly (79.3 MB -> 42.4 MB). Every wheel over 1 MiB is then recompressed with LZMA, which pip installs like
-any zip (Python's zipfile reads it): Ray 42.4 -> 31.4 MB. On the GPU machine, with `.whl` carried:
+Measured 2026-11-25: 41 wheels, 48.9 MiB; with the corpora (2.6 MiB) and the tracked files (2.4 MiB), 53.9 MiB.
+Ray's wheel carries Java workers (`ray/jars/`), the dashboard's source maps, RLlib and Ray LLM, which this project
+never loads: they are taken out, their RECORD lines with them, so pip installs the wheel cleanly (79.3 MB -> 42.4 MB).
+Every wheel over 1 MiB is then recompressed with LZMA, which pip installs like any zip (Python's zipfile reads it): Ray
+42.4 -> 31.4 MB. On the GPU machine, with `.whl` carried:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site
@@ -39,17 +40,44 @@ RAY_DEPS = ["jsonschema", "jsonschema-specifications", "referencing", "rpds-py"]
 # Ray refuses to start its dashboard unless ray/dashboard/optional_deps.py imports, which needs these beyond the
 # image. The job's private local cluster has run without a dashboard since Ray Train's placement-group cleaner went
 # (pipeline.cluster.train.trainer_class); these stay until a GPU call shows Ray starts without them.
-DASHBOARD_DEPS = ["aiohttp-cors", "opencensus", "opencensus-context", "googleapis-common-protos",
-                  "opentelemetry-exporter-prometheus"]
-MLFLOW_DEPS = ["cachetools", "databricks-sdk", "fastapi", "starlette", "uvicorn", "gitpython", "gitdb", "smmap",
-               "importlib_metadata", "opentelemetry-api", "opentelemetry-proto", "opentelemetry-sdk",
-               "opentelemetry-semantic-conventions", "pydantic", "pydantic-core", "annotated-types",
-               "typing-inspection", "python-dotenv", "sqlparse"]
+DASHBOARD_DEPS = [
+    "aiohttp-cors",
+    "opencensus",
+    "opencensus-context",
+    "googleapis-common-protos",
+    "opentelemetry-exporter-prometheus",
+]
+MLFLOW_DEPS = [
+    "cachetools",
+    "databricks-sdk",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "gitpython",
+    "gitdb",
+    "smmap",
+    "importlib_metadata",
+    "opentelemetry-api",
+    "opentelemetry-proto",
+    "opentelemetry-sdk",
+    "opentelemetry-semantic-conventions",
+    "pydantic",
+    "pydantic-core",
+    "annotated-types",
+    "typing-inspection",
+    "python-dotenv",
+    "sqlparse",
+]
 # mlflow's SQLAlchemy store (sqlite:///mlflow.db); its registry tables import cryptography (Fernet).
 SQLITE_DEPS = ["sqlalchemy", "alembic", "mako", "greenlet", "cryptography", "cffi", "pycparser"]
 PROJECT_DEPS = ["jsonargparse", "docstring-parser", "mwparserfromhell", "rensa"]  # pyproject.toml's, not in the image
-PLATFORMS = ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_24_x86_64", "manylinux_2_27_x86_64",
-             "manylinux_2_28_x86_64"]
+PLATFORMS = [
+    "manylinux2014_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_28_x86_64",
+]
 CARRY_LIMIT = 64 * 2**20  # bytes one `run` call carries, wheels and working tree together
 
 
@@ -74,8 +102,22 @@ def requirements() -> list[str]:
 
 def download(dest: Path, requirements: list[str], python_version: str = "3.12") -> None:
     """`pip download` cp<python_version> manylinux wheels of exactly `requirements` (no dependencies resolved)."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", python_version,
-           "--implementation", "cp", *[a for p in PLATFORMS for a in ("--platform", p)], "-d", str(dest), *requirements]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        python_version,
+        "--implementation",
+        "cp",
+        *[a for p in PLATFORMS for a in ("--platform", p)],
+        "-d",
+        str(dest),
+        *requirements,
+    ]
     subprocess.run(cmd, check=True)
 
 
@@ -98,7 +140,8 @@ def ray_extras(name: str) -> bool:
     web client stays: its head refuses to start without `ray/dashboard/client/build/`.)
 
     >>> [ray_extras(n) for n in ("ray/jars/ray_dist.jar", "ray/dashboard/client/build/static/js/main.js.map",
-    ...                          "ray/rllib/algorithms/ppo.py", "ray/llm/__init__.py", "ray/_raylet.so", "ray/train/__init__.py",
+    ...                          "ray/rllib/algorithms/ppo.py", "ray/llm/__init__.py", "ray/_raylet.so",
+    ...                          "ray/train/__init__.py",
     ...                          "ray/dashboard/client/build/index.html")]
     [True, True, True, True, False, False, False]
     """
@@ -177,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dest", default=".whl", help="folder for the wheels (git ignores .whl/)")
     ap.add_argument("--no-download", action="store_true", help="only repack and size what --dest holds")
-    ap.add_argument("--python-version", default="3.12", help="CPython of the wheels: the image's 3.12, or 3.11 for a dry run here")
+    ap.add_argument(
+        "--python-version", default="3.12", help="CPython of the wheels: the image's 3.12, or 3.11 for a dry run here"
+    )
     ap.add_argument("--corpus", default="../shared/corpora", help="corpora to stage for the call ('' to skip)")
     ap.add_argument("--corpus-dest", default=".e2e/corpora", help="where they are staged (git ignores .e2e/)")
     a = ap.parse_args(argv)
@@ -194,19 +239,25 @@ def main(argv: list[str] | None = None) -> int:
             continue
         before = wheel.stat().st_size
         dropped = repack(wheel, ray_extras if wheel.name.startswith("ray-") else lambda _: False, zipfile.ZIP_LZMA)
-        print(f"{wheel.name}: {before / 1e6:.1f} MB -> {wheel.stat().st_size / 1e6:.1f} MB ({len(dropped)} members dropped)")
+        print(
+            f"{wheel.name}: {before / 1e6:.1f} MB -> {wheel.stat().st_size / 1e6:.1f} MB ({len(dropped)} members dropped)"  # noqa: E501
+        )
     wheels = sorted(dest.glob("*.whl"))
     for w in wheels:
         print(f"  {w.stat().st_size / 1e6:7.2f} MB  {w.name}")
     total = sum(w.stat().st_size for w in wheels)
-    print(f"{len(wheels)} wheels, {total / 1e6:.1f} MB = {total / 2**20:.1f} MiB; "
-          f"{(CARRY_LIMIT - total) / 2**20:.1f} MiB of a call's 64 MiB left for the tree and data")
+    print(
+        f"{len(wheels)} wheels, {total / 1e6:.1f} MB = {total / 2**20:.1f} MiB; "
+        f"{(CARRY_LIMIT - total) / 2**20:.1f} MiB of a call's 64 MiB left for the tree and data"
+    )
     if a.corpus:
         corpus = stage_corpus(Path(a.corpus), Path(a.corpus_dest))
         tree = tracked_bytes(Path.cwd())
         carried = total + corpus + tree
-        print(f"carried: wheels {total / 2**20:.1f} MiB + corpora ({a.corpus_dest}) {corpus / 2**20:.1f} MiB + tracked files "
-              f"{tree / 2**20:.1f} MiB = {carried / 2**20:.1f} MiB of 64 MiB")
+        print(
+            f"carried: wheels {total / 2**20:.1f} MiB + corpora ({a.corpus_dest}) {corpus / 2**20:.1f} MiB + tracked files "  # noqa: E501
+            f"{tree / 2**20:.1f} MiB = {carried / 2**20:.1f} MiB of 64 MiB"
+        )
         if carried > CARRY_LIMIT:
             print("over a call's 64 MiB: carry fewer corpus files", file=sys.stderr)
             return 1

@@ -1,6 +1,7 @@
 """Evaluation trials side by side against one at a time, in one run (issue 56): `jobs/evaluate.py` on the same
 model and suite twice, `--suite.max_concurrent_trials 1` and the default (as many as the cluster's CPUs hold,
-each trial at 0.95 + 0.05 CPU), alternating, each run with its own private Ray (or the cluster at --address) and SQLite store.
+each trial at 0.95 + 0.05 CPU), alternating, each run with its own private Ray (or the cluster at --address) and
+SQLite store.
 
     python bench/quality/eval_trials.py [--suite configs/eval/quick.yaml] [--model scratch:tiny] [--repeats 1]
                                         [--address RAY_ADDRESS]
@@ -43,8 +44,18 @@ def run(work: Path, suite: str, model: str, at_once: int | None, address: str | 
     if address:
         env["RAY_ADDRESS"] = address
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{store / 'mlflow.db'}"
-    cmd = [sys.executable, str(REPO / "jobs" / "evaluate.py"), "--model", model, "--suite", suite,
-           "--data.tokenizer", minilm_vocab(), "--train.storage_path", str(store / "runs")]
+    cmd = [
+        sys.executable,
+        str(REPO / "jobs" / "evaluate.py"),
+        "--model",
+        model,
+        "--suite",
+        suite,
+        "--data.tokenizer",
+        minilm_vocab(),
+        "--train.storage_path",
+        str(store / "runs"),
+    ]
     if at_once:
         cmd += ["--suite.max_concurrent_trials", str(at_once)]
     t = time.monotonic()
@@ -59,8 +70,12 @@ def run(work: Path, suite: str, model: str, at_once: int | None, address: str | 
     exp = c.get_experiment_by_name("bert-evaluate")
     kids = [r for r in c.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
     trial_s = [(r.info.end_time - r.info.start_time) / 1000 for r in kids]
-    return {"wall": wall, "trials": len(kids), "trial_s": statistics.fmean(trial_s),
-            "score": res["models"][model]["score"]}
+    return {
+        "wall": wall,
+        "trials": len(kids),
+        "trial_s": statistics.fmean(trial_s),
+        "score": res["models"][model]["score"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,17 +101,20 @@ def main(argv: list[str] | None = None) -> int:
         wall = statistics.fmean(r["wall"] for r in rs)
         trials = rs[0]["trials"]
         mean[mode] = (wall, statistics.fmean(r["trial_s"] for r in rs))
-        print(f"{mode:<14} {wall:8.1f} {trials:7d} {3600 * trials / wall:9.1f} {mean[mode][1]:8.1f} "
-              f"{rs[0]['score']:7.4f}")
+        print(
+            f"{mode:<14} {wall:8.1f} {trials:7d} {3600 * trials / wall:9.1f} {mean[mode][1]:8.1f} {rs[0]['score']:7.4f}"
+        )
     ratio = mean["one at a time"][0] / mean["side by side"][0]
     print(f"ratio one at a time / side by side (wall): {ratio:.2f}")
     from pipeline.evaluate.suite import load_suite
 
     n = load_suite(a.suite).num_trials(1)
     trial_s = mean["side by side"][1]  # a trial beside others, one core each: as on a full cluster
-    print(f"this suite: {n} trials a model, {trial_s:.0f} s a trial side by side: {n * trial_s / 3600:.2f} "
-          f"trial-hours a model; on 4 nodes x 32 CPUs, {min(n, 128)} at once: {-(-n // 128) * trial_s / 60:.1f} min "
-          f"a model, {128 * 3600 / trial_s:,.0f} trials an hour")
+    print(
+        f"this suite: {n} trials a model, {trial_s:.0f} s a trial side by side: {n * trial_s / 3600:.2f} "
+        f"trial-hours a model; on 4 nodes x 32 CPUs, {min(n, 128)} at once: {-(-n // 128) * trial_s / 60:.1f} min "
+        f"a model, {128 * 3600 / trial_s:,.0f} trials an hour"
+    )
     return 0
 
 

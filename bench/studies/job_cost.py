@@ -45,25 +45,89 @@ SHARED = REPO.parent / "shared"
 
 def job_commands(tree: Path, work: Path, name: str) -> dict[str, list[str]]:
     """The two jobs' command lines for `tree`'s code, writing under `work` (run `name`)."""
-    data = ["--data.inputs", json.dumps([str(SHARED / "corpora/books" / b) for b in BOOKS]),
-            "--data.output", str(work / "data"), "--data.vocab_size", "600", "--data.num_shards", "4",
-            "--data.num_actors", "1", "--data.nsp", "true", "--data.mask_rate", "0.15",
-            "--data.max_predictions_per_seq", "20"]
+    data = [
+        "--data.inputs",
+        json.dumps([str(SHARED / "corpora/books" / b) for b in BOOKS]),
+        "--data.output",
+        str(work / "data"),
+        "--data.vocab_size",
+        "600",
+        "--data.num_shards",
+        "4",
+        "--data.num_actors",
+        "1",
+        "--data.nsp",
+        "true",
+        "--data.mask_rate",
+        "0.15",
+        "--data.max_predictions_per_seq",
+        "20",
+    ]
     task = SHARED / "tasks/pydocs_topic"
     return {
-        "pretrain": [sys.executable, str(tree / "jobs/pretrain.py"), "--config", str(tree / "configs/tiny.yaml"), *data,
-                     "--train.storage_path", str(work / "runs"), "--train.run_name", f"p-{name}",
-                     "--train.max_steps", "24", "--train.warmup_steps", "4", "--train.eval_every_steps", "8",
-                     "--train.checkpoint_every_steps", "12", "--train.micro_batch_size", "16",
-                     "--train.global_batch_size", "32", "--tracking.system_metrics_every_s", "2"],
-        "finetune": [sys.executable, str(tree / "jobs/finetune.py"), "--model", "scratch:tiny",
-                     "--task", "sequence-classification", "--train", str(task / "train.tsv"),
-                     "--eval", str(task / "dev.tsv"), "--data.tokenizer", str(work / "data/vocab.txt"),
-                     "--data.max_seq_length", "32", "--data.max_train_examples", "48", "--data.max_eval_examples", "24",
-                     "--train.epochs", "2", "--train.num_workers", "2", "--train.torch_threads", "1",
-                     "--train.batch_size", "4", "--train.accumulation_steps", "2", "--train.checkpoint_every_steps", "2",
-                     "--train.storage_path", str(work / "ftruns"), "--tracking.register", "false",
-                     "--tracking.run_name", f"f-{name}"],
+        "pretrain": [
+            sys.executable,
+            str(tree / "jobs/pretrain.py"),
+            "--config",
+            str(tree / "configs/tiny.yaml"),
+            *data,
+            "--train.storage_path",
+            str(work / "runs"),
+            "--train.run_name",
+            f"p-{name}",
+            "--train.max_steps",
+            "24",
+            "--train.warmup_steps",
+            "4",
+            "--train.eval_every_steps",
+            "8",
+            "--train.checkpoint_every_steps",
+            "12",
+            "--train.micro_batch_size",
+            "16",
+            "--train.global_batch_size",
+            "32",
+            "--tracking.system_metrics_every_s",
+            "2",
+        ],
+        "finetune": [
+            sys.executable,
+            str(tree / "jobs/finetune.py"),
+            "--model",
+            "scratch:tiny",
+            "--task",
+            "sequence-classification",
+            "--train",
+            str(task / "train.tsv"),
+            "--eval",
+            str(task / "dev.tsv"),
+            "--data.tokenizer",
+            str(work / "data/vocab.txt"),
+            "--data.max_seq_length",
+            "32",
+            "--data.max_train_examples",
+            "48",
+            "--data.max_eval_examples",
+            "24",
+            "--train.epochs",
+            "2",
+            "--train.num_workers",
+            "2",
+            "--train.torch_threads",
+            "1",
+            "--train.batch_size",
+            "4",
+            "--train.accumulation_steps",
+            "2",
+            "--train.checkpoint_every_steps",
+            "2",
+            "--train.storage_path",
+            str(work / "ftruns"),
+            "--tracking.register",
+            "false",
+            "--tracking.run_name",
+            f"f-{name}",
+        ],
     }
 
 
@@ -72,8 +136,15 @@ def runner(tree: Path, work: Path, jobs: int) -> None:
     stdout mark each measured job for the parent's sampler."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
-             configure_logging=False, log_to_driver=False, _temp_dir=str(work / "ray"))
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        configure_logging=False,
+        log_to_driver=False,
+        _temp_dir=str(work / "ray"),
+    )
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONUNBUFFERED": "1"}
     try:
         for i in range(jobs + 1):
@@ -93,13 +164,27 @@ def measure(tree: Path, jobs: int, tmp: Path, extra: dict[str, str]) -> dict[str
     """One runner for `tree` (`extra`: more environment for the cluster and the jobs): {kind: [(wall s, CPU s) per
     measured job]}."""
     work = Path(tempfile.mkdtemp(dir=tmp))
-    env = {**os.environ, **extra, "PYTHONPATH": str(tree), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}", "OMP_NUM_THREADS": "1",
-           "TMPDIR": str(work), "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        **extra,
+        "PYTHONPATH": str(tree),
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}",
+        "OMP_NUM_THREADS": "1",
+        "TMPDIR": str(work),
+        "PYTHONUNBUFFERED": "1",
+    }
     env.pop("RAY_ADDRESS", None)
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as the test suite does: each tree's modules compiled once, cached
-    proc = subprocess.Popen([sys.executable, __file__, "--runner", str(tree), str(work), str(jobs)], env=env, cwd=work,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--runner", str(tree), str(work), str(jobs)],
+        env=env,
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     sampler = Sampler(process_tree(proc.pid), count_from="process")
     sampler.start()
     out: dict[str, list[tuple[float, float]]] = {"pretrain": [], "finetune": []}
@@ -125,11 +210,21 @@ def measure(tree: Path, jobs: int, tmp: Path, extra: dict[str, str]) -> dict[str
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
-                    help="a source tree to run (repeat; default: this one); the first is the reference")
-    ap.add_argument("--env", action="append", default=[], metavar="NAME:VAR=VALUE",
-                    help="an environment variable for tree NAME's cluster and jobs (repeat); two names may give the "
-                         "same path, to compare settings")
+    ap.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="a source tree to run (repeat; default: this one); the first is the reference",
+    )
+    ap.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME:VAR=VALUE",
+        help="an environment variable for tree NAME's cluster and jobs (repeat); two names may give the "
+        "same path, to compare settings",
+    )
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--jobs", type=int, default=2, help="measured jobs of each kind per round and tree")
     ap.add_argument("--runner", nargs=3, help=argparse.SUPPRESS)
@@ -148,12 +243,16 @@ def main() -> int:
     res: dict[tuple[str, str], list[tuple[float, float]]] = {}
     try:
         for r in range(args.rounds):
-            for name, tree in (trees if r % 2 == 0 else trees[::-1]):
+            for name, tree in trees if r % 2 == 0 else trees[::-1]:
                 load = os.getloadavg()[0]
                 for kind, xs in measure(tree, args.jobs, tmp, extra[name]).items():
                     res.setdefault((kind, name), []).extend(xs)
-                    print(f"round {r + 1} {name:>6} {kind:>8}: " + ", ".join(f"{c:.1f} CPU-s / {w:.1f} s" for w, c in xs)
-                          + f"  (load {load:.1f})", flush=True)
+                    print(
+                        f"round {r + 1} {name:>6} {kind:>8}: "
+                        + ", ".join(f"{c:.1f} CPU-s / {w:.1f} s" for w, c in xs)
+                        + f"  (load {load:.1f})",
+                        flush=True,
+                    )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     rows = []
@@ -162,8 +261,16 @@ def main() -> int:
         for name, _ in trees:
             xs = res[kind, name]
             cpu = statistics.median(c for _, c in xs)
-            rows.append((kind, name, f"{cpu:.1f}", " ".join(f"{c:.1f}" for _, c in xs),
-                         f"{statistics.median(w for w, _ in xs):.1f}", f"{cpu / ref:.2f}"))
+            rows.append(
+                (
+                    kind,
+                    name,
+                    f"{cpu:.1f}",
+                    " ".join(f"{c:.1f}" for _, c in xs),
+                    f"{statistics.median(w for w, _ in xs):.1f}",
+                    f"{cpu / ref:.2f}",
+                )
+            )
     print()
     print_table(("job", "tree", "CPU-s (median)", "CPU-s each job", "wall s (median)", f"CPU ÷ {trees[0][0]}"), rows)
     return 0

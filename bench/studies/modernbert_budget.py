@@ -42,8 +42,13 @@ def rows(cfg, rng: np.random.Generator) -> dict:
         k = min(d.max_predictions_per_seq, int(round(d.mask_rate * L)))
         p = np.sort(rng.choice(np.arange(1, L - 1), k, replace=False)).astype(np.int32)
         ids.append(row), docs.append(np.asarray(lens, np.int32)), pos.append(p), lab.append(row[p])
-    batch = {"input_ids": ids, "token_type_ids": [np.zeros(L, np.int8)] * n, "masked_lm_positions": pos,
-             "masked_lm_ids": lab, "next_sentence_label": np.full(n, -1)}
+    batch = {
+        "input_ids": ids,
+        "token_type_ids": [np.zeros(L, np.int8)] * n,
+        "masked_lm_positions": pos,
+        "masked_lm_ids": lab,
+        "next_sentence_label": np.full(n, -1),
+    }
     if d.pack_documents:
         batch["doc_lengths"] = docs
     return collate(batch, family=cfg.model.family)
@@ -75,14 +80,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     cfgs = {name: load_config(REPO / "configs" / f"{name}.yaml") for name in ("tiny", "modernbert-tiny")}
     got: dict[str, list[float]] = {name: [] for name in cfgs}
     for r in range(args.rounds):
-        for name in (list(cfgs) if r % 2 == 0 else list(reversed(cfgs))):
+        for name in list(cfgs) if r % 2 == 0 else list(reversed(cfgs)):
             got[name].append(step_cpu_s(cfgs[name], args.steps, seed=r))
     med = {name: statistics.median(v) for name, v in got.items()}
     tiny, mb = cfgs["tiny"].train, cfgs["modernbert-tiny"].train
     for name, cfg in cfgs.items():
         tokens = cfg.train.global_batch_size * cfg.data.max_seq_length
-        print(f"{name:16s} {med[name] * 1000:7.1f} ms CPU / step (rounds {[round(v * 1000) for v in got[name]]}), "
-              f"{tokens:,} token slots / step, {cfg.train.max_steps:,} steps: {med[name] * cfg.train.max_steps:6.1f} CPU s")
+        print(
+            f"{name:16s} {med[name] * 1000:7.1f} ms CPU / step (rounds {[round(v * 1000) for v in got[name]]}), "
+            f"{tokens:,} token slots / step, {cfg.train.max_steps:,} steps: {med[name] * cfg.train.max_steps:6.1f} CPU s"  # noqa: E501
+        )
     ratio = med["modernbert-tiny"] * mb.max_steps / (med["tiny"] * tiny.max_steps)
     same = tiny.max_steps * med["tiny"] / med["modernbert-tiny"]
     print(f"modernbert-tiny's steps cost {ratio:.2f}x tiny's compute; equal compute: {same:,.0f} steps")

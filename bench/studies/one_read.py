@@ -50,11 +50,30 @@ def run(tree: Path, dump: Path, out: Path, mode: str, path: str, tmp: Path) -> d
     """One `prepare_data.py` run of `tree`'s code: wall, shard stage seconds, CPU, peak, what it wrote."""
     shutil.rmtree(out, ignore_errors=True)
     scratch = Path(tempfile.mkdtemp(prefix="run-", dir=tmp))
-    env = {**os.environ, "PYTHONPATH": str(tree), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
-           "TMPDIR": str(scratch), "RAY_TMPDIR": str(scratch)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tree),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_AUTH_MODE": "disabled",
+        "TMPDIR": str(scratch),
+        "RAY_TMPDIR": str(scratch),
+    }
     env.pop("RAY_ADDRESS", None)
-    cmd = [sys.executable, str(tree / "jobs/prepare_data.py"), "--input", str(dump), "--output", str(out),
-           "--vocab", str(minilm_vocab()), "--num-cpus", "2", "--data.dedup", mode, *PATHS[path]]
+    cmd = [
+        sys.executable,
+        str(tree / "jobs/prepare_data.py"),
+        "--input",
+        str(dump),
+        "--output",
+        str(out),
+        "--vocab",
+        str(minilm_vocab()),
+        "--num-cpus",
+        "2",
+        "--data.dedup",
+        mode,
+        *PATHS[path],
+    ]
     run = run_sampled(cmd, env, cwd=tree)
     wall, sampler = run.wall, run.sampler
     if run.returncode != 0:
@@ -63,10 +82,18 @@ def run(tree: Path, dump: Path, out: Path, mode: str, path: str, tmp: Path) -> d
     dups = out / "duplicates.jsonl"
     left = [p.name for p in scratch.iterdir() if p.name != "ray"]  # Ray keeps its session directories
     shutil.rmtree(scratch, ignore_errors=True)
-    return {"wall": wall, "stage": m["seconds"], "cpu": sampler.cpu_seconds, "peak": sampler.peak_one / GIB,
-            "shards": [s["sha256"] for s in m["shards"]], "work_left": (out / "_work").exists(), "tmp_left": left,
-            "dups": hashlib.sha256(dups.read_bytes()).hexdigest() if dups.exists() else None,
-            "read": m["documents_read"], "written": m["documents_written"]}
+    return {
+        "wall": wall,
+        "stage": m["seconds"],
+        "cpu": sampler.cpu_seconds,
+        "peak": sampler.peak_one / GIB,
+        "shards": [s["sha256"] for s in m["shards"]],
+        "work_left": (out / "_work").exists(),
+        "tmp_left": left,
+        "dups": hashlib.sha256(dups.read_bytes()).hexdigest() if dups.exists() else None,
+        "read": m["documents_read"],
+        "written": m["documents_written"],
+    }
 
 
 def components(dump: Path, units: int, tmp: Path, dropped: float) -> list[tuple[str, str]]:
@@ -126,8 +153,11 @@ def components(dump: Path, units: int, tmp: Path, dropped: float) -> list[tuple[
         return f"{x:.2f} CPU-s ({x / off:.1%} of dedup off's read + tokenize)"
 
     return [
-        ("units, text", f"{len(todo) - 1} units (after one more to warm up) of ~{unit_bytes(cfg) / 1e6:.0f} MB bz2, "
-                        f"{chars / 1e6:.1f}M characters, {tokens:,} tokens"),
+        (
+            "units, text",
+            f"{len(todo) - 1} units (after one more to warm up) of ~{unit_bytes(cfg) / 1e6:.0f} MB bz2, "
+            f"{chars / 1e6:.1f}M characters, {tokens:,} tokens",
+        ),
         ("read: bz2 + XML + wikitext -> text", share(t["read"])),
         ("tokenize: split + encode + write chunks", share(t["tokenize"])),
         ("sign: exact key + MinHash (both ways)", share(t["sign"])),
@@ -143,8 +173,13 @@ def components(dump: Path, units: int, tmp: Path, dropped: float) -> list[tuple[
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--copies", type=int, default=12000, help="copies of the sample's 11 pages")
-    ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
-                    help="a source tree to run (repeat; default: this one)")
+    ap.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="a source tree to run (repeat; default: this one)",
+    )
     ap.add_argument("--paths", default="local", help="comma-separated: local, ray")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--components", type=int, default=0, metavar="K", help="time the pieces on K units (0: no)")
@@ -156,18 +191,24 @@ def main() -> int:
         dump = tmp / "dump"
         dump.mkdir()
         b = build_dump(dump, args.copies)
-        print(f"dump: {b['pages']:,} pages ({b['articles']:,} articles), {b['xml'] / 1e6:.1f} MB of XML, "
-              f"{b['bz2'] / 1e6:.1f} MB of bz2", flush=True)
+        print(
+            f"dump: {b['pages']:,} pages ({b['articles']:,} articles), {b['xml'] / 1e6:.1f} MB of XML, "
+            f"{b['bz2'] / 1e6:.1f} MB of bz2",
+            flush=True,
+        )
         res: dict[tuple[str, str, str], list[dict]] = {}
         for r in range(args.rounds):
             for path in paths:
                 for name, tree in trees:
-                    for mode in (("off", "near") if r % 2 == 0 else ("near", "off")):
+                    for mode in ("off", "near") if r % 2 == 0 else ("near", "off"):
                         x = run(tree, dump, tmp / "out", mode, path, tmp)
                         res.setdefault((path, name, mode), []).append(x)
-                        print(f"round {r + 1} {path:5s} {name:6s} {mode:4s} wall {x['wall']:6.1f} s  stage "
-                              f"{x['stage']:6.1f} s  cpu {x['cpu']:6.1f} s  peak {x['peak']:.2f} GiB  load "
-                              f"{os.getloadavg()[0]:.1f}", flush=True)
+                        print(
+                            f"round {r + 1} {path:5s} {name:6s} {mode:4s} wall {x['wall']:6.1f} s  stage "
+                            f"{x['stage']:6.1f} s  cpu {x['cpu']:6.1f} s  peak {x['peak']:.2f} GiB  load "
+                            f"{os.getloadavg()[0]:.1f}",
+                            flush=True,
+                        )
         rows, ok = [], True
         for path in paths:
             for mode in ("off", "near"):
@@ -183,27 +224,48 @@ def main() -> int:
                 if left:
                     print(f"{path} {name}: left behind: {[(x['work_left'], x['tmp_left']) for x in left]}")
                     ok = False
-                rows.append((path, name, f"{statistics.median(o['wall'] for o in off):.1f}",
-                             f"{statistics.median(n['wall'] for n in near):.1f}",
-                             f"**{statistics.median(ratio):.2f}** ({', '.join(f'{x:.2f}' for x in ratio)})",
-                             f"{statistics.median(stage):.2f}",
-                             f"{statistics.median(o['cpu'] for o in off):.0f} / "
-                             f"{statistics.median(n['cpu'] for n in near):.0f}",
-                             f"{max(o['peak'] for o in off):.2f} / {max(n['peak'] for n in near):.2f}",
-                             "yes" if left else "no"))
-        print(f"\nsame shards and duplicates.jsonl in every run of a mode: {'yes' if ok else 'NO'}; "
-              f"documents read {res[paths[0], trees[0][0], 'near'][0]['read']:,}, written "
-              f"{res[paths[0], trees[0][0], 'off'][0]['written']:,} (off) / "
-              f"{res[paths[0], trees[0][0], 'near'][0]['written']:,} (near)\n")
-        print_table(("path", "tree", "wall off (s)", "wall near (s)", "near / off, wall (each round)",
-                     "near / off, shards stage", "CPU-s off / near", "largest process GiB off / near",
-                     "work or temp files left"), rows)
+                rows.append(
+                    (
+                        path,
+                        name,
+                        f"{statistics.median(o['wall'] for o in off):.1f}",
+                        f"{statistics.median(n['wall'] for n in near):.1f}",
+                        f"**{statistics.median(ratio):.2f}** ({', '.join(f'{x:.2f}' for x in ratio)})",
+                        f"{statistics.median(stage):.2f}",
+                        f"{statistics.median(o['cpu'] for o in off):.0f} / "
+                        f"{statistics.median(n['cpu'] for n in near):.0f}",
+                        f"{max(o['peak'] for o in off):.2f} / {max(n['peak'] for n in near):.2f}",
+                        "yes" if left else "no",
+                    )
+                )
+        print(
+            f"\nsame shards and duplicates.jsonl in every run of a mode: {'yes' if ok else 'NO'}; "
+            f"documents read {res[paths[0], trees[0][0], 'near'][0]['read']:,}, written "
+            f"{res[paths[0], trees[0][0], 'off'][0]['written']:,} (off) / "
+            f"{res[paths[0], trees[0][0], 'near'][0]['written']:,} (near)\n"
+        )
+        print_table(
+            (
+                "path",
+                "tree",
+                "wall off (s)",
+                "wall near (s)",
+                "near / off, wall (each round)",
+                "near / off, shards stage",
+                "CPU-s off / near",
+                "largest process GiB off / near",
+                "work or temp files left",
+            ),
+            rows,
+        )
         if args.components:
             first = res[paths[0], trees[0][0], "near"][0]
             dropped = 1 - first["written"] / res[paths[0], trees[0][0], "off"][0]["written"]
             print()
-            print_table(("piece", f"{args.components} units, this tree, one process, CPU time"),
-                        components(dump, args.components, tmp, dropped))
+            print_table(
+                ("piece", f"{args.components} units, this tree, one process, CPU time"),
+                components(dump, args.components, tmp, dropped),
+            )
         return 0 if ok else 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

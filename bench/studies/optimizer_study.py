@@ -30,9 +30,21 @@ def start(name: str, a: argparse.Namespace, out: Path) -> tuple[subprocess.Popen
     log = out / f"{name}.log"
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{out / 'mlflow.db'}", "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)  # a private local Ray per job
-    cmd = [sys.executable, str(REPO / "jobs" / "pretrain.py"), "--config", a.config, "--data.output", str(out / "data"),
-           "--train.storage_path", str(out / "runs"), "--train.optimizer", name, "--tracking.model_name", f"study-{name}",
-           *a.set]
+    cmd = [
+        sys.executable,
+        str(REPO / "jobs" / "pretrain.py"),
+        "--config",
+        a.config,
+        "--data.output",
+        str(out / "data"),
+        "--train.storage_path",
+        str(out / "runs"),
+        "--train.optimizer",
+        name,
+        "--tracking.model_name",
+        f"study-{name}",
+        *a.set,
+    ]
     with open(log, "w") as f:  # the job keeps its own copy of the descriptor
         return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT), log
 
@@ -43,8 +55,13 @@ def result(name: str, log: Path, rc: int, wall: float) -> dict:
         raise SystemExit(f"{name}: the job failed (exit {rc}); see {log}")
     final = json.loads(re.findall(r"^\[evaluate\] (\{.*\})$", text, re.M)[-1])
     train_s = float(re.findall(r"\[stage train\] done in ([0-9.]+)s", text)[-1])
-    return {"optimizer": name, "wall_s": round(wall, 1), "train_s": train_s,
-            "loss": final["eval/final/mlm_loss"], "mlm_accuracy": final["eval/final/mlm_accuracy"]}
+    return {
+        "optimizer": name,
+        "wall_s": round(wall, 1),
+        "train_s": train_s,
+        "loss": final["eval/final/mlm_loss"],
+        "mlm_accuracy": final["eval/final/mlm_accuracy"],
+    }
 
 
 def main() -> None:
@@ -70,11 +87,15 @@ def main() -> None:
         results.append(result(name, log, rc, time.time() - t0))
         print(f"[study] {name}: done", flush=True)
     ref = results[0]
-    print(f"\n| optimizer | train stage (s) | held-out MLM loss | held-out MLM accuracy | accuracy - {ref['optimizer']} |")
+    print(
+        f"\n| optimizer | train stage (s) | held-out MLM loss | held-out MLM accuracy | accuracy - {ref['optimizer']} |"
+    )
     print("| --- | ---: | ---: | ---: | ---: |")
     for r in results:
-        print(f"| {r['optimizer']} | {r['train_s']:.1f} | {r['loss']:.4f} | {r['mlm_accuracy']:.4f} | "
-              f"{r['mlm_accuracy'] - ref['mlm_accuracy']:+.4f} |")
+        print(
+            f"| {r['optimizer']} | {r['train_s']:.1f} | {r['loss']:.4f} | {r['mlm_accuracy']:.4f} | "
+            f"{r['mlm_accuracy'] - ref['mlm_accuracy']:+.4f} |"
+        )
     (a.out / "results.json").write_text(json.dumps({"config": a.config, "set": a.set, "results": results}, indent=1))
 
 

@@ -1,14 +1,14 @@
 # Finished study, ran at 0470d62 (2026-11-24): checking a job's four S3 URIs costs about 1 s (goal < 2 s)
-"""What the storage preflight (pipeline/storage/preflight.py) costs a job, on a local S3 server (issue 26's goal: under 2 s
-for a job with 4 URIs).
+"""What the storage preflight (pipeline/storage/preflight.py) costs a job, on a local S3 server (issue 26's goal:
+under 2 s for a job with 4 URIs).
 
     python bench/studies/preflight_cost.py             # 5 runs per case, median and max
     python bench/studies/preflight_cost.py --runs 3
 
 A real `moto_server` on a loopback port (moto 5.2.5, s3fs 2026.9). Each run is a fresh interpreter, as a job is:
-it times `import pipeline.storage.preflight` plus the first `check_storage` call (what the job pays: s3fs and botocore are
-imported by it) and then the same call again in the same process (warm). The job's URIs: two inputs (read: the
-object must exist), the output and `train.storage_path` (write: the bucket must exist). Failure cases time how
+it times `import pipeline.storage.preflight` plus the first `check_storage` call (what the job pays: s3fs and
+botocore are imported by it) and then the same call again in the same process (warm). The job's URIs: two inputs (read:
+the object must exist), the output and `train.storage_path` (write: the bucket must exist). Failure cases time how
 long a mistake takes to be reported: a misspelt bucket, a wrong endpoint (nothing listens), no credentials.
 """
 
@@ -58,12 +58,24 @@ def main() -> None:
     args = ap.parse_args()
 
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     endpoint = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench",
-           "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1", "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-           "AWS_CONFIG_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
     try:
         for _ in range(600):
             try:
@@ -73,14 +85,23 @@ def main() -> None:
                 time.sleep(0.1)
         import boto3
 
-        s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="bench", aws_secret_access_key="bench",
-                          region_name="us-east-1")
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench",
+            region_name="us-east-1",
+        )
         for b in ("corpus", "runs"):
             s3.create_bucket(Bucket=b)
         for k in ("books/a.txt", "wiki/w.jsonl"):
             s3.put_object(Bucket="corpus", Key=k, Body=b"text\n")
-        job = [["data.inputs", "s3://corpus/books", "read"], ["data.inputs", "s3://corpus/wiki/w.jsonl", "read"],
-               ["data.output", "s3://corpus/prep", "write"], ["train.storage_path", "s3://runs/ckpt", "write"]]
+        job = [
+            ["data.inputs", "s3://corpus/books", "read"],
+            ["data.inputs", "s3://corpus/wiki/w.jsonl", "read"],
+            ["data.output", "s3://corpus/prep", "write"],
+            ["train.storage_path", "s3://runs/ckpt", "write"],
+        ]
         no_creds = {k: v for k, v in env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
         cases = [
             ("4 URIs, 2 buckets (ok)", job, env),
@@ -92,8 +113,14 @@ def main() -> None:
         for name, targets, case_env in cases:
             res = []
             for _ in range(args.runs):
-                p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(targets)], env=case_env, capture_output=True,
-                                   text=True, timeout=120, check=True)
+                p = subprocess.run(
+                    [sys.executable, "-c", CHILD, json.dumps(targets)],
+                    env=case_env,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                    check=True,
+                )
                 res.append(json.loads(p.stdout))
             cold = [r["cold"] for r in res]
             warm = [r["warm"] for r in res]

@@ -40,16 +40,26 @@ def build_corpus(dest: Path, copies: int) -> int:
 
 def run(checkout: Path, corpus: Path, out: Path, extra: list[str], env: dict[str, str]) -> dict:
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, str(checkout / "jobs/prepare_data.py"), "--input", str(corpus), "--output", str(out),
-           "--vocab", str(minilm_vocab()), "--num-cpus", "2", *extra]
+    cmd = [
+        sys.executable,
+        str(checkout / "jobs/prepare_data.py"),
+        "--input",
+        str(corpus),
+        "--output",
+        str(out),
+        "--vocab",
+        str(minilm_vocab()),
+        "--num-cpus",
+        "2",
+        *extra,
+    ]
     # PYTHONPATH: the checkout's packages in every process the job starts (local workers, Ray workers), whatever
     # an editable install points at
     run = run_sampled(cmd, {**env, "PYTHONPATH": str(checkout)}, cwd=checkout)
     if run.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({run.returncode}):\n{run.log[-3000:]}")
     m = json.loads((out / "manifest.json").read_text())
-    return {"wall": run.wall, "cpu": run.sampler.cpu_seconds,
-            "shards": [s["sha256"] for s in m["shards"]]}
+    return {"wall": run.wall, "cpu": run.sampler.cpu_seconds, "shards": [s["sha256"] for s in m["shards"]]}
 
 
 def main() -> int:
@@ -79,14 +89,37 @@ def main() -> int:
             same = res["old"][0]["shards"] == res["new"][0]["shards"]
             o, n = (statistics.median(r["wall"] for r in res[w]) for w in ("old", "new"))
             oc, nc = (statistics.median(r["cpu"] for r in res[w]) for w in ("old", "new"))
-            rows.append((name, f"{size / 1e6:.1f} MB", f"{o:.1f}", f"{n:.1f}", f"{n / o:.2f}", f"{oc:.1f} / {nc:.1f}",
-                         f"{nc / oc:.2f}",
-                         ", ".join(f"{r['wall']:.1f}" for r in res["old"]), ", ".join(f"{r['wall']:.1f}" for r in res["new"]),
-                         "yes" if same else "NO"))
+            rows.append(
+                (
+                    name,
+                    f"{size / 1e6:.1f} MB",
+                    f"{o:.1f}",
+                    f"{n:.1f}",
+                    f"{n / o:.2f}",
+                    f"{oc:.1f} / {nc:.1f}",
+                    f"{nc / oc:.2f}",
+                    ", ".join(f"{r['wall']:.1f}" for r in res["old"]),
+                    ", ".join(f"{r['wall']:.1f}" for r in res["new"]),
+                    "yes" if same else "NO",
+                )
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print_table(("path", "input", "old wall (s, median)", "new wall (s, median)", "new / old", "CPU-s old / new",
-                 "CPU new / old", "old runs", "new runs", "same shards"), rows)
+    print_table(
+        (
+            "path",
+            "input",
+            "old wall (s, median)",
+            "new wall (s, median)",
+            "new / old",
+            "CPU-s old / new",
+            "CPU new / old",
+            "old runs",
+            "new runs",
+            "same shards",
+        ),
+        rows,
+    )
     return 0
 
 

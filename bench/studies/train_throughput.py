@@ -34,11 +34,31 @@ def prepare(work: Path, inputs: list[str], seq: int) -> tuple[object, dict]:
     from pipeline.runner.dag import run_graph
     from pipeline.data.stages import data_stages
 
-    cfg = resolve_paths(load_config(REPO / "configs" / "tiny.yaml", [
-        "--data.inputs", json.dumps(inputs), "--data.output", str(work / "data"), "--data.max_seq_length", str(seq),
-        "--train.storage_path", str(work / "runs"), "--train.num_workers", "1", "--train.cpus_per_worker", "1",
-        "--train.micro_batch_size", "32", "--train.global_batch_size", "32", "--tracking.system_metrics_every_s", "0",
-    ]))
+    cfg = resolve_paths(
+        load_config(
+            REPO / "configs" / "tiny.yaml",
+            [
+                "--data.inputs",
+                json.dumps(inputs),
+                "--data.output",
+                str(work / "data"),
+                "--data.max_seq_length",
+                str(seq),
+                "--train.storage_path",
+                str(work / "runs"),
+                "--train.num_workers",
+                "1",
+                "--train.cpus_per_worker",
+                "1",
+                "--train.micro_batch_size",
+                "32",
+                "--train.global_batch_size",
+                "32",
+                "--tracking.system_metrics_every_s",
+                "0",
+            ],
+        )
+    )
     res = run_graph(data_stages(cfg.data), remote=False, log=lambda m: None)
     return cfg, res["validate"].result
 
@@ -49,8 +69,15 @@ def ray_train_tokens_per_s(cfg, data, steps: int, skip: int) -> float:
     from pipeline import tracking
     from pipeline.pretrain.job import run_training
 
-    tc = dataclasses.replace(cfg.train, max_steps=steps, warmup_steps=2, warmup_fraction=None, eval_every_steps=0,
-                             checkpoint_every_steps=steps, run_name=f"bench-{time.time_ns()}")
+    tc = dataclasses.replace(
+        cfg.train,
+        max_steps=steps,
+        warmup_steps=2,
+        warmup_fraction=None,
+        eval_every_steps=0,
+        checkpoint_every_steps=steps,
+        run_name=f"bench-{time.time_ns()}",
+    )
     cfg = dataclasses.replace(cfg, train=tc)
     run_id = tracking.start_run("bench", tc.run_name, {})
     run_training(cfg, [data], run_id, tc.run_name, tracking.tracking_uri())
@@ -73,8 +100,17 @@ def _plain_batches(cfg, data):
     from pipeline.pretrain.loader import Batches, StepFeed
 
     plan = _plan(cfg, data)
-    feed = StepFeed(plan, 0, 0, 1, cfg.train.seed, cfg.train.shuffle_buffer_rows, 0,
-                    lambda: (pq.read_table(f) for f in plan.train_files), Batches(plan, cfg.train.seed))
+    feed = StepFeed(
+        plan,
+        0,
+        0,
+        1,
+        cfg.train.seed,
+        cfg.train.shuffle_buffer_rows,
+        0,
+        lambda: (pq.read_table(f) for f in plan.train_files),
+        Batches(plan, cfg.train.seed),
+    )
     for step in feed:
         yield from step.micro_batches
 
@@ -121,8 +157,17 @@ def loader_batches_per_s(cfg, data, n: int) -> float:
     files = list(plan.train_files)
     ds = ray.data.read_parquet(files).materialize() if cfg.train.materialize_data else ray.data.read_parquet(files)
     it = ds.iterator()
-    feed = StepFeed(plan, 0, 0, 1, 0, cfg.train.shuffle_buffer_rows, 0,
-                    lambda: it.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2), Batches(plan, 0))
+    feed = StepFeed(
+        plan,
+        0,
+        0,
+        1,
+        0,
+        cfg.train.shuffle_buffer_rows,
+        0,
+        lambda: it.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2),
+        Batches(plan, 0),
+    )
     got, t0 = 0, None
     for step in feed:
         if t0 is None:
@@ -161,9 +206,20 @@ def learning(work: Path, inputs: list[str], steps: int | None) -> tuple[float, f
     """Run the real job (configs/tiny.yaml) and read the final held-out MLM accuracy from MLflow."""
     import subprocess
 
-    cmd = [sys.executable, str(REPO / "jobs" / "pretrain.py"), "--config", str(REPO / "configs" / "tiny.yaml"),
-           "--data.inputs", json.dumps(inputs), "--data.output", str(work / "data"),  # prepared above: up to date
-           "--train.storage_path", str(work / "learn-runs"), "--tracking.model_name", "bench-tiny"]
+    cmd = [
+        sys.executable,
+        str(REPO / "jobs" / "pretrain.py"),
+        "--config",
+        str(REPO / "configs" / "tiny.yaml"),
+        "--data.inputs",
+        json.dumps(inputs),
+        "--data.output",
+        str(work / "data"),  # prepared above: up to date
+        "--train.storage_path",
+        str(work / "learn-runs"),
+        "--tracking.model_name",
+        "bench-tiny",
+    ]
     if steps:
         cmd += ["--train.max_steps", str(steps)]
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'learn.db'}"}
@@ -214,8 +270,18 @@ def main() -> int:
     finally:
         ray.shutdown()
     rows = [
-        ("Ray Train tokens/s / plain PyTorch tokens/s (1 worker, 1 thread)", f"{ray_tps:,.0f} / {plain_tps:,.0f}", ray_tps / plain_tps, ">= 0.9"),
-        ("loader micro-batches/s / tiny model micro-batches/s (B=32)", f"{loader_bps:,.1f} / {model_bps:,.1f}", loader_bps / model_bps, ">= 5"),
+        (
+            "Ray Train tokens/s / plain PyTorch tokens/s (1 worker, 1 thread)",
+            f"{ray_tps:,.0f} / {plain_tps:,.0f}",
+            ray_tps / plain_tps,
+            ">= 0.9",
+        ),
+        (
+            "loader micro-batches/s / tiny model micro-batches/s (B=32)",
+            f"{loader_bps:,.1f} / {model_bps:,.1f}",
+            loader_bps / model_bps,
+            ">= 5",
+        ),
     ]
     if not args.skip_learning:
         acc, base, cmd = learning(work, args.inputs, args.learn_steps)
@@ -224,8 +290,10 @@ def main() -> int:
     print(f"\n{'measure'.ljust(w)}  {'values':>22}  {'ratio':>7}  goal")
     for name, vals, ratio, goal in rows:
         print(f"{name.ljust(w)}  {vals:>22}  {ratio:7.2f}  {goal}")
-    print(f"\ntorch {torch.__version__}, {os.cpu_count()} CPUs, steps={args.steps} (first {args.skip} left out), seq={args.seq}, "
-          f"1-min load average {load[0]:.1f} -> {load[1]:.1f}")
+    print(
+        f"\ntorch {torch.__version__}, {os.cpu_count()} CPUs, steps={args.steps} (first {args.skip} left out), seq={args.seq}, "  # noqa: E501
+        f"1-min load average {load[0]:.1f} -> {load[1]:.1f}"
+    )
     return 0
 
 

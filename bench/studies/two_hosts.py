@@ -51,13 +51,34 @@ def main() -> None:
         for name, placement in (("one-host", "PACK"), ("two-hosts", "SPREAD")):
             if name == "two-hosts":
                 c.start_worker()
-            args = ["--config", "configs/tiny.yaml", "--data.inputs", f"s3://{c.bucket}/corpus",
-                    "--data.output", f"s3://{c.bucket}/data/{name}", "--data.local_max_bytes", "0",
-                    "--data.num_actors", "2", "--train.storage_path", f"s3://{c.bucket}/runs",
-                    "--train.run_name", name, "--train.placement_strategy", placement,
-                    "--train.max_steps", str(a.steps), "--train.eval_every_steps", str(a.steps),
-                    "--train.eval_batches", "2", "--train.checkpoint_every_steps", str(a.steps),
-                    "--tracking.system_metrics_every_s", "0"]
+            args = [
+                "--config",
+                "configs/tiny.yaml",
+                "--data.inputs",
+                f"s3://{c.bucket}/corpus",
+                "--data.output",
+                f"s3://{c.bucket}/data/{name}",
+                "--data.local_max_bytes",
+                "0",
+                "--data.num_actors",
+                "2",
+                "--train.storage_path",
+                f"s3://{c.bucket}/runs",
+                "--train.run_name",
+                name,
+                "--train.placement_strategy",
+                placement,
+                "--train.max_steps",
+                str(a.steps),
+                "--train.eval_every_steps",
+                str(a.steps),
+                "--train.eval_batches",
+                "2",
+                "--train.checkpoint_every_steps",
+                str(a.steps),
+                "--tracking.system_metrics_every_s",
+                "0",
+            ]
             t = time.time()
             rc, out = c.submit(REPO, args, sha, timeout=900)
             wall = time.time() - t
@@ -73,7 +94,9 @@ def main() -> None:
         print(f"{'run':10} {'nodes':>5} {'data stage s':>12} {'train stage s':>13} {'tokens/s':>9} {'job s':>6}")
         for r in rows:
             print(f"{r[0]:10} {r[1]:>5} {r[2]:12.1f} {r[3]:13.1f} {r[4]:9,.0f} {r[5]:6.1f}")
-        print(f"two hosts / one host: data stage x{rows[1][2] / rows[0][2]:.2f}, tokens/s x{rows[1][4] / rows[0][4]:.2f}")
+        print(
+            f"two hosts / one host: data stage x{rows[1][2] / rows[0][2]:.2f}, tokens/s x{rows[1][4] / rows[0][4]:.2f}"
+        )
     finally:
         c.close()
 

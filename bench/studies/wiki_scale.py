@@ -44,11 +44,26 @@ from measure import GIB, REPO, Sampler, minilm_vocab  # noqa: E402
 from wiki_dump import PAGES_PER_STREAM, build_dump  # noqa: E402
 
 
-def prepare(dump_dir: Path, out: Path, env: dict[str, str],
-            extra: tuple[str, ...] = ()) -> tuple[list[str], dict, str, float, Sampler]:
-    cmd = [sys.executable, str(REPO / "jobs/prepare_data.py"), "--input", str(dump_dir), "--output", str(out),
-           "--vocab", str(minilm_vocab()), "--data.local_max_bytes", "0", "--data.num_actors", "2", "--num-cpus", "2",
-           *extra]
+def prepare(
+    dump_dir: Path, out: Path, env: dict[str, str], extra: tuple[str, ...] = ()
+) -> tuple[list[str], dict, str, float, Sampler]:
+    cmd = [
+        sys.executable,
+        str(REPO / "jobs/prepare_data.py"),
+        "--input",
+        str(dump_dir),
+        "--output",
+        str(out),
+        "--vocab",
+        str(minilm_vocab()),
+        "--data.local_max_bytes",
+        "0",
+        "--data.num_actors",
+        "2",
+        "--num-cpus",
+        "2",
+        *extra,
+    ]
     sampler = Sampler()
     sampler.start()
     t0 = time.perf_counter()
@@ -100,22 +115,33 @@ def main() -> int:
         dump_dir = tmp / "dump"
         dump_dir.mkdir()
         b = build_dump(dump_dir, args.copies)
-        print(f"dump: {b['pages']:,} pages ({b['articles']:,} articles), {b['xml'] / 1e6:.1f} MB of XML, "
-              f"{b['bz2'] / 1e6:.1f} MB of bz2 in streams of {PAGES_PER_STREAM} pages (x{b['xml'] / b['bz2']:.1f}); "
-              f"built in {b['seconds']:.0f} s", flush=True)
+        print(
+            f"dump: {b['pages']:,} pages ({b['articles']:,} articles), {b['xml'] / 1e6:.1f} MB of XML, "
+            f"{b['bz2'] / 1e6:.1f} MB of bz2 in streams of {PAGES_PER_STREAM} pages (x{b['xml'] / b['bz2']:.1f}); "
+            f"built in {b['seconds']:.0f} s",
+            flush=True,
+        )
 
         dashboard = _free_port()
-        cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 1, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": dashboard,
-            "dashboard_agent_listen_port": _free_port()})
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 1,
+                "include_dashboard": True,
+                "dashboard_host": "127.0.0.1",
+                "dashboard_port": dashboard,
+                "dashboard_agent_listen_port": _free_port(),
+            },
+        )
         try:
             cluster.add_node(num_cpus=1)
             cluster.wait_for_nodes()
             cmd, two, log2, wall2, s2 = prepare(dump_dir, tmp / "two", {**env, "RAY_ADDRESS": cluster.address})
             state = f"http://127.0.0.1:{dashboard}"
             nodes = sorted(n.node_id for n in list_nodes(address=state) if n.state == "ALIVE")
-            tasks = list_tasks(address=state, filters=[("state", "=", "FINISHED")], limit=10_000,
-                               raise_on_missing_output=False)
+            tasks = list_tasks(
+                address=state, filters=[("state", "=", "FINISHED")], limit=10_000, raise_on_missing_output=False
+            )
         finally:
             cluster.shutdown()
         print("command:", " ".join(cmd[1:]), flush=True)
@@ -123,8 +149,10 @@ def main() -> int:
         _, one, log1, wall1, s1 = prepare(dump_dir, tmp / "one", env)
         print("one node: ", [line for line in log1.splitlines() if "[stage shards] done" in line][-1], flush=True)
         _, off, _, wall0, s0 = prepare(dump_dir, tmp / "off", env, ("--data.dedup", "off"))
-        print(f"one node, dedup off: {off['documents_written']:,} documents written, {off['examples']:,} examples",
-              flush=True)
+        print(
+            f"one node, dedup off: {off['documents_written']:,} documents written, {off['examples']:,} examples",
+            flush=True,
+        )
         pages, arts, cpu_text = text_rate(dump_dir, args.text_units)
 
         per = Counter((t.name, t.node_id) for t in tasks if t.name.startswith("_RayWorker."))
@@ -139,38 +167,69 @@ def main() -> int:
         xml_mb, bz2_mb = b["xml"] / 1e6, b["bz2"] / 1e6
 
         def rates(wall: float, s: Sampler) -> str:
-            return (f"{b['pages'] / wall:,.0f} pages/s, {bz2_mb / wall:.2f} MB/s bz2, {xml_mb / wall:.2f} MB/s XML "
-                    f"(wall {wall:.0f} s); {b['pages'] / s.cpu_seconds:,.0f} pages per CPU-s "
-                    f"({s.cpu_seconds:.0f} CPU-s)")
+            return (
+                f"{b['pages'] / wall:,.0f} pages/s, {bz2_mb / wall:.2f} MB/s bz2, {xml_mb / wall:.2f} MB/s XML "
+                f"(wall {wall:.0f} s); {b['pages'] / s.cpu_seconds:,.0f} pages per CPU-s "
+                f"({s.cpu_seconds:.0f} CPU-s)"
+            )
 
         rows = [
             ("dump", f"{b['pages']:,} pages, {b['articles']:,} articles; {xml_mb:.1f} MB XML, {bz2_mb:.1f} MB bz2"),
-            ("documents read / written", f"{two['documents_read']:,} / {two['documents_written']:,}; rejected {dropped}"),
+            (
+                "documents read / written",
+                f"{two['documents_read']:,} / {two['documents_written']:,}; rejected {dropped}",
+            ),
             ("examples / tokens in shards", f"{two['examples']:,} / {two['tokens']:,}"),
-            ("both nodes did every pass", f"{'yes' if every and len(nodes) == 2 else 'NO'} ({len(names)} task names, "
-                                          f"{sum(per.values()):,} tasks)"),
-            ("shard sha256s, two nodes = one node", f"{'equal' if same else 'DIFFERENT'} ({len(one['shards'])} shards)"),
+            (
+                "both nodes did every pass",
+                f"{'yes' if every and len(nodes) == 2 else 'NO'} ({len(names)} task names, "
+                f"{sum(per.values()):,} tasks)",
+            ),
+            (
+                "shard sha256s, two nodes = one node",
+                f"{'equal' if same else 'DIFFERENT'} ({len(one['shards'])} shards)",
+            ),
             ("two nodes (1 CPU each)", rates(wall2, s2)),
             ("one node (local Ray, 2 CPUs)", rates(wall1, s1)),
-            ("one node, --data.dedup off", rates(wall0, s0) + f"; peak RSS {s0.peak_one / GIB:.2f} GiB "
-                                           f"({s0.peak_name}), less shared {s0.peak_private / GIB:.2f} GiB"),
-            ("largest process peak RSS, two nodes", f"{s2.peak_one / GIB:.2f} GiB ({s2.peak_name}); "
-                                                    f"sum {s2.peak_sum / GIB:.2f} GiB; {len(s2.ray_workers)} ray:: seen"),
-            ("largest process peak RSS, one node", f"{s1.peak_one / GIB:.2f} GiB ({s1.peak_name}); "
-                                                   f"sum {s1.peak_sum / GIB:.2f} GiB; {len(s1.ray_workers)} ray:: seen"),
-            ("largest process peak RSS less shared", f"two nodes {s2.peak_private / GIB:.2f} GiB ({s2.private_name}); "
-                                                     f"one node {s1.peak_private / GIB:.2f} GiB ({s1.private_name})"),
+            (
+                "one node, --data.dedup off",
+                rates(wall0, s0) + f"; peak RSS {s0.peak_one / GIB:.2f} GiB "
+                f"({s0.peak_name}), less shared {s0.peak_private / GIB:.2f} GiB",
+            ),
+            (
+                "largest process peak RSS, two nodes",
+                f"{s2.peak_one / GIB:.2f} GiB ({s2.peak_name}); "
+                f"sum {s2.peak_sum / GIB:.2f} GiB; {len(s2.ray_workers)} ray:: seen",
+            ),
+            (
+                "largest process peak RSS, one node",
+                f"{s1.peak_one / GIB:.2f} GiB ({s1.peak_name}); "
+                f"sum {s1.peak_sum / GIB:.2f} GiB; {len(s1.ray_workers)} ray:: seen",
+            ),
+            (
+                "largest process peak RSS less shared",
+                f"two nodes {s2.peak_private / GIB:.2f} GiB ({s2.private_name}); "
+                f"one node {s1.peak_private / GIB:.2f} GiB ({s1.private_name})",
+            ),
             ("goal: largest process <= 1.5 GiB", "met" if max(s1.peak_one, s2.peak_one) <= 1.5 * GIB else "NOT met"),
-            ("dump -> text alone (1 process)", f"{pages:,} pages ({arts:,} articles) in {cpu_text:.2f} CPU-s: "
-                                               f"{pages / cpu_text:,.0f} pages per CPU-s"),
-            ("whole pipeline, per CPU-s", f"{b['pages'] / s2.cpu_seconds:,.0f} / {b['pages'] / s1.cpu_seconds:,.0f} "
-                                          f"pages, {xml_mb / s2.cpu_seconds:.3f} / {xml_mb / s1.cpu_seconds:.3f} MB XML "
-                                          f"(two / one node)"),
+            (
+                "dump -> text alone (1 process)",
+                f"{pages:,} pages ({arts:,} articles) in {cpu_text:.2f} CPU-s: {pages / cpu_text:,.0f} pages per CPU-s",
+            ),
+            (
+                "whole pipeline, per CPU-s",
+                f"{b['pages'] / s2.cpu_seconds:,.0f} / {b['pages'] / s1.cpu_seconds:,.0f} "
+                f"pages, {xml_mb / s2.cpu_seconds:.3f} / {xml_mb / s1.cpu_seconds:.3f} MB XML "
+                f"(two / one node)",
+            ),
         ]
         w = max(len(k) for k, _ in rows)
         print("\n" + "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows))
-        stages = [line for line in log1.splitlines() if re.match(r"^\S+\s+(ran|skipped)\s+[\d.]+", line)
-                  or line.startswith("[data] dedup:")]
+        stages = [
+            line
+            for line in log1.splitlines()
+            if re.match(r"^\S+\s+(ran|skipped)\s+[\d.]+", line) or line.startswith("[data] dedup:")
+        ]
         print("\none node, the job's stage table:\n" + "\n".join(stages))
         return 0 if every and same else 1
     finally:

@@ -52,11 +52,15 @@ from wiki_dump import build_dump  # noqa: E402
 WORDS_PER_PAGE = 552 / 11
 # --memory-grouping-max: the job's driver with the product's limit changed, so that a small dump is grouped by Ray
 # Data as a large one is (a quick look at the shuffles)
-PATCHED = ("import runpy, sys, pipeline.data.grouping as g; g.MEMORY_GROUPING_MAX_RECORDS = {}; "
-           "sys.argv = ['jobs/prepare_data.py', *sys.argv[1:]]; runpy.run_path(sys.argv[0], run_name='__main__')")
+PATCHED = (
+    "import runpy, sys, pipeline.data.grouping as g; g.MEMORY_GROUPING_MAX_RECORDS = {}; "
+    "sys.argv = ['jobs/prepare_data.py', *sys.argv[1:]]; runpy.run_path(sys.argv[0], run_name='__main__')"
+)
 # Ray Data's DEBUG line in the driver's session log (logs/ray-data/) as each operator completes: its metrics
-SHUFFLE_MAP = re.compile(r"Operator ShuffleMapOp\[(HashShuffleMap\(keys=\([^)]*\))[^\]]*\] completed\. Operator "
-                         r"Metrics:\n(\{.*)")
+SHUFFLE_MAP = re.compile(
+    r"Operator ShuffleMapOp\[(HashShuffleMap\(keys=\([^)]*\))[^\]]*\] completed\. Operator "
+    r"Metrics:\n(\{.*)"
+)
 
 
 def netns_procs(namespace: str) -> list[psutil.Process]:
@@ -80,7 +84,8 @@ def build(dump: Path, copies: int, parts: int) -> dict:
     with ProcessPoolExecutor(min(parts, psutil.cpu_count())) as pool:
         figs = list(pool.map(build_dump, [dump] * parts, per, [0] * parts, starts, range(1, parts + 1)))
     return {k: sum(f[k] for f in figs) for k in ("pages", "articles", "xml", "bz2")} | {
-        "seconds": time.perf_counter() - t0}
+        "seconds": time.perf_counter() - t0
+    }
 
 
 def shuffle_bytes(logs: Path) -> list[tuple[str, int, int]]:
@@ -103,8 +108,12 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=REPO.parent, help="a directory both hosts see (not under /tmp)")
     ap.add_argument("--object-store", type=int, default=1_000_000_000, help="bytes of object store a host")
     ap.add_argument("--keep", action="store_true", help="keep the dump and the output")
-    ap.add_argument("--memory-grouping-max", type=int, help="records grouped in the driver's memory (default: the "
-                    "product's MEMORY_GROUPING_MAX_RECORDS); lower, for a quick look at Ray Data's shuffles")
+    ap.add_argument(
+        "--memory-grouping-max",
+        type=int,
+        help="records grouped in the driver's memory (default: the "
+        "product's MEMORY_GROUPING_MAX_RECORDS); lower, for a quick look at Ray Data's shuffles",
+    )
     args = ap.parse_args()
     if why := netns_hosts.usable():
         sys.exit(why)
@@ -114,19 +123,39 @@ def main() -> int:
         dump, out = work / "dump", work / "out"
         dump.mkdir()
         b = build(dump, args.copies, args.parts)
-        print(f"dump: {b['pages']:,} pages ({b['articles']:,} articles), {b['xml'] / 1e6:,.1f} MB of XML, "
-              f"{b['bz2'] / 1e6:,.1f} MB of bz2 in {args.parts} parts; built in {b['seconds']:.0f} s", flush=True)
+        print(
+            f"dump: {b['pages']:,} pages ({b['articles']:,} articles), {b['xml'] / 1e6:,.1f} MB of XML, "
+            f"{b['bz2'] / 1e6:,.1f} MB of bz2 in {args.parts} parts; built in {b['seconds']:.0f} s",
+            flush=True,
+        )
         c = netns_hosts.TwoHostCluster(tmp_size="8g")
         c.start_head(object_store=args.object_store)
         c.start_worker(object_store=args.object_store)
-        cmd = ["--input", str(dump), "--output", str(out), "--vocab", str(minilm_vocab()),
-               "--data.local_max_bytes", "0", "--data.num_actors", "2"]
-        driver = ("jobs/prepare_data.py" if args.memory_grouping_max is None else
-                  "-c " + shlex.quote(PATCHED.format(args.memory_grouping_max)))
-        submit = (f"ray job submit --address http://127.0.0.1:8265 --working-dir {shlex.quote(str(REPO))} -- "
-                  f"python {driver} " + " ".join(shlex.quote(a) for a in cmd))
-        samplers = {"head": Sampler(partial(netns_procs, c.head.ns), 1.0),
-                    "worker": Sampler(partial(netns_procs, c.worker.ns), 1.0)}
+        cmd = [
+            "--input",
+            str(dump),
+            "--output",
+            str(out),
+            "--vocab",
+            str(minilm_vocab()),
+            "--data.local_max_bytes",
+            "0",
+            "--data.num_actors",
+            "2",
+        ]
+        driver = (
+            "jobs/prepare_data.py"
+            if args.memory_grouping_max is None
+            else "-c " + shlex.quote(PATCHED.format(args.memory_grouping_max))
+        )
+        submit = (
+            f"ray job submit --address http://127.0.0.1:8265 --working-dir {shlex.quote(str(REPO))} -- "
+            f"python {driver} " + " ".join(shlex.quote(a) for a in cmd)
+        )
+        samplers = {
+            "head": Sampler(partial(netns_procs, c.head.ns), 1.0),
+            "worker": Sampler(partial(netns_procs, c.worker.ns), 1.0),
+        }
         for s in samplers.values():
             s.start()
         t0 = time.perf_counter()
@@ -140,8 +169,9 @@ def main() -> int:
         if r.returncode != 0 or "succeeded" not in log:
             print(log[-6000:])
             return 1
-        tasks = json.loads(c.head.run("ray list tasks --filter state=FINISHED --limit 10000 --format json",
-                                      timeout=300).stdout)
+        tasks = json.loads(
+            c.head.run("ray list tasks --filter state=FINISHED --limit 10000 --format json", timeout=300).stdout
+        )
         nodes = json.loads(c.head.run("ray list nodes --format json", timeout=60).stdout)
         # the head's session directories (not `session_latest`: its link is absolute, to the head's own /tmp)
         shuffles = [x for d in c.head.path("/tmp/ray").glob("session_2*") for x in shuffle_bytes(d / "logs")]
@@ -168,26 +198,45 @@ def main() -> int:
     xml, bz2 = b["xml"] / 1e6, b["bz2"] / 1e6
     rows = [
         ("dump", f"{b['pages']:,} pages, {b['articles']:,} articles; {xml:,.1f} MB XML, {bz2:,.1f} MB bz2"),
-        ("documents read / written", f"{m['documents_read']:,} / {m['documents_written']:,}; "
-                                     f"rejected {m['rejected_reasons']}"),
+        (
+            "documents read / written",
+            f"{m['documents_read']:,} / {m['documents_written']:,}; rejected {m['rejected_reasons']}",
+        ),
         ("examples / tokens / shards", f"{m['examples']:,} / {m['tokens']:,} / {len(m['shards'])}"),
-        ("wall, the job (submit to end)", f"{wall:,.0f} s: {b['pages'] / wall:,.0f} pages/s, "
-                                          f"{bz2 / wall:.3f} MB/s bz2, {xml / wall:.2f} MB/s XML"),
+        (
+            "wall, the job (submit to end)",
+            f"{wall:,.0f} s: {b['pages'] / wall:,.0f} pages/s, {bz2 / wall:.3f} MB/s bz2, {xml / wall:.2f} MB/s XML",
+        ),
         ("CPU-seconds, head / worker host", f"{cpu['head']:,.0f} / {cpu['worker']:,.0f} (sum {total:,.0f})"),
-        ("per CPU-second (both hosts)", f"{b['pages'] / total:,.0f} pages, {b['articles'] / total:,.0f} articles, "
-                                        f"{xml / total:.3f} MB XML, {bz2 / total:.4f} MB bz2, "
-                                        f"{b['pages'] * WORDS_PER_PAGE / total:,.0f} words"),
+        (
+            "per CPU-second (both hosts)",
+            f"{b['pages'] / total:,.0f} pages, {b['articles'] / total:,.0f} articles, "
+            f"{xml / total:.3f} MB XML, {bz2 / total:.4f} MB bz2, "
+            f"{b['pages'] * WORDS_PER_PAGE / total:,.0f} words",
+        ),
     ]
     for h, s in samplers.items():
-        rows.append((f"largest process, {h}", f"{s.peak_one / GIB:.2f} GiB ({s.peak_name}); less shared "
-                     f"{s.peak_private / GIB:.2f} GiB ({s.private_name}); host sum {s.peak_sum / GIB:.2f} GiB"))
+        rows.append(
+            (
+                f"largest process, {h}",
+                f"{s.peak_one / GIB:.2f} GiB ({s.peak_name}); less shared "
+                f"{s.peak_private / GIB:.2f} GiB ({s.private_name}); host sum {s.peak_sum / GIB:.2f} GiB",
+            )
+        )
     shuffled = sum(x for _, _, x in shuffles)
     signed = m["documents_read"] - sum(v for k, v in m["rejected_reasons"].items() if "duplicate" not in k)
     sigs = signed * m["config"]["dedup_num_perm"] * 4  # the signatures' own bytes (uint32 each), documents signed
     for name, n, x in shuffles:
         rows.append((f"shuffle {name[:40]}", f"{n:,} rows, {x / 1e6:,.1f} MB"))
-    rows.append(("all shuffles", f"{shuffled / 1e6:,.1f} MB" + (f" = {shuffled / sigs:.2f}x the signatures' "
-                 f"{sigs / 1e6:,.1f} MB" if sigs else "") if shuffles else "none logged (grouped in memory?)"))
+    rows.append(
+        (
+            "all shuffles",
+            f"{shuffled / 1e6:,.1f} MB"
+            + (f" = {shuffled / sigs:.2f}x the signatures' {sigs / 1e6:,.1f} MB" if sigs else "")
+            if shuffles
+            else "none logged (grouped in memory?)",
+        )
+    )
     w = max(len(k) for k, _ in rows)
     print("\n" + "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows))
     return 0

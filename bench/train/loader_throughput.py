@@ -37,8 +37,10 @@ CORES = 8
 
 SHAPES = {  # the config whose data section is used, and overrides that keep preparation short
     "mlm": ("tiny.yaml", []),
-    "nsp": ("base.yaml", ["--data.vocab_size", "8000", "--data.dupe_factor", "1", "--data.num_shards", "4",
-                          "--data.num_actors", "1"]),
+    "nsp": (
+        "base.yaml",
+        ["--data.vocab_size", "8000", "--data.dupe_factor", "1", "--data.num_shards", "4", "--data.num_actors", "1"],
+    ),
 }
 
 
@@ -47,10 +49,26 @@ def prepare(work: Path, shape: str, corpora: str) -> Path:
     not the loader's)."""
     config, extra = SHAPES[shape]
     out = work / shape
-    subprocess.run([sys.executable, str(REPO / "jobs" / "prepare_data.py"), "--config",
-                    str(data_config(config, work / config)), "--data.inputs", json.dumps([corpora]), *PREPARE_INPUTS,
-                    "--data.output", str(out), "--data.max_seq_length", "128", "--data.dedup", "off", *extra],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "jobs" / "prepare_data.py"),
+            "--config",
+            str(data_config(config, work / config)),
+            "--data.inputs",
+            json.dumps([corpora]),
+            *PREPARE_INPUTS,
+            "--data.output",
+            str(out),
+            "--data.max_seq_length",
+            "128",
+            "--data.dedup",
+            "off",
+            *extra,
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return out
 
 
@@ -75,12 +93,19 @@ def measure(output: Path, batch: int, epochs: int, seed: int = 0) -> dict[str, f
     cpu0, wall0 = time.process_time(), time.perf_counter()
     for epoch in range(epochs):
         tables = (pq.read_table(f, use_threads=False) for f in files)
-        for _, tbl in epoch_batches(tables, num_rows=rows, chunk_rows=16384, batch_size=batch,
-                                    seed_key=[seed, 0, epoch, 0]):
+        for _, tbl in epoch_batches(
+            tables, num_rows=rows, chunk_rows=16384, batch_size=batch, seed_key=[seed, 0, epoch, 0]
+        ):
             b = to_batch(tbl, epoch)
             n, tokens, slots = n + 1, tokens + int(b["num_tokens"]), slots + b["input_ids"].numel()
-    return {"batches": n, "tokens": tokens, "slots": slots, "cpu_s": time.process_time() - cpu0,
-            "wall_s": time.perf_counter() - wall0, "dynamic": ds.dynamic_masking}
+    return {
+        "batches": n,
+        "tokens": tokens,
+        "slots": slots,
+        "cpu_s": time.process_time() - cpu0,
+        "wall_s": time.perf_counter() - wall0,
+        "dynamic": ds.dynamic_masking,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,16 +115,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=3)
     a = ap.parse_args(argv)
-    print(f"| data | masking | batches | token slots | real tokens | CPU s | wall s | slots / CPU-s | real / CPU-s | "
-          f"{CORES} cores ÷ {GPU_TOKENS_PER_S:,} |")
+    print(
+        f"| data | masking | batches | token slots | real tokens | CPU s | wall s | slots / CPU-s | real / CPU-s | "
+        f"{CORES} cores ÷ {GPU_TOKENS_PER_S:,} |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as work:
         for shape in a.shapes.split(","):
             r = measure(prepare(Path(work), shape, a.corpora), a.batch, a.epochs)
             per_core = r["slots"] / r["cpu_s"]
-            print(f"| {shape} | {'dynamic' if r['dynamic'] else 'static'} | {r['batches']:,} | {r['slots']:,} | "
-                  f"{r['tokens']:,} | {r['cpu_s']:.2f} | {r['wall_s']:.2f} | {per_core:,.0f} | {r['tokens'] / r['cpu_s']:,.0f} | "
-                  f"{CORES * per_core / GPU_TOKENS_PER_S:.2f} |", flush=True)
+            print(
+                f"| {shape} | {'dynamic' if r['dynamic'] else 'static'} | {r['batches']:,} | {r['slots']:,} | "
+                f"{r['tokens']:,} | {r['cpu_s']:.2f} | {r['wall_s']:.2f} | {per_core:,.0f} | {r['tokens'] / r['cpu_s']:,.0f} | "  # noqa: E501
+                f"{CORES * per_core / GPU_TOKENS_PER_S:.2f} |",
+                flush=True,
+            )
     return 0
 
 

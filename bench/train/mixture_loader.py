@@ -44,8 +44,9 @@ def prepare(work: Path, corpora: Path, steps: int | None):
 
     mix = json.dumps([{"name": n, "inputs": [str(corpora / n)], "weight": w} for n, w in WEIGHTS.items()])
     args = ["--data.sources", mix, "--data.output", str(work / "mix"), "--data.dedup", "off"]
-    cfg = resolve_paths(load_config(REPO / "configs" / "tiny.yaml",
-                                    args + ([] if steps is None else ["--train.max_steps", str(steps)])))
+    cfg = resolve_paths(
+        load_config(REPO / "configs" / "tiny.yaml", args + ([] if steps is None else ["--train.max_steps", str(steps)]))
+    )
     run_graph(data_stages(cfg.data), remote=False, log=lambda m: None)
     return cfg
 
@@ -123,12 +124,17 @@ def main(argv: list[str] | None = None) -> int:
         tables = [pq.read_table(f, use_threads=False) for f in plan.train_files]
         print("\n".join(mixture_lines([plan])))
         for m in ds.manifest["sources"]:
-            print(f"source {m['name']}: {m['input_files']} files, {m['documents']:,} documents, "
-                  f"{m['examples']:,} rows, {m['tokens']:,} tokens")
+            print(
+                f"source {m['name']}: {m['input_files']} files, {m['documents']:,} documents, "
+                f"{m['examples']:,} rows, {m['tokens']:,} tokens"
+            )
 
         # 1. shares of the yielded rows' tokens over the whole run, one worker
-        source_of = {e: (s, n) for t in tables for e, s, n in zip(t["example_id"].to_pylist(), t["source"].to_pylist(),
-                                                                 t["num_tokens"].to_pylist())}
+        source_of = {
+            e: (s, n)
+            for t in tables
+            for e, s, n in zip(t["example_id"].to_pylist(), t["source"].to_pylist(), t["num_tokens"].to_pylist())
+        }
         f, rec = feed(plan, tables, 0, 1, 0, tc.seed, tc.shuffle_buffer_rows, record=True)
         it = iter(f)
         for _ in range(steps):
@@ -147,16 +153,20 @@ def main(argv: list[str] | None = None) -> int:
         print("\n| source | weight | rows yielded | tokens yielded | share | target | off by (points) |")
         print("|---|---:|---:|---:|---:|---:|---:|")
         for n in WEIGHTS:
-            print(f"| {n} | {WEIGHTS[n]} | {rows[n]:,} | {got[n]:,} | {got[n] / total:.2%} | {want[n]:.0%} | "
-                  f"{100 * (got[n] / total - want[n]):+.2f} |")
+            print(
+                f"| {n} | {WEIGHTS[n]} | {rows[n]:,} | {got[n]:,} | {got[n] / total:.2%} | {want[n]:.0%} | "
+                f"{100 * (got[n] / total - want[n]):+.2f} |"
+            )
 
         # 2. resume at another worker count: 2 workers, stop at K, go on with 3
         k, r = a.resume_at, a.resume_steps
         whole = rows_of_steps(plan, tables, 2, 0, k + r, tc.seed, tc.shuffle_buffer_rows)
         resumed = rows_of_steps(plan, tables, 3, k, r, tc.seed, tc.shuffle_buffer_rows)
         same = sum(x == y for x, y in zip(whole[k:], resumed))
-        print(f"\nresume: steps {k + 1}-{k + r} on 3 workers after {k} on 2: {same}/{r} steps the same rows, row for "
-              f"row ({sum(len(s) for s in resumed):,} rows)")
+        print(
+            f"\nresume: steps {k + 1}-{k + r} on 3 workers after {k} on 2: {same}/{r} steps the same rows, row for "
+            f"row ({sum(len(s) for s in resumed):,} rows)"
+        )
 
         # 3. cost: tokens per CPU-second, with and without the mixture, run after run in turn
         plans = {"mixture": plan, "one stream": dataclasses.replace(plan, mixture=None)}

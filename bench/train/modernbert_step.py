@@ -64,10 +64,12 @@ from model.segments import Segments  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: measure
 from measure import interleaved  # noqa: E402
 
-KERNEL_IMPLS = {"ours+sdpa": {"local_attention_kernel": "sdpa"},
-                "ours+jagged": {"global_attention_kernel": "jagged"},
-                "ours+flex": {"global_attention_kernel": "flex", "local_attention_kernel": "flex"},
-                "ours+jagged+flex": {"global_attention_kernel": "jagged", "local_attention_kernel": "flex"}}
+KERNEL_IMPLS = {
+    "ours+sdpa": {"local_attention_kernel": "sdpa"},
+    "ours+jagged": {"global_attention_kernel": "jagged"},
+    "ours+flex": {"global_attention_kernel": "flex", "local_attention_kernel": "flex"},
+    "ours+jagged+flex": {"global_attention_kernel": "jagged", "local_attention_kernel": "flex"},
+}
 """Ours with other attention kernels than the default ("sdpa" global, "banded" local): `ModernBertConfig` fields."""
 IMPLS = ("transformers", "transformers+sparse", "ours", "ours-nodoc", *KERNEL_IMPLS)
 CPU_IMPLS = tuple(i for i in IMPLS if "flex" not in i)
@@ -89,15 +91,21 @@ def make_batch(rows: int, seq: int, vocab: int, mask_rate: float, seed: int = 0)
     targets = ids.gather(1, positions)
     labels = torch.full_like(ids, -100).scatter(1, positions, targets)
     ids = ids.scatter(1, positions, 4)  # the [MASK] id of the project's vocabularies
-    return {"input_ids": ids, "cu_seqlens": torch.tensor(bounds), "masked_lm_positions": positions,
-            "masked_lm_ids": targets, "labels": labels}
+    return {
+        "input_ids": ids,
+        "cu_seqlens": torch.tensor(bounds),
+        "masked_lm_positions": positions,
+        "masked_lm_ids": targets,
+        "labels": labels,
+    }
 
 
 def build(impl: str, cfg: ModernBertConfig, directory: str) -> tuple[torch.nn.Module, Callable]:
     """The model and its loss function on a batch; transformers' models load our weights from `directory`."""
     if impl.startswith("transformers"):
         model = transformers.ModernBertForMaskedLM.from_pretrained(
-            directory, attn_implementation="sdpa", sparse_prediction=impl.endswith("sparse"))
+            directory, attn_implementation="sdpa", sparse_prediction=impl.endswith("sparse")
+        )
         # transformers 4.48-4.x compiled ModernBERT's MLP and head by itself on a GPU with triton when the config's
         # `reference_compile` was unset (its `_maybe_set_compile`, read at each forward); 5.23 has no such field. The
         # GPU image's 5.17 is unchecked, so the rows stay eager against eager whichever it is.
@@ -109,9 +117,15 @@ def build(impl: str, cfg: ModernBertConfig, directory: str) -> tuple[torch.nn.Mo
     return model, lambda m, b: m(b["input_ids"], **{k: b[k] for k in keys}).loss
 
 
-def time_steps(cfg: ModernBertConfig, batch: dict[str, torch.Tensor], rounds: int, steps: int,
-               impls: tuple[str, ...] = IMPLS, device: str = "cpu",
-               dtype: str = "fp32") -> tuple[dict[str, list], dict[str, float]]:
+def time_steps(
+    cfg: ModernBertConfig,
+    batch: dict[str, torch.Tensor],
+    rounds: int,
+    steps: int,
+    impls: tuple[str, ...] = IMPLS,
+    device: str = "cpu",
+    dtype: str = "fp32",
+) -> tuple[dict[str, list], dict[str, float]]:
     """(wall, CPU) seconds per step of each implementation and round, `steps` timed steps per round after one
     warm-up step, and on CUDA each implementation's peak MiB ({} on a CPU). CPU time is this process's: on a shared
     machine it counts the work, not the waiting. On CUDA each timing waits for the device."""
@@ -124,8 +138,10 @@ def time_steps(cfg: ModernBertConfig, batch: dict[str, torch.Tensor], rounds: in
         built = {impl: build(impl, cfg, d) for impl in impls}
     built = {impl: (m.to(dev), fn) for impl, (m, fn) in built.items()}
     batch = {k: v.to(dev) for k, v in batch.items()}
-    opts = {impl: torch.optim.AdamW(m.parameters(), lr=1e-4, **({"fused": True} if cuda else {}))
-            for impl, (m, _) in built.items()}
+    opts = {
+        impl: torch.optim.AdamW(m.parameters(), lr=1e-4, **({"fused": True} if cuda else {}))
+        for impl, (m, _) in built.items()
+    }
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
 
     def step(impl: str) -> None:
@@ -149,8 +165,12 @@ def time_steps(cfg: ModernBertConfig, batch: dict[str, torch.Tensor], rounds: in
         if cuda:
             peak[impl] = torch.cuda.max_memory_allocated(dev) / 2**20
     each = interleaved({impl: lambda impl=impl: step(impl) for impl in impls}, rounds, steps, sync=sync)
-    times = {impl: [tuple(statistics.fmean(x[k] for x in t[r * steps:(r + 1) * steps]) for k in (0, 1))
-                    for r in range(rounds)] for impl, t in each.items()}  # each round's mean step
+    times = {
+        impl: [
+            tuple(statistics.fmean(x[k] for x in t[r * steps : (r + 1) * steps]) for k in (0, 1)) for r in range(rounds)
+        ]
+        for impl, t in each.items()
+    }  # each round's mean step
     return times, peak
 
 
@@ -174,8 +194,9 @@ KERNELS = {"global": ("sdpa", "jagged", "flex"), "local": ("banded", "sdpa", "fl
 the model's default first."""
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc: torch.Tensor, half: int | None,
-                        scale: float) -> torch.Tensor:
+def reference_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc: torch.Tensor, half: int | None, scale: float
+) -> torch.Tensor:
     """Softmax attention written out, in fp32: each query over the keys of its own document (`doc` (B, L)), within
     `half` of it on a local layer; (B, nh, L, hd). What every kernel is checked against (tests/test_modernbert.py
     holds the same on the CPU)."""
@@ -241,8 +262,9 @@ def measure_memory(fn: Callable[[], object], device: torch.device) -> tuple[floa
     return (after - before) / 2**20, (peak - before) / 2**20
 
 
-def check_kernel(batch: dict[str, torch.Tensor], kind: str, kernel: str, half: int, nh: int, hd: int,
-                 device: torch.device) -> float:
+def check_kernel(
+    batch: dict[str, torch.Tensor], kind: str, kernel: str, half: int, nh: int, hd: int, device: torch.device
+) -> float:
     """The kernel's largest |difference| from `reference_attention`, fp32, forward and (where the device runs it)
     backward, on the batch's first two rows."""
     two = {"input_ids": batch["input_ids"][:2], "cu_seqlens": batch["cu_seqlens"]}
@@ -253,9 +275,9 @@ def check_kernel(batch: dict[str, torch.Tensor], kind: str, kernel: str, half: i
     mask = layer_mask(kernel, doc, h, True, None, segments)
     backward = kernel != "flex" or device.type != "cpu"
     grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(device)
-    got = mask.attend(*((q, k, v) if backward else (q.detach(), k.detach(), v.detach())), 0.0, hd ** -0.5)
+    got = mask.attend(*((q, k, v) if backward else (q.detach(), k.detach(), v.detach())), 0.0, hd**-0.5)
     ref_in = qkv.detach().clone().requires_grad_()
-    ref = reference_attention(*(t.transpose(1, 2) for t in ref_in.unbind(2)), doc, h, hd ** -0.5)
+    ref = reference_attention(*(t.transpose(1, 2) for t in ref_in.unbind(2)), doc, h, hd**-0.5)
     err = (got - ref).abs().max().item()
     if backward:
         got.backward(grad)
@@ -264,8 +286,14 @@ def check_kernel(batch: dict[str, torch.Tensor], kind: str, kernel: str, half: i
     return err
 
 
-def attention_rows(batch: dict[str, torch.Tensor], cfg: ModernBertConfig, device: torch.device, dtype: torch.dtype,
-                   repeats: int = 3, check: bool = True) -> list[AttentionRow]:
+def attention_rows(
+    batch: dict[str, torch.Tensor],
+    cfg: ModernBertConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    repeats: int = 3,
+    check: bool = True,
+) -> list[AttentionRow]:
     """Each kernel of each layer kind on the batch's packed rows, with the preset's heads: the mask's build, the
     first call, the forward and the forward + backward (median of `repeats` after the first call; wall time with the
     device synchronised on CUDA, this process's CPU time on a CPU), peak memory on CUDA, and the fp32 check."""
@@ -280,6 +308,7 @@ def attention_rows(batch: dict[str, torch.Tensor], cfg: ModernBertConfig, device
     for kind, kernels in KERNELS.items():
         h = half if kind == "local" else None
         for kernel in kernels:
+
             def build(kernel=kernel, h=h):
                 return layer_mask(kernel, doc, h, True, None, segments)
 
@@ -289,10 +318,10 @@ def attention_rows(batch: dict[str, torch.Tensor], cfg: ModernBertConfig, device
 
             def forward(mask=mask):
                 with torch.no_grad():  # detached: FlexAttention on a CPU refuses inputs that want a gradient
-                    return mask.attend(q.detach(), k.detach(), v.detach(), 0.0, hd ** -0.5)
+                    return mask.attend(q.detach(), k.detach(), v.detach(), 0.0, hd**-0.5)
 
             def step(mask=mask):
-                mask.attend(q, k, v, 0.0, hd ** -0.5).backward(grad)
+                mask.attend(q, k, v, 0.0, hd**-0.5).backward(grad)
                 qkv.grad = None
 
             sync()
@@ -305,23 +334,41 @@ def attention_rows(batch: dict[str, torch.Tensor], cfg: ModernBertConfig, device
             times = interleaved(fns, 1, repeats, sync=sync)
             ms = {name: 1000 * statistics.median(x[pick] for x in t) for name, t in times.items()}
             err = check_kernel(batch, kind, kernel, half, nh, hd, device) if check else None
-            out.append(AttentionRow(L, B, kind, kernel, ms["build"], first, ms["forward"], ms.get("step"),
-                                    used and used[1], held and held[0], held and held[1], err))
+            out.append(
+                AttentionRow(
+                    L,
+                    B,
+                    kind,
+                    kernel,
+                    ms["build"],
+                    first,
+                    ms["forward"],
+                    ms.get("step"),
+                    used and used[1],
+                    held and held[0],
+                    held and held[1],
+                    err,
+                )
+            )
     return out
 
 
 def print_attention(rows: list[AttentionRow], device: str) -> None:
     clock = "ms (wall, synchronised)" if device.startswith("cuda") else "CPU ms"
-    print(f"\n| length x rows | layer | kernel | mask build {clock} (once a batch) | first call s | forward {clock} "
-          f"| forward + backward {clock} | peak MiB | mask MiB (build's peak) | max error, fp32 |")
+    print(
+        f"\n| length x rows | layer | kernel | mask build {clock} (once a batch) | first call s | forward {clock} "
+        f"| forward + backward {clock} | peak MiB | mask MiB (build's peak) | max error, fp32 |"
+    )
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     mib = lambda x: "-" if x is None else f"{x:,.0f}"  # noqa: E731
     for r in rows:
         step = "no backward here" if r.step_ms is None else f"{r.step_ms:.2f}"
         err = "-" if r.max_err is None else f"{r.max_err:.1e}"
         mask = "-" if r.mask_mib is None else f"{r.mask_mib:,.0f} ({r.build_peak_mib:,.0f})"
-        print(f"| {r.seq:,} x {r.rows} | {r.kind} | {r.kernel} | {r.build_ms:.2f} | {r.first_s:.1f} "
-              f"| {r.forward_ms:.2f} | {step} | {mib(r.peak_mib)} | {mask} | {err} |")
+        print(
+            f"| {r.seq:,} x {r.rows} | {r.kind} | {r.kernel} | {r.build_ms:.2f} | {r.first_s:.1f} "
+            f"| {r.forward_ms:.2f} | {step} | {mib(r.peak_mib)} | {mask} | {err} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
@@ -336,15 +383,25 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
     p.add_argument("--steps", type=int, default=2, help="timed steps per implementation per round")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default, one per core)")
     p.add_argument("--attention", action="store_true", help="time the attention kernels instead of the step")
-    p.add_argument("--attention-seqs", default="",
-                   help="with --attention: comma list of lengths (default --seq), each with --rows x --seq tokens")
+    p.add_argument(
+        "--attention-seqs",
+        default="",
+        help="with --attention: comma list of lengths (default --seq), each with --rows x --seq tokens",
+    )
     p.add_argument("--no-check", action="store_true", help="with --attention: no fp32 check against the reference")
     p.add_argument("--json", help="with --attention: append one JSON line of the rows to this file")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"),
-                   help="bf16: forward and loss under autocast; with --attention, the inputs' dtype")
-    p.add_argument("--impls", default=None,
-                   help=f"comma list of {', '.join(IMPLS)} (default: all on CUDA, {', '.join(CPU_IMPLS)} on a CPU)")
+    p.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=("fp32", "bf16"),
+        help="bf16: forward and loss under autocast; with --attention, the inputs' dtype",
+    )
+    p.add_argument(
+        "--impls",
+        default=None,
+        help=f"comma list of {', '.join(IMPLS)} (default: all on CUDA, {', '.join(CPU_IMPLS)} on a CPU)",
+    )
     p.add_argument("--mfu", action="store_true", help="model FLOPs per second over the device's dense bf16 peak")
     args = p.parse_args(argv)
     impls = tuple(x for x in (args.impls or ",".join(CPU_IMPLS if args.device == "cpu" else IMPLS)).split(",") if x)
@@ -356,9 +413,11 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
     torch.manual_seed(0)
     cfg = ModernBertConfig.from_preset(args.preset, vocab_size=args.vocab)
     batch = make_batch(args.rows, args.seq, args.vocab, args.mask_rate)
-    print(f"{args.preset}, {args.rows} rows x {args.seq} tokens, {len(batch['cu_seqlens']) - 1} documents, "
-          f"vocab {args.vocab}, {args.mask_rate:.0%} masked, {args.dtype}, {torch.get_num_threads()} threads, "
-          f"device {device_name(args.device)}, torch {torch.__version__}, transformers {transformers.__version__}")
+    print(
+        f"{args.preset}, {args.rows} rows x {args.seq} tokens, {len(batch['cu_seqlens']) - 1} documents, "
+        f"vocab {args.vocab}, {args.mask_rate:.0%} masked, {args.dtype}, {torch.get_num_threads()} threads, "
+        f"device {device_name(args.device)}, torch {torch.__version__}, transformers {transformers.__version__}"
+    )
     if args.attention:
         attention(args, cfg)
         return {}
@@ -380,8 +439,10 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
         if peak is None:
             print(f"no MFU: {device_name(args.device)} is not in model.flops.DENSE_BF16_PEAK")
     extra = (" | TFLOP/s | MFU" if flops else "") + (" | peak MiB" if peak_mib else "")
-    print(f"\n| implementation | step s (median of {args.rounds}) | tokens/s | vs {ref} "
-          f"| CPU s / step | vs {ref} (CPU time){extra} |")
+    print(
+        f"\n| implementation | step s (median of {args.rounds}) | tokens/s | vs {ref} "
+        f"| CPU s / step | vs {ref} (CPU time){extra} |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---:" + " | ---:" * extra.count("|") + " |")
     for impl in impls:
         cells = ""
@@ -389,8 +450,10 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
             cells += f" | {flops / wall[impl] / 1e12:.1f} | " + (f"{flops / wall[impl] / peak:.1%}" if peak else "-")
         if peak_mib:
             cells += f" | {peak_mib[impl]:,.0f}"
-        print(f"| {impl} | {wall[impl]:.3f} | {tokens / wall[impl]:,.0f} | {wall[ref] / wall[impl]:.2f}x "
-              f"| {cpu[impl]:.3f} | {cpu[ref] / cpu[impl]:.2f}x{cells} |")
+        print(
+            f"| {impl} | {wall[impl]:.3f} | {tokens / wall[impl]:,.0f} | {wall[ref] / wall[impl]:.2f}x "
+            f"| {cpu[impl]:.3f} | {cpu[ref] / cpu[impl]:.2f}x{cells} |"
+        )
     return {impl: (wall[impl], cpu[impl]) for impl in impls}
 
 
@@ -409,13 +472,26 @@ def attention(args: argparse.Namespace, cfg: ModernBertConfig) -> list[Attention
         for kind in KERNELS:
             mine = [r for r in rows if r.seq == L and r.kind == kind]
             best = min(mine, key=lambda r: (r.step_ms is None, r.step_ms or r.forward_ms))
-            print(f"fastest {kind} kernel at {L:,}: {best.kernel} "
-                  f"({'forward + backward' if best.step_ms is not None else 'forward'})")
+            print(
+                f"fastest {kind} kernel at {L:,}: {best.kernel} "
+                f"({'forward + backward' if best.step_ms is not None else 'forward'})"
+            )
     if args.json:
         with open(args.json, "a") as f:
-            f.write(json.dumps({"setting": {"preset": args.preset, "device": device_name(args.device),
-                                            "dtype": args.dtype, "tokens": args.rows * args.seq},
-                                "rows": [dataclasses.asdict(r) for r in rows]}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "setting": {
+                            "preset": args.preset,
+                            "device": device_name(args.device),
+                            "dtype": args.dtype,
+                            "tokens": args.rows * args.seq,
+                        },
+                        "rows": [dataclasses.asdict(r) for r in rows],
+                    }
+                )
+                + "\n"
+            )
     return rows
 
 

@@ -44,7 +44,8 @@ less its kernels'), and the longest kernels; on the CPU the operators' own time.
 The "warm-up s" column is the time to build an implementation and run its warm-up steps: for the compiled ones,
 mostly compilation (with inductor's caches as they were: empty on a fresh machine).
 
-FLOPs are counted analytically (matmuls only, backward = 2x forward) on the real tokens (`model.flops.train_flops`, the formula the training loop's `train/mfu` uses).
+FLOPs are counted analytically (matmuls only, backward = 2x forward) on the real tokens (`model.flops.train_flops`,
+the formula the training loop's `train/mfu` uses).
 MFU is achieved FLOP/s over `--peak-tflops`, by default on CUDA the H100 SXM's dense bf16 datasheet figure
 (989.4 TFLOP/s: the basis of the published references, ../shared/GPU.md). `--mfu` also measures the dense
 matmul rate of this device and prints the fraction of it ("of GEMM"): how close the step is to what the chip
@@ -78,8 +79,20 @@ from model import BertConfig, BertForPreTraining  # noqa: E402
 from model.flops import train_flops  # noqa: E402
 from measure import interleaved  # noqa: E402
 
-FEATURES = ("real", "fused", "mask", "unpad", "compile", "autotune", "cudagraphs", "whole", "drop0", "vocab64", "nodrop",
-            "fp8")
+FEATURES = (
+    "real",
+    "fused",
+    "mask",
+    "unpad",
+    "compile",
+    "autotune",
+    "cudagraphs",
+    "whole",
+    "drop0",
+    "vocab64",
+    "nodrop",
+    "fp8",
+)
 COMPILE_MODES = {"compile": None, "autotune": "max-autotune-no-cudagraphs", "cudagraphs": "reduce-overhead"}
 H100_BF16_PEAK_TFLOPS = 989.4
 """The H100 SXM's dense bf16 peak from its datasheet: the one MFU basis (../shared/GPU.md)."""
@@ -101,7 +114,7 @@ class Impl:
         Traceback (most recent call last):
         ...
         ValueError: --impls: unknown feature 'turbo' in 'ours+turbo' (real, fused, mask, unpad, compile, autotune, cudagraphs, whole, drop0, vocab64, nodrop, fp8)
-        """
+        """  # noqa: E501
         name, *feats = spec.strip().split("+")
         if name not in ("ours", "transformers"):
             raise ValueError(f"--impls: {spec!r} is neither ours[+feature...] nor transformers")
@@ -118,9 +131,13 @@ class Impl:
         if "whole" in feats and not modes:
             raise ValueError(f"--impls: {spec!r}: whole goes with one of {', '.join(COMPILE_MODES)}")
         if "fp8" in feats and "unpad" in feats:
-            raise ValueError(f"--impls: {spec!r}: fp8 wants static shapes (its scales), unpad gives a new one per batch")
+            raise ValueError(
+                f"--impls: {spec!r}: fp8 wants static shapes (its scales), unpad gives a new one per batch"
+            )
         if modes and "unpad" in feats:
-            raise ValueError(f"--impls: {spec!r}: a compiled encoder wants one shape, unpad gives it a new one per batch")
+            raise ValueError(
+                f"--impls: {spec!r}: a compiled encoder wants one shape, unpad gives it a new one per batch"
+            )
         return cls(name, frozenset(feats))
 
     def __str__(self) -> str:
@@ -174,8 +191,12 @@ def make_batch(impl: Impl, rows: dict[str, Any], seq: int, device: str) -> dict[
     rows_, cols = (pos >= 0).nonzero(as_tuple=True)
     labels[rows_, pos[rows_, cols]] = ids[rows_, cols]
     # MLM-only rows (label -1) get NSP label 0: transformers returns no loss without one; its head costs ~nothing.
-    out = {"input_ids": b["input_ids"], "token_type_ids": b["token_type_ids"], "labels": labels,
-           "next_sentence_label": b["next_sentence_label"].clamp(min=0)}
+    out = {
+        "input_ids": b["input_ids"],
+        "token_type_ids": b["token_type_ids"],
+        "labels": labels,
+        "next_sentence_label": b["next_sentence_label"].clamp(min=0),
+    }
     if "attention_mask" in b:
         out["attention_mask"] = b["attention_mask"]
     return {k: v.to(device) for k, v in out.items()}
@@ -199,8 +220,12 @@ def build(impl: Impl, cfg: BertConfig, device: str) -> torch.nn.Module:
         if "fp8" in impl.features:  # before compiling: the compiled layers then fuse FP8's casts and scales
             from torchao.float8 import convert_to_float8_training
 
-            convert_to_float8_training(model.bert.encoder, module_filter_fn=lambda m, _name: isinstance(m, torch.nn.Linear)
-                                       and m.in_features % 16 == 0 and m.out_features % 16 == 0)
+            convert_to_float8_training(
+                model.bert.encoder,
+                module_filter_fn=lambda m, _name: (
+                    isinstance(m, torch.nn.Linear) and m.in_features % 16 == 0 and m.out_features % 16 == 0
+                ),
+            )
         if impl.compile_mode is not False and "whole" in impl.features:
             model.bert.encoder.compile(dynamic=False, mode=impl.compile_mode)
         elif impl.compile_mode is not False:  # in place, as the worker does (`train.compile`)
@@ -214,8 +239,9 @@ def build(impl: Impl, cfg: BertConfig, device: str) -> torch.nn.Module:
     return ref.to(device).train()
 
 
-def make_step(impl: Impl, model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: str,
-              device: str) -> Callable[[], Any]:
+def make_step(
+    impl: Impl, model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: str, device: str
+) -> Callable[[], Any]:
     if "real" in impl.features:  # the product's step, exactly as the pretraining loop calls it
         from pipeline.core.optim import make_optimizer
         from pipeline.core.step import Trainable, train_step
@@ -228,8 +254,16 @@ def make_step(impl: Impl, model: torch.nn.Module, batch: dict[str, torch.Tensor]
         host = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         work = flop_counter(model.config)(host) if device == "cuda" else None
         flops = (lambda _b: work) if work is not None else None
-        return lambda: train_step(t, [batch], accumulation=1, counts=counts, summarise=summarise,
-                                  device=torch.device(device), precision=dtype, flops=flops)
+        return lambda: train_step(
+            t,
+            [batch],
+            accumulation=1,
+            counts=counts,
+            summarise=summarise,
+            device=torch.device(device),
+            precision=dtype,
+            flops=flops,
+        )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused="fused" in impl.features or None)
     autocast = torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=dtype == "bf16")
 
@@ -296,9 +330,29 @@ def memory_child(args: argparse.Namespace) -> None:
 
 
 def peak_memory(args: argparse.Namespace, impl: Impl, dtype: str) -> float:
-    cmd = [sys.executable, __file__, "--child-memory", "--impl", str(impl), "--child-dtype", dtype, "--preset",
-           args.preset, "--batch", str(args.batch), "--seq", str(args.seq), "--masked", str(args.masked),
-           "--device", args.device, "--threads", str(args.threads), "--data", args.data]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child-memory",
+        "--impl",
+        str(impl),
+        "--child-dtype",
+        dtype,
+        "--preset",
+        args.preset,
+        "--batch",
+        str(args.batch),
+        "--seq",
+        str(args.seq),
+        "--masked",
+        str(args.masked),
+        "--device",
+        args.device,
+        "--threads",
+        str(args.threads),
+        "--data",
+        args.data,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_bytes"]
 
@@ -309,23 +363,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--masked", type=int, default=20, help="max masked positions per sequence")
-    p.add_argument("--data", choices=("padded", "packed"), default="padded",
-                   help="padded: NSP-like, ~10%% short rows; packed: MLM-only, every row full length")
+    p.add_argument(
+        "--data",
+        choices=("padded", "packed"),
+        default="padded",
+        help="padded: NSP-like, ~10%% short rows; packed: MLM-only, every row full length",
+    )
     p.add_argument("--dtype", choices=("fp32", "bf16", "both"), default="both")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=3, help="timed steps per round")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the order flips each round)")
-    p.add_argument("--impls", default="transformers,ours",
-                   help="comma list of transformers and ours[+feature...] (module docstring); the first is the "
-                        "reference of the ratios")
+    p.add_argument(
+        "--impls",
+        default="transformers,ours",
+        help="comma list of transformers and ours[+feature...] (module docstring); the first is the "
+        "reference of the ratios",
+    )
     p.add_argument("--mfu", action="store_true", help="also measure this device's matmul rate (the 'of GEMM' column)")
-    p.add_argument("--peak-tflops", type=float, default=None,
-                   help=f"the MFU denominator (default on cuda: {H100_BF16_PEAK_TFLOPS}, the H100 SXM's dense bf16 "
-                        "datasheet peak; on cpu: none, no MFU column)")
-    p.add_argument("--profile", action="store_true",
-                   help="after timing, profile --steps more steps of each implementation: where the time goes")
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help=f"the MFU denominator (default on cuda: {H100_BF16_PEAK_TFLOPS}, the H100 SXM's dense bf16 "
+        "datasheet peak; on cpu: none, no MFU column)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after timing, profile --steps more steps of each implementation: where the time goes",
+    )
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     p.add_argument("--json", help="also append the setting and the rows to this file, as one JSON line")
     p.add_argument("--child-memory", action="store_true", help=argparse.SUPPRESS)
@@ -343,8 +411,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def warm_up(args: argparse.Namespace, cfg: BertConfig, rows_in: dict[str, Any], dtype: str
-            ) -> tuple[dict[Impl, Callable[[], Any]], dict[Impl, float], dict[Impl, float]]:
+def warm_up(
+    args: argparse.Namespace, cfg: BertConfig, rows_in: dict[str, Any], dtype: str
+) -> tuple[dict[Impl, Callable[[], Any]], dict[Impl, float], dict[Impl, float]]:
     """Build each implementation's step and warm it up (allocator, autotuning, compilation, lazy init), one after
     the other; returns the steps, the peak memory (CUDA) and the seconds each took to build and warm up. On CUDA
     its peak memory is measured here, in this process: the most allocated while it was built and warmed up, above
@@ -357,14 +426,21 @@ def warm_up(args: argparse.Namespace, cfg: BertConfig, rows_in: dict[str, Any], 
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
         try:
-            steps[impl] = make_step(impl, build(impl, cfg, args.device), make_batch(impl, rows_in, args.seq, args.device),
-                                    dtype, args.device)
+            steps[impl] = make_step(
+                impl,
+                build(impl, cfg, args.device),
+                make_batch(impl, rows_in, args.seq, args.device),
+                dtype,
+                args.device,
+            )
             for _ in range(args.warmup):
                 steps[impl]()
         except Exception as e:  # a try that cannot run here (no torchao, no FP8 on this device) costs its own row only
             steps.pop(impl, None)
-            print(f"  {impl}: failed, left out: {type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}",
-                  flush=True)
+            print(
+                f"  {impl}: failed, left out: {type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}",  # noqa: E501
+                flush=True,
+            )
             if args.device == "cuda":
                 torch.cuda.empty_cache()
             continue
@@ -413,7 +489,7 @@ def kernel_kind(name: str) -> str:
     ('GEMM', 'fused (Triton)')
     >>> kernel_kind("pytorch_flash::flash_fwd_kernel<...>"), kernel_kind("void at::native::vectorized_elementwise_kernel")
     ('attention', 'element-wise')
-    """
+    """  # noqa: E501
     low = name.lower()
     return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
 
@@ -447,8 +523,14 @@ def profile_steps(args: argparse.Namespace, impl: Impl, step: Callable[[], Any])
         kinds[kind] = kinds.get(kind, 0.0) + ms
     busy = sum(per.values())
     top = sorted(((ms, name) for name, ms in per.items()), reverse=True)[:12]
-    print(f"\nprofile of {impl} ({n} steps): wall {wall:.1f} ms a step, "
-          + (f"kernels {busy:.1f} ms, GPU idle {max(0.0, wall - busy):.1f} ms" if cuda else f"operators' own {busy:.1f} ms"))
+    print(
+        f"\nprofile of {impl} ({n} steps): wall {wall:.1f} ms a step, "
+        + (
+            f"kernels {busy:.1f} ms, GPU idle {max(0.0, wall - busy):.1f} ms"
+            if cuda
+            else f"operators' own {busy:.1f} ms"
+        )
+    )
     print("| kind | ms per step | share of the step |\n|---|---:|---:|")
     for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1]):
         print(f"| {kind} | {ms:.2f} | {ms / wall:.1%} |")
@@ -461,9 +543,13 @@ def profile_steps(args: argparse.Namespace, impl: Impl, step: Callable[[], Any])
 def time_steps(args: argparse.Namespace, steps: dict[Impl, Callable[[], Any]]) -> dict[Impl, list[float]]:
     """Wall seconds of each timed step: `rounds` rounds of `steps` steps of each, the order reversed every other
     round (`measure.interleaved`)."""
+
     def progress(r: int, times: dict) -> None:
-        print(f"  round {r + 1}/{args.rounds}: " + ", ".join(
-            f"{i} {statistics.median(w for w, _ in times[i][-args.steps:]) * 1e3:.1f} ms" for i in times), flush=True)
+        print(
+            f"  round {r + 1}/{args.rounds}: "
+            + ", ".join(f"{i} {statistics.median(w for w, _ in times[i][-args.steps :]) * 1e3:.1f} ms" for i in times),
+            flush=True,
+        )
 
     times = interleaved(steps, args.rounds, args.steps, sync=lambda: sync(args.device), on_round=progress)
     return {impl: [wall for wall, _ in t] for impl, t in times.items()}
@@ -473,7 +559,7 @@ def paired_ratio(times: dict[Impl, list[float]], ref: Impl, impl: Impl, k: int) 
     """Median over rounds of (reference's round median / impl's round median): adjacent measurements, so load
     drift on a shared machine cancels better than in two medians taken minutes apart."""
     rounds = len(times[ref]) // k
-    med = lambda i, r: statistics.median(times[i][r * k:(r + 1) * k])  # noqa: E731
+    med = lambda i, r: statistics.median(times[i][r * k : (r + 1) * k])  # noqa: E731
     return statistics.median(med(ref, r) / med(impl, r) for r in range(rounds))
 
 
@@ -495,11 +581,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     real, slots = sum(lengths), args.batch * args.seq
     valid = sum(len(r) for r in rows_in["masked_lm_positions"])
     dtypes = ["fp32", "bf16"] if args.dtype == "both" else [args.dtype]
-    print(f"preset={args.preset} ({cfg.num_hidden_layers}L H{cfg.hidden_size} A{cfg.num_attention_heads} "
-          f"V{cfg.vocab_size}) batch={args.batch} seq={args.seq} data={args.data} ({real} real tokens of {slots}) "
-          f"masked<={args.masked} (valid {valid}) device={args.device} threads={args.threads} "
-          f"torch={torch.__version__}" + (f" gpu={torch.cuda.get_device_name()}" if args.device == "cuda" else ""),
-          flush=True)
+    print(
+        f"preset={args.preset} ({cfg.num_hidden_layers}L H{cfg.hidden_size} A{cfg.num_attention_heads} "
+        f"V{cfg.vocab_size}) batch={args.batch} seq={args.seq} data={args.data} ({real} real tokens of {slots}) "
+        f"masked<={args.masked} (valid {valid}) device={args.device} threads={args.threads} "
+        f"torch={torch.__version__}" + (f" gpu={torch.cuda.get_device_name()}" if args.device == "cuda" else ""),
+        flush=True,
+    )
 
     rows: list[dict[str, Any]] = []
     for dtype in dtypes:
@@ -524,16 +612,27 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             mlm_rows = valid if impl.name == "ours" else slots
             flops = train_flops(model_config(impl, cfg), lengths, mlm_rows)
             mem = None if args.no_memory else peaks.get(impl) or peak_memory(args, impl, dtype)
-            rows.append({
-                "impl": str(impl), "dtype": dtype, "ms": sec * 1e3, "best_ms": min(times[impl]) * 1e3,
-                "tok_s": real / sec, "slots_s": slots / sec, "seq_s": args.batch / sec, "gflop": flops / 1e9,
-                "tflops": flops / sec / 1e12,
-                "mfu": flops / sec / (args.peak_tflops * 1e12) if args.peak_tflops else None,
-                "of_gemm": flops / sec / rate if rate else None, "gemm_tflops": rate / 1e12 if rate else None,
-                "peak_mib": mem / 2**20 if mem else None, "warmup_s": warm_s[impl],
-                "vs_first": paired_ratio(times, impls[0], impl, args.steps), "host_sync": syncs.get(impl),
-                "profile": profiles.get(impl),
-            })
+            rows.append(
+                {
+                    "impl": str(impl),
+                    "dtype": dtype,
+                    "ms": sec * 1e3,
+                    "best_ms": min(times[impl]) * 1e3,
+                    "tok_s": real / sec,
+                    "slots_s": slots / sec,
+                    "seq_s": args.batch / sec,
+                    "gflop": flops / 1e9,
+                    "tflops": flops / sec / 1e12,
+                    "mfu": flops / sec / (args.peak_tflops * 1e12) if args.peak_tflops else None,
+                    "of_gemm": flops / sec / rate if rate else None,
+                    "gemm_tflops": rate / 1e12 if rate else None,
+                    "peak_mib": mem / 2**20 if mem else None,
+                    "warmup_s": warm_s[impl],
+                    "vs_first": paired_ratio(times, impls[0], impl, args.steps),
+                    "host_sync": syncs.get(impl),
+                    "profile": profiles.get(impl),
+                }
+            )
     print_table(args, rows)
     if args.json:
         setting = {k: v for k, v in vars(args).items() if k not in ("impl_list", "impl") and not k.startswith("child")}
@@ -546,15 +645,19 @@ def print_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     peak = f"MFU ({args.peak_tflops:g} TFLOP/s peak)" if args.peak_tflops else "MFU"
     first = rows[0]["impl"] if rows else str(args.impl_list[0])  # the reference each row's ratio is against
     print()
-    print(f"| impl | dtype | step ms (median) | best ms | real tokens/s | seq/s | GFLOP/step | achieved TFLOP/s | {peak} "
-          f"| of GEMM | peak MiB | warm-up s | speed ÷ {first} (paired) |")
+    print(
+        f"| impl | dtype | step ms (median) | best ms | real tokens/s | seq/s | GFLOP/step | achieved TFLOP/s | {peak} "
+        f"| of GEMM | peak MiB | warm-up s | speed ÷ {first} (paired) |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     pct = lambda x: f"{x:.1%}" if x is not None else "-"  # noqa: E731
     for r in rows:
         mem = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "-"
-        print(f"| {r['impl']} | {r['dtype']} | {r['ms']:.1f} | {r['best_ms']:.1f} | {r['tok_s']:,.0f} | "
-              f"{r['seq_s']:,.1f} | {r['gflop']:.1f} | {r['tflops']:.3f} | {pct(r['mfu'])} | {pct(r['of_gemm'])} | "
-              f"{mem} | {r['warmup_s']:.1f} | {r['vs_first']:.2f}x |")
+        print(
+            f"| {r['impl']} | {r['dtype']} | {r['ms']:.1f} | {r['best_ms']:.1f} | {r['tok_s']:,.0f} | "
+            f"{r['seq_s']:,.1f} | {r['gflop']:.1f} | {r['tflops']:.3f} | {pct(r['mfu'])} | {pct(r['of_gemm'])} | "
+            f"{mem} | {r['warmup_s']:.1f} | {r['vs_first']:.2f}x |"
+        )
     for r in rows:
         if r["host_sync"] is not None:
             print(f"host syncs in a step of {r['impl']} ({r['dtype']}): {r['host_sync']}")

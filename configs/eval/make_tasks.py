@@ -33,8 +33,11 @@ from pathlib import Path
 import numpy as np
 
 ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`([^`]+)`|``([^`]+)``")
-SIZES = {"same_page": {"train": 1200, "dev": 300, "test": 300}, "code_spans": {"train": 800, "dev": 200, "test": 200},
-         "pydocs_search": {"train": 1200, "dev": 150, "test": 150}}
+SIZES = {
+    "same_page": {"train": 1200, "dev": 300, "test": 300},
+    "code_spans": {"train": 800, "dev": 200, "test": 200},
+    "pydocs_search": {"train": 1200, "dev": 150, "test": 150},
+}
 SENTENCE_END = re.compile(r"(?<=[a-z0-9)\]][.!?])\s+(?=[A-Z])")
 """Where a paragraph's first sentence ends: '.', '!' or '?' after a lower-case letter, digit or bracket, then a
 capital (so `e.g. Foo` and `os.path.join` do not end one)."""
@@ -69,7 +72,7 @@ def _spans(text: str) -> tuple[list[str], list[str]]:
     """(words, tags): B-CODE/I-CODE for the words of inline code, O for the rest."""
     words, tags, pos = [], [], 0
     for m in ROLE.finditer(text):
-        for w in text[pos:m.start()].split():
+        for w in text[pos : m.start()].split():
             words.append(w), tags.append("O")
         for i, w in enumerate(_span_text(m).split()):
             words.append(w), tags.append("B-CODE" if i == 0 else "I-CODE")
@@ -103,7 +106,7 @@ def code_spans(pages: dict[str, list[str]], n: int, rng: np.random.Generator) ->
         for p in pages[u]:
             words, tags = _spans(p)
             for k in range(0, len(words), 40):
-                w, t = words[k:k + 40], tags[k:k + 40]
+                w, t = words[k : k + 40], tags[k : k + 40]
                 # markup the pattern does not read (an unclosed ``, a nested role) leaves the piece out
                 if len(w) >= 8 and any(x != "O" for x in t) and not any("`" in x for x in w):
                     if t[0] == "I-CODE":
@@ -122,7 +125,7 @@ def search_pairs(pages: dict[str, list[str]]) -> list[tuple[str, str, str]]:
             m = SENTENCE_END.search(text)
             if m is None:
                 continue
-            query, rest = text[:m.start()], text[m.end():].split()
+            query, rest = text[: m.start()], text[m.end() :].split()
             if 6 <= len(query.split()) <= 40 and len(rest) >= 12:
                 out.append((f"{u.split('/3.11/', 1)[-1]}#{k}", query.replace("\t", " "), " ".join(rest[:48])))
     return out

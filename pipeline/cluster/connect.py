@@ -14,8 +14,8 @@ import signal
 import socket
 from typing import Any
 
-from pipeline.errors import PipelineError
 from pipeline.config import ConfigError
+from pipeline.errors import PipelineError
 
 RAY_DATA_LOGGING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_data_logging.yaml")
 
@@ -77,8 +77,11 @@ def _own_address(local: bool):
     from ray._private.services import get_node_ip_address
 
     port = free_port()
-    with environ(RAY_GCS_SERVER_PORT=str(port), RAY_ADDRESS=f"{get_node_ip_address()}:{port}",
-                 RAY_DATA_LOGGING_CONFIG=os.environ.get("RAY_DATA_LOGGING_CONFIG") or RAY_DATA_LOGGING):
+    with environ(
+        RAY_GCS_SERVER_PORT=str(port),
+        RAY_ADDRESS=f"{get_node_ip_address()}:{port}",
+        RAY_DATA_LOGGING_CONFIG=os.environ.get("RAY_DATA_LOGGING_CONFIG") or RAY_DATA_LOGGING,
+    ):
         yield port
 
 
@@ -99,6 +102,7 @@ def environ(**values: str):
 
 IDLE_WORKER_KEEP_MS = 10_000
 """How long a private local cluster keeps an idle Ray worker process beyond Ray's soft limit (Ray's default: 1 s)."""
+
 
 def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
     """`ray.init` on RAY_ADDRESS when set, else on a new private local cluster; returns the address used.
@@ -124,8 +128,10 @@ def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
         if address == "auto" and gcs is None:
             raise RayStartError("RAY_ADDRESS=auto but no running Ray cluster was found on this machine (ray start?)")
         if gcs is not None and not _reachable(gcs):
-            raise RayStartError(f"no Ray cluster answers at {gcs} (RAY_ADDRESS={address}); start it, or unset "
-                                f"RAY_ADDRESS to run on a private local Ray")
+            raise RayStartError(
+                f"no Ray cluster answers at {gcs} (RAY_ADDRESS={address}); start it, or unset "
+                f"RAY_ADDRESS to run on a private local Ray"
+            )
     try:
         # Workers log Ray's own INFO chatter (Train checkpoints, Data executions) only to the session's log
         # files; the console keeps our progress lines, warnings and errors.
@@ -134,8 +140,14 @@ def connect(num_cpus: int | None = None, *, log_to_driver: bool = True) -> str:
         handler = signal.getsignal(signal.SIGTERM)
         with _own_address(address == "local") as gcs_port:
             local = {"num_cpus": num_cpus} if gcs_port else {}
-            ray.init(address=address, configure_logging=False, log_to_driver=log_to_driver, include_dashboard=False,
-                     logging_config=ray.LoggingConfig(encoding="TEXT", log_level="WARNING"), **local)
+            ray.init(
+                address=address,
+                configure_logging=False,
+                log_to_driver=log_to_driver,
+                include_dashboard=False,
+                logging_config=ray.LoggingConfig(encoding="TEXT", log_level="WARNING"),
+                **local,
+            )
         if callable(handler):  # Ray's core worker installs its own (it aborts the process): keep the job's
             signal.signal(signal.SIGTERM, handler)
     except Exception as e:  # noqa: BLE001 - e.g. "node timed out during startup" on an overloaded machine
@@ -175,8 +187,10 @@ def check_local_gpu(section: str, use_gpu: bool) -> None:
     import torch
 
     if torch.cuda.device_count() < 1:
-        raise ConfigError(f"{section}.use_gpu is true but the Ray cluster has no GPU (a private local cluster: "
-                          f"torch {torch.__version__} sees no CUDA device on this machine)")
+        raise ConfigError(
+            f"{section}.use_gpu is true but the Ray cluster has no GPU (a private local cluster: "
+            f"torch {torch.__version__} sees no CUDA device on this machine)"
+        )
 
 
 def check_resources(section: str, *, use_gpu: bool, num_workers: int, cpus_per_worker: float) -> None:
@@ -186,14 +200,20 @@ def check_resources(section: str, *, use_gpu: bool, num_workers: int, cpus_per_w
 
     res = ray.cluster_resources()
     if use_gpu and res.get("GPU", 0) < 1:
-        raise ConfigError(f"{section}.use_gpu is true but the Ray cluster has no GPU "
-                          f"(resources: {', '.join(f'{k}={v:g}' for k, v in sorted(res.items()) if k in ('CPU', 'GPU'))})")
+        raise ConfigError(
+            f"{section}.use_gpu is true but the Ray cluster has no GPU "
+            f"(resources: {', '.join(f'{k}={v:g}' for k, v in sorted(res.items()) if k in ('CPU', 'GPU'))})"
+        )
     if use_gpu and res.get("GPU", 0) < num_workers:
-        raise ConfigError(f"{section}.num_workers {num_workers} needs {num_workers} GPUs; the cluster has {res.get('GPU', 0):g}")
+        raise ConfigError(
+            f"{section}.num_workers {num_workers} needs {num_workers} GPUs; the cluster has {res.get('GPU', 0):g}"
+        )
     need = num_workers * cpus_per_worker
     if res.get("CPU", 0) < need:
-        raise ConfigError(f"{section}.num_workers {num_workers} x cpus_per_worker {cpus_per_worker:g} = {need:g} CPUs; "
-                          f"the cluster has {res.get('CPU', 0):g}")
+        raise ConfigError(
+            f"{section}.num_workers {num_workers} x cpus_per_worker {cpus_per_worker:g} = {need:g} CPUs; "
+            f"the cluster has {res.get('CPU', 0):g}"
+        )
 
 
 FOOTER_FILES_PER_READER = 10
@@ -212,7 +232,8 @@ def read_parquet(paths: list[str], **kwargs: Any):
     import ray.data
 
     actors = os.environ.get("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS") or str(
-        min(32, max(1, -(-len(paths) // FOOTER_FILES_PER_READER))))
+        min(32, max(1, -(-len(paths) // FOOTER_FILES_PER_READER)))
+    )
     with environ(RAY_DATA_PARQUET_FOOTER_NUM_ACTORS=actors):
         return ray.data.read_parquet(paths, **kwargs)
 
@@ -249,5 +270,3 @@ def quiet_ray_train() -> None:
         logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
     except ImportError:
         pass
-
-

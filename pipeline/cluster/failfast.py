@@ -16,7 +16,6 @@ from ray.train import UserCallback
 
 from pipeline.errors import is_transient, root_cause
 
-
 _CONTROLLER_LOGGER = "ray.train.v2._internal.execution.controller.controller"
 
 

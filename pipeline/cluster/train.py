@@ -36,8 +36,16 @@ class Scale:
         return (self.min_workers, self.num_workers)
 
 
-def fit(loop: Callable[[Any], None], handoff: Any, *, name: str, storage_path: str, scale: Scale,
-        datasets: dict[str, Any] | None = None, dataset_config: Any = None):
+def fit(
+    loop: Callable[[Any], None],
+    handoff: Any,
+    *,
+    name: str,
+    storage_path: str,
+    scale: Scale,
+    datasets: dict[str, Any] | None = None,
+    dataset_config: Any = None,
+):
     """Run `loop(handoff)` on `scale.num_workers` Ray Train workers (as few as `scale.min_workers` when set: Ray
     Train restarts the group at the size that fits, from the newest checkpoint, and `WorkerCount` prints a line
     each time the size changes; DDP set up by Ray); `handoff` is what the
@@ -58,14 +66,21 @@ def fit(loop: Callable[[Any], None], handoff: Any, *, name: str, storage_path: s
         kwargs["dataset_config"] = dataset_config
     trainer = trainer_class()(
         functools.partial(_noting_traceback, loop, handoff),  # no train_loop_config: Ray Train calls it as it is
-        scaling_config=ScalingConfig(num_workers=elastic, use_gpu=scale.use_gpu,
-                                     resources_per_worker=resources, placement_strategy=scale.placement_strategy),
-        run_config=RunConfig(name=name, storage_path=storage_path,
-                             failure_config=FailureConfig(max_failures=scale.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=scale.num_to_keep),
-                             callbacks=[FailFast(), WorkerCount(elastic[0] if isinstance(elastic, tuple) else None)],
-                             # Ray Train's INFO (worker group start, checkpoints, reports) to its log files only
-                             logging_config=LoggingConfig(log_level="WARNING")),
+        scaling_config=ScalingConfig(
+            num_workers=elastic,
+            use_gpu=scale.use_gpu,
+            resources_per_worker=resources,
+            placement_strategy=scale.placement_strategy,
+        ),
+        run_config=RunConfig(
+            name=name,
+            storage_path=storage_path,
+            failure_config=FailureConfig(max_failures=scale.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=scale.num_to_keep),
+            callbacks=[FailFast(), WorkerCount(elastic[0] if isinstance(elastic, tuple) else None)],
+            # Ray Train's INFO (worker group start, checkpoints, reports) to its log files only
+            logging_config=LoggingConfig(log_level="WARNING"),
+        ),
         **kwargs,
     )
     result = trainer.fit()
@@ -137,8 +152,15 @@ def checkpoints(storage_path: str, name: str) -> list[tuple[str, dict[str, Any] 
         except StorageError as e:
             state, why = None, str(e)
         step = int(state.get("step", -1)) if isinstance(state, dict) else float("inf")
-        found.append((step, ckpt.rsplit("/", 1)[-1], uri, state if isinstance(state, dict) else None,
-                      why or (None if isinstance(state, dict) else "train_state.json is not a JSON object")))
+        found.append(
+            (
+                step,
+                ckpt.rsplit("/", 1)[-1],
+                uri,
+                state if isinstance(state, dict) else None,
+                why or (None if isinstance(state, dict) else "train_state.json is not a JSON object"),
+            )
+        )
     return [(uri, state, why) for _, _, uri, state, why in sorted(found, key=lambda f: (f[0], f[1]), reverse=True)]
 
 
@@ -196,8 +218,9 @@ def checkpoint_dir(background: bool) -> Iterator[str]:
     yield tempfile.mkdtemp(prefix="checkpoint-upload-")
 
 
-def report(metrics: dict[str, Any], checkpoint_dir: str | None = None, *, background: bool = False,
-           deferred: Any = None) -> None:
+def report(
+    metrics: dict[str, Any], checkpoint_dir: str | None = None, *, background: bool = False, deferred: Any = None
+) -> None:
     """Report metrics (and a checkpoint directory, copied into storage by Ray Train) from every rank. With
     `background`, Ray Train's CheckpointUploadMode.ASYNC: the call returns once the ranks agree on the checkpoint's
     name, a Ray Train thread uploads it, then deletes the local directory, and only then registers it (what
@@ -230,8 +253,13 @@ def report(metrics: dict[str, Any], checkpoint_dir: str | None = None, *, backgr
         # an unwritten snapshot goes with it, and the next checkpoint does not wait for it
         weakref.finalize(upload, deferred.drop)
     try:
-        ray.train.report(metrics, checkpoint=ckpt, checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
-                         delete_local_checkpoint_after_upload=True, checkpoint_upload_fn=upload)
+        ray.train.report(
+            metrics,
+            checkpoint=ckpt,
+            checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+            delete_local_checkpoint_after_upload=True,
+            checkpoint_upload_fn=upload,
+        )
     except BaseException:
         if deferred is not None:
             deferred.drop()

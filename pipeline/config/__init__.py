@@ -14,8 +14,20 @@ import os
 
 from pipeline.config.parser import alias, config_parser, config_path, load_sections, parse
 from pipeline.config.paths import phase_data_configs, resolve_path, resolve_paths
-from pipeline.config.sections import (SECTIONS, BaseTrainConfig, Config, ConfigError, DataConfig, ModelConfig,
-                                      PhaseConfig, SourceConfig, TrackingConfig, TrainConfig, config_hash, flatten)
+from pipeline.config.sections import (
+    SECTIONS,
+    BaseTrainConfig,
+    Config,
+    ConfigError,
+    DataConfig,
+    ModelConfig,
+    PhaseConfig,
+    SourceConfig,
+    TrackingConfig,
+    TrainConfig,
+    config_hash,
+    flatten,
+)
 
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> Config:
@@ -23,6 +35,26 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
     return Config(**load_sections(path, overrides, SECTIONS))
 
 
-__all__ = ["SECTIONS", "BaseTrainConfig", "Config", "ConfigError", "DataConfig", "ModelConfig", "PhaseConfig",
-           "SourceConfig", "TrackingConfig", "TrainConfig", "alias", "config_hash", "config_parser", "config_path",
-           "flatten", "load_config", "load_sections", "parse", "phase_data_configs", "resolve_path", "resolve_paths"]
+__all__ = [
+    "SECTIONS",
+    "BaseTrainConfig",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "ModelConfig",
+    "PhaseConfig",
+    "SourceConfig",
+    "TrackingConfig",
+    "TrainConfig",
+    "alias",
+    "config_hash",
+    "config_parser",
+    "config_path",
+    "flatten",
+    "load_config",
+    "load_sections",
+    "parse",
+    "phase_data_configs",
+    "resolve_path",
+    "resolve_paths",
+]

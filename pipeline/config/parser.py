@@ -56,11 +56,14 @@ def _yaml12_loader() -> type:
     base = get_yaml_default_loader()
 
     class Yaml12Loader(base):  # type: ignore[misc, valid-type]
-        yaml_implicit_resolvers = {k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:bool"]
-                                   for k, v in base.yaml_implicit_resolvers.items()}
+        yaml_implicit_resolvers = {
+            k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:bool"]
+            for k, v in base.yaml_implicit_resolvers.items()
+        }
 
-    Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                                       list("tTfF"))
+    Yaml12Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+    )
     return Yaml12Loader
 
 
@@ -98,11 +101,23 @@ def config_parser(sections: dict[str, type], description: str | None = None) -> 
 
     set_loader(_LOADER_MODE, _yaml12_load, exceptions=(yaml.YAMLError,))
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    parser = ArgumentParser(description=description, exit_on_error=False, conflict_handler="resolve",
-                            usage="%(prog)s [options] [--config FILE] [--section.field VALUE ...]",
-                            formatter_class=Formatter, env_prefix=False, default_env=False, parser_mode=_LOADER_MODE)
-    parser.add_argument("--config", action=ActionConfigFile, help="YAML preset (sections: " + ", ".join(sections) +
-                        "); `--section.field value` overrides it, the value read as YAML")
+    parser = ArgumentParser(
+        description=description,
+        exit_on_error=False,
+        conflict_handler="resolve",
+        usage="%(prog)s [options] [--config FILE] [--section.field VALUE ...]",
+        formatter_class=Formatter,
+        env_prefix=False,
+        default_env=False,
+        parser_mode=_LOADER_MODE,
+    )
+    parser.add_argument(
+        "--config",
+        action=ActionConfigFile,
+        help="YAML preset (sections: "
+        + ", ".join(sections)
+        + "); `--section.field value` overrides it, the value read as YAML",
+    )
     for name, cls in sections.items():
         parser.add_class_arguments(cls, name)
         _free_section_flag(parser, name)
@@ -128,8 +143,10 @@ def read_config_file(path: str, keep: tuple[str, ...] | None = None) -> str:
         raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
     _check(raw is None or isinstance(raw, dict), f"config file {path} must be a mapping of sections")
     for section, values in (raw or {}).items():
-        _check(values is None or isinstance(values, dict),
-               f"config section {section} must be a mapping of field: value, got {type(values).__name__} {values!r}")
+        _check(
+            values is None or isinstance(values, dict),
+            f"config section {section} must be a mapping of field: value, got {type(values).__name__} {values!r}",
+        )
     if keep is not None and raw:
         return yaml.safe_dump({k: v for k, v in raw.items() if k in keep}, sort_keys=False)
     return text if raw else "{}"
@@ -156,8 +173,10 @@ def _shown(value: str) -> str:
 # jsonargparse's error texts (4.53, whitespace collapsed) that `one_line` rewrites; tests/test_config.py checks them
 # against the installed jsonargparse, so an upgrade that rewords them fails there, not in a user's error line.
 WRONG_TYPE = re.compile(r'Parser key "([^"]+)": Expected a (.+?)\. Got value: (.*)')
-NO_UNION_SUBTYPE = re.compile(r'Parser key "([^"]+)": Does not validate against any of the Union subtypes Subtypes: '
-                              r'\[(.*?)\] Errors: .* Given value: (.*)')
+NO_UNION_SUBTYPE = re.compile(
+    r'Parser key "([^"]+)": Does not validate against any of the Union subtypes Subtypes: '
+    r"\[(.*?)\] Errors: .* Given value: (.*)"
+)
 UNION_KINDS = re.compile(r"<class '\w+'>|typing\.Literal\[[^\]]*\]")
 
 
@@ -172,7 +191,7 @@ def one_line(e: BaseException) -> str:
     m = NO_UNION_SUBTYPE.fullmatch(text)
     if m:  # `float | Literal["auto"]` -> "a number or auto"
         kinds = UNION_KINDS.findall(m.group(2))
-        return f"{m.group(1)} {_shown(m.group(3))} is not {' or '.join(_describe(k).removeprefix('one of ') for k in kinds)}"
+        return f"{m.group(1)} {_shown(m.group(3))} is not {' or '.join(_describe(k).removeprefix('one of ') for k in kinds)}"  # noqa: E501
     return re.sub(r'^Parser key "([^"]+)":', r"\1:", text)
 
 
@@ -180,9 +199,9 @@ def _split_config(argv: list[str]) -> tuple[str | None, list[str]]:
     """(the `--config FILE` value or None, the other arguments)."""
     for i, a in enumerate(argv):
         if a == "--config" and i + 1 < len(argv):
-            return argv[i + 1], argv[:i] + argv[i + 2:]
+            return argv[i + 1], argv[:i] + argv[i + 2 :]
         if a.startswith("--config="):
-            return a.split("=", 1)[1], argv[:i] + argv[i + 1:]
+            return a.split("=", 1)[1], argv[:i] + argv[i + 1 :]
     return None, list(argv)
 
 
@@ -205,8 +224,14 @@ def _values_as_values(argv: list[str]) -> list[str]:
     out, i = [], 0
     while i < len(argv):
         a = argv[i]
-        if a.startswith("--") and "." in a and "=" not in a and i + 1 < len(argv) and argv[i + 1].startswith("-") \
-                and not argv[i + 1].startswith("--"):
+        if (
+            a.startswith("--")
+            and "." in a
+            and "=" not in a
+            and i + 1 < len(argv)
+            and argv[i + 1].startswith("-")
+            and not argv[i + 1].startswith("--")
+        ):
             out.append(f"{a}={argv[i + 1]}")
             i += 2
         else:
@@ -215,8 +240,13 @@ def _values_as_values(argv: list[str]) -> list[str]:
     return out
 
 
-def parse(parser: Any, argv: list[str], sections: dict[str, type], renames: dict[str, str] | None = None,
-          config_sections: tuple[str, ...] | None = None) -> tuple[Any, dict[str, Any]]:
+def parse(
+    parser: Any,
+    argv: list[str],
+    sections: dict[str, type],
+    renames: dict[str, str] | None = None,
+    config_sections: tuple[str, ...] | None = None,
+) -> tuple[Any, dict[str, Any]]:
     """(the parsed namespace, for the job's own flags; {section: its dataclass}) from `argv`. The config file is read
     first, whatever its place, so that every `--section.field` flag overrides it. `renames` maps a flag the user
     types to the name the parser knows it by; `config_sections` keeps only those sections of the config file (a
@@ -263,8 +293,7 @@ with the config file's (a `--train.phases` of two phases kept each YAML phase's 
 list means that list."""
 
 
-CLEARING = {"train.warmup_steps": "train.warmup_fraction", "data.sources": "data.inputs",
-            "data.inputs": "data.sources"}
+CLEARING = {"train.warmup_steps": "train.warmup_fraction", "data.sources": "data.inputs", "data.inputs": "data.sources"}
 """A field that, given on the command line, sets another to its default unless the command line gives that one
 too: a preset's warmup_fraction would otherwise win over `--train.warmup_steps 4`, which means 4 steps, and a
 preset's data.inputs clash with `--data.sources` (and its sources with `--data.inputs`)."""
@@ -284,7 +313,9 @@ def _replacing_lists(argv: list[str], keys: tuple[str, ...] = REPLACING_LISTS) -
     return out
 
 
-def load_sections(path: str | os.PathLike | None, overrides: list[str] | None, sections: dict[str, type]) -> dict[str, Any]:
+def load_sections(
+    path: str | os.PathLike | None, overrides: list[str] | None, sections: dict[str, type]
+) -> dict[str, Any]:
     """{section: dataclass instance} from a YAML file (or the defaults when `path` is None) plus
     `--section.field value` overrides; the pretraining and fine-tuning configs are read through this."""
     argv = (["--config", str(path)] if path is not None else []) + list(overrides or [])

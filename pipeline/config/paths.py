@@ -1,5 +1,6 @@
 """Paths in a config: relative ones resolved against the directory the command runs in (`resolve_paths`), and each
 training phase's data config with its own output directory (`phase_data_configs`)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,8 +42,10 @@ def phase_data_configs(cfg: Config) -> list[DataConfig]:
         return [cfg.data]
     out: list[DataConfig] = []
     for i, ph in enumerate(cfg.train.phases):
-        changes: dict[str, Any] = {"max_seq_length": ph.max_seq_length,
-                                   "output": resolve_path(ph.output) if ph.output else f"{cfg.data.output}-{ph.max_seq_length}"}
+        changes: dict[str, Any] = {
+            "max_seq_length": ph.max_seq_length,
+            "output": resolve_path(ph.output) if ph.output else f"{cfg.data.output}-{ph.max_seq_length}",
+        }
         if ph.max_predictions_per_seq:
             changes["max_predictions_per_seq"] = ph.max_predictions_per_seq
         if i > 0 and cfg.data.vocab is None:

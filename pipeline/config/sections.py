@@ -7,6 +7,7 @@ command line by `pipeline.config.parser`.
     >>> TrainConfig(max_steps=10, phases=[{"fraction": 0.9}, {"max_seq_length": 512}]).phase_steps()
     [9, 1]
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -67,11 +68,14 @@ class SourceConfig:
             self.inputs = [self.inputs]
         # numbers as floats, so that `weight: 3` and `weight: 3.0` name the same run (pretrain/identity.py)
         self.weight, self.epochs = (None if v is None else float(v) for v in (self.weight, self.epochs))
-        _check(isinstance(self.name, str) and SOURCE_NAME.fullmatch(self.name) is not None,
-               f"data.sources name {self.name!r} must be letters, digits, '_', '-' or '.'")
+        _check(
+            isinstance(self.name, str) and SOURCE_NAME.fullmatch(self.name) is not None,
+            f"data.sources name {self.name!r} must be letters, digits, '_', '-' or '.'",
+        )
         _check(bool(self.inputs), f"data.sources[{self.name}].inputs is empty: give its files or folders")
-        _check(self.weight is None or self.epochs is None,
-               f"data.sources[{self.name}]: give weight or epochs, not both")
+        _check(
+            self.weight is None or self.epochs is None, f"data.sources[{self.name}]: give weight or epochs, not both"
+        )
         if self.weight is not None:
             _check(0 <= self.weight < math.inf, f"data.sources[{self.name}].weight {self.weight:g} must be >= 0")
         if self.epochs is not None:
@@ -182,10 +186,15 @@ class DataConfig:
         _check(self.dupe_factor >= 1, f"data.dupe_factor {self.dupe_factor} < 1")
         _check(self.num_shards >= 1, f"data.num_shards {self.num_shards} < 1")
         _check(self.vocab_size >= 128, f"data.vocab_size {self.vocab_size} < 128")
-        _check(self.tokenizer in ("wordpiece", "bpe", "unigram"),
-               f"data.tokenizer {self.tokenizer!r} is not one of wordpiece, bpe, unigram")
-        _check(self.tokenizer != "bpe" or self.vocab or self.vocab_size >= 261, f"data.vocab_size {self.vocab_size} "
-               "is too small for data.tokenizer bpe: 256 bytes + 5 special tokens need at least 261")
+        _check(
+            self.tokenizer in ("wordpiece", "bpe", "unigram"),
+            f"data.tokenizer {self.tokenizer!r} is not one of wordpiece, bpe, unigram",
+        )
+        _check(
+            self.tokenizer != "bpe" or self.vocab or self.vocab_size >= 261,
+            f"data.vocab_size {self.vocab_size} "
+            "is too small for data.tokenizer bpe: 256 bytes + 5 special tokens need at least 261",
+        )
         _check(self.num_actors >= 1, f"data.num_actors {self.num_actors} < 1")
         _check(self.random_pool_size >= 1, f"data.random_pool_size {self.random_pool_size} < 1")
         _check(self.chunk_chars >= 1, f"data.chunk_chars {self.chunk_chars} < 1")
@@ -205,15 +214,22 @@ class DataConfig:
         twice = sorted({n for n in names if names.count(n) > 1})
         _check(not twice, f"data.sources: the name {', '.join(twice)} is given twice")
         theirs = [p for s in self.sources for p in s.inputs]
-        _check(not self.inputs or self.inputs == theirs, "data.inputs and data.sources are both given: give one "
-               "(with data.sources, data.inputs is their inputs)")
+        _check(
+            not self.inputs or self.inputs == theirs,
+            "data.inputs and data.sources are both given: give one (with data.sources, data.inputs is their inputs)",
+        )
         self.inputs = theirs
         weights = [s.weight for s in self.sources if s.weight is not None]
         sized = [s.name for s in self.sources if s.weight is None and s.epochs is None]
-        _check(not weights or not sized, f"data.sources: {', '.join(sized)} without a weight beside weighted sources: "
-               "give every source a weight or epochs, or no source a weight (data.mix_temperature then weighs by size)")
-        _check(not weights or sum(weights) > 0,
-               f"data.sources weights {', '.join(f'{w:g}' for w in weights)} do not sum to a positive number")
+        _check(
+            not weights or not sized,
+            f"data.sources: {', '.join(sized)} without a weight beside weighted sources: "
+            "give every source a weight or epochs, or no source a weight (data.mix_temperature then weighs by size)",
+        )
+        _check(
+            not weights or sum(weights) > 0,
+            f"data.sources weights {', '.join(f'{w:g}' for w in weights)} do not sum to a positive number",
+        )
 
     def source_names(self) -> list[str]:
         """The sources' names, in order (empty without a mixture)."""
@@ -230,7 +246,9 @@ class ModelConfig:
     overrides: dict[str, Any] = field(default_factory=dict)
     """Config fields (BertConfig or ModernBertConfig) that differ from the preset; vocab_size is taken from the
     prepared vocabulary."""
-    init: str | None = field(default=None, repr=False)  # repr=False: run identities hash the repr (pretrain/identity.py)
+    init: str | None = field(
+        default=None, repr=False
+    )  # repr=False: run identities hash the repr (pretrain/identity.py)
     """Continue pretraining from models:/name@alias, models:/name/version or a transformers directory: architecture
     and vocabulary come from it (a contradicting preset or override is an error); null starts from random weights."""
 
@@ -290,17 +308,25 @@ class PhaseConfig:
         return _of(cls, value, where)
 
     def __post_init__(self) -> None:
-        _check(16 <= self.max_seq_length <= 8192, f"train.phases max_seq_length {self.max_seq_length} is not in [16, 8192]")
-        _check(self.fraction is None or 0 < self.fraction <= 1, f"train.phases fraction {self.fraction} is not in (0, 1]")
+        _check(
+            16 <= self.max_seq_length <= 8192, f"train.phases max_seq_length {self.max_seq_length} is not in [16, 8192]"
+        )
+        _check(
+            self.fraction is None or 0 < self.fraction <= 1, f"train.phases fraction {self.fraction} is not in (0, 1]"
+        )
         _check(self.steps is None or self.steps >= 1, f"train.phases steps {self.steps} < 1")
         _check(self.fraction is None or self.steps is None, "train.phases: give fraction or steps, not both")
-        _check(self.mask_rate is None or 0 < self.mask_rate < 1,
-               f"train.phases mask_rate {self.mask_rate} is not in (0, 1)")
+        _check(
+            self.mask_rate is None or 0 < self.mask_rate < 1,
+            f"train.phases mask_rate {self.mask_rate} is not in (0, 1)",
+        )
         if self.mix_temperature is not None:
             _check(self.mix_temperature > 0, f"train.phases mix_temperature {self.mix_temperature:g} must be > 0")
         w = self.source_weights
-        _check(w is None or (isinstance(w, dict) and all(v >= 0 for v in w.values()) and sum(w.values()) > 0),
-               f"train.phases source_weights {w} are not weights >= 0 summing to a positive number")
+        _check(
+            w is None or (isinstance(w, dict) and all(v >= 0 for v in w.values()) and sum(w.values()) > 0),
+            f"train.phases source_weights {w} are not weights >= 0 summing to a positive number",
+        )
         if w is not None:  # as floats, as a source's weight
             self.source_weights = {k: float(v) for k, v in w.items()}
 
@@ -429,36 +455,52 @@ class TrainConfig(BaseTrainConfig):
         super().__post_init__()
         _check(self.micro_batch_size >= 1, f"train.micro_batch_size {self.micro_batch_size} < 1")
         _check(self.global_batch_size >= 1, f"train.global_batch_size {self.global_batch_size} < 1")
-        _check(0 <= self.head_only_steps < self.max_steps,
-               f"train.head_only_steps {self.head_only_steps} must be >= 0 and < max_steps {self.max_steps}")
-        _check(self.min_workers is None or 1 <= self.min_workers <= self.num_workers,
-               f"train.min_workers {self.min_workers} must be >= 1 and <= num_workers {self.num_workers}")
-        _check(self.num_workers <= self.global_batch_size,
-               f"train.num_workers {self.num_workers} > global_batch_size {self.global_batch_size}: every worker "
-               "needs at least one example of each step")
+        _check(
+            0 <= self.head_only_steps < self.max_steps,
+            f"train.head_only_steps {self.head_only_steps} must be >= 0 and < max_steps {self.max_steps}",
+        )
+        _check(
+            self.min_workers is None or 1 <= self.min_workers <= self.num_workers,
+            f"train.min_workers {self.min_workers} must be >= 1 and <= num_workers {self.num_workers}",
+        )
+        _check(
+            self.num_workers <= self.global_batch_size,
+            f"train.num_workers {self.num_workers} > global_batch_size {self.global_batch_size}: every worker "
+            "needs at least one example of each step",
+        )
         for i, ph in enumerate(self.phases):
             for name in ("micro_batch_size", "global_batch_size"):
                 v = getattr(ph, name)
                 _check(v is None or v >= 1, f"train.phases[{i}].{name} {v} < 1")
             gb = ph.global_batch_size or self.global_batch_size
-            _check(self.num_workers <= gb, f"train.num_workers {self.num_workers} > train.phases[{i}] global_batch_size {gb}: "
-                   "every worker needs at least one example of each step")
-        _check(self.warmup_fraction is None or 0 <= self.warmup_fraction < 1,
-               f"train.warmup_fraction {self.warmup_fraction} is not in [0, 1)")
+            _check(
+                self.num_workers <= gb,
+                f"train.num_workers {self.num_workers} > train.phases[{i}] global_batch_size {gb}: "
+                "every worker needs at least one example of each step",
+            )
+        _check(
+            self.warmup_fraction is None or 0 <= self.warmup_fraction < 1,
+            f"train.warmup_fraction {self.warmup_fraction} is not in [0, 1)",
+        )
         if self.warmup_fraction is not None:  # derived here, so everything downstream reads warmup_steps
             self.warmup_steps = int(round(self.warmup_fraction * self.max_steps))
         _check(self.warmup_steps >= 0, f"train.warmup_steps {self.warmup_steps} < 0")
         _check(self.poly_power > 0, f"train.poly_power {self.poly_power} must be > 0")
         _check(0 <= self.decay_fraction <= 1, f"train.decay_fraction {self.decay_fraction} is not in [0, 1]")
-        _check(self.schedule != "wsd" or self.warmup_steps + self.decay_steps <= self.max_steps,
-               f"train.decay_fraction {self.decay_fraction} ({self.decay_steps} steps) and train.warmup_steps "
-               f"{self.warmup_steps} leave no room in train.max_steps {self.max_steps} for schedule wsd")
+        _check(
+            self.schedule != "wsd" or self.warmup_steps + self.decay_steps <= self.max_steps,
+            f"train.decay_fraction {self.decay_fraction} ({self.decay_steps} steps) and train.warmup_steps "
+            f"{self.warmup_steps} leave no room in train.max_steps {self.max_steps} for schedule wsd",
+        )
         _check(self.num_eval_shards >= 0, f"train.num_eval_shards {self.num_eval_shards} < 0")
         _check(self.num_to_keep >= 1, f"train.num_to_keep {self.num_to_keep} < 1")
         _check(self.shuffle_buffer_rows >= 1, f"train.shuffle_buffer_rows {self.shuffle_buffer_rows} < 1")
         _check(self.checkpoint_every_steps >= 1, f"train.checkpoint_every_steps {self.checkpoint_every_steps} < 1")
-        _check(not (self.compile and self.unpad), "train.compile and train.unpad cannot both be true: the compiled "
-               "encoder wants one shape, unpadded batches have one per batch")
+        _check(
+            not (self.compile and self.unpad),
+            "train.compile and train.unpad cannot both be true: the compiled "
+            "encoder wants one shape, unpadded batches have one per batch",
+        )
         self.phase_steps()  # validates the phase split
 
     @property
@@ -495,10 +537,15 @@ class TrainConfig(BaseTrainConfig):
             elif ph.fraction is not None:
                 steps.append(int(round(ph.fraction * self.max_steps)))
             else:
-                _check(i == len(self.phases) - 1, f"train.phases[{i}] needs fraction or steps (only the last may omit them)")
+                _check(
+                    i == len(self.phases) - 1,
+                    f"train.phases[{i}] needs fraction or steps (only the last may omit them)",
+                )
                 steps.append(self.max_steps - sum(steps))
-        _check(all(s >= 1 for s in steps) and sum(steps) == self.max_steps,
-               f"train.phases steps {steps} must each be >= 1 and sum to train.max_steps {self.max_steps}")
+        _check(
+            all(s >= 1 for s in steps) and sum(steps) == self.max_steps,
+            f"train.phases steps {steps} must each be >= 1 and sum to train.max_steps {self.max_steps}",
+        )
         return steps
 
 
@@ -532,8 +579,10 @@ class EvalConfig:
     """Trials at once; null: as many as the cluster's CPUs hold (one CPU a trial)."""
 
     def __post_init__(self) -> None:
-        _check(self.max_concurrent_trials is None or self.max_concurrent_trials >= 1,
-               f"eval.max_concurrent_trials {self.max_concurrent_trials} < 1")
+        _check(
+            self.max_concurrent_trials is None or self.max_concurrent_trials >= 1,
+            f"eval.max_concurrent_trials {self.max_concurrent_trials} < 1",
+        )
 
 
 @dataclass
@@ -547,28 +596,44 @@ class Config:
     def __post_init__(self) -> None:
         # Cross-section checks: sequence lengths must fit the model's position table.
         max_pos = self.model.encoder_config().max_position_embeddings
-        _check(self.data.max_seq_length <= max_pos,
-               f"data.max_seq_length {self.data.max_seq_length} > model max_position_embeddings {max_pos}")
+        _check(
+            self.data.max_seq_length <= max_pos,
+            f"data.max_seq_length {self.data.max_seq_length} > model max_position_embeddings {max_pos}",
+        )
         family = self.model.family
-        which = f"model.preset {self.model.preset}" if self.model.preset else \
-            f"model.init {self.model.init} ({family.architecture})"
+        which = (
+            f"model.preset {self.model.preset}"
+            if self.model.preset
+            else f"model.init {self.model.init} ({family.architecture})"
+        )
         _check(family.nsp or not self.data.nsp, f"{which} is MLM-only (no NSP head): set data.nsp false")
         if not family.unpad:  # its own way of skipping padding (ModernBERT's: documents, not unpad/compile)
             from model.family import FAMILIES
 
             unpadding = " and ".join(f.architecture for f in FAMILIES.values() if f.unpad)
-            _check(not (self.train.unpad or self.train.compile),
-                   f"train.unpad and train.compile are {unpadding}'s; {which} keeps packed documents apart itself")
+            _check(
+                not (self.train.unpad or self.train.compile),
+                f"train.unpad and train.compile are {unpadding}'s; {which} keeps packed documents apart itself",
+            )
         for i, ph in enumerate(self.train.phases):
-            _check(ph.max_seq_length <= max_pos,
-                   f"train.phases[{i}].max_seq_length {ph.max_seq_length} > model max_position_embeddings {max_pos}")
+            _check(
+                ph.max_seq_length <= max_pos,
+                f"train.phases[{i}].max_seq_length {ph.max_seq_length} > model max_position_embeddings {max_pos}",
+            )
             unknown = sorted(set(ph.source_weights or ()) - set(self.data.source_names()))
-            _check(not unknown, f"train.phases[{i}].source_weights names {', '.join(unknown)}, not a source of "
-                   f"data.sources ({', '.join(self.data.source_names()) or 'none: data.inputs is one stream'})")
-            _check((ph.source_weights is None and ph.mix_temperature is None) or bool(self.data.sources),
-                   f"train.phases[{i}] sets a mixture, and data.sources is empty")
-            _check(ph.mask_rate is None or self.data.masking == "dynamic",
-                   f"train.phases[{i}].mask_rate needs data.masking dynamic (static masks are written at preparation)")
+            _check(
+                not unknown,
+                f"train.phases[{i}].source_weights names {', '.join(unknown)}, not a source of "
+                f"data.sources ({', '.join(self.data.source_names()) or 'none: data.inputs is one stream'})",
+            )
+            _check(
+                (ph.source_weights is None and ph.mix_temperature is None) or bool(self.data.sources),
+                f"train.phases[{i}] sets a mixture, and data.sources is empty",
+            )
+            _check(
+                ph.mask_rate is None or self.data.masking == "dynamic",
+                f"train.phases[{i}].mask_rate needs data.masking dynamic (static masks are written at preparation)",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -596,5 +661,10 @@ def config_hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "tracking": TrackingConfig,
-                             "eval": EvalConfig}
+SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "tracking": TrackingConfig,
+    "eval": EvalConfig,
+}

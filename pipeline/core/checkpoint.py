@@ -39,9 +39,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.errors import PipelineError
-from pipeline.core.step import Trainable
 from pipeline.console import say
+from pipeline.core.step import Trainable
+from pipeline.errors import PipelineError
 from pipeline.storage.io import StorageError, filesystem, join, sha256_file
 from pipeline.tracking.outbox import read_pending
 
@@ -90,8 +90,9 @@ def _gather(files: dict[str, str]) -> dict[str, str]:
     return {k: v for d in every for k, v in d.items()}
 
 
-def save_checkpoint(path: str, rank: int, t: Trainable, state: dict[str, Any], *,
-                    background: bool = False) -> DeferredFiles | None:
+def save_checkpoint(
+    path: str, rank: int, t: Trainable, state: dict[str, Any], *, background: bool = False
+) -> DeferredFiles | None:
     """Rank 0 writes the shared state; every rank writes its own RNG states and `state["position"]`. Every rank
     calls it at the same step (it gathers the ranks' file hashes); `train_state.json`, with them, comes last.
 
@@ -126,8 +127,11 @@ def _snapshot(t: Trainable, held: bool) -> tuple[dict[str, torch.Tensor], dict[s
     copied to CPU memory; `held` (written later) copies the state dicts too, every tensor in them and every
     container (Adam's `exp_avg`, `exp_avg_sq` and `step` change in place at every step)."""
     weights = {k: v.detach().cpu().contiguous().clone() for k, v in unwrap(t.model).state_dict().items()}
-    opt = {"optimizer": t.optimizer.state_dict(), "scheduler": t.scheduler.state_dict(),
-           "scaler": t.scaler.state_dict() if t.scaler is not None else None}
+    opt = {
+        "optimizer": t.optimizer.state_dict(),
+        "scheduler": t.scheduler.state_dict(),
+        "scaler": t.scaler.state_dict() if t.scaler is not None else None,
+    }
     return weights, (_host_copy(opt) if held else opt)
 
 
@@ -162,8 +166,14 @@ class DeferredFiles:
     first write failed); `drop` lets an unwritten snapshot go (its upload will never run). Either ends it:
     `done`, which the next background `save_checkpoint` waits for."""
 
-    def __init__(self, path: str, weights: dict[str, torch.Tensor], opt: dict[str, Any], files: dict[str, str],
-                 state: dict[str, Any]):
+    def __init__(
+        self,
+        path: str,
+        weights: dict[str, torch.Tensor],
+        opt: dict[str, Any],
+        files: dict[str, str],
+        state: dict[str, Any],
+    ):
         self.path, self.files, self.state = path, files, state
         self._snapshot: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = (weights, opt)
         self._written = False
@@ -180,8 +190,10 @@ class DeferredFiles:
             weights, opt = self._snapshot
             save_file(weights, os.path.join(self.path, "model.safetensors"), metadata={"format": "pt"})
             torch.save(opt, os.path.join(self.path, "optimizer.pt"))
-            files = {**self.files, **{n: sha256_file(os.path.join(self.path, n))
-                                      for n in ("model.safetensors", "optimizer.pt")}}
+            files = {
+                **self.files,
+                **{n: sha256_file(os.path.join(self.path, n)) for n in ("model.safetensors", "optimizer.pt")},
+            }
             with open(os.path.join(self.path, "train_state.json"), "w") as f:
                 json.dump({**self.state, "files": dict(sorted(files.items()))}, f)
             self._written = True
@@ -305,7 +317,8 @@ def check_vocab(state: dict[str, Any], vocab_sha256: str, where: str) -> None:
         raise CheckpointMismatch(
             f"checkpoint {where} was trained with vocabulary sha256 {had[:12]}, but the prepared data's vocab.txt "
             f"is {vocab_sha256[:12]}; its ids would mean other words. Use a new --train.run_name (or storage_path), "
-            f"or prepare the data with the vocabulary it was trained on (--data.vocab)")
+            f"or prepare the data with the vocabulary it was trained on (--data.vocab)"
+        )
 
 
 def check_init(recorded: dict[str, Any] | None, init_sha256: str | None, run_dir: str) -> None:
@@ -318,7 +331,7 @@ def check_init(recorded: dict[str, Any] | None, init_sha256: str | None, run_dir
     Traceback (most recent call last):
     ...
     pipeline.core.checkpoint.CheckpointMismatch: run runs/x started from /m (weights sha256 abababababab), but model.init is now weights sha256 cdcdcdcdcdcd; use a new --train.run_name (or storage_path), or the model.init it started from
-    """
+    """  # noqa: E501
     if recorded is None:
         if init_sha256 is None:
             return
@@ -328,20 +341,31 @@ def check_init(recorded: dict[str, Any] | None, init_sha256: str | None, run_dir
         return
     was = f"{recorded['init_model']} (weights sha256 {had[:12]})" if had else "random weights"
     now = f"weights sha256 {init_sha256[:12]}" if init_sha256 else "unset (random weights)"
-    raise CheckpointMismatch(f"run {run_dir} started from {was}, but model.init is now {now}; use a new "
-                             f"--train.run_name (or storage_path), or the model.init it started from")
+    raise CheckpointMismatch(
+        f"run {run_dir} started from {was}, but model.init is now {now}; use a new "
+        f"--train.run_name (or storage_path), or the model.init it started from"
+    )
 
 
-def resume(ckpt: Any, rank: int, t: Trainable, fresh: dict[str, Any], *, seed: int, run_id: str | None,
-           world: int | None = None, on_rank0: Callable[[str], None] | None = None,
-           check: Callable[[dict[str, Any], str], None] | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def resume(
+    ckpt: Any,
+    rank: int,
+    t: Trainable,
+    fresh: dict[str, Any],
+    *,
+    seed: int,
+    run_id: str | None,
+    world: int | None = None,
+    on_rank0: Callable[[str], None] | None = None,
+    check: Callable[[dict[str, Any], str], None] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Where a worker starts, the one resume of pretraining and fine-tuning: (`fresh`, None) with this rank's own
     dropout stream when `ckpt` (a Ray Train checkpoint) is None; else its state restored exactly (weights,
     optimizer, scheduler, scaler, RNGs, data position: `load_checkpoint`) and, on rank 0, the metric values it had
     not sent to the tracking server (`pending`). A checkpoint written by another number of workers than `world`
-    leaves the RNGs of the ranks drawn afresh from (seed, step, rank): the same resize resumes the same way. `on_rank0(dir)` runs on rank 0 before the restore (a reader that
-    draws from the RNGs the restore then sets); `check(state, path)` may refuse the checkpoint before the console
-    line says it resumed."""
+    leaves the RNGs of the ranks drawn afresh from (seed, step, rank): the same resize resumes the same way.
+    `on_rank0(dir)` runs on rank 0 before the restore (a reader that draws from the RNGs the restore then sets);
+    `check(state, path)` may refuse the checkpoint before the console line says it resumed."""
     if ckpt is None:
         torch.manual_seed(seed * 1000 + rank + 1)  # each rank its own dropout stream
         return fresh, None

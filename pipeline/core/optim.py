@@ -173,17 +173,24 @@ def make_optimizer(
     >>> opt, _ = make_optimizer(nn.Linear(4, 2), "adamw", 1e-3, 0.01, warmup_steps=0, total_steps=10)
     >>> [g["weight_decay"] for g in opt.param_groups], [len(g["params"]) for g in opt.param_groups], opt.defaults["fused"]
     ([0.01, 0.0], [1, 1], True)
-    """
+    """  # noqa: E501
     groups = param_groups(model, weight_decay)
     every = lambda s: lr_lambda(s, warmup_steps, total_steps, schedule, power, decay_steps, decay_shape)  # noqa: E731
     schedules = [every] * len(groups)
     if head_only_steps > 0:
         heads = {id(p) for n, p in model.named_parameters() if n.startswith("cls.") or ".cls." in n}
-        groups = [{**g, "params": [p for p in g["params"] if (id(p) in heads) == is_head]}
-                  for is_head in (True, False) for g in groups]
+        groups = [
+            {**g, "params": [p for p in g["params"] if (id(p) in heads) == is_head]}
+            for is_head in (True, False)
+            for g in groups
+        ]
         k = head_only_steps
-        body = lambda s: (0.0 if s < k else  # noqa: E731
-                          lr_lambda(s - k, warmup_steps, total_steps - k, schedule, power, decay_steps, decay_shape))
+
+        def body(s: int) -> float:
+            if s < k:
+                return 0.0
+            return lr_lambda(s - k, warmup_steps, total_steps - k, schedule, power, decay_steps, decay_shape)
+
         pairs = [(g, schedules[0] if i < len(groups) // 2 else body) for i, g in enumerate(groups) if g["params"]]
         groups, schedules = [g for g, _ in pairs], [f for _, f in pairs]
     if name == "adamw":

@@ -1,8 +1,8 @@
 """Numeric precision for a training or evaluation forward: fp32, bf16 autocast, fp16 autocast + gradient scaler.
 
-    >>> import torch
-    >>> make_scaler(torch.device("cpu"), "fp32") is None
-    True
+>>> import torch
+>>> make_scaler(torch.device("cpu"), "fp32") is None
+True
 """
 
 from __future__ import annotations
@@ -47,8 +47,13 @@ def _left_behind(cls: type) -> frozenset[str]:
         family = family_of(cls)
     except ValueError:  # a wrapper of no family's (finetune.embedding.ContrastiveModel): its batches are its own
         return frozenset(HOST_ONLY)
-    return frozenset((*HOST_ONLY, *(() if family.token_types else ("token_type_ids",)),
-                      *(() if family.nsp else ("next_sentence_label",))))
+    return frozenset(
+        (
+            *HOST_ONLY,
+            *(() if family.token_types else ("token_type_ids",)),
+            *(() if family.nsp else ("next_sentence_label",)),
+        )
+    )
 
 
 def forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device, precision: Precision):

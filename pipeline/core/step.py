@@ -46,9 +46,11 @@ class NonFiniteLoss(PipelineError, RuntimeError):
 def _stop(what: str, step: int | None, figures: str = "") -> NonFiniteLoss:
     """The one line a non-finite run stops with (`pipeline.runner.cli` prints it)."""
     at = f"at step {step}" if step is not None else "at this step"
-    return NonFiniteLoss(f"{what} is not finite {at}{figures}: the run stops; nothing from that step on is "
-                         "checkpointed or registered, and its earlier checkpoints stay. Re-run with a lower train.lr "
-                         "(or clipping, train.max_grad_norm > 0): changed settings start a new run from step 0")
+    return NonFiniteLoss(
+        f"{what} is not finite {at}{figures}: the run stops; nothing from that step on is "
+        "checkpointed or registered, and its earlier checkpoints stay. Re-run with a lower train.lr "
+        "(or clipping, train.max_grad_norm > 0): changed settings start a new run from step 0"
+    )
 
 
 def check_finite_weights(model: nn.Module, step: int) -> None:
@@ -90,11 +92,18 @@ class StepStats:
         return self.figures["loss"]
 
     def metrics(self, prefix: str = "train/") -> dict[str, float]:
-        """`train/loss`, `train/<figure>`..., `train/lr`, `train/grad_norm`, `train/tokens_per_s`, `train/examples_per_s`."""
+        """`train/loss`, `train/<figure>`..., `train/lr`, `train/grad_norm`, `train/tokens_per_s`,
+        `train/examples_per_s`."""
         secs = max(self.seconds, 1e-9)
         out = {f"{prefix}{k}": v for k, v in self.figures.items()}
-        out.update({f"{prefix}lr": self.lr, f"{prefix}grad_norm": self.grad_norm,
-                    f"{prefix}tokens_per_s": self.tokens / secs, f"{prefix}examples_per_s": self.examples / secs})
+        out.update(
+            {
+                f"{prefix}lr": self.lr,
+                f"{prefix}grad_norm": self.grad_norm,
+                f"{prefix}tokens_per_s": self.tokens / secs,
+                f"{prefix}examples_per_s": self.examples / secs,
+            }
+        )
         out.update({f"{prefix}{k}": v for k, v in self.extra.items()})
         return out
 
@@ -142,9 +151,15 @@ class StepSums:
     """() bool on the device: the loss sums, and without a gradient scaler the gradient norm, are finite (with
     one, a non-finite gradient only skips the optimizer step). None: not checked."""
 
-    def read(self, *, tokens: torch.Tensor | None = None, examples: int | None = None,
-             start: float | None = None, flops: float | None = None,
-             window: list[tuple[int | None, torch.Tensor | None]] | None = None) -> StepStats:
+    def read(
+        self,
+        *,
+        tokens: torch.Tensor | None = None,
+        examples: int | None = None,
+        start: float | None = None,
+        flops: float | None = None,
+        window: list[tuple[int | None, torch.Tensor | None]] | None = None,
+    ) -> StepStats:
         """All-reduce and copy to the host (waits for the step); throughput over `tokens`/`examples`/`flops`
         since `start` when given (several steps), else over this step. `window`: (step, `finite`) of each step
         since the last reading (default this one's); raises `NonFiniteLoss` naming the first that was not finite
@@ -155,21 +170,30 @@ class StepSums:
         window = [(None, self.finite)] if window is None else window
         flags = [f for _, f in window if f is not None]
         bad = (~torch.stack(flags)).double() if flags else torch.zeros(0, dtype=torch.float64, device=self.device)
-        host = torch.stack([tokens.double(), torch.tensor(float(examples), dtype=torch.float64),
-                            torch.tensor(float(flops), dtype=torch.float64)]).to(self.device)
+        host = torch.stack(
+            [
+                tokens.double(),
+                torch.tensor(float(examples), dtype=torch.float64),
+                torch.tensor(float(flops), dtype=torch.float64),
+            ]
+        ).to(self.device)
         n, k = len(self.counts), len(bad)
         totals = all_reduce_sum(torch.cat([self.counts, bad.to(self.device), host]), self.device)
-        sums, bad, (tokens_sum, examples_sum, flops_sum) = totals[:n], totals[n:n + k], totals[n + k:].tolist()
+        sums, bad, (tokens_sum, examples_sum, flops_sum) = totals[:n], totals[n : n + k], totals[n + k :].tolist()
         grad_norm = float(self.grad_norm.double().cpu())  # already complete: the all-reduce above waited for it
         if k and bool(bad.any()):  # every rank sees the same sums: all stop at this reading
             first = [step for step, f in window if f is not None][int(bad.nonzero()[0])]
             last = window[-1][0]
-            raise _stop("the training loss or gradient norm", first,
-                        f" ({f'step {last}: ' if last not in (None, first) else ''}train/loss "
-                        f"{self.summarise(sums)['loss']:.4g}, train/grad_norm {grad_norm:.4g}, train/lr {self.lr:.4g})")
+            raise _stop(
+                "the training loss or gradient norm",
+                first,
+                f" ({f'step {last}: ' if last not in (None, first) else ''}train/loss "
+                f"{self.summarise(sums)['loss']:.4g}, train/grad_norm {grad_norm:.4g}, train/lr {self.lr:.4g})",
+            )
         seconds = time.perf_counter() - (self.start if start is None else start)
-        return StepStats(self.summarise(sums), self.lr, grad_norm, int(examples_sum), int(tokens_sum), seconds,
-                         flops=flops_sum)
+        return StepStats(
+            self.summarise(sums), self.lr, grad_norm, int(examples_sum), int(tokens_sum), seconds, flops=flops_sum
+        )
 
 
 class TrainFigures:
@@ -192,14 +216,19 @@ class TrainFigures:
         self.last, self.added = s, self.added + 1
         self.window.append((self.added if step is None else step, s.finite))  # a device flag: nothing waits
         self.start = s.start if self.start is None else self.start
-        self.tokens, self.examples, self.flops = self.tokens + s.tokens, self.examples + s.examples, self.flops + s.flops
+        self.tokens, self.examples, self.flops = (
+            self.tokens + s.tokens,
+            self.examples + s.examples,
+            self.flops + s.flops,
+        )
 
     def read(self) -> StepStats:
         """The figures since the last reading; `NonFiniteLoss` when a step among them was not finite."""
         assert self.last is not None, "read before any step"
         window, self.window = self.window, []
-        stats = self.last.read(tokens=self.tokens, examples=self.examples, start=self.start, flops=self.flops,
-                               window=window)
+        stats = self.last.read(
+            tokens=self.tokens, examples=self.examples, start=self.start, flops=self.flops, window=window
+        )
         self.tokens, self.examples, self.flops, self.start = torch.zeros((), dtype=torch.int64), 0, 0.0, None
         return stats
 

@@ -14,8 +14,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-_NP_DTYPES = {pa.int8(): np.int8, pa.int32(): np.int32, pa.int64(): np.int64, pa.uint64(): np.uint64,
-              pa.float32(): np.float32}
+_NP_DTYPES = {
+    pa.int8(): np.int8,
+    pa.int32(): np.int32,
+    pa.int64(): np.int64,
+    pa.uint64(): np.uint64,
+    pa.float32(): np.float32,
+}
 
 
 def arrow(values: Any, dtype: pa.DataType) -> pa.Array:

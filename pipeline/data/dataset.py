@@ -21,9 +21,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.errors import PipelineError
 from pipeline.data.masking import MaskingPolicy
 from pipeline.data.tokenizer import read_vocab
+from pipeline.errors import PipelineError
 from pipeline.storage.io import StorageError, exists, filesystem, join, read_bytes, read_json, sha256_file
 
 SCHEMA = pa.schema(
@@ -58,6 +58,8 @@ def shard_schema(packed: bool = False, sourced: bool = False) -> pa.Schema:
 def schema_of(names: list[str]) -> pa.Schema:
     """The schema a shard with these column names must have (its optional columns by their presence)."""
     return shard_schema("doc_lengths" in names, SOURCE_FIELD.name in names)
+
+
 MANIFEST_KEYS = (
     "documents_read",
     "documents_written",
@@ -120,7 +122,9 @@ def validate_output(directory: str, *, checksums: bool = True) -> dict[str, Any]
     directory = str(directory)
     m = read_manifest(directory)
     if m["documents_read"] != m["documents_written"] + m["documents_rejected"]:
-        raise DataValidationError(f"{directory}/manifest.json: documents_read != documents_written + documents_rejected")
+        raise DataValidationError(
+            f"{directory}/manifest.json: documents_read != documents_written + documents_rejected"
+        )
     vocab_path = join(directory, "vocab.txt")
     if not exists(vocab_path):
         raise DataValidationError(f"{vocab_path} does not exist")
@@ -138,7 +142,9 @@ def validate_output(directory: str, *, checksums: bool = True) -> dict[str, Any]
                 md = pq.ParquetFile(f)
                 schema, n = md.schema_arrow, md.metadata.num_rows
         except (pa.ArrowInvalid, OSError) as e:
-            raise DataValidationError(f"shard {path} is not a readable Parquet file ({str(e).splitlines()[0]})") from None
+            raise DataValidationError(
+                f"shard {path} is not a readable Parquet file ({str(e).splitlines()[0]})"
+            ) from None
         for field in schema_of(schema.names):
             if field.name not in schema.names or schema.field(field.name).type != field.type:
                 got = schema.field(field.name).type if field.name in schema.names else "missing"
@@ -171,8 +177,13 @@ class PreparedDataset:
         m = validate_output(output) if validate else read_manifest(output)
         manifest_sha = hashlib.sha256(read_bytes(join(output, "manifest.json"))).hexdigest()
         paths = shard_paths(output, m)
-        return cls(output, m, manifest_sha, tuple(read_vocab(join(output, "vocab.txt"))),
-                   tuple((p, int(s["rows"])) for p, s in zip(paths, m["shards"])))
+        return cls(
+            output,
+            m,
+            manifest_sha,
+            tuple(read_vocab(join(output, "vocab.txt"))),
+            tuple((p, int(s["rows"])) for p, s in zip(paths, m["shards"])),
+        )
 
     @property
     def config_hash(self) -> str:
@@ -229,8 +240,12 @@ class PreparedDataset:
         replaces its rate (a phase's own, `train.phases[].mask_rate`)."""
         c = self.manifest["config"]
         rate = c["mask_rate"] if mask_rate is None else mask_rate
-        return MaskingPolicy.from_vocab(list(self.vocab), mask_rate=rate,
-                                        max_predictions_per_seq=c["max_predictions_per_seq"], whole_word=c["whole_word_mask"])
+        return MaskingPolicy.from_vocab(
+            list(self.vocab),
+            mask_rate=rate,
+            max_predictions_per_seq=c["max_predictions_per_seq"],
+            whole_word=c["whole_word_mask"],
+        )
 
     def file(self, name: str) -> str:
         """Path of a file beside the shards (vocab.txt, tokenizer.json, manifest.json)."""

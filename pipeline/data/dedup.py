@@ -15,12 +15,12 @@ What counts as a duplicate
 The keep rule (deterministic, partition-free)
     Documents are ordered by `order` = file_index << 32 | record_index (the project's doc_id: sorted input
     files, then document order in a file). A document is dropped iff it duplicates an EARLIER document that is
-    KEPT (a verified LSH candidate: see the leaders below); its `duplicate_of` is the earliest such kept document and `similarity` their estimated Jaccard. So a
-    dropped document is always within the threshold of the document it is reported against. Transitive chains
-    are not followed: with A~B, B~C and A!~C, B is dropped (duplicate of A) and C is kept, because the only
-    document C resembles was dropped. (datatrove's union-find would drop C too, against A, which it may barely
-    resemble: chains of revisions drift, and the issue's goal is that no document is dropped without a kept
-    document near it.) Exact copies are collapsed first: only the first document of each exact group (its
+    KEPT (a verified LSH candidate: see the leaders below); its `duplicate_of` is the earliest such kept document
+    and `similarity` their estimated Jaccard. So a dropped document is always within the threshold of the document it is
+    reported against. Transitive chains are not followed: with A~B, B~C and A!~C, B is dropped (duplicate of A) and C is
+    kept, because the only document C resembles was dropped. (datatrove's union-find would drop C too, against A, which
+    it may barely resemble: chains of revisions drift, and the issue's goal is that no document is dropped without a
+    kept document near it.) Exact copies are collapsed first: only the first document of each exact group (its
     representative) takes part in the near step; the others follow it: dropped as `exact` duplicates of it
     when it is kept, or as `near` duplicates of the document it was dropped for (same signature, same
     similarity).
@@ -193,7 +193,9 @@ def edges_for_group(orders: np.ndarray, sigs: np.ndarray, params: DedupParams) -
         elif len(leaders) < params.max_leaders:
             leaders.append(int(i))
     return Edges(
-        np.concatenate(src).astype(np.int64), np.concatenate(dst).astype(np.int64), np.concatenate(sims).astype(np.float32)
+        np.concatenate(src).astype(np.int64),
+        np.concatenate(dst).astype(np.int64),
+        np.concatenate(sims).astype(np.float32),
     )
 
 
@@ -233,7 +235,9 @@ class Duplicates:
         return len(self.order)
 
     def equals(self, other: Duplicates) -> bool:
-        return all(np.array_equal(getattr(self, f), getattr(other, f)) for f in ("order", "duplicate_of", "kind", "similarity"))
+        return all(
+            np.array_equal(getattr(self, f), getattr(other, f)) for f in ("order", "duplicate_of", "kind", "similarity")
+        )
 
 
 def resolve(exact: Edges, near: Edges) -> Duplicates:
@@ -287,8 +291,9 @@ def near_edges(orders: np.ndarray, sigs: np.ndarray, params: DedupParams) -> Edg
     """
     orders = np.asarray(orders, dtype=np.int64)
     keys = band_keys(sigs, params)
-    return Edges.concat(edges_for_group(orders[g], sigs[g], params)
-                        for b in range(params.bands) for g in groups(keys[:, b]))
+    return Edges.concat(
+        edges_for_group(orders[g], sigs[g], params) for b in range(params.bands) for g in groups(keys[:, b])
+    )
 
 
 def candidate_rows(keys: np.ndarray, orders: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -331,7 +336,9 @@ def components(keys: np.ndarray, orders: np.ndarray) -> tuple[np.ndarray, np.nda
     return cands, cands[first[comp]]
 
 
-def find_edges(orders: np.ndarray, exact: np.ndarray, sigs: np.ndarray | None, params: DedupParams) -> tuple[Edges, Edges]:
+def find_edges(
+    orders: np.ndarray, exact: np.ndarray, sigs: np.ndarray | None, params: DedupParams
+) -> tuple[Edges, Edges]:
     """Local grouping: (exact edges, near edges) for records (orders, exact keys (n, 2), signatures or None)."""
     orders = np.asarray(orders, dtype=np.int64)
     exact_e = exact_edges(orders, exact)

@@ -362,8 +362,9 @@ MIN_PIECE = 16
 """Packing by document: a document's cut piece shorter than this does not start at the end of a row (next row)."""
 
 
-def pack_documents(docs: list[list[np.ndarray]], max_seq_length: int, cls_id: int, sep_id: int
-                   ) -> list[tuple[np.ndarray, np.ndarray]]:
+def pack_documents(
+    docs: list[list[np.ndarray]], max_seq_length: int, cls_id: int, sep_id: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """ModernBERT's packing: documents (lists of sentences) back to back in rows of `max_seq_length`, each piece
     `[CLS] ... [SEP]`; a document that does not fit the rest of a row is cut there and goes on in the next (unless
     the cut piece would be under MIN_PIECE tokens: the row ends instead). Returns each row's ids and its pieces'
@@ -400,8 +401,9 @@ def pack_documents(docs: list[list[np.ndarray]], max_seq_length: int, cls_id: in
     return rows
 
 
-def unit_rows(docs: list[tuple[int, list[np.ndarray]]], pool: RandomPool, cfg: DataConfig, cls_id: int, sep_id: int,
-              unit: str) -> tuple[list, list, list, list, list]:
+def unit_rows(
+    docs: list[tuple[int, list[np.ndarray]]], pool: RandomPool, cfg: DataConfig, cls_id: int, sep_id: int, unit: str
+) -> tuple[list, list, list, list, list]:
     """A unit's unmasked rows: input ids, token types, NSP labels, example ids and documents' lengths (empty: the
     row is one document). NSP pairs or MLM-only packs per document with an RNG from (seed, doc_id, dupe); with
     `data.pack_documents` the documents back to back in full rows instead (`pack_documents`)."""
@@ -417,13 +419,23 @@ def unit_rows(docs: list[tuple[int, list[np.ndarray]]], pool: RandomPool, cfg: D
             rng = random.Random(derive_seed(cfg.seed, "pairs", doc_id, dupe))
             if cfg.nsp:
                 insts = create_instances_from_document(
-                    sents, doc_id, pool, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob,
-                    rng=rng, cls_id=cls_id, sep_id=sep_id,
+                    sents,
+                    doc_id,
+                    pool,
+                    max_seq_length=cfg.max_seq_length,
+                    short_seq_prob=cfg.short_seq_prob,
+                    rng=rng,
+                    cls_id=cls_id,
+                    sep_id=sep_id,
                 )
             else:
                 insts = pack_sentences(
-                    sents, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob, rng=rng,
-                    cls_id=cls_id, sep_id=sep_id,
+                    sents,
+                    max_seq_length=cfg.max_seq_length,
+                    short_seq_prob=cfg.short_seq_prob,
+                    rng=rng,
+                    cls_id=cls_id,
+                    sep_id=sep_id,
                 )
             for k, inst in enumerate(insts):
                 ids.append(inst.input_ids)

@@ -34,12 +34,19 @@ import pyarrow as pa
 from pipeline.config import DataConfig
 from pipeline.data import grouping
 from pipeline.data.dedup import Edges
-from pipeline.data.signing import DedupParams
 from pipeline.data.examples import RandomPool
 from pipeline.data.masking import MaskingPolicy
-from pipeline.data.passes import (Batch, encode_pieces, examples_for_chunks, sign_unit, text_path, tokenize_file,
-                                  write_shard)
+from pipeline.data.passes import (
+    Batch,
+    encode_pieces,
+    examples_for_chunks,
+    sign_unit,
+    text_path,
+    tokenize_file,
+    write_shard,
+)
 from pipeline.data.progress import Progress
+from pipeline.data.signing import DedupParams
 from pipeline.data.sources import InputFile
 from pipeline.data.tokenizer import SentenceEncoder, check_pair, read_vocab
 from pipeline.storage.io import join
@@ -73,7 +80,9 @@ class PassWorker:
         self.tok = SentenceEncoder(check_pair(vocab_path, tokenizer_path, vocab_sha))  # both files vs the sha256
         vocab = read_vocab(vocab_path)
         self.policy = MaskingPolicy.from_vocab(
-            vocab, mask_rate=self.cfg.mask_rate, max_predictions_per_seq=self.cfg.max_predictions_per_seq,
+            vocab,
+            mask_rate=self.cfg.mask_rate,
+            max_predictions_per_seq=self.cfg.max_predictions_per_seq,
             whole_word=self.cfg.whole_word_mask,
         )
         self.cls_id, self.sep_id = vocab.index("[CLS]"), vocab.index("[SEP]")
@@ -202,8 +211,9 @@ class LocalExecutor(_Executor):
             from concurrent.futures import ProcessPoolExecutor
 
             self.here = None
-            self.pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"),
-                                            initializer=_start_worker, initargs=worker_args)
+            self.pool = ProcessPoolExecutor(
+                n, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker, initargs=worker_args
+            )
             with _without_main():
                 for _ in range(n):
                     self.pool.submit(_started)

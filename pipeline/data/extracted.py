@@ -51,14 +51,16 @@ import pyarrow.parquet as pq
 from pipeline.data.sources import Document, Item, Rejected, Skipped
 from pipeline.storage.io import commit, filesystem, make_parent, temp_name, writing
 
-SCHEMA = pa.schema([
-    ("kind", pa.int8()),  # DOCUMENT, REJECTED or SKIPPED
-    ("id", pa.int64()),  # a document's doc_id, a rejection's record number
-    ("source", pa.binary()),  # the file (a skip's path)
-    ("name", pa.binary()),  # a document's name
-    ("text", pa.large_binary()),  # a document's text (one may exceed 2 GiB of a 32-bit column's offsets)
-    ("reason", pa.binary()),  # a rejection's or a skip's reason
-])
+SCHEMA = pa.schema(
+    [
+        ("kind", pa.int8()),  # DOCUMENT, REJECTED or SKIPPED
+        ("id", pa.int64()),  # a document's doc_id, a rejection's record number
+        ("source", pa.binary()),  # the file (a skip's path)
+        ("name", pa.binary()),  # a document's name
+        ("text", pa.large_binary()),  # a document's text (one may exceed 2 GiB of a 32-bit column's offsets)
+        ("reason", pa.binary()),  # a rejection's or a skip's reason
+    ]
+)
 """Strings are kept as their UTF-8 bytes with surrogates passed through (`_encode`): a path decoded with Python's
 surrogateescape is no valid UTF-8, and comes back the same str."""
 DOCUMENT, REJECTED, SKIPPED = 0, 1, 2
@@ -143,7 +145,8 @@ def _table(rows: list[tuple]) -> pa.Table:
     return pa.Table.from_arrays(
         [pa.array(cols[0], pa.int8()), pa.array(cols[1], pa.int64())]
         + [pa.array([_encode(s) for s in col], t.type) for col, t in zip(cols[2:], list(SCHEMA)[2:])],
-        schema=SCHEMA)
+        schema=SCHEMA,
+    )
 
 
 def kept_records(path: str) -> Iterator[Item]:

@@ -39,8 +39,11 @@ def memory_duplicate_edges(paths: list[str], params: DedupParams) -> tuple[Edges
     tables = [read_table(p, columns=["doc_id", "exact_hi", "exact_lo"]) for p in paths]
     orders = np.concatenate([numpy_of(t.column("doc_id")) for t in tables])
     exact = np.stack([np.concatenate([numpy_of(t.column(c)) for t in tables]) for c in ("exact_hi", "exact_lo")], 1)
-    sigs = (np.concatenate([fixed_rows(read_table(p, columns=["sig"]).column("sig"), np.uint32) for p in paths])
-            if params.mode == "near" else None)
+    sigs = (
+        np.concatenate([fixed_rows(read_table(p, columns=["sig"]).column("sig"), np.uint32) for p in paths])
+        if params.mode == "near"
+        else None
+    )
     return find_edges(orders, exact, sigs, params)
 
 
@@ -66,14 +69,19 @@ def _partitions(rows: int) -> int:
 
 def _edges_of(ds: Any) -> Edges:
     """The Edges a dataset of edge tables holds, gathered on the driver."""
-    parts = [Edges(numpy_of(t["src"]), numpy_of(t["dst"]), numpy_of(t["similarity"]))
-             for t in ds.iter_batches(batch_format="pyarrow", batch_size=None) if t.num_rows]
+    parts = [
+        Edges(numpy_of(t["src"]), numpy_of(t["dst"]), numpy_of(t["similarity"]))
+        for t in ds.iter_batches(batch_format="pyarrow", batch_size=None)
+        if t.num_rows
+    ]
     return Edges.concat(parts)
 
 
 def _edge_table(e: Edges) -> pa.Table:
-    return pa.table([arrow(e.src, pa.int64()), arrow(e.dst, pa.int64()), arrow(e.similarity, pa.float32())],
-                    names=["src", "dst", "similarity"])
+    return pa.table(
+        [arrow(e.src, pa.int64()), arrow(e.dst, pa.int64()), arrow(e.similarity, pa.float32())],
+        names=["src", "dst", "similarity"],
+    )
 
 
 def _key_table(keys: np.ndarray, orders: np.ndarray) -> pa.Table:
@@ -111,8 +119,11 @@ def ray_duplicate_edges(paths: list[str], params: DedupParams, rows: int | None 
         return _edge_table(dedup.exact_edges(numpy_of(t["doc_id"]), keys))
 
     ids = _read_records(paths, ["doc_id", "exact_hi", "exact_lo"])
-    exact = _edges_of(ids.repartition(parts, keys=["exact_hi", "exact_lo"]).map_batches(
-        exact_part, batch_format="pyarrow", batch_size=None))
+    exact = _edges_of(
+        ids.repartition(parts, keys=["exact_hi", "exact_lo"]).map_batches(
+            exact_part, batch_format="pyarrow", batch_size=None
+        )
+    )
     if params.mode != "near":
         return exact, Edges.empty()
     followers = np.unique(exact.dst)  # members of an exact group other than its first: not in the near step
@@ -128,9 +139,13 @@ def ray_duplicate_edges(paths: list[str], params: DedupParams, rows: int | None 
 
     sigs = _read_records(paths, ["doc_id", "sig"])
     bands = sigs.map_batches(band_rows, batch_format="pyarrow", batch_size=SIGNATURE_BATCH).repartition(
-        parts, keys=["key"])
-    found = list(bands.map_batches(candidates, batch_format="pyarrow", batch_size=None).iter_batches(
-        batch_format="pyarrow", batch_size=None))
+        parts, keys=["key"]
+    )
+    found = list(
+        bands.map_batches(candidates, batch_format="pyarrow", batch_size=None).iter_batches(
+            batch_format="pyarrow", batch_size=None
+        )
+    )
     shared = pa.concat_tables([_key_table(np.zeros(0, np.uint64), np.zeros(0, np.int64)), *found])
     if shared.num_rows == 0:
         return exact, Edges.empty()
@@ -141,12 +156,17 @@ def ray_duplicate_edges(paths: list[str], params: DedupParams, rows: int | None 
         orders = numpy_of(t["doc_id"])
         at = np.minimum(np.searchsorted(cands, orders), len(cands) - 1)
         hit = np.flatnonzero(cands[at] == orders)
-        return pa.table([arrow(orders[hit], pa.int64()), arrow(label[at[hit]], pa.int64()),
-                         t["sig"].take(arrow(hit, pa.int64()))], names=["doc_id", "component", "sig"])
+        return pa.table(
+            [arrow(orders[hit], pa.int64()), arrow(label[at[hit]], pa.int64()), t["sig"].take(arrow(hit, pa.int64()))],
+            names=["doc_id", "component", "sig"],
+        )
 
     def verify(t: pa.Table) -> pa.Table:
         return _edge_table(dedup.near_edges(numpy_of(t["doc_id"]), fixed_rows(t["sig"], np.uint32), params))
 
-    near = _edges_of(sigs.map_batches(fetch, batch_format="pyarrow", batch_size=SIGNATURE_BATCH).repartition(
-        _partitions(len(cands)), keys=["component"]).map_batches(verify, batch_format="pyarrow", batch_size=None))
+    near = _edges_of(
+        sigs.map_batches(fetch, batch_format="pyarrow", batch_size=SIGNATURE_BATCH)
+        .repartition(_partitions(len(cands)), keys=["component"])
+        .map_batches(verify, batch_format="pyarrow", batch_size=None)
+    )
     return exact, near

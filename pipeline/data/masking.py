@@ -125,8 +125,11 @@ def _special_and_continuations(vocab: list[str]) -> tuple[tuple[int, ...], tuple
         special = tuple(i for i, t in enumerate(vocab) if t.startswith("[") and t.endswith("]"))
         return special, tuple(i for i, t in enumerate(vocab) if t.startswith("##"))
     special = tuple(i for i, t in enumerate(vocab) if _TRAINED_SPECIAL.fullmatch(t))
-    space = _BPE_SPACE if sum(t.startswith(_BPE_SPACE) for t in vocab) >= sum(
-        t.startswith(_UNIGRAM_SPACE) for t in vocab) else _UNIGRAM_SPACE
+    space = (
+        _BPE_SPACE
+        if sum(t.startswith(_BPE_SPACE) for t in vocab) >= sum(t.startswith(_UNIGRAM_SPACE) for t in vocab)
+        else _UNIGRAM_SPACE
+    )
     skip = set(special)
     return special, tuple(i for i, t in enumerate(vocab) if i not in skip and not t.startswith(space))
 
@@ -232,8 +235,10 @@ def mask_example(
     ids: np.ndarray, policy: MaskingPolicy, *, seed: int, epoch: int, example_id: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mask one example: (masked ids (L,), positions (k,) ascending, original ids at them (k,))."""
-    m, p, l = mask_rows([np.asarray(ids, np.int32)], np.array([example_id], np.int64), policy, seed=seed, epoch=epoch)
-    return m[0], p[0], l[0]
+    m, p, labels = mask_rows(
+        [np.asarray(ids, np.int32)], np.array([example_id], np.int64), policy, seed=seed, epoch=epoch
+    )
+    return m[0], p[0], labels[0]
 
 
 def _ragged(rows: list[np.ndarray]) -> np.ndarray:

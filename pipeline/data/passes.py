@@ -41,21 +41,36 @@ from pipeline.data.examples import (
     derive_seed,
     group_consecutive,
     piece_id,
-    unit_rows,
     split_document,
     split_sentences,
+    unit_rows,
 )
+from pipeline.data.extracted import KEPT_KINDS, keep, kept_records
 from pipeline.data.masking import MaskingPolicy, mask_rows
 from pipeline.data.pool import PoolCandidates, write_pool
 from pipeline.data.signing import DedupParams, records
-from pipeline.data.extracted import KEPT_KINDS, keep, kept_records
 from pipeline.data.sources import Document, InputFile, Rejected, Skipped, read_documents, read_records
 from pipeline.data.tokenizer import SentenceEncoder
 from pipeline.data.wiki import WikiOptions
-from pipeline.storage.io import (commit, exists, filesystem, join, make_parent, read_table, read_text, remove,
-                                sha256_file, temp_name, write_bytes_atomic, write_parquet_atomic, writing)
+from pipeline.storage.io import (
+    commit,
+    exists,
+    filesystem,
+    join,
+    make_parent,
+    read_table,
+    read_text,
+    remove,
+    sha256_file,
+    temp_name,
+    write_bytes_atomic,
+    write_parquet_atomic,
+    writing,
+)
 
-TOKEN_SCHEMA = pa.schema([("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32())), ("sent_lens", pa.list_(pa.int32()))])
+TOKEN_SCHEMA = pa.schema(
+    [("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32())), ("sent_lens", pa.list_(pa.int32()))]
+)
 
 
 # ---------------------------------------------------------------------------------------------- pass 0: dedup
@@ -171,7 +186,7 @@ def relative_to(work: str, path: str) -> str:
     ('tok/f000001.pool.parquet', '/x/y')
     """
     prefix = work.rstrip("/") + "/"
-    return path[len(prefix):] if path.startswith(prefix) else path
+    return path[len(prefix) :] if path.startswith(prefix) else path
 
 
 def located(work: str, path: str) -> str:
@@ -199,8 +214,9 @@ def chunk_path(f: InputFile, work: str, b: int) -> str:
 Batch = list[tuple[Document, bool]]  # (piece, whether it is its document's last piece)
 
 
-def file_batches(f: InputFile, cfg: DataConfig, merge: FileMerge, dropped: Mapping[int, str] | None = None
-                 ) -> Iterator[Batch]:
+def file_batches(
+    f: InputFile, cfg: DataConfig, merge: FileMerge, dropped: Mapping[int, str] | None = None
+) -> Iterator[Batch]:
     """The pieces of a file's documents in batches of about `chunk_chars` characters, in order (each batch is one
     token chunk). Records read and rejected are counted into `merge`; a document in `dropped` (doc_id -> reason,
     from the dedup pass) is rejected with its reason."""
@@ -271,8 +287,14 @@ def encode_pieces(batch: Batch, path: str, tok: SentenceEncoder, cfg: DataConfig
         out["chunk"] = {"path": path, "docs": len(doc_ids), "tokens": int(sum(len(t) for t in tokens))}
     # The windows tile each piece's non-empty sentences in order, so their sentences are those, and their tokens
     # all of the batch's tokens.
-    cands = PoolCandidates(np.array(prio, np.int64), np.array(docs, np.int64), np.array(wins, np.int64),
-                           np.array(n_sents, np.int64), sent_lens[sent_lens > 0], all_ids)
+    cands = PoolCandidates(
+        np.array(prio, np.int64),
+        np.array(docs, np.int64),
+        np.array(wins, np.int64),
+        np.array(n_sents, np.int64),
+        sent_lens[sent_lens > 0],
+        all_ids,
+    )
     out["pool"] = cands.bottom(cfg.random_pool_size)
     return out
 
@@ -283,8 +305,16 @@ class FileMerge:
 
     def __init__(self, f: InputFile, cfg: DataConfig, work: str) -> None:
         self.f, self.cfg, self.work = f, cfg, work
-        self.stats: dict[str, Any] = {"file": f.path, "documents_read": 0, "documents_written": 0, "pieces": 0,
-                                      "tokens": 0, "sentences": 0, "chunks": [], "skipped_files": []}
+        self.stats: dict[str, Any] = {
+            "file": f.path,
+            "documents_read": 0,
+            "documents_written": 0,
+            "pieces": 0,
+            "tokens": 0,
+            "sentences": 0,
+            "chunks": [],
+            "skipped_files": [],
+        }
         self.reasons: Counter[str] = Counter()
         self.pool = PoolCandidates.empty()
         self.doc_has_tokens = False  # of the document whose pieces are being added
@@ -313,8 +343,11 @@ class FileMerge:
         stats["pool"] = write_pool(join(self.work, "tok", f"{unit_name(self.f)}.pool.parquet"), pool)
         stats["rejected_reasons"] = dict(sorted(self.reasons.items()))
         stats["documents_rejected"] = sum(self.reasons.values())
-        record = {**stats, "pool": relative_to(self.work, stats["pool"]),
-                  "chunks": [{**c, "path": relative_to(self.work, c["path"])} for c in stats["chunks"]]}
+        record = {
+            **stats,
+            "pool": relative_to(self.work, stats["pool"]),
+            "chunks": [{**c, "path": relative_to(self.work, c["path"])} for c in stats["chunks"]],
+        }
         write_bytes_atomic(done_path(self.f, self.work), json.dumps(record).encode())
         if (kept := text_path(self.f, self.work)) is not None:
             remove(kept)  # the unit's kept records: read for the last time
@@ -342,14 +375,20 @@ def example_units(cfg: DataConfig, chunks: list[dict[str, Any]], work: str) -> l
     target = max(1, cfg.chunk_chars // 4)
     if cfg.sources:  # runs of one source's chunks, each grouped on its own
         runs = [list(g) for _, g in itertools.groupby(range(len(chunks)), key=lambda i: chunks[i]["source"])]
-        units = [[run[i] for i in u] for run in runs
-                 for u in group_consecutive([chunks[i]["tokens"] for i in run], target)]
+        units = [
+            [run[i] for i in u] for run in runs for u in group_consecutive([chunks[i]["tokens"] for i in run], target)
+        ]
     else:
         units = group_consecutive([c["tokens"] for c in chunks], target)
-    return [{"chunks": [chunks[i]["path"] for i in u], "dest": join(work, "ex", f"e{k:06d}.parquet"),
-             "tokens": sum(chunks[i]["tokens"] for i in u),
-             **({"source": cfg.sources[chunks[u[0]]["source"]].name} if cfg.sources else {})}
-            for k, u in enumerate(units)]
+    return [
+        {
+            "chunks": [chunks[i]["path"] for i in u],
+            "dest": join(work, "ex", f"e{k:06d}.parquet"),
+            "tokens": sum(chunks[i]["tokens"] for i in u),
+            **({"source": cfg.sources[chunks[u[0]]["source"]].name} if cfg.sources else {}),
+        }
+        for k, u in enumerate(units)
+    ]
 
 
 def in_chunk_order(cfg: DataConfig, metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -358,8 +397,14 @@ def in_chunk_order(cfg: DataConfig, metas: list[dict[str, Any]]) -> list[dict[st
 
 
 def examples_for_chunks(
-    chunk_paths: list[str], pool: RandomPool, cfg: DataConfig, policy: MaskingPolicy, cls_id: int, sep_id: int,
-    out_path: str, source: str | None = None,
+    chunk_paths: list[str],
+    pool: RandomPool,
+    cfg: DataConfig,
+    policy: MaskingPolicy,
+    cls_id: int,
+    sep_id: int,
+    out_path: str,
+    source: str | None = None,
 ) -> dict[str, Any]:
     """Build (and, for static masking, mask) the examples of some token chunks; write them; return counts.
     `source`: in a mixture, the name of the one source the chunks are of, written in every row's `source`.
@@ -462,12 +507,17 @@ def source_sums(table: pa.Table) -> list[tuple[str, int, int]]:
     >>> source_sums(pa.table({"source": ["b", "a", "b"], "num_tokens": pa.array([3, 4, 5], pa.int32())}))
     [('a', 1, 4), ('b', 2, 8)]
     """
-    g = table.select(["source", "num_tokens"]).group_by("source").aggregate([("num_tokens", "count"),
-                                                                            ("num_tokens", "sum")])
+    g = (
+        table.select(["source", "num_tokens"])
+        .group_by("source")
+        .aggregate([("num_tokens", "count"), ("num_tokens", "sum")])
+    )
     return sorted(zip(g["source"].to_pylist(), g["num_tokens_count"].to_pylist(), g["num_tokens_sum"].to_pylist()))
 
 
-def shard_plan(chunks: list[dict[str, Any]], num_shards: int, out_dir: str) -> list[tuple[str, list[tuple[str, int, int]]]]:
+def shard_plan(
+    chunks: list[dict[str, Any]], num_shards: int, out_dir: str
+) -> list[tuple[str, list[tuple[str, int, int]]]]:
     """Which chunk rows go into which shard: contiguous, balanced to one row."""
     total = sum(c["rows"] for c in chunks)
     k = max(1, min(num_shards, total))

@@ -19,7 +19,12 @@ from pipeline.data.tokenizer import gather_runs
 from pipeline.storage.io import read_table, write_parquet_atomic
 
 POOL_SCHEMA = pa.schema(
-    [("priority", pa.int64()), ("doc_id", pa.int64()), ("tokens", pa.list_(pa.int32())), ("sent_lens", pa.list_(pa.int32()))]
+    [
+        ("priority", pa.int64()),
+        ("doc_id", pa.int64()),
+        ("tokens", pa.list_(pa.int32())),
+        ("sent_lens", pa.list_(pa.int32())),
+    ]
 )
 
 
@@ -66,7 +71,10 @@ class PoolCandidates:
         win_tokens = self.window_tokens()
         tok_start = np.cumsum(win_tokens) - win_tokens
         return PoolCandidates(
-            self.prio[order], self.doc[order], self.win[order], self.n_sents[order],
+            self.prio[order],
+            self.doc[order],
+            self.win[order],
+            self.n_sents[order],
             gather_runs(self.sent_lens, sent_start[order], self.n_sents[order]),
             gather_runs(self.tokens, tok_start[order], win_tokens[order]),
         )

@@ -32,19 +32,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.errors import PipelineError
 from pipeline.config import DataConfig, config_hash
-from pipeline.data.executors import make_executor
 from pipeline.data.arrow import arrow, numpy_of
 from pipeline.data.dedup import Duplicates, resolve
+from pipeline.data.executors import make_executor
 from pipeline.data.passes import (
     FileMerge,
     chunk_path,
+    dedup_params,
     example_units,
     file_batches,
     file_done,
     in_chunk_order,
-    dedup_params,
     read_done,
     shard_plan,
     text_bytes,
@@ -52,9 +51,17 @@ from pipeline.data.passes import (
 )
 from pipeline.data.pool import merge_pool
 from pipeline.data.progress import Progress, log
-from pipeline.data.sources import (MAX_RECORD_BYTES, InputError, InputFile, Skipped, skipped_once, skipped_summary,
-                                   split_units)
+from pipeline.data.sources import (
+    MAX_RECORD_BYTES,
+    InputError,
+    InputFile,
+    Skipped,
+    skipped_once,
+    skipped_summary,
+    split_units,
+)
 from pipeline.data.tokenizer import check_pair, read_vocab, sha256_bytes, tokenizer_kind
+from pipeline.errors import PipelineError
 from pipeline.storage.io import filesystem, join, read_bytes, read_table, write_bytes_atomic
 
 
@@ -66,8 +73,9 @@ class OutputExistsError(PipelineError, ValueError):
 _NOT_HASHED = ("inputs", "output", "num_actors", "overwrite", "vocab", "local_max_bytes")
 
 
-def output_config_hash(cfg: DataConfig, fingerprint: list, vocab_source: str | None,
-                       file_sources: dict[int, int] | None = None) -> str:
+def output_config_hash(
+    cfg: DataConfig, fingerprint: list, vocab_source: str | None, file_sources: dict[int, int] | None = None
+) -> str:
     """Hash of what determines the output: config fields, input fingerprint, the given vocabulary's sha256 and, in
     a mixture, which source each input file is of (`file_sources`: its names and their files, not its weights,
     which only the loader reads: the same shards serve any weighting)."""
@@ -80,8 +88,11 @@ def output_config_hash(cfg: DataConfig, fingerprint: list, vocab_source: str | N
     if d["tokenizer"] == "wordpiece" or vocab_source:  # added in issue 57: trained WordPiece hashes as before
         del d["tokenizer"]
     sources = d.pop("sources")  # added in issue 58: without a mixture, a config hashes as it did before the field
-    extra = ({"sources": [s["name"] for s in sources], "file_sources": sorted((file_sources or {}).items())}
-             if sources else {})
+    extra = (
+        {"sources": [s["name"] for s in sources], "file_sources": sorted((file_sources or {}).items())}
+        if sources
+        else {}
+    )
     return config_hash({"data": d, "inputs": fingerprint, "vocab": vocab_source, "format": 1, **extra})
 
 
@@ -165,15 +176,29 @@ class DedupResult:
         path = {f.index: f.path for f in files}
         kinds = self.dups.kind_names()
         lines = []
-        for o, d, k, sim in zip(self.dups.order.tolist(), self.dups.duplicate_of.tolist(), kinds,
-                                self.dups.similarity.tolist()):
-            lines.append(json.dumps({"source": path[o >> 32], "doc": self.names[o],
-                                     "duplicate_of": {"source": path[d >> 32], "doc": self.names[d]},
-                                     "kind": k, "similarity": round(sim, 4)}) + "\n")
+        for o, d, k, sim in zip(
+            self.dups.order.tolist(), self.dups.duplicate_of.tolist(), kinds, self.dups.similarity.tolist()
+        ):
+            lines.append(
+                json.dumps(
+                    {
+                        "source": path[o >> 32],
+                        "doc": self.names[o],
+                        "duplicate_of": {"source": path[d >> 32], "doc": self.names[d]},
+                        "kind": k,
+                        "similarity": round(sim, 4),
+                    }
+                )
+                + "\n"
+            )
         data = "".join(lines).encode()
         write_bytes_atomic(join(output, "duplicates.jsonl"), data)
-        return {"path": "duplicates.jsonl", "sha256": sha256_bytes(data), "exact": kinds.count("exact"),
-                "near": kinds.count("near")}
+        return {
+            "path": "duplicates.jsonl",
+            "sha256": sha256_bytes(data),
+            "exact": kinds.count("exact"),
+            "near": kinds.count("near"),
+        }
 
 
 def dedup_pass(ex: Any, units: list[InputFile], cfg: DataConfig, work: str) -> DedupResult | None:
@@ -187,9 +212,14 @@ def dedup_pass(ex: Any, units: list[InputFile], cfg: DataConfig, work: str) -> D
     params = dedup_params(cfg)
     start = time.perf_counter()
     paths = [join(work, "dd", f"{unit_name(u)}.parquet") for u in units]
-    log(f"dedup: {cfg.dedup} duplicates of {len(units)} unit(s) {ex.where()}"
-        + (f" (threshold {params.threshold}, {params.num_perm} permutations, {params.bands}x{params.rows} bands)"
-           if params.mode == "near" else ""))
+    log(
+        f"dedup: {cfg.dedup} duplicates of {len(units)} unit(s) {ex.where()}"
+        + (
+            f" (threshold {params.threshold}, {params.num_perm} permutations, {params.bands}x{params.rows} bands)"
+            if params.mode == "near"
+            else ""
+        )
+    )
     ex.map("sign", list(zip(units, paths)), [text_bytes(u) for u in units])
     edges = ex.duplicate_edges(paths, params)
     dups = resolve(*edges)
@@ -204,13 +234,16 @@ def dedup_pass(ex: Any, units: list[InputFile], cfg: DataConfig, work: str) -> D
         if len(hit):  # indices as an Arrow array: a numpy one goes through pa.array, which imports pandas
             names.update(zip(ids[hit].tolist(), t.column("name").take(arrow(hit, pa.int64())).to_pylist()))
     kinds = dups.kind_names()
-    log(f"dedup: {docs} documents, {kinds.count('exact')} exact and {kinds.count('near')} near duplicates "
-        f"dropped ({time.perf_counter() - start:.1f}s)")
+    log(
+        f"dedup: {docs} documents, {kinds.count('exact')} exact and {kinds.count('near')} near duplicates "
+        f"dropped ({time.perf_counter() - start:.1f}s)"
+    )
     return DedupResult(dups, names)
 
 
-def tokenize_pass(ex: Any, files: list[InputFile], cfg: DataConfig, work: str,
-                  dropped: dict[int, dict[int, str]] | None = None) -> list[dict[str, Any]]:
+def tokenize_pass(
+    ex: Any, files: list[InputFile], cfg: DataConfig, work: str, dropped: dict[int, dict[int, str]] | None = None
+) -> list[dict[str, Any]]:
     """Pass 1; each unit's stats, in the order of `files` (whole files, or a file's units, `split_units`). With
     more than one worker, a unit of more than two batches is read here and its batches are encoded on the
     workers as they are read (at most `per_worker` per worker in flight); the other units go whole, costliest
@@ -225,8 +258,11 @@ def tokenize_pass(ex: Any, files: list[InputFile], cfg: DataConfig, work: str,
     whole = [i for i in todo if i not in big]
     merges = {i: FileMerge(files[i], cfg, work) for i in big}
     batches = dict.fromkeys(big, 0)
-    log(f"tokenize: {len(files)} input file(s) {ex.where()}" + (f"; resuming, {len(stats)} already done" if stats else "")
-        + (f"; {len(big)} big file(s) split into batches" if big else ""))
+    log(
+        f"tokenize: {len(files)} input file(s) {ex.where()}"
+        + (f"; resuming, {len(stats)} already done" if stats else "")
+        + (f"; {len(big)} big file(s) split into batches" if big else "")
+    )
 
     def calls():  # (method, args, file); the executor passes the third element back with the result
         for i in big:
@@ -236,8 +272,10 @@ def tokenize_pass(ex: Any, files: list[InputFile], cfg: DataConfig, work: str,
         for i in whole:
             yield "tokenize", (files[i], dropped.get(files[i].index)), i
 
-    progress = {"encode": Progress("tokenize", f"batches of {len(big)} big file(s)"),
-                "tokenize": Progress("tokenize", "whole files", len(whole))}
+    progress = {
+        "encode": Progress("tokenize", f"batches of {len(big)} big file(s)"),
+        "tokenize": Progress("tokenize", "whole files", len(whole)),
+    }
     for (method, _, i), result in ex.imap(calls()):
         if method == "encode":
             merges[i].add(result)  # results come in call order: a file's batches complete into its merge in order
@@ -251,7 +289,12 @@ def tokenize_pass(ex: Any, files: list[InputFile], cfg: DataConfig, work: str,
 
 
 def prepare_shards(
-    cfg: DataConfig, files: list[InputFile], skipped: list[Skipped], chash: str, vocab_sha: str, tokenizer_path: str,
+    cfg: DataConfig,
+    files: list[InputFile],
+    skipped: list[Skipped],
+    chash: str,
+    vocab_sha: str,
+    tokenizer_path: str,
     file_sources: dict[int, int] | None = None,
 ) -> dict[str, Any]:
     """The three passes, on this machine (inputs up to data.local_max_bytes) or on the Ray cluster; writes
@@ -284,16 +327,21 @@ def prepare_shards(
             named = f"; {skipped_summary(unread)}" if unread else ""
             raise InputError(f"no usable document in {len(files)} input file(s) ({docs_read} read: {detail}{named})")
         chunks = [c for s in file_stats for c in s["chunks"]]
-        log(f"tokenize: {docs_written}/{docs_read} documents, {sum(s['tokens'] for s in file_stats)} tokens, "
-            f"{len(chunks)} chunks")
+        log(
+            f"tokenize: {docs_written}/{docs_read} documents, {sum(s['tokens'] for s in file_stats)} tokens, "
+            f"{len(chunks)} chunks"
+        )
 
         pool = merge_pool([s["pool"] for s in file_stats], cfg.random_pool_size)
         pa.default_memory_pool().release_unused()  # Arrow's allocator keeps freed pages otherwise (~250 MB at 8x)
         units = example_units(cfg, chunks, work)
         log(f"examples: {len(chunks)} chunk(s) in {len(units)} unit(s), random pool of {len(pool)} windows")
         shared_pool = ex.share(pool)
-        metas = ex.map("examples", [(u["chunks"], shared_pool, u["dest"], *([u["source"]] if "source" in u else []))
-                                    for u in units], [u["tokens"] for u in units])
+        metas = ex.map(
+            "examples",
+            [(u["chunks"], shared_pool, u["dest"], *([u["source"]] if "source" in u else [])) for u in units],
+            [u["tokens"] for u in units],
+        )
         ex_chunks = in_chunk_order(cfg, metas)
         examples = sum(m["rows"] for m in ex_chunks)
         if examples == 0:
@@ -318,8 +366,9 @@ def prepare_shards(
     return manifest
 
 
-def source_summary(cfg: DataConfig, file_sources: dict[int, int], file_stats: list[dict[str, Any]],
-                   ex_chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def source_summary(
+    cfg: DataConfig, file_sources: dict[int, int], file_stats: list[dict[str, Any]], ex_chunks: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """The manifest's `sources`: per source of the mixture, in `data.sources` order, its name, inputs, weight or
     epochs, and what it holds: input files, documents read and written, examples (rows) and tokens of the rows.
 
@@ -330,22 +379,38 @@ def source_summary(cfg: DataConfig, file_sources: dict[int, int], file_stats: li
     >>> [(s["name"], s["input_files"], s["documents"], s["examples"], s["tokens"]) for s in source_summary(
     ...  cfg, {0: 0, 1: 1}, stats, [{"source": "a", "rows": 5, "tokens": 50}])]
     [('a', 1, 2, 5, 50), ('b', 1, 0, 0, 0)]
-    """
+    """  # noqa: E501
     out = []
     for k, s in enumerate(cfg.sources):
         mine = [st for st in file_stats if st["source"] == k]
         chunks = [m for m in ex_chunks if m.get("source") == s.name]
-        out.append({"name": s.name, "inputs": list(s.inputs), "weight": s.weight, "epochs": s.epochs,
-                    "input_files": sum(v == k for v in file_sources.values()), "documents_read": sum(st["documents_read"] for st in mine),
-                    "documents": sum(st["documents_written"] for st in mine),
-                    "examples": sum(m["rows"] for m in chunks), "tokens": sum(m["tokens"] for m in chunks)})
+        out.append(
+            {
+                "name": s.name,
+                "inputs": list(s.inputs),
+                "weight": s.weight,
+                "epochs": s.epochs,
+                "input_files": sum(v == k for v in file_sources.values()),
+                "documents_read": sum(st["documents_read"] for st in mine),
+                "documents": sum(st["documents_written"] for st in mine),
+                "examples": sum(m["rows"] for m in chunks),
+                "tokens": sum(m["tokens"] for m in chunks),
+            }
+        )
     return out
 
 
 def _manifest(
-    cfg: DataConfig, files: list[InputFile], skipped: list[Skipped], chash: str, vocab_sha: str,
-    file_stats: list[dict[str, Any]], reasons: Counter[str], ex_chunks: list[dict[str, Any]],
-    shards: list[dict[str, Any]], start: float,
+    cfg: DataConfig,
+    files: list[InputFile],
+    skipped: list[Skipped],
+    chash: str,
+    vocab_sha: str,
+    file_stats: list[dict[str, Any]],
+    reasons: Counter[str],
+    ex_chunks: list[dict[str, Any]],
+    shards: list[dict[str, Any]],
+    start: float,
 ) -> dict[str, Any]:
     """manifest.json (DESIGN.md's keys at top level); checks the document accounting."""
     vocab = read_vocab(join(cfg.output, "vocab.txt"))
@@ -365,8 +430,15 @@ def _manifest(
         "config": dataclasses.asdict(cfg),
         "config_hash": chash,
         "vocab_sha256": vocab_sha,
-        "shards": [{"path": f"shards/{s['path'].rsplit('/', 1)[-1]}", "rows": s["rows"], "sha256": s["sha256"],
-                    **{k: s[k] for k in ("source_rows", "source_tokens") if k in s}} for s in shards],
+        "shards": [
+            {
+                "path": f"shards/{s['path'].rsplit('/', 1)[-1]}",
+                "rows": s["rows"],
+                "sha256": s["sha256"],
+                **{k: s[k] for k in ("source_rows", "source_tokens") if k in s},
+            }
+            for s in shards
+        ],
         "output": cfg.output,
         "masking": cfg.masking,
         "vocab_size": len(vocab),
@@ -378,8 +450,9 @@ def _manifest(
         "source_tokens": sum(s["tokens"] for s in file_stats),
         "document_pieces": sum(s.get("pieces", 0) for s in file_stats),
     }
-    if manifest["documents_read"] != manifest["documents_written"] + manifest["documents_rejected"] or sum(
-        reasons.values()
-    ) != manifest["documents_rejected"]:
+    if (
+        manifest["documents_read"] != manifest["documents_written"] + manifest["documents_rejected"]
+        or sum(reasons.values()) != manifest["documents_rejected"]
+    ):
         raise AssertionError("document accounting is inconsistent")  # a bug, not bad input
     return manifest

@@ -1,7 +1,7 @@
 """The data stages' console lines: `[data] ...` on stderr, and a pass's progress at most every PROGRESS_EVERY_S.
 
-    >>> p = Progress("shard", "units", total=2); p.step(); p.done
-    1
+>>> p = Progress("shard", "units", total=2); p.step(); p.done
+1
 """
 
 from __future__ import annotations

@@ -65,7 +65,6 @@ _SPACE = re.compile(r"\s")  # what str.split() splits on: both are Py_UNICODE_IS
 _NO_SLOT = np.uint32(0xFFFFFFFF)  # a signature slot before any shingle (above every value rensa gives)
 
 
-
 Mode = Literal["off", "exact", "near"]
 
 
@@ -137,6 +136,7 @@ class DedupParams:
                 f"data.dedup_bands {self.bands} x data.dedup_rows {self.rows} must be >= 1 and fit in "
                 f"data.dedup_num_perm {self.num_perm}"
             )
+
 
 def normalise(text: str) -> str:
     """Case-folded, whitespace runs collapsed to one space, stripped: the text both dedup kinds compare.
@@ -316,12 +316,18 @@ class _MinHashes:
         return self.sigs[:n].copy()
 
 
-def _sign(texts: Iterable[str], params: DedupParams | None, window_chars: int, batch_shingles: int,
-          batch_words: int = BATCH_WORDS) -> tuple[np.ndarray, np.ndarray | None]:
+def _sign(
+    texts: Iterable[str],
+    params: DedupParams | None,
+    window_chars: int,
+    batch_shingles: int,
+    batch_words: int = BATCH_WORDS,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """(exact keys, signatures or None when `params` is None) of `texts`, each read once, a window at a time."""
     keys: list[bytes] = []
-    shingles = None if params is None else _Shingles(params.shingle_size, _MinHashes(params, batch_shingles),
-                                                     batch_words)
+    shingles = (
+        None if params is None else _Shingles(params.shingle_size, _MinHashes(params, batch_shingles), batch_words)
+    )
     for text in texts:  # not enumerate(): its cached result tuple would hold the text while the next is read
         doc = len(keys)
         key = hashlib.blake2b(digest_size=16)
@@ -355,8 +361,13 @@ def exact_keys(texts: Iterable[str], window_chars: int = WINDOW_CHARS) -> np.nda
     return _sign(texts, None, window_chars, BATCH_SHINGLES)[0]
 
 
-def signatures(texts: Iterable[str], params: DedupParams, window_chars: int = WINDOW_CHARS,
-               batch_shingles: int = BATCH_SHINGLES, batch_words: int = BATCH_WORDS) -> np.ndarray:
+def signatures(
+    texts: Iterable[str],
+    params: DedupParams,
+    window_chars: int = WINDOW_CHARS,
+    batch_shingles: int = BATCH_SHINGLES,
+    batch_words: int = BATCH_WORDS,
+) -> np.ndarray:
     """(n, num_perm) uint32 MinHash signatures of the texts' word shingles; the same on every machine.
 
     >>> from pipeline.data.dedup import DedupParams, similarity
@@ -369,9 +380,13 @@ def signatures(texts: Iterable[str], params: DedupParams, window_chars: int = WI
     return sigs
 
 
-def records(texts: Iterable[str], params: DedupParams, window_chars: int = WINDOW_CHARS,
-            batch_shingles: int = BATCH_SHINGLES, batch_words: int = BATCH_WORDS
-            ) -> tuple[np.ndarray, np.ndarray | None]:
+def records(
+    texts: Iterable[str],
+    params: DedupParams,
+    window_chars: int = WINDOW_CHARS,
+    batch_shingles: int = BATCH_SHINGLES,
+    batch_words: int = BATCH_WORDS,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """(exact_keys(texts), signatures(texts, params) or None when params.mode is not near), each text read once:
     what the dedup pass keeps of a unit's documents. `texts` may be a generator: a text is not held after it is
     signed, and memory is a window or a batch of words, and a batch of hashes, plus 16 + 4 * num_perm bytes a

@@ -15,14 +15,23 @@ import os
 from typing import Any
 
 from pipeline.config import DataConfig, config_hash
-from pipeline.runner.dag import Stage
 from pipeline.data.dataset import PreparedDataset
-from pipeline.data.prepare import OutputExistsError, log_skipped, output_config_hash, prepare_shards, runs_in_process
 from pipeline.data.passes import wiki_options
+from pipeline.data.prepare import OutputExistsError, log_skipped, output_config_hash, prepare_shards, runs_in_process
 from pipeline.data.progress import log
 from pipeline.data.sources import Document, InputError, InputFile, no_readable_input, read_documents
 from pipeline.data.tokenizer import sha256_bytes
-from pipeline.storage.io import exists, filesystem, join, local_copy, output_lock, read_bytes, read_text, write_bytes_atomic
+from pipeline.runner.dag import Stage
+from pipeline.storage.io import (
+    exists,
+    filesystem,
+    join,
+    local_copy,
+    output_lock,
+    read_bytes,
+    read_text,
+    write_bytes_atomic,
+)
 
 
 def needs_ray(cfg: DataConfig) -> bool:
@@ -63,8 +72,9 @@ def file_sources(cfg: DataConfig, files: list[InputFile]) -> dict[int, int] | No
         for f in mine:
             if index[f.path] in out:
                 other = cfg.sources[out[index[f.path]]].name
-                raise InputError(f"data.sources[{source.name}] and data.sources[{other}] both hold {f.path}: a file "
-                                 "is of one source")
+                raise InputError(
+                    f"data.sources[{source.name}] and data.sources[{other}] both hold {f.path}: a file is of one source"
+                )
             out[index[f.path]] = k
     return out
 
@@ -88,9 +98,14 @@ def plan(cfg: DataConfig) -> Plan:
         vocab_key = config_hash({"vocab": vocab_sha, "lowercase": cfg.lowercase})
     else:
         vocab_key = config_hash(
-            {"train": cfg.vocab_size, "lowercase": cfg.lowercase, "sample": cfg.vocab_sample_chars,
-             "column": cfg.text_column, "inputs": fingerprint(files),
-             **({"kind": cfg.tokenizer} if cfg.tokenizer != "wordpiece" else {})}
+            {
+                "train": cfg.vocab_size,
+                "lowercase": cfg.lowercase,
+                "sample": cfg.vocab_sample_chars,
+                "column": cfg.text_column,
+                "inputs": fingerprint(files),
+                **({"kind": cfg.tokenizer} if cfg.tokenizer != "wordpiece" else {}),
+            }
         )
     manifest_path = join(cfg.output, "manifest.json")
     if exists(manifest_path) and not cfg.overwrite:
@@ -107,7 +122,11 @@ def plan(cfg: DataConfig) -> Plan:
 
 
 def _vocab_result(cfg: DataConfig, sha: str) -> dict[str, Any]:
-    return {"vocab": join(cfg.output, "vocab.txt"), "tokenizer": join(cfg.output, "tokenizer.json"), "vocab_sha256": sha}
+    return {
+        "vocab": join(cfg.output, "vocab.txt"),
+        "tokenizer": join(cfg.output, "tokenizer.json"),
+        "vocab_sha256": sha,
+    }
 
 
 def vocab_done(p: Plan) -> dict[str, Any] | None:
@@ -165,7 +184,7 @@ def _report_texts(p: Plan) -> tuple[list[str], bool]:
         for item in read_documents(f, p.cfg.text_column, wiki_options(p.cfg)):
             if not isinstance(item, Document):
                 continue
-            text = item.text[max(0, budget - used):] if used + len(item.text) > budget else ""
+            text = item.text[max(0, budget - used) :] if used + len(item.text) > budget else ""
             used += len(item.text)
             if text:
                 out.append(text[: REPORT_CHARS - total])
@@ -191,8 +210,15 @@ def run_vocab(p: Plan) -> dict[str, Any]:
 
 
 def _run_vocab(p: Plan) -> dict[str, Any]:
-    from pipeline.data.tokenizer import (load_tokenizer, report_line, tokenizer_json, tokenizer_kind, tokenizer_report,
-                                         train_tokenizer, vocab_bytes)
+    from pipeline.data.tokenizer import (
+        load_tokenizer,
+        report_line,
+        tokenizer_json,
+        tokenizer_kind,
+        tokenizer_report,
+        train_tokenizer,
+        vocab_bytes,
+    )
 
     cfg = p.cfg
     fs, out = filesystem(cfg.output)
@@ -223,8 +249,19 @@ def _run_vocab(p: Plan) -> dict[str, Any]:
 
 
 def _summary(m: dict[str, Any]) -> dict[str, Any]:
-    keys = ("documents_read", "documents_written", "documents_rejected", "rejected_reasons", "examples", "tokens",
-            "masked_tokens", "nsp_random_fraction", "config_hash", "vocab_sha256", "seconds")
+    keys = (
+        "documents_read",
+        "documents_written",
+        "documents_rejected",
+        "rejected_reasons",
+        "examples",
+        "tokens",
+        "masked_tokens",
+        "nsp_random_fraction",
+        "config_hash",
+        "vocab_sha256",
+        "seconds",
+    )
     return {**{k: m[k] for k in keys}, "duplicates": m.get("duplicates")}
 
 
@@ -245,8 +282,9 @@ def shards_done(p: Plan) -> dict[str, Any] | None:
 def run_shards(p: Plan, vocab: dict[str, Any]) -> dict[str, Any]:
     """The three passes (pipeline.data.prepare), holding the output's writer lock."""
     with output_lock(p.cfg.output):
-        m = prepare_shards(p.cfg, p.files, p.skipped, p.config_hash, vocab["vocab_sha256"], vocab["tokenizer"],
-                           p.file_sources)
+        m = prepare_shards(
+            p.cfg, p.files, p.skipped, p.config_hash, vocab["vocab_sha256"], vocab["tokenizer"], p.file_sources
+        )
     return _summary(m)
 
 
@@ -257,15 +295,20 @@ def run_validate(p: Plan) -> PreparedDataset:
 
 def check_paths(cfg: DataConfig) -> None:
     """Every input (and a given vocabulary) exists: checked on the driver before Ray starts."""
-    given = ([(f"data.sources[{s.name}].inputs", p) for s in cfg.sources for p in s.inputs] if cfg.sources else
-             [("data.inputs", p) for p in cfg.inputs])
+    given = (
+        [(f"data.sources[{s.name}].inputs", p) for s in cfg.sources for p in s.inputs]
+        if cfg.sources
+        else [("data.inputs", p) for p in cfg.inputs]
+    )
     _check_given = given + ([("data.vocab: vocabulary", cfg.vocab)] if cfg.vocab else [])
     if not cfg.inputs:
         raise InputError("data.inputs is empty: give at least one file or folder (--data.inputs PATH)")
     for field_name, path in _check_given:
         if not exists(path):
-            raise InputError(f"{field_name}: {path} does not exist (relative paths resolve against the current "
-                             f"directory, {os.getcwd()})")
+            raise InputError(
+                f"{field_name}: {path} does not exist (relative paths resolve against the current "
+                f"directory, {os.getcwd()})"
+            )
 
 
 def _duplicates(r: dict[str, Any]) -> str:
@@ -284,12 +327,27 @@ def data_stages(cfg: DataConfig, prefix: str = "") -> list[Stage]:
     p = plan(cfg)
     vocab, shards = f"{prefix}vocab", f"{prefix}shards"
     return [
-        Stage(vocab, lambda deps: run_vocab(p), done=lambda deps: vocab_done(p),
-              describe=lambda r: f"vocab_sha256 {r['vocab_sha256'][:12]}"),
-        Stage(shards, lambda deps: run_shards(p, deps[vocab]), deps=(vocab,), done=lambda deps: shards_done(p),
-              describe=lambda r: (f"documents read/written/rejected {r['documents_read']}/{r['documents_written']}/"
-                                  f"{r['documents_rejected']}" + _duplicates(r) + f", {r['examples']:,} examples, "
-                                  f"{r['tokens']:,} tokens")),
-        Stage(f"{prefix}validate", lambda deps: run_validate(p), deps=(shards,),
-              describe=lambda d: f"{len(d.shards)} shards checked, {d.output}"),
+        Stage(
+            vocab,
+            lambda deps: run_vocab(p),
+            done=lambda deps: vocab_done(p),
+            describe=lambda r: f"vocab_sha256 {r['vocab_sha256'][:12]}",
+        ),
+        Stage(
+            shards,
+            lambda deps: run_shards(p, deps[vocab]),
+            deps=(vocab,),
+            done=lambda deps: shards_done(p),
+            describe=lambda r: (
+                f"documents read/written/rejected {r['documents_read']}/{r['documents_written']}/"
+                f"{r['documents_rejected']}" + _duplicates(r) + f", {r['examples']:,} examples, "
+                f"{r['tokens']:,} tokens"
+            ),
+        ),
+        Stage(
+            f"{prefix}validate",
+            lambda deps: run_validate(p),
+            deps=(shards,),
+            describe=lambda d: f"{len(d.shards)} shards checked, {d.output}",
+        ),
     ]

@@ -53,7 +53,9 @@ def _bert_pipeline(tok: Tokenizer, lowercase: bool) -> Tokenizer:
 def _post_processor(tok: Tokenizer) -> None:
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
     )
 
 
@@ -127,8 +129,12 @@ class SentenceEncoder:
         self.tokenizer = tok
         spec = json.loads(tok.to_str())
         norm, pre, model = spec.get("normalizer") or {}, spec.get("pre_tokenizer") or {}, spec.get("model") or {}
-        self.fast = (norm.get("type") == "BertNormalizer" and norm.get("clean_text") is True
-                     and pre.get("type") == "BertPreTokenizer" and model.get("type") == "WordPiece")
+        self.fast = (
+            norm.get("type") == "BertNormalizer"
+            and norm.get("clean_text") is True
+            and pre.get("type") == "BertPreTokenizer"
+            and model.get("type") == "WordPiece"
+        )
         self.lowercase = bool(norm.get("lowercase"))
         self.added = sorted({t.content for t in tok.get_added_tokens_decoder().values()})
         punct = re.escape("".join(c for c in map(chr, range(33, 127)) if not c.isalnum()))
@@ -144,7 +150,9 @@ class SentenceEncoder:
 
     def _slow(self, sentences: list[str], count: bool = True) -> tuple[np.ndarray, np.ndarray]:
         self.sentences["tokenizer"] += len(sentences) if count else 0
-        enc = [e.ids for e in self.tokenizer.encode_batch_fast(sentences, add_special_tokens=False)] if sentences else []
+        enc = (
+            [e.ids for e in self.tokenizer.encode_batch_fast(sentences, add_special_tokens=False)] if sentences else []
+        )
         lens = np.fromiter(map(len, enc), dtype=np.int32, count=len(enc))
         ids = np.fromiter(itertools.chain.from_iterable(enc), dtype=np.int32, count=int(lens.sum()))
         return ids, lens
@@ -168,8 +176,11 @@ class SentenceEncoder:
         if text.isascii() and text.count("\n") == len(sentences) - 1 and not self._has_added(text):
             return self._cut(text)
         plain = [self._plain(s) for s in sentences]
-        ids_p, lens_p = self._cut("\n".join(s for s, ok in zip(sentences, plain) if ok)) if any(plain) else (
-            np.zeros(0, np.int32), np.zeros(0, np.int32))
+        ids_p, lens_p = (
+            self._cut("\n".join(s for s, ok in zip(sentences, plain) if ok))
+            if any(plain)
+            else (np.zeros(0, np.int32), np.zeros(0, np.int32))
+        )
         ids_s, lens_s = self._slow([s for s, ok in zip(sentences, plain) if not ok])
         order = np.asarray(plain, bool)
         lens = np.empty(len(sentences), np.int32)
@@ -292,7 +303,9 @@ def _train_ordered(texts: Iterable[str], vocab_size: int, lowercase: bool, conts
     tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")), lowercase)
     # As special tokens, the pieces get ids 5.. in sorted order before the trainer reads any word.
     trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS) + conts, continuing_subword_prefix="##",
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS) + conts,
+        continuing_subword_prefix="##",
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
@@ -341,15 +354,22 @@ def _train_bpe(texts: Iterable[str], vocab_size: int, lowercase: bool) -> Tokeni
     a fixed order) and equal-count merges are tied by those ids (tests/test_tokenizer.py trains twice)."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(alphabet) + len(SPECIAL_TOKENS):
-        raise VocabError(f"data.vocab_size {vocab_size} is too small for a byte-level BPE: it needs at least "
-                         f"{len(alphabet) + len(SPECIAL_TOKENS)} (256 bytes + {len(SPECIAL_TOKENS)} special tokens)")
+        raise VocabError(
+            f"data.vocab_size {vocab_size} is too small for a byte-level BPE: it needs at least "
+            f"{len(alphabet) + len(SPECIAL_TOKENS)} (256 bytes + {len(SPECIAL_TOKENS)} special tokens)"
+        )
     tok = Tokenizer(models.BPE())
     if lowercase:
         tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), initial_alphabet=alphabet,
-                                  min_frequency=2, show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=alphabet,
+        min_frequency=2,
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
 
@@ -369,8 +389,9 @@ def _train_unigram(texts: Iterable[str], vocab_size: int, lowercase: bool) -> To
     character order, all are rounded to 1e-6 and the pieces ordered by (score, piece), so the same texts give the
     same tokenizer.json (tests/test_tokenizer.py trains twice)."""
     tok = _unigram_pipeline(Tokenizer(models.Unigram()), lowercase)
-    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), unk_token="[UNK]",
-                                      show_progress=False)
+    trainer = trainers.UnigramTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), unk_token="[UNK]", show_progress=False
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     special = set(SPECIAL_TOKENS)
     pieces = [(p, s) for p, s in json.loads(tok.to_str())["model"]["vocab"] if p not in special]
@@ -384,8 +405,9 @@ def _train_unigram(texts: Iterable[str], vocab_size: int, lowercase: bool) -> To
         pieces[i] = (p, s)
     rest = sorted(((p, round(s, 6)) for p, s in pieces), key=lambda ps: (-ps[1], ps[0]))
     vocab = [(t, 0.0) for t in SPECIAL_TOKENS] + rest
-    out = _unigram_pipeline(Tokenizer(models.Unigram(vocab, unk_id=SPECIAL_TOKENS.index("[UNK]"),
-                                                     byte_fallback=False)), lowercase)
+    out = _unigram_pipeline(
+        Tokenizer(models.Unigram(vocab, unk_id=SPECIAL_TOKENS.index("[UNK]"), byte_fallback=False)), lowercase
+    )
     out.add_special_tokens(list(SPECIAL_TOKENS))
     return out
 
@@ -405,23 +427,29 @@ def tokenizer_report(tok: Tokenizer, texts: Iterable[str]) -> dict[str, Any]:
     unk = tok.token_to_id(model_unk) if model_unk else unk
     words = sum(len(t.split()) for t in texts)
     nbytes = sum(len(t.encode("utf-8")) for t in texts)
-    ids = np.fromiter(itertools.chain.from_iterable(
-        e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)), dtype=np.int64)
+    ids = np.fromiter(
+        itertools.chain.from_iterable(e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)),
+        dtype=np.int64,
+    )
     n = len(ids)
     return {
         "fertility": round(n / words, 4) if words else None,
         "bytes_per_token": round(nbytes / n, 4) if n else None,
         "unknown_rate": round(float((ids == unk).sum()) / n, 4) if n and unk is not None else 0.0,
         "vocab_used": round(len(np.unique(ids)) / tok.get_vocab_size(), 4),
-        "words": words, "tokens": n, "bytes": nbytes,
+        "words": words,
+        "tokens": n,
+        "bytes": nbytes,
     }
 
 
 def report_line(r: dict[str, Any]) -> str:
     """One line of `tokenizer_report`'s figures, for the console."""
-    return (f"fertility {r['fertility']} tokens/word, {r['bytes_per_token']} bytes/token, unknown "
-            f"{100 * r['unknown_rate']:.2f}%, vocabulary used {100 * r['vocab_used']:.1f}% "
-            f"({r['words']:,} words{'' if r.get('held_out', True) else ', inside the training sample'})")
+    return (
+        f"fertility {r['fertility']} tokens/word, {r['bytes_per_token']} bytes/token, unknown "
+        f"{100 * r['unknown_rate']:.2f}%, vocabulary used {100 * r['vocab_used']:.1f}% "
+        f"({r['words']:,} words{'' if r.get('held_out', True) else ', inside the training sample'})"
+    )
 
 
 def tokenizer_kind(tok: Tokenizer) -> str:
@@ -453,16 +481,20 @@ def check_pair(vocab_txt: str, tokenizer_json_path: str, vocab_sha256: str) -> T
     """
     got = sha256_bytes(read_bytes(vocab_txt))
     if got != vocab_sha256:
-        raise VocabError(f"{vocab_txt} has sha256 {got[:12]}, expected {vocab_sha256[:12]}: the vocabulary changed "
-                         "under this preparation; run it again")
+        raise VocabError(
+            f"{vocab_txt} has sha256 {got[:12]}, expected {vocab_sha256[:12]}: the vocabulary changed "
+            "under this preparation; run it again"
+        )
     try:
         tok = Tokenizer.from_str(read_bytes(tokenizer_json_path).decode("utf-8"))
     except Exception as e:  # tokenizers raises plain Exception subclasses
         raise VocabError(f"{tokenizer_json_path} is not a tokenizers tokenizer.json: {str(e)[:200]}") from None
     got = sha256_bytes(vocab_bytes(tok))
     if got != vocab_sha256:
-        raise VocabError(f"{tokenizer_json_path} holds a vocabulary with sha256 {got[:12]}, not that of "
-                         f"{vocab_txt} ({vocab_sha256[:12]}); run the preparation again")
+        raise VocabError(
+            f"{tokenizer_json_path} holds a vocabulary with sha256 {got[:12]}, not that of "
+            f"{vocab_txt} ({vocab_sha256[:12]}); run the preparation again"
+        )
     tok.no_truncation()
     tok.no_padding()
     return tok

@@ -125,6 +125,7 @@ def dump_name(index_path: str) -> str | None:
 
 # ---------------------------------------------------------------------------------------------- bytes
 
+
 def open_decompressed(fh: io.IOBase) -> io.IOBase:
     """A binary stream decompressed by its magic bytes (bz2, possibly of several streams; gzip; else as is)."""
     head = fh.read(3)
@@ -220,8 +221,9 @@ def parse_page(block: bytes, ordinal: int) -> Page:
     )
 
 
-def read_pages(path: str, offset: int = 0, length: int | None = None, first_page: int = 0,
-               max_bytes: int | None = None) -> Iterator[Page | BrokenPage]:
+def read_pages(
+    path: str, offset: int = 0, length: int | None = None, first_page: int = 0, max_bytes: int | None = None
+) -> Iterator[Page | BrokenPage]:
     """The pages of a dump, in order: the whole file (plain, .bz2 of one or several streams, .gz) when `length`
     is None, else the bz2 streams in bytes [offset, offset + length) of a multistream dump, whose first page is
     page number `first_page` of the dump (`DumpUnit.first_page`). A page that cannot be read, or is over
@@ -242,6 +244,7 @@ def read_pages(path: str, offset: int = 0, length: int | None = None, first_page
 
 
 # ---------------------------------------------------------------------------------------------- the index
+
 
 def _index_lines(index_path: str) -> Iterator[bytes]:
     fs, p = filesystem(index_path)
@@ -299,6 +302,7 @@ def dump_units(index_path: str, dump_size: int, target_bytes: int) -> list[DumpU
 
 
 # ---------------------------------------------------------------------------------------------- text
+
 
 def page_text(page: Page, options: WikiOptions = WikiOptions()) -> tuple[str | None, str | None]:
     """(text, None) for an article, or (None, reason): wiki_namespace, wiki_redirect, markup_budget, wiki_empty."""

@@ -95,8 +95,11 @@ EL_OPEN, EL_SEP, EL_CLOSE = T.ExternalLinkOpen, T.ExternalLinkSeparator, T.Exter
 ENT_START, ENT_END, HEAD_START, HEAD_END = T.HTMLEntityStart, T.HTMLEntityEnd, T.HeadingStart, T.HeadingEnd
 TAG_OPEN, TAG_CLOSE_OPEN, TAG_SELFCLOSE = T.TagOpenOpen, T.TagCloseOpen, T.TagCloseSelfclose
 TAG_OPEN_CLOSE, TAG_CLOSE_CLOSE = T.TagOpenClose, T.TagCloseClose
-_DROPPED = {TPL_OPEN: (TPL_OPEN, TPL_CLOSE), T.ArgumentOpen: (T.ArgumentOpen, T.ArgumentClose),
-            T.CommentStart: (T.CommentStart, T.CommentEnd)}
+_DROPPED = {
+    TPL_OPEN: (TPL_OPEN, TPL_CLOSE),
+    T.ArgumentOpen: (T.ArgumentOpen, T.ArgumentClose),
+    T.CommentStart: (T.CommentStart, T.CommentEnd),
+}
 
 
 def _skip(toks: list, i: int, open_: type, close: type) -> int:
@@ -193,8 +196,14 @@ def _tag(toks: list, i: int, out: list[str]) -> int:
 
 
 def _entity(parts: list) -> str:
-    s = "".join("#" if isinstance(t, T.HTMLEntityNumeric) else t.get("char", "x") if isinstance(t, T.HTMLEntityHex)
-                else t.get("text", "") for t in parts)
+    s = "".join(
+        "#"
+        if isinstance(t, T.HTMLEntityNumeric)
+        else t.get("char", "x")
+        if isinstance(t, T.HTMLEntityHex)
+        else t.get("text", "")
+        for t in parts
+    )
     return html.unescape(f"&{s};")
 
 
@@ -252,11 +261,15 @@ _PRICES = {
     "opaque": _Price(8, 600, (("entity", 1400), ("endtag", 1200))),  # `<nowiki>`, `<pre>`, `<math>`, ...
     "attrs": _Price(12, 20000, (("word", 800), ("link", 440), ("entity", 220), ("row", 190), ("equals", 150))),
     "body": _Price(13, 16000, (("entity", 1600), ("line", 1200), ("tag", 1100), ("link", 640), ("colon", 100))),
-    "template": _Price(13, 20000, (("entity", 1300), ("line", 1000), ("link", 860), ("tag", 610), ("pipe", 540),
-                                   ("colon", 60), ("equals", 40))),
+    "template": _Price(
+        13,
+        20000,
+        (("entity", 1300), ("line", 1000), ("link", 860), ("tag", 610), ("pipe", 540), ("colon", 60), ("equals", 40)),
+    ),
     "wikilink": _Price(13, 6400, (("entity", 1300), ("tag", 1300), ("line", 1200), ("link", 1100), ("colon", 110))),
-    "table": _Price(20, 20000, (("entity", 1500), ("tag", 1300), ("line", 1200), ("row", 780), ("link", 600),
-                                ("colon", 100))),
+    "table": _Price(
+        20, 20000, (("entity", 1500), ("tag", 1300), ("line", 1200), ("row", 780), ("link", 600), ("colon", 100))
+    ),
     "extlink": _Price(15, 3500, (("tag", 3200), ("entity", 1500), ("link", 1200))),  # to the line's end
 }
 
@@ -373,15 +386,18 @@ def _routes(text: bytes) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     (nowiki, pre, math, ...) hold no tags, tables or links."""
     n = len(text)
     raw = np.frombuffer(text, np.uint8)
-    routes = {"template": _early_fail(text, _unclosed(_doubled(raw, ord("{")), _doubled(raw, ord("}"))), True),
-              "wikilink": _early_fail(text, _unclosed(_doubled(raw, ord("[")), _doubled(raw, ord("]"))), False)}
+    routes = {
+        "template": _early_fail(text, _unclosed(_doubled(raw, ord("{")), _doubled(raw, ord("}"))), True),
+        "wikilink": _early_fail(text, _unclosed(_doubled(raw, ord("[")), _doubled(raw, ord("]"))), False),
+    }
     starts: dict[str, list] = {}
     tags = _Tags(text)
     starts.update(tags.unclosed())
     hidden = tags.hidden
     tables: list[int] = []
-    events = sorted([(m.start(), 1) for m in _TABLE_OPEN.finditer(text)]
-                    + [(m.start(), -1) for m in _TABLE_CLOSE.finditer(text)])
+    events = sorted(
+        [(m.start(), 1) for m in _TABLE_OPEN.finditer(text)] + [(m.start(), -1) for m in _TABLE_CLOSE.finditer(text)]
+    )
     for a, step in events:
         if hidden.covers(a) or not _at_line_start(text, a):
             continue
@@ -392,8 +408,11 @@ def _routes(text: bytes) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     starts["table"] = tables
     routes.update({k: (np.asarray(s, np.int64), np.full(len(s), n, np.int64)) for k, s in starts.items()})
     newline, bracket = _Next(text, b"\n"), _Next(text, _LINK_END)
-    links = [(m.start(), newline(m.end())) for m in _LINK.finditer(text)  # its label ends at the line's end
-             if bracket(m.end()) >= newline(m.end()) and not hidden.covers(m.start())]  # equal: neither is there
+    links = [
+        (m.start(), newline(m.end()))
+        for m in _LINK.finditer(text)  # its label ends at the line's end
+        if bracket(m.end()) >= newline(m.end()) and not hidden.covers(m.start())
+    ]  # equal: neither is there
     routes["extlink"] = (np.array([a for a, _ in links], np.int64), np.array([e for _, e in links], np.int64))
     return {k: r for k, r in routes.items() if len(r[0])}
 

@@ -20,8 +20,12 @@ from pipeline.config import ConfigError
 def is_pretraining_checkpoint(path: str) -> bool:
     """A local directory with `train_state.json` and `model.safetensors` and no `config.json`."""
     p = Path(path)
-    return p.is_dir() and (p / "train_state.json").is_file() and (p / "model.safetensors").is_file() \
+    return (
+        p.is_dir()
+        and (p / "train_state.json").is_file()
+        and (p / "model.safetensors").is_file()
         and not (p / "config.json").is_file()
+    )
 
 
 def export_checkpoint(path: str, dst: str) -> dict[str, str]:
@@ -40,9 +44,11 @@ def export_checkpoint(path: str, dst: str) -> dict[str, str]:
     run_id = state.get("run_id")
     where = f"--model {path}"
     if not run_id or not tracking.run_exists(run_id):
-        raise ConfigError(f"{where}: the run that wrote this checkpoint ({run_id or 'unnamed'}) is not in the "
-                          f"tracking store {tracking.redact(tracking.tracking_uri())}: its config and vocabulary "
-                          "are there")
+        raise ConfigError(
+            f"{where}: the run that wrote this checkpoint ({run_id or 'unnamed'}) is not in the "
+            f"tracking store {tracking.redact(tracking.tracking_uri())}: its config and vocabulary "
+            "are there"
+        )
     c = tracking.client()
     with tempfile.TemporaryDirectory(prefix="checkpoint-source-") as d:
         cfg = load_config(c.download_artifacts(run_id, "config.yaml", d))
@@ -58,7 +64,11 @@ def export_checkpoint(path: str, dst: str) -> dict[str, str]:
         with torch.no_grad():
             model.load_state_dict(weights)
         save_hf(model, dst, tokenizer=str(tok))
-        tracking.write_tokenizer_config(dst, model_max_length=model.config.max_position_embeddings,
-                                        lowercase=bool(cfg.data.lowercase))
-    return {"source_model": str(Path(path).resolve()), "pretrain_run_id": run_id,
-            "source_checkpoint_step": str(state.get("step", ""))}
+        tracking.write_tokenizer_config(
+            dst, model_max_length=model.config.max_position_embeddings, lowercase=bool(cfg.data.lowercase)
+        )
+    return {
+        "source_model": str(Path(path).resolve()),
+        "pretrain_run_id": run_id,
+        "source_checkpoint_step": str(state.get("step", "")),
+    }

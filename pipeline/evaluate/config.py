@@ -48,8 +48,10 @@ class SuiteRunConfig:
     """Evaluate a registered version again even when it has a scorecard of the same suite sha256."""
 
     def __post_init__(self) -> None:
-        _check(self.max_concurrent_trials is None or self.max_concurrent_trials >= 1,
-               f"suite.max_concurrent_trials {self.max_concurrent_trials} < 1")
+        _check(
+            self.max_concurrent_trials is None or self.max_concurrent_trials >= 1,
+            f"suite.max_concurrent_trials {self.max_concurrent_trials} < 1",
+        )
 
 
 @dataclass
@@ -66,14 +68,25 @@ class EvaluateConfig:
 
 
 EV_SECTIONS: dict[str, type] = {
-    "data": FtDataConfig, "model": FtModelConfig, "train": EvTrainConfig, "eval": FtEvalConfig,
-    "tracking": EvTrackingConfig, "suite": SuiteRunConfig,
+    "data": FtDataConfig,
+    "model": FtModelConfig,
+    "train": EvTrainConfig,
+    "eval": FtEvalConfig,
+    "tracking": EvTrackingConfig,
+    "suite": SuiteRunConfig,
 }
 
 
-PROTOCOL_OWNED = {"train.lr": "lrs", "train.seed": "seeds", "train.epochs": "epochs", "train.batch_size": "batch_size",
-                  "train.max_steps": "epochs", "data.max_seq_length": "max_seq_length",
-                  "data.max_train_examples": "max_train_examples", "data.max_eval_examples": "max_eval_examples"}
+PROTOCOL_OWNED = {
+    "train.lr": "lrs",
+    "train.seed": "seeds",
+    "train.epochs": "epochs",
+    "train.batch_size": "batch_size",
+    "train.max_steps": "epochs",
+    "data.max_seq_length": "max_seq_length",
+    "data.max_train_examples": "max_train_examples",
+    "data.max_eval_examples": "max_eval_examples",
+}
 """Fine-tuning fields that each trial takes from the suite's protocol: set here they would be ignored, so they are
 refused (`check_protocol_owned`)."""
 
@@ -87,10 +100,11 @@ def check_protocol_owned(cfg: EvaluateConfig) -> None:
     Traceback (most recent call last):
     ...
     pipeline.config.sections.ConfigError: train.epochs 5: each trial takes it from the suite's protocol (epochs); set it there, for the suite or for one task
-    """
+    """  # noqa: E501
     default = EvaluateConfig().flat()
     for key, value in cfg.flat().items():
         if key in PROTOCOL_OWNED and value != default[key]:
-            raise ConfigError(f"{key} {value}: each trial takes it from the suite's protocol ({PROTOCOL_OWNED[key]}); "
-                              "set it there, for the suite or for one task")
-
+            raise ConfigError(
+                f"{key} {value}: each trial takes it from the suite's protocol ({PROTOCOL_OWNED[key]}); "
+                "set it there, for the suite or for one task"
+            )

@@ -62,11 +62,21 @@ def _ft_config(cfg, task: Task, lr: float, seed: int):
     from pipeline.finetune.config import FinetuneConfig, FtTuneConfig
 
     p = task.protocol
-    data = replace(cfg.data, max_seq_length=p.max_seq_length, max_train_examples=p.max_train_examples,
-                   max_eval_examples=p.max_eval_examples)
+    data = replace(
+        cfg.data,
+        max_seq_length=p.max_seq_length,
+        max_train_examples=p.max_train_examples,
+        max_eval_examples=p.max_eval_examples,
+    )
     train = replace(cfg.train, lr=lr, seed=seed, epochs=p.epochs, batch_size=p.batch_size, max_steps=None)
-    return FinetuneConfig(data=data, model=cfg.model, train=train, eval=cfg.eval,
-                          tracking=replace(cfg.tracking, register=False), tune=FtTuneConfig())
+    return FinetuneConfig(
+        data=data,
+        model=cfg.model,
+        train=train,
+        eval=cfg.eval,
+        tracking=replace(cfg.tracking, register=False),
+        tune=FtTuneConfig(),
+    )
 
 
 def _prepare(task: Task, source, cfg, seed: int, eval_path: str):
@@ -74,9 +84,18 @@ def _prepare(task: Task, source, cfg, seed: int, eval_path: str):
 
     d = cfg.data
     kind = "embedding" if task.task == "retrieval" else task.task  # a pair task keeps its own: it needs both columns
-    return prepare_task(kind, task.train, eval_path, source.tokenizer_path, task.protocol.max_seq_length,
-                        d.doc_stride, d.max_query_length, task.protocol.max_train_examples,
-                        task.protocol.max_eval_examples, seed)
+    return prepare_task(
+        kind,
+        task.train,
+        eval_path,
+        source.tokenizer_path,
+        task.protocol.max_seq_length,
+        d.doc_stride,
+        d.max_query_length,
+        task.protocol.max_train_examples,
+        task.protocol.max_eval_examples,
+        seed,
+    )
 
 
 def check_files(suite: Suite) -> None:
@@ -133,7 +152,7 @@ def run_evaluate(cfg, sources: list[str], suite: Suite) -> dict[str, Any]:
     Connects to Ray (`cluster.connect`) unless it already is."""
     import ray
 
-    from pipeline import cluster, tracking
+    from pipeline import cluster
     from pipeline.evaluate.checkpoint import export_checkpoint, is_pretraining_checkpoint
     from pipeline.finetune.job import Source, resolve_source
     from pipeline.storage.preflight import check_storage
@@ -159,9 +178,11 @@ def run_evaluate(cfg, sources: list[str], suite: Suite) -> dict[str, Any]:
                 card = scorecard_of(*version, suite, uri) if version and not cfg.suite.force else None
                 if card is not None:  # scored on this very suite already: read back, nothing downloaded
                     models.append(_Model(spec, None, version, card["run_id"], card))
-                    say(f"[evaluate] {spec} (models:/{version[0]}/{version[1]}) already has a scorecard of suite "
+                    say(
+                        f"[evaluate] {spec} (models:/{version[0]}/{version[1]}) already has a scorecard of suite "
                         f"{suite.name} (sha256 {suite.sha256[:12]}): score {card['score']:.4f}, MLflow run "
-                        f"{card['run_id']}; --suite.force true evaluates it again")
+                        f"{card['run_id']}; --suite.force true evaluates it again"
+                    )
                     continue
                 source = resolve_source(spec, cfg.data.tokenizer, os.path.join(work, f"source{i}"))
             except ConfigError:
@@ -171,10 +192,19 @@ def run_evaluate(cfg, sources: list[str], suite: Suite) -> dict[str, Any]:
             models.append(_Model(spec, source, version))
         todo = [m for m in models if m.result is None]
         # every task file, tokenized for every model still to evaluate, before any trial (bad data: one line)
-        data = {(m.spec, t.name, s): _prepare(t, m.source, cfg, s, t.dev)
-                for m in todo for t in suite.tasks for s in _seeds_with_own_data(t)}
-        tests = {(m.spec, t.name, s): _prepare(t, m.source, cfg, s, t.test)
-                 for m in todo for t in suite.tasks if t.test for s in _seeds_with_own_data(t)}
+        data = {
+            (m.spec, t.name, s): _prepare(t, m.source, cfg, s, t.dev)
+            for m in todo
+            for t in suite.tasks
+            for s in _seeds_with_own_data(t)
+        }
+        tests = {
+            (m.spec, t.name, s): _prepare(t, m.source, cfg, s, t.test)
+            for m in todo
+            for t in suite.tasks
+            if t.test
+            for s in _seeds_with_own_data(t)
+        }
         if todo:
             started_ray = not ray.is_initialized()
             cluster.check_local_gpu("train", cfg.train.use_gpu)
@@ -184,8 +214,7 @@ def run_evaluate(cfg, sources: list[str], suite: Suite) -> dict[str, Any]:
             finally:
                 if started_ray:
                     cluster.disconnect()
-        out = {"suite": suite.name, "suite_sha256": suite.sha256,
-               "models": {m.spec: m.result for m in models}}
+        out = {"suite": suite.name, "suite_sha256": suite.sha256, "models": {m.spec: m.result for m in models}}
         _log_comparison(suite, todo, out, uri, work)
         return out
     finally:
@@ -203,11 +232,16 @@ def _evaluate(cfg, suite: Suite, todo: list[_Model], data: dict, tests: dict, ur
     import torch
 
     from pipeline import tracking
-    from pipeline.finetune.job import task_model
     from pipeline.finetune.data import load_tokenizer
+    from pipeline.finetune.job import task_model
     from pipeline.finetune.loop import FinetuneHandoff
     from pipeline.finetune.trials import (
-        TrialSpec, check_trial_resources, end_open, fitting_trials, run_trials, trial_cpus,
+        TrialSpec,
+        check_trial_resources,
+        end_open,
+        fitting_trials,
+        run_trials,
+        trial_cpus,
     )
 
     t = cfg.train
@@ -222,12 +256,21 @@ def _evaluate(cfg, suite: Suite, todo: list[_Model], data: dict, tests: dict, ur
     try:
         for m in todo:
             name = f"eval-{suite.name}-{_source_name(m)}-{tag}"
-            m.run_id = tracking.start_run(cfg.tracking.experiment, name, {
-                **m.source.tags, "suite": suite.name, "suite_sha256": suite.sha256, "source_model": m.spec})
+            m.run_id = tracking.start_run(
+                cfg.tracking.experiment,
+                name,
+                {**m.source.tags, "suite": suite.name, "suite_sha256": suite.sha256, "source_model": m.spec},
+            )
             opened.append(m.run_id)
             logger = tracking.RunLogger(m.run_id, uri)
-            logger.log_params({"suite": suite.name, "suite_sha256": suite.sha256, "source": m.spec,
-                               **{f"protocol.{k}": v for k, v in asdict(suite.protocol).items()}})
+            logger.log_params(
+                {
+                    "suite": suite.name,
+                    "suite_sha256": suite.sha256,
+                    "source": m.spec,
+                    **{f"protocol.{k}": v for k, v in asdict(suite.protocol).items()},
+                }
+            )
             logger.log_artifact(_local_copy(suite.path, work), "suite")
             vocab = load_tokenizer(m.source.tokenizer_path).get_vocab_size()
             for task in suite.tasks:
@@ -243,28 +286,61 @@ def _evaluate(cfg, suite: Suite, todo: list[_Model], data: dict, tests: dict, ur
                     td, td_ref, test_ref = shared_data[dkey]
                     torch.manual_seed(seed)  # the new head's initialisation, as finetune.py draws it
                     model = task_model(m.source, td, dict(cfg.model.overrides), vocab)
-                    init = ray.put({"class": type(model).__name__, "config": asdict(model.config),
-                                    "state_dict": model.state_dict()})
+                    init = ray.put(
+                        {
+                            "class": type(model).__name__,
+                            "config": asdict(model.config),
+                            "state_dict": model.state_dict(),
+                        }
+                    )
                     del model
                     for lr in task.protocol.lrs:
                         key = f"{len(specs):04d}"
                         run_name = f"{name}-{task.name}-lr{lr_key(lr)}-s{seed}"
-                        run_id = tracking.start_run(cfg.tracking.experiment, run_name, {
-                            **m.source.tags, "mlflow.parentRunId": m.run_id, "suite": suite.name,
-                            "suite_task": task.name, "task": task.task, "lr": lr_key(lr), "seed": str(seed)})
+                        run_id = tracking.start_run(
+                            cfg.tracking.experiment,
+                            run_name,
+                            {
+                                **m.source.tags,
+                                "mlflow.parentRunId": m.run_id,
+                                "suite": suite.name,
+                                "suite_task": task.name,
+                                "task": task.task,
+                                "lr": lr_key(lr),
+                                "seed": str(seed),
+                            },
+                        )
                         opened.append(run_id)
                         ft = _ft_config(cfg, task, lr, seed)
                         tracking.RunLogger(run_id, uri).log_params(
-                            {**ft.flat(), "task": task.task, "suite_task": task.name, "source": m.spec,
-                             "train_file": task.train, "dev_file": task.dev, "test_file": task.test or ""})
+                            {
+                                **ft.flat(),
+                                "task": task.task,
+                                "suite_task": task.name,
+                                "source": m.spec,
+                                "train_file": task.train,
+                                "dev_file": task.dev,
+                                "test_file": task.test or "",
+                            }
+                        )
                         tracking.client(uri).update_run(run_id, status="SCHEDULED")
                         shared = FinetuneHandoff(td_ref, init, uri, task.metric, cfg=ft, run_id=run_id, quiet=True)
-                        specs[key] = TrialSpec(f"{task.name} lr {lr_key(lr)} seed {seed} of {m.spec}", ft, shared,
-                                               run_id, run_name, task.metric, test_ref=test_ref, keep=False)
+                        specs[key] = TrialSpec(
+                            f"{task.name} lr {lr_key(lr)} seed {seed} of {m.spec}",
+                            ft,
+                            shared,
+                            run_id,
+                            run_name,
+                            task.metric,
+                            test_ref=test_ref,
+                            keep=False,
+                        )
                         where[key] = (m.spec, task.name, lr, seed)
-        say(f"[evaluate] suite {suite.name} ({len(suite.tasks)} tasks, sha256 {suite.sha256[:12]}): {len(specs)} "
+        say(
+            f"[evaluate] suite {suite.name} ({len(suite.tasks)} tasks, sha256 {suite.sha256[:12]}): {len(specs)} "
             f"trials for {len(todo)} model(s), {at_once} at a time ({trial_cpus(t.num_workers, t.cpus_per_worker):g} "
-            f"CPU each, {cpus:g} CPU in the cluster)")
+            f"CPU each, {cpus:g} CPU in the cluster)"
+        )
         reported = run_trials(specs, f"eval-{suite.name}-{tag}", t.storage_path, at_once, uri, prefix="[evaluate]")
         for m in todo:
             m.result = _score(suite, m, reported, where)
@@ -290,8 +366,10 @@ def _score(suite: Suite, m: _Model, reported: dict, where: dict) -> dict[str, An
                 r = reported[key]
                 dev[lr].append(float(r[f"eval/{task.metric}"]))
                 rep[lr].append(float(r[f"test/{task.metric}"] if task.test else r[f"eval/{task.metric}"]))
-        tasks[task.name] = {**task_score(dev, rep, task.protocol.seeds, task.metric),
-                            "split": "test" if task.test else "dev"}
+        tasks[task.name] = {
+            **task_score(dev, rep, task.protocol.seeds, task.metric),
+            "split": "test" if task.test else "dev",
+        }
     return {"score": suite_score(tasks), "tasks": tasks, "run_id": m.run_id}
 
 
@@ -309,8 +387,11 @@ def _log_model(suite: Suite, m: _Model, uri: str) -> None:
     if m.version is not None:
         keys = tag_keys(suite.name)
         c = tracking.client(uri)
-        for k, v in ((keys["sha256"], suite.sha256), (keys["score"], f"{m.result['score']:.6g}"),
-                     (keys["run_id"], m.run_id)):
+        for k, v in (
+            (keys["sha256"], suite.sha256),
+            (keys["score"], f"{m.result['score']:.6g}"),
+            (keys["run_id"], m.run_id),
+        ):
             c.set_model_version_tag(m.version[0], m.version[1], k, v)
         logger.set_tags({"evaluated_model": f"models:/{m.version[0]}/{m.version[1]}"})
 

@@ -24,18 +24,29 @@ def _eval_config(cfg, version_uri: str):
     from pipeline.evaluate.config import EvaluateConfig
 
     ecfg = EvaluateConfig()
-    return replace(ecfg, data=replace(ecfg.data, tokenizer=version_uri),
-                   train=replace(ecfg.train, storage_path=f"{cfg.train.storage_path.rstrip('/')}/evaluate",
-                                 use_gpu=cfg.train.use_gpu),
-                   suite=replace(ecfg.suite, max_concurrent_trials=cfg.eval.max_concurrent_trials))
+    return replace(
+        ecfg,
+        data=replace(ecfg.data, tokenizer=version_uri),
+        train=replace(
+            ecfg.train, storage_path=f"{cfg.train.storage_path.rstrip('/')}/evaluate", use_gpu=cfg.train.use_gpu
+        ),
+        suite=replace(ecfg.suite, max_concurrent_trials=cfg.eval.max_concurrent_trials),
+    )
 
 
 def _result(suite, version_uri: str, out: dict[str, Any]) -> dict[str, Any]:
     from pipeline.evaluate.suite import table
 
     mine = out["models"][version_uri]
-    return {"suite": suite.name, "suite_sha256": suite.sha256, "version": version_uri, "score": mine["score"],
-            "run_id": mine.get("run_id"), "table": table(suite, out["models"]), "models": out["models"]}
+    return {
+        "suite": suite.name,
+        "suite_sha256": suite.sha256,
+        "version": version_uri,
+        "score": mine["score"],
+        "run_id": mine.get("run_id"),
+        "table": table(suite, out["models"]),
+        "models": out["models"],
+    }
 
 
 def run_scorecard(cfg, registered: dict[str, str], uri: str) -> dict[str, Any]:
@@ -62,7 +73,10 @@ def scorecard_done(cfg, registered: dict[str, str], uri: str) -> dict[str, Any] 
 
 def scorecard_stage(cfg, tracking_uri: str) -> Stage:
     """The stage `jobs/pretrain.py` appends after `register` when `eval.suite` is set."""
-    return Stage("scorecard", lambda deps: run_scorecard(cfg, deps["register"], tracking_uri), deps=("register",),
-                 done=lambda deps: scorecard_done(cfg, deps["register"], tracking_uri),
-                 describe=lambda r: f"{r['version']} on suite {r['suite']}: score {r['score']:.4f} "
-                                    f"(MLflow run {r['run_id']})")
+    return Stage(
+        "scorecard",
+        lambda deps: run_scorecard(cfg, deps["register"], tracking_uri),
+        deps=("register",),
+        done=lambda deps: scorecard_done(cfg, deps["register"], tracking_uri),
+        describe=lambda r: f"{r['version']} on suite {r['suite']}: score {r['score']:.4f} (MLflow run {r['run_id']})",
+    )

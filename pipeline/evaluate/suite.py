@@ -31,8 +31,13 @@ import yaml
 from pipeline.config import ConfigError
 from pipeline.storage.io import is_uri
 
-TASK_TYPES = ("sequence-classification", "sentence-pair-classification", "token-classification",
-              "question-answering", "retrieval")
+TASK_TYPES = (
+    "sequence-classification",
+    "sentence-pair-classification",
+    "token-classification",
+    "question-answering",
+    "retrieval",
+)
 """finetune.py's tasks plus `sentence-pair-classification` (columns sentence1, sentence2, label); `retrieval` is
 finetune.py's `embedding`: train is a pairs file, dev and test are BEIR qrels files (`DIR/qrels/dev.tsv`) beside
 the set's corpus.jsonl and queries.jsonl."""
@@ -68,17 +73,25 @@ class Protocol:
     """The first N dev (and test) examples (null: all)."""
 
     def __post_init__(self) -> None:
-        _need(len(self.lrs) >= 1 and all(isinstance(x, (int, float)) and 0 < x < math.inf for x in self.lrs),
-              f"protocol.lrs {list(self.lrs)} must list one or more LRs > 0")
+        _need(
+            len(self.lrs) >= 1 and all(isinstance(x, (int, float)) and 0 < x < math.inf for x in self.lrs),
+            f"protocol.lrs {list(self.lrs)} must list one or more LRs > 0",
+        )
         _need(len(set(self.lrs)) == len(self.lrs), f"protocol.lrs {list(self.lrs)} lists an LR twice")
-        _need(len(self.seeds) >= 1 and all(isinstance(s, int) for s in self.seeds),
-              f"protocol.seeds {list(self.seeds)} must list one or more integer seeds")
+        _need(
+            len(self.seeds) >= 1 and all(isinstance(s, int) for s in self.seeds),
+            f"protocol.seeds {list(self.seeds)} must list one or more integer seeds",
+        )
         _need(len(set(self.seeds)) == len(self.seeds), f"protocol.seeds {list(self.seeds)} lists a seed twice")
         for name in ("epochs", "batch_size"):
-            _need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
-                  f"protocol.{name} {getattr(self, name)!r} must be an integer >= 1")
-        _need(isinstance(self.max_seq_length, int) and 16 <= self.max_seq_length <= 8192,
-              f"protocol.max_seq_length {self.max_seq_length!r} is not in [16, 8192]")
+            _need(
+                isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
+                f"protocol.{name} {getattr(self, name)!r} must be an integer >= 1",
+            )
+        _need(
+            isinstance(self.max_seq_length, int) and 16 <= self.max_seq_length <= 8192,
+            f"protocol.max_seq_length {self.max_seq_length!r} is not in [16, 8192]",
+        )
         for name in ("max_train_examples", "max_eval_examples"):
             v = getattr(self, name)
             _need(v is None or (isinstance(v, int) and v >= 1), f"protocol.{name} {v!r} must be null or >= 1")
@@ -165,8 +178,10 @@ def load_suite(path: str) -> Suite:
     unknown = sorted(set(raw) - {"name", "protocol", "tasks"})
     _need(not unknown, f"--suite {path}: unknown key(s) {', '.join(unknown)} (name, protocol, tasks)")
     name = raw.get("name")
-    _need(isinstance(name, str) and name.replace("-", "").replace("_", "").isalnum(),
-          f"--suite {path}: name {name!r} must be letters, digits, '-' or '_'")
+    _need(
+        isinstance(name, str) and name.replace("-", "").replace("_", "").isalnum(),
+        f"--suite {path}: name {name!r} must be letters, digits, '-' or '_'",
+    )
     base = _protocol(raw.get("protocol") or {}, Protocol(), f"--suite {path}: protocol")
     tasks_raw = raw.get("tasks")
     _need(isinstance(tasks_raw, list) and tasks_raw, f"--suite {path}: tasks must be a non-empty list")
@@ -178,21 +193,32 @@ def load_suite(path: str) -> Suite:
         unknown = sorted(set(t) - {"name", "task", "train", "dev", "test", "metric", "protocol"})
         _need(not unknown, f"{where}: unknown key(s) {', '.join(unknown)}")
         tname = t.get("name")
-        _need(isinstance(tname, str) and tname.replace("-", "").replace("_", "").isalnum(),
-              f"{where}.name {tname!r} must be letters, digits, '-' or '_'")
+        _need(
+            isinstance(tname, str) and tname.replace("-", "").replace("_", "").isalnum(),
+            f"{where}.name {tname!r} must be letters, digits, '-' or '_'",
+        )
         where = f"--suite {path}: task {tname}"
         _need(tname not in {x.name for x in tasks}, f"{where}: named twice")
         kind = t.get("task")
         _need(kind in TASK_TYPES, f"{where}: unknown task type {kind!r}; choose one of {', '.join(TASK_TYPES)}")
         metric = t.get("metric")
-        _need(metric in METRICS[kind],
-              f"{where}: metric {metric!r} does not fit {kind}; choose one of {', '.join(METRICS[kind])}")
+        _need(
+            metric in METRICS[kind],
+            f"{where}: metric {metric!r} does not fit {kind}; choose one of {', '.join(METRICS[kind])}",
+        )
         for key in ("train", "dev"):
             _need(key in t, f"{where}: no {key} file")
-        tasks.append(Task(tname, kind, _resolve(t["train"], base_dir, f"{where}.train"),
-                          _resolve(t["dev"], base_dir, f"{where}.dev"), metric,
-                          _protocol(t.get("protocol") or {}, base, f"{where}.protocol"),
-                          _resolve(t["test"], base_dir, f"{where}.test") if t.get("test") is not None else None))
+        tasks.append(
+            Task(
+                tname,
+                kind,
+                _resolve(t["train"], base_dir, f"{where}.train"),
+                _resolve(t["dev"], base_dir, f"{where}.dev"),
+                metric,
+                _protocol(t.get("protocol") or {}, base, f"{where}.protocol"),
+                _resolve(t["test"], base_dir, f"{where}.test") if t.get("test") is not None else None,
+            )
+        )
     return Suite(name, path, hashlib.sha256(raw_bytes).hexdigest(), base, tuple(tasks))
 
 
@@ -213,6 +239,7 @@ def choose_lr(dev: dict[float, list[float]]) -> float:
     >>> choose_lr({3e-4: [float("nan")], 1e-3: [0.1]})
     0.001
     """
+
     def mean(xs: list[float]) -> float:
         m = statistics.fmean(xs)
         return m if m == m else -math.inf
@@ -221,8 +248,9 @@ def choose_lr(dev: dict[float, list[float]]) -> float:
     return next(lr for lr, v in dev.items() if mean(v) == best)
 
 
-def task_score(dev: dict[float, list[float]], reported: dict[float, list[float]], seeds: tuple[int, ...],
-               metric: str) -> dict[str, Any]:
+def task_score(
+    dev: dict[float, list[float]], reported: dict[float, list[float]], seeds: tuple[int, ...], metric: str
+) -> dict[str, Any]:
     """A task's result from its trials: `dev[lr]` and `reported[lr]` (the test scores, or the dev ones again) list
     one score per seed, in `seeds` order. Returns {"metric", "mean", "sd", "lr", "seeds", "scores", "dev_mean"}:
     `sd` is the sample standard deviation (0 for one seed).
@@ -233,9 +261,15 @@ def task_score(dev: dict[float, list[float]], reported: dict[float, list[float]]
     """
     lr = choose_lr(dev)
     scores = reported[lr]
-    return {"metric": metric, "mean": statistics.fmean(scores),
-            "sd": statistics.stdev(scores) if len(scores) > 1 else 0.0, "lr": lr, "seeds": list(seeds),
-            "scores": list(scores), "dev_mean": statistics.fmean(dev[lr])}
+    return {
+        "metric": metric,
+        "mean": statistics.fmean(scores),
+        "sd": statistics.stdev(scores) if len(scores) > 1 else 0.0,
+        "lr": lr,
+        "seeds": list(seeds),
+        "scores": list(scores),
+        "dev_mean": statistics.fmean(dev[lr]),
+    }
 
 
 def suite_score(tasks: dict[str, dict[str, Any]]) -> float:

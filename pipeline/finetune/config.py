@@ -83,8 +83,10 @@ class FtTrainConfig(BaseTrainConfig):
         _check(self.accumulation_steps >= 1, f"train.accumulation_steps {self.accumulation_steps} < 1")
         _check(self.eval_batch_size >= 1, f"train.eval_batch_size {self.eval_batch_size} < 1")
         _check(0 <= self.warmup_ratio < 1, f"train.warmup_ratio {self.warmup_ratio} not in [0, 1)")
-        _check(self.checkpoint_every_steps is None or self.checkpoint_every_steps >= 1,
-               f"train.checkpoint_every_steps {self.checkpoint_every_steps} < 1")
+        _check(
+            self.checkpoint_every_steps is None or self.checkpoint_every_steps >= 1,
+            f"train.checkpoint_every_steps {self.checkpoint_every_steps} < 1",
+        )
 
     @property
     def global_batch_size(self) -> int:
@@ -182,16 +184,21 @@ class FinetuneConfig:
 
 
 FT_SECTIONS: dict[str, type] = {
-    "data": FtDataConfig, "model": FtModelConfig, "train": FtTrainConfig, "eval": FtEvalConfig, "tracking": FtTrackingConfig,
-    "tune": FtTuneConfig, "embedding": FtEmbeddingConfig,
+    "data": FtDataConfig,
+    "model": FtModelConfig,
+    "train": FtTrainConfig,
+    "eval": FtEvalConfig,
+    "tracking": FtTrackingConfig,
+    "tune": FtTuneConfig,
+    "embedding": FtEmbeddingConfig,
 }
 
 # `train.lr: auto`: the peak LR by hidden size, the largest key <= the model's. BERT-base's 5e-5 (Devlin et al.) is
 # for base/large only: a tiny model fine-tuned at 5e-5 stays near chance (bench/results/quality.md, "Recipe study").
 AUTO_LR: dict[int, float] = {0: 1e-3, 256: 3e-4, 384: 1e-4, 768: 5e-5}
 """Lower bound of the hidden size -> fine-tuning LR. tiny (128): 1e-3 was the best of 1e-4..3e-3 for every source in
-the recipe study (bench/results/quality.md, 3 seeds each); mini (256): 3e-4; MiniLM-L6-H384: 1e-4 and 3e-4 tie (0.75); base/large:
-Devlin et al.'s 2e-5..5e-5."""
+the recipe study (bench/results/quality.md, 3 seeds each); mini (256): 3e-4; MiniLM-L6-H384: 1e-4 and 3e-4 tie
+(0.75); base/large: Devlin et al.'s 2e-5..5e-5."""
 
 
 def resolve_lr(lr: float | str, hidden_size: int) -> tuple[float, str]:

@@ -23,12 +23,23 @@ from typing import Any
 import numpy as np
 
 from pipeline.data.tokenizer import VocabError, load_tokenizer
-from pipeline.finetune.readers import (FinetuneDataError, QAExample, TaggedSentence, TextExample, check_tags,
-                                       infer_labels, label_ids, read_beir, read_classification, read_conll,
-                                       read_pairs, read_squad, tag_labels)
+from pipeline.finetune.readers import (
+    FinetuneDataError,
+    QAExample,
+    TaggedSentence,
+    TextExample,
+    check_tags,
+    infer_labels,
+    label_ids,
+    read_beir,
+    read_classification,
+    read_conll,
+    read_pairs,
+    read_squad,
+    tag_labels,
+)
 
 IGNORE_INDEX = -100
-
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -202,7 +213,11 @@ class TaskData:
 
     @property
     def num_labels(self) -> int:
-        return 1 if self.problem_type == "regression" else max(len(self.id2label), 2 if self.task == "question-answering" else 1)
+        return (
+            1
+            if self.problem_type == "regression"
+            else max(len(self.id2label), 2 if self.task == "question-answering" else 1)
+        )
 
 
 def prepare_task(
@@ -239,8 +254,11 @@ def prepare_task(
         problem, names = infer_labels([e.label for e in tr])
         label2id = {n: i for i, n in enumerate(names)}
         # a pair task is sequence classification over two segments from here on (its model, loop and metrics)
-        td = TaskData("sequence-classification", encode_classification(tok, tr, max_seq_length),
-                      encode_classification(tok, ev, max_seq_length))
+        td = TaskData(
+            "sequence-classification",
+            encode_classification(tok, tr, max_seq_length),
+            encode_classification(tok, ev, max_seq_length),
+        )
         td.train["labels"] = label_ids(tr, problem, label2id, train_path).tolist()
         td.eval["labels"] = label_ids(ev, problem, label2id, eval_path).tolist()
         if problem == "regression":
@@ -254,7 +272,9 @@ def prepare_task(
         names = tag_labels(tr)
         label2id = {n: i for i, n in enumerate(names)}
         check_tags(ev, label2id, eval_path)
-        td = TaskData(task, encode_tokens(tok, tr, label2id, max_seq_length), encode_tokens(tok, ev, label2id, max_seq_length))
+        td = TaskData(
+            task, encode_tokens(tok, tr, label2id, max_seq_length), encode_tokens(tok, ev, label2id, max_seq_length)
+        )
         td.id2label = dict(enumerate(names))
         td.eval_tags = [s.tags for s in ev]
         return td
@@ -277,15 +297,26 @@ def prepare_task(
         pairs = subset(read_pairs(train_path), max_train_examples, True)
         beir = read_beir(eval_path)
         qids = list(beir.queries)[:max_eval_examples]
-        train = {"input_ids": encode_texts(tok, [p.query for p in pairs], max_seq_length),
-                 "positive_ids": encode_texts(tok, [p.positive for p in pairs], max_seq_length)}
+        train = {
+            "input_ids": encode_texts(tok, [p.query for p in pairs], max_seq_length),
+            "positive_ids": encode_texts(tok, [p.positive for p in pairs], max_seq_length),
+        }
         if pairs[0].negative is not None:
             train["negative_ids"] = encode_texts(tok, [p.negative or "" for p in pairs], max_seq_length)
-        td = TaskData(task, train, {"input_ids": encode_texts(tok, [beir.queries[q] for q in qids], max_seq_length)},
-                      problem_type="embedding")
-        td.retrieval = RetrievalEval(qids, list(beir.corpus), encode_texts(tok, list(beir.corpus.values()),
-                                                                            max_seq_length),
-                                     {q: beir.qrels[q] for q in qids})
+        td = TaskData(
+            task,
+            train,
+            {"input_ids": encode_texts(tok, [beir.queries[q] for q in qids], max_seq_length)},
+            problem_type="embedding",
+        )
+        td.retrieval = RetrievalEval(
+            qids,
+            list(beir.corpus),
+            encode_texts(tok, list(beir.corpus.values()), max_seq_length),
+            {q: beir.qrels[q] for q in qids},
+        )
         return td
-    raise FinetuneDataError(f"unknown task {task!r} (sequence-classification, sentence-pair-classification, "
-                            "token-classification, question-answering, embedding)")
+    raise FinetuneDataError(
+        f"unknown task {task!r} (sequence-classification, sentence-pair-classification, "
+        "token-classification, question-answering, embedding)"
+    )

@@ -48,9 +48,13 @@ def pair_batch(rows: dict[str, list], idx: list[int] | np.ndarray) -> dict[str, 
     q = pad_batch({"input_ids": rows["input_ids"]}, idx)
     docs = [rows["positive_ids"][i] for i in idx] + [rows["negative_ids"][i] for i in idx if "negative_ids" in rows]
     d = pad_batch({"input_ids": docs}, range(len(docs)))
-    return {"input_ids": q["input_ids"], "attention_mask": q["attention_mask"], "doc_input_ids": d["input_ids"],
-            "doc_attention_mask": d["attention_mask"],
-            "num_tokens": np.asarray(q["attention_mask"].sum() + d["attention_mask"].sum())}
+    return {
+        "input_ids": q["input_ids"],
+        "attention_mask": q["attention_mask"],
+        "doc_input_ids": d["input_ids"],
+        "doc_attention_mask": d["attention_mask"],
+        "num_tokens": np.asarray(q["attention_mask"].sum() + d["attention_mask"].sum()),
+    }
 
 
 class _Gather(torch.autograd.Function):
@@ -111,8 +115,13 @@ class ContrastiveModel(nn.Module):
         if pooler is not None:
             pooler.requires_grad_(False)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, doc_input_ids: torch.Tensor,
-                doc_attention_mask: torch.Tensor) -> ContrastiveOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        doc_input_ids: torch.Tensor,
+        doc_attention_mask: torch.Tensor,
+    ) -> ContrastiveOutput:
         q = sentence_embedding(self.encoder, input_ids, attention_mask, self.pooling)  # (B, H)
         d = sentence_embedding(self.encoder, doc_input_ids, doc_attention_mask, self.pooling)  # (k*B, H)
         group = self.group if self.group is not None else _default_group()
@@ -151,11 +160,18 @@ def export_sentence_transformers(directory: str | Path, pooling: Pooling, max_se
     files = {
         "modules.json": modules,
         "sentence_bert_config.json": {"max_seq_length": max_seq_length, "do_lower_case": False},
-        "config_sentence_transformers.json": {"prompts": {}, "default_prompt_name": None,
-                                              "similarity_fn_name": "cosine"},
-        "1_Pooling/config.json": {"word_embedding_dimension": hidden, "pooling_mode_cls_token": pooling == "cls",
-                                  "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": False,
-                                  "pooling_mode_mean_sqrt_len_tokens": False},
+        "config_sentence_transformers.json": {
+            "prompts": {},
+            "default_prompt_name": None,
+            "similarity_fn_name": "cosine",
+        },
+        "1_Pooling/config.json": {
+            "word_embedding_dimension": hidden,
+            "pooling_mode_cls_token": pooling == "cls",
+            "pooling_mode_mean_tokens": pooling == "mean",
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+        },
     }
     for name, obj in files.items():
         (d / name).write_text(json.dumps(obj, indent=2) + "\n")

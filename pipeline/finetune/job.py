@@ -20,14 +20,15 @@ from a checkpoint.
    model too, after its retrieval metrics are measured again with the corpus embedded on the cluster
    (`pipeline.finetune.retrieval.evaluate_on_cluster`): those are the job's metrics.
 
-The peak LR is `train.lr`, by default `auto` (`pipeline.finetune.config.resolve_lr`: by the model's hidden size). With `tune.lr`
-set, steps 3-4 become a Ray Tune sweep (`pipeline.finetune.sweep`): one trial per LR, each through the same
-`fit_run`, and only the best trial's model registered.
+The peak LR is `train.lr`, by default `auto` (`pipeline.finetune.config.resolve_lr`: by the model's hidden size).
+With `tune.lr` set, steps 3-4 become a Ray Tune sweep (`pipeline.finetune.sweep`): one trial per LR, each through the
+same `fit_run`, and only the best trial's model registered.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import shutil
 import tempfile
 import uuid
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline.config import ConfigError, resolve_path
+from pipeline.console import say
 from pipeline.config.sections import _check
 from pipeline.finetune.config import FinetuneConfig, resolve_lr
 from pipeline.finetune.data import TaskData, load_tokenizer, prepare_task
@@ -50,8 +52,13 @@ if TYPE_CHECKING:
 
 # torch, mlflow, scikit-learn and the loop are imported where training starts: bad input fails in a second or two
 
-TASKS = ("sequence-classification", "sentence-pair-classification", "token-classification", "question-answering",
-         "embedding")
+TASKS = (
+    "sequence-classification",
+    "sentence-pair-classification",
+    "token-classification",
+    "question-answering",
+    "embedding",
+)
 """`sentence-pair-classification` is sequence classification that requires two text columns (sentence1, sentence2);
 `embedding` trains sentence embeddings on query/positive pairs and evaluates them by retrieval on a BEIR set."""
 DEFAULT_SCRATCH_TOKENIZER = "models:/bert-pretrain@latest-pretrain"
@@ -107,8 +114,11 @@ def resolve_source(spec: str, tokenizer: str | None = None, download_dir: str | 
         local, tags = tracking.fetch_registered(spec, download_dir)
         return Source(spec, local, None, local, tags)
     p = Path(spec)
-    _check((p / "config.json").is_file(), f"--model {spec}: not models:/name@alias, models:/name/version, "
-           f"scratch:<preset>, or a directory with config.json")
+    _check(
+        (p / "config.json").is_file(),
+        f"--model {spec}: not models:/name@alias, models:/name/version, "
+        f"scratch:<preset>, or a directory with config.json",
+    )
     return Source(spec, str(p.resolve()), None, str(p.resolve()), {"source_model": str(p.resolve())})
 
 
@@ -130,16 +140,23 @@ def task_model(source: Source, td: TaskData, overrides: dict[str, Any], vocab_si
     if source.model_dir is None:
         return build_model(encoder_config(source.preset, vocab_size=vocab_size, **head, **overrides), task)
     model = load_model(source.model_dir, task, **head, **overrides)
-    _check(model.config.vocab_size >= vocab_size,
-           f"the tokenizer has {vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}")
+    _check(
+        model.config.vocab_size >= vocab_size,
+        f"the tokenizer has {vocab_size} tokens but the model's vocab_size is {model.config.vocab_size}",
+    )
     return model
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # evaluation (pure: model + features -> metrics)
 
-_TASK_SHORT = {"sequence-classification": "cls", "sentence-pair-classification": "pair", "token-classification": "tok",
-               "question-answering": "qa", "embedding": "emb"}
+_TASK_SHORT = {
+    "sequence-classification": "cls",
+    "sentence-pair-classification": "pair",
+    "token-classification": "tok",
+    "question-answering": "qa",
+    "embedding": "emb",
+}
 
 
 def run_name_for(task: str, source: Source) -> str:
@@ -158,12 +175,20 @@ def run_name_for(task: str, source: Source) -> str:
         src = Path(source.spec.rstrip("/")).name
     from pipeline.tracking.runs import run_name
 
-    return run_name(_TASK_SHORT[task], src, tag=uuid.uuid4().hex[:6])  # a new run each time: fine-tuning never resumes by name
+    return run_name(
+        _TASK_SHORT[task], src, tag=uuid.uuid4().hex[:6]
+    )  # a new run each time: fine-tuning never resumes by name
 
 
 def run_finetune(
-    cfg: FinetuneConfig, source_spec: str, task: str, train_path: str, eval_path: str, output_dir: str | None = None,
-    *, on_step: Callable[[int, int], None] | None = None,
+    cfg: FinetuneConfig,
+    source_spec: str,
+    task: str,
+    train_path: str,
+    eval_path: str,
+    output_dir: str | None = None,
+    *,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune, evaluate, log and register; returns `{"metrics", "model_dir", "registered", "run_id", "run_name"}`
     (`model_dir` is `output_dir`, or None: without it the exported model lives only in the registry). With
@@ -176,8 +201,8 @@ def run_finetune(
     """
     import ray
 
-    from pipeline.tracking import server as tracking_server
     from pipeline import cluster
+    from pipeline.tracking import server as tracking_server
 
     _check(task in TASKS, f"--task {task!r} is not one of {', '.join(TASKS)}")
     d, t = cfg.data, cfg.train
@@ -188,21 +213,38 @@ def run_finetune(
     try:
         # every input is checked here, on the driver, before Ray starts: source, data, then the cluster
         source = resolve_source(source_spec, d.tokenizer, os.path.join(work, "source"))
-        print(f"[finetune] {task} from {source_spec}: reading {train_path} and {eval_path}", flush=True)
-        td = prepare_task(task, train_path, eval_path, source.tokenizer_path, d.max_seq_length, d.doc_stride,
-                          d.max_query_length, d.max_train_examples, d.max_eval_examples, t.seed)
+        say(f"[finetune] {task} from {source_spec}: reading {train_path} and {eval_path}", sys.stdout)
+        td = prepare_task(
+            task,
+            train_path,
+            eval_path,
+            source.tokenizer_path,
+            d.max_seq_length,
+            d.doc_stride,
+            d.max_query_length,
+            d.max_train_examples,
+            d.max_eval_examples,
+            t.seed,
+        )
         if td.retrieval is not None:
-            print(f"[finetune] {len(td.train['input_ids'])} training pairs; {len(td.eval['input_ids'])} eval queries "
-                  f"against {len(td.retrieval.doc_ids)} documents", flush=True)
+            say(
+                f"[finetune] {len(td.train['input_ids'])} training pairs; {len(td.eval['input_ids'])} eval queries "
+                f"against {len(td.retrieval.doc_ids)} documents",
+                sys.stdout,
+            )
         else:
-            print(f"[finetune] {len(td.train['input_ids'])} train / {len(td.eval['input_ids'])} eval features, "
-                  f"labels {td.id2label or td.problem_type}", flush=True)
+            say(
+                f"[finetune] {len(td.train['input_ids'])} train / {len(td.eval['input_ids'])} eval features, "
+                f"labels {td.id2label or td.problem_type}",
+                sys.stdout,
+            )
         started_ray = not ray.is_initialized()
         cluster.check_local_gpu("train", t.use_gpu)
         cluster.connect()
         try:
-            cluster.check_resources("train", use_gpu=t.use_gpu, num_workers=t.num_workers,
-                                     cpus_per_worker=t.cpus_per_worker)
+            cluster.check_resources(
+                "train", use_gpu=t.use_gpu, num_workers=t.num_workers, cpus_per_worker=t.cpus_per_worker
+            )
             return _train_and_register(cfg, source, td, task, train_path, eval_path, output_dir, on_step, uri, work)
         finally:
             if started_ray:
@@ -211,9 +253,18 @@ def run_finetune(
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _train_and_register(cfg: FinetuneConfig, source: Source, td: TaskData, task: str, train_path: str, eval_path: str,
-                        output_dir: str | None, on_step: Callable[[int, int], None] | None, uri: str,
-                        work: str) -> dict[str, Any]:
+def _train_and_register(
+    cfg: FinetuneConfig,
+    source: Source,
+    td: TaskData,
+    task: str,
+    train_path: str,
+    eval_path: str,
+    output_dir: str | None,
+    on_step: Callable[[int, int], None] | None,
+    uri: str,
+    work: str,
+) -> dict[str, Any]:
     """The initial model, then one run at `train.lr` (resolved when `auto`) or a Ray Tune sweep over `tune.lr`."""
     import ray
     import torch
@@ -234,10 +285,10 @@ def _train_and_register(cfg: FinetuneConfig, source: Source, td: TaskData, task:
     if cfg.tune.lr:
         from pipeline.finetune.sweep import run_sweep
 
-        print(f"[finetune] LR from a Ray Tune sweep over tune.lr {', '.join(f'{x:g}' for x in cfg.tune.lr)}", flush=True)
+        say(f"[finetune] LR from a Ray Tune sweep over tune.lr {', '.join(f'{x:g}' for x in cfg.tune.lr)}", sys.stdout)
         return run_sweep(job, run_name)
     lr, why = resolve_lr(cfg.train.lr, model.config.hidden_size)
-    print(f"[finetune] LR {lr:g} ({why})", flush=True)
+    say(f"[finetune] LR {lr:g} ({why})", sys.stdout)
     job.cfg = with_lr(cfg, lr)
     return _single_run(job, run_name, why)
 
@@ -245,13 +296,13 @@ def _train_and_register(cfg: FinetuneConfig, source: Source, td: TaskData, task:
 def _single_run(job: Job, run_name: str, lr_source: str) -> dict[str, Any]:
     """The MLflow run around one Ray Train run: params, label map, fit, the best model exported and registered."""
     from pipeline import tracking
+    from pipeline.finetune.runs import fit_run
     from pipeline.tracking import server as tracking_server
     from pipeline.tracking.wait import server_needed
-    from pipeline.finetune.runs import fit_run
 
     run_id = tracking.start_run(job.cfg.tracking.experiment, run_name, job.tags)
     logger = tracking.RunLogger(run_id, job.shared.tracking_uri)
-    print(f"[finetune] MLflow run {run_id} ({run_name}) at {tracking_server.redact(job.shared.tracking_uri)}", flush=True)
+    say(f"[finetune] MLflow run {run_id} ({run_name}) at {tracking_server.redact(job.shared.tracking_uri)}", sys.stdout)
     status = "FAILED"
     try:
         job.log_inputs(logger, job.cfg, {"train.lr_source": lr_source})
@@ -262,8 +313,13 @@ def _single_run(job: Job, run_name: str, lr_source: str) -> dict[str, Any]:
             registered = job.register(out, best, run_id, logger)
             logger.finish("FINISHED")
         status = "FINISHED"
-        return {"metrics": best, "model_dir": str(out) if job.output_dir else None, "registered": registered,
-                "run_id": run_id, "run_name": run_name}
+        return {
+            "metrics": best,
+            "model_dir": str(out) if job.output_dir else None,
+            "registered": registered,
+            "run_id": run_id,
+            "run_name": run_name,
+        }
     except KeyboardInterrupt:
         status = "KILLED"
         raise

@@ -27,14 +27,19 @@ import torch
 from pipeline import cluster
 from pipeline.console import say
 from pipeline.core.checkpoint import resume, save_checkpoint, unwrap
-from pipeline.tracking.outbox import write_pending
 from pipeline.core.optim import make_optimizer
 from pipeline.core.precision import forward, make_scaler
 from pipeline.core.step import Trainable, TrainFigures, check_finite_weights, train_step
 from pipeline.finetune.data import IGNORE_INDEX, TaskData, pad_batch
 from pipeline.finetune.metrics import (
-    best_null_threshold, classification_metrics, entity_metrics, postprocess_qa, regression_metrics, squad_metrics,
+    best_null_threshold,
+    classification_metrics,
+    entity_metrics,
+    postprocess_qa,
+    regression_metrics,
+    squad_metrics,
 )
+from pipeline.tracking.outbox import write_pending
 
 
 def steps_per_epoch(n_train: int, world: int, batch_size: int, accumulation: int = 1) -> int:
@@ -51,8 +56,16 @@ def micro_batches_per_epoch(n_train: int, world: int, batch_size: int) -> int:
     return max(1, math.ceil((n_train // world) / batch_size))
 
 
-def epoch_micro_batches(rows: dict[str, list], epoch: int, rank: int, world: int, batch_size: int, seed: int,
-                        start: int = 0, collate: Callable = pad_batch) -> Iterator[dict[str, torch.Tensor]]:
+def epoch_micro_batches(
+    rows: dict[str, list],
+    epoch: int,
+    rank: int,
+    world: int,
+    batch_size: int,
+    seed: int,
+    start: int = 0,
+    collate: Callable = pad_batch,
+) -> Iterator[dict[str, torch.Tensor]]:
     """This rank's padded micro-batches of `epoch` from micro-batch `start` on. The permutation is the same on
     every rank (seeded by seed + epoch) and each rank takes its stride, so a resumed epoch continues exactly, and
     every rank's k-th micro-batch has as many rows (what the embedding task's gather needs). `collate(rows, idx)`
@@ -75,8 +88,9 @@ def counts(out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         keep = labels != IGNORE_INDEX
         correct = ((logits.argmax(-1) == labels) & keep).sum().double()
         labelled = keep.sum().double()
-    return torch.stack([out.loss.detach().double() * n, torch.full((), float(n), dtype=torch.float64, device=dev),
-                        correct, labelled])
+    return torch.stack(
+        [out.loss.detach().double() * n, torch.full((), float(n), dtype=torch.float64, device=dev), correct, labelled]
+    )
 
 
 def summarise(c: torch.Tensor) -> dict[str, float]:
@@ -109,8 +123,10 @@ def evaluate(model: torch.nn.Module, td: TaskData, cfg: Any, device: torch.devic
         loss_sum += float(out.loss) * len(idx)
         if td.task == "question-answering":
             lens = batch["attention_mask"].sum(1).tolist()
-            outs += [(s[:L].float().cpu().numpy(), e[:L].float().cpu().numpy())
-                     for s, e, L in zip(out.start_logits, out.end_logits, lens)]
+            outs += [
+                (s[:L].float().cpu().numpy(), e[:L].float().cpu().numpy())
+                for s, e, L in zip(out.start_logits, out.end_logits, lens)
+            ]
         elif td.task == "token-classification":
             lens = batch["attention_mask"].sum(1).tolist()
             outs += [row[:L].cpu().numpy() for row, L in zip(out.logits.argmax(-1), lens)]
@@ -121,8 +137,11 @@ def evaluate(model: torch.nn.Module, td: TaskData, cfg: Any, device: torch.devic
     if td.task == "sequence-classification":
         logits = np.concatenate(outs)
         gold = np.asarray(td.eval["labels"])
-        res = regression_metrics(gold, logits[:, 0]) if td.problem_type == "regression" \
+        res = (
+            regression_metrics(gold, logits[:, 0])
+            if td.problem_type == "regression"
             else classification_metrics(gold, logits.argmax(-1))
+        )
     elif td.task == "token-classification":
         preds = []
         for pred_ids, wids, gold in zip(outs, td.eval["word_ids"], td.eval_tags):
@@ -139,8 +158,15 @@ def evaluate(model: torch.nn.Module, td: TaskData, cfg: Any, device: torch.devic
         ends = [e for _, e in outs]
         details: dict[str, dict[str, Any]] = {}
         preds = postprocess_qa(
-            td.eval_windows, starts, ends, td.eval_contexts, cfg.eval.n_best, cfg.eval.max_answer_length,
-            td.version_2, cfg.eval.null_score_diff_threshold, details,
+            td.eval_windows,
+            starts,
+            ends,
+            td.eval_contexts,
+            cfg.eval.n_best,
+            cfg.eval.max_answer_length,
+            td.version_2,
+            cfg.eval.null_score_diff_threshold,
+            details,
         )
         res = squad_metrics(preds, td.eval_answers)
         if td.version_2:  # as the official v2 script: the scores at the best null threshold, and that threshold
@@ -231,20 +257,40 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
     micro = micro_batches_per_epoch(len(td.train["input_ids"]), world, tc.batch_size)
     per_epoch = steps_per_epoch(len(td.train["input_ids"]), world, tc.batch_size, tc.accumulation_steps)
     total = tc.max_steps or tc.epochs * per_epoch
-    optimizer, scheduler = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=int(tc.warmup_ratio * total),
-                                          total_steps=total, schedule=tc.schedule)
+    optimizer, scheduler = make_optimizer(
+        model,
+        tc.optimizer,
+        tc.lr,
+        tc.weight_decay,
+        warmup_steps=int(tc.warmup_ratio * total),
+        total_steps=total,
+        schedule=tc.schedule,
+    )
     t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
     best_model = BestModel()
     # on rank 0 the best model is read first: building its copy draws from the RNGs that the restore then sets
-    state, pending = resume(ray.train.get_checkpoint(), rank, t, {"step": 0, "best": None, "position": {"epoch": 1, "micro": 0}},
-                            seed=tc.seed, run_id=h.run_id,
-                            on_rank0=lambda d: best_model.load(d, type(encoder_of(unwrap(model)))))
+    state, pending = resume(
+        ray.train.get_checkpoint(),
+        rank,
+        t,
+        {"step": 0, "best": None, "position": {"epoch": 1, "micro": 0}},
+        seed=tc.seed,
+        run_id=h.run_id,
+        on_rank0=lambda d: best_model.load(d, type(encoder_of(unwrap(model)))),
+    )
     log = None
     if rank == 0 and h.run_id:  # mlflow loads on the logging rank only (seconds of CPU per process)
         from pipeline.tracking import RunLogger
 
-        log = RunLogger(h.run_id, h.tracking_uri, total_steps=total, log_every_steps=tc.log_every_steps,
-                        background=True, pending=pending, show_progress=not h.quiet)
+        log = RunLogger(
+            h.run_id,
+            h.tracking_uri,
+            total_steps=total,
+            log_every_steps=tc.log_every_steps,
+            background=True,
+            pending=pending,
+            show_progress=not h.quiet,
+        )
 
     step, (epoch, done) = state["step"], (state["position"]["epoch"], state["position"]["micro"])
     best = tuple(state["best"]) if state["best"] is not None else None
@@ -255,8 +301,19 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
         while step < total and done < micro:
             k = min(tc.accumulation_steps, micro - done)  # the epoch's last step may have fewer micro-batches
             step, done = step + 1, done + k
-            figures.add(train_step(t, batches, accumulation=k, counts=task_counts, summarise=summarise, device=device,
-                                   precision=tc.precision, max_grad_norm=tc.max_grad_norm), step)
+            figures.add(
+                train_step(
+                    t,
+                    batches,
+                    accumulation=k,
+                    counts=task_counts,
+                    summarise=summarise,
+                    device=device,
+                    precision=tc.precision,
+                    max_grad_norm=tc.max_grad_norm,
+                ),
+                step,
+            )
             end_of_epoch = done == micro or step == total
             checkpointing = end_of_epoch or (tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0)
             if step % tc.log_every_steps == 0 or checkpointing:  # the host syncs, on every rank
@@ -272,8 +329,10 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
                 if log is not None:
                     log.log_metrics({f"eval/{k}": v for k, v in ev.items()}, step)
                     if not h.quiet:
-                        say(f"[finetune] epoch {epoch} step {step}/{total} eval "
-                            + "  ".join(f"{k} {v:.4f}" for k, v in ev.items()))
+                        say(
+                            f"[finetune] epoch {epoch} step {step}/{total} eval "
+                            + "  ".join(f"{k} {v:.4f}" for k, v in ev.items())
+                        )
                 score = (ev[primary], -ev["loss"])  # ties on the metric (e.g. F1 0 early on) go to the lower loss
                 if best is None or score > best:
                     best = score
@@ -283,8 +342,12 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
                 with tempfile.TemporaryDirectory() as d:
                     if log is not None:  # what the tracking server has not got yet travels with the checkpoint
                         write_pending(d, h.run_id, log.pending())
-                    save_checkpoint(d, rank, t, {"step": step, "position": position, "best": best,
-                                                 "run_id": h.run_id, "max_steps": total})
+                    save_checkpoint(
+                        d,
+                        rank,
+                        t,
+                        {"step": step, "position": position, "best": best, "run_id": h.run_id, "max_steps": total},
+                    )
                     if rank == 0:
                         best_model.write(d)
                     cluster.report(metrics, d)

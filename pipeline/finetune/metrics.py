@@ -119,10 +119,12 @@ def entity_metrics(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]])
     gold, pred = [list(g) for g in gold], [list(p) for p in pred]
     tok_ok = sum(a == b for g, p in zip(gold, pred) for a, b in zip(g, p))
     tok_all = sum(len(g) for g in gold)
-    return {"precision": float(precision_score(gold, pred, zero_division=0)),
-            "recall": float(recall_score(gold, pred, zero_division=0)),
-            "f1": float(f1_score(gold, pred, zero_division=0)),
-            "token_accuracy": tok_ok / tok_all if tok_all else 0.0}
+    return {
+        "precision": float(precision_score(gold, pred, zero_division=0)),
+        "recall": float(recall_score(gold, pred, zero_division=0)),
+        "f1": float(f1_score(gold, pred, zero_division=0)),
+        "token_accuracy": tok_ok / tok_all if tok_all else 0.0,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -335,8 +337,13 @@ def retrieval_metrics(qrels: dict[str, dict[str, int]], run: dict[str, dict[str,
 # ---------------------------------------------------------------------------------------------------------------
 # the metric that picks the best epoch and trial
 
-PRIMARY = {"sequence-classification": "accuracy", "sentence-pair-classification": "accuracy", "token-classification": "f1",
-           "question-answering": "f1", "embedding": "ndcg@10"}
+PRIMARY = {
+    "sequence-classification": "accuracy",
+    "sentence-pair-classification": "accuracy",
+    "token-classification": "f1",
+    "question-answering": "f1",
+    "embedding": "ndcg@10",
+}
 
 
 def primary_metric(task: str, problem_type: str) -> str:

@@ -110,7 +110,9 @@ def _read_rows(path: str) -> list[tuple[int, dict[str, Any]]]:
     return rows
 
 
-def read_classification(path: str | Path, text_columns: list[str] | None = None, label_column: str = "label") -> list[TextExample]:
+def read_classification(
+    path: str | Path, text_columns: list[str] | None = None, label_column: str = "label"
+) -> list[TextExample]:
     """Examples of a TSV/CSV/JSONL file with `sentence` or `sentence1`/`sentence2` and `label`.
 
     `text_columns` overrides the detection (one or two names).
@@ -313,8 +315,12 @@ def read_pairs(path: str | Path) -> list[PairExample]:
         cols = [*PAIR_COLUMNS, "negative"] if with_negative else list(PAIR_COLUMNS)
         missing = [c for c in cols if c not in row]
         if missing:
-            raise _err(path, line, f"missing column(s) {', '.join(missing)}; has {', '.join(map(str, row))} "
-                                   "(a pairs file has query, positive [, negative])")
+            raise _err(
+                path,
+                line,
+                f"missing column(s) {', '.join(missing)}; has {', '.join(map(str, row))} "
+                "(a pairs file has query, positive [, negative])",
+            )
         for c in cols:
             if not isinstance(row[c], str) or not row[c].strip():
                 raise _err(path, line, f"empty or non-text {c!r}")
@@ -403,5 +409,8 @@ def read_beir(path: str | Path) -> BeirSet:
             qrels.setdefault(qid, {})[did] = rel
     if not qrels:
         raise _err(qrels_file, None, "no relevant (score > 0) query-document pair")
-    return BeirSet({k: t for k, (t, _) in corpus.items()}, {k: t for k, (t, _) in queries.items() if k in qrels},
-                   {q: qrels[q] for q in queries if q in qrels})
+    return BeirSet(
+        {k: t for k, (t, _) in corpus.items()},
+        {k: t for k, (t, _) in queries.items() if k in qrels},
+        {q: qrels[q] for q in queries if q in qrels},
+    )

@@ -33,8 +33,14 @@ SCORE_ELEMENTS = 1 << 24
 """Query-by-document scores computed at once (64 MB of float32)."""
 
 
-def retrieval_scores(queries: torch.Tensor, docs: torch.Tensor, query_ids: list[str], doc_ids: list[str],
-                     qrels: dict[str, dict[str, int]], temperature: float) -> dict[str, float]:
+def retrieval_scores(
+    queries: torch.Tensor,
+    docs: torch.Tensor,
+    query_ids: list[str],
+    doc_ids: list[str],
+    qrels: dict[str, dict[str, int]],
+    temperature: float,
+) -> dict[str, float]:
     """`ndcg@10`, `mrr@10`, `recall@100` of unit vectors `queries` (Q, H) searched exactly against `docs` (N, H),
     and `loss`: the InfoNCE of each (query, relevant document) pair against the whole corpus, at `temperature`.
 
@@ -51,10 +57,10 @@ def retrieval_scores(queries: torch.Tensor, docs: torch.Tensor, query_ids: list[
     run: dict[str, dict[str, float]] = {}
     loss_sum, pairs = 0.0, 0
     for a in range(0, len(query_ids), step):
-        s = queries[a:a + step] @ docs.T  # (c, N) cosines
+        s = queries[a : a + step] @ docs.T  # (c, N) cosines
         top_s, top_i = s.topk(k, dim=1)
         lse = torch.logsumexp(s / temperature, dim=1)  # (c,)
-        for r, qid in enumerate(query_ids[a:a + step]):
+        for r, qid in enumerate(query_ids[a : a + step]):
             run[qid] = {doc_ids[j]: float(v) for j, v in zip(top_i[r].tolist(), top_s[r].tolist())}
             for did in qrels[qid]:
                 loss_sum += float(lse[r] - s[r, column[did]] / temperature)
@@ -63,18 +69,28 @@ def retrieval_scores(queries: torch.Tensor, docs: torch.Tensor, query_ids: list[
 
 
 @torch.no_grad()
-def embed(encoder: torch.nn.Module, ids: list[list[int]], pooling: Pooling, batch_size: int,
-          device: torch.device | str = "cpu", precision: str = "fp32") -> torch.Tensor:
+def embed(
+    encoder: torch.nn.Module,
+    ids: list[list[int]],
+    pooling: Pooling,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+    precision: str = "fp32",
+) -> torch.Tensor:
     """(N, H) float32 unit vectors of tokenized texts, on the CPU; batches of similar length (longest first)."""
     device = torch.device(device)
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     out = torch.empty(len(ids), encoder.config.hidden_size)
     for b in range(0, len(order), batch_size):
-        idx = order[b:b + batch_size]
+        idx = order[b : b + batch_size]
         x = pad_batch({"input_ids": ids}, idx)
         with autocast(device, precision):
-            v = sentence_embedding(encoder, torch.as_tensor(x["input_ids"], device=device),
-                                   torch.as_tensor(x["attention_mask"], device=device), pooling)
+            v = sentence_embedding(
+                encoder,
+                torch.as_tensor(x["input_ids"], device=device),
+                torch.as_tensor(x["attention_mask"], device=device),
+                pooling,
+            )
         out[idx] = v.float().cpu()
     return out
 
@@ -105,8 +121,9 @@ class CorpusEmbedder:
     """Texts -> unit vectors, in one process: a Ray Data actor of `embed_on_cluster` (or a plain loop). It
     tokenizes its batches itself, so a large corpus is tokenized in parallel too."""
 
-    def __init__(self, model: Any, tokenizer: str, pooling: Pooling, max_seq_length: int, threads: int = 1,
-                 use_gpu: bool = False) -> None:
+    def __init__(
+        self, model: Any, tokenizer: str, pooling: Pooling, max_seq_length: int, threads: int = 1, use_gpu: bool = False
+    ) -> None:
         import ray
         from tokenizers import Tokenizer
 
@@ -128,13 +145,25 @@ class CorpusEmbedder:
         """{"row", "text"} -> {"row", "embedding"} (float32, one vector a row)."""
         ids = [enc.ids for enc in self.tok.encode_batch([str(t) for t in batch["text"]])]
         x = pad_batch({"input_ids": ids}, range(len(ids)))
-        v = sentence_embedding(self.encoder, torch.as_tensor(x["input_ids"], device=self.device),
-                               torch.as_tensor(x["attention_mask"], device=self.device), self.pooling)
+        v = sentence_embedding(
+            self.encoder,
+            torch.as_tensor(x["input_ids"], device=self.device),
+            torch.as_tensor(x["attention_mask"], device=self.device),
+            self.pooling,
+        )
         return {"row": np.asarray(batch["row"]), "embedding": v.cpu().numpy()}
 
 
-def embed_on_cluster(model: Any, tokenizer: str, texts: list[str], pooling: Pooling, max_seq_length: int,
-                     batch_size: int = 64, use_gpu: bool = False, actors: int | None = None) -> np.ndarray:
+def embed_on_cluster(
+    model: Any,
+    tokenizer: str,
+    texts: list[str],
+    pooling: Pooling,
+    max_seq_length: int,
+    batch_size: int = 64,
+    use_gpu: bool = False,
+    actors: int | None = None,
+) -> np.ndarray:
     """(N, H) float32 unit vectors of `texts`, in their order: a Ray Data `map_batches` of `CorpusEmbedder` actors,
     one per GPU with `use_gpu`, else one per free CPU (or `actors`), each on one CPU thread. `model` is the
     encoder as `{"class", "config", "state_dict"}` (or an object ref to it: every actor reads one copy from the
@@ -152,13 +181,25 @@ def embed_on_cluster(model: Any, tokenizer: str, texts: list[str], pooling: Pool
     # longest first, so that a batch holds texts of about one length (little padding); rows say where each goes
     order = np.argsort([-len(t) for t in texts], kind="stable")
     per_block = max(batch_size, -(-len(texts) // (4 * actors)) // batch_size * batch_size)  # >= 4 blocks an actor
-    blocks = [pa.table({"row": order[a:a + per_block], "text": [texts[i] for i in order[a:a + per_block]]})
-              for a in range(0, len(texts), per_block)]
+    blocks = [
+        pa.table({"row": order[a : a + per_block], "text": [texts[i] for i in order[a : a + per_block]]})
+        for a in range(0, len(texts), per_block)
+    ]
     ds = ray.data.from_arrow(blocks).map_batches(
-        CorpusEmbedder, fn_constructor_kwargs={"model": ref, "tokenizer": tokenizer, "pooling": pooling,
-                                               "max_seq_length": max_seq_length, "use_gpu": use_gpu},
-        batch_size=batch_size, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=1,
-        num_gpus=1 if use_gpu else 0)
+        CorpusEmbedder,
+        fn_constructor_kwargs={
+            "model": ref,
+            "tokenizer": tokenizer,
+            "pooling": pooling,
+            "max_seq_length": max_seq_length,
+            "use_gpu": use_gpu,
+        },
+        batch_size=batch_size,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=actors),
+        num_cpus=1,
+        num_gpus=1 if use_gpu else 0,
+    )
     out: np.ndarray | None = None
     for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
         if out is None:
@@ -179,16 +220,18 @@ def evaluate_on_cluster(model_dir: str, eval_path: str, cfg: Any) -> dict[str, f
     from pipeline.finetune.readers import read_beir
 
     beir = read_beir(eval_path)
-    qids = list(beir.queries)[:cfg.data.max_eval_examples]
+    qids = list(beir.queries)[: cfg.data.max_eval_examples]
     encoder = load_model(model_dir, "embedding")
-    ref = ray.put({"class": type(encoder).__name__, "config": asdict(encoder.config),
-                   "state_dict": encoder.state_dict()})
+    ref = ray.put(
+        {"class": type(encoder).__name__, "config": asdict(encoder.config), "state_dict": encoder.state_dict()}
+    )
     tok = load_tokenizer(model_dir).to_str()
     e, t = cfg.embedding, cfg.train
 
     def vectors(texts: list[str]) -> torch.Tensor:
-        return torch.from_numpy(embed_on_cluster(ref, tok, texts, e.pooling, cfg.data.max_seq_length,
-                                                 t.eval_batch_size, t.use_gpu))
+        return torch.from_numpy(
+            embed_on_cluster(ref, tok, texts, e.pooling, cfg.data.max_seq_length, t.eval_batch_size, t.use_gpu)
+        )
 
     docs = vectors(list(beir.corpus.values()))
     queries = vectors([beir.queries[q] for q in qids])

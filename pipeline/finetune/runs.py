@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import resolve_path
+from pipeline.console import say
 from pipeline.finetune.data import TaskData
 
 if TYPE_CHECKING:
@@ -43,8 +45,13 @@ def fit_run(cfg: Any, shared: FinetuneHandoff, run_id: str, name: str):
 
     t = cfg.train
     scale = cluster.Scale(t.num_workers, t.use_gpu, t.cpus_per_worker, max_failures=t.max_failures, num_to_keep=1)
-    return cluster.fit(train_loop_per_worker, replace(shared, cfg=cfg, run_id=run_id), name=name,
-                        storage_path=resolve_path(t.storage_path), scale=scale)
+    return cluster.fit(
+        train_loop_per_worker,
+        replace(shared, cfg=cfg, run_id=run_id),
+        name=name,
+        storage_path=resolve_path(t.storage_path),
+        scale=scale,
+    )
 
 
 def best_metrics(checkpoint) -> dict[str, float]:
@@ -76,16 +83,31 @@ class Job:
     def params(self, cfg: Any) -> dict[str, Any]:
         """The MLflow params of a run at `cfg`."""
         td = self.td
-        return {**cfg.flat(), "task": self.task, "source": self.source.spec, "num_train_features": len(td.train["input_ids"]),
-                "num_eval_features": len(td.eval["input_ids"]), "problem_type": td.problem_type,
-                "num_labels": td.num_labels, "train.global_batch_size": cfg.train.global_batch_size}
+        return {
+            **cfg.flat(),
+            "task": self.task,
+            "source": self.source.spec,
+            "num_train_features": len(td.train["input_ids"]),
+            "num_eval_features": len(td.eval["input_ids"]),
+            "problem_type": td.problem_type,
+            "num_labels": td.num_labels,
+            "train.global_batch_size": cfg.train.global_batch_size,
+        }
 
     def log_inputs(self, logger, cfg: Any, extra: dict[str, Any]) -> None:
         """Params (plus `extra`) and the label map of a run that trains."""
         logger.log_params({**self.params(cfg), **extra})
         label_map = Path(self.work, "label_map.json")
-        label_map.write_text(json.dumps({"task": self.task, "problem_type": self.td.problem_type,
-                                         "id2label": {str(k): v for k, v in self.td.id2label.items()}}, indent=1))
+        label_map.write_text(
+            json.dumps(
+                {
+                    "task": self.task,
+                    "problem_type": self.td.problem_type,
+                    "id2label": {str(k): v for k, v in self.td.id2label.items()},
+                },
+                indent=1,
+            )
+        )
         logger.log_artifact(str(label_map))
         self.log_task_files(logger)
 
@@ -101,8 +123,11 @@ class Job:
         entries = []
         for key, context, feats in (("train_file", "training", self.td.train), ("eval_file", "eval", self.td.eval)):
             path = self.tags[key]
-            profile = {"task": self.task, "features": len(feats["input_ids"]),
-                       "labels": [self.td.id2label[k] for k in sorted(self.td.id2label)]}
+            profile = {
+                "task": self.task,
+                "features": len(feats["input_ids"]),
+                "labels": [self.td.id2label[k] for k in sorted(self.td.id2label)],
+            }
             if self.task == "embedding" and key == "eval_file":  # a BEIR set: the sha256 of its files' sha256s
                 sha = hashlib.sha256(" ".join(sha256_file(f) for f in beir_files(path)).encode()).hexdigest()
                 profile["documents"] = len(self.td.retrieval.doc_ids)
@@ -128,13 +153,18 @@ class Job:
 
             export_sentence_transformers(out, self.cfg.embedding.pooling, self.cfg.data.max_seq_length)
             final = evaluate_on_cluster(str(out), self.tags["eval_file"], self.cfg)
-            print("[finetune] the best epoch's model, its corpus embedded on the cluster: " + ", ".join(
-                f"{k} {final[k]:.4f} (in training {best[k]:.4f})" for k in RETRIEVAL_MEASURES), flush=True)
+            say(
+                "[finetune] the best epoch's model, its corpus embedded on the cluster: "
+                + ", ".join(f"{k} {final[k]:.4f} (in training {best[k]:.4f})" for k in RETRIEVAL_MEASURES),
+                sys.stdout,
+            )
             best = {**best, **final}
             (out / "eval_metrics.json").write_text(json.dumps(best, indent=1))
         return best, out
 
-    def register(self, out: Path, best: dict[str, float], run_id: str, logger, tags: dict[str, str] | None = None) -> str | None:
+    def register(
+        self, out: Path, best: dict[str, float], run_id: str, logger, tags: dict[str, str] | None = None
+    ) -> str | None:
         """Register `out` as a new version made by run `run_id` (lineage tags, alias); None when registering is off."""
         from pipeline import tracking
 
@@ -144,8 +174,18 @@ class Job:
         name = tr.model_name or f"bert-finetune-{self.task}"
         own = {"pooling": self.cfg.embedding.pooling} if self.task == "embedding" else {}
         version = tracking.register_hf_model(
-            str(out), name, tr.alias, {**self.source.tags, "task": self.task, "run_id": run_id, **own,
-                                       tracking.metric_key(f"eval_{self.primary}"): f"{best[self.primary]:.6g}",
-                                       **(tags or {})}, run_id)
+            str(out),
+            name,
+            tr.alias,
+            {
+                **self.source.tags,
+                "task": self.task,
+                "run_id": run_id,
+                **own,
+                tracking.metric_key(f"eval_{self.primary}"): f"{best[self.primary]:.6g}",
+                **(tags or {}),
+            },
+            run_id,
+        )
         logger.set_tags({"registered_model": f"models:/{name}/{version}"})
         return f"models:/{name}/{version}"

@@ -56,8 +56,9 @@ class TrialSpec:
     """Keep the trial's checkpoints (a sweep exports the best trial's); False removes them once it has reported."""
 
 
-def check_trial_resources(num_workers: int, cpus_per_worker: float, cluster_cpus: float,
-                          field: str = "tune.lr") -> None:
+def check_trial_resources(
+    num_workers: int, cpus_per_worker: float, cluster_cpus: float, field: str = "tune.lr"
+) -> None:
     """A ConfigError (one line) when one trial (its actor plus its Train workers) can never be placed: Tune would
     wait for it forever.
 
@@ -65,12 +66,14 @@ def check_trial_resources(num_workers: int, cpus_per_worker: float, cluster_cpus
     Traceback (most recent call last):
     ...
     pipeline.config.sections.ConfigError: tune.lr: a trial needs train.num_workers 2 x train.cpus_per_worker 1 + 0.05 (the trial's own actor) = 2.05 CPUs; the cluster has 2
-    """
+    """  # noqa: E501
     need = trial_cpus(num_workers, cpus_per_worker)
     if cluster_cpus < need:
-        raise ConfigError(f"{field}: a trial needs train.num_workers {num_workers} x train.cpus_per_worker "
-                          f"{cpus_per_worker:g} + {TRIAL_CPUS:g} (the trial's own actor) = {need:g} CPUs; "
-                          f"the cluster has {cluster_cpus:g}")
+        raise ConfigError(
+            f"{field}: a trial needs train.num_workers {num_workers} x train.cpus_per_worker "
+            f"{cpus_per_worker:g} + {TRIAL_CPUS:g} (the trial's own actor) = {need:g} CPUs; "
+            f"the cluster has {cluster_cpus:g}"
+        )
 
 
 def trial_cpus(num_workers: int, cpus_per_worker: float) -> float:
@@ -138,7 +141,7 @@ class TrialLines(ray.tune.Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         _, spec = self._spec(trial)
-        best = {f"best/{k[len('eval/'):]}": v for k, v in result.items() if k.startswith("eval/")}
+        best = {f"best/{k[len('eval/') :]}": v for k, v in result.items() if k.startswith("eval/")}
         test = {k: v for k, v in result.items() if k.startswith("test/")}
         tracking.RunLogger(spec.run_id, self.uri).log_metrics({**best, **test}, int(result["eval/step"]))
 
@@ -150,9 +153,11 @@ class TrialLines(ray.tune.Callback):
         left = len(self.keys) - self.done
         eta = left * (time.monotonic() - self.t0) / self.done  # at the rate trials have ended so far
         test = f", test {r[f'test/{spec.primary}']:.4f}" if f"test/{spec.primary}" in r else ""
-        say(f"{self.prefix} {what} done: {spec.primary} {r[f'eval/{spec.primary}']:.4f}{test} (best epoch "
+        say(
+            f"{self.prefix} {what} done: {spec.primary} {r[f'eval/{spec.primary}']:.4f}{test} (best epoch "
             f"{r['eval/epoch']:g}, step {r['eval/step']:g}); trials {self.done}/{len(self.keys)} done, "
-            f"eta {_duration(eta) if left else '0s'}")
+            f"eta {_duration(eta) if left else '0s'}"
+        )
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         what, spec = self._spec(trial)
@@ -166,20 +171,26 @@ def _duration(s: float) -> str:
     return f"{m}m{sec:02d}s" if m else f"{sec}s"
 
 
-def run_trials(specs: dict[str, TrialSpec], name: str, storage_path: str, max_concurrent: int, uri: str,
-               prefix: str = "[tune]") -> dict[str, dict[str, Any]]:
+def run_trials(
+    specs: dict[str, TrialSpec], name: str, storage_path: str, max_concurrent: int, uri: str, prefix: str = "[tune]"
+) -> dict[str, dict[str, Any]]:
     """Run every trial on Tune, `max_concurrent` at a time; returns {key: the trial's reported metrics}. Raises the
     first trial's error, if any. `storage_path` holds Tune's experiment directory (`<storage>/<name>`)."""
     storage = resolve_path(storage_path)  # absolute: a trial runs in its own working directory
-    specs = {k: replace(s, cfg=replace(s.cfg, train=replace(s.cfg.train, storage_path=storage)))
-             for k, s in specs.items()}
+    specs = {
+        k: replace(s, cfg=replace(s.cfg, train=replace(s.cfg.train, storage_path=storage))) for k, s in specs.items()
+    }
     tuner = ray.tune.Tuner(
         ray.tune.with_resources(ray.tune.with_parameters(_trial, specs=specs), {"CPU": TRIAL_CPUS}),
         param_space={"trial": ray.tune.grid_search(list(specs))},
         tune_config=ray.tune.TuneConfig(max_concurrent_trials=max_concurrent),
-        run_config=ray.tune.RunConfig(name=name, storage_path=storage, verbose=0,
-                                      failure_config=ray.tune.FailureConfig(fail_fast=True),  # as a single run fails
-                                      callbacks=[TrialLines(specs, uri, prefix)]),
+        run_config=ray.tune.RunConfig(
+            name=name,
+            storage_path=storage,
+            verbose=0,
+            failure_config=ray.tune.FailureConfig(fail_fast=True),  # as a single run fails
+            callbacks=[TrialLines(specs, uri, prefix)],
+        ),
     )
     # Tune's legacy console output at verbose=0 prints nothing (the new engine still prints a banner), and without
     # Tune's SIGINT handler Ctrl-C interrupts the job as it does a single run (Tune's would end the trials quietly)

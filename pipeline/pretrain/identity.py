@@ -8,21 +8,37 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from typing import Any
 
 from pipeline import cluster
 from pipeline.config import Config, config_hash
+from pipeline.console import say
 from pipeline.core.checkpoint import CheckpointCorrupt, check_init, damage
 from pipeline.data.dataset import PreparedDataset
 from pipeline.pretrain.init import InitCheckpoint
 from pipeline.storage.io import exists, filesystem, join, output_lock, read_json, read_text, write_bytes_atomic
 
-
 # TrainConfig fields that do not change the weights a run produces (operational settings).
-_NOT_IN_IDENTITY = ("storage_path", "run_name", "max_failures", "num_to_keep", "checkpoint_every_steps",
-                    "log_every_steps", "eval_every_steps", "eval_batches", "data_cpus", "placement_strategy",
-                    "materialize_data", "cpus_per_worker", "use_gpu", "compile", "unpad", "min_workers",
-                    "checkpoint_upload")
+_NOT_IN_IDENTITY = (
+    "storage_path",
+    "run_name",
+    "max_failures",
+    "num_to_keep",
+    "checkpoint_every_steps",
+    "log_every_steps",
+    "eval_every_steps",
+    "eval_batches",
+    "data_cpus",
+    "placement_strategy",
+    "materialize_data",
+    "cpus_per_worker",
+    "use_gpu",
+    "compile",
+    "unpad",
+    "min_workers",
+    "checkpoint_upload",
+)
 
 # ... and, since the data order and the global batch stopped depending on them (`pipeline.pretrain.loader`), the
 # number of workers and the micro-batch cap (also a phase's). Runs named before that keep their names:
@@ -35,15 +51,22 @@ _NEWER_DEFAULTS = {"head_only_steps": 0, "decay_fraction": 0.1, "decay_shape": "
 _NEWER_PHASE_DEFAULTS = {"source_weights": None, "mix_temperature": None, "mask_rate": None}  # a phase's, likewise
 
 
-def run_identity(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpoint | None = None,
-                 without: tuple[str, ...] = (), legacy: bool = False) -> str:
+def run_identity(
+    cfg: Config,
+    datasets: list[PreparedDataset],
+    init: InitCheckpoint | None = None,
+    without: tuple[str, ...] = (),
+    legacy: bool = False,
+) -> str:
     """Hash of what the weights depend on: model, training settings, each phase's data config and vocabulary, and
     the initial weights' sha256 when the run continues a checkpoint (left out without one: identities of runs from
     random weights are what they were before `model.init` existed; the ModelConfig repr leaves `init` out).
     `without` leaves more TrainConfig fields out (`max_steps`: runs that differ only by their length). `legacy`:
     the identity as it was while the data order depended on the number of workers (with `_SIZE`)."""
     out = _NOT_IN_IDENTITY + without + (() if legacy else _SIZE)
-    train = {k: v for k, v in dataclasses.asdict(cfg.train).items() if k not in out and _NEWER_DEFAULTS.get(k, ...) != v}
+    train = {
+        k: v for k, v in dataclasses.asdict(cfg.train).items() if k not in out and _NEWER_DEFAULTS.get(k, ...) != v
+    }
     # warmup_fraction is in the warmup_steps it sets (a preset that moved from 120 steps to 0.1 of 1,200 keeps its
     # runs' names); only runs compared without their length keep the fraction, which does not change with it
     fraction = train.pop("warmup_fraction", None)
@@ -51,13 +74,17 @@ def run_identity(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpo
         del train["warmup_steps"]
         train["warmup_fraction"] = fraction
     size = () if legacy else _SIZE
-    train["phases"] = [{k: v for k, v in ph.items() if k not in size and _NEWER_PHASE_DEFAULTS.get(k, ...) != v}
-                       for ph in train.get("phases", [])]
+    train["phases"] = [
+        {k: v for k, v in ph.items() if k not in size and _NEWER_PHASE_DEFAULTS.get(k, ...) != v}
+        for ph in train.get("phases", [])
+    ]
     data = [{"config_hash": d.config_hash, "vocab_sha256": d.vocab_sha256} for d in datasets]
     ident: dict[str, Any] = {"model": cfg.model, "train": train, "data": data}
     if cfg.data.sources:  # the mixture's weights are not in the data's hash (the same shards serve any mixture)
-        ident["mixture"] = {"sources": [(s.name, s.weight, s.epochs) for s in cfg.data.sources],
-                            "mix_temperature": cfg.data.mix_temperature}
+        ident["mixture"] = {
+            "sources": [(s.name, s.weight, s.epochs) for s in cfg.data.sources],
+            "mix_temperature": cfg.data.mix_temperature,
+        }
     if init is not None:
         ident["init_sha256"] = init.weights_sha256
     return config_hash(ident)
@@ -79,17 +106,23 @@ def run_name_for(cfg: Config, datasets: list[PreparedDataset], init: InitCheckpo
     return name
 
 
-def legacy_run_notice(cfg: Config, datasets: list[PreparedDataset], name: str, init: InitCheckpoint | None = None) -> str | None:
+def legacy_run_notice(
+    cfg: Config, datasets: list[PreparedDataset], name: str, init: InitCheckpoint | None = None
+) -> str | None:
     """One console line when `name` is a run named before the number of workers left the identity (`run_name_for`
     found it under its legacy identity): it resumes, at its own size, and its data from then on follow the order
     that does not depend on the number of workers."""
     from pipeline.tracking.runs import run_name
 
-    if cfg.train.run_name or name != run_name(cfg.model.preset or "init", tag=run_identity(cfg, datasets, init, legacy=True)[:10]):
+    if cfg.train.run_name or name != run_name(
+        cfg.model.preset or "init", tag=run_identity(cfg, datasets, init, legacy=True)[:10]
+    ):
         return None
-    return (f"[train] {name} was named before the data order stopped depending on the number of workers: it resumes "
-            f"at its own size (train.num_workers {cfg.train.num_workers}); the steps it has left read the data in "
-            "the order a new run reads it (for that step), not the one it started with")
+    return (
+        f"[train] {name} was named before the data order stopped depending on the number of workers: it resumes "
+        f"at its own size (train.num_workers {cfg.train.num_workers}); the steps it has left read the data in "
+        "the order a new run reads it (for that step), not the one it started with"
+    )
 
 
 def longer_run_notice(cfg: Config, name: str, base: str, uri: str) -> str | None:
@@ -106,18 +139,25 @@ def longer_run_notice(cfg: Config, name: str, base: str, uri: str) -> str | None
         return None
     was = other.data.params.get("train.max_steps", "?")
     model = other.data.tags.get("registered_model")
-    how = (f"to continue its model instead, run with --model.init {model} (its weights, a new LR schedule over "
-           f"--train.max_steps more steps)" if model else
-           f"it has no registered version yet: re-run its command to finish it, then continue it with "
-           f"--model.init models:/{cfg.tracking.model_name}/<version>")
-    return (f"[train] only train.max_steps differs from run {other.info.run_name} ({was} -> {cfg.train.max_steps} "
-            f"steps; the LR schedule depends on it): {name} is a new run, trained from scratch; {how}")
+    how = (
+        f"to continue its model instead, run with --model.init {model} (its weights, a new LR schedule over "
+        f"--train.max_steps more steps)"
+        if model
+        else f"it has no registered version yet: re-run its command to finish it, then continue it with "
+        f"--model.init models:/{cfg.tracking.model_name}/<version>"
+    )
+    return (
+        f"[train] only train.max_steps differs from run {other.info.run_name} ({was} -> {cfg.train.max_steps} "
+        f"steps; the LR schedule depends on it): {name} is a new run, trained from scratch; {how}"
+    )
 
 
 def check_run_init(storage_path: str, run_name: str, init: InitCheckpoint | None) -> None:
     """Refuse resuming `run_name` when it started from other initial weights (its `init.json`) than `init`."""
     path = join(storage_path, run_name, "init.json")
-    check_init(read_json(path) if exists(path) else None, init.weights_sha256 if init else None, join(storage_path, run_name))
+    check_init(
+        read_json(path) if exists(path) else None, init.weights_sha256 if init else None, join(storage_path, run_name)
+    )
 
 
 def record_run_init(storage_path: str, run_name: str, init: InitCheckpoint | None) -> None:
@@ -149,8 +189,11 @@ def remove_half_written(storage_path: str, run_name: str, bad: list[tuple[str, s
         fs, path = filesystem(uri)
         fs.rm(path, recursive=True)
     if gone:
-        print(f"[train] removed {len(gone)} checkpoint{'s' if len(gone) > 1 else ''} a crashed run left half-written: "
-              + "; ".join(f"{uri} ({why})" for uri, why in gone), flush=True)
+        say(
+            f"[train] removed {len(gone)} checkpoint{'s' if len(gone) > 1 else ''} a crashed run left half-written: "
+            + "; ".join(f"{uri} ({why})" for uri, why in gone),
+            sys.stdout,
+        )
     return gone
 
 
@@ -164,17 +207,24 @@ def resume_point(storage_path: str, run_name: str) -> tuple[tuple[str, dict[str,
     named = "; ".join(f"{uri} ({why})" for uri, why in bad)
     if bad and good is None:
         run_dir = join(storage_path, run_name)
-        raise CheckpointCorrupt(f"run {run_dir} has no intact checkpoint: {named}; to start over, delete {run_dir} "
-                                "(or use another --train.run_name)")
+        raise CheckpointCorrupt(
+            f"run {run_dir} has no intact checkpoint: {named}; to start over, delete {run_dir} "
+            "(or use another --train.run_name)"
+        )
     if bad:
-        print(f"[train] damaged checkpoint{'s' if len(bad) > 1 else ''} {named}: resuming from step "
-              f"{good[1].get('step')} ({good[0]})", flush=True)
+        say(
+            f"[train] damaged checkpoint{'s' if len(bad) > 1 else ''} {named}: resuming from step "
+            f"{good[1].get('step')} ({good[0]})",
+            sys.stdout,
+        )
     return good, [uri for uri, _ in bad]
 
 
 def run_lock(storage_path: str, run_name: str):
     """The advisory lock on `<storage_path>/<run_name>` that one job holds while it trains, evaluates and registers
     the run (OutputLockedError, one line naming the holder, for a second one)."""
-    return output_lock(join(storage_path, run_name),
-                       busy=f"run {join(storage_path, run_name)} is being trained by another job ({{holder}}); wait "
-                            "for it to finish (the same command then finds it done)")
+    return output_lock(
+        join(storage_path, run_name),
+        busy=f"run {join(storage_path, run_name)} is being trained by another job ({{holder}}); wait "
+        "for it to finish (the same command then finds it done)",
+    )

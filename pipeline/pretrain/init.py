@@ -13,8 +13,9 @@
 - lineage: the sha256 of the weights file, which joins the run identity and the registry tags.
 
 `load_initial` builds the `BertForPreTraining` (or `ModernBertForMaskedLM`) a worker starts from: the checkpoint's
-MLM/NSP heads when it has them, else fresh ones (the MLM decoder is structurally tied to the word embeddings, so a fresh MLM head is only
-its transform and bias). Every rank seeds the same way first, so fresh heads are identical across ranks.
+MLM/NSP heads when it has them, else fresh ones (the MLM decoder is structurally tied to the word embeddings, so a
+fresh MLM head is only its transform and bias). Every rank seeds the same way first, so fresh heads are identical across
+ranks.
 """
 
 from __future__ import annotations
@@ -62,15 +63,21 @@ class InitCheckpoint:
 
         >>> InitCheckpoint("/m", "/m", "ab" * 32, "none").describe()
         '[init] /m (weights sha256 abababababab): encoder loaded; no MLM head in it, a fresh MLM head tied to its word embeddings (and a fresh NSP head)'
-        """
+        """  # noqa: E501
         from model.family import family_of
 
         nsp = family_of(self.family).nsp
-        what = {"mlm+nsp": "encoder, MLM and NSP heads loaded",
-                "mlm": "encoder and MLM head loaded" + ("; a fresh NSP head" if nsp else ""),
-                "none": "encoder loaded; no MLM head in it, a fresh MLM head tied to its word embeddings"
-                        + (" (and a fresh NSP head)" if nsp else "")}
-        src = self.spec if self.spec == self.local_dir else f"{self.spec} ({self.source_tags.get('source_model', self.local_dir)})"
+        what = {
+            "mlm+nsp": "encoder, MLM and NSP heads loaded",
+            "mlm": "encoder and MLM head loaded" + ("; a fresh NSP head" if nsp else ""),
+            "none": "encoder loaded; no MLM head in it, a fresh MLM head tied to its word embeddings"
+            + (" (and a fresh NSP head)" if nsp else ""),
+        }
+        src = (
+            self.spec
+            if self.spec == self.local_dir
+            else f"{self.spec} ({self.source_tags.get('source_model', self.local_dir)})"
+        )
         return f"[init] {src} (weights sha256 {self.weights_sha256[:12]}): {what[self.heads]}"
 
 
@@ -91,7 +98,7 @@ def sha256_file(path: str | Path) -> str:
 
 
 def heads_in(model_dir: str | Path) -> str:
-    """"mlm+nsp", "mlm" or "none": which pretraining heads a checkpoint's weights hold (names only, no tensors)."""
+    """ "mlm+nsp", "mlm" or "none": which pretraining heads a checkpoint's weights hold (names only, no tensors)."""
     from model.hf import read_state_dict
 
     path = weights_file(model_dir)
@@ -135,7 +142,7 @@ def check_architecture(preset: str | None, overrides: dict[str, Any], ckpt: dict
     Traceback (most recent call last):
     ...
     pipeline.config.sections.ConfigError: model.preset tiny is BERT, /m/config.json is ModernBERT: choose a modernbert-* preset or null
-    """
+    """  # noqa: E501
     from os.path import commonprefix
 
     from model.config import encoder_config
@@ -150,8 +157,10 @@ def check_architecture(preset: str | None, overrides: dict[str, Any], ckpt: dict
         if (ours := family_of(preset)) is not theirs:
             common = commonprefix(list(theirs.presets))  # "modernbert-": its presets are named by it
             hint = f"a {common}*" if common.endswith("-") else f"a {theirs.architecture}"
-            raise ConfigError(f"model.preset {preset} is {ours.architecture}, {where} is {theirs.architecture}: "
-                              f"choose {hint} preset or null")
+            raise ConfigError(
+                f"model.preset {preset} is {ours.architecture}, {where} is {theirs.architecture}: "
+                f"choose {hint} preset or null"
+            )
         mine = dataclasses.asdict(encoder_config(preset, **{k: v for k, v in overrides.items() if k in arch}))
         for k in arch:
             if k != "vocab_size" and k in ckpt and mine[k] != ckpt[k]:
@@ -180,9 +189,12 @@ def check_prepared(outputs: list[str], vocab_sha256: str, spec: str) -> None:
     for out in outputs:
         if exists(join(out, "manifest.json")):
             had = read_json(join(out, "manifest.json")).get("vocab_sha256")
-            _check(had == vocab_sha256, f"data.output {out} was prepared with vocabulary sha256 {str(had)[:12]}, "
-                                        f"model.init {spec} has {vocab_sha256[:12]}; choose another data.output or "
-                                        f"pass --data.overwrite true")
+            _check(
+                had == vocab_sha256,
+                f"data.output {out} was prepared with vocabulary sha256 {str(had)[:12]}, "
+                f"model.init {spec} has {vocab_sha256[:12]}; choose another data.output or "
+                f"pass --data.overwrite true",
+            )
 
 
 def resolve_init(cfg: Config) -> tuple[Config, InitCheckpoint | None]:
@@ -225,8 +237,10 @@ def _resolve(cfg: Config, local: str, source_tags: dict[str, str], shared: str |
     spec = cfg.model.init
     if not spec.startswith("models:/"):
         local = spec
-        _check((Path(local) / "config.json").is_file(),
-               f"model.init {spec}: not models:/name@alias, models:/name/version, or a directory with config.json")
+        _check(
+            (Path(local) / "config.json").is_file(),
+            f"model.init {spec}: not models:/name@alias, models:/name/version, or a directory with config.json",
+        )
     where = f"{spec}/config.json" if not spec.startswith("models:/") else f"{spec} config.json"
     ckpt = checkpoint_config(local)
     from model.family import family_of
@@ -236,7 +250,9 @@ def _resolve(cfg: Config, local: str, source_tags: dict[str, str], shared: str |
     check_architecture(cfg.model.preset, cfg.model.overrides, ckpt, where)
     max_pos = ckpt["max_position_embeddings"]
     lengths = [cfg.data.max_seq_length] + [ph.max_seq_length for ph in cfg.train.phases]
-    _check(max(lengths) <= max_pos, f"data.max_seq_length {max(lengths)} > max_position_embeddings {max_pos} in {where}")
+    _check(
+        max(lengths) <= max_pos, f"data.max_seq_length {max(lengths)} > max_position_embeddings {max_pos} in {where}"
+    )
 
     vocab, lower = tokenizer_files(local)
     if cfg.data.vocab is not None:
@@ -245,13 +261,19 @@ def _resolve(cfg: Config, local: str, source_tags: dict[str, str], shared: str |
         given, theirs = hashlib.sha256(read_bytes(cfg.data.vocab)).hexdigest(), sha256_file(vocab)
         other = Path(local) / ("vocab.txt" if vocab.name == "tokenizer.json" else "tokenizer.json")
         same = given == theirs or (other.is_file() and given == sha256_file(other))
-        _check(same, f"data.vocab {cfg.data.vocab} (sha256 {given[:12]}) is not the vocabulary of model.init {spec} "
-                     f"({vocab}, sha256 {theirs[:12]}); leave data.vocab out to use the checkpoint's")
+        _check(
+            same,
+            f"data.vocab {cfg.data.vocab} (sha256 {given[:12]}) is not the vocabulary of model.init {spec} "
+            f"({vocab}, sha256 {theirs[:12]}); leave data.vocab out to use the checkpoint's",
+        )
     from pipeline.data.tokenizer import load_tokenizer, vocab_bytes
 
     tok = load_tokenizer(str(vocab), lowercase=lower)
-    _check(tok.get_vocab_size() == ckpt["vocab_size"], f"model.init {spec}: its tokenizer has {tok.get_vocab_size()} "
-                                                        f"tokens but config.json's vocab_size is {ckpt['vocab_size']}")
+    _check(
+        tok.get_vocab_size() == ckpt["vocab_size"],
+        f"model.init {spec}: its tokenizer has {tok.get_vocab_size()} "
+        f"tokens but config.json's vocab_size is {ckpt['vocab_size']}",
+    )
 
     arch = family_of(family).shape_fields
     keep = {k: v for k, v in cfg.model.overrides.items() if k not in arch}
@@ -259,26 +281,30 @@ def _resolve(cfg: Config, local: str, source_tags: dict[str, str], shared: str |
     data = dataclasses.replace(cfg.data, vocab=cfg.data.vocab or str(vocab), lowercase=lower)
     resolved = dataclasses.replace(cfg, model=model, data=data)
     if not cfg.data.overwrite:
-        check_prepared([d.output for d in phase_data_configs(resolved)], hashlib.sha256(vocab_bytes(tok)).hexdigest(), spec)
-    init = InitCheckpoint(spec, str(Path(local).resolve()), sha256_file(weights_file(local)), heads_in(local), source_tags,
-                          family)
+        check_prepared(
+            [d.output for d in phase_data_configs(resolved)], hashlib.sha256(vocab_bytes(tok)).hexdigest(), spec
+        )
+    init = InitCheckpoint(
+        spec, str(Path(local).resolve()), sha256_file(weights_file(local)), heads_in(local), source_tags, family
+    )
     if shared is not None:
         from pipeline.storage.io import filesystem, join
 
         remote = join(shared, "init", Path(local).name)
         fs, path = filesystem(remote)
         fs.put(local.rstrip("/") + "/", path, recursive=True)
-        resolved = dataclasses.replace(resolved, data=dataclasses.replace(resolved.data, vocab=cfg.data.vocab or join(remote, vocab.name)))
+        resolved = dataclasses.replace(
+            resolved, data=dataclasses.replace(resolved.data, vocab=cfg.data.vocab or join(remote, vocab.name))
+        )
         init = dataclasses.replace(init, local_dir=remote)
     return resolved, init
 
 
 def load_initial(model_cfg, vocab_size: int):
-    """The `BertForPreTraining` (or `ModernBertForMaskedLM`) a run starts from: `model_cfg.init` is a local transformers directory here (the
-    train stage hands the workers the resolved one). Missing heads keep their fresh initialisation, so call it
-    after seeding, identically on every rank."""
+    """The `BertForPreTraining` (or `ModernBertForMaskedLM`) a run starts from: `model_cfg.init` is a local
+    transformers directory here (the train stage hands the workers the resolved one). Missing heads keep their fresh
+    initialisation, so call it after seeding, identically on every rank."""
     from model.build import load_model
-
     from pipeline.storage.io import is_uri
 
     if is_uri(model_cfg.init):  # a models:/ version copied to the run's storage (resolve_init): read a local copy

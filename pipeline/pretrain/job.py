@@ -14,9 +14,9 @@ real output proves it done.
 - register: a version of `tracking.model_name` in the *current* store tagged with this training run id.
 
 The run name is `<preset>-<identity>`, the identity a hash of everything the weights depend on: the model and
-training config, each phase's data config hash and the vocabulary sha256 (`pipeline.pretrain.identity`), and with `model.init`
-(continued pretraining, `pipeline.pretrain.init`) the sha256 of the initial weights, which the run also records in
-`<storage_path>/<run_name>/init.json` so that resuming it from other weights is refused. The MLflow run is
+training config, each phase's data config hash and the vocabulary sha256 (`pipeline.pretrain.identity`), and with
+`model.init` (continued pretraining, `pipeline.pretrain.init`) the sha256 of the initial weights, which the run also
+records in `<storage_path>/<run_name>/init.json` so that resuming it from other weights is refused. The MLflow run is
 created on the driver of the train stage and its id handed to rank 0.
 """
 
@@ -26,6 +26,7 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -33,27 +34,43 @@ from typing import Any, Callable
 import torch
 
 from model.family import ModelFamily
-from pipeline.config import Config, DataConfig, config_hash, phase_data_configs
 from pipeline import cluster
+from pipeline.config import Config, DataConfig, config_hash, phase_data_configs
 from pipeline.console import say
-from pipeline.core.checkpoint import (CheckpointCorrupt, check_vocab, damage, read_train_state, trust, verified,
-                                      written_by)
+from pipeline.core.checkpoint import (
+    CheckpointCorrupt,
+    check_vocab,
+    damage,
+    read_train_state,
+    trust,
+    verified,
+    written_by,
+)
 from pipeline.core.step import evaluate_sums
-from pipeline.runner.dag import Stage
 from pipeline.data.dataset import PreparedDataset
 from pipeline.data.stages import data_stages
+from pipeline.pretrain.feed import nothing_held_out
+from pipeline.pretrain.identity import (
+    check_run_init,
+    legacy_run_notice,
+    longer_run_notice,
+    newest_intact,
+    record_run_init,
+    resume_point,
+    run_identity,
+    run_lock,
+    run_name_for,
+)
+from pipeline.pretrain.init import InitCheckpoint
+from pipeline.pretrain.loader import Batches, PhasePlan
+from pipeline.pretrain.loop import train_loop_per_worker
+from pipeline.pretrain.metrics import NUM_COUNTS, counts, eval_metrics
+from pipeline.pretrain.mixture import phase_mixture
+from pipeline.pretrain.worker import PretrainHandoff
+from pipeline.runner.dag import Stage
 from pipeline.storage.io import local_checkpoint_dir, read_bytes
 from pipeline.tracking.outbox import read_pending
 from pipeline.tracking.wait import server_needed
-from pipeline.pretrain.identity import (check_run_init, legacy_run_notice, longer_run_notice, newest_intact,
-                                        record_run_init, resume_point, run_identity, run_lock, run_name_for)
-from pipeline.pretrain.feed import nothing_held_out
-from pipeline.pretrain.init import InitCheckpoint
-from pipeline.pretrain.loader import Batches, PhasePlan
-from pipeline.pretrain.mixture import phase_mixture
-from pipeline.pretrain.loop import train_loop_per_worker
-from pipeline.pretrain.worker import PretrainHandoff
-from pipeline.pretrain.metrics import NUM_COUNTS, counts, eval_metrics
 
 
 @dataclass(frozen=True)
@@ -83,10 +100,21 @@ def phase_plans(cfg: Config, datasets: list[PreparedDataset]) -> list[PhasePlan]
         ph = tc.phases[i] if tc.phases else None
         mb = (ph.micro_batch_size if ph else None) or tc.micro_batch_size
         gb = (ph.global_batch_size if ph else None) or tc.global_batch_size
-        plan = PhasePlan.build(ds, steps=steps, micro_batch_size=mb, global_batch_size=gb,
-                               num_eval_shards=tc.num_eval_shards, materialized=tc.materialize_data)
-        plans.append(dataclasses.replace(plan, mixture=phase_mixture(cfg, i, ds, plan.train_files, steps, gb),
-                                         mask_rate=ph.mask_rate if ph else None))
+        plan = PhasePlan.build(
+            ds,
+            steps=steps,
+            micro_batch_size=mb,
+            global_batch_size=gb,
+            num_eval_shards=tc.num_eval_shards,
+            materialized=tc.materialize_data,
+        )
+        plans.append(
+            dataclasses.replace(
+                plan,
+                mixture=phase_mixture(cfg, i, ds, plan.train_files, steps, gb),
+                mask_rate=ph.mask_rate if ph else None,
+            )
+        )
     return plans
 
 
@@ -97,8 +125,10 @@ def mixture_lines(plans: list[PhasePlan]) -> list[str]:
     for i, p in enumerate(plans):
         if p.mixture is None:
             continue
-        parts = [f"{d['name']} {d['token_share']:.1%} of the tokens ({d['epochs']:.2f} epochs of {d['tokens']:,})"
-                 for d in p.mixture.describe()]
+        parts = [
+            f"{d['name']} {d['token_share']:.1%} of the tokens ({d['epochs']:.2f} epochs of {d['tokens']:,})"
+            for d in p.mixture.describe()
+        ]
         out.append(f"[train] mixture{f' of phase {i}' if len(plans) > 1 else ''}: " + ", ".join(parts))
     return out
 
@@ -147,8 +177,16 @@ def _ray_datasets(plans: list[PhasePlan], materialize: bool) -> dict[str, Any]:
     return out
 
 
-def run_training(cfg: Config, datasets: list[PreparedDataset], run_id: str, run_name: str, tracking_uri: str, *,
-                 on_step: Callable[[int, int], None] | None = None, init: InitCheckpoint | None = None) -> TrainResult:
+def run_training(
+    cfg: Config,
+    datasets: list[PreparedDataset],
+    run_id: str,
+    run_name: str,
+    tracking_uri: str,
+    *,
+    on_step: Callable[[int, int], None] | None = None,
+    init: InitCheckpoint | None = None,
+) -> TrainResult:
     """Fit with Ray Train, resuming `run_name` in `train.storage_path` if it exists, from `init`'s weights when it
     is given (`pipeline.pretrain.init.resolve_init`). `on_step(step, rank)` is a test hook called in every worker
     after each step (fault injection)."""
@@ -170,16 +208,35 @@ def run_training(cfg: Config, datasets: list[PreparedDataset], run_id: str, run_
     cluster.quiet_ray_data()  # the datasets carry this context to the workers: no bars in the job log
     ray.data.DataContext.get_current().execution_options = exec_opts  # also for materialize() here
     # Ray Train hands the workers the checkpoint reported last; they replace a damaged one (cluster.resume_checkpoint)
-    handoff = PretrainHandoff(worker_config(cfg, init), plans, run_id, tracking_uri, vocab_sha,
-                              damaged=tuple(d.rsplit("/", 1)[-1] for d in damaged),
-                              resume_from=latest[0].rsplit("/", 1)[-1] if latest else None,
-                              verified=tuple(verified(latest[0])) if latest else (),  # the workers need not hash it again
-                              on_step=on_step)
-    scale = cluster.Scale(tc.num_workers, tc.use_gpu, tc.cpus_per_worker, tc.placement_strategy, tc.max_failures,
-                          tc.num_to_keep, min_workers=tc.min_workers)
-    result = cluster.fit(train_loop_per_worker, handoff, name=run_name, storage_path=tc.storage_path, scale=scale,
-                          datasets=_ray_datasets(plans, tc.materialize_data),
-                          dataset_config=RayDataConfig(datasets_to_split=[], execution_options=exec_opts))
+    handoff = PretrainHandoff(
+        worker_config(cfg, init),
+        plans,
+        run_id,
+        tracking_uri,
+        vocab_sha,
+        damaged=tuple(d.rsplit("/", 1)[-1] for d in damaged),
+        resume_from=latest[0].rsplit("/", 1)[-1] if latest else None,
+        verified=tuple(verified(latest[0])) if latest else (),  # the workers need not hash it again
+        on_step=on_step,
+    )
+    scale = cluster.Scale(
+        tc.num_workers,
+        tc.use_gpu,
+        tc.cpus_per_worker,
+        tc.placement_strategy,
+        tc.max_failures,
+        tc.num_to_keep,
+        min_workers=tc.min_workers,
+    )
+    result = cluster.fit(
+        train_loop_per_worker,
+        handoff,
+        name=run_name,
+        storage_path=tc.storage_path,
+        scale=scale,
+        datasets=_ray_datasets(plans, tc.materialize_data),
+        dataset_config=RayDataConfig(datasets_to_split=[], execution_options=exec_opts),
+    )
     return TrainResult(cluster.checkpoint_uri(result, tc.storage_path), run_id, run_name, tc.max_steps)
 
 
@@ -194,8 +251,10 @@ def load_trained(cfg: Config, checkpoint: str, vocab_size: int, checked: tuple =
     local = local_checkpoint_dir(checkpoint)  # (a copy of a URI checkpoint is checked: it is what is read)
     try:
         if (why := damage(local, read_train_state(local), ("model.safetensors",))) is not None:
-            raise CheckpointCorrupt(f"checkpoint {checkpoint} is damaged: {why}; re-run the command: it resumes from "
-                                    "the newest intact checkpoint")
+            raise CheckpointCorrupt(
+                f"checkpoint {checkpoint} is damaged: {why}; re-run the command: it resumes from "
+                "the newest intact checkpoint"
+            )
         model = build_model(cfg.model.encoder_config(vocab_size=vocab_size))  # the architecture; weights below
         model.load_state_dict(load_file(os.path.join(local, "model.safetensors")))
     finally:
@@ -207,8 +266,9 @@ def load_trained(cfg: Config, checkpoint: str, vocab_size: int, checked: tuple =
 # ------------------------------------------------------------------------------------------------- stage bodies
 
 
-def trained_to_the_end(cfg: Config, datasets: list[PreparedDataset], name: str,
-                       init: InitCheckpoint | None = None) -> tuple[str, dict[str, Any]] | None:
+def trained_to_the_end(
+    cfg: Config, datasets: list[PreparedDataset], name: str, init: InitCheckpoint | None = None
+) -> tuple[str, dict[str, Any]] | None:
     """(path, train_state) of run `name`'s newest intact checkpoint in storage if it is at max_steps (its
     vocabulary and initial weights checked against these), else None."""
     latest, _ = newest_intact(cfg.train.storage_path, name)
@@ -219,7 +279,9 @@ def trained_to_the_end(cfg: Config, datasets: list[PreparedDataset], name: str,
     return latest
 
 
-def train_done(cfg: Config, datasets: list[PreparedDataset], uri: str, init: InitCheckpoint | None = None) -> TrainResult | None:
+def train_done(
+    cfg: Config, datasets: list[PreparedDataset], uri: str, init: InitCheckpoint | None = None
+) -> TrainResult | None:
     """The finished run in storage, if its newest checkpoint is at max_steps and its MLflow run is in this store."""
     from pipeline import tracking
 
@@ -233,8 +295,9 @@ def train_done(cfg: Config, datasets: list[PreparedDataset], uri: str, init: Ini
     return TrainResult(latest[0], run_id, name, cfg.train.max_steps, tuple(verified(latest[0])))
 
 
-def log_prepared_data(client, run_id: str, datasets: list[PreparedDataset], num_eval_shards: int,
-                      plans: list[PhasePlan] | None = None) -> None:
+def log_prepared_data(
+    client, run_id: str, datasets: list[PreparedDataset], num_eval_shards: int, plans: list[PhasePlan] | None = None
+) -> None:
     """The run's Datasets panel: each phase's prepared data (context `training`) and held-out shards (`eval`), and
     in a mixture each source of each phase with its weight and the epochs the phase reads (`plans`' mixtures)."""
     from pipeline.data.dataset import shard_schema
@@ -243,16 +306,25 @@ def log_prepared_data(client, run_id: str, datasets: list[PreparedDataset], num_
     def schema(ds: PreparedDataset):  # packed by document: the doc_lengths column too; a mixture's: source
         return shard_schema(bool(ds.manifest["config"].get("pack_documents")), bool(ds.sources))
 
-    entries = [entry for i, ds in enumerate(datasets) for entry in
-               prepared_datasets(ds, phase=i, num_eval_shards=num_eval_shards, arrow_schema=schema(ds))]
+    entries = [
+        entry
+        for i, ds in enumerate(datasets)
+        for entry in prepared_datasets(ds, phase=i, num_eval_shards=num_eval_shards, arrow_schema=schema(ds))
+    ]
     for i, (ds, plan) in enumerate(zip(datasets, plans or [])):
         if plan.mixture is not None:
             entries += source_datasets(ds, plan.mixture.describe(), phase=i, arrow_schema=schema(ds))
     log_datasets(client, run_id, entries)
 
 
-def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri: str, attempt: str,
-                init: InitCheckpoint | None = None) -> TrainResult:
+def train_stage(
+    cfg: Config,
+    datasets: list[PreparedDataset],
+    git_sha: str,
+    uri: str,
+    attempt: str,
+    init: InitCheckpoint | None = None,
+) -> TrainResult:
     """Create (or reopen) the MLflow run on this driver, log params and artifacts, then fit on the workers."""
     import yaml
 
@@ -264,23 +336,38 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
     first = datasets[0]
     plans = phase_plans(cfg, datasets)  # a mixture the data cannot give is one line here, before any run starts
     for line in mixture_lines(plans):
-        print(line, flush=True)
+        say(line, sys.stdout)
     base = run_identity(cfg, datasets, init, without=("max_steps",))  # runs that differ only by their length share it
     for notice in (longer_run_notice(cfg, run_name, base, uri), legacy_run_notice(cfg, datasets, run_name, init)):
         if notice is not None:
-            print(notice, flush=True)
-    run_id = tracking.start_run(cfg.tracking.experiment, run_name, {
-        "identity_without_max_steps": base,
-        "git_sha": git_sha, "config_hash": config_hash(cfg.to_dict()), "data_manifest_sha256": first.manifest_sha256,
-        "vocab_sha256": first.vocab_sha256, "model_preset": cfg.model.preset, "attempt": attempt,
-        **(init.tags if init else {})})
+            say(notice, sys.stdout)
+    run_id = tracking.start_run(
+        cfg.tracking.experiment,
+        run_name,
+        {
+            "identity_without_max_steps": base,
+            "git_sha": git_sha,
+            "config_hash": config_hash(cfg.to_dict()),
+            "data_manifest_sha256": first.manifest_sha256,
+            "vocab_sha256": first.vocab_sha256,
+            "model_preset": cfg.model.preset,
+            "attempt": attempt,
+            **(init.tags if init else {}),
+        },
+    )
     if init is not None:
-        print(init.describe(), flush=True)
+        say(init.describe(), sys.stdout)
     log = tracking.RunLogger(run_id, uri)
     log.log_params(cfg.flat())
     if report := (first.manifest.get("tokenizer") or {}).get("report"):  # issue 57: the vocab stage's figures
-        log.log_metrics({f"tokenizer/{k}": float(report[k]) for k in ("fertility", "bytes_per_token", "unknown_rate",
-                                                                       "vocab_used") if report.get(k) is not None}, step=0)
+        log.log_metrics(
+            {
+                f"tokenizer/{k}": float(report[k])
+                for k in ("fertility", "bytes_per_token", "unknown_rate", "vocab_used")
+                if report.get(k) is not None
+            },
+            step=0,
+        )
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(d, "config.yaml"), "w") as f:
             yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
@@ -293,14 +380,16 @@ def train_stage(cfg: Config, datasets: list[PreparedDataset], git_sha: str, uri:
                     f.write(read_bytes(ds.file(name)))
             log.log_artifacts(sub, os.path.basename(sub))
     log_prepared_data(log.client, run_id, datasets, cfg.train.num_eval_shards, plans)
-    print(f"[train] MLflow run {run_id} ({run_name}) at {tracking_server.redact(uri)}", flush=True)
+    say(f"[train] MLflow run {run_id} ({run_name}) at {tracking_server.redact(uri)}", sys.stdout)
     try:
         # Trained to the end already, under another store's MLflow run (train_done looks in this one): its final
         # checkpoint is this run's result, and no Ray Train run starts only to find nothing to train.
         if (final := trained_to_the_end(cfg, datasets, run_name, init)) is not None:
             log.set_tags({"world_size": written_by(final[0], final[1])})
-            print(f"[train] {run_name} was trained to step {cfg.train.max_steps} already ({final[0]}): nothing "
-                  "to train", flush=True)
+            say(
+                f"[train] {run_name} was trained to step {cfg.train.max_steps} already ({final[0]}): nothing to train",
+                sys.stdout,
+            )
             return TrainResult(final[0], run_id, run_name, cfg.train.max_steps, tuple(verified(final[0])))
         return run_training(cfg, datasets, run_id, run_name, uri, init=init)
     except BaseException:
@@ -333,12 +422,17 @@ def send_pending(trained: TrainResult, uri: str, wait_s: float) -> None:
     log = tracking.RunLogger(trained.run_id, uri, background=True, pending=pending)
     send_s = wait_s + 60 + len(pending["metrics"]) / 1000  # the server answers (server_needed): time to send them
     if not log.close(send_s):
-        raise tracking.TrackingError(f"could not send the {len(pending['metrics']):,} kept metric values to {uri} in "
-                                     f"{send_s:.0f}s; re-run the same command to send them")
+        raise tracking.TrackingError(
+            f"could not send the {len(pending['metrics']):,} kept metric values to {uri} in "
+            f"{send_s:.0f}s; re-run the same command to send them"
+        )
     # (the checkpoint holds what was not yet known sent when it was written, outage or not; sending drops what the
     # server already has)
-    print(f"[evaluate] {len(pending['metrics']):,} metric value(s) the final checkpoint held as unsent are on the "
-          "tracking server", flush=True)
+    say(
+        f"[evaluate] {len(pending['metrics']):,} metric value(s) the final checkpoint held as unsent are on the "
+        "tracking server",
+        sys.stdout,
+    )
 
 
 def evaluate_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, uri: str) -> dict[str, float]:
@@ -353,31 +447,48 @@ def evaluate_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, uri: 
     os.environ["MLFLOW_TRACKING_URI"] = uri
     tc = cfg.train
     mb = (tc.phases[-1].micro_batch_size if tc.phases else None) or tc.micro_batch_size
-    plan = PhasePlan.build(ds, steps=1, micro_batch_size=mb, global_batch_size=mb, num_eval_shards=tc.num_eval_shards,
-                           materialized=False)
+    plan = PhasePlan.build(
+        ds, steps=1, micro_batch_size=mb, global_batch_size=mb, num_eval_shards=tc.num_eval_shards, materialized=False
+    )
     final: dict[str, float] = {}
     if (why := nothing_held_out(plan, tc.num_eval_shards)) is None:
         device = torch.device("cuda" if tc.use_gpu and torch.cuda.is_available() else "cpu")
         model = load_trained(cfg, trained.checkpoint, ds.vocab_size, trained.verified).to(device)
         torch.manual_seed(tc.seed)
         batches = _eval_batches(ds, plan, tc.seed, cfg.model.family)
-        sums = evaluate_sums(model, batches, counts=counts, size=NUM_COUNTS, device=device,
-                             precision=tc.precision if device.type == "cuda" else "fp32")
+        sums = evaluate_sums(
+            model,
+            batches,
+            counts=counts,
+            size=NUM_COUNTS,
+            device=device,
+            precision=tc.precision if device.type == "cuda" else "fp32",
+        )
         final = {k.replace("eval/", "eval/final/"): v for k, v in eval_metrics(sums).items()}
     with server_needed(uri, cfg.tracking.server_wait_s, "log the final evaluation"):
         send_pending(trained, uri, cfg.tracking.server_wait_s)
         if final:
             tracking.RunLogger(trained.run_id, uri).log_metrics(final, step=tc.max_steps)
     if why is not None:
-        say(f"[evaluate] skipped: nothing is held out ({why}); the final evaluation never scores training data, so "
-            "no eval/final/* is logged")
+        say(
+            f"[evaluate] skipped: nothing is held out ({why}); the final evaluation never scores training data, so "
+            "no eval/final/* is logged"
+        )
     else:
         say(f"[evaluate] {json.dumps({k: round(v, 4) for k, v in final.items()})}")
     return final
 
 
-def register_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, git_sha: str, uri: str,
-                   final_eval: dict[str, float], command: str, init: InitCheckpoint | None = None) -> dict[str, str]:
+def register_stage(
+    cfg: Config,
+    trained: TrainResult,
+    ds: PreparedDataset,
+    git_sha: str,
+    uri: str,
+    final_eval: dict[str, float],
+    command: str,
+    init: InitCheckpoint | None = None,
+) -> dict[str, str]:
     """Export the final weights in transformers format, register them with lineage tags, move the alias."""
     from model.hf import save_hf
     from pipeline import tracking
@@ -395,20 +506,37 @@ def register_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, git_s
             except FileNotFoundError:
                 os.remove(os.path.join(tok, name))
         export = save_hf(model, os.path.join(d, "export"), tokenizer=tok)
-        tracking.write_tokenizer_config(str(export), model_max_length=model.config.max_position_embeddings,
-                                        lowercase=bool(ds.manifest["config"].get("lowercase", True)))
-        tags = {"data_manifest_sha256": ds.manifest_sha256, "vocab_sha256": ds.vocab_sha256,
-                "config_hash": config_hash(cfg.to_dict()), "git_sha": git_sha, "run_id": trained.run_id,
-                **(init.tags if init else {})}
+        tracking.write_tokenizer_config(
+            str(export),
+            model_max_length=model.config.max_position_embeddings,
+            lowercase=bool(ds.manifest["config"].get("lowercase", True)),
+        )
+        tags = {
+            "data_manifest_sha256": ds.manifest_sha256,
+            "vocab_sha256": ds.vocab_sha256,
+            "config_hash": config_hash(cfg.to_dict()),
+            "git_sha": git_sha,
+            "run_id": trained.run_id,
+            **(init.tags if init else {}),
+        }
         description = tracking.version_description(
-            cfg.tracking.model_name, data={"manifest_sha256": ds.manifest_sha256, "documents": ds.manifest["documents_written"],
-                                           "tokens": ds.tokens, "examples": ds.examples,
-                                           "dataset": dataset_name(ds.output)},
-            steps=trained.step, final_eval=final_eval, command=command,
+            cfg.tracking.model_name,
+            data={
+                "manifest_sha256": ds.manifest_sha256,
+                "documents": ds.manifest["documents_written"],
+                "tokens": ds.tokens,
+                "examples": ds.examples,
+                "dataset": dataset_name(ds.output),
+            },
+            steps=trained.step,
+            final_eval=final_eval,
+            command=command,
             init=f"{init.spec} (weights sha256 `{init.weights_sha256[:16]}`)" if init else None,
-            architecture=cfg.model.family.architecture)
-        version = tracking.register_hf_model(str(export), cfg.tracking.model_name, cfg.tracking.alias, tags,
-                                             trained.run_id, description=description)
+            architecture=cfg.model.family.architecture,
+        )
+        version = tracking.register_hf_model(
+            str(export), cfg.tracking.model_name, cfg.tracking.alias, tags, trained.run_id, description=description
+        )
         logger = tracking.RunLogger(trained.run_id, uri)
         logger.set_tags({"registered_model": f"models:/{cfg.tracking.model_name}/{version}"})
         logger.finish("FINISHED")
@@ -440,8 +568,9 @@ def _later_phase_stage(name: str, dcfg: DataConfig, deps: tuple[str, ...]) -> St
     return Stage(name, lambda _deps: run_graph(data_stages(dcfg), remote=False)["validate"].result, deps=deps)
 
 
-def pretrain_stages(cfg: Config, *, git_sha: str, tracking_uri: str, attempt: str, command: str,
-                    init: InitCheckpoint | None = None) -> list[Stage]:
+def pretrain_stages(
+    cfg: Config, *, git_sha: str, tracking_uri: str, attempt: str, command: str, init: InitCheckpoint | None = None
+) -> list[Stage]:
     """data (per phase) -> train -> evaluate -> register, for a config whose paths are absolute (and, with
     `model.init`, resolved by `pipeline.pretrain.init.resolve_init`, which gives `init`)."""
     uri = tracking_uri
@@ -452,15 +581,33 @@ def pretrain_stages(cfg: Config, *, git_sha: str, tracking_uri: str, attempt: st
     eval_cpus = max(1.0, cfg.train.cpus_per_worker) if not cfg.train.use_gpu else 0.0
     return [
         *stages,
-        Stage("train", lambda deps: train_stage(cfg, [deps[d] for d in data], git_sha, uri, attempt, init), deps=tuple(data),
-              done=lambda deps: train_done(cfg, [deps[d] for d in data], uri, init),
-              hold=lambda deps: run_lock(cfg.train.storage_path, run_name_for(cfg, [deps[d] for d in data], init)),
-              describe=lambda r: f"{r.run_name} at step {r.step}, MLflow run {r.run_id}"),
-        Stage("evaluate", lambda deps: evaluate_stage(cfg, deps["train"], deps[data[-1]], uri), deps=("train", data[-1]),
-              num_cpus=eval_cpus, num_gpus=1 if cfg.train.use_gpu else 0,
-              describe=lambda r: ", ".join(f"{k.rsplit('/', 1)[-1]} {r[k]:.4f}" for k in
-                                           ("eval/final/loss", "eval/final/mlm_accuracy", "eval/final/nsp_accuracy") if k in r)),
-        Stage("register", lambda deps: register_stage(cfg, deps["train"], deps["validate"], git_sha, uri, deps["evaluate"], command, init),
-              deps=("train", "evaluate", "validate"), done=lambda deps: register_done(cfg, deps["train"], uri),
-              describe=lambda r: r["uri"]),
+        Stage(
+            "train",
+            lambda deps: train_stage(cfg, [deps[d] for d in data], git_sha, uri, attempt, init),
+            deps=tuple(data),
+            done=lambda deps: train_done(cfg, [deps[d] for d in data], uri, init),
+            hold=lambda deps: run_lock(cfg.train.storage_path, run_name_for(cfg, [deps[d] for d in data], init)),
+            describe=lambda r: f"{r.run_name} at step {r.step}, MLflow run {r.run_id}",
+        ),
+        Stage(
+            "evaluate",
+            lambda deps: evaluate_stage(cfg, deps["train"], deps[data[-1]], uri),
+            deps=("train", data[-1]),
+            num_cpus=eval_cpus,
+            num_gpus=1 if cfg.train.use_gpu else 0,
+            describe=lambda r: ", ".join(
+                f"{k.rsplit('/', 1)[-1]} {r[k]:.4f}"
+                for k in ("eval/final/loss", "eval/final/mlm_accuracy", "eval/final/nsp_accuracy")
+                if k in r
+            ),
+        ),
+        Stage(
+            "register",
+            lambda deps: register_stage(
+                cfg, deps["train"], deps["validate"], git_sha, uri, deps["evaluate"], command, init
+            ),
+            deps=("train", "evaluate", "validate"),
+            done=lambda deps: register_done(cfg, deps["train"], uri),
+            describe=lambda r: r["uri"],
+        ),
     ]

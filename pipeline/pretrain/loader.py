@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from model.family import BERT, ModelFamily
-from pipeline.data.dataset import PreparedDataset
 from pipeline.core.precision import HOST_ONLY
+from pipeline.data.dataset import PreparedDataset
 from pipeline.data.masking import MaskingPolicy, mask_batch
 from pipeline.pretrain.mixture import Mixture
 
@@ -57,13 +57,15 @@ def document_boundaries(doc_lengths: Sequence[np.ndarray], lengths: np.ndarray) 
     >>> document_boundaries([np.array([2, 3]), np.array([], np.int32)], np.array([5, 4])).tolist()
     [0, 2, 5, 9]
     """
-    docs = np.concatenate([np.asarray(d, dtype=np.int64) if len(d) else lengths[i:i + 1]
-                           for i, d in enumerate(doc_lengths)])
+    docs = np.concatenate(
+        [np.asarray(d, dtype=np.int64) if len(d) else lengths[i : i + 1] for i, d in enumerate(doc_lengths)]
+    )
     return np.concatenate([[0], np.cumsum(docs[docs > 0])]).astype(np.int32)  # an empty row: no segment
 
 
-def collate(batch: dict[str, Any], pad_to: int | None = None, unpad: bool = False,
-            family: ModelFamily = BERT) -> dict[str, torch.Tensor]:
+def collate(
+    batch: dict[str, Any], pad_to: int | None = None, unpad: bool = False, family: ModelFamily = BERT
+) -> dict[str, torch.Tensor]:
     """Rows (dict of column -> sequence of int arrays) -> padded tensors for `BertForPreTraining`.
 
     Sequences are padded with 0 ([PAD]) to the longest in this batch (not to max_seq_length), masked positions
@@ -93,7 +95,7 @@ def collate(batch: dict[str, Any], pad_to: int | None = None, unpad: bool = Fals
     >>> u = collate(rows, unpad=True)
     >>> "attention_mask" in u, u["unpad_indices"].tolist(), u["cu_seqlens"].tolist()
     (False, [0, 1, 2, 3, 4], [0, 3, 5])
-    """
+    """  # noqa: E501
     ids = pad_rows(batch["input_ids"], 0, width=pad_to)  # (B, L)
     lengths = np.fromiter((len(r) for r in batch["input_ids"]), dtype=np.int64)
     mask = (np.arange(ids.shape[1])[None, :] < lengths[:, None]).astype(np.int64)  # (B, L)
@@ -289,8 +291,9 @@ def epoch_batches(
     carry = None  # permuted rows not yet yielded
     if index >= num_batches:
         return
-    for piece in permuted_rows(tables, num_rows=num_rows, chunk_rows=chunk_rows, seed_key=seed_key,
-                               first_row=start * batch_size):
+    for piece in permuted_rows(
+        tables, num_rows=num_rows, chunk_rows=chunk_rows, seed_key=seed_key, first_row=start * batch_size
+    ):
         carry = piece if carry is None else pa.concat_tables([carry, piece])
         while carry.num_rows >= batch_size and index < num_batches:
             yield index, carry.slice(0, batch_size)
@@ -317,8 +320,19 @@ class SourceRows:
     ([[3, 1], [3, 4]], 24)
     """
 
-    def __init__(self, tables: Callable[[], Iterable[Any]], name: str, index: int, rows: int, tokens: int,
-                 chunk_rows: int, *, seed: int, phase: int, start: int) -> None:
+    def __init__(
+        self,
+        tables: Callable[[], Iterable[Any]],
+        name: str,
+        index: int,
+        rows: int,
+        tokens: int,
+        chunk_rows: int,
+        *,
+        seed: int,
+        phase: int,
+        start: int,
+    ) -> None:
         self.tables, self.name, self.rows, self.chunk_rows = tables, name, rows, chunk_rows
         self.key = [seed, phase, SOURCE_KEY + index]
         self._passes, self._first = divmod(start, rows)
@@ -337,8 +351,15 @@ class SourceRows:
 
         passes, first = self._passes, self._first
         while True:
-            yield from permuted_rows(self.tables(), num_rows=self.rows, chunk_rows=self.chunk_rows, keep=mine,
-                                     seed_key=[*self.key, passes], first_row=first, skipped=count if first else None)
+            yield from permuted_rows(
+                self.tables(),
+                num_rows=self.rows,
+                chunk_rows=self.chunk_rows,
+                keep=mine,
+                seed_key=[*self.key, passes],
+                first_row=first,
+                skipped=count if first else None,
+            )
             passes, first = passes + 1, 0
 
     def take(self, n: int) -> Any:
@@ -399,17 +420,35 @@ class PhasePlan:
         return out
 
     @classmethod
-    def build(cls, ds: PreparedDataset, *, steps: int, micro_batch_size: int, global_batch_size: int,
-              num_eval_shards: int, materialized: bool) -> PhasePlan:
+    def build(
+        cls,
+        ds: PreparedDataset,
+        *,
+        steps: int,
+        micro_batch_size: int,
+        global_batch_size: int,
+        num_eval_shards: int,
+        materialized: bool,
+    ) -> PhasePlan:
         """The training shards (all but the last `num_eval_shards`) and the held-out ones."""
         files = list(ds.shards)
         n_eval = min(num_eval_shards, max(0, len(files) - 1))
         train, held = files[: len(files) - n_eval], files[len(files) - n_eval :]
         rows = sum(r for _, r in train)
         if rows < global_batch_size:
-            raise ValueError(f"{ds.output}: {rows} training rows are fewer than one global batch of {global_batch_size}")
-        return cls(ds, steps, global_batch_size, micro_batch_size, tuple(p for p, _ in train), rows,
-                   tuple(p for p, _ in held), materialized)
+            raise ValueError(
+                f"{ds.output}: {rows} training rows are fewer than one global batch of {global_batch_size}"
+            )
+        return cls(
+            ds,
+            steps,
+            global_batch_size,
+            micro_batch_size,
+            tuple(p for p, _ in train),
+            rows,
+            tuple(p for p, _ in held),
+            materialized,
+        )
 
 
 @dataclass
@@ -433,8 +472,15 @@ class Batches:
     `pad_to` pads every batch to that width, `unpad` passes batches with padding as real tokens, `family` says what
     its models' batches hold (`collate`)."""
 
-    def __init__(self, plan: PhasePlan, seed: int, pin_memory: bool = False, pad_to: int | None = None,
-                 unpad: bool = False, family: ModelFamily = BERT) -> None:
+    def __init__(
+        self,
+        plan: PhasePlan,
+        seed: int,
+        pin_memory: bool = False,
+        pad_to: int | None = None,
+        unpad: bool = False,
+        family: ModelFamily = BERT,
+    ) -> None:
         self.seed, self.pin_memory, self.pad_to, self.unpad = seed, pin_memory, pad_to, unpad
         self.family = family
         self.policy: MaskingPolicy | None = None
@@ -484,8 +530,18 @@ class StepFeed:
     world size with the same data. What reading everything costs: each rank reads the global batch's rows per
     step, not only its own (BERT-base at 128 tokens: about 256 rows of 1 KB per step, a few MB/s per worker)."""
 
-    def __init__(self, plan: PhasePlan, phase: int, rank: int, world: int, seed: int, shuffle_rows: int, done: int,
-                 tables: Callable[[], Iterable[Any]], to_batch: Batches) -> None:
+    def __init__(
+        self,
+        plan: PhasePlan,
+        phase: int,
+        rank: int,
+        world: int,
+        seed: int,
+        shuffle_rows: int,
+        done: int,
+        tables: Callable[[], Iterable[Any]],
+        to_batch: Batches,
+    ) -> None:
         self.plan, self.phase, self.seed, self.shuffle_rows, self.done = plan, phase, seed, shuffle_rows, done
         self.tables, self.to_batch = tables, to_batch
         self.slices = split_global_batch(plan.global_batch_size, world, plan.micro_batch_size)[rank]
@@ -496,9 +552,14 @@ class StepFeed:
             return
         epoch, start = divmod(self.done, self.plan.batches_per_epoch)
         while True:
-            for _, tbl in epoch_batches(self.tables(), num_rows=self.plan.train_rows, chunk_rows=self.shuffle_rows,
-                                        batch_size=self.plan.global_batch_size, seed_key=[self.seed, self.phase, epoch],
-                                        start=start):
+            for _, tbl in epoch_batches(
+                self.tables(),
+                num_rows=self.plan.train_rows,
+                chunk_rows=self.shuffle_rows,
+                batch_size=self.plan.global_batch_size,
+                seed_key=[self.seed, self.phase, epoch],
+                start=start,
+            ):
                 yield self.to_batch.step(tbl, epoch, self.slices)
             epoch, start = epoch + 1, 0
 
@@ -510,9 +571,12 @@ class StepFeed:
         import pyarrow as pa
 
         before = mix.before(self.done)
-        streams = [SourceRows(self.tables, name, i, rows, tokens, self.shuffle_rows, seed=self.seed, phase=self.phase,
-                              start=start)
-                   for name, i, rows, tokens, start in zip(mix.names, mix.index, mix.rows, mix.tokens, before)]
+        streams = [
+            SourceRows(
+                self.tables, name, i, rows, tokens, self.shuffle_rows, seed=self.seed, phase=self.phase, start=start
+            )
+            for name, i, rows, tokens, start in zip(mix.names, mix.index, mix.rows, mix.tokens, before)
+        ]
         step = self.done
         while True:
             after = mix.before(step + 1)

@@ -16,10 +16,10 @@ from pipeline import cluster
 from pipeline.console import say
 from pipeline.core.checkpoint import save_checkpoint
 from pipeline.core.step import TrainFigures, check_finite_weights, evaluate_sums, train_step
-from pipeline.tracking.outbox import write_pending
 from pipeline.pretrain.feed import eval_batches, nothing_held_out, rank_steps
 from pipeline.pretrain.metrics import NUM_COUNTS, counts, device_peak, eval_metrics, flop_counter, step_loss, summarise
 from pipeline.pretrain.worker import PretrainHandoff, start_worker
+from pipeline.tracking.outbox import write_pending
 
 
 def plus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
@@ -56,19 +56,41 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
     while step < tc.max_steps:
         phase = next(i for i, e in enumerate(ends) if step < e)
         plan, begun = plans[phase], ends[phase] - plans[phase].steps  # the phase's first step
-        steps = iter(rank_steps(plan, phase, rank, world, tc.seed, tc.shuffle_buffer_rows, step - begun,
-                                pin_memory=device.type == "cuda", compiled=tc.compile, unpad=tc.unpad,
-                                family=cfg.model.family))
+        steps = iter(
+            rank_steps(
+                plan,
+                phase,
+                rank,
+                world,
+                tc.seed,
+                tc.shuffle_buffer_rows,
+                step - begun,
+                pin_memory=device.type == "cuda",
+                compiled=tc.compile,
+                unpad=tc.unpad,
+                family=cfg.model.family,
+            )
+        )
         if log is not None and (why := nothing_held_out(plan, tc.num_eval_shards)) is not None:
             say(f"[train] phase {phase}: no evaluation, nothing is held out ({why})")
         while step < ends[phase]:
             s = next(steps)  # this rank's share of the step's global batch; the loss is the whole batch's mean
             step += 1
-            figures.add(train_step(t, s.micro_batches, accumulation=len(s.micro_batches), counts=counts,
-                                   summarise=summarise, device=device, precision=tc.precision,
-                                   max_grad_norm=tc.max_grad_norm, flops=flops,
-                                   loss=lambda out, s=s: step_loss(out, s.masked_tokens, s.nsp_examples, world)),
-                        step)
+            figures.add(
+                train_step(
+                    t,
+                    s.micro_batches,
+                    accumulation=len(s.micro_batches),
+                    counts=counts,
+                    summarise=summarise,
+                    device=device,
+                    precision=tc.precision,
+                    max_grad_norm=tc.max_grad_norm,
+                    flops=flops,
+                    loss=lambda out, s=s: step_loss(out, s.masked_tokens, s.nsp_examples, world),
+                ),
+                step,
+            )
             evaluating = (tc.eval_every_steps and step % tc.eval_every_steps == 0) or step == tc.max_steps
             checkpointing = step % tc.checkpoint_every_steps == 0 or step == tc.max_steps
             if step % tc.log_every_steps == 0 or evaluating or checkpointing:  # the host syncs, on every rank
@@ -83,11 +105,21 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
                     log.step(step, metrics)
             if evaluating:
                 if phase not in evals:  # None: nothing held out, nothing evaluated (never the training rows)
-                    evals[phase] = eval_batches(plan, phase, rank, world, tc.seed, tc.eval_batches * tc.num_workers,
-                                                tc.compile, tc.unpad, cfg.model.family)
+                    evals[phase] = eval_batches(
+                        plan,
+                        phase,
+                        rank,
+                        world,
+                        tc.seed,
+                        tc.eval_batches * tc.num_workers,
+                        tc.compile,
+                        tc.unpad,
+                        cfg.model.family,
+                    )
                 if evals[phase] is not None:
-                    sums = evaluate_sums(t.model, evals[phase], counts=counts, size=NUM_COUNTS, device=device,
-                                         precision=tc.precision)
+                    sums = evaluate_sums(
+                        t.model, evals[phase], counts=counts, size=NUM_COUNTS, device=device, precision=tc.precision
+                    )
                     if log is not None:
                         log.log_metrics(eval_metrics(sums), step)
             if checkpointing:
@@ -97,10 +129,20 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
                         write_pending(d, h.run_id, log.pending())
                     # in the background rank 0's weights and optimizer state are a snapshot, written by the upload
                     deferred = save_checkpoint(
-                        d, rank, t, {"step": step, "position": {"phase": phase, **plan.position(step - begun)},
-                                     "world_size": world, "vocab_sha256": vocab_sha, "run_id": h.run_id,
-                                     "max_steps": tc.max_steps, **finished(earlier, s, step == ends[phase])},
-                        background=background)
+                        d,
+                        rank,
+                        t,
+                        {
+                            "step": step,
+                            "position": {"phase": phase, **plan.position(step - begun)},
+                            "world_size": world,
+                            "vocab_sha256": vocab_sha,
+                            "run_id": h.run_id,
+                            "max_steps": tc.max_steps,
+                            **finished(earlier, s, step == ends[phase]),
+                        },
+                        background=background,
+                    )
                     cluster.report({"step": step, "loss": stats.loss}, d, background=background, deferred=deferred)
             if on_step is not None:
                 on_step(step, rank)

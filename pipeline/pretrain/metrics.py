@@ -78,7 +78,7 @@ def flop_counter(model_cfg) -> Callable[[dict[str, torch.Tensor]], float]:
     >>> b = {"input_ids": torch.zeros(2, 4), "spans": torch.tensor([4, 2]), "masked_lm_positions": torch.tensor([[1, 2], [0, -1]])}
     >>> flop_counter(cfg)(b) == train_flops(cfg, [4, 2], 3)
     True
-    """
+    """  # noqa: E501
     from model.flops import train_flops
 
     def count(batch: dict[str, torch.Tensor]) -> float:

@@ -85,15 +85,33 @@ class Mixture:
         """Per source: name, weight as given, training rows and tokens, rows a step, share of the tokens, epochs
         over the phase."""
         weights = self.weights or (None,) * len(self.names)
-        return [{"name": n, "weight": w, "rows": r, "tokens": t, "rows_per_step": round(q, 4),
-                 "token_share": round(s, 4), "epochs": round(e, 4)}
-                for n, w, r, t, q, s, e in zip(self.names, weights, self.rows, self.tokens, self.per_step,
-                                               self.token_shares(), self.epochs())]
+        return [
+            {
+                "name": n,
+                "weight": w,
+                "rows": r,
+                "tokens": t,
+                "rows_per_step": round(q, 4),
+                "token_share": round(s, 4),
+                "epochs": round(e, 4),
+            }
+            for n, w, r, t, q, s, e in zip(
+                self.names, weights, self.rows, self.tokens, self.per_step, self.token_shares(), self.epochs()
+            )
+        ]
 
     @classmethod
-    def build(cls, sources: list[SourceConfig], counts: dict[str, dict[str, int]], *, steps: int,
-              global_batch_size: int, temperature: float, weights: dict[str, float] | None = None,
-              where: str = "data.sources") -> Mixture:
+    def build(
+        cls,
+        sources: list[SourceConfig],
+        counts: dict[str, dict[str, int]],
+        *,
+        steps: int,
+        global_batch_size: int,
+        temperature: float,
+        weights: dict[str, float] | None = None,
+        where: str = "data.sources",
+    ) -> Mixture:
         """The mixture of one phase from `data.sources` (or, with `weights`, a phase's own `source_weights`) and
         each source's training `counts` ({name: {"rows", "tokens"}}, `PreparedDataset.source_counts`). ConfigError
         (one line) when a drawn source has no training row, the epochs ask for more rows than the steps hold, or
@@ -109,21 +127,28 @@ class Mixture:
         chosen = [(i, s) for i, s in chosen if weights is not None or s.weight != 0]
         for _, s in chosen:
             if counts.get(s.name, {}).get("rows", 0) == 0:
-                raise ConfigError(f"{where}: source {s.name} has no training row (its rows are all in the held-out "
-                                  "shards, or it wrote none): give it more text, or hold out fewer shards "
-                                  "(train.num_eval_shards)")
+                raise ConfigError(
+                    f"{where}: source {s.name} has no training row (its rows are all in the held-out "
+                    "shards, or it wrote none): give it more text, or hold out fewer shards "
+                    "(train.num_eval_shards)"
+                )
         rows = [counts[s.name]["rows"] for _, s in chosen]
         tokens = [counts[s.name]["tokens"] for _, s in chosen]
-        fixed = [None if weights is not None or s.epochs is None else s.epochs * r / steps
-                 for (_, s), r in zip(chosen, rows)]
+        fixed = [
+            None if weights is not None or s.epochs is None else s.epochs * r / steps for (_, s), r in zip(chosen, rows)
+        ]
         left = global_batch_size - sum(q for q in fixed if q is not None)
         free = [k for k, q in enumerate(fixed) if q is None]
         if left < -1e-9:
-            raise ConfigError(f"{where}: the sources' epochs need {sum(q for q in fixed if q is not None):.1f} rows a "
-                              f"step, more than the global batch of {global_batch_size} over {steps} steps")
+            raise ConfigError(
+                f"{where}: the sources' epochs need {sum(q for q in fixed if q is not None):.1f} rows a "
+                f"step, more than the global batch of {global_batch_size} over {steps} steps"
+            )
         if not free and left > 1e-9:
-            raise ConfigError(f"{where}: every source has epochs, and they fill {global_batch_size - left:.1f} of the "
-                              f"{global_batch_size} rows a step: give one source a weight to take the rest")
+            raise ConfigError(
+                f"{where}: every source has epochs, and they fill {global_batch_size - left:.1f} of the "
+                f"{global_batch_size} rows a step: give one source a weight to take the rest"
+            )
 
         def share(k: int) -> float:  # the token share a free source asks for, before normalising
             _, s = chosen[k]
@@ -134,25 +159,42 @@ class Mixture:
         need = {k: share(k) * rows[k] / tokens[k] for k in free}  # rows that carry its share: share / mean tokens
         per_step = [q if q is not None else left * need[k] / sum(need.values()) for k, q in enumerate(fixed)]
         given = tuple(weights[s.name] if weights is not None else s.weight for _, s in chosen)
-        mix = cls(tuple(s.name for _, s in chosen), tuple(i for i, _ in chosen), tuple(rows), tuple(tokens),
-                  tuple(per_step), global_batch_size, steps, given)
+        mix = cls(
+            tuple(s.name for _, s in chosen),
+            tuple(i for i, _ in chosen),
+            tuple(rows),
+            tuple(tokens),
+            tuple(per_step),
+            global_batch_size,
+            steps,
+            given,
+        )
         if mix.per_step[mix.largest] < len(per_step) - 1:  # then a step's remainder could be negative
-            raise ConfigError(f"{where}: a global batch of {global_batch_size} is too small to mix {len(per_step)} "
-                              f"sources at these weights (its largest takes {mix.per_step[mix.largest]:.2f} rows a "
-                              f"step, under {len(per_step) - 1}): raise the global batch")
+            raise ConfigError(
+                f"{where}: a global batch of {global_batch_size} is too small to mix {len(per_step)} "
+                f"sources at these weights (its largest takes {mix.per_step[mix.largest]:.2f} rows a "
+                f"step, under {len(per_step) - 1}): raise the global batch"
+            )
         return mix
 
 
-def phase_mixture(cfg, phase: int, dataset, train_files: tuple[str, ...], steps: int,
-                  global_batch_size: int) -> Mixture | None:
+def phase_mixture(
+    cfg, phase: int, dataset, train_files: tuple[str, ...], steps: int, global_batch_size: int
+) -> Mixture | None:
     """Phase `phase`'s mixture (None without `data.sources`): data's sources, weights, epochs and temperature, or
     the phase's own `source_weights` and `mix_temperature`; counted on the phase's training shards."""
     if not cfg.data.sources:
         return None
     ph = cfg.train.phases[phase] if cfg.train.phases else None
     weights = ph.source_weights if ph is not None else None
-    temperature = (ph.mix_temperature if ph is not None and ph.mix_temperature is not None
-                   else cfg.data.mix_temperature)
+    temperature = ph.mix_temperature if ph is not None and ph.mix_temperature is not None else cfg.data.mix_temperature
     where = f"train.phases[{phase}]" if weights is not None else "data.sources"
-    return Mixture.build(cfg.data.sources, dataset.source_counts(train_files), steps=steps,
-                         global_batch_size=global_batch_size, temperature=temperature, weights=weights, where=where)
+    return Mixture.build(
+        cfg.data.sources,
+        dataset.source_counts(train_files),
+        steps=steps,
+        global_batch_size=global_batch_size,
+        temperature=temperature,
+        weights=weights,
+        where=where,
+    )

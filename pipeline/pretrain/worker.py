@@ -87,22 +87,46 @@ def start_worker(h: PretrainHandoff) -> Worker:
     if tc.compile:  # each layer in place: names (checkpoints) unchanged; batches come at one width (rank_steps)
         model.bert.encoder.compile_layers()
     model = cluster.prepare_model(model)
-    optimizer, scheduler = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=tc.warmup_steps,
-                                          total_steps=tc.max_steps, schedule=tc.schedule, power=tc.poly_power,
-                                          decay_steps=tc.decay_steps, decay_shape=tc.decay_shape,
-                                          head_only_steps=tc.head_only_steps)
+    optimizer, scheduler = make_optimizer(
+        model,
+        tc.optimizer,
+        tc.lr,
+        tc.weight_decay,
+        warmup_steps=tc.warmup_steps,
+        total_steps=tc.max_steps,
+        schedule=tc.schedule,
+        power=tc.poly_power,
+        decay_steps=tc.decay_steps,
+        decay_shape=tc.decay_shape,
+        head_only_steps=tc.head_only_steps,
+    )
     t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
     trust(h.verified)  # the files the driver hashed: not read again while unchanged
     # pending: the metrics rank 0 could not send before the checkpoint (the tracking server was away)
-    state, pending = resume(cluster.resume_checkpoint(h.damaged, h.resume_from), rank, t, {"step": 0}, seed=tc.seed,
-                            run_id=h.run_id, world=world, check=lambda st, path: check_vocab(st, h.vocab_sha256, path))
+    state, pending = resume(
+        cluster.resume_checkpoint(h.damaged, h.resume_from),
+        rank,
+        t,
+        {"step": 0},
+        seed=tc.seed,
+        run_id=h.run_id,
+        world=world,
+        check=lambda st, path: check_vocab(st, h.vocab_sha256, path),
+    )
     nodes = cluster.num_nodes(world)  # a collective: every rank takes part
     log = None
     if rank == 0:  # mlflow loads on the logging rank only (seconds of CPU per process)
         from pipeline.tracking import RunLogger
 
-        log = RunLogger(h.run_id, h.tracking_uri, cfg.tracking.system_metrics_every_s, total_steps=tc.max_steps,
-                        log_every_steps=tc.log_every_steps, background=True, pending=pending)
+        log = RunLogger(
+            h.run_id,
+            h.tracking_uri,
+            cfg.tracking.system_metrics_every_s,
+            total_steps=tc.max_steps,
+            log_every_steps=tc.log_every_steps,
+            background=True,
+            pending=pending,
+        )
         # where the workers ran: a multi-node run shows num_nodes > 1
         log.set_tags({"world_size": world, "num_nodes": nodes, "device": str(device)})
     return Worker(rank, world, device, t, state["step"], log, state.get("source_tokens_before", {}))

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from pipeline.console import say
 from pipeline.errors import PipelineError, is_ray_wrapper, root_cause
 
 
@@ -89,10 +90,10 @@ def run_job(name: str, body: Callable[[], int], *, on_abort: Callable[[str], Non
     except KeyboardInterrupt:
         if on_abort is not None:
             on_abort("KILLED")
-        print(f"{name}: interrupted; re-running the same command resumes", file=sys.stderr, flush=True)
+        say(f"{name}: interrupted; re-running the same command resumes", sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - every failure, bugs included, ends as one line; the log keeps the rest
         if on_abort is not None:
             on_abort("FAILED")
-        print(failure_line(name, e), file=sys.stderr, flush=True)
+        say(failure_line(name, e), sys.stderr)
         return 1

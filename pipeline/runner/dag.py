@@ -80,14 +80,18 @@ def topological_order(stages: list[Stage]) -> list[Stage]:
     return order
 
 
-def run_graph(stages: list[Stage], *, remote: bool = True, log: Callable[[str], None] = print) -> dict[str, StageResult]:
+def run_graph(
+    stages: list[Stage], *, remote: bool = True, log: Callable[[str], None] = print
+) -> dict[str, StageResult]:
     """Run the graph; returns {name: StageResult} in topological order. A failing stage raises; nothing
     downstream of it runs."""
     with contextlib.ExitStack() as held:
         return _run(stages, remote, log, held)
 
 
-def _run(stages: list[Stage], remote: bool, log: Callable[[str], None], held: contextlib.ExitStack) -> dict[str, StageResult]:
+def _run(
+    stages: list[Stage], remote: bool, log: Callable[[str], None], held: contextlib.ExitStack
+) -> dict[str, StageResult]:
     order = topological_order(stages)
     results: dict[str, StageResult] = {}
     pending: dict[Any, tuple[Stage, float]] = {}  # ray ref -> (stage, start)

@@ -26,6 +26,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.console import say
 from pipeline.errors import PipelineError
 
 
@@ -34,8 +35,13 @@ class StorageError(PipelineError, ValueError):
 
 
 # OSErrors a user can act on (free space, fix permissions), said in words; others keep their own strerror.
-_REASONS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
-            errno.EROFS: "read-only file system", errno.EACCES: "permission denied", errno.EPERM: "permission denied"}
+_REASONS = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+}
 
 
 def os_reason(e: OSError) -> str:
@@ -43,7 +49,7 @@ def os_reason(e: OSError) -> str:
 
     >>> os_reason(OSError(errno.ENOSPC, "No space left on device")), os_reason(OSError("[Errno 28] No space left on device"))
     ('no space left on device', 'no space left on device')
-    """
+    """  # noqa: E501
     if e.errno in _REASONS:
         return _REASONS[e.errno]
     text = str(e.strerror or e).splitlines()[0] if (e.strerror or str(e)) else type(e).__name__
@@ -54,8 +60,9 @@ def os_reason(e: OSError) -> str:
 
 
 @contextlib.contextmanager
-def writing(path: str, fs: fsspec.AbstractFileSystem | None = None, tmp: str | None = None,
-            operation: str = "writing") -> Iterator[None]:
+def writing(
+    path: str, fs: fsspec.AbstractFileSystem | None = None, tmp: str | None = None, operation: str = "writing"
+) -> Iterator[None]:
     """Turn an OSError of the block into a StorageError naming the operation and `path`
     (`no space left on device writing /data/out/shards/shard-00003-of-00008.parquet`), removing the temporary
     file `tmp` (on `fs`) first so that a full disk gets its space back. Other errors pass unchanged."""
@@ -288,8 +295,10 @@ def output_lock(directory: str, busy: str | None = None) -> Iterator[None]:
         if directory not in _NO_LOCK_NOTICED:  # once per run, not once per stage that takes the lock
             _NO_LOCK_NOTICED.add(directory)
             scheme = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
-            print(f"[io] no lock on {directory}: {scheme}:// has no advisory locks; run one writer per output",
-                  file=sys.stderr, flush=True)
+            say(
+                f"[io] no lock on {directory}: {scheme}:// has no advisory locks; run one writer per output",
+                sys.stderr,
+            )
         yield
         return
     import fcntl
@@ -308,10 +317,14 @@ def output_lock(directory: str, busy: str | None = None) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 200).decode("utf-8", "replace").strip() or "a process that has not written its name yet"
+            holder = (
+                os.read(fd, 200).decode("utf-8", "replace").strip() or "a process that has not written its name yet"
+            )
             os.close(fd)
-            busy = busy or (f"output {directory} is being written by another preparation ({{holder}}); "
-                            "wait for it to finish or choose another output")
+            busy = busy or (
+                f"output {directory} is being written by another preparation ({{holder}}); "
+                "wait for it to finish or choose another output"
+            )
             raise OutputLockedError(busy.replace("{holder}", holder)) from None
         try:
             same = os.stat(path).st_ino == os.fstat(fd).st_ino

@@ -8,8 +8,8 @@ server's artifact root where the client knows it) `check_storage` checks, on the
   S3-compatible stores such as MinIO), the bucket exists and these credentials may use it;
 - a URI the job reads exists.
 
-It never creates anything: a misspelt bucket is refused, not made (see also `pipeline.storage.io.make_parent`). A failure is
-a StorageError naming the field, the URI and the cause:
+It never creates anything: a misspelt bucket is refused, not made (see also `pipeline.storage.io.make_parent`). A
+failure is a StorageError naming the field, the URI and the cause:
 
     data.output s3://corpp/prep: bucket corpp does not exist (endpoint http://10.0.0.5:9000)
 
@@ -81,8 +81,13 @@ def _filesystem(what: str, uri: str, scheme: str):
 
 def _check_bucket(fs, what: str, uri: str, bucket: str) -> None:
     """One HeadBucket: credentials, endpoint and bucket in one request; each failure named."""
-    from botocore.exceptions import (ConnectTimeoutError, EndpointConnectionError, NoCredentialsError,
-                                     PartialCredentialsError, ReadTimeoutError)
+    from botocore.exceptions import (
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        PartialCredentialsError,
+        ReadTimeoutError,
+    )
 
     if not bucket:
         raise StorageError(f"{what} {uri}: no bucket in the URI (s3://BUCKET/path)")
@@ -90,10 +95,12 @@ def _check_bucket(fs, what: str, uri: str, bucket: str) -> None:
         fs.call_s3("head_bucket", Bucket=bucket)
         return
     except (NoCredentialsError, PartialCredentialsError) as e:
-        cause = (f"no S3 credentials ({_first_line(e)}): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
-                 "AWS_PROFILE, or an instance role) on every node")
+        cause = (
+            f"no S3 credentials ({_first_line(e)}): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+            "AWS_PROFILE, or an instance role) on every node"
+        )
     except (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError):
-        cause = f"the S3 endpoint {_endpoint(fs)} does not answer (AWS_ENDPOINT_URL={os.environ.get('AWS_ENDPOINT_URL', '')!r})"
+        cause = f"the S3 endpoint {_endpoint(fs)} does not answer (AWS_ENDPOINT_URL={os.environ.get('AWS_ENDPOINT_URL', '')!r})"  # noqa: E501
     except FileNotFoundError:  # s3fs maps 404 / NoSuchBucket here
         cause = f"bucket {bucket} does not exist (endpoint {_endpoint(fs)}); create it first, this job never does"
     except PermissionError as e:  # 403: a wrong key, or a bucket these credentials may not use
@@ -117,8 +124,10 @@ def _first_line(e: BaseException) -> str:
 
 def data_targets(data, field: str = "data") -> list[Target]:
     """A DataConfig's inputs and vocabulary (read) and output (write)."""
-    return ([(f"{field}.inputs", p, "read") for p in data.inputs] + [(f"{field}.vocab", data.vocab, "read"),
-            (f"{field}.output", data.output, "write")])
+    return [(f"{field}.inputs", p, "read") for p in data.inputs] + [
+        (f"{field}.vocab", data.vocab, "read"),
+        (f"{field}.output", data.output, "write"),
+    ]
 
 
 def check_on_every_node(targets: list[Target]) -> list[tuple[str, str | None]]:
@@ -129,14 +138,16 @@ def check_on_every_node(targets: list[Target]) -> list[tuple[str, str | None]]:
 
     check_here = ray.remote(num_cpus=0, max_retries=0)(_error_of)
     nodes = [n for n in ray.nodes() if n["Alive"]]
-    refs = [check_here.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(targets)
-            for n in nodes]
+    refs = [
+        check_here.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(targets)
+        for n in nodes
+    ]
     return [(n["NodeManagerAddress"], err) for n, err in zip(nodes, ray.get(refs))]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m pipeline.storage.preflight --read s3://b/corpora --write s3://b/prep [--every-node]`: the jobs' storage
-    check on its own, before a long run; with --every-node on each node of the Ray cluster in RAY_ADDRESS."""
+    """`python -m pipeline.storage.preflight --read s3://b/corpora --write s3://b/prep [--every-node]`: the jobs'
+    storage check on its own, before a long run; with --every-node on each node of the Ray cluster in RAY_ADDRESS."""
     import argparse
     import sys
 

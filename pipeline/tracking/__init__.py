@@ -22,12 +22,37 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 # Each name loads its submodule on first use (PEP 562, as `model` does): mlflow takes seconds to import, and a job
 # that fails on its input, or a Train worker that never logs, should not pay for it.
 _WHERE = {
-    **dict.fromkeys(["TrackingError", "artifact_root", "check_tracking_server", "client", "redact", "tracking_uri"],
-                    "server"),
-    **dict.fromkeys(["EXPERIMENT_KIND", "Progress", "RunLogger", "end_attempt_runs", "experiment_id", "find_run",
-                     "metric_key", "newest_run_tagged", "run_exists", "run_name", "start_run"], "runs"),
-    **dict.fromkeys(["download_model", "fetch_registered", "find_version", "model_version_info", "register_hf_model",
-                     "version_description", "write_tokenizer_config"], "registry"),
+    **dict.fromkeys(
+        ["TrackingError", "artifact_root", "check_tracking_server", "client", "redact", "tracking_uri"], "server"
+    ),
+    **dict.fromkeys(
+        [
+            "EXPERIMENT_KIND",
+            "Progress",
+            "RunLogger",
+            "end_attempt_runs",
+            "experiment_id",
+            "find_run",
+            "metric_key",
+            "newest_run_tagged",
+            "run_exists",
+            "run_name",
+            "start_run",
+        ],
+        "runs",
+    ),
+    **dict.fromkeys(
+        [
+            "download_model",
+            "fetch_registered",
+            "find_version",
+            "model_version_info",
+            "register_hf_model",
+            "version_description",
+            "write_tokenizer_config",
+        ],
+        "registry",
+    ),
 }
 
 __all__ = sorted(_WHERE)

@@ -105,18 +105,31 @@ def prepared_datasets(ds, *, phase: int, num_eval_shards: int, arrow_schema) -> 
     `examples` and `shards` the context's own."""
     m = ds.manifest
     name = dataset_name(ds.output, phase)
-    held = ds.shards[len(ds.shards) - num_eval_shards:] if num_eval_shards > 0 else ()
-    train = ds.shards[:len(ds.shards) - len(held)]
-    common = {"documents": m["documents_written"], "tokens": m["tokens"], "manifest_sha256": ds.manifest_sha256,
-              "vocab_sha256": ds.vocab_sha256, "max_seq_length": m["config"].get("max_seq_length")}
-    profile = {**common, "examples": sum(rows for _, rows in train), "shards": len(train),
-               "duplicates_exact": m.get("duplicates", {}).get("exact", 0),
-               "duplicates_near": m.get("duplicates", {}).get("near", 0)}
+    held = ds.shards[len(ds.shards) - num_eval_shards :] if num_eval_shards > 0 else ()
+    train = ds.shards[: len(ds.shards) - len(held)]
+    common = {
+        "documents": m["documents_written"],
+        "tokens": m["tokens"],
+        "manifest_sha256": ds.manifest_sha256,
+        "vocab_sha256": ds.vocab_sha256,
+        "max_seq_length": m["config"].get("max_seq_length"),
+    }
+    profile = {
+        **common,
+        "examples": sum(rows for _, rows in train),
+        "shards": len(train),
+        "duplicates_exact": m.get("duplicates", {}).get("exact", 0),
+        "duplicates_near": m.get("duplicates", {}).get("near", 0),
+    }
     schema = shard_schema(arrow_schema)
     out = [(PreparedData(ds.output, name, ds.manifest_sha256, schema, profile), "training")]
     if held:
-        eval_profile = {**common, "examples": sum(rows for _, rows in held), "shards": len(held),
-                        "shard_files": [posixpath.basename(p) for p, _ in held]}
+        eval_profile = {
+            **common,
+            "examples": sum(rows for _, rows in held),
+            "shards": len(held),
+            "shard_files": [posixpath.basename(p) for p, _ in held],
+        }
         out.append((PreparedData(ds.output, f"{name}-heldout", ds.manifest_sha256, schema, eval_profile), "eval"))
     return out
 
@@ -146,17 +159,28 @@ def source_datasets(ds, sources: list[dict[str, Any]], *, phase: int, arrow_sche
     for s in sources:
         m = held[s["name"]]
         digest = hashlib.sha256(f"{ds.manifest_sha256}:{s['name']}".encode()).hexdigest()
-        profile = {"documents": m["documents"], "tokens": m["tokens"], "inputs": m["inputs"],
-                   "manifest_sha256": ds.manifest_sha256, **{k: v for k, v in s.items() if k != "name"}}
+        profile = {
+            "documents": m["documents"],
+            "tokens": m["tokens"],
+            "inputs": m["inputs"],
+            "manifest_sha256": ds.manifest_sha256,
+            **{k: v for k, v in s.items() if k != "name"},
+        }
         data = PreparedData(m["inputs"][0], f"{dataset_name(ds.output, phase)}[{s['name']}]", digest, schema, profile)
         weight = s.get("weight")
-        out.append((data, "training", {"mixture.weight": "" if weight is None else f"{weight:g}",
-                                       "mixture.epochs": f"{s['epochs']:.4g}"}))
+        out.append(
+            (
+                data,
+                "training",
+                {"mixture.weight": "" if weight is None else f"{weight:g}", "mixture.epochs": f"{s['epochs']:.4g}"},
+            )
+        )
     return out
 
 
 def log_datasets(client, run_id: str, datasets: list[Logged]) -> None:
     """Log each (dataset, context[, more tags]) as an input of the run, in one call."""
+
     def tags(d: Logged) -> list[InputTag]:
         return [InputTag(CONTEXT_TAG, d[1]), *(InputTag(k, v) for k, v in (d[2] if len(d) > 2 else {}).items())]
 

@@ -54,8 +54,16 @@ def _duration(s: float) -> str:
 class Outbox:
     """Queue of one run's metric rows and tags; a daemon thread sends them with `client.log_batch`."""
 
-    def __init__(self, client, run_id: str, *, say: Callable[[str], None] = say, max_in_memory: int = 100_000,
-                 batch_size: int = 1000, max_backoff_s: float = 30.0):
+    def __init__(
+        self,
+        client,
+        run_id: str,
+        *,
+        say: Callable[[str], None] = say,
+        max_in_memory: int = 100_000,
+        batch_size: int = 1000,
+        max_backoff_s: float = 30.0,
+    ):
         self.client, self.run_id, self.say = client, run_id, say
         self.max_in_memory, self.batch_size, self.max_backoff_s = max(1, max_in_memory), batch_size, max_backoff_s
         self._rows: deque[Row] = deque()  # the newest rows
@@ -157,8 +165,9 @@ class Outbox:
 
     def _has_work(self) -> bool:
         path = self._spill_path()
-        return bool(self._rows or self._tags) or (path is not None and os.path.exists(path)
-                                                  and os.path.getsize(path) > self._spill_pos)
+        return bool(self._rows or self._tags) or (
+            path is not None and os.path.exists(path) and os.path.getsize(path) > self._spill_pos
+        )
 
     # -- the sender thread -----------------------------------------------------------------------------------------
     def _take(self) -> tuple[list[Row], dict[str, str], int | None, int]:
@@ -167,7 +176,12 @@ class Outbox:
         lines, pos = self._read_spill(self.batch_size)
         if lines:
             return [tuple(json.loads(line)) for line in lines], dict(self._tags), pos, self._spills
-        return [self._rows[i] for i in range(min(self.batch_size, len(self._rows)))], dict(self._tags), None, self._spills
+        return (
+            [self._rows[i] for i in range(min(self.batch_size, len(self._rows)))],
+            dict(self._tags),
+            None,
+            self._spills,
+        )
 
     def _done(self, rows: list[Row], tags: dict[str, str], pos: int | None, spills: int) -> None:
         if pos is None and spills != self._spills:  # the batch moved from memory to the head of the spill file
@@ -239,7 +253,9 @@ class Outbox:
         metrics = []
         for key, value, ts, step in rows:
             if key not in self._server_step:
-                self._server_step[key] = max((m.step for m in self.client.get_metric_history(self.run_id, key)), default=-1)
+                self._server_step[key] = max(
+                    (m.step for m in self.client.get_metric_history(self.run_id, key)), default=-1
+                )
             if step > sent.get(key, self._server_step[key]):
                 metrics.append(Metric(key, float(value), int(ts), int(step)))
                 sent[key] = int(step)
@@ -250,16 +266,20 @@ class Outbox:
     def _went_away(self, since: float) -> None:
         if self._away_since is None:
             self._away_since = since
-            self.say(f"[tracking] MLflow server {self.client.tracking_uri} unreachable since {_clock(self._away_since)}; "
-                     "training goes on, metrics are kept and sent when it answers")
+            self.say(
+                f"[tracking] MLflow server {self.client.tracking_uri} unreachable since {_clock(self._away_since)}; "
+                "training goes on, metrics are kept and sent when it answers"
+            )
 
     def _came_back(self) -> None:
         if self._away_since is not None:
             now = time.time()
             with self._cv:
                 waiting = len(self._rows)
-            self.say(f"[tracking] MLflow server {self.client.tracking_uri} answers again at {_clock(now)} (away "
-                     f"{_duration(now - self._away_since)}); sending the metrics kept meanwhile ({waiting:,} still queued)")
+            self.say(
+                f"[tracking] MLflow server {self.client.tracking_uri} answers again at {_clock(now)} (away "
+                f"{_duration(now - self._away_since)}); sending the metrics kept meanwhile ({waiting:,} still queued)"
+            )
             self._away_since = None
 
 

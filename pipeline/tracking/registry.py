@@ -40,7 +40,9 @@ def register_hf_model(
             c.get_registered_model(name)
     source = f"{c.get_run(run_id).info.artifact_uri.rstrip('/')}/{artifact_path}"
     tags = {k: str(v) for k, v in tags.items()}
-    mv = c.create_model_version(name, source=source, run_id=run_id, tags=tags, description=description, await_creation_for=60)
+    mv = c.create_model_version(
+        name, source=source, run_id=run_id, tags=tags, description=description, await_creation_for=60
+    )
     if alias:
         c.set_registered_model_alias(name, alias, mv.version)
     return str(mv.version)
@@ -63,40 +65,59 @@ def write_tokenizer_config(model_dir: str, *, model_max_length: int, lowercase: 
     bpe | unigram) as PreTrainedTokenizerFast, which takes the tokenizer.json as it is (normalizer, template)."""
     import json
 
-    special = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"}
+    special = {
+        "unk_token": "[UNK]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "cls_token": "[CLS]",
+        "mask_token": "[MASK]",
+    }
     tj = Path(model_dir) / "tokenizer.json"
     kind = (json.loads(tj.read_text(encoding="utf-8")).get("model") or {}).get("type") if tj.is_file() else "WordPiece"
-    cls = ("BertTokenizerFast" if tj.is_file() else "BertTokenizer") if kind == "WordPiece" else "PreTrainedTokenizerFast"
+    cls = (
+        ("BertTokenizerFast" if tj.is_file() else "BertTokenizer") if kind == "WordPiece" else "PreTrainedTokenizerFast"
+    )
     cfg = {"tokenizer_class": cls, "do_lower_case": lowercase, "model_max_length": model_max_length, **special}
     (Path(model_dir) / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     (Path(model_dir) / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
 
 
-def version_description(name: str, *, data: dict[str, Any], steps: int, final_eval: dict[str, float], command: str,
-                        init: str | None = None, architecture: str = "BERT") -> str:
+def version_description(
+    name: str,
+    *,
+    data: dict[str, Any],
+    steps: int,
+    final_eval: dict[str, float],
+    command: str,
+    init: str | None = None,
+    architecture: str = "BERT",
+) -> str:
     """The Markdown a registered version carries: its architecture, data, steps, final accuracy, command, how to
     load it, and (`init`, e.g. "models:/bert-pretrain/3 (weights sha256 0123abcd...)") what it continued from.
 
     >>> d = {"documents": 1, "tokens": 10, "examples": 2}
     >>> version_description("m", data=d, steps=5, final_eval={}, command="c", architecture="ModernBERT").split(" for")[0]
     'ModernBERT pretrained'
-    """
+    """  # noqa: E501
     acc = ", ".join(f"{k.rsplit('/', 1)[-1]} {v:.4f}" for k, v in final_eval.items() if k.endswith("accuracy"))
     start = f"Continued from {init}: pretrained" if init else f"{architecture} pretrained"
-    return "\n".join([
-        f"{start} for {steps} steps on {data.get('documents', '?')} documents "
-        f"({data.get('tokens', '?'):,} tokens, {data.get('examples', '?'):,} examples; data manifest sha256 "
-        f"`{str(data.get('manifest_sha256', ''))[:16]}`"
-        + (f"; the run's dataset `{data['dataset']}`" if data.get("dataset") else "") + ").",
-        "",
-        f"Final held-out evaluation: {acc or 'n/a'}.",
-        "",
-        f"Produced by: `{command}`",
-        "",
-        "Load it: `mlflow artifacts download -u models:/" + name + "/<version> -d model/` then "
-        "`transformers.AutoModel.from_pretrained('model/')`, or fine-tune it with "
-        f"`python jobs/finetune.py --model models:/{name}/<version> ...`.",
-    ])
+    return "\n".join(
+        [
+            f"{start} for {steps} steps on {data.get('documents', '?')} documents "
+            f"({data.get('tokens', '?'):,} tokens, {data.get('examples', '?'):,} examples; data manifest sha256 "
+            f"`{str(data.get('manifest_sha256', ''))[:16]}`"
+            + (f"; the run's dataset `{data['dataset']}`" if data.get("dataset") else "")
+            + ").",
+            "",
+            f"Final held-out evaluation: {acc or 'n/a'}.",
+            "",
+            f"Produced by: `{command}`",
+            "",
+            "Load it: `mlflow artifacts download -u models:/" + name + "/<version> -d model/` then "
+            "`transformers.AutoModel.from_pretrained('model/')`, or fine-tune it with "
+            f"`python jobs/finetune.py --model models:/{name}/<version> ...`.",
+        ]
+    )
 
 
 def _parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
@@ -109,7 +130,7 @@ def _parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
     """
     if not uri.startswith("models:/"):
         raise TrackingError(f"{uri!r} is not a models:/name@alias or models:/name/version URI")
-    rest = uri[len("models:/"):].strip("/")
+    rest = uri[len("models:/") :].strip("/")
     if "@" in rest:
         name, alias = rest.split("@", 1)
         return name, None, alias
@@ -126,8 +147,16 @@ def model_version_info(uri: str) -> dict[str, Any]:
     try:
         mv = c.get_model_version_by_alias(name, alias) if alias else c.get_model_version(name, version)
     except MlflowException as e:
-        raise TrackingError(redact(f"{uri} not found in the registry at {c.tracking_uri}: {e.message.splitlines()[0]}")) from None
-    return {"name": mv.name, "version": str(mv.version), "run_id": mv.run_id, "tags": dict(mv.tags), "source": mv.source}
+        raise TrackingError(
+            redact(f"{uri} not found in the registry at {c.tracking_uri}: {e.message.splitlines()[0]}")
+        ) from None
+    return {
+        "name": mv.name,
+        "version": str(mv.version),
+        "run_id": mv.run_id,
+        "tags": dict(mv.tags),
+        "source": mv.source,
+    }
 
 
 def download_model(uri: str, dst: str | None = None) -> str:

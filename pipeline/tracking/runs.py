@@ -37,7 +37,7 @@ _MAX_PARAM_LEN = 6000
 def _artifact_location(uri: str, experiment: str) -> str | None:
     """For a SQLite store, artifacts go beside the database (absolute), not in whatever cwd created the experiment."""
     if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///"):])
+        db = Path(uri[len("sqlite:///") :])
         return (db.parent / "mlartifacts" / experiment).as_uri()
     return None  # a server decides (mlflow-artifacts:/ proxy or its --default-artifact-root)
 
@@ -58,7 +58,9 @@ def experiment_id(name: str, uri: str | None = None) -> str:
             c.set_experiment_tag(exp.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
         return exp.experiment_id
     try:
-        return c.create_experiment(name, artifact_location=_artifact_location(c.tracking_uri, name), tags=EXPERIMENT_KIND)
+        return c.create_experiment(
+            name, artifact_location=_artifact_location(c.tracking_uri, name), tags=EXPERIMENT_KIND
+        )
     except MlflowException:  # created concurrently by another process
         exp = c.get_experiment_by_name(name)
         if exp is None:
@@ -74,7 +76,10 @@ def find_run(experiment: str, run_name: str) -> str | None:
         return None
     safe = run_name.replace("'", "\\'")
     runs = c.search_runs(
-        [exp.experiment_id], filter_string=f"attributes.run_name = '{safe}'", order_by=["attributes.start_time DESC"], max_results=1
+        [exp.experiment_id],
+        filter_string=f"attributes.run_name = '{safe}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
     )
     return runs[0].info.run_id if runs else None
 
@@ -85,8 +90,12 @@ def newest_run_tagged(experiment: str, key: str, value: str, uri: str | None = N
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         return None
-    runs = c.search_runs([exp.experiment_id], filter_string=f"tags.{key} = '{value}'",
-                         order_by=["attributes.start_time DESC"], max_results=1)
+    runs = c.search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.{key} = '{value}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
     return runs[0] if runs else None
 
 
@@ -119,7 +128,9 @@ def end_attempt_runs(experiment: str, attempt: str, status: str, uri: str | None
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         return []
-    runs = c.search_runs([exp.experiment_id], filter_string=f"tags.attempt = '{attempt}' and attributes.status = 'RUNNING'")
+    runs = c.search_runs(
+        [exp.experiment_id], filter_string=f"tags.attempt = '{attempt}' and attributes.status = 'RUNNING'"
+    )
     for r in runs:
         c.set_terminated(r.info.run_id, status=_end_status(r.data.tags, status))
     return [r.info.run_id for r in runs]
@@ -231,9 +242,19 @@ class RunLogger:
     goes away costs no step and no metric. `pending()` is what is not yet sent, for the checkpoint
     (`pipeline.tracking.outbox.write_pending`), and `pending=` queues what a checkpoint held first."""
 
-    def __init__(self, run_id: str, uri: str | None = None, system_metrics_every_s: float | None = None, *,
-                 total_steps: int | None = None, log_every_steps: int = 1, progress_every_s: float = 10.0,
-                 background: bool = False, pending: dict[str, Any] | None = None, show_progress: bool = True):
+    def __init__(
+        self,
+        run_id: str,
+        uri: str | None = None,
+        system_metrics_every_s: float | None = None,
+        *,
+        total_steps: int | None = None,
+        log_every_steps: int = 1,
+        progress_every_s: float = 10.0,
+        background: bool = False,
+        pending: dict[str, Any] | None = None,
+        show_progress: bool = True,
+    ):
         from pipeline.tracking.outbox import Outbox
 
         self.run_id = run_id
@@ -299,8 +320,11 @@ class RunLogger:
         ts = int(time.time() * 1000)
         metrics = {metric_key(k): v for k, v in metrics.items()}
         if self.outbox is not None:  # the outbox drops what the server already has when it sends
-            rows = [(k, float(v), ts, int(step)) for k, v in metrics.items()
-                    if v is not None and step > self._last_step.get(k, -1)]
+            rows = [
+                (k, float(v), ts, int(step))
+                for k, v in metrics.items()
+                if v is not None and step > self._last_step.get(k, -1)
+            ]
             self._last_step.update({k: int(step) for k, *_ in rows})
             self.outbox.put(rows)
             return

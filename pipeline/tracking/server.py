@@ -2,8 +2,8 @@
 line why a server cannot be used (`check_tracking_server`), and URIs with their passwords redacted for messages.
 
 `client()` is where connecting is tuned once per process: MLflow's HTTP retries cut to a few quick ones (a longer
-outage is the callers' business, pipeline.tracking.outbox), urllib3's per-retry warnings about MLflow's API dropped, and a
-new SQLite store created under a file lock. pipeline.tracking (runs, logging, the registry) builds on this module
+outage is the callers' business, pipeline.tracking.outbox), urllib3's per-retry warnings about MLflow's API dropped, and
+a new SQLite store created under a file lock. pipeline.tracking (runs, logging, the registry) builds on this module
 and never the other way round.
 
     >>> redact("http://user:pw@head:5000")
@@ -51,12 +51,12 @@ def _absolute_store_uri(uri: str) -> str:
     'http://127.0.0.1:5000'
     """
     if uri.startswith("sqlite:///"):
-        path = uri[len("sqlite:///"):]
+        path = uri[len("sqlite:///") :]
         if not path.startswith("/") and path != ":memory:":
             path = str(Path(path).resolve())
         return f"sqlite:///{path}"
     if uri.startswith("file:"):
-        path = uri[len("file:"):]
+        path = uri[len("file:") :]
         path = path[2:] if path.startswith("//") else path
         return Path(path).resolve().as_uri()
     if "://" not in uri:  # a bare directory: MLflow's file store
@@ -137,9 +137,14 @@ def check_tracking_server(uri: str | None = None, timeout: float = 30.0) -> None
             return
     except urllib.error.HTTPError as e:
         if e.code == 401:
-            problem = (f"rejected the credentials of user {user!r} (HTTP 401); check MLFLOW_TRACKING_USERNAME and "
-                       "MLFLOW_TRACKING_PASSWORD") if user or os.environ.get("MLFLOW_TRACKING_PASSWORD") or uri_password else (
-                       "requires a login (HTTP 401); set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD")
+            problem = (
+                (
+                    f"rejected the credentials of user {user!r} (HTTP 401); check MLFLOW_TRACKING_USERNAME and "
+                    "MLFLOW_TRACKING_PASSWORD"
+                )
+                if user or os.environ.get("MLFLOW_TRACKING_PASSWORD") or uri_password
+                else ("requires a login (HTTP 401); set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD")
+            )
         elif e.code == 403:
             problem = f"refused user {user!r} (HTTP 403): no permission to read experiments"
         else:
@@ -147,8 +152,9 @@ def check_tracking_server(uri: str | None = None, timeout: float = 30.0) -> None
         raise TrackingError(f"MLflow tracking server {uri} {problem}") from None
     except (urllib.error.URLError, OSError, TimeoutError) as e:
         reason = getattr(e, "reason", e)
-        raise ServerUnreachable(redact(f"MLflow tracking server {uri} is unreachable ({reason}); start it or fix "
-                                       "MLFLOW_TRACKING_URI")) from None
+        raise ServerUnreachable(
+            redact(f"MLflow tracking server {uri} is unreachable ({reason}); start it or fix MLFLOW_TRACKING_URI")
+        ) from None
 
 
 _STORES_READY: set[str] = set()  # SQLite stores this process has opened (created or migrated) under the lock
@@ -161,7 +167,7 @@ def _open_sqlite_store(uri: str) -> None:
     from filelock import FileLock  # a dependency of ray and torch
     from mlflow import MlflowClient
 
-    db = uri[len("sqlite:///"):]
+    db = uri[len("sqlite:///") :]
     if db != ":memory:":
         Path(db).parent.mkdir(parents=True, exist_ok=True)
         with FileLock(f"{db}.lock"):

@@ -6,10 +6,12 @@ that a re-run completes it. Training itself never waits: its metrics wait in `pi
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 
 from mlflow.exceptions import MlflowException
 
+from pipeline.console import say
 from pipeline.tracking import server as tracking_server
 
 
@@ -27,17 +29,21 @@ def wait_for_server(uri: str, wait_s: float, what: str) -> None:
         except tracking_server.ServerUnreachable:
             if since is None:
                 since = time.time()
-                print(f"[tracking] MLflow server {uri} unreachable at {time.strftime('%H:%M:%S')}; waiting up to "
-                      f"{wait_s:.0f}s to {what}", flush=True)
+                say(
+                    f"[tracking] MLflow server {uri} unreachable at {time.strftime('%H:%M:%S')}; waiting up to "
+                    f"{wait_s:.0f}s to {what}",
+                    sys.stdout,
+                )
             if time.monotonic() >= deadline:
                 raise tracking_server.ServerUnreachable(
-                    f"MLflow tracking server {uri} unreachable since {time.strftime('%H:%M:%S', time.localtime(since))} "
+                    f"MLflow tracking server {uri} unreachable since {time.strftime('%H:%M:%S', time.localtime(since))} "  # noqa: E501
                     f"(waited {wait_s:.0f}s), so could not {what}; checkpoints and unsent metrics are kept: re-run the "
-                    "same command once the server is back (tracking.server_wait_s sets the wait)") from None
+                    "same command once the server is back (tracking.server_wait_s sets the wait)"
+                ) from None
             time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
             continue
         if since is not None:
-            print(f"[tracking] MLflow server {uri} answers again at {time.strftime('%H:%M:%S')}", flush=True)
+            say(f"[tracking] MLflow server {uri} answers again at {time.strftime('%H:%M:%S')}", sys.stdout)
         return
 
 
@@ -52,6 +58,7 @@ def server_needed(uri: str, wait_s: float, what: str):
         try:
             tracking_server.check_tracking_server(uri, timeout=10)
         except tracking_server.ServerUnreachable as e:
-            raise tracking_server.ServerUnreachable(f"{e}".split(";")[0] + f" while trying to {what}; re-run the same "
-                                                    "command once the server is back") from None
+            raise tracking_server.ServerUnreachable(
+                f"{e}".split(";")[0] + f" while trying to {what}; re-run the same command once the server is back"
+            ) from None
         raise

@@ -56,8 +56,13 @@ def tag(words: list[str]) -> list[str]:
             tags.append("B-DEITY")
         elif w == "God" and i and words[i - 1] == "LORD":
             tags.append("I-DEITY")
-        elif w in ("of", "hosts") and prev.endswith("DEITY") and (
-            (w == "of" and i + 1 < len(words) and words[i + 1] == "hosts") or (w == "hosts" and words[i - 1] == "of")
+        elif (
+            w in ("of", "hosts")
+            and prev.endswith("DEITY")
+            and (
+                (w == "of" and i + 1 < len(words) and words[i + 1] == "hosts")
+                or (w == "hosts" and words[i - 1] == "of")
+            )
         ):
             tags.append("I-DEITY")
         elif w in PER:
@@ -97,8 +102,14 @@ def squad(chaps: list[tuple[str, list[str]]], rng: random.Random, prefix: str) -
                 q = (s[:pos] + "who" + s[pos + len(name) :]).rstrip(".;:,!") + "?"
                 start = ctx.index(s) + pos
                 assert ctx[start : start + len(name)] == name
-                qas.append({"id": f"{prefix}-{len(pool)}", "question": q,
-                            "answers": [{"text": name, "answer_start": start}], "is_impossible": False})
+                qas.append(
+                    {
+                        "id": f"{prefix}-{len(pool)}",
+                        "question": q,
+                        "answers": [{"text": name, "answer_start": start}],
+                        "is_impossible": False,
+                    }
+                )
                 pool.append((key, q, name))
             if qas:
                 paras.append((key, ctx, qas))

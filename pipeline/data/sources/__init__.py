@@ -42,25 +42,69 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pipeline.data import wiki
-from pipeline.data.sources.inputs import (expand_inputs, fingerprint, kind_of, no_readable_input, skipped_once,
-                                          skipped_summary, sniff_kind, split_units)
-from pipeline.data.sources.records import (MAX_RECORD_BYTES, MAX_WORD_CHARS, READ_ERRORS, Document, InputError,
-                                           InputFile, Item, Kind, Rejected, Skipped, check_text, decode_text, stopped)
+from pipeline.data.sources.inputs import (
+    expand_inputs,
+    fingerprint,
+    kind_of,
+    no_readable_input,
+    skipped_once,
+    skipped_summary,
+    sniff_kind,
+    split_units,
+)
+from pipeline.data.sources.records import (
+    MAX_RECORD_BYTES,
+    MAX_WORD_CHARS,
+    READ_ERRORS,
+    Document,
+    InputError,
+    InputFile,
+    Item,
+    Kind,
+    Rejected,
+    Skipped,
+    check_text,
+    decode_text,
+    stopped,
+)
 from pipeline.data.sources.tables import read_hf, read_parquet
 from pipeline.data.sources.text import read_jsonl, read_txt, read_wikiext
 from pipeline.data.wiki import WikiOptions
 
-__all__ = ["MAX_RECORD_BYTES", "MAX_WORD_CHARS", "Document", "InputError", "InputFile", "Item", "Kind", "Rejected",
-           "Skipped", "check_text", "decode_text", "expand_inputs", "fingerprint", "kind_of", "no_readable_input",
-           "read_documents", "read_records", "skipped_once", "skipped_summary", "sniff_kind", "split_units"]
+__all__ = [
+    "MAX_RECORD_BYTES",
+    "MAX_WORD_CHARS",
+    "Document",
+    "InputError",
+    "InputFile",
+    "Item",
+    "Kind",
+    "Rejected",
+    "Skipped",
+    "check_text",
+    "decode_text",
+    "expand_inputs",
+    "fingerprint",
+    "kind_of",
+    "no_readable_input",
+    "read_documents",
+    "read_records",
+    "skipped_once",
+    "skipped_summary",
+    "sniff_kind",
+    "split_units",
+]
 
 
 def _read_wiki(f: InputFile, options: WikiOptions, max_bytes: int) -> Iterator[Item]:
     """A MediaWiki dump, whole or one unit (`split_units`): every page a record numbered by its position. A damaged
     page is rejected and the next `<page>` read; a stream that cannot be read on rejects the page being read (in
     a unit, every page the index lists after it too) and names the file."""
-    pages = (wiki.read_pages(f.path, f.offset, f.length, f.first_record, max_bytes) if f.length
-             else wiki.read_pages(f.path, max_bytes=max_bytes))
+    pages = (
+        wiki.read_pages(f.path, f.offset, f.length, f.first_record, max_bytes)
+        if f.length
+        else wiki.read_pages(f.path, max_bytes=max_bytes)
+    )
     last = f.first_record
     end = f.first_record + f.num_records if f.length else 0  # in a unit: past the pages its index lists
     try:
@@ -84,7 +128,9 @@ def _read_wiki(f: InputFile, options: WikiOptions, max_bytes: int) -> Iterator[I
 
 
 def read_documents(
-    f: InputFile, text_column: str = "text", wiki_options: WikiOptions = WikiOptions(),
+    f: InputFile,
+    text_column: str = "text",
+    wiki_options: WikiOptions = WikiOptions(),
     max_record_bytes: int = MAX_RECORD_BYTES,
 ) -> Iterator[Item]:
     """Every record of one input file (or of one unit of it, `split_units`), in order, as a Document or a
@@ -106,8 +152,13 @@ def read_documents(
         yield from read_hf(f, text_column, max_record_bytes)
 
 
-def read_records(f: InputFile, text_column: str, wiki_options: WikiOptions, skipped: list[Skipped],
-                 max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[Document | Rejected]:
+def read_records(
+    f: InputFile,
+    text_column: str,
+    wiki_options: WikiOptions,
+    skipped: list[Skipped],
+    max_record_bytes: int = MAX_RECORD_BYTES,
+) -> Iterator[Document | Rejected]:
     """`read_documents` without its `Skipped` items, which are appended to `skipped` (the manifest's skipped_files)."""
     for item in read_documents(f, text_column, wiki_options, max_record_bytes):
         if isinstance(item, Skipped):

@@ -35,8 +35,14 @@ MAX_WORD_CHARS = 1000
 _LONG_WORD = re.compile(r"(?<!\S)\S{%d}" % (MAX_WORD_CHARS + 1))
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
-READ_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, lzma.LZMAError, UnicodeError,
-                                                RecursionError)
+READ_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    EOFError,
+    zlib.error,
+    lzma.LZMAError,
+    UnicodeError,
+    RecursionError,
+)
 """What reading a file may raise when its bytes are damaged: I/O and decompression errors (gzip's BadGzipFile and
 bz2's "Invalid data stream" are OSErrors), a truncated stream (EOFError), bytes that are not UTF-8, nesting too
 deep to decode."""
@@ -143,8 +149,9 @@ def error_text(e: BaseException) -> str:
     return f"{name}: {msg}" if msg else name
 
 
-def stopped(f: InputFile, record: int, e: BaseException, reason: str = "", last: int = 0
-            ) -> Iterator[Rejected | Skipped]:
+def stopped(
+    f: InputFile, record: int, e: BaseException, reason: str = "", last: int = 0
+) -> Iterator[Rejected | Skipped]:
     """What a reader yields when `f` cannot be read on at `record`: that record (through `last`, exclusive, when
     more are known to follow) rejected as `reason` (default: `truncated_gzip` for a truncated stream, else
     `unreadable`), then `f` named with the error.

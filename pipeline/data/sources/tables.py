@@ -13,8 +13,16 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from pipeline.data.sources.records import (MAX_RECORD_BYTES, READ_ERRORS, InputFile, Item, Rejected, Skipped, stopped,
-                                           unreadable)
+from pipeline.data.sources.records import (
+    MAX_RECORD_BYTES,
+    READ_ERRORS,
+    InputFile,
+    Item,
+    Rejected,
+    Skipped,
+    stopped,
+    unreadable,
+)
 from pipeline.data.sources.text import base_name, record
 from pipeline.storage.io import filesystem
 
@@ -35,8 +43,9 @@ def _values(col: Any) -> list:
         return out
 
 
-def _read_arrow_batches(f: InputFile, batches: Iterator, column: str, start: int = 0,
-                        max_bytes: int = MAX_RECORD_BYTES) -> Iterator[Item]:
+def _read_arrow_batches(
+    f: InputFile, batches: Iterator, column: str, start: int = 0, max_bytes: int = MAX_RECORD_BYTES
+) -> Iterator[Item]:
     """Rows as records numbered from `start`, named by an `id` column when there is one, else `file:row`; a text of
     more than `max_bytes` is `record_too_large` (Arrow has read it by then, a row group at a time: the cap keeps
     such a text out of the pipeline, as in every other format)."""
@@ -91,8 +100,9 @@ def read_parquet(f: InputFile, column: str, max_bytes: int = MAX_RECORD_BYTES) -
         for g, size in enumerate(sizes):
             start, end = i, i + size
             try:
-                for item in _read_arrow_batches(f, pf.iter_batches(batch_size=1024, row_groups=[g], columns=cols),
-                                                column, i, max_bytes):
+                for item in _read_arrow_batches(
+                    f, pf.iter_batches(batch_size=1024, row_groups=[g], columns=cols), column, i, max_bytes
+                ):
                     if i == end:  # more rows than the footer says: they would take the next group's numbers
                         break
                     yield item

@@ -19,8 +19,18 @@ from collections.abc import Iterator
 
 from pipeline.data import wiki
 from pipeline.data.sources.inputs import kind_of
-from pipeline.data.sources.records import (MAX_RECORD_BYTES, READ_ERRORS, Document, InputFile, Item, Rejected,
-                                           check_text, decode_text, has_surrogate, stopped)
+from pipeline.data.sources.records import (
+    MAX_RECORD_BYTES,
+    READ_ERRORS,
+    Document,
+    InputFile,
+    Item,
+    Rejected,
+    check_text,
+    decode_text,
+    has_surrogate,
+    stopped,
+)
 from pipeline.storage.io import filesystem
 
 
@@ -85,8 +95,15 @@ def read_txt(f: InputFile, max_bytes: int = MAX_RECORD_BYTES) -> Iterator[Item]:
         yield Document(doc_id, f.path, text, base_name(f.path))  # type: ignore[arg-type]
 
 
-def record(f: InputFile, i: int, rec: object, column: str, where: str = "", unescape: bool = False,
-           max_bytes: int = MAX_RECORD_BYTES) -> Document | Rejected:
+def record(
+    f: InputFile,
+    i: int,
+    rec: object,
+    column: str,
+    where: str = "",
+    unescape: bool = False,
+    max_bytes: int = MAX_RECORD_BYTES,
+) -> Document | Rejected:
     """`rec`'s document: named by its `id` when it has one, else `where` (`file:line`, `file:row`). `unescape`:
     the text is HTML-escaped (WikiExtractor escapes &, < and > in every output form). A text or id holding a lone
     surrogate (JSON's `"\\ud800"`) cannot be written as UTF-8: `lone_surrogate`; a text of more than `max_bytes`
