@@ -408,3 +408,19 @@ def test_one_read_per_unit_resumed_after_a_crash_writes_todays_shards(minilm_dir
     assert m["duplicates"]["exact"] == 26 and m["duplicates"]["near"] == 2 and m["documents_read"] == 1100
     assert set(reads.values()) == {1} and len(reads) == 4  # every unit read once over both runs
     assert not (out / "_work").exists()
+
+
+def test_a_damaged_index_is_listed_once_in_skipped_files(minilm_dir, tmp_path):
+    """Issue 59: a multistream dump's index cut short was named twice in the manifest's skipped_files (at planning,
+    as an index with no input of its own, and by its reader, as damaged); now once, with the reader's reason, and
+    the dump is read whole."""
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    wiki_dump = load_bench("wiki_dump")
+    wiki_dump.build_dump(dump, 10)
+    index = dump / wiki_dump.INDEX
+    index.write_bytes(index.read_bytes()[:40])
+    m = _prepare([str(dump)], tmp_path / "out", minilm_dir, dedup="off")["validate"].result.manifest
+    assert [s["path"] for s in m["skipped_files"]] == [str(index)], m["skipped_files"]
+    assert m["skipped_files"][0]["reason"].startswith("damaged index, its dump read whole: ")
+    assert m["documents_read"] == 110
