@@ -291,17 +291,17 @@ def test_modernbert_on_a_collated_packed_batch_equals_each_document_alone():
 
 
 def test_pretraining_counts_of_an_mlm_only_model_have_no_nsp():
-    from pipeline.pretrain.metrics import counts, summarise
+    from pipeline.pretrain.metrics import MlmSums
     from model import ModernBertConfig, ModernBertForMaskedLM
 
     torch.manual_seed(0)
     m = ModernBertForMaskedLM(ModernBertConfig.from_preset("modernbert-tiny", vocab_size=16))
     b = collate(_packed_rows([np.array([3, 4], np.int32), np.array([4], np.int32)]), family=MODERNBERT)
     out = m(**{k: v for k, v in b.items() if k not in HOST_ONLY})
-    c = counts(out, b)
-    assert c[2].item() == 3 and c[3:].tolist() == [0.0, 0.0, 0.0]
-    assert set(summarise(c)) == {"loss", "mlm_loss", "mlm_accuracy"}
-    assert summarise(c)["loss"] == pytest.approx(out.mlm_loss.item(), rel=1e-6)
+    c = MlmSums.of(out, b)
+    assert c.mlm_count.item() == 3 and [c.nsp_loss_sum.item(), c.nsp_correct.item(), c.nsp_count.item()] == [0, 0, 0]
+    assert set(c.figures()) == {"loss", "mlm_loss", "mlm_accuracy"}
+    assert c.figures()["loss"] == pytest.approx(out.mlm_loss.item(), rel=1e-6)
 
 
 @pytest.mark.parametrize("batch,world,cap", [(32, 2, 16), (32, 1, 16), (32, 3, 16), (10, 3, 2), (7, 7, 1), (9, 2, 8)])

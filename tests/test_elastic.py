@@ -24,7 +24,7 @@ from pipeline.core.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.core.optim import make_optimizer
 from pipeline.core.step import Trainable, train_step
 from pipeline.pretrain.loader import Batches, PhasePlan, StepFeed, split_global_batch
-from pipeline.pretrain.metrics import counts, step_loss, summarise
+from pipeline.pretrain.metrics import MlmSums, step_loss
 
 VOCAB, SEQ, ROWS, BATCH, CAP, CHUNK, STEPS = 60, 16, 50, 12, 4, 20, 8
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -166,7 +166,7 @@ def _train(
     `ckpt_at`. Returns
     {step: train/loss}, from the ranks' summed counts as the loop's all-reduce sums them."""
     store, init = dist.HashStore(), _model()
-    sums: dict[tuple[int, int], torch.Tensor] = {}
+    sums: dict[tuple[int, int], MlmSums] = {}
     errors: list[BaseException] = []
 
     def rank_run(rank: int) -> None:
@@ -188,12 +188,11 @@ def _train(
                     t,
                     s.micro_batches,
                     accumulation=len(s.micro_batches),
-                    counts=counts,
-                    summarise=summarise,
+                    sums=MlmSums,
                     device=torch.device("cpu"),
                     loss=loss,
                 )
-                sums[(rank, step)] = got.counts
+                sums[(rank, step)] = got.sums
                 if step == ckpt_at:
                     save_checkpoint(
                         str(ckpt_out),
@@ -211,7 +210,7 @@ def _train(
         th.join(120)
     if errors:
         raise errors[0]
-    return {step: summarise(sum(sums[(r, step)] for r in range(world)))["loss"] for step in range(start + 1, stop + 1)}
+    return {step: sum(sums[(r, step)] for r in range(world)).figures()["loss"] for step in range(start + 1, stop + 1)}
 
 
 def test_a_run_on_two_workers_resumed_on_one_or_three_logs_the_same_losses(tmp_path):

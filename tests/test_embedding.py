@@ -80,7 +80,7 @@ def _step(world: int, rows: dict[str, list], pooling: str) -> tuple[float, dict[
             batch = {k: torch.as_tensor(v) for k, v in E.pair_batch(rows, idx).items() if k != "num_tokens"}
             out = model(**batch)
             out.loss.backward()
-            sums[rank] = E.counts(out, batch)
+            sums[rank] = E.PairSums.of(out, batch)
             grads[rank] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
             errors.append(e)
@@ -93,7 +93,7 @@ def _step(world: int, rows: dict[str, list], pooling: str) -> tuple[float, dict[
     if errors:
         raise errors[0]
     total = sum(sums.values())
-    return float(total[0] / total[1]), {n.removeprefix("module."): g for n, g in grads[0].items()}
+    return float(total.loss_sum / total.queries), {n.removeprefix("module."): g for n, g in grads[0].items()}
 
 
 @pytest.mark.parametrize("negatives", [False, True], ids=["pairs", "hard-negatives"])
@@ -119,11 +119,11 @@ def test_pair_batch_and_the_training_figures():
     assert b["input_ids"].shape[0] == 2 and b["doc_input_ids"].shape[0] == 4  # positives, then negatives
     assert b["doc_input_ids"][2, : len(rows["negative_ids"][2])].tolist() == rows["negative_ids"][2]
     assert int(b["num_tokens"]) == sum(len(rows[k][i]) for k in rows for i in (2, 0))
-    # counts: the loss sum, queries, queries whose positive scored highest, queries
+    # sums: the loss sum, queries, queries whose positive scored highest
     out = E.ContrastiveOutput(
         torch.tensor(0.5), torch.tensor([[3.0, 1.0, 0.0, 0.0], [2.0, 1.0, 0.0, 0.0]]), torch.tensor([0, 1])
     )
-    assert E.counts(out, {}).tolist() == [1.0, 2.0, 1.0, 2.0]
+    assert E.PairSums.of(out, {}).pack().tolist() == [1.0, 2.0, 1.0]
 
 
 def test_exact_search_in_chunks_is_one_search(monkeypatch):

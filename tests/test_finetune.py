@@ -18,7 +18,7 @@ from pipeline.config import ConfigError
 from pipeline.finetune.data import prepare_task
 from pipeline.finetune.config import FinetuneConfig, load_finetune_config, resolve_lr
 from pipeline.finetune.job import resolve_source, task_model
-from pipeline.finetune.loop import counts, epoch_micro_batches, evaluate, steps_per_epoch, summarise
+from pipeline.finetune.loop import TaskSums, epoch_micro_batches, evaluate, steps_per_epoch
 
 from conftest import sqlite_store
 
@@ -241,21 +241,21 @@ def test_epoch_micro_batches_resume_and_rank_split():
     assert [b["labels"].tolist() for b in epoch_micro_batches(rows, 3, 0, 2, 2, seed=7)] != whole  # new epoch order
 
 
-def test_counts_and_summarise_classification_and_tokens():
+def test_task_sums_classification_and_tokens():
     from types import SimpleNamespace
 
     # sequence classification: 3 examples, 2 correct
     out = SimpleNamespace(loss=torch.tensor(0.5), logits=torch.tensor([[2.0, 0.0], [0.0, 1.0], [3.0, 0.0]]))
-    c = counts(out, {"input_ids": torch.zeros(3, 4), "labels": torch.tensor([0, 1, 1])})
-    assert c.tolist() == [1.5, 3.0, 2.0, 3.0]
+    c = TaskSums.of(out, {"input_ids": torch.zeros(3, 4), "labels": torch.tensor([0, 1, 1])})
+    assert (c.loss_sum, c.examples, c.correct, c.labelled) == (1.5, 3.0, 2.0, 3.0)
     # token classification: the -100 positions are not counted; accumulated sums give the exact mean
     out2 = SimpleNamespace(loss=torch.tensor(1.0), logits=torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]]))
-    c2 = counts(out2, {"input_ids": torch.zeros(1, 3), "labels": torch.tensor([[0, -100, 1]])})
-    assert c2.tolist() == [1.0, 1.0, 1.0, 2.0]
-    assert summarise(c + c2) == {"loss": pytest.approx(2.5 / 4), "accuracy": pytest.approx(3 / 5)}
+    c2 = TaskSums.of(out2, {"input_ids": torch.zeros(1, 3), "labels": torch.tensor([[0, -100, 1]])})
+    assert (c2.loss_sum, c2.examples, c2.correct, c2.labelled) == (1.0, 1.0, 1.0, 2.0)
+    assert (c + c2).figures() == {"loss": pytest.approx(2.5 / 4), "accuracy": pytest.approx(3 / 5)}
     # regression and QA heads: loss only
     reg = SimpleNamespace(loss=torch.tensor(2.0), logits=torch.zeros(2, 1))
-    assert summarise(counts(reg, {"input_ids": torch.zeros(2, 3), "labels": torch.zeros(2)})) == {"loss": 2.0}
+    assert TaskSums.of(reg, {"input_ids": torch.zeros(2, 3), "labels": torch.zeros(2)}).figures() == {"loss": 2.0}
 
 
 @pytest.mark.parametrize("n, world, bs, want", [(100, 1, 32, 4), (100, 2, 32, 2), (64, 2, 32, 1), (5, 4, 32, 1)])

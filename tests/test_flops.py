@@ -15,7 +15,7 @@ from model.flops import attended_pairs, dense_bf16_peak, mfu, train_flops
 from pipeline.core.optim import make_optimizer
 from pipeline.core.step import Trainable, TrainFigures, train_step
 from pipeline.pretrain.loader import collate
-from pipeline.pretrain.metrics import counts, flop_counter, summarise
+from pipeline.pretrain.metrics import MlmSums, flop_counter
 from pipeline.tracking.runs import Progress
 
 
@@ -144,21 +144,12 @@ def test_a_loop_window_sums_model_flops_and_the_step_line_shows_mfu():
     batches = [collate(_bert_rows([30, 20, 12], [4, 3, 1])), collate(_bert_rows([16, 16, 16], [2, 2, 2]))] * 2
     feed, figures, count = iter(batches), TrainFigures(), flop_counter(cfg)
     for _ in range(2):  # two steps of two micro-batches, read once
-        figures.add(
-            train_step(
-                t, feed, accumulation=2, counts=counts, summarise=summarise, device=torch.device("cpu"), flops=count
-            )
-        )
+        figures.add(train_step(t, feed, accumulation=2, sums=MlmSums, device=torch.device("cpu"), flops=count))
     stats = figures.read()
     want = 2 * (train_flops(cfg, [30, 20, 12], 8) + train_flops(cfg, [16, 16, 16], 6))
     assert stats.flops == want and stats.tokens == 2 * (62 + 48) and stats.examples == 12
     # without a counter (fine-tuning, a CPU run) the figure is 0 and no train/mfu is made
-    assert (
-        train_step(
-            t, iter(batches), accumulation=1, counts=counts, summarise=summarise, device=torch.device("cpu")
-        ).flops
-        == 0.0
-    )
+    assert train_step(t, iter(batches), accumulation=1, sums=MlmSums, device=torch.device("cpu")).flops == 0.0
     # the console's step line: after tok/s, one decimal, two under 1% (a tiny model on a big GPU)
     m = mfu(stats.flops, want / (0.412 * 989.4e12), 989.4e12)
     line = Progress(total=4, out=io.StringIO()).update(4, {**stats.metrics(), "train/mfu": m})

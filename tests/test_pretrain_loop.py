@@ -22,7 +22,7 @@ from pipeline.core.optim import make_optimizer
 from pipeline.core.precision import HOST_ONLY, forward
 from pipeline.core.step import StepStats, Trainable, TrainFigures, all_reduce_sum, train_step
 from pipeline.pretrain.loader import Batches, collate
-from pipeline.pretrain.metrics import counts, summarise
+from pipeline.pretrain.metrics import MlmSums
 
 VOCAB, SEQ = 60, 16
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -62,7 +62,7 @@ def _step_as_before(t: Trainable, micro_batches, accumulation: int) -> StepStats
         batch = next(micro_batches)
         out = forward(t.model, batch, torch.device("cpu"), "fp32")
         (out.loss / accumulation).backward()
-        c = counts(out, batch).detach().double().cpu()
+        c = MlmSums.of(out, batch).pack().detach().double().cpu()
         sums = c if sums is None else sums + c
         tokens += int(batch["num_tokens"])
         examples += len(batch["input_ids"])
@@ -75,7 +75,12 @@ def _step_as_before(t: Trainable, micro_batches, accumulation: int) -> StepStats
         torch.cat([sums, torch.tensor([tokens, examples], dtype=torch.float64)]), torch.device("cpu")
     )
     return StepStats(
-        summarise(totals[:-2]), lr, float(grad_norm), int(totals[-1]), int(totals[-2]), time.perf_counter() - start
+        MlmSums.unpack(totals[:-2]).figures(),
+        lr,
+        float(grad_norm),
+        int(totals[-1]),
+        int(totals[-2]),
+        time.perf_counter() - start,
     )
 
 
@@ -91,11 +96,7 @@ def test_sync_free_figures_equal_the_per_step_figures_of_before(padded, log_ever
     torch.manual_seed(7)  # the same dropout stream
     feed, figures, read = iter(data), TrainFigures(), {}
     for step in range(1, steps + 1):
-        figures.add(
-            train_step(
-                after, feed, accumulation=accumulation, counts=counts, summarise=summarise, device=torch.device("cpu")
-            )
-        )
+        figures.add(train_step(after, feed, accumulation=accumulation, sums=MlmSums, device=torch.device("cpu")))
         if step % log_every == 0:
             read[step] = figures.read()
     assert sorted(read) == list(range(log_every, steps + 1, log_every))
@@ -151,9 +152,7 @@ def test_no_host_sync_on_steps_that_are_not_read(padded):
     feed, figures = iter(data), TrainFigures()
     with _host_syncs(roots) as calls:
         for _ in range(3):
-            figures.add(
-                train_step(t, feed, accumulation=2, counts=counts, summarise=summarise, device=torch.device("cpu"))
-            )
+            figures.add(train_step(t, feed, accumulation=2, sums=MlmSums, device=torch.device("cpu")))
         assert calls == []
         stats = figures.read()
         assert calls, "the reading is where the host syncs"
@@ -245,8 +244,7 @@ def test_compiled_encoder_trains_like_eager(tmp_path, monkeypatch):
         opt, sched = make_optimizer(m, "adamw", 1e-3, 0.01, warmup_steps=0, total_steps=10)
         t, feed = Trainable(m, opt, sched), iter(data)
         runs[compiled] = [
-            train_step(t, feed, accumulation=1, counts=counts, summarise=summarise, device=torch.device("cpu")).read()
-            for _ in range(2)
+            train_step(t, feed, accumulation=1, sums=MlmSums, device=torch.device("cpu")).read() for _ in range(2)
         ]
         assert "encoder.layer.0.attention.self.query.weight" in dict(m.bert.named_parameters())
         if (
@@ -364,8 +362,7 @@ def test_unpadded_steps_train_like_padded_steps():
         opt, sched = make_optimizer(m, "adamw", 1e-3, 0.01, warmup_steps=0, total_steps=10)
         t, feed = Trainable(m, opt, sched), iter([collate(r, unpad=unpad) for r in rows])
         runs[unpad] = [
-            train_step(t, feed, accumulation=2, counts=counts, summarise=summarise, device=torch.device("cpu")).read()
-            for _ in range(2)
+            train_step(t, feed, accumulation=2, sums=MlmSums, device=torch.device("cpu")).read() for _ in range(2)
         ]
     for padded, unpadded in zip(runs[False], runs[True]):
         assert unpadded.loss == pytest.approx(padded.loss, abs=1e-3)
@@ -587,7 +584,7 @@ def test_a_non_finite_step_is_named_at_the_next_reading_without_a_sync_before_it
             if step == 3:
                 _poison(t.model)
             figures.add(
-                train_step(t, feed, accumulation=2, counts=counts, summarise=summarise, device=torch.device("cpu")),
+                train_step(t, feed, accumulation=2, sums=MlmSums, device=torch.device("cpu")),
                 step,
             )
             if step % log_every == 0 and step < 3:

@@ -245,7 +245,7 @@ def make_step(
     if "real" in impl.features:  # the product's step, exactly as the pretraining loop calls it
         from pipeline.core.optim import make_optimizer
         from pipeline.core.step import Trainable, train_step
-        from pipeline.pretrain.metrics import counts, flop_counter, summarise
+        from pipeline.pretrain.metrics import MlmSums, flop_counter
 
         opt, sched = make_optimizer(model, "adamw", 1e-4, 0.01, warmup_steps=0, total_steps=10**9, schedule="constant")
         t = Trainable(model, opt, sched)
@@ -258,8 +258,7 @@ def make_step(
             t,
             [batch],
             accumulation=1,
-            counts=counts,
-            summarise=summarise,
+            sums=MlmSums,
             device=torch.device(device),
             precision=dtype,
             flops=flops,

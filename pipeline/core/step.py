@@ -6,9 +6,10 @@ device, so a GPU step is queued without waiting for the previous one; `StepSums.
 for throughput over several steps) all-reduces them and copies them to the host once. Loops read on the steps
 they log, evaluate or checkpoint, and on the last; every rank must read on the same steps (a collective).
 
-What a task contributes is a `counts` function: a forward's output and batch -> a float64 vector of sums
-(loss sums, correct counts, denominators), and a `summarise` function that turns the summed vector into named
-figures with "loss" first. Sums (not means) make the result exact under accumulation and across ranks.
+What a task contributes is a `Sums` record: a frozen dataclass whose fields are one forward's float64 sums (loss
+sums, correct counts, denominators; `of(out, batch)`), and whose `figures()` turns summed ones into named figures
+with "loss" first. Sums (not means) make the result exact under accumulation and across ranks; the all-reduce packs
+a reading's records into one tensor in one place (`_sum_over_ranks`).
 
 A non-finite step stops the run (torchtitan's finiteness check, without its sync): each step keeps a flag on the
 device, true when its loss sums (and, without a gradient scaler, its gradient norm) are finite; a reading
@@ -25,8 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 from torch import nn
@@ -34,8 +35,68 @@ from torch import nn
 from pipeline.core.precision import Precision, forward
 from pipeline.errors import PipelineError
 
-Counts = Callable[[Any, dict[str, torch.Tensor]], torch.Tensor]
-Summarise = Callable[[torch.Tensor], dict[str, float]]
+S = TypeVar("S", bound="Sums")
+
+
+@dataclass(frozen=True)
+class Sums:
+    """A task's figures of one or more forwards, as named sums: a subclass is a frozen dataclass whose fields are
+    () float64 tensors (on the device until a reading), with `of` (one forward's) and `figures` (summed ones ->
+    named figures, "loss" first). Records add field by field, also with `sum()`.
+
+    >>> @dataclass(frozen=True)
+    ... class Loss(Sums):
+    ...     loss_sum: torch.Tensor
+    ...     examples: torch.Tensor
+    ...     def figures(self):
+    ...         return {"loss": (self.loss_sum / self.examples).item()}
+    >>> one = Loss.unpack(torch.tensor([3.0, 2.0], dtype=torch.float64))
+    >>> (one + one).figures(), sum([one, one]).examples.item(), Loss.zeros(torch.device("cpu")).pack().tolist()
+    ({'loss': 1.5}, 4.0, [0.0, 0.0])
+    """
+
+    @classmethod
+    def of(cls: type[S], out: Any, batch: dict[str, torch.Tensor]) -> S:
+        """One forward's sums: the model's output and the batch it read."""
+        raise NotImplementedError
+
+    def figures(self) -> dict[str, float]:
+        """Summed records -> named figures, "loss" first (reads the tensors: a host sync on a device)."""
+        raise NotImplementedError
+
+    def pack(self) -> torch.Tensor:
+        """(number of fields,) float64: the fields in order."""
+        return torch.stack([getattr(self, f.name).double() for f in fields(self)])
+
+    @classmethod
+    def unpack(cls: type[S], packed: torch.Tensor) -> S:
+        """The record of a packed (number of fields,) tensor."""
+        return cls(*packed.unbind())
+
+    @classmethod
+    def zeros(cls: type[S], device: torch.device) -> S:
+        return cls.unpack(torch.zeros(len(fields(cls)), dtype=torch.float64, device=device))
+
+    def __add__(self: S, other: S) -> S:
+        return type(self).unpack(self.pack() + other.pack())
+
+    def __radd__(self: S, other: Any) -> S:  # sum() starts from 0
+        return self if isinstance(other, int) and other == 0 else NotImplemented
+
+
+@dataclass(frozen=True)
+class Work(Sums):
+    """What the steps of a reading did, counted on the host: real tokens, examples, model FLOPs (0 when the loop
+    counts none). Summed over the ranks with the task's sums."""
+
+    tokens: torch.Tensor
+    examples: torch.Tensor
+    flops: torch.Tensor
+
+    @classmethod
+    def counted(cls, tokens: torch.Tensor, examples: int, flops: float) -> Work:
+        f64 = torch.float64
+        return cls(tokens.double(), torch.tensor(float(examples), dtype=f64), torch.tensor(float(flops), dtype=f64))
 
 
 class NonFiniteLoss(PipelineError, RuntimeError):
@@ -77,7 +138,7 @@ class StepStats:
     """What one optimizer step did, over all its micro-batches and all ranks."""
 
     figures: dict[str, float]
-    """From the task's `summarise`: loss first, then e.g. mlm_accuracy, nsp_accuracy."""
+    """From the task's `Sums.figures`: loss first, then e.g. mlm_accuracy, nsp_accuracy."""
     lr: float
     grad_norm: float
     examples: int
@@ -130,11 +191,11 @@ def all_reduce_sum(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 @dataclass
 class StepSums:
-    """One optimizer step's figures before any host sync: the task's count sums and the gradient norm stay on
-    the device; tokens and examples were counted from the host batches."""
+    """One optimizer step's figures before any host sync: the task's sums and the gradient norm stay on the
+    device; tokens and examples were counted from the host batches."""
 
-    counts: torch.Tensor
-    """(n,) float64 on the device: this rank's sums of the task's `counts` over the micro-batches."""
+    sums: Sums
+    """On the device: this rank's sums of the task's record over the micro-batches."""
     grad_norm: torch.Tensor
     """() on the device: the global gradient norm before clipping (the same on every rank)."""
     lr: float
@@ -143,7 +204,6 @@ class StepSums:
     examples: int
     start: float
     """`time.perf_counter()` when the step began."""
-    summarise: Summarise
     device: torch.device
     flops: float = 0.0
     """This rank's model FLOPs, counted on the host from the batches (0 when the loop counts none)."""
@@ -169,31 +229,39 @@ class StepSums:
         flops = self.flops if flops is None else flops
         window = [(None, self.finite)] if window is None else window
         flags = [f for _, f in window if f is not None]
-        bad = (~torch.stack(flags)).double() if flags else torch.zeros(0, dtype=torch.float64, device=self.device)
-        host = torch.stack(
-            [
-                tokens.double(),
-                torch.tensor(float(examples), dtype=torch.float64),
-                torch.tensor(float(flops), dtype=torch.float64),
-            ]
-        ).to(self.device)
-        n, k = len(self.counts), len(bad)
-        totals = all_reduce_sum(torch.cat([self.counts, bad.to(self.device), host]), self.device)
-        sums, bad, (tokens_sum, examples_sum, flops_sum) = totals[:n], totals[n : n + k], totals[n + k :].tolist()
+        not_finite = (~torch.stack(flags)).double() if flags else torch.zeros(0, dtype=torch.float64)
+        sums, work, not_finite = _sum_over_ranks(
+            self.sums, Work.counted(tokens, examples, flops), not_finite, self.device
+        )
         grad_norm = float(self.grad_norm.double().cpu())  # already complete: the all-reduce above waited for it
-        if k and bool(bad.any()):  # every rank sees the same sums: all stop at this reading
-            first = [step for step, f in window if f is not None][int(bad.nonzero()[0])]
+        if bool(not_finite.any()):  # every rank sees the same sums: all stop at this reading
+            first = [step for step, f in window if f is not None][int(not_finite.nonzero()[0])]
             last = window[-1][0]
             raise _stop(
                 "the training loss or gradient norm",
                 first,
                 f" ({f'step {last}: ' if last not in (None, first) else ''}train/loss "
-                f"{self.summarise(sums)['loss']:.4g}, train/grad_norm {grad_norm:.4g}, train/lr {self.lr:.4g})",
+                f"{sums.figures()['loss']:.4g}, train/grad_norm {grad_norm:.4g}, train/lr {self.lr:.4g})",
             )
         seconds = time.perf_counter() - (self.start if start is None else start)
         return StepStats(
-            self.summarise(sums), self.lr, grad_norm, int(examples_sum), int(tokens_sum), seconds, flops=flops_sum
+            sums.figures(),
+            self.lr,
+            grad_norm,
+            examples=int(work.examples),
+            tokens=int(work.tokens),
+            seconds=seconds,
+            flops=float(work.flops),
         )
+
+
+def _sum_over_ranks(sums: S, work: Work, flags: torch.Tensor, device: torch.device) -> tuple[S, Work, torch.Tensor]:
+    """The task's sums, the work and the steps' not-finite flags, summed over the ranks in one all-reduce and
+    copied to the host: the one place the records are packed into one tensor."""
+    parts = [sums.pack(), work.pack().to(device), flags.to(device)]
+    total = all_reduce_sum(torch.cat(parts), device)
+    task, host, flags = total.split([len(p) for p in parts])
+    return type(sums).unpack(task), Work.unpack(host), flags
 
 
 class TrainFigures:
@@ -238,21 +306,21 @@ def train_step(
     micro_batches: Iterable[dict[str, torch.Tensor]],
     *,
     accumulation: int,
-    counts: Counts,
-    summarise: Summarise,
+    sums: type[Sums],
     device: torch.device,
     precision: Precision = "fp32",
     max_grad_norm: float = 1.0,
     flops: Callable[[dict[str, torch.Tensor]], float] | None = None,
     loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> StepSums:
-    """Forward/backward `accumulation` micro-batches (gradients all-reduced on the last only), clip, step.
-    Nothing here waits for the device (fp16's scaler aside: `GradScaler.step` reads its inf check). `flops`
-    counts a host batch's model FLOPs (for MFU), from host tensors only. `loss(out)` is what a micro-batch
-    backpropagates (default `out.loss / accumulation`, a mean of the micro-batches' means). The result's `finite`
-    flag stays on the device (`TrainFigures.read` checks it)."""
+    """Forward/backward `accumulation` micro-batches (gradients all-reduced on the last only), clip, step; the
+    task's `sums` record (`Sums.of`) of each forward is added up on the device. Nothing here waits for the device
+    (fp16's scaler aside: `GradScaler.step` reads its inf check). `flops` counts a host batch's model FLOPs (for
+    MFU), from host tensors only. `loss(out)` is what a micro-batch backpropagates (default `out.loss /
+    accumulation`, a mean of the micro-batches' means). The result's `finite` flag stays on the device
+    (`TrainFigures.read` checks it)."""
     start = time.perf_counter()
-    model, sums, tokens, examples, work = t.model, None, torch.zeros((), dtype=torch.int64), 0, 0.0
+    model, total, tokens, examples, work = t.model, None, torch.zeros((), dtype=torch.int64), 0, 0.0
     batches = iter(micro_batches)
     for k in range(accumulation):
         batch = next(batches)
@@ -262,8 +330,8 @@ def train_step(
             out = forward(model, batch, device, precision)
             objective = out.loss / accumulation if loss is None else loss(out)
             (t.scaler.scale(objective) if t.scaler is not None else objective).backward()
-        c = counts(out, batch).detach().double()  # stays on the device
-        sums = c if sums is None else sums + c
+        c = sums.of(out, batch).pack().detach()  # stays on the device, packed: one addition per micro-batch
+        total = c if total is None else total + c
         tokens = tokens + _num_tokens(batch)
         examples += len(batch["input_ids"])
         if flops is not None:
@@ -279,10 +347,10 @@ def train_step(
     t.optimizer.zero_grad(set_to_none=True)
     lr = t.scheduler.get_last_lr()[0]
     t.scheduler.step()
-    finite = torch.isfinite(sums).all()  # on the device: read with the sums (a scaler skips a non-finite gradient)
+    finite = torch.isfinite(total).all()  # on the device: read with the sums (a scaler skips a non-finite gradient)
     if t.scaler is None:
         finite = finite & torch.isfinite(grad_norm)
-    return StepSums(sums, grad_norm.detach(), lr, tokens, examples, start, summarise, device, work, finite.detach())
+    return StepSums(sums.unpack(total), grad_norm.detach(), lr, tokens, examples, start, device, work, finite.detach())
 
 
 @torch.no_grad()
@@ -290,17 +358,16 @@ def evaluate_sums(
     model: nn.Module,
     batches: Iterable[dict[str, torch.Tensor]],
     *,
-    counts: Counts,
-    size: int,
+    sums: type[S],
     device: torch.device,
     precision: Precision = "fp32",
-) -> torch.Tensor:
-    """The task's count vector (`size` entries) summed over `batches` and over all ranks; every rank must call
-    it, also one without batches. The model is left in the mode it was in."""
+) -> S:
+    """The task's `sums` record summed over `batches` and over all ranks, on the host; every rank must call it,
+    also one without batches. The model is left in the mode it was in."""
     was_training = model.training
     model.eval()
-    sums = torch.zeros(size, dtype=torch.float64, device=device)
+    total = sums.zeros(device).pack()
     for b in batches:
-        sums += counts(forward(model, b, device, precision), b).double().to(device)  # no host copy per batch
+        total += sums.of(forward(model, b, device, precision), b).pack().to(device)  # no host copy per batch
     model.train(was_training)
-    return all_reduce_sum(sums, device)
+    return sums.unpack(all_reduce_sum(total, device))

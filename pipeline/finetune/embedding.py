@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.pooling import Pooling, sentence_embedding
+from pipeline.core.step import Sums
 from pipeline.finetune.data import pad_batch
 
 
@@ -132,12 +133,31 @@ class ContrastiveModel(nn.Module):
         return ContrastiveOutput(F.cross_entropy(logits, labels), logits.detach(), labels)
 
 
-def counts(out: ContrastiveOutput, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """(loss_sum, queries, correct, queries), float64 on the device: `correct` counts the queries whose positive
-    scores highest among the global batch's documents (the loop's `train/accuracy`)."""
-    n = torch.full((), float(out.labels.shape[0]), dtype=torch.float64, device=out.loss.device)
-    correct = (out.logits.argmax(-1) == out.labels).sum().double()
-    return torch.stack([out.loss.detach().double() * n, n, correct, n])
+@dataclass(frozen=True)
+class PairSums(Sums):
+    """The training figures of one or more contrastive forwards, float64 sums: `correct` counts the queries whose
+    positive scores highest among the global batch's documents (the loop's `train/accuracy`).
+
+    >>> PairSums.unpack(torch.tensor([1.0, 2.0, 1.0], dtype=torch.float64)).figures()
+    {'loss': 0.5, 'accuracy': 0.5}
+    """
+
+    loss_sum: torch.Tensor
+    queries: torch.Tensor
+    correct: torch.Tensor
+
+    @classmethod
+    def of(cls, out: ContrastiveOutput, batch: dict[str, torch.Tensor]) -> PairSums:
+        """One forward's sums, on the device."""
+        n = torch.full((), float(out.labels.shape[0]), dtype=torch.float64, device=out.loss.device)
+        correct = (out.logits.argmax(-1) == out.labels).sum().double()
+        return cls(out.loss.detach().double() * n, n, correct)
+
+    def figures(self) -> dict[str, float]:
+        out = {"loss": (self.loss_sum / self.queries.clamp(min=1)).item()}
+        if self.queries > 0:
+            out["accuracy"] = (self.correct / self.queries).item()
+        return out
 
 
 def encoder_of(model: nn.Module) -> nn.Module:

@@ -1,7 +1,7 @@
 """The fine-tuning loop that runs in every Ray Train worker, top to bottom: build, resume, step, log, evaluate,
 checkpoint. Optimisation, precision, the step (accumulation, clipping), checkpoints and the launcher are the
 ones pretraining uses (`pipeline.core`); what is fine-tuning's own is the data order (`epoch_micro_batches`),
-the training figures (`counts`, `summarise`) and evaluation on rank 0 after each epoch (`evaluate`, with
+the training figures (`TaskSums`) and evaluation on rank 0 after each epoch (`evaluate`, with
 `pipeline.finetune.metrics`). An embedding task trains its encoder inside `pipeline.finetune.embedding`'s
 `ContrastiveModel` (its batches, loss and figures are that module's) and evaluates by retrieval
 (`pipeline.finetune.retrieval`).
@@ -29,7 +29,7 @@ from pipeline.console import say
 from pipeline.core.checkpoint import resume, save_checkpoint, unwrap
 from pipeline.core.optim import make_optimizer
 from pipeline.core.precision import forward, make_scaler
-from pipeline.core.step import Trainable, TrainFigures, check_finite_weights, train_step
+from pipeline.core.step import Sums, Trainable, TrainFigures, check_finite_weights, train_step
 from pipeline.finetune.data import IGNORE_INDEX, TaskData, pad_batch
 from pipeline.finetune.metrics import (
     best_null_threshold,
@@ -77,28 +77,41 @@ def epoch_micro_batches(
         yield {k: torch.as_tensor(v) for k, v in collate(rows, mine[b : b + batch_size]).items()}
 
 
-def counts(out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """(loss_sum, examples, correct, labelled) of one forward, float64: loss summed over examples, and for
-    classification heads the correct argmax predictions among labelled examples (tokens for token tasks)."""
-    n, dev = batch["input_ids"].shape[0], out.loss.device  # everything stays on the device: nothing waits
-    correct = labelled = torch.zeros((), dtype=torch.float64, device=dev)
-    logits, labels = getattr(out, "logits", None), batch.get("labels")
-    if logits is not None and labels is not None and logits.shape[-1] > 1:  # not regression, not QA
-        labels = labels.to(logits.device)
-        keep = labels != IGNORE_INDEX
-        correct = ((logits.argmax(-1) == labels) & keep).sum().double()
-        labelled = keep.sum().double()
-    return torch.stack(
-        [out.loss.detach().double() * n, torch.full((), float(n), dtype=torch.float64, device=dev), correct, labelled]
-    )
+@dataclass(frozen=True)
+class TaskSums(Sums):
+    """A task head's training figures of one or more forwards, float64 sums: the loss summed over examples, and for
+    classification heads the correct argmax predictions among labelled examples (tokens for token tasks).
 
+    >>> TaskSums.unpack(torch.tensor([1.5, 3.0, 2.0, 4.0], dtype=torch.float64)).figures()
+    {'loss': 0.5, 'accuracy': 0.5}
+    """
 
-def summarise(c: torch.Tensor) -> dict[str, float]:
-    """Summed counts -> loss (and accuracy where the head classifies)."""
-    out = {"loss": (c[0] / c[1].clamp(min=1)).item()}
-    if c[3] > 0:
-        out["accuracy"] = (c[2] / c[3]).item()
-    return out
+    loss_sum: torch.Tensor
+    examples: torch.Tensor
+    correct: torch.Tensor
+    labelled: torch.Tensor
+    """Labelled examples (tokens): 0 for a head that does not classify (regression, QA)."""
+
+    @classmethod
+    def of(cls, out, batch: dict[str, torch.Tensor]) -> TaskSums:
+        """One forward's sums, on the device: nothing waits."""
+        n, dev = batch["input_ids"].shape[0], out.loss.device
+        correct = labelled = torch.zeros((), dtype=torch.float64, device=dev)
+        logits, labels = getattr(out, "logits", None), batch.get("labels")
+        if logits is not None and labels is not None and logits.shape[-1] > 1:  # not regression, not QA
+            labels = labels.to(logits.device)
+            keep = labels != IGNORE_INDEX
+            correct = ((logits.argmax(-1) == labels) & keep).sum().double()
+            labelled = keep.sum().double()
+        examples = torch.full((), float(n), dtype=torch.float64, device=dev)
+        return cls(out.loss.detach().double() * n, examples, correct, labelled)
+
+    def figures(self) -> dict[str, float]:
+        """Loss (and accuracy where the head classifies)."""
+        out = {"loss": (self.loss_sum / self.examples.clamp(min=1)).item()}
+        if self.labelled > 0:
+            out["accuracy"] = (self.correct / self.labelled).item()
+        return out
 
 
 @torch.no_grad()
@@ -247,12 +260,12 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
     init = ray.get(h.init_ref)  # the driver's model: class name, config, initial weights
     model = rebuild(init["class"], init["config"])
     model.load_state_dict(init["state_dict"])
-    collate, task_counts = pad_batch, counts
+    collate, task_sums = pad_batch, TaskSums
     if td.task == "embedding":  # the encoder inside the model that scores in-batch negatives; DDP wraps that
         from pipeline.finetune import embedding
 
         model = embedding.ContrastiveModel(model, cfg.embedding.pooling, cfg.embedding.temperature)
-        collate, task_counts = embedding.pair_batch, embedding.counts
+        collate, task_sums = embedding.pair_batch, embedding.PairSums
     model = cluster.prepare_model(model)
     micro = micro_batches_per_epoch(len(td.train["input_ids"]), world, tc.batch_size)
     per_epoch = steps_per_epoch(len(td.train["input_ids"]), world, tc.batch_size, tc.accumulation_steps)
@@ -306,8 +319,7 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
                     t,
                     batches,
                     accumulation=k,
-                    counts=task_counts,
-                    summarise=summarise,
+                    sums=task_sums,
                     device=device,
                     precision=tc.precision,
                     max_grad_norm=tc.max_grad_norm,

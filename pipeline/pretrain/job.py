@@ -64,7 +64,7 @@ from pipeline.pretrain.identity import (
 from pipeline.pretrain.init import InitCheckpoint
 from pipeline.pretrain.loader import Batches, PhasePlan
 from pipeline.pretrain.loop import train_loop_per_worker
-from pipeline.pretrain.metrics import NUM_COUNTS, counts, eval_metrics
+from pipeline.pretrain.metrics import MlmSums
 from pipeline.pretrain.mixture import phase_mixture
 from pipeline.pretrain.worker import PretrainHandoff
 from pipeline.runner.dag import Stage
@@ -459,12 +459,11 @@ def evaluate_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, uri: 
         sums = evaluate_sums(
             model,
             batches,
-            counts=counts,
-            size=NUM_COUNTS,
+            sums=MlmSums,
             device=device,
             precision=tc.precision if device.type == "cuda" else "fp32",
         )
-        final = {k.replace("eval/", "eval/final/"): v for k, v in eval_metrics(sums).items()}
+        final = {k.replace("eval/", "eval/final/"): v for k, v in sums.eval_metrics().items()}
     with server_needed(uri, cfg.tracking.server_wait_s, "log the final evaluation"):
         send_pending(trained, uri, cfg.tracking.server_wait_s)
         if final:

@@ -17,7 +17,7 @@ from pipeline.console import say
 from pipeline.core.checkpoint import save_checkpoint
 from pipeline.core.step import TrainFigures, check_finite_weights, evaluate_sums, train_step
 from pipeline.pretrain.feed import eval_batches, nothing_held_out, rank_steps
-from pipeline.pretrain.metrics import NUM_COUNTS, counts, device_peak, eval_metrics, flop_counter, step_loss, summarise
+from pipeline.pretrain.metrics import MlmSums, device_peak, flop_counter, step_loss
 from pipeline.pretrain.worker import PretrainHandoff, start_worker
 from pipeline.tracking.outbox import write_pending
 
@@ -81,8 +81,7 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
                     t,
                     s.micro_batches,
                     accumulation=len(s.micro_batches),
-                    counts=counts,
-                    summarise=summarise,
+                    sums=MlmSums,
                     device=device,
                     precision=tc.precision,
                     max_grad_norm=tc.max_grad_norm,
@@ -117,11 +116,9 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
                         cfg.model.family,
                     )
                 if evals[phase] is not None:
-                    sums = evaluate_sums(
-                        t.model, evals[phase], counts=counts, size=NUM_COUNTS, device=device, precision=tc.precision
-                    )
+                    sums = evaluate_sums(t.model, evals[phase], sums=MlmSums, device=device, precision=tc.precision)
                     if log is not None:
-                        log.log_metrics(eval_metrics(sums), step)
+                        log.log_metrics(sums.eval_metrics(), step)
             if checkpointing:
                 check_finite_weights(t.model, step)  # never a checkpoint of NaN or inf weights
                 with cluster.checkpoint_dir(background) as d:  # kept until its upload is done

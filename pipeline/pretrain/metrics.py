@@ -1,30 +1,79 @@
-"""The pretraining figures: MLM/NSP outputs -> summed counts -> named metrics.
+"""The pretraining figures: MLM/NSP outputs -> summed counts (`MlmSums`) -> named metrics.
 
-The figures are kept as sums — (mlm_loss_sum, mlm_correct, mlm_count, nsp_loss_sum, nsp_correct, nsp_count) — so
-that they are exact over accumulation micro-steps and ranks (`counts`, `summarise`); the loss a micro-batch
-backpropagates is its share of the global batch's (`step_loss`). The loop (`loop`) keeps them
-on the device and reads them on the host only on the steps that log, evaluate or checkpoint.
+The figures are kept as sums (`MlmSums`: the MLM loss sum, correct predictions and masked tokens, the same for NSP)
+so that they are exact over accumulation micro-steps and ranks; the loss a micro-batch backpropagates is its share
+of the global batch's (`step_loss`). The loop (`loop`) keeps them on the device and reads them on the host only on
+the steps that log, evaluate or checkpoint.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from pipeline import console
+from pipeline.core.step import Sums
 
-NUM_COUNTS = 6
 
+@dataclass(frozen=True)
+class MlmSums(Sums):
+    """The pretraining figures of one or more forwards, float64 sums (an MLM-only model has no NSP: its three NSP
+    sums are 0).
 
-def counts(out, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """(mlm_loss_sum, mlm_correct, mlm_count, nsp_loss_sum, nsp_correct, nsp_count) of one forward, float64."""
-    mc = out.mlm_count.double()
-    mlm = [out.mlm_loss.detach().double() * mc, out.mlm_correct.double(), mc]
-    if out.nsp_count is None:  # an MLM-only model (ModernBertForMaskedLM): no NSP figures, counted as none
-        return torch.stack([*mlm, *torch.zeros(3, dtype=torch.float64, device=mc.device)])
-    nc = out.nsp_count.double()
-    return torch.stack([*mlm, out.nsp_loss.detach().double() * nc, out.nsp_correct.double(), nc])
+    >>> f64 = lambda *v: MlmSums.unpack(torch.tensor(v, dtype=torch.float64))
+    >>> f64(6.0, 1, 4, 0, 0, 0).figures()
+    {'loss': 1.5, 'mlm_loss': 1.5, 'mlm_accuracy': 0.25}
+    >>> f64(6.0, 1, 3, 1.4, 1, 2).figures()["nsp_accuracy"]
+    0.5
+    """
+
+    mlm_loss_sum: torch.Tensor
+    """The MLM loss summed over the masked tokens."""
+    mlm_correct: torch.Tensor
+    mlm_count: torch.Tensor
+    """Masked tokens."""
+    nsp_loss_sum: torch.Tensor
+    """The NSP loss summed over the examples with a next-sentence label."""
+    nsp_correct: torch.Tensor
+    nsp_count: torch.Tensor
+    """Examples with a next-sentence label."""
+
+    @classmethod
+    def of(cls, out, batch: dict[str, torch.Tensor]) -> MlmSums:
+        """One forward's sums, on the device."""
+        mc = out.mlm_count.double()
+        mlm = (out.mlm_loss.detach().double() * mc, out.mlm_correct.double(), mc)
+        if out.nsp_count is None:  # an MLM-only model (ModernBertForMaskedLM): no NSP figures, counted as none
+            none = torch.zeros((), dtype=torch.float64, device=mc.device)
+            return cls(*mlm, none, none, none)
+        nc = out.nsp_count.double()
+        return cls(*mlm, out.nsp_loss.detach().double() * nc, out.nsp_correct.double(), nc)
+
+    def figures(self) -> dict[str, float]:
+        """Loss (MLM + NSP), mlm_loss, mlm_accuracy and, when the batches had next-sentence labels (`data.nsp`),
+        nsp_loss and nsp_accuracy: MLM-only data has none, and a 0 would read as a model that fails NSP."""
+        mlm_loss = (self.mlm_loss_sum / self.mlm_count.clamp(min=1)).item()
+        out = {
+            "loss": mlm_loss,
+            "mlm_loss": mlm_loss,
+            "mlm_accuracy": (self.mlm_correct / self.mlm_count.clamp(min=1)).item(),
+        }
+        if self.nsp_count > 0:
+            nsp_loss = (self.nsp_loss_sum / self.nsp_count).item()
+            out.update(
+                {
+                    "loss": mlm_loss + nsp_loss,
+                    "nsp_loss": nsp_loss,
+                    "nsp_accuracy": (self.nsp_correct / self.nsp_count).item(),
+                }
+            )
+        return out
+
+    def eval_metrics(self) -> dict[str, float]:
+        """`eval/...` figures of summed held-out sums."""
+        return {**{f"eval/{k}": v for k, v in self.figures().items()}, "eval/masked_tokens": self.mlm_count.item()}
 
 
 def step_loss(out, masked_tokens: int, nsp_examples: int, world: int) -> torch.Tensor:
@@ -44,28 +93,6 @@ def step_loss(out, masked_tokens: int, nsp_examples: int, world: int) -> torch.T
         # the NSP head in the graph, and DDP fails a step in which a parameter got no gradient
         loss = loss + out.nsp_loss * out.nsp_count / max(nsp_examples, 1)
     return loss * world
-
-
-def summarise(c: torch.Tensor) -> dict[str, float]:
-    """Summed counts -> loss (MLM + NSP), mlm_loss, mlm_accuracy and, when the batches had next-sentence labels
-    (`data.nsp`), nsp_loss and nsp_accuracy: MLM-only data has none, and a 0 would read as a model that fails NSP.
-
-    >>> summarise(torch.tensor([6.0, 1, 4, 0, 0, 0], dtype=torch.float64))
-    {'loss': 1.5, 'mlm_loss': 1.5, 'mlm_accuracy': 0.25}
-    >>> summarise(torch.tensor([6.0, 1, 3, 1.4, 1, 2]))["nsp_accuracy"]
-    0.5
-    """
-    mlm_loss = (c[0] / c[2].clamp(min=1)).item()
-    out = {"loss": mlm_loss, "mlm_loss": mlm_loss, "mlm_accuracy": (c[1] / c[2].clamp(min=1)).item()}
-    if c[5] > 0:
-        nsp_loss = (c[3] / c[5]).item()
-        out.update({"loss": mlm_loss + nsp_loss, "nsp_loss": nsp_loss, "nsp_accuracy": (c[4] / c[5]).item()})
-    return out
-
-
-def eval_metrics(c: torch.Tensor) -> dict[str, float]:
-    """`eval/...` figures of summed held-out counts."""
-    return {**{f"eval/{k}": v for k, v in summarise(c).items()}, "eval/masked_tokens": c[2].item()}
 
 
 def flop_counter(model_cfg) -> Callable[[dict[str, torch.Tensor]], float]:
