@@ -530,9 +530,10 @@ _UNCLOSED = {  # a file of its kind whose first record is never closed (it runs 
 @pytest.mark.parametrize("name", list(_UNCLOSED))
 def test_an_unclosed_record_at_the_start_of_a_large_file_takes_the_cap_not_the_file(tmp_path, name):
     """Issue 59: an unclosed `<page>`, `<doc>` or JSON line made its reader buffer the rest of the file. Here 64 MB
-    of it with a 4 MiB cap: the record is `record_too_large`, the three after it are read, and the reading
+    of it with a 16 MiB cap: the record is `record_too_large`, the three after it are read, and the reading
     child's peak RSS (sampled as test_signing_one_big_document_is_bounded samples it, and its own VmHWM) stays
-    within the cap and a constant of its RSS after the imports."""
+    within the cap and 8 MiB of its RSS after the imports (a JSON line read by `readline(cap + 1)` held twice the
+    cap: 32 MiB here)."""
     import os
     import sys
 
@@ -541,7 +542,7 @@ def test_an_unclosed_record_at_the_start_of_a_large_file_takes_the_cap_not_the_f
     with open(tmp_path / name, "wb") as f:
         _UNCLOSED[name](f, 64)
     assert (tmp_path / name).stat().st_size > 60e6
-    cap = 4 * 2**20
+    cap = 16 * 2**20
     code = (
         "import json, psutil; from pipeline.data.sources import Document, Rejected, expand_inputs, "
         "read_documents; base = psutil.Process().memory_info().rss; "
@@ -557,4 +558,4 @@ def test_an_unclosed_record_at_the_start_of_a_large_file_takes_the_cap_not_the_f
     out = json.loads(run.log.strip().splitlines()[-1])
     assert out["reasons"] == ["record_too_large"] and out["texts"] == ["Text 2.", "Text 3.", "Text 4."]
     grown = max(run.sampler.peak_one, out["hwm"]) - out["base"]  # VmHWM: the peak no sampling can miss
-    assert grown < cap + 24 * 2**20, f"{grown / 2**20:.0f} MiB over the imports"  # without the cap: over 64
+    assert grown < cap + 8 * 2**20, f"{grown / 2**20:.0f} MiB over the imports"  # without the cap: over 64

@@ -57,18 +57,31 @@ SKIP_BYTES = 1 << 20
 
 def lines(fh: io.IOBase, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
     """The lines of a binary stream as (line, True), a line longer than `max_bytes` (its newline left out) as (its
-    first max_bytes + 1 bytes, False): the rest of it is read past `SKIP_BYTES` at a time when the next line is asked
-    for. Memory holds at most max_bytes + 1 bytes of a line, however long.
+    first bytes, at most `SKIP_BYTES` of them, False): the rest of it is read past `SKIP_BYTES` at a time. A long
+    line is read `SKIP_BYTES` at a time, so one over the cap holds at most max_bytes + 1 bytes, however long (one
+    within it, twice its length while its pieces are joined). `readline(max_bytes + 1)` held twice the cap of any
+    line over it: a buffered file gathers a long line's pieces, then joins them into a new object (issue 59).
 
     >>> list(lines(io.BytesIO(b"ab\\nabcdef\\ncd"), 3))
     [(b'ab\\n', True), (b'abcd', False), (b'cd', True)]
     """
     readline, limit = fh.readline, max_bytes + 1  # looked up once: fsspec's local files delegate each lookup
-    while line := readline(limit):
-        if len(line) < limit or line[-1] == 10:  # 10: a newline
+    step = min(limit, SKIP_BYTES)
+    while line := readline(step):
+        if len(line) < step or line[-1] == 10:  # 10: a newline
             yield line, True
             continue
-        yield line, False
+        pieces, n = [line], len(line)  # a line of more than SKIP_BYTES
+        while n < limit and (more := readline(min(SKIP_BYTES, limit - n))):
+            pieces.append(more)
+            n += len(more)
+            if more[-1] == 10:
+                break
+        if n < limit or pieces[-1][-1] == 10:  # its newline within the cap, or the file's end
+            yield b"".join(pieces), True
+            continue
+        del pieces[1:]
+        yield pieces.pop(), False
         while (rest := readline(SKIP_BYTES)) and rest[-1] != 10:
             pass
 
