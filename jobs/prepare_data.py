@@ -72,15 +72,20 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         from pipeline.config import config_path, parse, resolve_paths
-        from pipeline.config.sections import Config
+        from pipeline.config.sections import Config, DataConfig
         from pipeline.data.stages import check_paths
         from pipeline.storage.preflight import check_storage, data_targets
 
         check_storage([("--config", config_path(argv), "read")])
-        args, sections = parse(parser(), argv, {"data": None}, config_sections=("data",))  # a preset's data section
+        # a preset's data section; DataConfig gives the defaults that --data.sources / --data.inputs clear
+        args, sections = parse(parser(), argv, {"data": DataConfig}, config_sections=("data",))
         cfg = resolve_paths(Config(data=sections["data"]))
         check_storage(data_targets(cfg.data))  # every URI: filesystem, credentials, endpoint, bucket
         check_paths(cfg.data)  # before Ray starts
+        if cfg.data.sources:  # a source with no readable file: one line before the output is locked (created)
+            from pipeline.data.sources import check_sources
+
+            check_sources(cfg.data.sources)
         return run(cfg.data, args.num_cpus)
 
     return run_job("prepare_data", body)

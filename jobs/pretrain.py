@@ -76,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
             ]
         )
         check_paths(cfg.data)
+        if cfg.data.sources:  # a source with no readable file: one line before Ray starts, not at the plan
+            from pipeline.data.sources import check_sources
+
+            check_sources(cfg.data.sources)
         if cfg.eval.suite:  # the suite and its task files, before any work (the scorecard stage runs last)
             from pipeline.evaluate.job import check_files
             from pipeline.evaluate.suite import load_suite

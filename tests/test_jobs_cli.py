@@ -112,6 +112,58 @@ def test_use_gpu_on_a_machine_without_gpu_fails_before_ray_starts(repo_root, tmp
     assert not (tmp_path / "d").exists() and not (tmp_path / "runs").exists()
 
 
+MIXTURE = (
+    "[{{name: books, inputs: [{shared}/corpora/books], weight: {w}}}, {{name: {name}, inputs: [{path}], weight: 1}}]"
+)
+
+
+@pytest.mark.slow  # no Ray, but a whole job's imports (about 7 s a job): kept out of the quick loop
+@pytest.mark.parametrize("job", JOBS)
+@pytest.mark.parametrize(
+    "case,expect",
+    [
+        ("weights", "data.sources weights 0, 0 do not sum to a positive number"),
+        ("no file", "data.sources[news]: no readable input file under {tmp}/empty (skipped 1: {tmp}/empty/notes.bin"),
+        ("no path", "data.sources[news].inputs: {tmp}/nowhere does not exist"),
+        ("phase", "train.phases[1].source_weights names pydocs, not a source of data.sources (books, news)"),
+        ("temperature", "data.mix_temperature 0 must be > 0"),
+    ],
+)
+def test_a_bad_mixture_is_one_line_naming_the_field_before_ray_starts(
+    repo_root, tmp_path, shared_dir, job, case, expect
+):
+    """Issue 58's bad mixtures, on both jobs that take data.sources: weights not summing to a positive number, a
+    source with no readable file (a folder of an unknown format only) or no such path, a phase naming a source the
+    data does not have, a temperature <= 0. Each is one line naming the field, before Ray starts or anything is
+    written (prepare_data has no train section: the phase case is pretrain's alone)."""
+    if case == "phase" and job == "jobs/prepare_data.py":
+        pytest.skip("prepare_data takes the data section only")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.bin").write_bytes(b"not a corpus")
+    path = {"no file": tmp_path / "empty", "no path": tmp_path / "nowhere"}.get(case, shared_dir / "corpora/wiki")
+    sources = MIXTURE.format(shared=shared_dir, w=0 if case == "weights" else 3, name="news", path=path)
+    args = ["--data.sources", sources.replace("weight: 1}]", "weight: 0}]") if case == "weights" else sources]
+    if case == "phase":
+        args += ["--train.phases", "[{fraction: 0.8}, {source_weights: {books: 1, pydocs: 1}}]"]
+    if case == "temperature":
+        args += ["--data.mix_temperature", "0"]
+    if job == "jobs/pretrain.py":
+        args += ["--train.storage_path", tmp_path / "runs", "--eval.suite", "null"]
+    p, secs = _run(
+        repo_root,
+        job,
+        "--config",
+        "configs/tiny.yaml",
+        "--data.output",
+        tmp_path / "d",
+        *args,
+        env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"},
+    )
+    assert expect.format(tmp=tmp_path) in _one_line(p)
+    assert "ray: local" not in p.stdout and secs < 60  # Ray never started
+    assert not (tmp_path / "d").exists() and not (tmp_path / "runs").exists()
+
+
 def torch_sees_a_gpu() -> bool:
     import torch
 

@@ -43,6 +43,7 @@ from collections.abc import Iterator
 
 from pipeline.data import wiki
 from pipeline.data.sources.inputs import (
+    check_sources,
     expand_inputs,
     fingerprint,
     kind_of,
@@ -83,6 +84,7 @@ __all__ = [
     "Skipped",
     "check_text",
     "decode_text",
+    "check_sources",
     "expand_inputs",
     "fingerprint",
     "kind_of",

@@ -187,6 +187,26 @@ def no_readable_input(inputs: list[str], skipped: list[Skipped], show: int = 5) 
     return InputError(f"no readable input file under {', '.join(inputs)} ({detail})")
 
 
+def check_sources(sources) -> None:
+    """Each source of a mixture (`data.sources`) has a file to read: a job checks this on its driver before Ray
+    starts (the plan lists the inputs again, `pipeline.data.stages.file_sources`). InputError, one line naming
+    the source, when one has none.
+
+    >>> from pipeline.config import SourceConfig
+    >>> check_sources([SourceConfig("news", ["/no/such/dir"], weight=1)])
+    Traceback (most recent call last):
+    ...
+    pipeline.data.sources.records.InputError: data.sources[news]: input path /no/such/dir does not exist
+    """
+    for s in sources:
+        try:
+            files, skipped = expand_inputs(list(s.inputs))
+        except InputError as e:
+            raise InputError(f"data.sources[{s.name}]: {e}") from None
+        if not files:
+            raise InputError(f"data.sources[{s.name}]: {no_readable_input(list(s.inputs), skipped)}")
+
+
 def split_units(f: InputFile, target_bytes: int) -> list[InputFile]:
     """The units `f` can be read in apart, each an InputFile: byte ranges of about `target_bytes` compressed
     bytes for a multistream dump with its index (same index, so the same doc_ids, whatever the split), else
