@@ -511,3 +511,24 @@ def browser_page():
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         yield browser.new_page(viewport={"width": 1400, "height": 1000})
         browser.close()
+
+
+def roberta_tokenizer(texts: list[str], vocab_size: int = 600, mask: str | None = "<mask>", unused: int = 0):
+    """A RoBERTa-style byte-level BPE trained here with `tokenizers` (nothing is downloaded): `<s>` `<pad>` `</s>`
+    `<unk>` (ids 0-3), `mask` (id 4, or none), `unused` tokens `<unused0>`..., RoBERTa's `<s> A </s></s> B </s>`
+    post-processor. The tokenizer a user brings as data.vocab (issue 57)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    special = ["<s>", "<pad>", "</s>", "<unk>"] + ([mask] if mask else []) + [f"<unused{i}>" for i in range(unused)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    return tok

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -56,7 +57,10 @@ def test_train_wordpiece(shared_dir, lowercase):
 
 def test_bad_vocab_files(tmp_path):
     (tmp_path / "v.txt").write_text("[PAD]\n[UNK]\nhello\n")
-    with pytest.raises(VocabError, match=r"lacks BERT special token\(s\) \[CLS\], \[SEP\], \[MASK\]"):
+    with pytest.raises(VocabError, match=r"^vocabulary \S+v.txt has no cls token: no template .* \[CLS\], <s>"):
+        load_tokenizer(tmp_path / "v.txt")
+    (tmp_path / "v.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n")
+    with pytest.raises(VocabError, match=r"^vocabulary \S+v.txt has no way to mask: no mask token"):
         load_tokenizer(tmp_path / "v.txt")
     with pytest.raises(VocabError, match="does not exist"):
         load_tokenizer(tmp_path / "missing.txt")
@@ -292,3 +296,234 @@ def test_registered_directory_loads_in_transformers_with_the_pipelines_ids(genes
         assert auto("In the", "beginning")["input_ids"] == tok.encode("In the", "beginning").ids
         preds = transformers.pipeline("fill-mask", model=str(d), top_k=3)(f"And God said {auto.mask_token} there")
         assert len(preds) == 3 and all(isinstance(p["token_str"], str) for p in preds)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a tokenizer the user brings (data.vocab): its own special tokens (issue 57)
+
+
+@pytest.fixture(scope="module")
+def roberta_files(genesis, tmp_path_factory):
+    """RoBERTa-style byte-level BPE tokenizer.json files: with `<mask>`, with no mask but two unused tokens, with
+    neither."""
+    from conftest import roberta_tokenizer
+
+    d = tmp_path_factory.mktemp("roberta")
+    roberta_tokenizer(genesis).save(str(d / "roberta.json"))
+    roberta_tokenizer(genesis, mask=None, unused=2).save(str(d / "no-mask.json"))
+    roberta_tokenizer(genesis, mask=None).save(str(d / "no-way.json"))
+    return d
+
+
+def test_a_loaded_tokenizer_brings_its_own_special_tokens(roberta_files, tmp_path):
+    """The roles come from the tokenizer: RoBERTa's template `<s> A </s></s> B </s>`, `<pad>` and `<mask>`; with no
+    mask token the first unused one becomes it (one piece in any text); with neither, or a template that is not
+    `cls A sep B sep`, or a file that does not parse, one line names the file."""
+    from tokenizers import Tokenizer, processors
+
+    from pipeline.data.tokenizer import specials
+
+    tok = load_tokenizer(roberta_files / "roberta.json")
+    sp = specials(tok)
+    assert sp.tokens == {"cls": "<s>", "sep": "</s>", "pad": "<pad>", "mask": "<mask>", "unk": "<unk>"}
+    assert sp.ids == {"cls": 0, "sep": 2, "pad": 1, "mask": 4, "unk": 3} and sp.middle == 2 and not sp.made
+    assert sp.template == "<s> $A </s> </s> $B </s>" and sp.never_masked == (0, 1, 2, 3, 4)
+    pair = tok.encode("In the", "beginning").tokens
+    assert pair[0] == "<s>" and pair[-1] == "</s>" and pair[pair.index("</s>") : pair.index("</s>") + 2] == ["</s>"] * 2
+
+    no_mask = load_tokenizer(roberta_files / "no-mask.json")
+    sp = specials(no_mask)
+    assert sp.tokens["mask"] == "<unused0>" and sp.made == {"mask": "<unused0>"} and sp.never_masked == tuple(range(6))
+    assert no_mask.encode("And <unused0> said", add_special_tokens=False).tokens.count("<unused0>") == 1
+
+    with pytest.raises(VocabError, match=r"^vocabulary \S+no-way.json has no way to mask: no mask token"):
+        load_tokenizer(roberta_files / "no-way.json")
+    odd = Tokenizer.from_file(str(roberta_files / "roberta.json"))
+    odd.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    odd.save(str(tmp_path / "odd.json"))
+    with pytest.raises(VocabError, match=r"^vocabulary \S+odd.json: its pair template `<s> \$A \$B </s>` is not"):
+        load_tokenizer(tmp_path / "odd.json")
+    (tmp_path / "broken.json").write_text('{"model": {"type": "BPE"')
+    with pytest.raises(VocabError, match=r"^vocabulary \S+broken.json is not a tokenizers tokenizer.json"):
+        load_tokenizer(tmp_path / "broken.json")
+
+
+@pytest.mark.parametrize("whole_word", [False, True])
+def test_masking_never_picks_a_loaded_tokenizers_special_tokens(roberta_files, genesis, whole_word):
+    """NSP pairs in RoBERTa's template, masked at 50%: no selected position is `<s>`, `</s>` or `<pad>`, and no
+    random replacement is a special token; the masked tokens read `<mask>`; whole words stay whole."""
+    from pipeline.data.examples import make_pair
+    from pipeline.data.masking import MaskingPolicy, mask_rows
+    from pipeline.data.tokenizer import specials
+
+    tok = load_tokenizer(roberta_files / "roberta.json")
+    sp = specials(tok)
+    policy = MaskingPolicy.from_vocab(
+        vocab_list(tok), mask_rate=0.5, max_predictions_per_seq=60, whole_word=whole_word, specials=sp
+    )
+    enc = [np.array(e.ids, np.int32) for e in tok.encode_batch(genesis[1:201], add_special_tokens=False)]
+    rows = [
+        make_pair(a[:40], b[:40], sp.ids["cls"], sp.ids["sep"], 0, sp.middle).input_ids
+        for a, b in zip(enc[::2], enc[1::2])
+    ]
+    assert rows[0][0] == 0 and list(rows[0][41:43]) == [2, 2] and rows[0][-1] == 2
+    masked, positions, labels = mask_rows(rows, np.arange(len(rows)), policy, seed=0, epoch=0)
+    special = set(sp.never_masked)
+    picked = np.concatenate(labels)
+    assert len(picked) > 20 * len(rows) and not special & set(picked.tolist())
+    for row, m, pos in zip(rows, masked, positions):
+        assert all(m[i] == row[i] for i in range(len(row)) if i not in set(pos.tolist()))  # the rest untouched
+        assert not special & set(m[pos].tolist()) - {sp.ids["mask"]}  # replacements are never special
+    assert (np.concatenate([m[p] for m, p in zip(masked, positions)]) == sp.ids["mask"]).mean() > 0.7
+    if whole_word:  # a piece without Ġ is masked exactly when the piece before it (same word) is
+        cont = set(policy.continuation_ids)
+        for row, pos in zip(rows, positions):
+            chosen = set(pos.tolist())
+            for i in range(2, len(row)):
+                if row[i] in cont and row[i - 1] not in special:
+                    assert (i in chosen) == (i - 1 in chosen)
+
+
+def test_a_tokenizer_without_a_mask_token_prepares_with_an_unused_one(roberta_files, shared_dir, tmp_path):
+    """Data preparation with the no-mask tokenizer: the manifest says which unused token masks, the shards use
+    it, and the tokenizer.json written beside them makes it one piece (what the registered directory holds)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "data"
+    cmd = [sys.executable, "jobs/prepare_data.py", "--input", str(shared_dir / "corpora/books/08_Ruth.txt")]
+    cmd += ["--output", str(out), "--vocab", str(roberta_files / "no-mask.json"), "--masking", "static"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "mask token made from <unused0>" in r.stdout + r.stderr
+    m = json.loads((out / "manifest.json").read_text())
+    sp = m["tokenizer"]["special_tokens"]
+    assert sp["made"] == {"mask": "<unused0>"} and m["special_token_ids"]["mask"] == 4 and sp["middle"] == 2
+    t = pq.read_table([str(p) for p in sorted((out / "shards").glob("*.parquet"))])
+    ids = np.concatenate(t.column("input_ids").to_numpy(zero_copy_only=False))
+    assert (ids == 4).sum() > 0 and (ids == 5).sum() == 0  # <unused0> masks; <unused1> never appears
+    assert load_tokenizer(out / "tokenizer.json").encode("a <unused0> b", add_special_tokens=False).ids.count(4) == 1
+
+    r = subprocess.run(
+        cmd[:-4] + ["--vocab", str(roberta_files / "no-way.json"), "--output", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode != 0 and not (tmp_path / "x").exists()
+    last = r.stderr.strip().splitlines()[-1]
+    assert "no-way.json has no way to mask: no mask token ([MASK], <mask>, <|mask|>) and no unused token" in last
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("which", ["roberta", "no-mask"])
+def test_fill_mask_answers_for_a_loaded_tokenizers_mask_token(roberta_files, genesis, tmp_path, which):
+    """What the job registers for a loaded tokenizer (save_hf + write_tokenizer_config with its roles): AutoTokenizer
+    reads its special tokens and gives the pipeline's ids; fill-mask answers for `<mask>` (or the unused token)."""
+    import transformers
+
+    from model.build import build_model
+    from model.config import encoder_config
+    from model.hf import save_hf
+    from pipeline.data.tokenizer import specials
+    from pipeline.tracking.registry import write_tokenizer_config
+
+    tok = load_tokenizer(roberta_files / f"{which}.json")
+    sp = specials(tok)
+    d = tmp_path / which
+    cfg = encoder_config("tiny", vocab_size=tok.get_vocab_size(), pad_token_id=sp.ids["pad"])
+    save_hf(build_model(cfg), d, tokenizer=tok)
+    write_tokenizer_config(str(d), model_max_length=128, lowercase=False, special_tokens=sp.tokens)
+    auto = transformers.AutoTokenizer.from_pretrained(d)
+    assert auto.mask_token == sp.tokens["mask"] and auto.pad_token_id == 1 and auto.cls_token == "<s>"
+    for text in genesis[300:320]:
+        assert auto(text, add_special_tokens=False)["input_ids"] == tok.encode(text, add_special_tokens=False).ids
+    assert auto("In the", "beginning")["input_ids"] == tok.encode("In the", "beginning").ids
+    preds = transformers.pipeline("fill-mask", model=str(d), top_k=3)(f"And God said {auto.mask_token} there")
+    assert len(preds) == 3 and all(isinstance(p["token_str"], str) for p in preds)
+
+
+@pytest.mark.slow
+def test_the_main_job_with_a_roberta_style_tokenizer(roberta_files, shared_dir, tmp_path, monkeypatch, job_cluster):
+    """`jobs/pretrain.py --config configs/tiny.yaml --data.vocab roberta.json` (NSP on, so the pairs take its template)
+    prepares `<s> A </s></s> B </s>` rows, trains, registers a version whose tokenizer_config names `<mask>` and
+    `<pad>` and whose config's pad_token_id is `<pad>`'s (1), fill-mask answers for `<mask>`; masking the prepared
+    rows as the loader does never picks a special token; `jobs/finetune.py` fine-tunes the version."""
+    import json
+    import math
+    import os
+
+    import pyarrow.parquet as pq
+    import transformers
+
+    from conftest import sqlite_store
+    from pipeline import tracking
+    from pipeline.data.dataset import PreparedDataset
+    from pipeline.data.masking import mask_rows
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": sqlite_store(tmp_path / "mlflow.db"),
+        "PYTHONUNBUFFERED": "1",
+        "RAY_ADDRESS": job_cluster,
+    }
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+    books = [str(shared_dir / "corpora" / "books" / b) for b in ("08_Ruth.txt", "57_Phmn.txt")]
+    args = ["--config", str(repo / "configs" / "tiny.yaml"), "--data.inputs", f"[{', '.join(books)}]"]
+    args += ["--data.output", str(tmp_path / "data"), "--data.vocab", str(roberta_files / "roberta.json")]
+    args += ["--data.nsp", "true", "--data.max_seq_length", "64", "--data.max_predictions_per_seq", "20"]
+    args += ["--train.max_steps", "4", "--train.warmup_steps", "1", "--train.eval_every_steps", "4"]
+    args += ["--train.checkpoint_every_steps", "4", "--train.eval_batches", "2"]
+    args += ["--train.storage_path", str(tmp_path / "runs"), "--tracking.model_name", "rb-e2e", "--eval.suite", "null"]
+    pre = subprocess.run(
+        [sys.executable, str(repo / "jobs" / "pretrain.py"), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert pre.returncode == 0, pre.stderr[-3000:]
+    assert pre.stdout.strip().splitlines()[-1] == "registered models:/rb-e2e/1"
+
+    ds = PreparedDataset.load(str(tmp_path / "data"))
+    assert ds.specials.template == "<s> $A </s> </s> $B </s>" and ds.pad_id == 1
+    t = pq.read_table([p for p, _ in ds.shards])
+    rows = [np.asarray(r, np.int32) for r in t.column("input_ids").to_pylist()]
+    nsp = t.column("next_sentence_label").to_pylist()
+    for row, label in zip(rows, nsp):
+        assert row[0] == 0 and row[-1] == 2 and label in (0, 1)
+        sep = int(np.flatnonzero(row == 2)[0])
+        assert row[sep + 1] == 2 and (row == 2).sum() == 3  # A </s></s> B </s>
+    _, positions, labels = mask_rows(rows, t.column("example_id").to_numpy(), ds.policy(), seed=0, epoch=1)
+    assert sum(map(len, labels)) > 0 and not set(np.concatenate(labels).tolist()) & {0, 1, 2, 3, 4}
+
+    local = tracking.download_model("models:/rb-e2e/1", str(tmp_path / "dl"))
+    config = json.loads(Path(local, "config.json").read_text())
+    tok_config = json.loads(Path(local, "tokenizer_config.json").read_text())
+    assert config["pad_token_id"] == 1 and tok_config["mask_token"] == "<mask>" and tok_config["cls_token"] == "<s>"
+    auto = transformers.AutoTokenizer.from_pretrained(local)
+    text = (shared_dir / "corpora" / "books" / "01_Ge.txt").read_text()[:2000]
+    assert auto(text)["input_ids"] == load_tokenizer(local).encode(text).ids
+    preds = transformers.pipeline("fill-mask", model=local, top_k=2)("And Ruth said, <mask> me not")
+    assert len(preds) == 2 and all(isinstance(p["token_str"], str) for p in preds)
+
+    task = shared_dir / "tasks" / "pydocs_topic"
+    ft = subprocess.run(
+        [sys.executable, str(repo / "jobs" / "finetune.py"), "--model", "models:/rb-e2e/1"]
+        + ["--task", "sequence-classification", "--train", str(task / "train.tsv"), "--eval", str(task / "dev.tsv")]
+        + ["--data.max_seq_length", "64", "--data.max_train_examples", "64", "--data.max_eval_examples", "32"]
+        + ["--train.max_steps", "4", "--train.batch_size", "16", "--train.storage_path", str(tmp_path / "ft")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert ft.returncode == 0, ft.stderr[-3000:]
+    result = json.loads(ft.stdout.strip().splitlines()[-1])
+    assert 0.0 <= result["accuracy"] <= 1.0 and math.isfinite(result["loss"])

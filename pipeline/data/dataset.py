@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.data.masking import MaskingPolicy
-from pipeline.data.tokenizer import read_vocab
+from pipeline.data.tokenizer import Specials, read_vocab
 from pipeline.errors import PipelineError
 from pipeline.storage.io import StorageError, exists, filesystem, join, read_bytes, read_json, sha256_file
 
@@ -245,7 +245,22 @@ class PreparedDataset:
             mask_rate=rate,
             max_predictions_per_seq=c["max_predictions_per_seq"],
             whole_word=c["whole_word_mask"],
+            specials=self.specials,
         )
+
+    @property
+    def specials(self) -> Specials:
+        """The tokenizer's special tokens as the manifest records them (BERT's by name in older manifests)."""
+        entry = (self.manifest.get("tokenizer") or {}).get("special_tokens")
+        return Specials.from_dict(entry) if entry else Specials.bert(list(self.vocab))
+
+    @property
+    def pad_id(self) -> int:
+        """The tokenizer's pad token id: the loader pads with it, the model's pad_token_id is it (0, BERT's, for a
+        manifest without the tokenizer's roles and a vocabulary without [PAD])."""
+        if not (self.manifest.get("tokenizer") or {}).get("special_tokens") and "[PAD]" not in self.vocab:
+            return 0
+        return self.specials.ids["pad"]
 
     def file(self, name: str) -> str:
         """Path of a file beside the shards (vocab.txt, tokenizer.json, manifest.json)."""

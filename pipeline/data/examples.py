@@ -229,20 +229,26 @@ def _cat(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros(0, np.int32)
 
 
-def make_pair(tokens_a: np.ndarray, tokens_b: np.ndarray, cls_id: int, sep_id: int, label: int) -> Instance:
-    """`[CLS] A [SEP] B [SEP]` with token types 0 then 1.
+def make_pair(
+    tokens_a: np.ndarray, tokens_b: np.ndarray, cls_id: int, sep_id: int, label: int, middle: int = 1
+) -> Instance:
+    """`[CLS] A [SEP] B [SEP]` with token types 0 then 1; `middle` 2 puts two separators between A and B, as the
+    tokenizer's template does (RoBERTa's `<s> A </s></s> B </s>`, the second of type 1).
 
     >>> make_pair(np.array([5, 6]), np.array([7]), 101, 102, 0).input_ids.tolist()
     [101, 5, 6, 102, 7, 102]
+    >>> make_pair(np.array([5, 6]), np.array([7]), 0, 2, 0, middle=2).input_ids.tolist()
+    [0, 5, 6, 2, 2, 7, 2]
     """
     la, lb = len(tokens_a), len(tokens_b)
-    ids = np.empty(la + lb + 3, dtype=np.int32)
+    n = la + lb + 2 + middle
+    ids = np.empty(n, dtype=np.int32)
     ids[0] = cls_id
     ids[1 : la + 1] = tokens_a
-    ids[la + 1] = sep_id
-    ids[la + 2 : la + 2 + lb] = tokens_b
+    ids[la + 1 : la + 1 + middle] = sep_id
+    ids[la + 1 + middle : n - 1] = tokens_b
     ids[-1] = sep_id
-    types = np.zeros(la + lb + 3, dtype=np.int8)
+    types = np.zeros(n, dtype=np.int8)
     types[la + 2 :] = 1
     return Instance(ids, types, label)
 
@@ -257,6 +263,7 @@ def create_instances_from_document(
     rng: random.Random,
     cls_id: int,
     sep_id: int,
+    middle: int = 1,
 ) -> list[Instance]:
     """Google's next-sentence pair algorithm over one document's tokenized sentences.
 
@@ -264,7 +271,7 @@ def create_instances_from_document(
     reached; A is a random prefix of whole sentences; B is the rest (label 0) or, half the time, a random
     segment of another document (label 1) and the unused sentences are put back.
     """
-    max_num_tokens = max_seq_length - 3
+    max_num_tokens = max_seq_length - 2 - middle  # the template's special tokens
     target_seq_length = target_length(max_num_tokens, short_seq_prob, rng)
     instances: list[Instance] = []
     chunk: list[np.ndarray] = []
@@ -309,7 +316,7 @@ def create_instances_from_document(
                 tokens_b = np.zeros(0, np.int32)  # a one-token document and no other document: no pair
             if len(tokens_a) >= 1 and len(tokens_b) >= 1:
                 a0, a1, b0, b1 = truncate_seq_pair(len(tokens_a), len(tokens_b), max_num_tokens, rng)
-                instances.append(make_pair(tokens_a[a0:a1], tokens_b[b0:b1], cls_id, sep_id, label))
+                instances.append(make_pair(tokens_a[a0:a1], tokens_b[b0:b1], cls_id, sep_id, label, middle))
             chunk, length = [], 0
         i += 1
     return instances
@@ -402,7 +409,13 @@ def pack_documents(
 
 
 def unit_rows(
-    docs: list[tuple[int, list[np.ndarray]]], pool: RandomPool, cfg: DataConfig, cls_id: int, sep_id: int, unit: str
+    docs: list[tuple[int, list[np.ndarray]]],
+    pool: RandomPool,
+    cfg: DataConfig,
+    cls_id: int,
+    sep_id: int,
+    unit: str,
+    middle: int = 1,
 ) -> tuple[list, list, list, list, list]:
     """A unit's unmasked rows: input ids, token types, NSP labels, example ids and documents' lengths (empty: the
     row is one document). NSP pairs or MLM-only packs per document with an RNG from (seed, doc_id, dupe); with
@@ -427,6 +440,7 @@ def unit_rows(
                     rng=rng,
                     cls_id=cls_id,
                     sep_id=sep_id,
+                    middle=middle,
                 )
             else:
                 insts = pack_sentences(

@@ -48,7 +48,7 @@ from pipeline.data.passes import (
 from pipeline.data.progress import Progress
 from pipeline.data.signing import DedupParams
 from pipeline.data.sources import InputFile
-from pipeline.data.tokenizer import SentenceEncoder, check_pair, read_vocab
+from pipeline.data.tokenizer import SentenceEncoder, check_pair, read_vocab, specials
 from pipeline.storage.io import join
 
 Call = tuple  # (PassWorker method, its arguments, anything the caller wants back with the result)
@@ -77,15 +77,17 @@ class PassWorker:
         self.cfg = DataConfig(**cfg)
         self.work = work
         vocab_path = join(self.cfg.output, "vocab.txt")
-        self.tok = SentenceEncoder(check_pair(vocab_path, tokenizer_path, vocab_sha))  # both files vs the sha256
-        vocab = read_vocab(vocab_path)
+        tok = check_pair(vocab_path, tokenizer_path, vocab_sha)  # both files vs the sha256
+        self.tok = SentenceEncoder(tok)
+        sp = specials(tok, tokenizer_path)  # the tokenizer's own special tokens and template
         self.policy = MaskingPolicy.from_vocab(
-            vocab,
+            read_vocab(vocab_path),
             mask_rate=self.cfg.mask_rate,
             max_predictions_per_seq=self.cfg.max_predictions_per_seq,
             whole_word=self.cfg.whole_word_mask,
+            specials=sp,
         )
-        self.cls_id, self.sep_id = vocab.index("[CLS]"), vocab.index("[SEP]")
+        self.cls_id, self.sep_id, self.middle = sp.ids["cls"], sp.ids["sep"], sp.middle
 
     # The units of work: each writes its files by rename and returns small stats.
 
@@ -103,7 +105,9 @@ class PassWorker:
 
     @_unit
     def examples(self, chunks: list[str], pool: RandomPool, dest: str, source: str | None = None) -> dict[str, Any]:
-        return examples_for_chunks(chunks, pool, self.cfg, self.policy, self.cls_id, self.sep_id, dest, source)
+        return examples_for_chunks(
+            chunks, pool, self.cfg, self.policy, self.cls_id, self.sep_id, dest, source, self.middle
+        )
 
     @_unit
     def shard(self, path: str, parts: list[tuple[str, int, int]]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.tokenizer import SPECIAL_TOKENS, read_vocab
+from pipeline.data.tokenizer import Specials, VocabError, read_vocab
 
 
 @dataclass(frozen=True)
@@ -74,23 +74,28 @@ class MaskingPolicy:
         mask_rate: float = 0.15,
         max_predictions_per_seq: int = 20,
         whole_word: bool = False,
+        specials: Specials | None = None,
     ) -> MaskingPolicy:
-        """Policy for a vocabulary (a vocab.txt path or its token list); BERT's special tokens must be in it."""
+        """Policy for a vocabulary (a vocab.txt path or its token list) and its tokenizer's `Specials` (the mask
+        token, the ids never masked); without them, BERT's special tokens by name, which must be in it."""
         if not isinstance(vocab, list):
             vocab = read_vocab(vocab)
-        index = {t: i for i, t in enumerate(vocab)}
-        missing = [t for t in SPECIAL_TOKENS if t not in index]
-        if missing:
-            raise ValueError(f"vocabulary lacks special token(s) {', '.join(missing)}")
+        if specials is None:
+            try:
+                specials = Specials.bert(vocab)
+            except VocabError as e:
+                raise ValueError(str(e)) from None
         special, cont = _special_and_continuations(vocab)
+        special = tuple(sorted(set(special) | set(specials.never_masked) | set(specials.ids.values())))
+        skip = set(special)
         return cls(
             mask_rate=mask_rate,
             max_predictions_per_seq=max_predictions_per_seq,
             whole_word=whole_word,
             vocab_size=len(vocab),
-            mask_token_id=index["[MASK]"],
+            mask_token_id=specials.ids["mask"],
             special_ids=special,
-            continuation_ids=cont,
+            continuation_ids=tuple(i for i in cont if i not in skip),
         )
 
     def to_json(self) -> str:

@@ -405,9 +405,11 @@ def examples_for_chunks(
     sep_id: int,
     out_path: str,
     source: str | None = None,
+    middle: int = 1,
 ) -> dict[str, Any]:
     """Build (and, for static masking, mask) the examples of some token chunks; write them; return counts.
-    `source`: in a mixture, the name of the one source the chunks are of, written in every row's `source`.
+    `source`: in a mixture, the name of the one source the chunks are of, written in every row's `source`;
+    `middle`: separators between A and B in an NSP pair (the tokenizer's template, `tokenizer.Specials`).
 
     Skipped (counts read back) when `out_path` is already complete, so a resumed run does not redo it.
     """
@@ -419,7 +421,7 @@ def examples_for_chunks(
     toks = list_rows(t.column("tokens"))
     lens = list_rows(t.column("sent_lens"))
     docs = [(int(d), split_rows(tk, ln)) for d, tk, ln in zip(doc_ids, toks, lens)]
-    ids, types, nsp, ex_ids, doc_lens = unit_rows(docs, pool, cfg, cls_id, sep_id, out_path.rsplit("/", 1)[-1])
+    ids, types, nsp, ex_ids, doc_lens = unit_rows(docs, pool, cfg, cls_id, sep_id, out_path.rsplit("/", 1)[-1], middle)
     # Google shuffles all instances; here each unit's examples are shuffled (a deterministic permutation keyed
     # by the unit's name) and the units themselves are put in a hashed order before sharding (prepare_shards).
     perm = np.random.default_rng(derive_seed(cfg.seed, "shuffle", out_path.rsplit("/", 1)[-1])).permutation(len(ids))

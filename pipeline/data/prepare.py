@@ -60,7 +60,7 @@ from pipeline.data.sources import (
     skipped_summary,
     split_units,
 )
-from pipeline.data.tokenizer import check_pair, read_vocab, sha256_bytes, tokenizer_kind
+from pipeline.data.tokenizer import check_pair, read_vocab, sha256_bytes, specials, tokenizer_kind
 from pipeline.errors import PipelineError
 from pipeline.storage.io import filesystem, join, read_bytes, read_table, write_bytes_atomic
 
@@ -98,14 +98,23 @@ def output_config_hash(
 
 def _tokenizer_entry(cfg: DataConfig, vocab: list[str]) -> dict[str, Any]:
     """What the manifest says of the tokenizer: its kind, whether it was trained, its size, the [unusedN] tokens
-    that round a trained bpe/unigram vocabulary up to a multiple of 64, and its report on held-out text."""
+    that round a trained bpe/unigram vocabulary up to a multiple of 64, its report on held-out text, and its
+    special tokens (`tokenizer.Specials.to_dict`: each role's token and id, the pair template, the roles made from
+    an unused token, the ids never masked): what training, export and fine-tuning read."""
     from tokenizers import Tokenizer
 
-    kind = tokenizer_kind(Tokenizer.from_str(read_bytes(join(cfg.output, "tokenizer.json")).decode("utf-8")))
+    tok = Tokenizer.from_str(read_bytes(join(cfg.output, "tokenizer.json")).decode("utf-8"))
     unused = sum(1 for t in vocab if t.startswith("[unused") and t.endswith("]"))
     meta = join(cfg.output, "vocab.meta.json")  # the report the vocab stage measured (pipeline/data/stages.py)
     report = json.loads(read_bytes(meta)).get("report") if filesystem(meta)[0].exists(meta) else None
-    return {"kind": kind, "trained": not cfg.vocab, "vocab_size": len(vocab), "unused_tokens": unused, "report": report}
+    return {
+        "kind": tokenizer_kind(tok),
+        "trained": not cfg.vocab,
+        "vocab_size": len(vocab),
+        "unused_tokens": unused,
+        "report": report,
+        "special_tokens": specials(tok, join(cfg.output, "tokenizer.json")).to_dict(),
+    }
 
 
 def work_dir(cfg: DataConfig, chash: str, vocab_sha: str) -> str:
@@ -442,8 +451,8 @@ def _manifest(
         "output": cfg.output,
         "masking": cfg.masking,
         "vocab_size": len(vocab),
-        "special_token_ids": {t: vocab.index(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")},
-        "tokenizer": _tokenizer_entry(cfg, vocab),
+        "tokenizer": (tokenizer := _tokenizer_entry(cfg, vocab)),
+        "special_token_ids": tokenizer["special_tokens"]["ids"],  # by role: cls, sep, pad, mask (, unk)
         "input_files": len(files),
         "files_skipped": [s.path for s in skipped],
         "skipped_files": [{"path": s.path, "reason": s.reason} for s in skipped],

@@ -25,6 +25,7 @@ from pipeline.runner.dag import Stage
 from pipeline.storage.io import (
     exists,
     filesystem,
+    is_uri,
     join,
     local_copy,
     output_lock,
@@ -213,6 +214,7 @@ def _run_vocab(p: Plan) -> dict[str, Any]:
     from pipeline.data.tokenizer import (
         load_tokenizer,
         report_line,
+        specials,
         tokenizer_json,
         tokenizer_kind,
         tokenizer_report,
@@ -231,7 +233,9 @@ def _run_vocab(p: Plan) -> dict[str, Any]:
 
         with tempfile.TemporaryDirectory(prefix="vocab-") as tmp:  # tokenizers reads local files only
             tok = load_tokenizer(local_copy(cfg.vocab, tmp), lowercase=cfg.lowercase)
-        log(f"vocab: using {cfg.vocab} ({tok.get_vocab_size()} tokens)")
+        sp = specials(tok, cfg.vocab)
+        made = "".join(f"; {r} token made from {t}" for r, t in sp.made.items())
+        log(f"vocab: using {cfg.vocab} ({tok.get_vocab_size()} tokens; template {sp.template}{made})")
     else:
         log(f"vocab: training a {cfg.tokenizer} vocabulary of {cfg.vocab_size} on up to {cfg.vocab_sample_chars} chars")
         tok = train_tokenizer(_Sample(p), cfg.tokenizer, cfg.vocab_size, cfg.lowercase)
@@ -309,6 +313,10 @@ def check_paths(cfg: DataConfig) -> None:
                 f"{field_name}: {path} does not exist (relative paths resolve against the current "
                 f"directory, {os.getcwd()})"
             )
+    if cfg.vocab and not is_uri(cfg.vocab):  # a tokenizer that does not parse, or cannot mask: one line, now
+        from pipeline.data.tokenizer import load_tokenizer
+
+        load_tokenizer(cfg.vocab, lowercase=cfg.lowercase)
 
 
 def _duplicates(r: dict[str, Any]) -> str:

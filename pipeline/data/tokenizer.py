@@ -25,11 +25,12 @@ import re
 import string
 import unicodedata
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from pipeline.errors import PipelineError
 from pipeline.storage.io import read_bytes
@@ -50,18 +51,188 @@ def _bert_pipeline(tok: Tokenizer, lowercase: bool) -> Tokenizer:
     return tok
 
 
-def _post_processor(tok: Tokenizer) -> None:
-    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+def _post_processor(tok: Tokenizer, cls: str = "[CLS]", sep: str = "[SEP]", middle: int = 1) -> None:
+    """`cls A sep B sep` (BERT's; `middle` 2: RoBERTa's `<s> A </s></s> B </s>`), B and its last sep of type 1."""
+    cls_id, sep_id = tok.token_to_id(cls), tok.token_to_id(sep)
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+        single=f"{cls} $A {sep}",
+        pair=f"{cls} $A {' '.join([sep] * middle)} $B:1 {sep}:1",
+        special_tokens=[(cls, cls_id), (sep, sep_id)],
     )
+
+
+# The roles' usual spellings, tried in this order when a tokenizer's template (or padding) does not name them.
+ROLE_NAMES = {
+    "cls": ("[CLS]", "<s>", "<cls>", "[BOS]", "<bos>", "<|begin_of_text|>"),
+    "sep": ("[SEP]", "</s>", "<sep>", "[EOS]", "<eos>", "<|endoftext|>", "<|end_of_text|>"),
+    "pad": ("[PAD]", "<pad>", "<|pad|>", "<|padding|>"),
+    "mask": ("[MASK]", "<mask>", "<|mask|>", "<MASK>", "[mask]"),
+    "unk": ("[UNK]", "<unk>", "<|unk|>"),
+}
+# A token a tokenizer keeps free: [unused0] (BERT, ModernBERT), <unused0> (Gemma), <extra_id_0> (T5),
+# <|reserved_special_token_0|> (Llama 3). The first one (by id) becomes the mask (then the pad) token when the
+# tokenizer has none.
+UNUSED = re.compile(r"[\[<]\|?(?:unused|reserved|extra_id)[\w ]*?\d+\|?[\]>]")
+
+
+@dataclass(frozen=True)
+class Specials:
+    """The special tokens a tokenizer uses for each role, and their ids: what masking, the NSP template, padding,
+    the models' pad id, export and fine-tuning read (`specials`). Nothing else names `[CLS]` or `<s>`.
+
+    `middle` is the number of separators between A and B (1: BERT's `[CLS] A [SEP] B [SEP]`, 2: RoBERTa's
+    `<s> A </s></s> B </s>`); `made` names the roles given an unused token (`{"mask": "[unused0]"}`); `never_masked`
+    holds every special or unused token's id (never masked, never drawn as a random replacement)."""
+
+    tokens: dict[str, str]
+    """{cls, sep, pad, mask[, unk]}: the token of each role."""
+    ids: dict[str, int]
+    middle: int = 1
+    made: dict[str, str] = field(default_factory=dict)
+    never_masked: tuple[int, ...] = ()
+
+    @property
+    def template(self) -> str:
+        """The pair template, as transformers writes it: `[CLS] $A [SEP] $B [SEP]`."""
+        t = self.tokens
+        return f"{t['cls']} $A {' '.join([t['sep']] * self.middle)} $B {t['sep']}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tokens": dict(self.tokens),
+            "ids": dict(self.ids),
+            "middle": self.middle,
+            "made": dict(self.made),
+            "never_masked": list(self.never_masked),
+            "template": self.template,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Specials:
+        return cls(
+            dict(d["tokens"]),
+            {k: int(v) for k, v in d["ids"].items()},
+            int(d["middle"]),
+            dict(d["made"]),
+            tuple(int(i) for i in d["never_masked"]),
+        )
+
+    @classmethod
+    def bert(cls, vocab: list[str]) -> Specials:
+        """BERT's five by name in a token list (a vocab.txt of data prepared before the roles were recorded)."""
+        index = {t: i for i, t in enumerate(vocab)}
+        missing = [t for t in SPECIAL_TOKENS if t not in index]
+        if missing:
+            raise VocabError(f"vocabulary lacks special token(s) {', '.join(missing)}")
+        tokens = dict(zip(("pad", "unk", "cls", "sep", "mask"), SPECIAL_TOKENS))
+        return cls(tokens, {r: index[t] for r, t in tokens.items()})
+
+
+def _template_roles(post: dict | None) -> tuple[str, str, int] | None:
+    """(cls, sep, separators between A and B) of a post-processor's pair template; None when it has none."""
+    if not post:
+        return None
+    kind = post.get("type")
+    if kind == "Sequence":
+        found = [r for p in post.get("processors", []) if (r := _template_roles(p))]
+        return found[0] if found else None
+    if kind in ("RobertaProcessing", "BertProcessing"):
+        return post["cls"][0], post["sep"][0], 2 if kind == "RobertaProcessing" else 1
+    if kind != "TemplateProcessing":
+        return None
+    pair = post.get("pair") or []
+    seq = [i for i, p in enumerate(pair) if "Sequence" in p]
+    names = [p["SpecialToken"]["id"] if "SpecialToken" in p else None for p in pair]
+    multi = [n for n in names if n and len(post["special_tokens"][n]["ids"]) != 1]
+    if len(seq) != 2 or multi:
+        raise VocabError(f"its pair template {names} is not `cls A sep B sep` (one token each)")
+    before, middle, after = names[: seq[0]], names[seq[0] + 1 : seq[1]], names[seq[1] + 1 :]
+    seps = set(middle + after)
+    if len(before) != 1 or len(seps) != 1 or not 1 <= len(middle) <= 2 or len(after) != 1:
+        shown = " ".join(n or ("$A" if i == seq[0] else "$B") for i, n in enumerate(names))
+        raise VocabError(f"its pair template `{shown}` is not `cls A sep B sep` or `cls A sep sep B sep`")
+    return before[0], after[0], len(middle)
+
+
+def specials(tok: Tokenizer, name: str = "the tokenizer") -> Specials:
+    """Each role's token in `tok`: cls and sep from its post-processor's template (else by the usual names), unk
+    the model's own, pad and mask by name (`ROLE_NAMES`). A tokenizer with no mask (or pad) token gives that role
+    its first unused token (`UNUSED`); with none left, VocabError says so, naming `name` (the file).
+
+        >>> sp = specials(train_tokenizer(["a b"] * 4, "bpe", vocab_size=300))
+        >>> sp.tokens["mask"], sp.ids["mask"], sp.template
+        ('[MASK]', 4, '[CLS] $A [SEP] $B [SEP]')
+    """
+    spec = json.loads(tok.to_str())
+    vocab = tok.get_vocab(with_added_tokens=True)
+    by_id = sorted(vocab, key=vocab.get)
+    try:
+        found = _template_roles(spec.get("post_processor"))
+    except VocabError as e:
+        raise VocabError(f"{name}: {e}") from None
+    tokens: dict[str, str] = {}
+    middle = 1
+    if found:
+        tokens["cls"], tokens["sep"], middle = found
+    model = spec.get("model") or {}
+    unk = model.get("unk_token")
+    if unk is None and model.get("unk_id") is not None and model.get("vocab"):
+        unk = model["vocab"][model["unk_id"]][0]
+    if unk in vocab:
+        tokens["unk"] = unk
+    for role, names in ROLE_NAMES.items():
+        if role not in tokens:
+            hit = next((n for n in names if n in vocab), None)
+            if hit is not None:
+                tokens[role] = hit
+    for role in ("cls", "sep"):
+        if role not in tokens:
+            raise VocabError(
+                f"{name} has no {role} token: no template in its post_processor and none of "
+                f"{', '.join(ROLE_NAMES[role])}"
+            )
+    made = {}
+    free = [t for t in by_id if UNUSED.fullmatch(t) and t not in tokens.values()]
+    for role in ("mask", "pad"):
+        if role in tokens:
+            continue
+        if not free:
+            what = "mask" if role == "mask" else "pad"
+            raise VocabError(
+                f"{name} has no way to {what}: no {role} token ({', '.join(ROLE_NAMES[role][:3])}) and no unused "
+                "token ([unused0], <unused0>, <extra_id_0>) to make one"
+            )
+        tokens[role] = made[role] = free.pop(0)
+    added = [t.content for t in tok.get_added_tokens_decoder().values() if t.special]
+    never = {vocab[t] for t in tokens.values()} | {vocab[t] for t in added if t in vocab}
+    never |= {i for t, i in vocab.items() if UNUSED.fullmatch(t)}
+    order = ("cls", "sep", "pad", "mask", "unk")
+    return Specials(
+        {r: tokens[r] for r in order if r in tokens},
+        {r: vocab[tokens[r]] for r in order if r in tokens},
+        middle,
+        made,
+        tuple(sorted(never)),
+    )
+
+
+def adopt(tok: Tokenizer, name: str = "the tokenizer") -> tuple[Tokenizer, Specials]:
+    """`tok` as the pipeline uses and registers it, with its `Specials`: a mask (or pad) token made from an unused
+    token becomes an added special token (one piece in any text, as transformers' fill-mask writes it), and a
+    tokenizer without a pair template gets `cls A sep B sep` of its roles. Ids and vocabulary do not change."""
+    sp = specials(tok, name)
+    if sp.made:
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in sp.made.values()])
+    if _template_roles(json.loads(tok.to_str()).get("post_processor")) is None:
+        _post_processor(tok, sp.tokens["cls"], sp.tokens["sep"], sp.middle)
+    return tok, sp
 
 
 def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> Tokenizer:
     """A `tokenizer.json`, a `vocab.txt` (BERT WordPiece), or a checkpoint directory holding either
-    (tokenizer.json first): the one loader, for data preparation and fine-tuning.
+    (tokenizer.json first): the one loader, for data preparation and fine-tuning. Any tokenizers tokenizer.json
+    (WordPiece, BPE, Unigram) with its own special tokens; `adopt` finds them (VocabError when it has no way to
+    mask) and gives a mask made from an unused token its place.
 
     `lowercase` decides cased/uncased for a vocab.txt; left None, it is the `do_lower_case` of a
     `tokenizer_config.json` beside the file (transformers' own), else True.
@@ -89,11 +260,9 @@ def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> Tokenizer
             lowercase = bool(json.loads(config.read_text()).get("do_lower_case", True)) if config.is_file() else True
         tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
         _bert_pipeline(tok, lowercase)
-    missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
-    if missing:
-        raise VocabError(f"vocabulary {path} lacks BERT special token(s) {', '.join(missing)}")
-    if p.suffix != ".json":
+    if p.suffix != ".json" and tok.token_to_id("[CLS]") is not None and tok.token_to_id("[SEP]") is not None:
         _post_processor(tok)
+    adopt(tok, f"vocabulary {path}")
     tok.no_truncation()
     tok.no_padding()
     return tok
@@ -339,7 +508,10 @@ def train_tokenizer(texts: Iterable[str], kind: str, vocab_size: int, lowercase:
     if kind not in TOKENIZER_KINDS:
         raise VocabError(f"data.tokenizer {kind!r} is not one of {', '.join(TOKENIZER_KINDS)}")
     if kind == "wordpiece":
-        return train_wordpiece(texts, vocab_size, lowercase)
+        tok = train_wordpiece(texts, vocab_size, lowercase)
+        if tok.get_vocab_size() > vocab_size:  # the trainer keeps every character (and ## character) regardless
+            raise _too_small(vocab_size, kind, tok.get_vocab_size())
+        return tok
     tok = _train_bpe(texts, vocab_size, lowercase) if kind == "bpe" else _train_unigram(texts, vocab_size, lowercase)
     n = tok.get_vocab_size()
     tok.add_special_tokens([f"[unused{i}]" for i in range(-n % VOCAB_MULTIPLE)])
@@ -347,6 +519,13 @@ def train_tokenizer(texts: Iterable[str], kind: str, vocab_size: int, lowercase:
     tok.no_truncation()
     tok.no_padding()
     return tok
+
+
+def _too_small(vocab_size: int, kind: str, needed: int) -> VocabError:
+    return VocabError(
+        f"data.vocab_size {vocab_size} is too small for data.tokenizer {kind} on this corpus: its alphabet and the "
+        f"{len(SPECIAL_TOKENS)} special tokens need at least {needed}"
+    )
 
 
 def _train_bpe(texts: Iterable[str], vocab_size: int, lowercase: bool) -> Tokenizer:
@@ -392,7 +571,19 @@ def _train_unigram(texts: Iterable[str], vocab_size: int, lowercase: bool) -> To
     trainer = trainers.UnigramTrainer(
         vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), unk_token="[UNK]", show_progress=False
     )
-    tok.train_from_iterator(texts, trainer=trainer)
+    try:
+        tok.train_from_iterator(texts, trainer=trainer)
+    except Exception as e:  # tokenizers: "The vocabulary is not large enough to contain all chars"
+        if "not large enough" not in str(e):
+            raise
+        chars = len(
+            {
+                c
+                for t in texts
+                for c in _unigram_pipeline(Tokenizer(models.Unigram()), lowercase).normalizer.normalize_str(t)
+            }
+        )
+        raise _too_small(vocab_size, "unigram", chars + len(SPECIAL_TOKENS)) from None
     special = set(SPECIAL_TOKENS)
     pieces = [(p, s) for p, s in json.loads(tok.to_str())["model"]["vocab"] if p not in special]
     # Characters the pruning dropped come back last with scores 1e-4 apart, given in hash-map order: the same

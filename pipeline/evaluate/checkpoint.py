@@ -39,6 +39,7 @@ def export_checkpoint(path: str, dst: str) -> dict[str, str]:
     from pipeline import tracking
     from pipeline.config import load_config
     from pipeline.core.checkpoint import read_train_state
+    from pipeline.data.tokenizer import load_tokenizer, specials
 
     state = read_train_state(path)
     run_id = state.get("run_id")
@@ -60,12 +61,16 @@ def export_checkpoint(path: str, dst: str) -> dict[str, str]:
             shutil.copy(prepared, tok / "tokenizer.json")
         weights = load_file(os.path.join(path, "model.safetensors"))
         emb = next(v for k, v in weights.items() if k.endswith(("word_embeddings.weight", "tok_embeddings.weight")))
-        model = build_model(cfg.model.encoder_config(vocab_size=emb.shape[0]))
+        sp = specials(load_tokenizer(tok), str(tok))  # the pad id and roles are the tokenizer's
+        model = build_model(cfg.model.encoder_config(vocab_size=emb.shape[0], pad_token_id=sp.ids["pad"]))
         with torch.no_grad():
             model.load_state_dict(weights)
         save_hf(model, dst, tokenizer=str(tok))
         tracking.write_tokenizer_config(
-            dst, model_max_length=model.config.max_position_embeddings, lowercase=bool(cfg.data.lowercase)
+            dst,
+            model_max_length=model.config.max_position_embeddings,
+            lowercase=bool(cfg.data.lowercase),
+            special_tokens=sp.tokens,
         )
     return {
         "source_model": str(Path(path).resolve()),

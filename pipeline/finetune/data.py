@@ -104,7 +104,7 @@ def encode_qa(
     for ex in examples:
         q = tok.encode(ex.question, add_special_tokens=False)
         n_q = min(len(q.ids), max_query_length)
-        room = max_seq_length - n_q - 3
+        room = max_seq_length - n_q - tok.num_special_tokens_to_add(True)  # BERT's template 3, RoBERTa's 4
         if room <= doc_stride:
             raise FinetuneDataError(
                 f"max_seq_length {max_seq_length} leaves {room} context tokens per window for question {ex.qid}, "

@@ -125,7 +125,7 @@ def resolve_source(spec: str, tokenizer: str | None = None, download_dir: str | 
 def task_model(source: Source, td: TaskData, overrides: dict[str, Any], vocab_size: int) -> torch.nn.Module:
     """The class for the task data's task (`td.task`: a pair task trains a sequence-classification head) of the
     source's family with the task's labels: the source's weights (`model.build.load_model`), or a fresh preset
-    for scratch (`model.build.build_model`); for `embedding` the bare encoder."""
+    for scratch (`model.build.build_model`, its pad id the tokenizer's); for `embedding` the bare encoder."""
     from model.build import build_model, load_model
     from model.config import encoder_config
 
@@ -137,8 +137,12 @@ def task_model(source: Source, td: TaskData, overrides: dict[str, Any], vocab_si
         head = {"num_labels": 2, "id2label": None}
     if task == "embedding":
         head = {}  # the bare encoder (the family's `embedding` class): no head to initialise
-    if source.model_dir is None:
-        return build_model(encoder_config(source.preset, vocab_size=vocab_size, **head, **overrides), task)
+    if source.model_dir is None:  # its vocabulary and pad id are the tokenizer's, not the preset's
+        from pipeline.data.tokenizer import load_tokenizer, specials
+
+        pad = specials(load_tokenizer(source.tokenizer_path)).ids["pad"]
+        fields = {"vocab_size": vocab_size, "pad_token_id": pad, **head, **overrides}
+        return build_model(encoder_config(source.preset, **fields), task)
     model = load_model(source.model_dir, task, **head, **overrides)
     _check(
         model.config.vocab_size >= vocab_size,

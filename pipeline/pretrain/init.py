@@ -300,7 +300,7 @@ def _resolve(cfg: Config, local: str, source_tags: dict[str, str], shared: str |
     return resolved, init
 
 
-def load_initial(model_cfg, vocab_size: int):
+def load_initial(model_cfg, vocab_size: int, pad_token_id: int | None = None):
     """The `BertForPreTraining` (or `ModernBertForMaskedLM`) a run starts from: `model_cfg.init` is a local
     transformers directory here (the train stage hands the workers the resolved one). Missing heads keep their fresh
     initialisation, so call it after seeding, identically on every rank."""
@@ -314,10 +314,11 @@ def load_initial(model_cfg, vocab_size: int):
 
         local = local_checkpoint_dir(model_cfg.init)
         try:
-            return load_initial(dataclasses.replace(model_cfg, init=local), vocab_size)
+            return load_initial(dataclasses.replace(model_cfg, init=local), vocab_size, pad_token_id)
         finally:
             shutil.rmtree(local, ignore_errors=True)
-    model = load_model(model_cfg.init, "pretraining", **{**model_cfg.overrides, "vocab_size": vocab_size})
+    pad = {} if pad_token_id is None else {"pad_token_id": pad_token_id}  # the tokenizer's (its roles checked)
+    model = load_model(model_cfg.init, "pretraining", **{**model_cfg.overrides, "vocab_size": vocab_size, **pad})
     heads = ("cls.", "bert.pooler.", "head.", "decoder.")  # BERT's MLM/NSP heads and pooler, ModernBERT's MLM head
     missing = [k for k in model.load_report["missing"] if not k.startswith(heads)]
     if missing:  # an encoder weight the checkpoint lacks would silently stay random

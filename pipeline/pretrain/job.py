@@ -240,9 +240,12 @@ def run_training(
     return TrainResult(cluster.checkpoint_uri(result, tc.storage_path), run_id, run_name, tc.max_steps)
 
 
-def load_trained(cfg: Config, checkpoint: str, vocab_size: int, checked: tuple = ()) -> torch.nn.Module:
-    """The final weights from a checkpoint (path or URI), as a plain pretraining model in eval mode; their
-    sha256 is checked unless the driver did (`checked`, `TrainResult.verified`) and they are unchanged since."""
+def load_trained(
+    cfg: Config, checkpoint: str, vocab_size: int, checked: tuple = (), pad_token_id: int = 0
+) -> torch.nn.Module:
+    """The final weights from a checkpoint (path or URI), as a plain pretraining model in eval mode (its vocabulary
+    and pad id the prepared data's, `PreparedDataset.pad_id`); their sha256 is checked unless the driver did
+    (`checked`, `TrainResult.verified`) and they are unchanged since."""
     from safetensors.torch import load_file
 
     from model.build import build_model
@@ -255,7 +258,8 @@ def load_trained(cfg: Config, checkpoint: str, vocab_size: int, checked: tuple =
                 f"checkpoint {checkpoint} is damaged: {why}; re-run the command: it resumes from "
                 "the newest intact checkpoint"
             )
-        model = build_model(cfg.model.encoder_config(vocab_size=vocab_size))  # the architecture; weights below
+        arch = cfg.model.encoder_config(vocab_size=vocab_size, pad_token_id=pad_token_id)
+        model = build_model(arch)  # the architecture; weights below
         model.load_state_dict(load_file(os.path.join(local, "model.safetensors")))
     finally:
         if local != checkpoint:
@@ -453,7 +457,7 @@ def evaluate_stage(cfg: Config, trained: TrainResult, ds: PreparedDataset, uri: 
     final: dict[str, float] = {}
     if (why := nothing_held_out(plan, tc.num_eval_shards)) is None:
         device = torch.device("cuda" if tc.use_gpu and torch.cuda.is_available() else "cpu")
-        model = load_trained(cfg, trained.checkpoint, ds.vocab_size, trained.verified).to(device)
+        model = load_trained(cfg, trained.checkpoint, ds.vocab_size, trained.verified, ds.pad_id).to(device)
         torch.manual_seed(tc.seed)
         batches = _eval_batches(ds, plan, tc.seed, cfg.model.family)
         sums = evaluate_sums(
@@ -494,7 +498,7 @@ def register_stage(
     from pipeline.tracking.lineage import dataset_name
 
     os.environ["MLFLOW_TRACKING_URI"] = uri
-    model = load_trained(cfg, trained.checkpoint, ds.vocab_size, trained.verified)
+    model = load_trained(cfg, trained.checkpoint, ds.vocab_size, trained.verified, ds.pad_id)
     with tempfile.TemporaryDirectory() as d, server_needed(uri, cfg.tracking.server_wait_s, "register the model"):
         tok = os.path.join(d, "tokenizer")
         os.makedirs(tok)
@@ -509,6 +513,7 @@ def register_stage(
             str(export),
             model_max_length=model.config.max_position_embeddings,
             lowercase=bool(ds.manifest["config"].get("lowercase", True)),
+            special_tokens=ds.specials.tokens,  # the tokenizer's own
         )
         tags = {
             "data_manifest_sha256": ds.manifest_sha256,

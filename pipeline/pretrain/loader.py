@@ -64,12 +64,17 @@ def document_boundaries(doc_lengths: Sequence[np.ndarray], lengths: np.ndarray) 
 
 
 def collate(
-    batch: dict[str, Any], pad_to: int | None = None, unpad: bool = False, family: ModelFamily = BERT
+    batch: dict[str, Any],
+    pad_to: int | None = None,
+    unpad: bool = False,
+    family: ModelFamily = BERT,
+    pad_id: int = 0,
 ) -> dict[str, torch.Tensor]:
     """Rows (dict of column -> sequence of int arrays) -> padded tensors for `BertForPreTraining`.
 
-    Sequences are padded with 0 ([PAD]) to the longest in this batch (not to max_seq_length), masked positions
-    and labels with -1 (ignored by the model); `num_tokens` counts real tokens for throughput. A batch without
+    Sequences are padded with `pad_id` (the tokenizer's pad token, `PreparedDataset.pad_id`) to the longest in this
+    batch (not to max_seq_length), masked positions and labels with -1 (ignored by the model); `num_tokens` counts
+    real tokens for throughput. A batch without
     padding (packed MLM-only rows are all full length) has no `attention_mask`: the model then passes SDPA no
     mask, so it may take its flash kernel, and nothing on the device has to check the mask. `pad_to` pads to that
     width instead (a compiled encoder then sees one shape: no recompilation per batch width). `unpad` gives a batch
@@ -96,7 +101,7 @@ def collate(
     >>> "attention_mask" in u, u["unpad_indices"].tolist(), u["cu_seqlens"].tolist()
     (False, [0, 1, 2, 3, 4], [0, 3, 5])
     """  # noqa: E501
-    ids = pad_rows(batch["input_ids"], 0, width=pad_to)  # (B, L)
+    ids = pad_rows(batch["input_ids"], pad_id, width=pad_to)  # (B, L)
     lengths = np.fromiter((len(r) for r in batch["input_ids"]), dtype=np.int64)
     mask = (np.arange(ids.shape[1])[None, :] < lengths[:, None]).astype(np.int64)  # (B, L)
     positions = pad_rows(batch["masked_lm_positions"], -1)  # (B, P)
@@ -483,6 +488,7 @@ class Batches:
     ) -> None:
         self.seed, self.pin_memory, self.pad_to, self.unpad = seed, pin_memory, pad_to, unpad
         self.family = family
+        self.pad_id = getattr(plan.dataset, "pad_id", 0)  # a stand-in dataset (tests) pads with BERT's 0
         self.policy: MaskingPolicy | None = None
         if plan.dataset.dynamic_masking:  # at the phase's own rate when it has one
             self.policy = plan.dataset.policy() if plan.mask_rate is None else plan.dataset.policy(plan.mask_rate)
@@ -494,7 +500,7 @@ class Batches:
         return rows
 
     def collate(self, rows: dict[str, Any]) -> dict[str, torch.Tensor]:
-        batch = collate(rows, self.pad_to, self.unpad, self.family)
+        batch = collate(rows, self.pad_to, self.unpad, self.family, self.pad_id)
         if self.pin_memory:  # `num_tokens` and `spans` stay on the host: they are never copied
             batch = {k: v if k in HOST_ONLY else v.pin_memory() for k, v in batch.items()}
         return batch

@@ -45,16 +45,17 @@ class PretrainHandoff:
     """Test hook called in every worker after each step (fault injection)."""
 
 
-def initial_model(model_cfg, vocab_size: int) -> nn.Module:
+def initial_model(model_cfg, vocab_size: int, pad_token_id: int = 0) -> nn.Module:
     """The model pretraining starts from: `model.init`'s weights (pretrain/init.py) or a fresh model of the config's
-    family (`model.build.build_model`: BertForPreTraining or ModernBertForMaskedLM)."""
+    family (`model.build.build_model`: BertForPreTraining or ModernBertForMaskedLM), its vocabulary and pad id the
+    prepared data's tokenizer's (`PreparedDataset.pad_id`), never the preset's."""
     from model.build import build_model
 
     if model_cfg.init is not None:  # continued pretraining: a local transformers directory here (pretrain/init.py)
         from pipeline.pretrain.init import load_initial
 
-        return load_initial(model_cfg, vocab_size)
-    return build_model(model_cfg.encoder_config(vocab_size=vocab_size), "pretraining")
+        return load_initial(model_cfg, vocab_size, pad_token_id)
+    return build_model(model_cfg.encoder_config(vocab_size=vocab_size, pad_token_id=pad_token_id), "pretraining")
 
 
 @dataclass
@@ -83,7 +84,7 @@ def start_worker(h: PretrainHandoff) -> Worker:
     rank, world, device = cluster.worker()
     torch.set_num_threads(max(1, int(tc.cpus_per_worker)))  # fixed thread count: bit-identical CPU math on restart
     torch.manual_seed(tc.seed)  # identical initial weights on every rank (DDP also broadcasts rank 0's)
-    model = initial_model(cfg.model, plans[0].dataset.vocab_size)
+    model = initial_model(cfg.model, plans[0].dataset.vocab_size, plans[0].dataset.pad_id)
     if tc.compile:  # each layer in place: names (checkpoints) unchanged; batches come at one width (rank_steps)
         model.bert.encoder.compile_layers()
     model = cluster.prepare_model(model)

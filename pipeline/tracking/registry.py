@@ -58,20 +58,20 @@ def find_version(name: str, run_id: str, uri: str | None = None) -> str | None:
     return str(max(int(v.version) for v in versions)) if versions else None
 
 
-def write_tokenizer_config(model_dir: str, *, model_max_length: int, lowercase: bool) -> None:
-    """tokenizer_config.json + special_tokens_map.json, so `AutoTokenizer` loads the right class, case and length.
+def write_tokenizer_config(
+    model_dir: str, *, model_max_length: int, lowercase: bool, special_tokens: dict[str, str] | None = None
+) -> None:
+    """tokenizer_config.json + special_tokens_map.json, so `AutoTokenizer` loads the right class, case, length and
+    special tokens: `special_tokens` {role: token} (cls, sep, pad, mask, unk: `pipeline.data.tokenizer.Specials`),
+    BERT's when None; a role the tokenizer lacks (a byte-level BPE's unk) is left out.
 
     A WordPiece vocabulary loads as BertTokenizer(Fast); a byte-level BPE or Unigram tokenizer.json (data.tokenizer
-    bpe | unigram) as PreTrainedTokenizerFast, which takes the tokenizer.json as it is (normalizer, template)."""
+    bpe | unigram, or a given one) as PreTrainedTokenizerFast, which takes the tokenizer.json as it is (normalizer,
+    template)."""
     import json
 
-    special = {
-        "unk_token": "[UNK]",
-        "sep_token": "[SEP]",
-        "pad_token": "[PAD]",
-        "cls_token": "[CLS]",
-        "mask_token": "[MASK]",
-    }
+    roles = special_tokens or {"unk": "[UNK]", "sep": "[SEP]", "pad": "[PAD]", "cls": "[CLS]", "mask": "[MASK]"}
+    special = {f"{r}_token": roles[r] for r in ("unk", "sep", "pad", "cls", "mask") if roles.get(r)}
     tj = Path(model_dir) / "tokenizer.json"
     kind = (json.loads(tj.read_text(encoding="utf-8")).get("model") or {}).get("type") if tj.is_file() else "WordPiece"
     cls = (
