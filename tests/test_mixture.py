@@ -6,6 +6,7 @@ DDP: tests/test_elastic.py::test_a_mixture_resumed_on_other_worker_counts_logs_t
 
 from __future__ import annotations
 
+from dataclasses import replace as dataclasses_replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -211,3 +212,26 @@ def test_dynamic_masks_are_drawn_per_step_at_the_phases_rate():
 def test_the_checkpoint_position_names_each_sources_rows():
     assert PLAN.position(10)["source_rows"] == dict(zip(MIX.names, MIX.before(10)))
     assert "source_rows" not in PhasePlan(None, 10, 4, 4, (), 10, (), False).position(5)
+
+
+def test_the_runs_mixture_manifest_says_per_source_documents_tokens_and_the_epochs_it_reads():
+    """The run's `mixture.json` (pipeline.pretrain.job.mixture_manifest): per source its documents (the prepared
+    data's manifest), training rows and tokens, and the epochs the phase reads, which are the rows the loader
+    yields over the phase over the source's rows (books, 30 rows, is read several times; wiki, 400, in part)."""
+    from pipeline.pretrain.job import mixture_manifest
+
+    manifest = {"sources": [{"name": "books", "documents": 3}, {"name": "wiki", "documents": 40}]}
+    plan = dataclasses_replace(
+        PLAN, dataset=SimpleNamespace(dynamic_masking=False, max_seq_length=16, manifest=manifest)
+    )
+    got = mixture_manifest(plan)
+    yielded = [SOURCE_OF[i] for step in steps_rows(1)[0] for i in step]
+    c = counts(TABLES)
+    assert (got["steps"], got["global_batch_size"]) == (STEPS, BATCH)
+    for s in got["sources"]:
+        n = s["name"]
+        assert (s["documents"], s["rows"], s["tokens"]) == ({"books": 3, "wiki": 40}[n], c[n]["rows"], c[n]["tokens"])
+        assert s["epochs"] == pytest.approx(yielded.count(n) / c[n]["rows"], abs=1e-4)
+        assert s["tokens_seen"] == round(s["epochs"] * s["tokens"])
+    assert got["sources"][0]["epochs"] > 1 > got["sources"][1]["epochs"]
+    assert mixture_manifest(dataclasses_replace(PLAN, mixture=None)) is None

@@ -133,6 +133,26 @@ def mixture_lines(plans: list[PhasePlan]) -> list[str]:
     return out
 
 
+def mixture_manifest(plan: PhasePlan) -> dict[str, Any] | None:
+    """What a run reads of each source in one phase (None without a mixture): the run's `mixture.json`, logged to
+    its MLflow run beside the prepared data's manifest.json (which cannot say it: the same shards serve any
+    weighting, steps and batch). Per source, in `data.sources` order: its name, weight as given, documents (in
+    the prepared data, held-out shards included), training rows and tokens, rows a step, share of the tokens,
+    `epochs` (the times the phase reads its training rows: 3.5 is three and a half passes, 0.5 half of it) and
+    `tokens_seen` (those epochs' tokens)."""
+    if plan.mixture is None:
+        return None
+    documents = {s["name"]: s.get("documents") for s in plan.dataset.manifest.get("sources", [])}
+    return {
+        "steps": plan.steps,
+        "global_batch_size": plan.global_batch_size,
+        "sources": [
+            {**d, "documents": documents.get(d["name"]), "tokens_seen": round(d["epochs"] * d["tokens"])}
+            for d in plan.mixture.describe()
+        ],
+    }
+
+
 # Up to this many bytes of shards (`train.materialize_data`) are read by the driver itself and put in the object
 # store as they are: Ray Data's read tasks took 5.8 s of a job for 70 rows on 2 quiet cores (4.4-5.8 s again on a
 # warm cluster, the machine busy), against 0.5 s this way; the tiny config's shards (2.3M tokens of corpus) are far
@@ -382,6 +402,9 @@ def train_stage(
             for name in ("manifest.json", "vocab.txt"):
                 with open(os.path.join(sub, name), "wb") as f:
                     f.write(read_bytes(ds.file(name)))
+            if (mixed := mixture_manifest(plans[i])) is not None:  # what this run reads of each source
+                with open(os.path.join(sub, "mixture.json"), "w") as f:
+                    json.dump(mixed, f, indent=2)
             log.log_artifacts(sub, os.path.basename(sub))
     log_prepared_data(log.client, run_id, datasets, cfg.train.num_eval_shards, plans)
     say(f"[train] MLflow run {run_id} ({run_name}) at {tracking_server.redact(uri)}", sys.stdout)
