@@ -15,7 +15,7 @@ from optimi import StableAdamW
 
 from model.family import MODERNBERT
 from pipeline.core.checkpoint import load_checkpoint, save_checkpoint
-from pipeline.core.optim import Lamb, lr_lambda, make_optimizer
+from pipeline.core.optim import Lamb, lr_lambda, OptimOptions, make_optimizer
 from pipeline.core.precision import HOST_ONLY
 from pipeline.core.step import Trainable
 from pipeline.pretrain.loader import collate, epoch_batches, split_global_batch
@@ -56,7 +56,8 @@ def test_wsd_schedule_matches_transformers(warmup, decay, total, shape):
 
 def test_wsd_optimizer_lrs_warm_hold_and_decay():
     opt, sched = make_optimizer(
-        torch.nn.Linear(2, 2), "adamw", 0.1, 0.0, warmup_steps=2, total_steps=8, schedule="wsd", decay_steps=3
+        torch.nn.Linear(2, 2),
+        OptimOptions("adamw", 0.1, 0.0, warmup_steps=2, total_steps=8, schedule="wsd", decay_steps=3),
     )
     lrs = []
     for _ in range(8):
@@ -78,15 +79,17 @@ def test_wsd_1_sqrt_decay_drops_early_and_reaches_zero():
     model.add_module("cls", torch.nn.Linear(2, 2))
     _, sched = make_optimizer(
         model,
-        "adamw",
-        1.0,
-        0.0,
-        warmup_steps=0,
-        total_steps=10,
-        schedule="wsd",
-        decay_steps=4,
-        decay_shape="1-sqrt",
-        head_only_steps=2,
+        OptimOptions(
+            "adamw",
+            1.0,
+            0.0,
+            warmup_steps=0,
+            total_steps=10,
+            schedule="wsd",
+            decay_steps=4,
+            decay_shape="1-sqrt",
+            head_only_steps=2,
+        ),
     )
     assert [f(s) for f in sched.lr_lambdas for s in (7, 9)] == pytest.approx([0.5, 1 - 0.75**0.5] * 4)
 
@@ -116,7 +119,7 @@ def test_make_optimizer_excludes_bias_and_layernorm_from_decay(name, cls):
     from model import BertConfig, BertForPreTraining
 
     model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
-    opt, _ = make_optimizer(model, name, 1e-3, 0.01, warmup_steps=0, total_steps=10)
+    opt, _ = make_optimizer(model, OptimOptions(name, 1e-3, 0.01, warmup_steps=0, total_steps=10))
     assert isinstance(opt, cls)
     by_id = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
     names = dict(model.named_parameters())
@@ -125,7 +128,7 @@ def test_make_optimizer_excludes_bias_and_layernorm_from_decay(name, cls):
         no_decay = n.endswith("bias") or "LayerNorm" in n
         assert by_id[id(p)] == (0.0 if no_decay else 0.01), n
     with pytest.raises(ValueError, match="sgd"):
-        make_optimizer(model, "sgd", 1e-3, 0.0, warmup_steps=0, total_steps=10)
+        make_optimizer(model, OptimOptions("sgd", 1e-3, 0.0, warmup_steps=0, total_steps=10))
 
 
 def test_stableadamw_steps_like_adamw_until_a_gradient_spike_which_it_caps():
@@ -140,7 +143,7 @@ def test_stableadamw_steps_like_adamw_until_a_gradient_spike_which_it_caps():
     for name in ("adamw", "stableadamw"):
         params[name] = torch.nn.Parameter(w0.clone())
         opts[name], _ = make_optimizer(
-            torch.nn.ParameterList([params[name]]), name, 1e-2, 0.01, warmup_steps=0, total_steps=100
+            torch.nn.ParameterList([params[name]]), OptimOptions(name, 1e-2, 0.01, warmup_steps=0, total_steps=100)
         )
     for g in grads:
         for name, opt in opts.items():
@@ -151,7 +154,7 @@ def test_stableadamw_steps_like_adamw_until_a_gradient_spike_which_it_caps():
     spike, before = grads[0] * 100, {n: p.detach().clone() for n, p in params.items()}
     copy_p = torch.nn.Parameter(params["stableadamw"].detach().clone())
     copy_opt, _ = make_optimizer(
-        torch.nn.ParameterList([copy_p]), "stableadamw", 1e-2, 0.01, warmup_steps=0, total_steps=100
+        torch.nn.ParameterList([copy_p]), OptimOptions("stableadamw", 1e-2, 0.01, warmup_steps=0, total_steps=100)
     )
     copy_opt.load_state_dict(copy.deepcopy(opts["stableadamw"].state_dict()))
     for name, opt in [*opts.items(), ("copy", copy_opt)]:
@@ -168,7 +171,9 @@ def test_head_only_steps_train_the_heads_alone_then_the_encoder_warms_up_from_th
 
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
-    opt, sched = make_optimizer(model, "adamw", 1e-2, 0.01, warmup_steps=2, total_steps=10, head_only_steps=3)
+    opt, sched = make_optimizer(
+        model, OptimOptions("adamw", 1e-2, 0.01, warmup_steps=2, total_steps=10, head_only_steps=3)
+    )
     names = dict(model.named_parameters())
     group = {id(p): i for i, g in enumerate(opt.param_groups) for p in g["params"]}
     assert len(group) == len({id(p) for p in names.values()})  # every parameter once
@@ -203,9 +208,9 @@ def test_fused_adamw_is_chosen_on_the_cpu_matches_the_loop_and_a_checkpoint_keep
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 3))
     fused = copy.deepcopy(ref)
-    loop, _ = make_optimizer(ref, "adamw", 1e-2, 0.01, warmup_steps=0, total_steps=10, fused=False)
+    loop, _ = make_optimizer(ref, OptimOptions("adamw", 1e-2, 0.01, warmup_steps=0, total_steps=10, fused=False))
     assert not loop.defaults["fused"]
-    auto, _ = make_optimizer(fused, "adamw", 1e-2, 0.01, warmup_steps=0, total_steps=10)
+    auto, _ = make_optimizer(fused, OptimOptions("adamw", 1e-2, 0.01, warmup_steps=0, total_steps=10))
     assert auto.defaults["fused"] is True  # CPU parameters
     x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
     for _ in range(5):
@@ -215,7 +220,7 @@ def test_fused_adamw_is_chosen_on_the_cpu_matches_the_loop_and_a_checkpoint_keep
             opt.zero_grad()
     for a, b in zip(ref.parameters(), fused.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
-    resumed, _ = make_optimizer(copy.deepcopy(ref), "adamw", 1e-2, 0.01, warmup_steps=0, total_steps=10)
+    resumed, _ = make_optimizer(copy.deepcopy(ref), OptimOptions("adamw", 1e-2, 0.01, warmup_steps=0, total_steps=10))
     resumed.load_state_dict(loop.state_dict())
     assert not resumed.param_groups[0]["fused"] and not resumed.param_groups[1]["fused"]
 
@@ -362,7 +367,7 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_rngs(tmp_path, pre
 
     torch.manual_seed(0)
     model = build_model(encoder_config(preset, vocab_size=64))
-    opt, sched = make_optimizer(model, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10)
+    opt, sched = make_optimizer(model, OptimOptions("adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10))
     step(model, opt, sched)
     np.random.seed(3)
     random.seed(4)
@@ -375,7 +380,7 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_rngs(tmp_path, pre
 
     torch.manual_seed(99)
     fresh = build_model(encoder_config(preset, vocab_size=64))
-    opt2, sched2 = make_optimizer(fresh, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10)
+    opt2, sched2 = make_optimizer(fresh, OptimOptions("adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10))
     state = load_checkpoint(str(tmp_path), 0, Trainable(fresh, opt2, sched2))
     assert state == {
         "step": 1,
@@ -417,7 +422,7 @@ def test_a_background_checkpoint_holds_its_steps_state_while_training_goes_on(tm
 
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
-    t = Trainable(model, *make_optimizer(model, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10))
+    t = Trainable(model, *make_optimizer(model, OptimOptions("adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10)))
     step(model, t.optimizer, t.scheduler)
     state = {"step": 1, "position": {"phase": 0, "epoch": 0, "batch": 1}, "world_size": 1}
     assert save_checkpoint(str(tmp_path / "fg"), 0, t, state) is None
@@ -453,7 +458,7 @@ def _tiny_checkpoint(path, step: int, seed: int = 0) -> None:
 
     torch.manual_seed(seed)
     model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
-    opt, sched = make_optimizer(model, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10)
+    opt, sched = make_optimizer(model, OptimOptions("adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10))
     save_checkpoint(
         str(path), 0, Trainable(model, opt, sched), {"step": step, "position": {"phase": 0, "epoch": 0, "batch": step}}
     )
@@ -471,7 +476,7 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path):
     state = json.loads((tmp_path / "train_state.json").read_text())
     assert set(state["files"]) == {"model.safetensors", "optimizer.pt", "rank_0.pt"} and state["step"] == 3
     model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
-    t = Trainable(model, *make_optimizer(model, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10))
+    t = Trainable(model, *make_optimizer(model, OptimOptions("adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10)))
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])  # a truncated copy
     with pytest.raises(
@@ -564,7 +569,7 @@ def test_a_checkpoint_is_hashed_once_per_process_and_handed_over_until_it_change
     monkeypatch.setattr(checkpoint, "_verified", {})  # a worker: another process
     trust(handed)
     model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=64))
-    t = Trainable(model, *make_optimizer(model, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10))
+    t = Trainable(model, *make_optimizer(model, OptimOptions("adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10)))
     assert load_checkpoint(str(ckpt), 0, t)["step"] == 4 and len(hashed) == 3
     weights = ckpt / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])  # damaged after the driver checked it

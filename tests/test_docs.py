@@ -236,7 +236,7 @@ def test_the_lr_curves_picture_draws_what_the_scheduler_sets():
 
     from conftest import _load_script
     from pipeline.config import TrainConfig
-    from pipeline.core.optim import make_optimizer
+    from pipeline.core.optim import OptimOptions, make_optimizer
 
     script = _load_script(ROOT / "docs" / "lr_curves.py", "lr_curves")
     assert {p.stem for p in script.presets()} >= {"tiny", "modernbert-tiny", "base", "large", "modernbert-base"}
@@ -247,18 +247,7 @@ def test_the_lr_curves_picture_draws_what_the_scheduler_sets():
     ):
         model = torch.nn.Sequential()
         model.add_module("body", torch.nn.Linear(2, 2))
-        opt, sched = make_optimizer(
-            model,
-            "adamw",
-            tc.lr,
-            0.0,
-            warmup_steps=tc.warmup_steps,
-            total_steps=tc.max_steps,
-            schedule=tc.schedule,
-            decay_steps=tc.decay_steps,
-            decay_shape=tc.decay_shape,
-            head_only_steps=tc.head_only_steps,
-        )
+        opt, sched = make_optimizer(model, OptimOptions.pretraining(tc))  # the schedule the worker builds
         lrs = []
         for _ in range(tc.max_steps + 1):
             lrs.append(sched.get_last_lr()[-1])  # the last group: the encoder's (with head_only_steps, the body's)

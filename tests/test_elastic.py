@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from model import BertConfig, BertForPreTraining
 from pipeline.core.checkpoint import load_checkpoint, save_checkpoint
-from pipeline.core.optim import make_optimizer
+from pipeline.core.optim import OptimOptions, make_optimizer
 from pipeline.core.step import Trainable, train_step
 from pipeline.pretrain.loader import Batches, PhasePlan, StepFeed, split_global_batch
 from pipeline.pretrain.metrics import MlmSums, step_loss
@@ -175,7 +175,9 @@ def _train(
             if world > 1:
                 model = torch.nn.parallel.DistributedDataParallel(model, process_group=_group(store, rank, world))
                 _KEPT.append(model)
-            t = Trainable(model, *make_optimizer(model, "adamw", 3e-3, 0.01, warmup_steps=2, total_steps=STEPS))
+            t = Trainable(
+                model, *make_optimizer(model, OptimOptions("adamw", 3e-3, 0.01, warmup_steps=2, total_steps=STEPS))
+            )
             if ckpt_in is not None:
                 assert load_checkpoint(str(ckpt_in), rank, t, world)["step"] == start
             feed = iter(_feed(rank, world, start, plan, tables))
@@ -274,7 +276,7 @@ def test_a_checkpoint_loads_at_another_world_size_and_in_the_format_before_world
     own means nothing); a checkpoint as written before `world_size` existed (the position in the rank file only)
     loads with its position and RNGs at its own size."""
     model = _model()
-    t = Trainable(model, *make_optimizer(model, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10))
+    t = Trainable(model, *make_optimizer(model, OptimOptions("adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10)))
     save_checkpoint(
         str(tmp_path),
         0,
@@ -284,7 +286,7 @@ def test_a_checkpoint_loads_at_another_world_size_and_in_the_format_before_world
     torch.manual_seed(7)
     before = torch.get_rng_state()
     other = _model()
-    t2 = Trainable(other, *make_optimizer(other, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10))
+    t2 = Trainable(other, *make_optimizer(other, OptimOptions("adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10)))
     torch.set_rng_state(before)
     state = load_checkpoint(str(tmp_path), 0, t2, world=1)
     assert state == {

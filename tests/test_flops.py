@@ -12,7 +12,7 @@ import torch
 from model.config import BertConfig, ModernBertConfig
 from model.family import MODERNBERT
 from model.flops import attended_pairs, dense_bf16_peak, mfu, train_flops
-from pipeline.core.optim import make_optimizer
+from pipeline.core.optim import OptimOptions, make_optimizer
 from pipeline.core.step import Trainable, TrainFigures, train_step
 from pipeline.pretrain.loader import collate
 from pipeline.pretrain.metrics import MlmSums, flop_counter
@@ -139,7 +139,7 @@ def test_a_loop_window_sums_model_flops_and_the_step_line_shows_mfu():
 
     cfg = BertConfig.from_preset("tiny", vocab_size=100, max_position_embeddings=64)
     m = BertForPreTraining(cfg)
-    opt, sched = make_optimizer(m, "adamw", 1e-3, 0.01, warmup_steps=1, total_steps=10)
+    opt, sched = make_optimizer(m, OptimOptions("adamw", 1e-3, 0.01, warmup_steps=1, total_steps=10))
     t = Trainable(m, opt, sched)
     batches = [collate(_bert_rows([30, 20, 12], [4, 3, 1])), collate(_bert_rows([16, 16, 16], [2, 2, 2]))] * 2
     feed, figures, count = iter(batches), TrainFigures(), flop_counter(cfg)

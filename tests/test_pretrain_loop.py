@@ -18,7 +18,7 @@ import torch
 import model as model_pkg
 import pipeline as pipeline_pkg
 from model import BertConfig, BertForPreTraining
-from pipeline.core.optim import make_optimizer
+from pipeline.core.optim import OptimOptions, make_optimizer
 from pipeline.core.precision import HOST_ONLY, forward
 from pipeline.core.step import StepStats, Trainable, TrainFigures, all_reduce_sum, train_step
 from pipeline.pretrain.loader import Batches, collate
@@ -50,7 +50,7 @@ def _batches(seed: int, num: int, padded: bool) -> list[dict[str, torch.Tensor]]
 def _trainable(seed: int = 0) -> Trainable:
     torch.manual_seed(seed)
     m = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=VOCAB, max_position_embeddings=SEQ))
-    opt, sched = make_optimizer(m, "adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10)
+    opt, sched = make_optimizer(m, OptimOptions("adamw", 1e-3, 0.01, warmup_steps=2, total_steps=10))
     return Trainable(m, opt, sched)
 
 
@@ -241,7 +241,7 @@ def test_compiled_encoder_trains_like_eager(tmp_path, monkeypatch):
 
             counters.clear()
             m.bert.encoder.compile_layers()
-        opt, sched = make_optimizer(m, "adamw", 1e-3, 0.01, warmup_steps=0, total_steps=10)
+        opt, sched = make_optimizer(m, OptimOptions("adamw", 1e-3, 0.01, warmup_steps=0, total_steps=10))
         t, feed = Trainable(m, opt, sched), iter(data)
         runs[compiled] = [
             train_step(t, feed, accumulation=1, sums=MlmSums, device=torch.device("cpu")).read() for _ in range(2)
@@ -359,7 +359,7 @@ def test_unpadded_steps_train_like_padded_steps():
     runs = {}
     for unpad in (False, True):
         m = _no_dropout_model()
-        opt, sched = make_optimizer(m, "adamw", 1e-3, 0.01, warmup_steps=0, total_steps=10)
+        opt, sched = make_optimizer(m, OptimOptions("adamw", 1e-3, 0.01, warmup_steps=0, total_steps=10))
         t, feed = Trainable(m, opt, sched), iter([collate(r, unpad=unpad) for r in rows])
         runs[unpad] = [
             train_step(t, feed, accumulation=2, sums=MlmSums, device=torch.device("cpu")).read() for _ in range(2)
@@ -417,7 +417,7 @@ def _run_loop(
     plan = PhasePlan(SimpleNamespace(), steps, 4, 4, ("train.parquet",), 4 * steps, eval_files, False)
     torch.manual_seed(0)
     m = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=VOCAB, max_position_embeddings=SEQ))
-    t = Trainable(m, *make_optimizer(m, "adamw", lr, 0.01, warmup_steps=2, total_steps=steps))
+    t = Trainable(m, *make_optimizer(m, OptimOptions("adamw", lr, 0.01, warmup_steps=2, total_steps=steps)))
     logged: dict[int, dict[str, float]] = {}
     saved: list[int] = []
     said: list[str] = []
@@ -438,7 +438,7 @@ def _run_loop(
     data = _batches(3, steps, padded=False)
     held = _batches(4, 2, padded=True)
 
-    def rank_steps(plan, phase, rank, world, seed, rows, done, **_):  # `source_tokens(k)`: a mixture's counts at step k
+    def rank_steps(plan, phase, rank, world, done, options):  # `source_tokens(k)`: a mixture's counts at step k
         return (
             Step(
                 [b],

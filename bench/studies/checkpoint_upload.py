@@ -59,14 +59,14 @@ def loop(cfg: dict) -> None:
     from model import BertConfig, BertForPreTraining
     from pipeline import cluster
     from pipeline.core.checkpoint import save_checkpoint
-    from pipeline.core.optim import make_optimizer
+    from pipeline.core.optim import OptimOptions, make_optimizer
     from pipeline.core.step import Trainable
 
     torch.manual_seed(0)
     torch.set_num_threads(1)  # the other core: the upload thread and the S3 server
     bc = BertConfig.from_preset(cfg["preset"])
     model = BertForPreTraining(bc)
-    t = Trainable(model, *make_optimizer(model, "adamw", 1e-4, 0.01, warmup_steps=1, total_steps=100))
+    t = Trainable(model, *make_optimizer(model, OptimOptions("adamw", 1e-4, 0.01, warmup_steps=1, total_steps=100)))
     B, L = cfg["batch"], cfg["seq"]
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(5, bc.vocab_size, (B, L), generator=g)

@@ -23,7 +23,7 @@ import torch
 
 from model.build import build_model
 from pipeline.config import load_config
-from pipeline.core.optim import make_optimizer
+from pipeline.core.optim import OptimOptions, make_optimizer
 from pipeline.core.precision import forward
 from pipeline.pretrain.loader import collate
 
@@ -59,7 +59,9 @@ def step_cpu_s(cfg, steps: int, seed: int) -> float:
     torch.manual_seed(seed)
     model = build_model(cfg.model.encoder_config(vocab_size=cfg.data.vocab_size)).train()
     tc = cfg.train
-    opt, sched = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=1, total_steps=steps + 1)
+    opt, sched = make_optimizer(
+        model, OptimOptions(tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=1, total_steps=steps + 1)
+    )
     batch = rows(cfg, np.random.default_rng(seed))
     times = []
     for _ in range(steps):

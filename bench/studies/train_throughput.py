@@ -117,7 +117,7 @@ def _plain_batches(cfg, data):
 
 def plain_tokens_per_s(cfg, data, steps: int, skip: int) -> tuple[float, float]:
     """(tokens/s of the plain loop including its data loading, model-only micro-batches/s)."""
-    from pipeline.core.optim import make_optimizer
+    from pipeline.core.optim import OptimOptions, make_optimizer
     from pipeline.core.precision import forward
     from pipeline.pretrain.worker import initial_model
 
@@ -125,7 +125,9 @@ def plain_tokens_per_s(cfg, data, steps: int, skip: int) -> tuple[float, float]:
     torch.set_num_threads(max(1, int(tc.cpus_per_worker)))
     torch.manual_seed(tc.seed)
     model = initial_model(cfg.model, data.vocab_size).train()
-    opt, sched = make_optimizer(model, tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=2, total_steps=steps)
+    opt, sched = make_optimizer(
+        model, OptimOptions(tc.optimizer, tc.lr, tc.weight_decay, warmup_steps=2, total_steps=steps)
+    )
     rates, model_secs = [], []
     batches = _plain_batches(cfg, data)
     for step in range(steps):

@@ -243,11 +243,13 @@ def make_step(
     impl: Impl, model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: str, device: str
 ) -> Callable[[], Any]:
     if "real" in impl.features:  # the product's step, exactly as the pretraining loop calls it
-        from pipeline.core.optim import make_optimizer
+        from pipeline.core.optim import OptimOptions, make_optimizer
         from pipeline.core.step import Trainable, train_step
         from pipeline.pretrain.metrics import MlmSums, flop_counter
 
-        opt, sched = make_optimizer(model, "adamw", 1e-4, 0.01, warmup_steps=0, total_steps=10**9, schedule="constant")
+        opt, sched = make_optimizer(
+            model, OptimOptions("adamw", 1e-4, 0.01, warmup_steps=0, total_steps=10**9, schedule="constant")
+        )
         t = Trainable(model, opt, sched)
         # The loop counts train/mfu on a GPU, from the host batch; this batch is already on the device, so its count
         # is taken once here (counting it each step read it off the device: a host sync the loop does not have).

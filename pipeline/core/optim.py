@@ -4,7 +4,7 @@ Schedules: linear or polynomial decay after warmup (BERT), constant, and warmup-
 "trapezoidal" schedule of ModernBERT: peak LR held after warmup, then a decay to 0 over the last `decay_steps`,
 linear or `1-sqrt` (lr x (1 - sqrt(t)), t going 0 -> 1 over the decay: ModernBERT's and Ettin's shape)).
 
-    >>> opt, sched = make_optimizer(nn.Linear(4, 2), "adamw", 1e-3, 0.01, warmup_steps=1, total_steps=4)
+    >>> opt, sched = make_optimizer(nn.Linear(4, 2), OptimOptions("adamw", 1e-3, 0.01, warmup_steps=1, total_steps=4))
     >>> [round(lr_lambda(s, 1, 4), 3) for s in range(5)]
     [0.0, 1.0, 0.667, 0.333, 0.0]
 """
@@ -12,13 +12,72 @@ linear or `1-sqrt` (lr x (1 - sqrt(t)), t going 0 -> 1 over the decay: ModernBER
 from __future__ import annotations
 
 import math
-from typing import Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
 
+if TYPE_CHECKING:
+    from pipeline.config import TrainConfig
+    from pipeline.finetune.config import FtTrainConfig
+
 Schedule = Literal["linear", "polynomial", "constant", "wsd"]
 DecayShape = Literal["linear", "1-sqrt"]
+
+
+@dataclass(frozen=True)
+class OptimOptions:
+    """What `make_optimizer` builds, made once from a job's train section (`pretraining`, `finetuning`): the update
+    rule, its peak LR and weight decay, and the LR schedule (`lr_lambda`)."""
+
+    name: str
+    """adamw, lamb or stableadamw."""
+    lr: float
+    """The peak LR."""
+    weight_decay: float
+    warmup_steps: int
+    total_steps: int
+    """The LR reaches 0 here."""
+    schedule: Schedule = "linear"
+    power: float = 1.0
+    """schedule polynomial: the decay's exponent."""
+    decay_steps: int = 0
+    """schedule wsd: the final decay's steps."""
+    decay_shape: DecayShape = "linear"
+    head_only_steps: int = 0
+    """Steps during which only the pretraining heads (`cls.*`) learn."""
+    fused: bool | None = None
+    """AdamW's fused kernel: None chooses by the parameters' devices."""
+
+    @classmethod
+    def pretraining(cls, tc: TrainConfig) -> OptimOptions:
+        """Pretraining's: one schedule over `train.max_steps`, whatever the phases."""
+        return cls(
+            tc.optimizer,
+            tc.lr,
+            tc.weight_decay,
+            warmup_steps=tc.warmup_steps,
+            total_steps=tc.max_steps,
+            schedule=tc.schedule,
+            power=tc.poly_power,
+            decay_steps=tc.decay_steps,
+            decay_shape=tc.decay_shape,
+            head_only_steps=tc.head_only_steps,
+        )
+
+    @classmethod
+    def finetuning(cls, tc: FtTrainConfig, total_steps: int) -> OptimOptions:
+        """Fine-tuning's, over the run's `total_steps` (`train.max_steps`, or its epochs' steps) with
+        `train.warmup_ratio` of them in the warmup."""
+        return cls(
+            tc.optimizer,
+            tc.lr,
+            tc.weight_decay,
+            warmup_steps=int(tc.warmup_ratio * total_steps),
+            total_steps=total_steps,
+            schedule=tc.schedule,
+        )
 
 
 def lr_lambda(
@@ -137,19 +196,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def make_optimizer(
-    model: nn.Module,
-    name: str,
-    lr: float,
-    weight_decay: float,
-    *,
-    warmup_steps: int,
-    total_steps: int,
-    schedule: Schedule = "linear",
-    power: float = 1.0,
-    decay_steps: int = 0,
-    decay_shape: DecayShape = "linear",
-    fused: bool | None = None,
-    head_only_steps: int = 0,
+    model: nn.Module, options: OptimOptions
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW, LAMB or StableAdamW over `model`'s parameters (no weight decay on biases and LayerNorm) and its LR
     schedule. All three take the same betas (0.9, 0.999), eps 1e-6 and weight decay scaled by the LR (torch's AdamW
@@ -157,52 +204,60 @@ def make_optimizer(
     2023, ModernBERT's optimizer): AdamW whose step is divided, per tensor, by max(1, RMS(g^2 / v)), which caps the
     update when the second moment lags a sudden large gradient (what warmup otherwise guards against).
 
-    `head_only_steps` K > 0: for the first K steps only the pretraining heads (`cls.*`) learn; every other
+    `options.head_only_steps` K > 0: for the first K steps only the pretraining heads (`cls.*`) learn; every other
     parameter (the encoder, and the word embeddings the MLM decoder is tied to) has LR 0, then warms up over
     `warmup_steps` from step K and decays to 0 at `total_steps` like the heads. For a checkpoint continued with
     fresh heads: their random gradients would otherwise reach the pretrained encoder first (LP-FT, Kumar et al.
     2022, "Fine-Tuning can Distort Pretrained Features").
 
-    `fused` (AdamW only): one kernel for the whole update instead of a loop of small ones, and no host read of
+    `options.fused` (AdamW only): one kernel for the whole update instead of a loop of small ones, and no host read of
     the step count. None = fused when every parameter is on a CUDA device (as torchtitan does) or on the CPU
     (torch's CPU kernel: 0.14-0.21 of the loop's time a step on one thread; bench/RESULTS.md, "Job cost"),
     torch's default otherwise: build the optimizer after the model is on its device. A checkpoint keeps the
     choice it was written with (the optimizer's state_dict carries it): a run resumes with the update it started
     with.
 
-    >>> opt, _ = make_optimizer(nn.Linear(4, 2), "adamw", 1e-3, 0.01, warmup_steps=0, total_steps=10)
+    >>> opt, _ = make_optimizer(nn.Linear(4, 2), OptimOptions("adamw", 1e-3, 0.01, warmup_steps=0, total_steps=10))
     >>> [g["weight_decay"] for g in opt.param_groups], [len(g["params"]) for g in opt.param_groups], opt.defaults["fused"]
     ([0.01, 0.0], [1, 1], True)
     """  # noqa: E501
-    groups = param_groups(model, weight_decay)
-    every = lambda s: lr_lambda(s, warmup_steps, total_steps, schedule, power, decay_steps, decay_shape)  # noqa: E731
+    o = options
+    groups = param_groups(model, o.weight_decay)
+
+    def every(s: int) -> float:  # a function, not a callable object: a checkpoint's scheduler state holds none
+        return lr_lambda(s, o.warmup_steps, o.total_steps, o.schedule, o.power, o.decay_steps, o.decay_shape)
+
     schedules = [every] * len(groups)
-    if head_only_steps > 0:
+    if o.head_only_steps > 0:
         heads = {id(p) for n, p in model.named_parameters() if n.startswith("cls.") or ".cls." in n}
         groups = [
             {**g, "params": [p for p in g["params"] if (id(p) in heads) == is_head]}
             for is_head in (True, False)
             for g in groups
         ]
-        k = head_only_steps
+        k = o.head_only_steps
 
         def body(s: int) -> float:
             if s < k:
                 return 0.0
-            return lr_lambda(s - k, warmup_steps, total_steps - k, schedule, power, decay_steps, decay_shape)
+            return lr_lambda(
+                s - k, o.warmup_steps, o.total_steps - k, o.schedule, o.power, o.decay_steps, o.decay_shape
+            )
 
         pairs = [(g, schedules[0] if i < len(groups) // 2 else body) for i, g in enumerate(groups) if g["params"]]
         groups, schedules = [g for g, _ in pairs], [f for _, f in pairs]
-    if name == "adamw":
+    lr, betas, eps = o.lr, (0.9, 0.999), 1e-6
+    if o.name == "adamw":
+        fused = o.fused
         if fused is None:
             fused = all(p.device.type in ("cuda", "cpu") for g in groups for p in g["params"]) or None  # None: default
-        opt: torch.optim.Optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, fused=fused)
-    elif name == "lamb":
-        opt = Lamb(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)
-    elif name == "stableadamw":
+        opt: torch.optim.Optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
+    elif o.name == "lamb":
+        opt = Lamb(groups, lr=lr, betas=betas, eps=eps)
+    elif o.name == "stableadamw":
         from optimi import StableAdamW
 
-        opt = StableAdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=weight_decay)
+        opt = StableAdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=o.weight_decay)
     else:
-        raise ValueError(f"unknown optimizer {name!r} (adamw, lamb, stableadamw)")
+        raise ValueError(f"unknown optimizer {o.name!r} (adamw, lamb, stableadamw)")
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedules)

@@ -27,7 +27,7 @@ import torch
 from pipeline import cluster
 from pipeline.console import say
 from pipeline.core.checkpoint import resume, save_checkpoint, unwrap
-from pipeline.core.optim import make_optimizer
+from pipeline.core.optim import OptimOptions, make_optimizer
 from pipeline.core.precision import forward, make_scaler
 from pipeline.core.step import Sums, Trainable, TrainFigures, check_finite_weights, train_step
 from pipeline.finetune.data import IGNORE_INDEX, TaskData, pad_batch
@@ -270,15 +270,7 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
     micro = micro_batches_per_epoch(len(td.train["input_ids"]), world, tc.batch_size)
     per_epoch = steps_per_epoch(len(td.train["input_ids"]), world, tc.batch_size, tc.accumulation_steps)
     total = tc.max_steps or tc.epochs * per_epoch
-    optimizer, scheduler = make_optimizer(
-        model,
-        tc.optimizer,
-        tc.lr,
-        tc.weight_decay,
-        warmup_steps=int(tc.warmup_ratio * total),
-        total_steps=total,
-        schedule=tc.schedule,
-    )
+    optimizer, scheduler = make_optimizer(model, OptimOptions.finetuning(tc, total))
     t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
     best_model = BestModel()
     # on rank 0 the best model is read first: building its copy draws from the RNGs that the restore then sets

@@ -5,43 +5,62 @@ the job hands it. The pure pieces (the global order, the split among ranks, coll
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 
 from model.family import BERT, ModelFamily
 from pipeline.pretrain.loader import Batches, PhasePlan, StepFeed
 
+if TYPE_CHECKING:
+    from pipeline.config import Config
 
-def rank_steps(
-    plan: PhasePlan,
-    phase: int,
-    rank: int,
-    world: int,
-    seed: int,
-    shuffle_rows: int,
-    done: int,
-    pin_memory: bool = False,
-    compiled: bool = False,
-    unpad: bool = False,
-    family: ModelFamily = BERT,
-) -> StepFeed:
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """How a worker turns a phase's rows into batches, made once from the config (`of`)."""
+
+    seed: int
+    """The run's seed: the shuffle and the dynamic masks are functions of it."""
+    shuffle_rows: int
+    """`train.shuffle_buffer_rows`: rows per chunk of the seeded permutation."""
+    compiled: bool = False
+    """`train.compile`: every batch padded to the phase's max_seq_length (one shape, no recompilation)."""
+    unpad: bool = False
+    """`train.unpad`: padding passed as real tokens (the unpadded path)."""
+    family: ModelFamily = BERT
+    """What the model's batches hold (`pipeline.pretrain.loader.collate`)."""
+    pin_memory: bool = False
+    """Page-locked training batches, for a CUDA device's asynchronous copies."""
+
+    @classmethod
+    def of(cls, cfg: Config, device: torch.device) -> LoaderOptions:
+        tc = cfg.train
+        return cls(tc.seed, tc.shuffle_buffer_rows, tc.compile, tc.unpad, cfg.model.family, device.type == "cuda")
+
+    def batches(self, plan: PhasePlan, pin_memory: bool) -> Batches:
+        """Rows of `plan` -> batches (`Batches`)."""
+        pad_to = plan.dataset.max_seq_length if self.compiled else None
+        return Batches(plan, self.seed, pin_memory, pad_to=pad_to, unpad=self.unpad, family=self.family)
+
+
+def rank_steps(plan: PhasePlan, phase: int, rank: int, world: int, done: int, options: LoaderOptions) -> StepFeed:
     """This rank's `Step`s of `phase` after its first `done` optimizer steps, read from the phase's training
     Dataset (`p<phase>_train`, every row in file order; each rank iterates all of it)."""
     import ray.train
 
     shard = ray.train.get_dataset_shard(f"p{phase}_train")
-    to_batch = Batches(
-        plan, seed, pin_memory, pad_to=plan.dataset.max_seq_length if compiled else None, unpad=unpad, family=family
-    )
     return StepFeed(
         plan,
         phase,
         rank,
         world,
-        seed,
-        shuffle_rows,
+        options.seed,
+        options.shuffle_rows,
         done,
         lambda: shard.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2),
-        to_batch,
+        options.batches(plan, options.pin_memory),
     )
 
 
@@ -65,15 +84,7 @@ def nothing_held_out(plan: PhasePlan, num_eval_shards: int) -> str | None:
 
 
 def eval_batches(
-    plan: PhasePlan,
-    phase: int,
-    rank: int,
-    world: int,
-    seed: int,
-    limit: int,
-    compiled: bool = False,
-    unpad: bool = False,
-    family: ModelFamily = BERT,
+    plan: PhasePlan, phase: int, rank: int, world: int, limit: int, options: LoaderOptions
 ) -> list[dict[str, torch.Tensor]] | None:
     """This rank's share of the held-out batches (fixed masks: epoch 0), read once and kept in memory: the first
     `limit` micro-batches of the held-out rows (all when 0), dealt out to the ranks in turn; their sums are
@@ -83,10 +94,7 @@ def eval_batches(
         return None
     import ray.train
 
-    to_batch, out = (
-        Batches(plan, seed, pad_to=plan.dataset.max_seq_length if compiled else None, unpad=unpad, family=family),
-        [],
-    )
+    to_batch, out = options.batches(plan, pin_memory=False), []  # kept for the phase: not page-locked
     tables = ray.train.get_dataset_shard(f"p{phase}_eval").iter_batches(
         batch_size=plan.micro_batch_size, batch_format="pyarrow"
     )

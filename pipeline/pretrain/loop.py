@@ -16,7 +16,7 @@ from pipeline import cluster
 from pipeline.console import say
 from pipeline.core.checkpoint import save_checkpoint
 from pipeline.core.step import TrainFigures, check_finite_weights, evaluate_sums, train_step
-from pipeline.pretrain.feed import eval_batches, nothing_held_out, rank_steps
+from pipeline.pretrain.feed import LoaderOptions, eval_batches, nothing_held_out, rank_steps
 from pipeline.pretrain.metrics import MlmSums, device_peak, flop_counter, step_loss
 from pipeline.pretrain.worker import PretrainHandoff, start_worker
 from pipeline.tracking.outbox import write_pending
@@ -52,25 +52,12 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
     background = cluster.uploads_in_background(tc.checkpoint_upload, tc.storage_path)
     figures = TrainFigures()  # sums stay on the device between the steps that read them
     peak = device_peak(device, say=say if rank == 0 else None)  # a GPU's: train/mfu; None on a CPU
+    loader = LoaderOptions.of(cfg, device)
     flops = flop_counter(getattr(t.model, "module", t.model).config) if peak else None
     while step < tc.max_steps:
         phase = next(i for i, e in enumerate(ends) if step < e)
         plan, begun = plans[phase], ends[phase] - plans[phase].steps  # the phase's first step
-        steps = iter(
-            rank_steps(
-                plan,
-                phase,
-                rank,
-                world,
-                tc.seed,
-                tc.shuffle_buffer_rows,
-                step - begun,
-                pin_memory=device.type == "cuda",
-                compiled=tc.compile,
-                unpad=tc.unpad,
-                family=cfg.model.family,
-            )
-        )
+        steps = iter(rank_steps(plan, phase, rank, world, step - begun, loader))
         if log is not None and (why := nothing_held_out(plan, tc.num_eval_shards)) is not None:
             say(f"[train] phase {phase}: no evaluation, nothing is held out ({why})")
         while step < ends[phase]:
@@ -104,17 +91,7 @@ def train_loop_per_worker(h: PretrainHandoff) -> None:
                     log.step(step, metrics)
             if evaluating:
                 if phase not in evals:  # None: nothing held out, nothing evaluated (never the training rows)
-                    evals[phase] = eval_batches(
-                        plan,
-                        phase,
-                        rank,
-                        world,
-                        tc.seed,
-                        tc.eval_batches * tc.num_workers,
-                        tc.compile,
-                        tc.unpad,
-                        cfg.model.family,
-                    )
+                    evals[phase] = eval_batches(plan, phase, rank, world, tc.eval_batches * tc.num_workers, loader)
                 if evals[phase] is not None:
                     sums = evaluate_sums(t.model, evals[phase], sums=MlmSums, device=device, precision=tc.precision)
                     if log is not None:

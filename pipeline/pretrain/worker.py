@@ -12,7 +12,7 @@ from torch import nn
 
 from pipeline import cluster
 from pipeline.core.checkpoint import check_vocab, resume, trust
-from pipeline.core.optim import make_optimizer
+from pipeline.core.optim import OptimOptions, make_optimizer
 from pipeline.core.precision import make_scaler
 from pipeline.core.step import Trainable
 
@@ -88,19 +88,7 @@ def start_worker(h: PretrainHandoff) -> Worker:
     if tc.compile:  # each layer in place: names (checkpoints) unchanged; batches come at one width (rank_steps)
         model.bert.encoder.compile_layers()
     model = cluster.prepare_model(model)
-    optimizer, scheduler = make_optimizer(
-        model,
-        tc.optimizer,
-        tc.lr,
-        tc.weight_decay,
-        warmup_steps=tc.warmup_steps,
-        total_steps=tc.max_steps,
-        schedule=tc.schedule,
-        power=tc.poly_power,
-        decay_steps=tc.decay_steps,
-        decay_shape=tc.decay_shape,
-        head_only_steps=tc.head_only_steps,
-    )
+    optimizer, scheduler = make_optimizer(model, OptimOptions.pretraining(tc))
     t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
     trust(h.verified)  # the files the driver hashed: not read again while unchanged
     # pending: the metrics rank 0 could not send before the checkpoint (the tracking server was away)
