@@ -527,3 +527,66 @@ def test_the_main_job_with_a_roberta_style_tokenizer(roberta_files, shared_dir, 
     assert ft.returncode == 0, ft.stderr[-3000:]
     result = json.loads(ft.stdout.strip().splitlines()[-1])
     assert 0.0 <= result["accuracy"] <= 1.0 and math.isfinite(result["loss"])
+
+
+def test_a_vocab_size_too_small_for_the_alphabet_names_the_field():
+    """Under wordpiece and unigram the corpus's alphabet sets the least size: one line naming data.vocab_size and
+    the size needed (unigram's trainer raised a bare Exception; WordPiece's silently grew past the size asked)."""
+    from pipeline.data.tokenizer import train_tokenizer
+
+    texts = ["".join(chr(0x4E00 + i) for i in range(k * 50, (k + 1) * 50)) + " abc" for k in range(6)] * 3
+    for kind, needed in (("wordpiece", 310), ("unigram", 309)):
+        with pytest.raises(VocabError, match=rf"^data.vocab_size 128 is too small for data.tokenizer {kind} on this "):
+            train_tokenizer(texts, kind, vocab_size=128)
+        with pytest.raises(VocabError, match=rf"need at least {needed}$"):
+            train_tokenizer(texts, kind, vocab_size=128)
+    assert train_tokenizer(texts, "wordpiece", vocab_size=320).get_vocab_size() <= 320
+
+
+def test_a_data_vocab_with_other_special_tokens_than_the_checkpoints_is_refused(roberta_files, tmp_path):
+    """model.init with a data.vocab holding the checkpoint's tokens under another template: one line naming both
+    files and the difference; the checkpoint's own tokenizer.json passes."""
+    from tokenizers import Tokenizer, processors
+
+    from model.build import build_model
+    from model.config import encoder_config
+    from model.hf import save_hf
+    from pipeline.config import ConfigError, load_config, resolve_paths
+    from pipeline.pretrain.init import resolve_init
+
+    tok = load_tokenizer(roberta_files / "roberta.json")
+    ckpt = tmp_path / "ckpt"
+    save_hf(build_model(encoder_config("tiny", vocab_size=tok.get_vocab_size(), pad_token_id=1)), ckpt, tokenizer=tok)
+    other = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    other.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> $B:1 </s>:1", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    other.save(str(tmp_path / "other.json"))
+
+    def cfg(vocab):
+        args = ["--data.output", str(tmp_path / "data"), "--train.storage_path", str(tmp_path / "runs")]
+        return resolve_paths(load_config(None, [*args, "--model.init", str(ckpt), "--data.vocab", str(vocab)]))
+
+    assert resolve_init(cfg(ckpt / "tokenizer.json"))[0].data.vocab == str(ckpt / "tokenizer.json")
+    with pytest.raises(ConfigError) as e:
+        resolve_init(cfg(tmp_path / "other.json"))
+    msg = str(e.value)
+    assert msg.startswith(f"data.vocab {tmp_path / 'other.json'} (sha256 ") and "\n" not in msg
+    assert "the same tokens, but its special tokens differ (template <s> $A </s> $B </s> vs <s> $A </s> </s> $B" in msg
+
+
+def test_the_models_pad_id_is_the_tokenizers_not_the_presets(roberta_files):
+    """modernbert-base's preset pad_token_id is 50283 (ModernBERT's own tokenizer's); with a prepared vocabulary of
+    640 tokens whose `<pad>` is 1 the model pretraining builds, and a scratch fine-tuning model, pad with 1."""
+    from pipeline.config.sections import ModelConfig
+    from pipeline.finetune.data import TaskData
+    from pipeline.finetune.job import Source, task_model
+    from pipeline.pretrain.worker import initial_model
+
+    small = {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 1}
+    model = initial_model(ModelConfig(preset="modernbert-base", overrides=small), 640, pad_token_id=1)
+    assert model.config.pad_token_id == 1 and model.model.embeddings.tok_embeddings.padding_idx == 1
+    src = Source("scratch:modernbert-base", None, "modernbert-base", str(roberta_files / "roberta.json"))
+    td = TaskData("sequence-classification", {}, {}, {0: "a", 1: "b"})
+    ft = task_model(src, td, small, 600)
+    assert ft.config.pad_token_id == 1

@@ -181,6 +181,25 @@ def tokenizer_files(model_dir: str | Path) -> tuple[Path, bool]:
     return d / "vocab.txt", bool(lower_cfg if lower_cfg is not None else True)
 
 
+def _special_difference(given: str, theirs: Path, lowercase: bool) -> str:
+    """`: its special tokens differ (mask <mask> vs [MASK])` when `given` holds the checkpoint's tokens in the same
+    order but other special tokens; empty otherwise (another vocabulary altogether, or one not read here)."""
+    from pipeline.data.tokenizer import VocabError, load_tokenizer, specials, vocab_list
+    from pipeline.storage.io import is_uri
+
+    if is_uri(given):
+        return ""
+    try:
+        mine, ckpt = load_tokenizer(given, lowercase=lowercase), load_tokenizer(str(theirs), lowercase=lowercase)
+        if vocab_list(mine) != vocab_list(ckpt):
+            return ""
+        a, b = ({**sp.tokens, "template": sp.template} for sp in (specials(mine), specials(ckpt)))
+    except VocabError as e:
+        return f": {e}"
+    diff = [f"{r} {a.get(r)} vs {b.get(r)}" for r in sorted(set(a) | set(b)) if a.get(r) != b.get(r)]
+    return f": the same tokens, but its special tokens differ ({', '.join(diff)})" if diff else ""
+
+
 def check_prepared(outputs: list[str], vocab_sha256: str, spec: str) -> None:
     """Refuse (one line naming both) a prepared data directory whose vocabulary is not the checkpoint's: its ids
     would mean other words to the loaded embeddings. A directory not prepared yet passes."""
@@ -264,7 +283,8 @@ def _resolve(cfg: Config, local: str, source_tags: dict[str, str], shared: str |
         _check(
             same,
             f"data.vocab {cfg.data.vocab} (sha256 {given[:12]}) is not the vocabulary of model.init {spec} "
-            f"({vocab}, sha256 {theirs[:12]}); leave data.vocab out to use the checkpoint's",
+            f"({vocab}, sha256 {theirs[:12]}){'' if same else _special_difference(cfg.data.vocab, vocab, lower)}; "
+            "leave data.vocab out to use the checkpoint's",
         )
     from pipeline.data.tokenizer import load_tokenizer, vocab_bytes
 
