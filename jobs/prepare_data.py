@@ -71,15 +71,20 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.runner.cli import run_job
 
     def body() -> int:
-        from pipeline.config import config_path, parse, resolve_paths
-        from pipeline.config.sections import Config, DataConfig
+        from pipeline.config import config_parser, config_path, parse, resolve_paths
+        from pipeline.config.sections import Config, DataConfig, ModelConfig
         from pipeline.data.stages import check_paths
         from pipeline.storage.preflight import check_storage, data_targets
 
         check_storage([("--config", config_path(argv), "read")])
         # a preset's data section; DataConfig gives the defaults that --data.sources / --data.inputs clear
         args, sections = parse(parser(), argv, {"data": DataConfig}, config_sections=("data",))
-        cfg = resolve_paths(Config(data=sections["data"]))
+        # the preset's model, so that data.max_seq_length is checked against its positions (modernbert-tiny's 1,024
+        # is over the default BERT's 512)
+        path = config_path(argv)
+        models = {"model": ModelConfig}
+        model = parse(config_parser(models), ["--config", path], models, config_sections=("model",))[1] if path else {}
+        cfg = resolve_paths(Config(data=sections["data"], **model))
         check_storage(data_targets(cfg.data))  # every URI: filesystem, credentials, endpoint, bucket
         check_paths(cfg.data)  # before Ray starts
         if cfg.data.sources:  # a source with no readable file: one line before the output is locked (created)

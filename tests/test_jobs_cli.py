@@ -65,6 +65,18 @@ def test_prepare_data_missing_input_is_one_line(repo_root, tmp_path):
     assert f"{repo_root}/missing.txt does not exist" in _one_line(p) and not (tmp_path / "out").exists()
 
 
+def test_prepare_data_checks_the_rows_against_the_presets_model(repo_root, tmp_path):
+    """`--config configs/modernbert-tiny.yaml`: its rows of 1,024 fit its model (they were checked against the
+    default BERT's 512 positions, and refused), so the first line is about the input; tiny's 128 x 8 do not."""
+    args = ["--data.inputs", tmp_path / "none", "--data.output", tmp_path / "out"]
+    p, _ = _run(repo_root, "jobs/prepare_data.py", "--config", "configs/modernbert-tiny.yaml", *args)
+    assert f"data.inputs: {tmp_path}/none does not exist" in _one_line(p)
+    p, _ = _run(
+        repo_root, "jobs/prepare_data.py", "--config", "configs/tiny.yaml", *args, "--data.max_seq_length", 1024
+    )
+    assert "data.max_seq_length 1024 > model max_position_embeddings 512" in _one_line(p)
+
+
 @pytest.mark.slow  # no Ray, but a whole job's imports (about 7 s): kept out of the quick loop
 def test_a_dead_ray_address_is_one_line_not_a_hang(repo_root, tmp_path, shared_dir):
     with socket.socket() as s:
