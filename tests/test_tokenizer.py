@@ -319,7 +319,7 @@ def test_a_loaded_tokenizer_brings_its_own_special_tokens(roberta_files, tmp_pat
     """The roles come from the tokenizer: RoBERTa's template `<s> A </s></s> B </s>`, `<pad>` and `<mask>`; with no
     mask token the first unused one becomes it (one piece in any text); with neither, or a template that is not
     `cls A sep B sep`, or a file that does not parse, one line names the file."""
-    from tokenizers import Tokenizer, processors
+    from tokenizers import Tokenizer, models, processors
 
     from pipeline.data.tokenizer import specials
 
@@ -345,6 +345,15 @@ def test_a_loaded_tokenizer_brings_its_own_special_tokens(roberta_files, tmp_pat
     odd.save(str(tmp_path / "odd.json"))
     with pytest.raises(VocabError, match=r"^vocabulary \S+odd.json: its pair template `<s> \$A \$B </s>` is not"):
         load_tokenizer(tmp_path / "odd.json")
+    bert = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    Tokenizer(models.WordLevel({t: i for i, t in enumerate(bert + ["a"])}, "[UNK]")).save(str(tmp_path / "wl.json"))
+    with pytest.raises(VocabError, match=r"^vocabulary \S+wl.json: tokenizer model 'WordLevel' is not WordPiece, BPE"):
+        load_tokenizer(tmp_path / "wl.json")
+    Tokenizer(models.WordPiece({t: i for i, t in enumerate(bert + ["a\nb"])}, unk_token="[UNK]")).save(
+        str(tmp_path / "nl.json")
+    )
+    with pytest.raises(VocabError, match=r"^vocabulary \S+nl.json: tokenizer token 5 holds a newline"):
+        load_tokenizer(tmp_path / "nl.json")
     (tmp_path / "broken.json").write_text('{"model": {"type": "BPE"')
     with pytest.raises(VocabError, match=r"^vocabulary \S+broken.json is not a tokenizers tokenizer.json"):
         load_tokenizer(tmp_path / "broken.json")
@@ -447,11 +456,15 @@ def test_fill_mask_answers_for_a_loaded_tokenizers_mask_token(roberta_files, gen
 
 
 @pytest.mark.slow
-def test_the_main_job_with_a_roberta_style_tokenizer(roberta_files, shared_dir, tmp_path, monkeypatch, job_cluster):
+@pytest.mark.parametrize("which,mask", [("roberta", "<mask>"), ("no-mask", "<unused0>")])
+def test_the_main_job_with_a_roberta_style_tokenizer(
+    roberta_files, shared_dir, tmp_path, monkeypatch, job_cluster, which, mask
+):
     """`jobs/pretrain.py --config configs/tiny.yaml --data.vocab roberta.json` (NSP on, so the pairs take its template)
     prepares `<s> A </s></s> B </s>` rows, trains, registers a version whose tokenizer_config names `<mask>` and
     `<pad>` and whose config's pad_token_id is `<pad>`'s (1), fill-mask answers for `<mask>`; masking the prepared
-    rows as the loader does never picks a special token; `jobs/finetune.py` fine-tunes the version."""
+    rows as the loader does never picks a special token; `jobs/finetune.py` fine-tunes the version. The same with a
+    tokenizer that has no mask token, `<unused0>` (id 4) made into one."""
     import json
     import math
     import os
@@ -474,7 +487,7 @@ def test_the_main_job_with_a_roberta_style_tokenizer(roberta_files, shared_dir, 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
     books = [str(shared_dir / "corpora" / "books" / b) for b in ("08_Ruth.txt", "57_Phmn.txt")]
     args = ["--config", str(repo / "configs" / "tiny.yaml"), "--data.inputs", f"[{', '.join(books)}]"]
-    args += ["--data.output", str(tmp_path / "data"), "--data.vocab", str(roberta_files / "roberta.json")]
+    args += ["--data.output", str(tmp_path / "data"), "--data.vocab", str(roberta_files / f"{which}.json")]
     args += ["--data.nsp", "true", "--data.max_seq_length", "64", "--data.max_predictions_per_seq", "20"]
     args += ["--train.max_steps", "4", "--train.warmup_steps", "1", "--train.eval_every_steps", "4"]
     args += ["--train.checkpoint_every_steps", "4", "--train.eval_batches", "2"]
@@ -491,7 +504,10 @@ def test_the_main_job_with_a_roberta_style_tokenizer(roberta_files, shared_dir, 
     assert pre.stdout.strip().splitlines()[-1] == "registered models:/rb-e2e/1"
 
     ds = PreparedDataset.load(str(tmp_path / "data"))
-    assert ds.specials.template == "<s> $A </s> </s> $B </s>" and ds.pad_id == 1
+    assert ds.specials.template == "<s> $A </s> </s> $B </s>" and ds.pad_id == 1 and ds.specials.ids["mask"] == 4
+    assert ds.specials.made == ({} if which == "roberta" else {"mask": "<unused0>"})
+    special = set(ds.specials.never_masked)
+    assert special == set(range(5 if which == "roberta" else 6))
     t = pq.read_table([p for p, _ in ds.shards])
     rows = [np.asarray(r, np.int32) for r in t.column("input_ids").to_pylist()]
     nsp = t.column("next_sentence_label").to_pylist()
@@ -500,16 +516,17 @@ def test_the_main_job_with_a_roberta_style_tokenizer(roberta_files, shared_dir, 
         sep = int(np.flatnonzero(row == 2)[0])
         assert row[sep + 1] == 2 and (row == 2).sum() == 3  # A </s></s> B </s>
     _, positions, labels = mask_rows(rows, t.column("example_id").to_numpy(), ds.policy(), seed=0, epoch=1)
-    assert sum(map(len, labels)) > 0 and not set(np.concatenate(labels).tolist()) & {0, 1, 2, 3, 4}
+    assert sum(map(len, labels)) > 0 and not set(np.concatenate(labels).tolist()) & special
+    assert ds.policy().mask_token_id == 4 and not special & set(ds.policy().tables()[2].tolist())
 
     local = tracking.download_model("models:/rb-e2e/1", str(tmp_path / "dl"))
     config = json.loads(Path(local, "config.json").read_text())
     tok_config = json.loads(Path(local, "tokenizer_config.json").read_text())
-    assert config["pad_token_id"] == 1 and tok_config["mask_token"] == "<mask>" and tok_config["cls_token"] == "<s>"
+    assert config["pad_token_id"] == 1 and tok_config["mask_token"] == mask and tok_config["cls_token"] == "<s>"
     auto = transformers.AutoTokenizer.from_pretrained(local)
     text = (shared_dir / "corpora" / "books" / "01_Ge.txt").read_text()[:2000]
     assert auto(text)["input_ids"] == load_tokenizer(local).encode(text).ids
-    preds = transformers.pipeline("fill-mask", model=local, top_k=2)("And Ruth said, <mask> me not")
+    preds = transformers.pipeline("fill-mask", model=local, top_k=2)(f"And Ruth said, {mask} me not")
     assert len(preds) == 2 and all(isinstance(p["token_str"], str) for p in preds)
 
     task = shared_dir / "tasks" / "pydocs_topic"

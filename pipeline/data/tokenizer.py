@@ -263,6 +263,11 @@ def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> Tokenizer
     if p.suffix != ".json" and tok.token_to_id("[CLS]") is not None and tok.token_to_id("[SEP]") is not None:
         _post_processor(tok)
     adopt(tok, f"vocabulary {path}")
+    try:  # a model of another kind, or tokens vocab.txt cannot list: named now, not in the middle of the job
+        tokenizer_kind(tok)
+        vocab_list(tok)
+    except VocabError as e:
+        raise VocabError(f"vocabulary {path}: {e}") from None
     tok.no_truncation()
     tok.no_padding()
     return tok
@@ -657,6 +662,9 @@ def vocab_list(tok: Tokenizer) -> list[str]:
     by_id = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
     if [i for _, i in by_id] != list(range(len(by_id))):
         raise VocabError("tokenizer ids are not contiguous from 0; cannot write vocab.txt")
+    broken = next((i for t, i in by_id if "\n" in t), None)  # vocab.txt holds one token a line
+    if broken is not None:
+        raise VocabError(f"tokenizer token {broken} holds a newline; vocab.txt cannot hold it")
     return [t for t, _ in by_id]
 
 
