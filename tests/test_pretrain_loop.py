@@ -394,6 +394,7 @@ def _run_loop(
     from types import SimpleNamespace
 
     from pipeline.config import load_config
+    from pipeline.core import loop as core_loop
     from pipeline.pretrain import loop
     from pipeline.pretrain.loader import PhasePlan, Step
     from pipeline.pretrain.worker import PretrainHandoff, Worker
@@ -460,15 +461,13 @@ def _run_loop(
     # the real eval_batches without held-out files (it returns before Ray), else the held-out batches
     real_eval_batches = loop.eval_batches
     monkeypatch.setattr(loop, "eval_batches", lambda plan, *a: held if plan.eval_files else real_eval_batches(plan, *a))
-    monkeypatch.setattr(
-        loop,
-        "cluster",
-        SimpleNamespace(
-            uploads_in_background=lambda mode, path: False,
-            checkpoint_dir=checkpoint_dir,
-            report=lambda metrics, d, **_: saved.append(metrics["step"]),
-        ),
+    fake_cluster = SimpleNamespace(
+        uploads_in_background=lambda mode, path: False,
+        checkpoint_dir=checkpoint_dir,
+        report=lambda metrics, d, **_: saved.append(metrics["step"]),
     )
+    monkeypatch.setattr(loop, "cluster", fake_cluster)
+    monkeypatch.setattr(core_loop, "cluster", fake_cluster)  # the shared skeleton writes and reports checkpoints
     monkeypatch.setattr(loop, "say", said.append, raising=False)
     hook = None if on_step is None else lambda step, rank: on_step(m, step)
     loop.train_loop_per_worker(PretrainHandoff(cfg, [plan], "run", "uri", "sha", on_step=hook))

@@ -1,10 +1,10 @@
-"""The fine-tuning loop that runs in every Ray Train worker, top to bottom: build, resume, step, log, evaluate,
-checkpoint. Optimisation, precision, the step (accumulation, clipping), checkpoints and the launcher are the
-ones pretraining uses (`pipeline.core`); what is fine-tuning's own is the data order (`epoch_micro_batches`),
-the training figures (`TaskSums`) and evaluation on rank 0 after each epoch (`evaluate`, with
-`pipeline.finetune.metrics`). An embedding task trains its encoder inside `pipeline.finetune.embedding`'s
-`ContrastiveModel` (its batches, loss and figures are that module's) and evaluates by retrieval
-(`pipeline.finetune.retrieval`).
+"""The fine-tuning loop that runs in every Ray Train worker: build, resume, then the skeleton pretraining shares
+(`pipeline.core.loop`: step, log, evaluate, checkpoint). Optimisation, precision, the step (accumulation,
+clipping), checkpoints and the launcher are the ones pretraining uses (`pipeline.core`); what is fine-tuning's own
+is the data order (`epoch_micro_batches`), the training figures (`TaskSums`) and evaluation on rank 0 after each
+epoch (`evaluate`, with `pipeline.finetune.metrics`) with the best model it keeps (`BestModel`). An embedding task
+trains its encoder inside `pipeline.finetune.embedding`'s `ContrastiveModel` (its batches, loss and figures are
+that module's) and evaluates by retrieval (`pipeline.finetune.retrieval`).
 
 Every checkpoint holds what an exact resume needs (weights, optimizer, scheduler, scaler, RNGs, and the data
 position: epoch and micro-batch index) plus, in `best/`, the best epoch's model as a transformers directory with
@@ -17,7 +17,6 @@ import copy
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -26,10 +25,11 @@ import torch
 
 from pipeline import cluster
 from pipeline.console import say
-from pipeline.core.checkpoint import resume, save_checkpoint, unwrap
+from pipeline.core.checkpoint import resume, unwrap
 from pipeline.core.optim import OptimOptions, make_optimizer
 from pipeline.core.precision import forward, make_scaler
-from pipeline.core.step import Sums, Trainable, TrainFigures, check_finite_weights, train_step
+from pipeline.core.loop import Loop, Planned
+from pipeline.core.step import Sums, Trainable
 from pipeline.finetune.data import IGNORE_INDEX, TaskData, pad_batch
 from pipeline.finetune.metrics import (
     best_null_threshold,
@@ -39,7 +39,6 @@ from pipeline.finetune.metrics import (
     regression_metrics,
     squad_metrics,
 )
-from pipeline.tracking.outbox import write_pending
 
 
 def steps_per_epoch(n_train: int, world: int, batch_size: int, accumulation: int = 1) -> int:
@@ -250,7 +249,7 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
     from model.build import rebuild
     from pipeline.finetune.embedding import encoder_of
 
-    cfg, primary, on_step = h.cfg, h.primary, h.on_step
+    cfg, primary = h.cfg, h.primary
     td: TaskData = ray.get(h.data_ref)
     tc = cfg.train
     cluster.quiet_ray_train()  # Ray Train's per-report INFO line to its log file only
@@ -297,66 +296,72 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
             show_progress=not h.quiet,
         )
 
-    step, (epoch, done) = state["step"], (state["position"]["epoch"], state["position"]["micro"])
     best = tuple(state["best"]) if state["best"] is not None else None
-    figures = TrainFigures()  # sums stay on the device between the steps that read them
-    model.train()
-    while step < total:
-        batches = epoch_micro_batches(td.train, epoch, rank, world, tc.batch_size, tc.seed, start=done, collate=collate)
-        while step < total and done < micro:
-            k = min(tc.accumulation_steps, micro - done)  # the epoch's last step may have fewer micro-batches
-            step, done = step + 1, done + k
-            figures.add(
-                train_step(
-                    t,
-                    batches,
-                    accumulation=k,
-                    sums=task_sums,
-                    device=device,
-                    precision=tc.precision,
-                    max_grad_norm=tc.max_grad_norm,
-                ),
-                step,
+
+    def planned() -> Iterator[Planned]:
+        """The run's steps from where it resumed: each epoch's micro-batches in its seeded order, `accumulation_steps`
+        a step (the epoch's last step may have fewer); each epoch ends in an evaluation and a checkpoint."""
+        step, epoch, done = state["step"], state["position"]["epoch"], state["position"]["micro"]
+        while step < total:
+            batches = epoch_micro_batches(
+                td.train, epoch, rank, world, tc.batch_size, tc.seed, start=done, collate=collate
             )
-            end_of_epoch = done == micro or step == total
-            checkpointing = end_of_epoch or (tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0)
-            if step % tc.log_every_steps == 0 or checkpointing:  # the host syncs, on every rank
-                stats = figures.read()  # NonFiniteLoss (every rank) if a step since the last reading was not finite
-                if log is not None:
-                    log.step(step, {**stats.metrics(), "train/epoch": epoch})
-            if checkpointing:  # before the evaluation, the best model and the checkpoint
-                check_finite_weights(t.model, step)
-            metrics: dict[str, float] = {"step": step, "epoch": epoch, "loss": stats.loss} if checkpointing else {}
-            if end_of_epoch and rank == 0:  # evaluation and the best model on rank 0; the others wait in report
-                ev = evaluate(unwrap(model), td, cfg, device)
-                metrics.update({f"eval/{k}": v for k, v in ev.items()})
-                if log is not None:
-                    log.log_metrics({f"eval/{k}": v for k, v in ev.items()}, step)
-                    if not h.quiet:
-                        say(
-                            f"[finetune] epoch {epoch} step {step}/{total} eval "
-                            + "  ".join(f"{k} {v:.4f}" for k, v in ev.items())
-                        )
-                score = (ev[primary], -ev["loss"])  # ties on the metric (e.g. F1 0 early on) go to the lower loss
-                if best is None or score > best:
-                    best = score
-                    best_model.update(model, ev, epoch, step)
-            position = {"epoch": epoch + 1, "micro": 0} if done == micro else {"epoch": epoch, "micro": done}
-            if checkpointing:
-                with tempfile.TemporaryDirectory() as d:
-                    if log is not None:  # what the tracking server has not got yet travels with the checkpoint
-                        write_pending(d, h.run_id, log.pending())
-                    save_checkpoint(
-                        d,
-                        rank,
-                        t,
-                        {"step": step, "position": position, "best": best, "run_id": h.run_id, "max_steps": total},
-                    )
-                    if rank == 0:
-                        best_model.write(d)
-                    cluster.report(metrics, d)
-            if on_step is not None:
-                on_step(step, rank)
-        epoch, done = epoch + 1, 0
-    if log is not None:
-        log.close(wait_s=5)  # what is still unsent, the last checkpoint holds
+            while step < total and done < micro:
+                k = min(tc.accumulation_steps, micro - done)
+                step, done = step + 1, done + k
+                end_of_epoch = done == micro or step == total
+                every = bool(tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0)
+                position = {"epoch": epoch + 1, "micro": 0} if done == micro else {"epoch": epoch, "micro": done}
+                yield Planned(
+                    step,
+                    batches,
+                    k,
+                    evaluating=end_of_epoch,
+                    checkpointing=end_of_epoch or every,
+                    figures={"train/epoch": epoch},
+                    state={"position": position},
+                    report={"epoch": epoch},
+                    where=epoch,
+                )
+            epoch, done = epoch + 1, 0
+
+    def evaluate_epoch(p: Planned) -> dict[str, float]:
+        """The evaluation and the best model, on rank 0 (the others wait in the checkpoint's report): its eval/*
+        figures join the report."""
+        nonlocal best
+        if rank != 0:
+            return {}
+        ev = evaluate(unwrap(model), td, cfg, device)
+        if log is not None:
+            log.log_metrics({f"eval/{k}": v for k, v in ev.items()}, p.step)
+            if not h.quiet:
+                say(
+                    f"[finetune] epoch {p.where} step {p.step}/{total} eval "
+                    + "  ".join(f"{k} {v:.4f}" for k, v in ev.items())
+                )
+        score = (ev[primary], -ev["loss"])  # ties on the metric (e.g. F1 0 early on) go to the lower loss
+        if best is None or score > best:
+            best = score
+            best_model.update(model, ev, p.where, p.step)
+        return {f"eval/{k}": v for k, v in ev.items()}
+
+    model.train()
+    Loop(
+        t,
+        task_sums,
+        device,
+        rank,
+        world,
+        log,
+        h.run_id,
+        total,
+        precision=tc.precision,
+        max_grad_norm=tc.max_grad_norm,
+        log_every_steps=tc.log_every_steps,
+        on_step=h.on_step,
+    ).run(
+        planned(),
+        evaluate_epoch,
+        state=lambda: {"best": best},
+        write=best_model.write if rank == 0 else None,
+    )
