@@ -521,7 +521,9 @@ def test_the_final_evaluation_never_scores_training_rows(monkeypatch, shards, nu
             str(num_eval_shards),
         ],
     )
-    ds = SimpleNamespace(output="d", shards=tuple((s, 8) for s in shards), vocab_size=VOCAB, dynamic_masking=False)
+    ds = SimpleNamespace(
+        output="d", shards=tuple((s, 8) for s in shards), vocab_size=VOCAB, pad_id=0, dynamic_masking=False
+    )
     rows = _rows(np.random.default_rng(0), 8)
     table = pa.table(
         {

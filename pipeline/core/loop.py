@@ -44,7 +44,8 @@ class Planned:
     figures: dict[str, float] = field(default_factory=dict)
     """The job's own `train/*` figures of this step (its phase or epoch, a mixture's tokens), logged with it."""
     state: dict[str, Any] = field(default_factory=dict)
-    """What a checkpoint of this step keeps beyond the step, the run and the weights: the data position, ..."""
+    """What a checkpoint of this step keeps beyond the step, the run and the weights: the data position (and
+    pretraining's world size, vocabulary and a mixture's finished phases)."""
     report: dict[str, Any] = field(default_factory=dict)
     """What the checkpoint's report to Ray Train carries beyond the step and the loss."""
     where: Any = None
