@@ -241,7 +241,7 @@ class BestModel:
                 json.dump(self.info, f, indent=1)
 
 
-def train_loop_per_worker(h: FinetuneHandoff) -> None:
+def train_loop_per_worker(handoff: FinetuneHandoff) -> None:
     """Fine-tune with DDP; resumes from `ray.train.get_checkpoint()` exactly (weights, optimizer, RNGs, data)."""
     import ray
     import ray.train
@@ -249,14 +249,14 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
     from model.build import rebuild
     from pipeline.finetune.embedding import encoder_of
 
-    cfg, primary = h.cfg, h.primary
-    td: TaskData = ray.get(h.data_ref)
+    cfg, primary = handoff.cfg, handoff.primary
+    td: TaskData = ray.get(handoff.data_ref)
     tc = cfg.train
     cluster.quiet_ray_train()  # Ray Train's per-report INFO line to its log file only
     rank, world, device = cluster.worker()
     if not tc.use_gpu:  # a fixed thread count: bit-identical CPU math on restart
         torch.set_num_threads(tc.torch_threads or max(1, (os.cpu_count() or 1) // world))
-    init = ray.get(h.init_ref)  # the driver's model: class name, config, initial weights
+    init = ray.get(handoff.init_ref)  # the driver's model: class name, config, initial weights
     model = rebuild(init["class"], init["config"])
     model.load_state_dict(init["state_dict"])
     collate, task_sums = pad_batch, TaskSums
@@ -270,30 +270,30 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
     per_epoch = steps_per_epoch(len(td.train["input_ids"]), world, tc.batch_size, tc.accumulation_steps)
     total = tc.max_steps or tc.epochs * per_epoch
     optimizer, scheduler = make_optimizer(model, OptimOptions.finetuning(tc, total))
-    t = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
+    trainable = Trainable(model, optimizer, scheduler, make_scaler(device, tc.precision))
     best_model = BestModel()
     # on rank 0 the best model is read first: building its copy draws from the RNGs that the restore then sets
     state, pending = resume(
         ray.train.get_checkpoint(),
         rank,
-        t,
+        trainable,
         {"step": 0, "best": None, "position": {"epoch": 1, "micro": 0}},
         seed=tc.seed,
-        run_id=h.run_id,
+        run_id=handoff.run_id,
         on_rank0=lambda d: best_model.load(d, type(encoder_of(unwrap(model)))),
     )
     log = None
-    if rank == 0 and h.run_id:  # mlflow loads on the logging rank only (seconds of CPU per process)
+    if rank == 0 and handoff.run_id:  # mlflow loads on the logging rank only (seconds of CPU per process)
         from pipeline.tracking import RunLogger
 
         log = RunLogger(
-            h.run_id,
-            h.tracking_uri,
+            handoff.run_id,
+            handoff.tracking_uri,
             total_steps=total,
             log_every_steps=tc.log_every_steps,
             background=True,
             pending=pending,
-            show_progress=not h.quiet,
+            show_progress=not handoff.quiet,
         )
 
     best = tuple(state["best"]) if state["best"] is not None else None
@@ -334,7 +334,7 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
         ev = evaluate(unwrap(model), td, cfg, device)
         if log is not None:
             log.log_metrics({f"eval/{k}": v for k, v in ev.items()}, p.step)
-            if not h.quiet:
+            if not handoff.quiet:
                 say(
                     f"[finetune] epoch {p.where} step {p.step}/{total} eval "
                     + "  ".join(f"{k} {v:.4f}" for k, v in ev.items())
@@ -347,18 +347,18 @@ def train_loop_per_worker(h: FinetuneHandoff) -> None:
 
     model.train()
     Loop(
-        t,
+        trainable,
         task_sums,
         device,
         rank,
         world,
         log,
-        h.run_id,
+        handoff.run_id,
         total,
         precision=tc.precision,
         max_grad_norm=tc.max_grad_norm,
         log_every_steps=tc.log_every_steps,
-        on_step=h.on_step,
+        on_step=handoff.on_step,
     ).run(
         planned(),
         evaluate_epoch,
