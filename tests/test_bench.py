@@ -37,6 +37,10 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "data/dedup_quality.py": (["--skip-speed", "--skip-planted"], "## The shared corpora themselves: 549 documents"),
     "data/wiki_compare.py": (["--copies", "4", "--repeats", "1"], "ours / wikiextractor: "),
     "data/tokenizer_kinds.py": (["--corpora", "{corpus}", "--vocab-size", "300"], "| unigram | 320 |"),
+    "data/tokenizer_sample.py": (
+        ["--copies", "20", "--sample-chars", "20000", "--vocab-size", "300", "--work", "{tmp}"],
+        "| 0 MB (220 pages) | unigram | 20,000 |",
+    ),
     "data/wiki_dump.py": (["{tmp}", "--copies", "2", "--parts", "2"], "part 2: 11 pages (4 articles)"),
     "train/loader_throughput.py": (["--corpora", "{corpus}", "--shapes", "mlm", "--epochs", "1"], "| mlm | dynamic |"),
     "train/mixture_loader.py": (
