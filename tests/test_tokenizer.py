@@ -607,3 +607,23 @@ def test_the_models_pad_id_is_the_tokenizers_not_the_presets(roberta_files):
     td = TaskData("sequence-classification", {}, {}, {0: "a", 1: "b"})
     ft = task_model(src, td, small, 600)
     assert ft.config.pad_token_id == 1
+
+
+def test_fine_tuning_pads_with_the_tokenizers_pad_token(roberta_files, shared_dir):
+    """A task tokenized with the RoBERTa-style tokenizer: pairs in its template, batches padded with `<pad>` (1),
+    not BERT's 0 (`<s>` here)."""
+    from pipeline.finetune.data import pad_batch, prepare_task
+
+    task = shared_dir / "tasks" / "pydocs_topic"
+    td = prepare_task(
+        "sequence-classification",
+        task / "train.tsv",
+        task / "dev.tsv",
+        roberta_files / "roberta.json",
+        max_seq_length=64,
+        max_train_examples=16,
+        max_eval_examples=8,
+    )
+    assert td.pad_id == 1 and all(r[0] == 0 and r[-1] == 2 for r in td.eval["input_ids"])
+    b = pad_batch(td.eval, list(range(8)), td.pad_id)
+    assert (b["input_ids"][b["attention_mask"] == 0] == 1).all() and (b["attention_mask"] == 0).any()

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.tokenizer import VocabError, load_tokenizer
+from pipeline.data.tokenizer import VocabError, load_tokenizer, specials
 from pipeline.finetune.readers import (
     FinetuneDataError,
     QAExample,
@@ -210,6 +210,7 @@ class TaskData:
     eval_answers: dict[str, list[str]] = field(default_factory=dict)  # QA: gold texts per question id
     version_2: bool = False
     retrieval: RetrievalEval | None = None  # embedding task: what the eval queries are searched against
+    pad_id: int = 0  # the tokenizer's pad token: what `pad_batch` pads input_ids with
 
     @property
     def num_labels(self) -> int:
@@ -218,6 +219,12 @@ class TaskData:
             if self.problem_type == "regression"
             else max(len(self.id2label), 2 if self.task == "question-answering" else 1)
         )
+
+
+def _with_pad(td: TaskData, tok) -> TaskData:
+    """The task data padded with the tokenizer's own pad token (`pipeline.data.tokenizer.specials`)."""
+    td.pad_id = specials(tok).ids["pad"]
+    return td
 
 
 def prepare_task(
@@ -265,7 +272,7 @@ def prepare_task(
             td.problem_type = "regression"
         else:
             td.id2label = dict(enumerate(names))
-        return td
+        return _with_pad(td, tok)
     if task == "token-classification":
         tr = subset(read_conll(train_path), max_train_examples, True)
         ev = subset(read_conll(eval_path), max_eval_examples, False)
@@ -277,7 +284,7 @@ def prepare_task(
         )
         td.id2label = dict(enumerate(names))
         td.eval_tags = [s.tags for s in ev]
-        return td
+        return _with_pad(td, tok)
     if task == "question-answering":
         tr, _ = read_squad(train_path)
         ev, v2 = read_squad(eval_path)
@@ -290,7 +297,7 @@ def prepare_task(
         td.eval_contexts = {e.qid: e.context for e in ev}
         td.eval_answers = {e.qid: [a["text"] for a in e.answers] for e in ev}
         td.version_2 = v2
-        return td
+        return _with_pad(td, tok)
     if task == "embedding":
         # train: a query's ids in input_ids, its positive's (and hard negative's) beside them; eval: the BEIR set's
         # queries (the first max_eval_examples that have a relevant document) against its whole corpus
@@ -315,7 +322,7 @@ def prepare_task(
             encode_texts(tok, list(beir.corpus.values()), max_seq_length),
             {q: beir.qrels[q] for q in qids},
         )
-        return td
+        return _with_pad(td, tok)
     raise FinetuneDataError(
         f"unknown task {task!r} (sequence-classification, sentence-pair-classification, "
         "token-classification, question-answering, embedding)"

@@ -14,6 +14,7 @@ its `eval_metrics.json`; the run's latest checkpoint therefore always carries th
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import os
@@ -130,7 +131,7 @@ def evaluate(model: torch.nn.Module, td: TaskData, cfg: Any, device: torch.devic
     loss_sum = 0.0
     for b in range(0, n, bs):
         idx = list(range(b, min(n, b + bs)))
-        batch = {k: torch.as_tensor(v) for k, v in pad_batch(td.eval, idx).items()}
+        batch = {k: torch.as_tensor(v) for k, v in pad_batch(td.eval, idx, td.pad_id).items()}
         out = forward(model, batch, device, precision)
         loss_sum += float(out.loss) * len(idx)
         if td.task == "question-answering":
@@ -259,7 +260,7 @@ def train_loop_per_worker(handoff: FinetuneHandoff) -> None:
     init = ray.get(handoff.init_ref)  # the driver's model: class name, config, initial weights
     model = rebuild(init["class"], init["config"])
     model.load_state_dict(init["state_dict"])
-    collate, task_sums = pad_batch, TaskSums
+    collate, task_sums = functools.partial(pad_batch, pad_id=td.pad_id), TaskSums  # the tokenizer's pad token
     if td.task == "embedding":  # the encoder inside the model that scores in-batch negatives; DDP wraps that
         from pipeline.finetune import embedding
 
