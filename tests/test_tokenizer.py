@@ -627,3 +627,25 @@ def test_fine_tuning_pads_with_the_tokenizers_pad_token(roberta_files, shared_di
     assert td.pad_id == 1 and all(r[0] == 0 and r[-1] == 2 for r in td.eval["input_ids"])
     b = pad_batch(td.eval, list(range(8)), td.pad_id)
     assert (b["input_ids"][b["attention_mask"] == 0] == 1).all() and (b["attention_mask"] == 0).any()
+
+
+def test_data_vocab_may_be_a_directory_holding_the_tokenizer(roberta_files, shared_dir, tmp_path):
+    """`--data.vocab DIR` is the tokenizer.json in it (before: IsADirectoryError, reported as an internal error);
+    a directory holding neither file is one line before any work."""
+    import shutil
+
+    from pipeline.config import load_config, resolve_paths
+    from pipeline.data.stages import check_paths
+
+    (tmp_path / "tok").mkdir()
+    shutil.copy(roberta_files / "roberta.json", tmp_path / "tok" / "tokenizer.json")
+    (tmp_path / "empty").mkdir()
+    book = str(shared_dir / "corpora/books/08_Ruth.txt")
+
+    def cfg(vocab):
+        return resolve_paths(load_config(None, ["--data.inputs", book, "--data.vocab", str(vocab)]), tmp_path)
+
+    assert cfg(tmp_path / "tok").data.vocab == str(tmp_path / "tok" / "tokenizer.json")
+    check_paths(cfg(tmp_path / "tok").data)
+    with pytest.raises(VocabError, match=r"^tokenizer directory \S+empty has no tokenizer.json or vocab.txt$"):
+        check_paths(cfg(tmp_path / "empty").data)

@@ -24,13 +24,27 @@ def resolve_paths(cfg: Config, base: str | os.PathLike | None = None) -> Config:
     for source in cfg.data.sources:  # data.inputs is their inputs: resolved alike
         source.inputs = [resolve_path(p, base) for p in source.inputs]  # type: ignore[misc]
     cfg.data.output = resolve_path(cfg.data.output, base)  # type: ignore[assignment]
-    cfg.data.vocab = resolve_path(cfg.data.vocab, base)
+    cfg.data.vocab = vocab_file(resolve_path(cfg.data.vocab, base))
     if cfg.model.init and not cfg.model.init.startswith("models:/"):
         cfg.model.init = resolve_path(cfg.model.init, base)
     cfg.train.storage_path = resolve_path(cfg.train.storage_path, base)  # type: ignore[assignment]
     cfg.eval.suite = resolve_path(cfg.eval.suite, base)
     cfg.eval.baselines = [b if ":" in b.split("/")[0] else resolve_path(b, base) for b in cfg.eval.baselines]
     return cfg
+
+
+def vocab_file(path: str | None) -> str | None:
+    """`data.vocab` as the file it names: a directory (local or URI) gives the tokenizer.json it holds, else its
+    vocab.txt; a file, a missing path or a directory holding neither stay as they are (checked with one line
+    before any work, `pipeline.data.stages.check_paths`)."""
+    if path is None:
+        return None
+    from pipeline.storage.io import exists, filesystem, join
+
+    fs, local = filesystem(path)
+    if not fs.isdir(local):
+        return path
+    return next((join(path, n) for n in ("tokenizer.json", "vocab.txt") if exists(join(path, n))), path)
 
 
 def phase_data_configs(cfg: Config) -> list[DataConfig]:
