@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import ConfigError, PhaseConfig, TrainConfig, load_config
+from pipeline.config import ConfigError, DataConfig, PhaseConfig, TrainConfig, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -142,7 +142,7 @@ def test_sources_parse_replace_a_presets_inputs_and_their_inputs_are_the_datas(t
         (["--data.sources", "[{name: a, inputs: []}]"], "data.sources[a].inputs is empty"),
         (
             ["--data.sources", "[{name: a, inputs: /a}]", "--data.mix_temperature", "0"],
-            "data.mix_temperature 0 must be > 0",
+            "data.mix_temperature 0.0 must be > 0",
         ),
         (["--data.sources", "[{name: a, inputs: /a}]", "--data.inputs", "/b"], "data.inputs and data.sources are both"),
         (
@@ -159,7 +159,7 @@ def test_sources_parse_replace_a_presets_inputs_and_their_inputs_are_the_datas(t
         ),
         (
             ["--data.sources", MIX, "--train.phases", "[{mix_temperature: -1}]"],
-            "train.phases mix_temperature -1 must be > 0",
+            "train.phases mix_temperature -1.0 must be > 0",
         ),
         (
             ["--data.masking", "static", "--train.phases", "[{mask_rate: 0.1}]"],
@@ -625,3 +625,26 @@ def test_prepare_data_reads_a_presets_data_section_only():
     _, sections = parse(load_job("prepare_data").parser(), argv, {"data": None}, config_sections=("data",))
     data = sections["data"]
     assert data.vocab_size == 8000 and data.mask_rate == 0.3 and data.output == "/y"
+
+
+@pytest.mark.parametrize(
+    "cls, prefix",
+    [(DataConfig, "data."), (TrainConfig, "train."), (PhaseConfig, "train.phases ")],
+    ids=["data", "train", "phase"],
+)
+def test_every_bound_is_on_the_field_type_and_refused_in_one_line(cls, prefix):
+    """Issue 63: numeric bounds live in the fields' types (`Annotated[int, Bound(1)]`), checked in one place for
+    YAML, the command line and Python alike: each bounded field just outside its bound is one line naming it."""
+    from pipeline.config.sections import _bounds
+
+    bounds = dict(_bounds(cls))
+    assert len(bounds) >= {"data.": 17, "train.": 17, "train.phases ": 5}[prefix]
+    for name, b in bounds.items():
+        if b.hi is not None:
+            bad = b.hi + (0 if b.hi_open else 1)
+        else:
+            bad = b.lo - (0 if b.lo_open else 1)
+        if isinstance(getattr(cls(), name, None), float) or isinstance(b.lo, float) or b.lo_open:
+            bad = float(bad)
+        with pytest.raises(ConfigError, match="^" + re.escape(f"{prefix}{name} {bad} ")):
+            cls(**{name: bad})

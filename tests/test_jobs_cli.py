@@ -138,7 +138,7 @@ MIXTURE = (
         ("no file", "data.sources[news]: no readable input file under {tmp}/empty (skipped 1: {tmp}/empty/notes.bin"),
         ("no path", "data.sources[news].inputs: {tmp}/nowhere does not exist"),
         ("phase", "train.phases[1].source_weights names pydocs, not a source of data.sources (books, news)"),
-        ("temperature", "data.mix_temperature 0 must be > 0"),
+        ("temperature", "data.mix_temperature 0.0 must be > 0"),
     ],
 )
 def test_a_bad_mixture_is_one_line_naming_the_field_before_ray_starts(

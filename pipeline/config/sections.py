@@ -16,7 +16,9 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+import sys
+from functools import cache
+from typing import Annotated, Any, Literal, get_type_hints
 
 from pipeline.errors import PipelineError
 
@@ -28,6 +30,73 @@ class ConfigError(PipelineError, ValueError):
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A number field's bounds, carried by its type (`Annotated[int, Bound(1)]`) and checked in one place,
+    `check_bounds`, in every section's `__post_init__`: from YAML, the command line or Python alike. (jsonargparse
+    reads the annotated type as its base type; its own restricted types would check the command line only, and
+    word their errors otherwise.) A null value is not checked; NaN is outside every bound.
+
+        >>> Bound(1).problem(0), Bound(0, lo_open=True).problem(float("nan")), Bound(0, 1, hi_open=True).problem(1.0)
+        ('< 1', 'must be > 0', 'is not in [0, 1)')
+        >>> Bound(0, lo_open=True, finite=True).problem(float("inf")), Bound(16, 8192).problem(512) is None
+        ('must be > 0', True)
+    """
+
+    lo: float
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    finite: bool = False
+    """Also below infinity (a learning rate)."""
+
+    def problem(self, v: float) -> str | None:
+        """What is wrong with `v` (the end of the error line), or None."""
+        above = v > self.lo if self.lo_open else v >= self.lo
+        below = self.hi is None or (v < self.hi if self.hi_open else v <= self.hi)
+        if above and below and (not self.finite or v < math.inf):
+            return None
+        if self.hi is not None:
+            return f"is not in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        return f"must be > {self.lo:g}" if self.lo_open else f"< {self.lo:g}"
+
+
+@cache
+def _bounds(cls: type) -> tuple[tuple[str, Bound], ...]:
+    """(field, bound) of a dataclass's fields whose type carries a `Bound`, in declaration order."""
+    found: dict[str, Bound] = {}
+    for klass in reversed(cls.__mro__):
+        own = klass.__dict__.get("__annotations__", {})
+        if not any("Bound(" in str(t) for t in own.values()):
+            continue
+        hints = get_type_hints(klass, vars(sys.modules[klass.__module__]), include_extras=True)
+        for name in own:
+            meta = getattr(hints[name], "__metadata__", ())
+            found.update({name: m for m in meta if isinstance(m, Bound)})
+    return tuple(found.items())
+
+
+def check_bounds(obj: Any, prefix: str) -> None:
+    """Each bounded field of `obj` within its `Bound`, else one line naming it (`prefix` + name).
+
+    >>> check_bounds(DataConfig(), "data.")
+    >>> DataConfig(num_shards=0)
+    Traceback (most recent call last):
+    ...
+    pipeline.config.sections.ConfigError: data.num_shards 0 < 1
+    >>> TrainConfig(lr=0.0)
+    Traceback (most recent call last):
+    ...
+    pipeline.config.sections.ConfigError: train.lr 0.0 must be > 0
+    """
+    for name, bound in _bounds(type(obj)):
+        v = getattr(obj, name)
+        if v is None or isinstance(v, (str, bool)):  # null, or a word such as lr's "auto"
+            continue
+        problem = bound.problem(v)
+        _check(problem is None, f"{prefix}{name} {v} {problem}")
 
 
 SOURCE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -92,7 +161,7 @@ class DataConfig:
     """A mixture instead of data.inputs (which then lists the sources' inputs): [{name, inputs, weight | epochs}].
     Each row remembers its source (shard column `source`); training draws each source's share of the tokens by its
     weight (`pipeline.pretrain.mixture`). Empty: data.inputs, one stream, each part in proportion to its size."""
-    mix_temperature: float = 1.0
+    mix_temperature: Annotated[float, Bound(0, lo_open=True)] = 1.0
     """Sources given neither weight nor epochs are weighted by their tokens to this power (mmBERT's temperature):
     1 is in proportion to size, lower flattens the mixture towards equal shares."""
     output: str = "data/prepared"
@@ -105,13 +174,13 @@ class DataConfig:
     """What `vocab: null` trains (pipeline/data/tokenizer.py): BERT's WordPiece (`##` continuations), a byte-level BPE
     (RoBERTa, ModernBERT: no unknown token) or a SentencePiece-style Unigram (`▁` word starts); all with BERT's
     special tokens, bpe and unigram padded with [unusedN] to a multiple of 64."""
-    vocab_size: int = 30522
+    vocab_size: Annotated[int, Bound(128)] = 30522
     """Size of the vocabulary to train when `vocab` is null."""
     lowercase: bool = True
     """Uncased (BERT-base-uncased style) when true, cased when false."""
-    max_seq_length: int = 128
+    max_seq_length: Annotated[int, Bound(16, 8192)] = 128
     """Maximum tokens per example including [CLS]/[SEP]."""
-    short_seq_prob: float = 0.1
+    short_seq_prob: Annotated[float, Bound(0, 1)] = 0.1
     """Probability of a shorter target length (Google's algorithm), so the model sees short inputs too."""
     nsp: bool = True
     """Next-sentence pairs when true; MLM-only packing of whole sentences when false."""
@@ -121,38 +190,38 @@ class DataConfig:
     apart; short_seq_prob does not apply); false: a row holds one document."""
     masking: Literal["static", "dynamic"] = "static"
     """static: masked at preparation (dupe_factor copies); dynamic: masked at load time per epoch."""
-    mask_rate: float = 0.15
+    mask_rate: Annotated[float, Bound(0, 1, lo_open=True, hi_open=True)] = 0.15
     """Fraction of tokens selected for prediction."""
-    max_predictions_per_seq: int = 20
+    max_predictions_per_seq: Annotated[int, Bound(1)] = 20
     """Cap on masked positions per example."""
     whole_word_mask: bool = False
     """Mask a word's pieces together: `##` continuations (WordPiece), pieces without `Ġ` (byte-level BPE) or `▁`
     (Unigram) join the word before them."""
-    dupe_factor: int = 1
+    dupe_factor: Annotated[int, Bound(1)] = 1
     """Static masking: number of copies of each example with different masks."""
-    num_shards: int = 8
+    num_shards: Annotated[int, Bound(1)] = 8
     """Number of Parquet shards (balanced in rows)."""
     seed: int = 12345
     """Seed for pair creation and masking; randomness derives from it and document/example identity."""
-    num_actors: int = 2
+    num_actors: Annotated[int, Bound(1)] = 2
     """Processes that tokenize and build examples: Ray Data actors, or local worker processes (at most the cores,
     and one per 2 MiB of input) when the input is prepared without Ray; the output does not depend on it."""
-    random_pool_size: int = 20000
+    random_pool_size: Annotated[int, Bound(1)] = 20000
     """Sentence windows (about max_seq_length tokens each) sampled from the whole corpus for random-next B."""
-    vocab_sample_chars: int = 50_000_000
+    vocab_sample_chars: Annotated[int, Bound(1)] = 50_000_000
     """Characters of text (spread over the input files, in file and record order) a new vocabulary is trained on:
     the bounded, deterministic sample (as SentencePiece's input_sentence_size) that keeps its memory flat."""
-    chunk_chars: int = 4_000_000
+    chunk_chars: Annotated[int, Bound(1)] = 4_000_000
     """Characters of text per intermediate token chunk: the unit of parallel work, memory and resume."""
-    max_document_chars: int = 1_000_000
+    max_document_chars: Annotated[int, Bound(1000)] = 1_000_000
     """Longer documents (a .txt book is one) are cut into pieces of at most this many characters at paragraph or
     sentence boundaries before tokenization, so memory does not grow with a document (pipeline/data/examples.py)."""
-    max_record_bytes: int = 128 * 2**20
+    max_record_bytes: Annotated[int, Bound(1024)] = 128 * 2**20
     """The most bytes one input record may hold (a dump page's XML, a WikiExtractor `<doc>` block, a JSON line, a
     book's file, a Parquet or datasets row's text): a longer one is rejected as `record_too_large` and reading goes
     on at the next record, so a record never closed (`<page>` without `</page>`) costs this much memory, not the rest
     of its file. A book is one record: a larger one is rejected whole; raise this for it (pipeline/data/sources)."""
-    local_max_bytes: int = 2**30
+    local_max_bytes: Annotated[int, Bound(0)] = 2**30
     """Inputs of at most this many bytes (on disk, 1 GiB by default) are prepared on the job's own machine without
     Ray: in its process, or on up to num_actors local worker processes. Ray's processes, actors and transfers
     cost tens of CPU-seconds and only pay off across nodes; larger inputs go to Ray (multi-node), and 0 sends
@@ -163,9 +232,9 @@ class DataConfig:
     """Drop duplicate documents before tokenizing, keeping the first in input order: exact (same text after
     case-folding and whitespace collapsing), near (also MinHash-estimated Jaccard of word 5-grams >=
     dedup_threshold), or off. Dropped documents are listed in OUT/duplicates.jsonl (pipeline/data/dedup.py)."""
-    dedup_threshold: float = 0.8
+    dedup_threshold: Annotated[float, Bound(0, 1, lo_open=True)] = 0.8
     """Near duplicates: the estimated Jaccard similarity at or above which a later document is dropped."""
-    dedup_num_perm: int = 128
+    dedup_num_perm: Annotated[int, Bound(16, 1024)] = 128
     """Near duplicates: MinHash values per document (estimate error about 0.035 at Jaccard 0.8)."""
     wiki_keep_lists: bool = False
     """MediaWiki dumps: keep list items as text (the BERT paper drops lists, tables and headings)."""
@@ -175,17 +244,9 @@ class DataConfig:
     def __post_init__(self) -> None:
         if isinstance(self.inputs, str):  # one path given alone: `--data.inputs /data/books`
             self.inputs = [self.inputs]
+        check_bounds(self, "data.")
         self._check_sources()
-        _check(0.0 < self.dedup_threshold <= 1.0, f"data.dedup_threshold {self.dedup_threshold} is not in (0, 1]")
-        _check(16 <= self.dedup_num_perm <= 1024, f"data.dedup_num_perm {self.dedup_num_perm} is not in [16, 1024]")
-        _check(16 <= self.max_seq_length <= 8192, f"data.max_seq_length {self.max_seq_length} is not in [16, 8192]")
         _check(not (self.pack_documents and self.nsp), "data.pack_documents needs data.nsp false (MLM-only rows)")
-        _check(0.0 < self.mask_rate < 1.0, f"data.mask_rate {self.mask_rate} is not in (0, 1)")
-        _check(0.0 <= self.short_seq_prob <= 1.0, f"data.short_seq_prob {self.short_seq_prob} is not in [0, 1]")
-        _check(self.max_predictions_per_seq >= 1, f"data.max_predictions_per_seq {self.max_predictions_per_seq} < 1")
-        _check(self.dupe_factor >= 1, f"data.dupe_factor {self.dupe_factor} < 1")
-        _check(self.num_shards >= 1, f"data.num_shards {self.num_shards} < 1")
-        _check(self.vocab_size >= 128, f"data.vocab_size {self.vocab_size} < 128")
         _check(
             self.tokenizer in ("wordpiece", "bpe", "unigram"),
             f"data.tokenizer {self.tokenizer!r} is not one of wordpiece, bpe, unigram",
@@ -195,19 +256,11 @@ class DataConfig:
             f"data.vocab_size {self.vocab_size} "
             "is too small for data.tokenizer bpe: 256 bytes + 5 special tokens need at least 261",
         )
-        _check(self.num_actors >= 1, f"data.num_actors {self.num_actors} < 1")
-        _check(self.random_pool_size >= 1, f"data.random_pool_size {self.random_pool_size} < 1")
-        _check(self.chunk_chars >= 1, f"data.chunk_chars {self.chunk_chars} < 1")
-        _check(self.vocab_sample_chars >= 1, f"data.vocab_sample_chars {self.vocab_sample_chars} < 1")
-        _check(self.max_document_chars >= 1000, f"data.max_document_chars {self.max_document_chars} < 1000")
-        _check(self.max_record_bytes >= 1024, f"data.max_record_bytes {self.max_record_bytes} < 1024")
-        _check(self.local_max_bytes >= 0, f"data.local_max_bytes {self.local_max_bytes} < 0")
 
     def _check_sources(self) -> None:
         """The mixture's own checks; with sources, data.inputs becomes their inputs (derived, as warmup_steps)."""
         _check(isinstance(self.sources, list), f"data.sources must be a list of sources, got {self.sources!r}")
         self.sources = [_of(SourceConfig, s, f"data.sources[{i}]") for i, s in enumerate(self.sources)]
-        _check(self.mix_temperature > 0, f"data.mix_temperature {self.mix_temperature:g} must be > 0")
         if not self.sources:
             return
         names = [s.name for s in self.sources]
@@ -280,11 +333,11 @@ class ModelConfig:
 class PhaseConfig:
     """One pretraining phase (BERT's recipe: most steps at 128 tokens, the rest at 512), on its own prepared data."""
 
-    max_seq_length: int = 128
+    max_seq_length: Annotated[int, Bound(16, 8192)] = 128
     """Tokens per example in this phase's shards (the data stages run once per phase with it)."""
-    fraction: float | None = None
+    fraction: Annotated[float | None, Bound(0, 1, lo_open=True)] = None
     """Share of train.max_steps spent in this phase; the last phase takes what is left when null."""
-    steps: int | None = None
+    steps: Annotated[int | None, Bound(1)] = None
     """Optimizer steps in this phase (instead of fraction)."""
     max_predictions_per_seq: int | None = None
     """Masked positions cap for this phase's data (the paper: 20 at 128, 80 at 512); null keeps data's."""
@@ -297,9 +350,9 @@ class PhaseConfig:
     source_weights: dict[str, float] | None = None
     """This phase's mixture: {source name: weight} of data.sources (a source not named is not read in it), e.g. a
     final decay phase on a higher-quality mix; null keeps data.sources' weights, epochs and temperature."""
-    mix_temperature: float | None = None
+    mix_temperature: Annotated[float | None, Bound(0, lo_open=True)] = None
     """This phase's temperature for the sources without a weight (mmBERT lowers it phase by phase); null: data's."""
-    mask_rate: float | None = None
+    mask_rate: Annotated[float | None, Bound(0, 1, lo_open=True, hi_open=True)] = None
     """Dynamic masking: the fraction of tokens masked in this phase (mmBERT anneals 30% to 5%); null: data's."""
 
     @classmethod
@@ -308,20 +361,8 @@ class PhaseConfig:
         return _of(cls, value, where)
 
     def __post_init__(self) -> None:
-        _check(
-            16 <= self.max_seq_length <= 8192, f"train.phases max_seq_length {self.max_seq_length} is not in [16, 8192]"
-        )
-        _check(
-            self.fraction is None or 0 < self.fraction <= 1, f"train.phases fraction {self.fraction} is not in (0, 1]"
-        )
-        _check(self.steps is None or self.steps >= 1, f"train.phases steps {self.steps} < 1")
+        check_bounds(self, "train.phases ")
         _check(self.fraction is None or self.steps is None, "train.phases: give fraction or steps, not both")
-        _check(
-            self.mask_rate is None or 0 < self.mask_rate < 1,
-            f"train.phases mask_rate {self.mask_rate} is not in (0, 1)",
-        )
-        if self.mix_temperature is not None:
-            _check(self.mix_temperature > 0, f"train.phases mix_temperature {self.mix_temperature:g} must be > 0")
         w = self.source_weights
         _check(
             w is None or (isinstance(w, dict) and all(v >= 0 for v in w.values()) and sum(w.values()) > 0),
@@ -336,30 +377,30 @@ class BaseTrainConfig:
     """Ray Train fields shared by pretraining (`TrainConfig`) and fine-tuning (`pipeline.finetune.config`), as litgpt's
     `TrainArgs` serves both; each subclass adds its own fields and may redefine a default (seed, lr, max_steps)."""
 
-    num_workers: int = 1
+    num_workers: Annotated[int, Bound(1)] = 1
     """Ray Train workers (one process each; DDP across them)."""
     use_gpu: bool = False
     """One GPU per worker when true (NCCL); CPU with gloo otherwise. Fails at once on a cluster without a GPU."""
-    cpus_per_worker: float = 0.5
+    cpus_per_worker: Annotated[float, Bound(0, lo_open=True)] = 0.5
     """CPUs reserved per worker; fractional on small machines so Ray's own tasks and actors are not starved."""
-    max_steps: int | None = None
+    max_steps: Annotated[int | None, Bound(1)] = None
     """Optimizer steps in the whole run."""
     optimizer: Literal["adamw", "lamb", "stableadamw"] = "adamw"
     """adamw; lamb for large batches (You et al. 2019); stableadamw, AdamW with AdaFactor's per-tensor update
     clipping (Wortsman et al. 2023), ModernBERT's optimizer, from torch-optimi."""
-    lr: float = 1e-3
+    lr: Annotated[float, Bound(0, lo_open=True, finite=True)] = 1e-3
     """Peak learning rate (reached at the end of warmup)."""
     weight_decay: float = 0.01
     """Decoupled weight decay (not on biases/LayerNorm)."""
     schedule: Literal["linear", "polynomial"] = "linear"
     """Decay after warmup, to 0 at the last step."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: Annotated[float, Bound(0)] = 1.0
     """Clip the global gradient norm to this (0 disables clipping)."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """bf16 autocast (GPU or CPU), fp16 autocast with a gradient scaler (GPU), or fp32."""
-    log_every_steps: int = 1
+    log_every_steps: Annotated[int, Bound(1)] = 1
     """Log training metrics to MLflow every N optimizer steps."""
-    max_failures: int = 0
+    max_failures: Annotated[int, Bound(-1)] = 0
     """Worker failures Ray Train recovers from (restart from the last checkpoint); -1 = unlimited."""
     seed: int = 0
     """Seeds model init, dropout and data order; with it, CPU runs are bit-reproducible."""
@@ -367,13 +408,7 @@ class BaseTrainConfig:
     """Local path (relative to the current directory) or pyarrow/fsspec URI where Ray Train keeps checkpoints."""
 
     def __post_init__(self) -> None:
-        _check(self.num_workers >= 1, f"train.num_workers {self.num_workers} < 1")
-        _check(self.cpus_per_worker > 0, f"train.cpus_per_worker {self.cpus_per_worker} must be > 0")
-        _check(self.max_steps is None or self.max_steps >= 1, f"train.max_steps {self.max_steps} < 1")
-        _check(self.lr == "auto" or 0 < self.lr < math.inf, f"train.lr {self.lr} must be > 0")
-        _check(self.max_grad_norm >= 0, f"train.max_grad_norm {self.max_grad_norm} < 0")
-        _check(self.log_every_steps >= 1, f"train.log_every_steps {self.log_every_steps} < 1")
-        _check(self.max_failures >= -1, f"train.max_failures {self.max_failures} < -1")
+        check_bounds(self, "train.")
 
 
 @dataclass
@@ -390,18 +425,18 @@ class TrainConfig(BaseTrainConfig):
     """Cap on the CPUs Ray Data reading may use (ExecutionResources); null lets Ray Data decide."""
     max_steps: int = 100
     """Optimizer steps in the whole run (all phases share one step count and LR schedule)."""
-    global_batch_size: int = 32
+    global_batch_size: Annotated[int, Bound(1)] = 32
     """Examples per optimizer step over all workers, whatever their number: which examples form each step is a
     function of the seed, the phase, the epoch and this, so a run resumes at any num_workers with the same data."""
-    micro_batch_size: int = 32
+    micro_batch_size: Annotated[int, Bound(1)] = 32
     """Cap on the examples of one forward/backward on one worker: each worker's share of the global batch is cut
     into as few micro-batches of at most this many as it needs (gradient accumulation). Memory, not the maths:
     it is not part of the run's identity."""
     phases: list[PhaseConfig] = field(default_factory=list)
     """Empty: one phase on data.output at data.max_seq_length. Else phases run in order on their own data."""
-    warmup_steps: int = 10
+    warmup_steps: Annotated[int, Bound(0)] = 10
     """Linear warmup from 0 to lr over this many optimizer steps (set from warmup_fraction when that is given)."""
-    warmup_fraction: float | None = None
+    warmup_fraction: Annotated[float | None, Bound(0, 1, hi_open=True)] = None
     """Share of max_steps in the warmup, in [0, 1): when set, warmup_steps is round(warmup_fraction x max_steps), so
     the warmup scales with `--train.max_steps`; null: warmup_steps as given."""
     head_only_steps: int = 0
@@ -410,9 +445,9 @@ class TrainConfig(BaseTrainConfig):
     schedule: Literal["linear", "polynomial", "wsd"] = "linear"
     """Decay after warmup, to 0 at max_steps; wsd (warmup-stable-decay, ModernBERT's): the peak LR held after
     warmup, then a decay (decay_shape) to 0 over the last decay_fraction of max_steps."""
-    poly_power: float = 1.0
+    poly_power: Annotated[float, Bound(0, lo_open=True)] = 1.0
     """Power of the polynomial decay (NVIDIA's LAMB recipe uses 0.5)."""
-    decay_fraction: float = 0.1
+    decay_fraction: Annotated[float, Bound(0, 1)] = 0.1
     """schedule wsd: share of max_steps in the final decay (the stable phase is what warmup and decay leave)."""
     decay_shape: Literal["linear", "1-sqrt"] = "linear"
     """schedule wsd: the decay's shape, t going 0 -> 1 over it: linear, lr x (1 - t); 1-sqrt, lr x (1 - sqrt(t)),
@@ -421,20 +456,20 @@ class TrainConfig(BaseTrainConfig):
     """Every shard is read once into the Ray object store (by the driver up to 256 MiB, by Ray Data's tasks above:
     `pipeline.pretrain.job.READ_HERE_BYTES`) and every worker reads each epoch from there (small corpora: epochs
     then cost nothing to re-read); false: Ray Data streams the shards from storage to the workers every epoch."""
-    shuffle_buffer_rows: int = 16384
+    shuffle_buffer_rows: Annotated[int, Bound(1)] = 16384
     """Each epoch the training rows, in file order, are permuted in consecutive chunks of this many rows, seeded by
     (seed, phase, epoch, chunk): the same order on every worker, at any number of workers. Larger is closer to a
     global shuffle and holds more rows in each worker's memory."""
-    num_eval_shards: int = 1
+    num_eval_shards: Annotated[int, Bound(0)] = 1
     """The last N shards of the prepared data are held out for evaluation (never trained on)."""
     eval_every_steps: int = 50
     """Evaluate on the held-out shards every N steps (and at the end); 0 disables periodic evaluation."""
     eval_batches: int = 10
     """Micro-batches per worker in each evaluation (0 = the whole held-out set)."""
-    checkpoint_every_steps: int = 50
+    checkpoint_every_steps: Annotated[int, Bound(1)] = 50
     """Report a checkpoint (weights, optimizer, scheduler, scaler, RNGs, data positions) every N steps, and at
     the last."""
-    num_to_keep: int = 2
+    num_to_keep: Annotated[int, Bound(1)] = 2
     """Checkpoints Ray Train keeps in storage_path."""
     checkpoint_upload: Literal["auto", "sync", "async"] = "auto"
     """How a checkpoint reaches storage_path: async uploads it in the background while training goes on (Ray
@@ -453,8 +488,6 @@ class TrainConfig(BaseTrainConfig):
         _check(isinstance(self.phases, list), f"train.phases must be a list of phases, got {self.phases!r}")
         self.phases = [PhaseConfig.of(p, f"train.phases[{i}]") for i, p in enumerate(self.phases)]
         super().__post_init__()
-        _check(self.micro_batch_size >= 1, f"train.micro_batch_size {self.micro_batch_size} < 1")
-        _check(self.global_batch_size >= 1, f"train.global_batch_size {self.global_batch_size} < 1")
         _check(
             0 <= self.head_only_steps < self.max_steps,
             f"train.head_only_steps {self.head_only_steps} must be >= 0 and < max_steps {self.max_steps}",
@@ -478,24 +511,13 @@ class TrainConfig(BaseTrainConfig):
                 f"train.num_workers {self.num_workers} > train.phases[{i}] global_batch_size {gb}: "
                 "every worker needs at least one example of each step",
             )
-        _check(
-            self.warmup_fraction is None or 0 <= self.warmup_fraction < 1,
-            f"train.warmup_fraction {self.warmup_fraction} is not in [0, 1)",
-        )
         if self.warmup_fraction is not None:  # derived here, so everything downstream reads warmup_steps
             self.warmup_steps = int(round(self.warmup_fraction * self.max_steps))
-        _check(self.warmup_steps >= 0, f"train.warmup_steps {self.warmup_steps} < 0")
-        _check(self.poly_power > 0, f"train.poly_power {self.poly_power} must be > 0")
-        _check(0 <= self.decay_fraction <= 1, f"train.decay_fraction {self.decay_fraction} is not in [0, 1]")
         _check(
             self.schedule != "wsd" or self.warmup_steps + self.decay_steps <= self.max_steps,
             f"train.decay_fraction {self.decay_fraction} ({self.decay_steps} steps) and train.warmup_steps "
             f"{self.warmup_steps} leave no room in train.max_steps {self.max_steps} for schedule wsd",
         )
-        _check(self.num_eval_shards >= 0, f"train.num_eval_shards {self.num_eval_shards} < 0")
-        _check(self.num_to_keep >= 1, f"train.num_to_keep {self.num_to_keep} < 1")
-        _check(self.shuffle_buffer_rows >= 1, f"train.shuffle_buffer_rows {self.shuffle_buffer_rows} < 1")
-        _check(self.checkpoint_every_steps >= 1, f"train.checkpoint_every_steps {self.checkpoint_every_steps} < 1")
         _check(
             not (self.compile and self.unpad),
             "train.compile and train.unpad cannot both be true: the compiled "
