@@ -20,7 +20,7 @@ _WHERE = {
     "BertForTokenClassification": "model.heads",
     "MODERNBERT_PRESETS": "model.config",
     "build_model": "model.build",
-    "encoder_config": "model.config",
+    "encoder_config": "model.family",
     "load_model": "model.build",
     "ModernBertConfig": "model.config",
     "ModernBertModel": "model.modernbert",

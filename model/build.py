@@ -2,7 +2,7 @@
 (`build_model`) or read from a transformers directory (`load_model`, its config.json's model_type picks the
 family). Pretraining, its export and fine-tuning all build their models here.
 
-    >>> from model.config import encoder_config
+    >>> from model.family import encoder_config
     >>> type(build_model(encoder_config("modernbert-tiny", vocab_size=64))).__name__
     'ModernBertForMaskedLM'
     >>> model_class("bert", "token-classification").__name__

@@ -432,15 +432,3 @@ def _hf_kwargs(cls: type, d: dict[str, Any], overrides: dict[str, Any]) -> dict[
         kwargs.pop("id2label", None)
     kwargs.update(overrides)
     return kwargs
-
-
-def encoder_config(preset: str | None, **fields: Any) -> BertConfig | ModernBertConfig:
-    """The config of any family's encoder (`model.family`): a preset (its name picks the family) with `fields` on
-    top, or with preset None a whole config given by its fields.
-
-    >>> type(encoder_config("modernbert-tiny", vocab_size=100)).__name__, encoder_config("tiny").hidden_size
-    ('ModernBertConfig', 128)
-    """
-    from model.family import family_of  # (model.family imports this module)
-
-    return family_of(fields if preset is None else preset).config(preset, **fields)

@@ -213,3 +213,13 @@ def family_of(x: Any) -> ModelFamily:
 def _ref(c: str | type) -> str:
     """A class as "module:Class"."""
     return c if isinstance(c, str) else f"{c.__module__}:{c.__qualname__}"
+
+
+def encoder_config(preset: str | None, **fields: Any) -> BertConfig | ModernBertConfig:
+    """The config of any family's encoder (`model.family`): a preset (its name picks the family) with `fields` on
+    top, or with preset None a whole config given by its fields.
+
+    >>> type(encoder_config("modernbert-tiny", vocab_size=100)).__name__, encoder_config("tiny").hidden_size
+    ('ModernBertConfig', 128)
+    """
+    return family_of(fields if preset is None else preset).config(preset, **fields)

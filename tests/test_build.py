@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from model.build import build_model, load_model, model_class
-from model.config import BertConfig, ModernBertConfig, encoder_config
+from model.config import BertConfig, ModernBertConfig
+from model.family import encoder_config
 
 TASKS = ("pretraining", "sequence-classification", "token-classification", "question-answering")
 

@@ -348,7 +348,7 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_rngs(tmp_path, pre
     import random
 
     from model.build import build_model
-    from model.config import encoder_config
+    from model.family import encoder_config
     from pipeline.core.precision import forward
 
     def step(m, o, s):  # BERT's batch keys; ModernBERT's forward leaves token types and NSP labels behind

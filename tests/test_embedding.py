@@ -19,7 +19,8 @@ import torch.distributed as dist
 
 from model.bert import BertModel
 from model.build import build_model
-from model.config import BertConfig, encoder_config
+from model.config import BertConfig
+from model.family import encoder_config
 from model.pooling import sentence_embedding
 from pipeline.finetune import embedding as E
 

@@ -406,7 +406,7 @@ def modernbert_dir(tmp_path_factory, minilm_dir):
     from transformers import AutoModelForMaskedLM
 
     from model.build import build_model as build
-    from model.config import encoder_config
+    from model.family import encoder_config
     from model.hf import save_hf
 
     torch.manual_seed(0)

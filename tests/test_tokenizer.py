@@ -277,7 +277,7 @@ def test_registered_directory_loads_in_transformers_with_the_pipelines_ids(genes
     ids on held-out text, and fill-mask answers for the tokenizer's mask token, for BERT and ModernBERT."""
     import transformers
 
-    from model.config import encoder_config
+    from model.family import encoder_config
     from model.build import build_model
     from model.hf import save_hf
     from pipeline.data.tokenizer import train_tokenizer
@@ -435,7 +435,7 @@ def test_fill_mask_answers_for_a_loaded_tokenizers_mask_token(roberta_files, gen
     import transformers
 
     from model.build import build_model
-    from model.config import encoder_config
+    from model.family import encoder_config
     from model.hf import save_hf
     from pipeline.data.tokenizer import specials
     from pipeline.tracking.registry import write_tokenizer_config
@@ -566,7 +566,7 @@ def test_a_data_vocab_with_other_special_tokens_than_the_checkpoints_is_refused(
     from tokenizers import Tokenizer, processors
 
     from model.build import build_model
-    from model.config import encoder_config
+    from model.family import encoder_config
     from model.hf import save_hf
     from pipeline.config import ConfigError, load_config, resolve_paths
     from pipeline.pretrain.init import resolve_init

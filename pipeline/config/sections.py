@@ -321,7 +321,7 @@ class ModelConfig:
         """The BertConfig or ModernBertConfig this section describes (plus `extra`, e.g. the prepared vocab_size).
         With preset null (model.init resolved by `pipeline.pretrain.init`) the overrides hold the checkpoint's
         whole config."""
-        from model.config import encoder_config
+        from model.family import encoder_config
 
         try:
             return encoder_config(self.preset, **{**self.overrides, **extra})

@@ -127,7 +127,7 @@ def task_model(source: Source, td: TaskData, overrides: dict[str, Any], vocab_si
     source's family with the task's labels: the source's weights (`model.build.load_model`), or a fresh preset
     for scratch (`model.build.build_model`, its pad id the tokenizer's); for `embedding` the bare encoder."""
     from model.build import build_model, load_model
-    from model.config import encoder_config
+    from model.family import encoder_config
 
     task = td.task
     head: dict[str, Any] = {"num_labels": td.num_labels, "id2label": td.id2label or None}

@@ -145,7 +145,7 @@ def check_architecture(preset: str | None, overrides: dict[str, Any], ckpt: dict
     """  # noqa: E501
     from os.path import commonprefix
 
-    from model.config import encoder_config
+    from model.family import encoder_config
     from model.family import family_of
 
     theirs = family_of(ckpt)
