@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -135,20 +137,41 @@ def test_policy_from_vocab_errors():
         MaskingPolicy(mask_rate=1.5)
 
 
-@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram", "wordpiece ~~", "wordpiece guessed"])
 def test_whole_word_masking_for_every_tokenizer_kind(shared_dir, kind):
-    """On the same sentences, each kind's word starts (`##` continuations, `Ġ`, `▁`) group a word's pieces: every
-    whitespace word is masked whole or not at all, and multi-piece words are masked."""
+    """On the same sentences, each kind's word starts (`##` continuations, `Ġ`, `▁`), read from the tokenizer
+    (`Specials.words`), group a word's pieces: every whitespace word is masked whole or not at all, and multi-piece
+    words are masked. "wordpiece ~~": a WordPiece whose tokenizer.json makes `~~` its continuation prefix (nothing
+    assumes `##`); "wordpiece guessed": no recorded rule (data prepared before it was), told by the pieces."""
     import bisect
+    import json
     import re
 
-    from pipeline.data.tokenizer import train_tokenizer, vocab_list
+    from tokenizers import Tokenizer
+
+    from pipeline.data.tokenizer import specials, train_tokenizer, vocab_list
 
     text = (shared_dir / "corpora/books/01_Ge.txt").read_text()
-    tok = train_tokenizer(text.split("\n\n"), kind, vocab_size=400, lowercase=False)
+    tok = train_tokenizer(text.split("\n\n"), kind.split()[0], vocab_size=400, lowercase=False)
+    if kind == "wordpiece ~~":
+        spec = json.loads(tok.to_str())
+        spec["model"]["continuing_subword_prefix"] = spec["decoder"]["prefix"] = "~~"
+        spec["model"]["vocab"] = {
+            "~~" + t[2:] if t.startswith("##") else t: i for t, i in spec["model"]["vocab"].items()
+        }
+        tok = Tokenizer.from_str(json.dumps(spec))
+        assert tok.encode("Abimelech", add_special_tokens=False).tokens[1].startswith("~~")
+    sp = specials(tok)
+    assert sp.words == {"wordpiece": ("continuation", "##"), "bpe": ("start", "\u0120"),
+                        "unigram": ("start", "\u2581"), "wordpiece ~~": ("continuation", "~~"),
+                        "wordpiece guessed": ("continuation", "##")}[kind]  # fmt: skip
     words = re.sub(r"[^A-Za-z ]+", " ", " ".join(text.split()[:6000])).split()
     sentences = [" ".join(words[k : k + 20]) for k in range(0, len(words), 20)]
-    policy = MaskingPolicy.from_vocab(vocab_list(tok), whole_word=True, mask_rate=0.3, max_predictions_per_seq=40)
+    if kind == "wordpiece guessed":
+        sp = dataclasses.replace(sp, words=())
+    policy = MaskingPolicy.from_vocab(
+        vocab_list(tok), whole_word=True, mask_rate=0.3, max_predictions_per_seq=40, specials=sp
+    )
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     rows, word_of = [], []
     for s in sentences:

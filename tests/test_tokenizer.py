@@ -649,3 +649,28 @@ def test_data_vocab_may_be_a_directory_holding_the_tokenizer(roberta_files, shar
     check_paths(cfg(tmp_path / "tok").data)
     with pytest.raises(VocabError, match=r"^tokenizer directory \S+empty has no tokenizer.json or vocab.txt$"):
         check_paths(cfg(tmp_path / "empty").data)
+
+
+def test_the_training_sample_is_bounded_in_utf8_bytes(tmp_path):
+    """data.tokenizer_sample_bytes bounds the sample in UTF-8 bytes (text of 2-byte and 3-byte characters yields
+    about half and a third of the characters an ASCII file does), spread over the files; the old name
+    data.vocab_sample_chars still sets it, and giving both with different figures is one line naming both."""
+    from pipeline.config import ConfigError, DataConfig
+    from pipeline.data.stages import _sample_texts, plan
+
+    texts = {
+        "ascii.txt": "plain words here " * 400,
+        "cjk.txt": "漢字は日本語です。 " * 1000,
+        "latin.txt": "été à Noël. " * 1000,
+    }
+    for name, text in texts.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    cfg = DataConfig(inputs=[str(tmp_path)], output=str(tmp_path / "out"), tokenizer_sample_bytes=3000)
+    sample = list(_sample_texts(plan(cfg)))
+    assert [len(t.encode("utf-8")) for t in sample] == [1001, 1001, 1001]  # 3,000 // 3 + 1 a file, sorted order
+    assert [len(t) for t in sample] == [1001, 357, 750]  # ascii, cjk, latin: bytes, not characters
+    assert all(texts[n].startswith(t) for n, t in zip(sorted(texts), sample))
+    old = DataConfig(inputs=[str(tmp_path)], vocab_sample_chars=1234)
+    assert (old.tokenizer_sample_bytes, old.vocab_sample_chars) == (1234, None)
+    with pytest.raises(ConfigError, match=r"^data.vocab_sample_chars 10 and data.tokenizer_sample_bytes 20 are both"):
+        DataConfig(inputs=[str(tmp_path)], vocab_sample_chars=10, tokenizer_sample_bytes=20)

@@ -208,9 +208,12 @@ class DataConfig:
     and one per 2 MiB of input) when the input is prepared without Ray; the output does not depend on it."""
     random_pool_size: Annotated[int, Bound(1)] = 20000
     """Sentence windows (about max_seq_length tokens each) sampled from the whole corpus for random-next B."""
-    vocab_sample_chars: Annotated[int, Bound(1)] = 50_000_000
-    """Characters of text (spread over the input files, in file and record order) a new vocabulary is trained on:
+    tokenizer_sample_bytes: Annotated[int, Bound(1)] = 50_000_000
+    """Bytes of text (UTF-8; spread over the input files, in file and record order) a new vocabulary is trained on:
     the bounded, deterministic sample (as SentencePiece's input_sentence_size) that keeps its memory flat."""
+    vocab_sample_chars: int | None = None
+    """The former name of tokenizer_sample_bytes (a bound in characters until issue 57), still read: when given, it
+    sets tokenizer_sample_bytes (its figure taken as bytes). Giving both, with different figures, is an error."""
     chunk_chars: Annotated[int, Bound(1)] = 4_000_000
     """Characters of text per intermediate token chunk: the unit of parallel work, memory and resume."""
     max_document_chars: Annotated[int, Bound(1000)] = 1_000_000
@@ -245,6 +248,7 @@ class DataConfig:
         if isinstance(self.inputs, str):  # one path given alone: `--data.inputs /data/books`
             self.inputs = [self.inputs]
         check_bounds(self, "data.")
+        self._old_sample_name()
         self._check_sources()
         _check(not (self.pack_documents and self.nsp), "data.pack_documents needs data.nsp false (MLM-only rows)")
         _check(
@@ -256,6 +260,20 @@ class DataConfig:
             f"data.vocab_size {self.vocab_size} "
             "is too small for data.tokenizer bpe: 256 bytes + 5 special tokens need at least 261",
         )
+
+    def _old_sample_name(self) -> None:
+        """data.vocab_sample_chars, the field's old name: its figure moves to tokenizer_sample_bytes (one field)."""
+        old = self.vocab_sample_chars
+        if old is None:
+            return
+        _check(isinstance(old, int) and old >= 1, f"data.vocab_sample_chars {old!r} must be an integer >= 1")
+        default = DataConfig.__dataclass_fields__["tokenizer_sample_bytes"].default
+        _check(
+            self.tokenizer_sample_bytes in (default, old),
+            f"data.vocab_sample_chars {old} and data.tokenizer_sample_bytes {self.tokenizer_sample_bytes} are both "
+            "given: give data.tokenizer_sample_bytes only (vocab_sample_chars is its old name)",
+        )
+        self.tokenizer_sample_bytes, self.vocab_sample_chars = old, None
 
     def _check_sources(self) -> None:
         """The mixture's own checks; with sources, data.inputs becomes their inputs (derived, as warmup_steps)."""

@@ -39,7 +39,8 @@ class MaskingPolicy:
     max_predictions_per_seq: int = 20
     """Cap on masked positions per example."""
     whole_word: bool = False
-    """Mask continuations (`##x`; a BPE piece without `Ġ`, a Unigram piece without `▁`) with their word."""
+    """Mask continuations (`##x`; a BPE piece without `Ġ`, a Unigram piece without `▁`: the tokenizer's own rule,
+    `Specials.words`) with their word."""
     vocab_size: int = 30522
     mask_token_id: int = 103
     special_ids: tuple[int, ...] = (0, 100, 101, 102, 103)
@@ -85,7 +86,7 @@ class MaskingPolicy:
                 specials = Specials.bert(vocab)
             except VocabError as e:
                 raise ValueError(str(e)) from None
-        special, cont = _special_and_continuations(vocab)
+        special, cont = _special_and_continuations(vocab, specials.words)
         special = tuple(sorted(set(special) | set(specials.never_masked) | set(specials.ids.values())))
         skip = set(special)
         return cls(
@@ -114,29 +115,41 @@ _BPE_SPACE, _UNIGRAM_SPACE = "\u0120", "\u2581"  # Ġ: a byte-level space; ▁: 
 _TRAINED_SPECIAL = re.compile(r"\[(PAD|UNK|CLS|SEP|MASK|unused\d+)\]")
 
 
-def _special_and_continuations(vocab: list[str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(special ids, ids that continue the word before them) for a vocabulary of any kind, told by its pieces:
+def _special_and_continuations(
+    vocab: list[str], words: tuple[str, ...] = ()
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(special ids, ids that continue the word before them) for a vocabulary of any kind. `words` is the
+    tokenizer's own rule (`tokenizer.word_marks`, recorded in `Specials.words`):
 
-    - WordPiece (`##` pieces): every bracketed token ([PAD], [unused0], ...) is special; `##x` continues;
-    - byte-level BPE (`Ġ` pieces): a piece without the leading `Ġ` continues (punctuation joins its word);
-    - Unigram (`▁` pieces): a piece without the leading `▁` continues.
+    - ("continuation", p): every bracketed token ([PAD], [unused0], ...) is special; a piece starting `p` continues;
+    - ("start", m): a piece without the leading `m` continues (byte-level BPE's `Ġ`: punctuation joins its word;
+      Unigram's `▁`);
+    - ("pieces", ""): no piece continues.
 
-    Special in the last two: BERT's five and [unusedN] (`train_tokenizer`'s padding).
+    Special in the last two: BERT's five and [unusedN] (`train_tokenizer`'s padding); the tokenizer's own specials
+    are added by `MaskingPolicy.from_vocab`. Without `words` (data prepared before they were recorded) the rule is
+    told by the pieces: `##` pieces make WordPiece, else whichever of `Ġ` and `▁` starts more pieces.
 
         >>> _special_and_continuations(["[PAD]", "[CLS]", "Ġthe", "re", "Ġcat", ","])
         ((0, 1), (3, 5))
+        >>> _special_and_continuations(["[PAD]", "the", "~~re"], ("continuation", "~~"))
+        ((0,), (2,))
     """
-    if any(t.startswith("##") and len(t) > 2 for t in vocab):
+    if not words:
+        if any(t.startswith("##") and len(t) > 2 for t in vocab):
+            words = ("continuation", "##")
+        else:
+            more_bpe = sum(t.startswith(_BPE_SPACE) for t in vocab) >= sum(t.startswith(_UNIGRAM_SPACE) for t in vocab)
+            words = ("start", _BPE_SPACE if more_bpe else _UNIGRAM_SPACE)
+    kind, mark = words
+    if kind == "continuation":
         special = tuple(i for i, t in enumerate(vocab) if t.startswith("[") and t.endswith("]"))
-        return special, tuple(i for i, t in enumerate(vocab) if t.startswith("##"))
+        return special, tuple(i for i, t in enumerate(vocab) if t.startswith(mark))
     special = tuple(i for i, t in enumerate(vocab) if _TRAINED_SPECIAL.fullmatch(t))
-    space = (
-        _BPE_SPACE
-        if sum(t.startswith(_BPE_SPACE) for t in vocab) >= sum(t.startswith(_UNIGRAM_SPACE) for t in vocab)
-        else _UNIGRAM_SPACE
-    )
+    if kind == "pieces":
+        return special, ()
     skip = set(special)
-    return special, tuple(i for i, t in enumerate(vocab) if i not in skip and not t.startswith(space))
+    return special, tuple(i for i, t in enumerate(vocab) if i not in skip and not t.startswith(mark))
 
 
 _M1, _M2, _GOLD = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)

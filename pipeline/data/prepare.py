@@ -70,7 +70,8 @@ class OutputExistsError(PipelineError, ValueError):
 
 
 # Fields that change the bytes of the output. num_actors, output and overwrite do not.
-_NOT_HASHED = ("inputs", "output", "num_actors", "overwrite", "vocab", "local_max_bytes")
+# vocab_sample_chars: tokenizer_sample_bytes's old name, moved to it by DataConfig (always None here)
+_NOT_HASHED = ("inputs", "output", "num_actors", "overwrite", "vocab", "local_max_bytes", "vocab_sample_chars")
 
 
 def output_config_hash(

@@ -102,7 +102,7 @@ def plan(cfg: DataConfig) -> Plan:
             {
                 "train": cfg.vocab_size,
                 "lowercase": cfg.lowercase,
-                "sample": cfg.vocab_sample_chars,
+                "sample_bytes": cfg.tokenizer_sample_bytes,
                 "column": cfg.text_column,
                 "inputs": fingerprint(files),
                 **({"kind": cfg.tokenizer} if cfg.tokenizer != "wordpiece" else {}),
@@ -158,15 +158,17 @@ class _Sample:
 
 
 def _sample_texts(p: Plan) -> Any:
-    """Documents for vocabulary training: up to vocab_sample_chars, spread evenly over the input files, in
-    file order (sorted paths) and record order, so the sample is a function of the inputs."""
-    budget = p.cfg.vocab_sample_chars // max(1, len(p.files)) + 1
+    """Documents for vocabulary training: up to tokenizer_sample_bytes of UTF-8, spread evenly over the input
+    files, in file order (sorted paths) and record order, so the sample is a function of the inputs. A document
+    cut at the bound loses a character split there."""
+    budget = p.cfg.tokenizer_sample_bytes // max(1, len(p.files)) + 1
     for f in p.files:
         used = 0
         for item in read_documents(f, p.cfg.text_column, wiki_options(p.cfg), p.cfg.max_record_bytes):
             if isinstance(item, Document):
-                yield item.text[: budget - used]
-                used += len(item.text)
+                data = item.text.encode("utf-8")
+                yield data[: budget - used].decode("utf-8", "ignore")
+                used += len(data)
                 if used >= budget:
                     break
 
@@ -178,15 +180,16 @@ def _report_texts(p: Plan) -> tuple[list[str], bool]:
     """(texts, held_out) for the tokenizer report: what follows the training sample in each input file, up to
     REPORT_CHARS in file order; when the sample holds the whole corpus, the sample's first REPORT_CHARS
     (held_out false: the figures are then measured on training text)."""
-    budget = p.cfg.vocab_sample_chars // max(1, len(p.files)) + 1
+    budget = p.cfg.tokenizer_sample_bytes // max(1, len(p.files)) + 1
     out, total = [], 0
     for f in p.files:
         used = 0
         for item in read_documents(f, p.cfg.text_column, wiki_options(p.cfg)):
             if not isinstance(item, Document):
                 continue
-            text = item.text[max(0, budget - used) :] if used + len(item.text) > budget else ""
-            used += len(item.text)
+            data = item.text.encode("utf-8")
+            text = data[max(0, budget - used) :].decode("utf-8", "ignore") if used + len(data) > budget else ""
+            used += len(data)
             if text:
                 out.append(text[: REPORT_CHARS - total])
                 total += len(out[-1])
@@ -237,7 +240,10 @@ def _run_vocab(p: Plan) -> dict[str, Any]:
         made = "".join(f"; {r} token made from {t}" for r, t in sp.made.items())
         log(f"vocab: using {cfg.vocab} ({tok.get_vocab_size()} tokens; template {sp.template}{made})")
     else:
-        log(f"vocab: training a {cfg.tokenizer} vocabulary of {cfg.vocab_size} on up to {cfg.vocab_sample_chars} chars")
+        log(
+            f"vocab: training a {cfg.tokenizer} vocabulary of {cfg.vocab_size} "
+            f"on up to {cfg.tokenizer_sample_bytes:,} bytes"
+        )
         tok = train_tokenizer(_Sample(p), cfg.tokenizer, cfg.vocab_size, cfg.lowercase)
     vb = vocab_bytes(tok)
     sha = hashlib.sha256(vb).hexdigest()

@@ -82,7 +82,8 @@ class Specials:
 
     `middle` is the number of separators between A and B (1: BERT's `[CLS] A [SEP] B [SEP]`, 2: RoBERTa's
     `<s> A </s></s> B </s>`); `made` names the roles given an unused token (`{"mask": "[unused0]"}`); `never_masked`
-    holds every special or unused token's id (never masked, never drawn as a random replacement)."""
+    holds every special or unused token's id (never masked, never drawn as a random replacement); `words` says how
+    a piece tells where a word starts (`word_marks`), what whole-word masking groups by."""
 
     tokens: dict[str, str]
     """{cls, sep, pad, mask[, unk]}: the token of each role."""
@@ -90,6 +91,9 @@ class Specials:
     middle: int = 1
     made: dict[str, str] = field(default_factory=dict)
     never_masked: tuple[int, ...] = ()
+    words: tuple[str, ...] = ()
+    """`word_marks`: ("continuation", "##"), ("start", "Ġ"), ("pieces", ""); () when not known (data prepared
+    before it was recorded: `pipeline.data.masking` then tells it from the pieces)."""
 
     @property
     def template(self) -> str:
@@ -105,6 +109,7 @@ class Specials:
             "made": dict(self.made),
             "never_masked": list(self.never_masked),
             "template": self.template,
+            "words": list(self.words),
         }
 
     @classmethod
@@ -115,6 +120,7 @@ class Specials:
             int(d["middle"]),
             dict(d["made"]),
             tuple(int(i) for i in d["never_masked"]),
+            tuple(d.get("words", ())),
         )
 
     @classmethod
@@ -152,6 +158,43 @@ def _template_roles(post: dict | None) -> tuple[str, str, int] | None:
         shown = " ".join(n or ("$A" if i == seq[0] else "$B") for i, n in enumerate(names))
         raise VocabError(f"its pair template `{shown}` is not `cls A sep B sep` or `cls A sep sep B sep`")
     return before[0], after[0], len(middle)
+
+
+def _find_pre_tokenizer(pre: dict | None, kinds: tuple[str, ...]) -> dict | None:
+    """The first pre-tokenizer of one of `kinds` in `pre` (a Sequence searched in order)."""
+    if not pre:
+        return None
+    if pre.get("type") == "Sequence":
+        return next((f for p in pre.get("pretokenizers", []) if (f := _find_pre_tokenizer(p, kinds))), None)
+    return pre if pre.get("type") in kinds else None
+
+
+def word_marks(spec: dict[str, Any]) -> tuple[str, str]:
+    """How the pieces of a tokenizer (its tokenizer.json, parsed) mark words, read from its model and
+    pre-tokenizer rather than guessed from the strings:
+
+    - ("continuation", prefix): a piece that starts with the model's `continuing_subword_prefix` continues the
+      word before it (WordPiece: `##` unless the file says otherwise; a BPE trained with a prefix);
+    - ("start", mark): a piece without the leading mark continues the word before it (byte-level BPE: `Ġ`, the
+      byte of a space; Metaspace, as SentencePiece and Unigram: its `replacement`, `▁` by default);
+    - ("pieces", ""): nothing marks words (WordLevel, a BPE split on whitespace without a prefix): each piece is
+      a word of its own.
+
+        >>> word_marks(json.loads(train_tokenizer(["a b"] * 4, "bpe", vocab_size=300).to_str()))
+        ('start', 'Ġ')
+    """
+    model = spec.get("model") or {}
+    prefix = model.get("continuing_subword_prefix")
+    if model.get("type") == "WordPiece" and prefix is None:
+        prefix = "##"  # WordPiece's own default
+    if prefix:
+        return ("continuation", prefix)
+    found = _find_pre_tokenizer(spec.get("pre_tokenizer"), ("ByteLevel", "Metaspace"))
+    if found and found["type"] == "ByteLevel":
+        return ("start", "\u0120")
+    if found:
+        return ("start", found.get("replacement") or "\u2581")
+    return ("pieces", "")
 
 
 def specials(tok: Tokenizer, name: str = "the tokenizer") -> Specials:
@@ -213,6 +256,7 @@ def specials(tok: Tokenizer, name: str = "the tokenizer") -> Specials:
         middle,
         made,
         tuple(sorted(never)),
+        word_marks(spec),
     )
 
 
