@@ -38,7 +38,7 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "data/wiki_compare.py": (["--copies", "4", "--repeats", "1"], "ours / wikiextractor: "),
     "data/tokenizer_kinds.py": (["--corpora", "{corpus}", "--vocab-size", "300"], "| unigram | 320 |"),
     "data/tokenizer_sample.py": (
-        ["--copies", "20", "--sample-chars", "20000", "--vocab-size", "300", "--work", "{tmp}"],
+        ["--copies", "20", "--sample-bytes", "20000", "--vocab-size", "300", "--work", "{tmp}"],
         "| 0 MB (220 pages) | unigram | 20,000 |",
     ),
     "data/wiki_dump.py": (["{tmp}", "--copies", "2", "--parts", "2"], "part 2: 11 pages (4 articles)"),

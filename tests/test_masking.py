@@ -149,7 +149,8 @@ def test_whole_word_masking_for_every_tokenizer_kind(shared_dir, kind):
 
     from tokenizers import Tokenizer
 
-    from pipeline.data.tokenizer import specials, train_tokenizer, vocab_list
+    from pipeline.data.specials import specials
+    from pipeline.data.tokenizer import train_tokenizer, vocab_list
 
     text = (shared_dir / "corpora/books/01_Ge.txt").read_text()
     tok = train_tokenizer(text.split("\n\n"), kind.split()[0], vocab_size=400, lowercase=False)

@@ -321,7 +321,7 @@ def test_a_loaded_tokenizer_brings_its_own_special_tokens(roberta_files, tmp_pat
     `cls A sep B sep`, or a file that does not parse, one line names the file."""
     from tokenizers import Tokenizer, models, processors
 
-    from pipeline.data.tokenizer import specials
+    from pipeline.data.specials import specials
 
     tok = load_tokenizer(roberta_files / "roberta.json")
     sp = specials(tok)
@@ -365,7 +365,7 @@ def test_masking_never_picks_a_loaded_tokenizers_special_tokens(roberta_files, g
     random replacement is a special token; the masked tokens read `<mask>`; whole words stay whole."""
     from pipeline.data.examples import make_pair
     from pipeline.data.masking import MaskingPolicy, mask_rows
-    from pipeline.data.tokenizer import specials
+    from pipeline.data.specials import specials
 
     tok = load_tokenizer(roberta_files / "roberta.json")
     sp = specials(tok)
@@ -437,7 +437,7 @@ def test_fill_mask_answers_for_a_loaded_tokenizers_mask_token(roberta_files, gen
     from model.build import build_model
     from model.family import encoder_config
     from model.hf import save_hf
-    from pipeline.data.tokenizer import specials
+    from pipeline.data.specials import specials
     from pipeline.tracking.registry import write_tokenizer_config
 
     tok = load_tokenizer(roberta_files / f"{which}.json")

@@ -22,7 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.data.masking import MaskingPolicy
-from pipeline.data.tokenizer import Specials, read_vocab
+from pipeline.data.specials import Specials
+from pipeline.data.tokenizer import read_vocab
 from pipeline.errors import PipelineError
 from pipeline.storage.io import StorageError, exists, filesystem, join, read_bytes, read_json, sha256_file
 

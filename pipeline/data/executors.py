@@ -48,7 +48,8 @@ from pipeline.data.passes import (
 from pipeline.data.progress import Progress
 from pipeline.data.signing import DedupParams
 from pipeline.data.sources import InputFile
-from pipeline.data.tokenizer import SentenceEncoder, check_pair, read_vocab, specials
+from pipeline.data.specials import specials
+from pipeline.data.tokenizer import SentenceEncoder, check_pair, read_vocab
 from pipeline.storage.io import join
 
 Call = tuple  # (PassWorker method, its arguments, anything the caller wants back with the result)

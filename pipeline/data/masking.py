@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.tokenizer import Specials, VocabError, read_vocab
+from pipeline.data.specials import Specials, VocabError
+from pipeline.data.tokenizer import read_vocab
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def _special_and_continuations(
     vocab: list[str], words: tuple[str, ...] = ()
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(special ids, ids that continue the word before them) for a vocabulary of any kind. `words` is the
-    tokenizer's own rule (`tokenizer.word_marks`, recorded in `Specials.words`):
+    tokenizer's own rule (`specials.word_marks`, recorded in `Specials.words`):
 
     - ("continuation", p): every bracketed token ([PAD], [unused0], ...) is special; a piece starting `p` continues;
     - ("start", m): a piece without the leading `m` continues (byte-level BPE's `Ġ`: punctuation joins its word;

@@ -409,7 +409,7 @@ def examples_for_chunks(
 ) -> dict[str, Any]:
     """Build (and, for static masking, mask) the examples of some token chunks; write them; return counts.
     `source`: in a mixture, the name of the one source the chunks are of, written in every row's `source`;
-    `middle`: separators between A and B in an NSP pair (the tokenizer's template, `tokenizer.Specials`).
+    `middle`: separators between A and B in an NSP pair (the tokenizer's template, `specials.Specials`).
 
     Skipped (counts read back) when `out_path` is already complete, so a resumed run does not redo it.
     """

@@ -60,7 +60,8 @@ from pipeline.data.sources import (
     skipped_summary,
     split_units,
 )
-from pipeline.data.tokenizer import check_pair, read_vocab, sha256_bytes, specials, tokenizer_kind
+from pipeline.data.specials import specials
+from pipeline.data.tokenizer import check_pair, read_vocab, sha256_bytes, tokenizer_kind
 from pipeline.errors import PipelineError
 from pipeline.storage.io import filesystem, join, read_bytes, read_table, write_bytes_atomic
 
@@ -100,7 +101,7 @@ def output_config_hash(
 def _tokenizer_entry(cfg: DataConfig, vocab: list[str]) -> dict[str, Any]:
     """What the manifest says of the tokenizer: its kind, whether it was trained, its size, the [unusedN] tokens
     that round a trained bpe/unigram vocabulary up to a multiple of 64, its report on held-out text, and its
-    special tokens (`tokenizer.Specials.to_dict`: each role's token and id, the pair template, the roles made from
+    special tokens (`specials.Specials.to_dict`: each role's token and id, the pair template, the roles made from
     an unused token, the ids never masked): what training, export and fine-tuning read."""
     from tokenizers import Tokenizer
 

@@ -214,10 +214,10 @@ def run_vocab(p: Plan) -> dict[str, Any]:
 
 
 def _run_vocab(p: Plan) -> dict[str, Any]:
+    from pipeline.data.specials import specials
     from pipeline.data.tokenizer import (
         load_tokenizer,
         report_line,
-        specials,
         tokenizer_json,
         tokenizer_kind,
         tokenizer_report,

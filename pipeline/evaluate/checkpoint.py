@@ -39,7 +39,8 @@ def export_checkpoint(path: str, dst: str) -> dict[str, str]:
     from pipeline import tracking
     from pipeline.config import load_config
     from pipeline.core.checkpoint import read_train_state
-    from pipeline.data.tokenizer import load_tokenizer, specials
+    from pipeline.data.specials import specials
+    from pipeline.data.tokenizer import load_tokenizer
 
     state = read_train_state(path)
     run_id = state.get("run_id")

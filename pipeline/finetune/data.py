@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.tokenizer import VocabError, load_tokenizer, specials
+from pipeline.data.specials import VocabError, specials
+from pipeline.data.tokenizer import load_tokenizer
 from pipeline.finetune.readers import (
     FinetuneDataError,
     QAExample,
@@ -222,7 +223,7 @@ class TaskData:
 
 
 def _with_pad(td: TaskData, tok) -> TaskData:
-    """The task data padded with the tokenizer's own pad token (`pipeline.data.tokenizer.specials`)."""
+    """The task data padded with the tokenizer's own pad token (`pipeline.data.specials.specials`)."""
     td.pad_id = specials(tok).ids["pad"]
     return td
 

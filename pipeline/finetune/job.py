@@ -138,7 +138,8 @@ def task_model(source: Source, td: TaskData, overrides: dict[str, Any], vocab_si
     if task == "embedding":
         head = {}  # the bare encoder (the family's `embedding` class): no head to initialise
     if source.model_dir is None:  # its vocabulary and pad id are the tokenizer's, not the preset's
-        from pipeline.data.tokenizer import load_tokenizer, specials
+        from pipeline.data.specials import specials
+        from pipeline.data.tokenizer import load_tokenizer
 
         pad = specials(load_tokenizer(source.tokenizer_path)).ids["pad"]
         fields = {"vocab_size": vocab_size, "pad_token_id": pad, **head, **overrides}

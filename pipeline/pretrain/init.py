@@ -184,7 +184,8 @@ def tokenizer_files(model_dir: str | Path) -> tuple[Path, bool]:
 def _special_difference(given: str, theirs: Path, lowercase: bool) -> str:
     """`: its special tokens differ (mask <mask> vs [MASK])` when `given` holds the checkpoint's tokens in the same
     order but other special tokens; empty otherwise (another vocabulary altogether, or one not read here)."""
-    from pipeline.data.tokenizer import VocabError, load_tokenizer, specials, vocab_list
+    from pipeline.data.specials import VocabError, specials
+    from pipeline.data.tokenizer import load_tokenizer, vocab_list
     from pipeline.storage.io import is_uri
 
     if is_uri(given):

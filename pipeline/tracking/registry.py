@@ -62,7 +62,7 @@ def write_tokenizer_config(
     model_dir: str, *, model_max_length: int, lowercase: bool, special_tokens: dict[str, str] | None = None
 ) -> None:
     """tokenizer_config.json + special_tokens_map.json, so `AutoTokenizer` loads the right class, case, length and
-    special tokens: `special_tokens` {role: token} (cls, sep, pad, mask, unk: `pipeline.data.tokenizer.Specials`),
+    special tokens: `special_tokens` {role: token} (cls, sep, pad, mask, unk: `pipeline.data.specials.Specials`),
     BERT's when None; a role the tokenizer lacks (a byte-level BPE's unk) is left out.
 
     A WordPiece vocabulary loads as BertTokenizer(Fast); a byte-level BPE or Unigram tokenizer.json (data.tokenizer
