@@ -226,52 +226,112 @@ def _seeds_with_own_data(t: Task) -> tuple[int | None, ...]:
     return t.protocol.seeds if t.protocol.max_train_examples is not None else (None,)
 
 
-def _evaluate(cfg, suite: Suite, todo: list[_Model], data: dict, tests: dict, uri: str, work: str) -> None:
-    """Open the runs, run every trial on Tune, score and log."""
+def _open_model_run(cfg, suite: Suite, m: _Model, name: str, uri: str, work: str, opened: list[str]) -> None:
+    """The model's evaluation run (`m.run_id`, added to `opened` at once): its tags, the protocol as params, the
+    suite file."""
+    from pipeline import tracking
+
+    m.run_id = tracking.start_run(
+        cfg.tracking.experiment,
+        name,
+        {**m.source.tags, "suite": suite.name, "suite_sha256": suite.sha256, "source_model": m.spec},
+    )
+    opened.append(m.run_id)
+    logger = tracking.RunLogger(m.run_id, uri)
+    logger.log_params(
+        {
+            "suite": suite.name,
+            "suite_sha256": suite.sha256,
+            "source": m.spec,
+            **{f"protocol.{k}": v for k, v in asdict(suite.protocol).items()},
+        }
+    )
+    logger.log_artifact(_local_copy(suite.path, work), "suite")
+
+
+def _initial_model(cfg, m: _Model, td: Any, seed: int, vocab: int) -> Any:
+    """An object ref to the trial's initial task model (class, config, state dict): the new head drawn with
+    `torch.manual_seed(seed)`, as finetune.py draws it."""
     import ray
     import torch
 
-    from pipeline import tracking
-    from pipeline.finetune.data import load_tokenizer
     from pipeline.finetune.job import task_model
+
+    torch.manual_seed(seed)
+    model = task_model(m.source, td, dict(cfg.model.overrides), vocab)
+    return ray.put({"class": type(model).__name__, "config": asdict(model.config), "state_dict": model.state_dict()})
+
+
+def _open_trial(cfg, suite: Suite, m: _Model, name: str, trial: tuple, refs: tuple, uri: str, opened: list[str]) -> Any:
+    """One trial's nested run (SCHEDULED, its fine-tuning config as params; added to `opened` at once) and its
+    `TrialSpec`. `trial` is (task, LR, seed); `refs` (task data, test data or None, initial model) as object refs."""
+    from pipeline import tracking
     from pipeline.finetune.loop import FinetuneHandoff
-    from pipeline.finetune.trials import (
-        TrialSpec,
-        check_trial_resources,
-        end_open,
-        fitting_trials,
-        run_trials,
-        trial_cpus,
+    from pipeline.finetune.trials import TrialSpec
+
+    task, lr, seed = trial
+    td_ref, test_ref, init = refs
+    run_name = f"{name}-{task.name}-lr{lr_key(lr)}-s{seed}"
+    run_id = tracking.start_run(
+        cfg.tracking.experiment,
+        run_name,
+        {
+            **m.source.tags,
+            "mlflow.parentRunId": m.run_id,
+            "suite": suite.name,
+            "suite_task": task.name,
+            "task": task.task,
+            "lr": lr_key(lr),
+            "seed": str(seed),
+        },
     )
+    opened.append(run_id)
+    ft = _ft_config(cfg, task, lr, seed)
+    tracking.RunLogger(run_id, uri).log_params(
+        {
+            **ft.flat(),
+            "task": task.task,
+            "suite_task": task.name,
+            "source": m.spec,
+            "train_file": task.train,
+            "dev_file": task.dev,
+            "test_file": task.test or "",
+        }
+    )
+    tracking.client(uri).update_run(run_id, status="SCHEDULED")
+    shared = FinetuneHandoff(td_ref, init, uri, task.metric, cfg=ft, run_id=run_id, quiet=True)
+    return TrialSpec(
+        f"{task.name} lr {lr_key(lr)} seed {seed} of {m.spec}",
+        ft,
+        shared,
+        run_id,
+        run_name,
+        task.metric,
+        test_ref=test_ref,
+        keep=False,
+    )
+
+
+def _evaluate(cfg, suite: Suite, todo: list[_Model], data: dict, tests: dict, uri: str, work: str) -> None:
+    """Open the runs, run every trial on Tune, score and log."""
+    import ray
+
+    from pipeline.finetune.data import load_tokenizer
+    from pipeline.finetune.trials import check_trial_resources, end_open, fitting_trials, run_trials, trial_cpus
 
     t = cfg.train
     cpus = ray.cluster_resources().get("CPU", 0)
     check_trial_resources(t.num_workers, t.cpus_per_worker, cpus, field="train.cpus_per_worker")
     at_once = cfg.suite.max_concurrent_trials or fitting_trials(t.num_workers, t.cpus_per_worker, cpus)
     tag = uuid.uuid4().hex[:6]
-    specs: dict[str, TrialSpec] = {}
+    specs: dict[str, Any] = {}  # trial key -> TrialSpec
     where: dict[str, tuple[str, str, float, int]] = {}  # trial key -> (model, task, LR, seed)
     opened: list[str] = []
     status = "FAILED"
     try:
         for m in todo:
             name = f"eval-{suite.name}-{_source_name(m)}-{tag}"
-            m.run_id = tracking.start_run(
-                cfg.tracking.experiment,
-                name,
-                {**m.source.tags, "suite": suite.name, "suite_sha256": suite.sha256, "source_model": m.spec},
-            )
-            opened.append(m.run_id)
-            logger = tracking.RunLogger(m.run_id, uri)
-            logger.log_params(
-                {
-                    "suite": suite.name,
-                    "suite_sha256": suite.sha256,
-                    "source": m.spec,
-                    **{f"protocol.{k}": v for k, v in asdict(suite.protocol).items()},
-                }
-            )
-            logger.log_artifact(_local_copy(suite.path, work), "suite")
+            _open_model_run(cfg, suite, m, name, uri, work, opened)
             vocab = load_tokenizer(m.source.tokenizer_path).get_vocab_size()
             for task in suite.tasks:
                 shared_data: dict[int | None, Any] = {}
@@ -284,57 +344,11 @@ def _evaluate(cfg, suite: Suite, todo: list[_Model], data: dict, tests: dict, ur
                             test.train = {}  # the test split's TaskData only evaluates
                         shared_data[dkey] = (td, ray.put(td), ray.put(test) if test is not None else None)
                     td, td_ref, test_ref = shared_data[dkey]
-                    torch.manual_seed(seed)  # the new head's initialisation, as finetune.py draws it
-                    model = task_model(m.source, td, dict(cfg.model.overrides), vocab)
-                    init = ray.put(
-                        {
-                            "class": type(model).__name__,
-                            "config": asdict(model.config),
-                            "state_dict": model.state_dict(),
-                        }
-                    )
-                    del model
+                    init = _initial_model(cfg, m, td, seed, vocab)
                     for lr in task.protocol.lrs:
                         key = f"{len(specs):04d}"
-                        run_name = f"{name}-{task.name}-lr{lr_key(lr)}-s{seed}"
-                        run_id = tracking.start_run(
-                            cfg.tracking.experiment,
-                            run_name,
-                            {
-                                **m.source.tags,
-                                "mlflow.parentRunId": m.run_id,
-                                "suite": suite.name,
-                                "suite_task": task.name,
-                                "task": task.task,
-                                "lr": lr_key(lr),
-                                "seed": str(seed),
-                            },
-                        )
-                        opened.append(run_id)
-                        ft = _ft_config(cfg, task, lr, seed)
-                        tracking.RunLogger(run_id, uri).log_params(
-                            {
-                                **ft.flat(),
-                                "task": task.task,
-                                "suite_task": task.name,
-                                "source": m.spec,
-                                "train_file": task.train,
-                                "dev_file": task.dev,
-                                "test_file": task.test or "",
-                            }
-                        )
-                        tracking.client(uri).update_run(run_id, status="SCHEDULED")
-                        shared = FinetuneHandoff(td_ref, init, uri, task.metric, cfg=ft, run_id=run_id, quiet=True)
-                        specs[key] = TrialSpec(
-                            f"{task.name} lr {lr_key(lr)} seed {seed} of {m.spec}",
-                            ft,
-                            shared,
-                            run_id,
-                            run_name,
-                            task.metric,
-                            test_ref=test_ref,
-                            keep=False,
-                        )
+                        refs = (td_ref, test_ref, init)
+                        specs[key] = _open_trial(cfg, suite, m, name, (task, lr, seed), refs, uri, opened)
                         where[key] = (m.spec, task.name, lr, seed)
         say(
             f"[evaluate] suite {suite.name} ({len(suite.tasks)} tasks, sha256 {suite.sha256[:12]}): {len(specs)} "

@@ -242,12 +242,60 @@ class BestModel:
                 json.dump(self.info, f, indent=1)
 
 
+def planned_steps(
+    state: dict, td: TaskData, tc: Any, rank: int, world: int, collate: Any, total: int
+) -> Iterator[Planned]:
+    """The run's steps from where it resumed (`state`'s step and position): each epoch's micro-batches in its
+    seeded order, `accumulation_steps` a step (the epoch's last step may have fewer); each epoch ends in an
+    evaluation and a checkpoint."""
+    micro = micro_batches_per_epoch(len(td.train["input_ids"]), world, tc.batch_size)
+    step, epoch, done = state["step"], state["position"]["epoch"], state["position"]["micro"]
+    while step < total:
+        batches = epoch_micro_batches(td.train, epoch, rank, world, tc.batch_size, tc.seed, start=done, collate=collate)
+        while step < total and done < micro:
+            k = min(tc.accumulation_steps, micro - done)
+            step, done = step + 1, done + k
+            end_of_epoch = done == micro or step == total
+            every = bool(tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0)
+            position = {"epoch": epoch + 1, "micro": 0} if done == micro else {"epoch": epoch, "micro": done}
+            yield Planned(
+                step,
+                batches,
+                k,
+                evaluating=end_of_epoch,
+                checkpointing=end_of_epoch or every,
+                figures={"train/epoch": epoch},
+                state={"position": position},
+                report={"epoch": epoch},
+                where=epoch,
+            )
+        epoch, done = epoch + 1, 0
+
+
+def _worker_model(handoff: FinetuneHandoff, td: TaskData) -> tuple[Any, Any, Any]:
+    """(the model as this worker trains it, DDP-wrapped; its collate; its `Sums`): the driver's model rebuilt with
+    its initial weights; for the embedding task, inside the contrastive model that scores in-batch negatives."""
+    import ray
+
+    from model.build import rebuild
+
+    init = ray.get(handoff.init_ref)  # the driver's model: class name, config, initial weights
+    model = rebuild(init["class"], init["config"])
+    model.load_state_dict(init["state_dict"])
+    collate, task_sums = functools.partial(pad_batch, pad_id=td.pad_id), TaskSums  # the tokenizer's pad token
+    if td.task == "embedding":  # DDP wraps the contrastive model
+        from pipeline.finetune import embedding
+
+        model = embedding.ContrastiveModel(model, handoff.cfg.embedding.pooling, handoff.cfg.embedding.temperature)
+        collate, task_sums = embedding.pair_batch, embedding.PairSums
+    return cluster.prepare_model(model), collate, task_sums
+
+
 def train_loop_per_worker(handoff: FinetuneHandoff) -> None:
     """Fine-tune with DDP; resumes from `ray.train.get_checkpoint()` exactly (weights, optimizer, RNGs, data)."""
     import ray
     import ray.train
 
-    from model.build import rebuild
     from pipeline.finetune.embedding import encoder_of
 
     cfg, primary = handoff.cfg, handoff.primary
@@ -257,17 +305,7 @@ def train_loop_per_worker(handoff: FinetuneHandoff) -> None:
     rank, world, device = cluster.worker()
     if not tc.use_gpu:  # a fixed thread count: bit-identical CPU math on restart
         torch.set_num_threads(tc.torch_threads or max(1, (os.cpu_count() or 1) // world))
-    init = ray.get(handoff.init_ref)  # the driver's model: class name, config, initial weights
-    model = rebuild(init["class"], init["config"])
-    model.load_state_dict(init["state_dict"])
-    collate, task_sums = functools.partial(pad_batch, pad_id=td.pad_id), TaskSums  # the tokenizer's pad token
-    if td.task == "embedding":  # the encoder inside the model that scores in-batch negatives; DDP wraps that
-        from pipeline.finetune import embedding
-
-        model = embedding.ContrastiveModel(model, cfg.embedding.pooling, cfg.embedding.temperature)
-        collate, task_sums = embedding.pair_batch, embedding.PairSums
-    model = cluster.prepare_model(model)
-    micro = micro_batches_per_epoch(len(td.train["input_ids"]), world, tc.batch_size)
+    model, collate, task_sums = _worker_model(handoff, td)
     per_epoch = steps_per_epoch(len(td.train["input_ids"]), world, tc.batch_size, tc.accumulation_steps)
     total = tc.max_steps or tc.epochs * per_epoch
     optimizer, scheduler = make_optimizer(model, OptimOptions.finetuning(tc, total))
@@ -298,33 +336,6 @@ def train_loop_per_worker(handoff: FinetuneHandoff) -> None:
         )
 
     best = tuple(state["best"]) if state["best"] is not None else None
-
-    def planned() -> Iterator[Planned]:
-        """The run's steps from where it resumed: each epoch's micro-batches in its seeded order, `accumulation_steps`
-        a step (the epoch's last step may have fewer); each epoch ends in an evaluation and a checkpoint."""
-        step, epoch, done = state["step"], state["position"]["epoch"], state["position"]["micro"]
-        while step < total:
-            batches = epoch_micro_batches(
-                td.train, epoch, rank, world, tc.batch_size, tc.seed, start=done, collate=collate
-            )
-            while step < total and done < micro:
-                k = min(tc.accumulation_steps, micro - done)
-                step, done = step + 1, done + k
-                end_of_epoch = done == micro or step == total
-                every = bool(tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0)
-                position = {"epoch": epoch + 1, "micro": 0} if done == micro else {"epoch": epoch, "micro": done}
-                yield Planned(
-                    step,
-                    batches,
-                    k,
-                    evaluating=end_of_epoch,
-                    checkpointing=end_of_epoch or every,
-                    figures={"train/epoch": epoch},
-                    state={"position": position},
-                    report={"epoch": epoch},
-                    where=epoch,
-                )
-            epoch, done = epoch + 1, 0
 
     def evaluate_epoch(p: Planned) -> dict[str, float]:
         """The evaluation and the best model, on rank 0 (the others wait in the checkpoint's report): its eval/*
@@ -361,7 +372,7 @@ def train_loop_per_worker(handoff: FinetuneHandoff) -> None:
         log_every_steps=tc.log_every_steps,
         on_step=handoff.on_step,
     ).run(
-        planned(),
+        planned_steps(state, td, tc, rank, world, collate, total),
         evaluate_epoch,
         state=lambda: {"best": best},
         write=best_model.write if rank == 0 else None,
