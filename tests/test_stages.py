@@ -372,14 +372,16 @@ def _planted(inputs, shared_dir, tmp_path):
     return [*inputs, str(d)]
 
 
-def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, shared_dir, minilm_dir, repo_root, tmp_path):
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, shared_dir, repo_root, tmp_path, kind):
     """`jobs/prepare_data.py` on Ray (local_max_bytes 0) against a two-node cluster (1 CPU each), with planted
-    duplicates and a multistream dump: the Ray state API shows that the dedup records, the batches of the big
-    files (Genesis, Exodus: over two batches each), the whole small files and the dump's stream units, the
-    examples units and the shards were each worked on both nodes; the dropped documents (duplicates.jsonl),
-    vocab.txt, the shards and the manifest's checksums are byte-identical to the same command on local worker
-    processes (no Ray). (Single-node Ray against local: test_local_preparation_is_byte_identical_to_ray; the job
-    on a private local Ray: tests/test_prepare_data_job.py's killed and resumed run.)"""
+    duplicates and a multistream dump, training a vocabulary of each kind: the Ray state API shows that the dedup
+    records, the batches of the big files (Genesis, Exodus: over two batches each), the whole small files and the
+    dump's stream units, the examples units and the shards were each worked on both nodes; the dropped documents
+    (duplicates.jsonl), vocab.txt, tokenizer.json, the shards and the manifest's checksums are byte-identical to
+    the same command on local worker processes (no Ray). (Single-node Ray against local, with a given WordPiece:
+    test_local_preparation_is_byte_identical_to_ray; the job on a private local Ray:
+    tests/test_prepare_data_job.py's killed and resumed run.)"""
     import json
     import os
     import re
@@ -399,8 +401,10 @@ def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, shared_dir, 
             *[a for p in given for a in ("--input", p)],
             "--output",
             str(out),
-            "--vocab",
-            str(minilm_dir / "vocab.txt"),
+            "--tokenizer",  # trained on the driver, then used on both nodes
+            kind,
+            "--vocab-size",
+            "1024",
             "--num-cpus",
             "2",
             "--data.local_max_bytes",
@@ -458,7 +462,9 @@ def test_two_nodes_spread_the_work_and_write_the_same_bytes(inputs, shared_dir, 
     assert multi["rejected_reasons"]["near_duplicate"] == kinds["near"]
     assert {s["reason"] for s in multi["skipped_files"]} == {"index of a multistream dump"}
     local = prepare(tmp_path / "local", {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, on_ray=False)
-    assert (tmp_path / "two" / "vocab.txt").read_bytes() == (tmp_path / "local" / "vocab.txt").read_bytes()
+    for name in ("vocab.txt", "tokenizer.json"):
+        assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
+    assert multi["tokenizer"]["kind"] == kind and multi["tokenizer"]["trained"]
     assert (tmp_path / "local" / "duplicates.jsonl").read_text().splitlines() == dups
     assert multi["shards"] == local["shards"] and multi["config_hash"] == local["config_hash"]
     assert multi["duplicates"] == local["duplicates"]
