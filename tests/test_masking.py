@@ -189,3 +189,31 @@ def test_whole_word_masking_for_every_tokenizer_kind(shared_dir, kind):
             assert len(set(sel[at])) == 1, (kind, tok.decode(row[at].tolist()), sel[at])
             multi += len(at) > 1 and bool(sel[at[0]])
     assert multi > 200, multi
+
+
+def test_word_marks_are_read_from_the_tokenizers_model_and_pre_tokenizer():
+    """Each way a tokenizer.json can mark words, read from its model and pre-tokenizer (a Sequence searched)."""
+    from pipeline.data.specials import word_marks
+
+    bytelevel = {"type": "ByteLevel", "add_prefix_space": False}
+    cases = [
+        ({"model": {"type": "WordPiece"}}, ("continuation", "##")),  # WordPiece's own default
+        ({"model": {"type": "WordPiece", "continuing_subword_prefix": "@@"}}, ("continuation", "@@")),
+        (
+            {"model": {"type": "BPE", "continuing_subword_prefix": "##"}, "pre_tokenizer": bytelevel},
+            ("continuation", "##"),
+        ),
+        (
+            {"model": {"type": "BPE"}, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [bytelevel]}},
+            ("start", "Ġ"),
+        ),
+        ({"model": {"type": "Unigram"}, "pre_tokenizer": {"type": "Metaspace", "replacement": "_"}}, ("start", "_")),
+        ({"model": {"type": "Unigram"}, "pre_tokenizer": {"type": "Metaspace"}}, ("start", "\u2581")),
+        ({"model": {"type": "WordLevel"}, "pre_tokenizer": {"type": "Whitespace"}}, ("pieces", "")),
+        ({"model": {"type": "BPE"}, "pre_tokenizer": None}, ("pieces", "")),
+    ]
+    for spec, want in cases:
+        assert word_marks(spec) == want, spec
+    from pipeline.data.masking import _special_and_continuations
+
+    assert _special_and_continuations(["[PAD]", "a", "b"], ("pieces", "")) == ((0,), ())  # every piece a word
