@@ -222,12 +222,6 @@ class TaskData:
         )
 
 
-def _with_pad(td: TaskData, tok) -> TaskData:
-    """The task data padded with the tokenizer's own pad token (`pipeline.data.specials.specials`)."""
-    td.pad_id = specials(tok).ids["pad"]
-    return td
-
-
 def prepare_task(
     task: str,
     train_path: str | Path,
@@ -241,11 +235,31 @@ def prepare_task(
     seed: int = 0,
 ) -> TaskData:
     """Read, validate and tokenize both files for `task`. Subsets (`max_*_examples`) are a seeded random sample
-    of the training file (so a subset keeps every class) and the first rows of the eval file."""
+    of the training file (so a subset keeps every class) and the first rows of the eval file. The data is padded
+    with the tokenizer's own pad token (`pipeline.data.specials.specials`)."""
     try:
         tok = load_tokenizer(tokenizer_path)
     except VocabError as e:
         raise FinetuneDataError(str(e)) from None
+    limits = (max_seq_length, doc_stride, max_query_length, max_train_examples, max_eval_examples)
+    td = _task_data(task, train_path, eval_path, tok, *limits, seed)
+    td.pad_id = specials(tok).ids["pad"]
+    return td
+
+
+def _task_data(
+    task: str,
+    train_path: str | Path,
+    eval_path: str | Path,
+    tok: Any,
+    max_seq_length: int,
+    doc_stride: int,
+    max_query_length: int,
+    max_train_examples: int | None,
+    max_eval_examples: int | None,
+    seed: int,
+) -> TaskData:
+    """`prepare_task`'s reading and tokenizing, per task type, with the loaded tokenizer."""
     rng = np.random.default_rng(seed)
 
     def subset(items: list, n: int | None, shuffle: bool) -> list:
@@ -273,7 +287,7 @@ def prepare_task(
             td.problem_type = "regression"
         else:
             td.id2label = dict(enumerate(names))
-        return _with_pad(td, tok)
+        return td
     if task == "token-classification":
         tr = subset(read_conll(train_path), max_train_examples, True)
         ev = subset(read_conll(eval_path), max_eval_examples, False)
@@ -285,7 +299,7 @@ def prepare_task(
         )
         td.id2label = dict(enumerate(names))
         td.eval_tags = [s.tags for s in ev]
-        return _with_pad(td, tok)
+        return td
     if task == "question-answering":
         tr, _ = read_squad(train_path)
         ev, v2 = read_squad(eval_path)
@@ -298,7 +312,7 @@ def prepare_task(
         td.eval_contexts = {e.qid: e.context for e in ev}
         td.eval_answers = {e.qid: [a["text"] for a in e.answers] for e in ev}
         td.version_2 = v2
-        return _with_pad(td, tok)
+        return td
     if task == "embedding":
         # train: a query's ids in input_ids, its positive's (and hard negative's) beside them; eval: the BEIR set's
         # queries (the first max_eval_examples that have a relevant document) against its whole corpus
@@ -323,7 +337,7 @@ def prepare_task(
             encode_texts(tok, list(beir.corpus.values()), max_seq_length),
             {q: beir.qrels[q] for q in qids},
         )
-        return _with_pad(td, tok)
+        return td
     raise FinetuneDataError(
         f"unknown task {task!r} (sequence-classification, sentence-pair-classification, "
         "token-classification, question-answering, embedding)"
