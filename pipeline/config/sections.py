@@ -195,8 +195,8 @@ class DataConfig:
     max_predictions_per_seq: Annotated[int, Bound(1)] = 20
     """Cap on masked positions per example."""
     whole_word_mask: bool = False
-    """Mask a word's pieces together: `##` continuations (WordPiece), pieces without `Ġ` (byte-level BPE) or `▁`
-    (Unigram) join the word before them."""
+    """Mask a word's pieces together, by the tokenizer's own rule (`pipeline.data.specials.word_marks`): `##`
+    continuations (WordPiece), pieces without `Ġ` (byte-level BPE) or `▁` (Unigram) join the word before them."""
     dupe_factor: Annotated[int, Bound(1)] = 1
     """Static masking: number of copies of each example with different masks."""
     num_shards: Annotated[int, Bound(1)] = 8

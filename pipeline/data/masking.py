@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.specials import Specials, VocabError
+from pipeline.data.specials import Specials, VocabError, word_marks_of_pieces
 from pipeline.data.tokenizer import read_vocab
 
 
@@ -112,7 +112,6 @@ class MaskingPolicy:
         )
 
 
-_BPE_SPACE, _UNIGRAM_SPACE = "\u0120", "\u2581"  # Ġ: a byte-level space; ▁: SentencePiece's word start
 _TRAINED_SPECIAL = re.compile(r"\[(PAD|UNK|CLS|SEP|MASK|unused\d+)\]")
 
 
@@ -129,20 +128,14 @@ def _special_and_continuations(
 
     Special in the last two: BERT's five and [unusedN] (`train_tokenizer`'s padding); the tokenizer's own specials
     are added by `MaskingPolicy.from_vocab`. Without `words` (data prepared before they were recorded) the rule is
-    told by the pieces: `##` pieces make WordPiece, else whichever of `Ġ` and `▁` starts more pieces.
+    told by the pieces (`specials.word_marks_of_pieces`).
 
         >>> _special_and_continuations(["[PAD]", "[CLS]", "Ġthe", "re", "Ġcat", ","])
         ((0, 1), (3, 5))
         >>> _special_and_continuations(["[PAD]", "the", "~~re"], ("continuation", "~~"))
         ((0,), (2,))
     """
-    if not words:
-        if any(t.startswith("##") and len(t) > 2 for t in vocab):
-            words = ("continuation", "##")
-        else:
-            more_bpe = sum(t.startswith(_BPE_SPACE) for t in vocab) >= sum(t.startswith(_UNIGRAM_SPACE) for t in vocab)
-            words = ("start", _BPE_SPACE if more_bpe else _UNIGRAM_SPACE)
-    kind, mark = words
+    kind, mark = words or word_marks_of_pieces(vocab)
     if kind == "continuation":
         special = tuple(i for i, t in enumerate(vocab) if t.startswith("[") and t.endswith("]"))
         return special, tuple(i for i, t in enumerate(vocab) if t.startswith(mark))

@@ -141,6 +141,9 @@ def _find_pre_tokenizer(pre: dict | None, kinds: tuple[str, ...]) -> dict | None
     return pre if pre.get("type") in kinds else None
 
 
+BPE_SPACE, METASPACE = "\u0120", "\u2581"  # Ġ: a byte-level space; ▁: SentencePiece's word start
+
+
 def word_marks(spec: dict[str, Any]) -> tuple[str, str]:
     """How the pieces of a tokenizer (its tokenizer.json, parsed) mark words, read from its model and
     pre-tokenizer rather than guessed from the strings:
@@ -164,10 +167,23 @@ def word_marks(spec: dict[str, Any]) -> tuple[str, str]:
         return ("continuation", prefix)
     found = _find_pre_tokenizer(spec.get("pre_tokenizer"), ("ByteLevel", "Metaspace"))
     if found and found["type"] == "ByteLevel":
-        return ("start", "\u0120")
+        return ("start", BPE_SPACE)
     if found:
-        return ("start", found.get("replacement") or "\u2581")
+        return ("start", found.get("replacement") or METASPACE)
     return ("pieces", "")
+
+
+def word_marks_of_pieces(vocab: list[str]) -> tuple[str, str]:
+    """`word_marks` told by a vocabulary's pieces alone, for data prepared before the rule was recorded: `##`
+    pieces make WordPiece's continuations, else whichever of `Ġ` and `▁` starts more pieces.
+
+        >>> word_marks_of_pieces(["[PAD]", "the", "##re"]), word_marks_of_pieces(["\u2581the", "re"])
+        (('continuation', '##'), ('start', '▁'))
+    """
+    if any(t.startswith("##") and len(t) > 2 for t in vocab):
+        return ("continuation", "##")
+    more_bpe = sum(t.startswith(BPE_SPACE) for t in vocab) >= sum(t.startswith(METASPACE) for t in vocab)
+    return ("start", BPE_SPACE if more_bpe else METASPACE)
 
 
 def specials(tok: Tokenizer, name: str = "the tokenizer") -> Specials:
