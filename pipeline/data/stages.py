@@ -157,11 +157,16 @@ class _Sample:
         return _sample_texts(self.p)
 
 
+def _file_share(p: Plan) -> int:
+    """Each input file's share of the training sample, in UTF-8 bytes: tokenizer_sample_bytes spread evenly."""
+    return p.cfg.tokenizer_sample_bytes // max(1, len(p.files)) + 1
+
+
 def _sample_texts(p: Plan) -> Any:
     """Documents for vocabulary training: up to tokenizer_sample_bytes of UTF-8, spread evenly over the input
     files, in file order (sorted paths) and record order, so the sample is a function of the inputs. A document
     cut at the bound loses a character split there."""
-    budget = p.cfg.tokenizer_sample_bytes // max(1, len(p.files)) + 1
+    budget = _file_share(p)
     for f in p.files:
         used = 0
         for item in read_documents(f, p.cfg.text_column, wiki_options(p.cfg), p.cfg.max_record_bytes):
@@ -180,7 +185,7 @@ def _report_texts(p: Plan) -> tuple[list[str], bool]:
     """(texts, held_out) for the tokenizer report: what follows the training sample in each input file, up to
     REPORT_CHARS in file order; when the sample holds the whole corpus, the sample's first REPORT_CHARS
     (held_out false: the figures are then measured on training text)."""
-    budget = p.cfg.tokenizer_sample_bytes // max(1, len(p.files)) + 1
+    budget = _file_share(p)
     out, total = [], 0
     for f in p.files:
         used = 0
