@@ -1,8 +1,8 @@
-"""`jobs/evaluate.py` end to end on a real local Ray cluster and a real SQLite MLflow store (issue 56): a registered
-version (the real MiniLM checkpoint, registered here) and `scratch:tiny` on the test-sized suite
-(tests/data/eval_tiny.yaml: two tasks, one with a test split, one LR, two seeds: 8 trials of 4 steps, two at a
-time); a trial's score against the same fine-tuning run made by hand; the same suite again (the version's scorecard
-read back, `scratch:tiny` evaluated again to the same scores)."""
+"""`jobs/evaluate.py` end to end on a real local Ray cluster and a real SQLite MLflow store (issue 56), on the
+test-sized suite (tests/data/eval_tiny.yaml: two tasks, one with a test split, one LR, two seeds: 4 trials of 4 steps
+a model, two at a time): a registered version (the real MiniLM checkpoint, registered here) scored and tagged; then
+the same suite again with that version and `scratch:tiny` (the version's scorecard read back, scratch:tiny's trials
+run, both compared); a trial's score against the same fine-tuning run made by hand."""
 
 from __future__ import annotations
 
@@ -68,30 +68,39 @@ def address(ray_local):
 
 @pytest.fixture(scope="module")
 def first(address, store, minilm_dir):
-    return _evaluate(store, minilm_dir, address, "models:/minilm@shipped", "scratch:tiny")
+    return _evaluate(store, minilm_dir, address, "models:/minilm@shipped")
+
+
+@pytest.fixture(scope="module")
+def second(first, address, store, minilm_dir):
+    """The same suite again: the version (by number now) has its scorecard; scratch:tiny has none."""
+    return _evaluate(store, minilm_dir, address, "models:/minilm/1", "scratch:tiny")
+
+
+def _check_scores(r: dict) -> None:
+    assert set(r["tasks"]) == {"pydocs_topic", "same_page"}
+    for name, t in r["tasks"].items():
+        assert t["metric"] == "accuracy" and t["lr"] == 1e-3 and t["seeds"] == [1, 2] and len(t["scores"]) == 2
+        assert t["mean"] == pytest.approx(sum(t["scores"]) / 2) and 0 <= t["mean"] <= 1
+        assert t["split"] == ("test" if name == "same_page" else "dev")
+    assert r["score"] == pytest.approx((r["tasks"]["pydocs_topic"]["mean"] + r["tasks"]["same_page"]["mean"]) / 2)
 
 
 @pytest.mark.slow
-def test_two_sources_scored_with_their_scorecards(first, store):
+def test_a_registered_version_scored_with_its_scorecard(first, store):
     from pipeline import tracking
 
     res, out = first
-    assert res["suite"] == "tiny-test" and set(res["models"]) == {"models:/minilm@shipped", "scratch:tiny"}
+    assert res["suite"] == "tiny-test" and set(res["models"]) == {"models:/minilm@shipped"}
     import hashlib
 
     assert res["suite_sha256"] == hashlib.sha256(SUITE.read_bytes()).hexdigest()
-    for src, r in res["models"].items():
-        assert set(r["tasks"]) == {"pydocs_topic", "same_page"}
-        for name, t in r["tasks"].items():
-            assert t["metric"] == "accuracy" and t["lr"] == 1e-3 and t["seeds"] == [1, 2] and len(t["scores"]) == 2
-            assert t["mean"] == pytest.approx(sum(t["scores"]) / 2) and 0 <= t["mean"] <= 1
-            assert t["split"] == ("test" if name == "same_page" else "dev")
-        assert r["score"] == pytest.approx((r["tasks"]["pydocs_topic"]["mean"] + r["tasks"]["same_page"]["mean"]) / 2)
+    _check_scores(res["models"]["models:/minilm@shipped"])
     lines = out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("task (metric)"))
-    assert lines[head].split()[-2:] == ["models:/minilm@shipped", "scratch:tiny"]
+    assert lines[head].split()[-1] == "models:/minilm@shipped"
     assert lines[head + 4].startswith("score (tiny-test)")
-    assert sum("trials 8/8 done" in line for line in lines) == 1 and "2 at a time" in out
+    assert sum("trials 4/4 done" in line for line in lines) == 1 and "2 at a time" in out
 
     # the version's tags name the suite, its sha256, the score and the evaluation run
     c = tracking.client()
@@ -111,7 +120,7 @@ def test_two_sources_scored_with_their_scorecards(first, store):
     names = {a.path for a in c.list_artifacts(run_id)} | {a.path for a in c.list_artifacts(run_id, "suite")}
     assert {"scorecard.json", "scorecard.md", "scorecard.png", "suite/eval_tiny.yaml"} <= names
     md = Path(c.download_artifacts(run_id, "scorecard.md", str(store))).read_text()
-    assert "| score (tiny-test) |" in md and "scratch:tiny" in md  # the comparison of both models
+    assert "| score (tiny-test) |" in md and "models:/minilm@shipped" in md
     png = Path(c.download_artifacts(run_id, "scorecard.png", str(store))).read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     # the trials, nested: 2 tasks x 1 LR x 2 seeds, each FINISHED with its best (and test) metrics
@@ -125,12 +134,12 @@ def test_two_sources_scored_with_their_scorecards(first, store):
 
 
 @pytest.mark.slow
-def test_a_trial_scores_what_finetune_py_makes_by_hand(first, store, minilm_dir, shared_dir):
+def test_a_trial_scores_what_finetune_py_makes_by_hand(second, store, minilm_dir, shared_dir):
     """scratch:tiny on pydocs_topic at LR 1e-3, seed 2, as finetune.py would be run with the suite's settings."""
     from pipeline.finetune.config import load_finetune_config
     from pipeline.finetune.job import run_finetune
 
-    res, _ = first
+    res, _ = second
     cfg = load_finetune_config(
         None,
         [
@@ -167,16 +176,25 @@ def test_a_trial_scores_what_finetune_py_makes_by_hand(first, store, minilm_dir,
 
 
 @pytest.mark.slow
-def test_the_same_suite_again_reads_the_version_back_and_scores_the_same(first, store, minilm_dir, address):
-    res, _ = first
-    again, out = _evaluate(store, minilm_dir, address, "models:/minilm/1", "scratch:tiny")
+def test_the_same_suite_again_reads_the_version_back_and_compares_it(first, second, store):
+    from pipeline import tracking
+
+    res, again, out = first[0], *second
     assert "(models:/minilm/1) already has a scorecard of suite tiny-test" in out
-    assert "trials 4/4 done" in out  # scratch:tiny's only: a directory or scratch source has no version to keep it
-    for src, before in (("models:/minilm/1", "models:/minilm@shipped"), ("scratch:tiny", "scratch:tiny")):
-        a, b = again["models"][src], res["models"][before]
-        assert a["score"] == pytest.approx(b["score"], abs=1e-12)
-        for name in b["tasks"]:
-            assert a["tasks"][name]["scores"] == b["tasks"][name]["scores"], (src, name)
+    assert "trials 4/4 done" in out and "4 trials for 1 model(s)" in out  # scratch:tiny's only
+    assert again["models"]["models:/minilm/1"] == res["models"]["models:/minilm@shipped"]  # read back, run id too
+    _check_scores(again["models"]["scratch:tiny"])
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("task (metric)"))
+    assert lines[head].split()[-2:] == ["models:/minilm/1", "scratch:tiny"]
+    # scratch:tiny's evaluation run keeps the comparison of both; the version's tags still name the first run
+    c = tracking.client()
+    run_id = again["models"]["scratch:tiny"]["run_id"]
+    assert c.get_run(run_id).info.status == "FINISHED" and run_id != res["models"]["models:/minilm@shipped"]["run_id"]
+    md = Path(c.download_artifacts(run_id, "scorecard.md", str(store))).read_text()
+    assert "models:/minilm/1" in md and "scratch:tiny" in md
+    tags = c.get_model_version("minilm", "1").tags
+    assert tags["suite.tiny-test.run_id"] == res["models"]["models:/minilm@shipped"]["run_id"]
 
 
 @pytest.mark.slow

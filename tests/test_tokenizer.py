@@ -464,7 +464,8 @@ def test_the_main_job_with_a_roberta_style_tokenizer(
     prepares `<s> A </s></s> B </s>` rows, trains, registers a version whose tokenizer_config names `<mask>` and
     `<pad>` and whose config's pad_token_id is `<pad>`'s (1), fill-mask answers for `<mask>`; masking the prepared
     rows as the loader does never picks a special token; `jobs/finetune.py` fine-tunes the version. The same with a
-    tokenizer that has no mask token, `<unused0>` (id 4) made into one."""
+    tokenizer that has no mask token, `<unused0>` (id 4) made into one (not fine-tuned again: fine-tuning masks
+    nothing)."""
     import json
     import math
     import os
@@ -529,6 +530,8 @@ def test_the_main_job_with_a_roberta_style_tokenizer(
     preds = transformers.pipeline("fill-mask", model=local, top_k=2)(f"And Ruth said, {mask} me not")
     assert len(preds) == 2 and all(isinstance(p["token_str"], str) for p in preds)
 
+    if which != "roberta":
+        return
     task = shared_dir / "tasks" / "pydocs_topic"
     ft = subprocess.run(
         [sys.executable, str(repo / "jobs" / "finetune.py"), "--model", "models:/rb-e2e/1"]
