@@ -234,7 +234,7 @@ def check_registered(logs: str, model_name: str, prepared: dict, repo_root: Path
         == prepared["validate"].examples
     )
     arts = {a.path for a in client.list_artifacts(run_id)} | {a.path for a in client.list_artifacts(run_id, "data")}
-    assert {"config.yaml", "data/manifest.json", "data/vocab.txt", "model"} <= arts
+    assert {"config.yaml", "data/manifest.json", "data/vocab.txt", "data/tokenizer.json", "model"} <= arts
 
     local = tracking.download_model(f"models:/{model_name}/{version}", str(tmp_path / f"dl-{model_name}"))
     assert {"config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json"} <= set(os.listdir(local))
@@ -344,7 +344,8 @@ def test_job_end_to_end(main_job, prepared, work, repo_root, tmp_path, monkeypat
     registered = tracking.download_model(f"models:/bert-pretrain/{info['version']}", str(tmp_path / "registered"))
     ours, theirs = (load_file(str(Path(d) / "model.safetensors")) for d in (tmp_path / "from-checkpoint", registered))
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-    assert (tmp_path / "from-checkpoint" / "vocab.txt").read_bytes() == (Path(registered) / "vocab.txt").read_bytes()
+    for name in ("vocab.txt", "tokenizer.json"):  # the run's own tokenizer (an artifact), as the version's
+        assert (tmp_path / "from-checkpoint" / name).read_bytes() == (Path(registered) / name).read_bytes(), name
     exp = tracking.client().get_experiment_by_name("bert-pretrain")
     check_in_browser(browser_page, uri, "bert-pretrain", info, exp, Path(prepared["validate"].output).name, tmp_path)
 

@@ -50,7 +50,11 @@ def vocab_file(path: str | None) -> str | None:
 def phase_data_configs(cfg: Config) -> list[DataConfig]:
     """One DataConfig per training phase: phase i's max_seq_length, masking cap and output directory.
 
-    Phases after the first reuse the first phase's vocabulary, so all phases share one embedding table.
+    Phases after the first reuse the first phase's vocabulary, so all phases share one embedding table, and its
+    tokenizer, so all phases cut text the same way: a trained WordPiece is wholly its vocab.txt (the file later
+    phases have always read), a trained BPE or Unigram only with its tokenizer.json (its merges or scores; its
+    vocab.txt alone would load as a WordPiece over the same tokens and cut text otherwise, a quarter of it to
+    [UNK] on the shared corpora).
     """
     if not cfg.train.phases:
         return [cfg.data]
@@ -63,6 +67,8 @@ def phase_data_configs(cfg: Config) -> list[DataConfig]:
         if ph.max_predictions_per_seq:
             changes["max_predictions_per_seq"] = ph.max_predictions_per_seq
         if i > 0 and cfg.data.vocab is None:
-            changes["vocab"] = f"{out[0].output}/vocab.txt"
+            changes["vocab"] = (
+                f"{out[0].output}/{'vocab.txt' if cfg.data.tokenizer == 'wordpiece' else 'tokenizer.json'}"
+            )
         out.append(dataclasses.replace(cfg.data, **changes))
     return out

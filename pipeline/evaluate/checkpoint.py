@@ -2,9 +2,11 @@
 their suite score rather than by their MLM loss.
 
 A checkpoint (`train.storage_path`/<run>/checkpoint_*) holds the weights (`model.safetensors`) and
-`train_state.json`, whose `run_id` names the MLflow run that wrote it; that run keeps the job's `config.yaml`
-and the vocabulary (`data/vocab.txt`) as artifacts. `export_checkpoint` rebuilds the model from them and writes a
-transformers directory, as the main job's `register` stage exports its final checkpoint.
+`train_state.json`, whose `run_id` names the MLflow run that wrote it; that run keeps the job's `config.yaml`, the
+vocabulary (`data/vocab.txt`) and the tokenizer (`data/tokenizer.json`, which a BPE or Unigram needs; for a run
+logged before it was an artifact, the prepared data's while it is there) as artifacts. `export_checkpoint` rebuilds
+the model from them and writes a transformers directory, as the main job's `register` stage exports its final
+checkpoint.
 """
 
 from __future__ import annotations
@@ -57,8 +59,9 @@ def export_checkpoint(path: str, dst: str) -> dict[str, str]:
         tok = Path(d, "tokenizer")
         tok.mkdir()
         shutil.copy(c.download_artifacts(run_id, "data/vocab.txt", d), tok / "vocab.txt")
-        prepared = Path(cfg.data.output or "", "tokenizer.json")  # the prepared data's, while it is there
-        if prepared.is_file():
+        if "data/tokenizer.json" in {a.path for a in c.list_artifacts(run_id, "data")}:  # logged since 2026-11-29
+            shutil.copy(c.download_artifacts(run_id, "data/tokenizer.json", d), tok / "tokenizer.json")
+        elif (prepared := Path(cfg.data.output or "", "tokenizer.json")).is_file():  # the prepared data's, if there
             shutil.copy(prepared, tok / "tokenizer.json")
         weights = load_file(os.path.join(path, "model.safetensors"))
         emb = next(v for k, v in weights.items() if k.endswith(("word_embeddings.weight", "tok_embeddings.weight")))

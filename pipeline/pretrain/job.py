@@ -68,7 +68,7 @@ from pipeline.pretrain.metrics import MlmSums
 from pipeline.pretrain.mixture import phase_mixture
 from pipeline.pretrain.worker import PretrainHandoff
 from pipeline.runner.dag import Stage
-from pipeline.storage.io import local_checkpoint_dir, read_bytes
+from pipeline.storage.io import exists, local_checkpoint_dir, read_bytes
 from pipeline.tracking.outbox import read_pending
 from pipeline.tracking.wait import server_needed
 
@@ -399,7 +399,9 @@ def train_stage(
         for i, ds in enumerate(datasets):
             sub = os.path.join(d, "data" if i == 0 else f"data_phase{i}")
             os.makedirs(sub)
-            for name in ("manifest.json", "vocab.txt"):
+            for name in ("manifest.json", "vocab.txt", "tokenizer.json"):  # a BPE or Unigram is its tokenizer.json
+                if name == "tokenizer.json" and not exists(ds.file(name)):  # data prepared before it was written
+                    continue
                 with open(os.path.join(sub, name), "wb") as f:
                     f.write(read_bytes(ds.file(name)))
             if (mixed := mixture_manifest(plans[i])) is not None:  # what this run reads of each source
