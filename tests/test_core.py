@@ -543,6 +543,30 @@ def test_resuming_skips_damaged_newer_checkpoints_and_says_so(tmp_path, capsys):
     assert resume_point(str(tmp_path), "none") == (None, [])
 
 
+def test_a_worker_resumes_from_the_newest_intact_checkpoint_whatever_ray_train_recorded(tmp_path, monkeypatch):
+    """`cluster.resume_checkpoint`: Ray Train's checkpoint when this job reported it (a retry); else the driver's
+    newest intact one at the job's start, also when Ray's run snapshot names an older one, a damaged one, or none
+    (a job stopped between writing a checkpoint and Ray's record of it started over before)."""
+    import ray.train
+
+    from pipeline.cluster import resume_checkpoint
+
+    run = tmp_path / "run"
+    old, new, later = (str(run / f"checkpoint_2026-01-0{d}_00-00-00.000000") for d in (1, 2, 3))
+    at_start = (old.rsplit("/", 1)[1], new.rsplit("/", 1)[1])
+    for ray_has, resume_from, want in (
+        (None, None, None),  # a new run
+        (None, new, new),  # no snapshot: Ray hands none
+        (old, new, new),  # the snapshot's newest is older (or damaged) than the newest intact one
+        (new, new, new),  # the usual resume
+        (later, new, later),  # reported by this job: a retry after a worker failed
+        (later, None, later),
+    ):
+        monkeypatch.setattr(ray.train, "get_checkpoint", lambda c=ray_has: c and ray.train.Checkpoint(c))
+        got = resume_checkpoint(at_start, resume_from)
+        assert (got and got.path) == want, (ray_has, resume_from)
+
+
 def test_a_checkpoint_is_hashed_once_per_process_and_handed_over_until_it_changes(tmp_path, monkeypatch):
     """The driver's checks (done, resume point) hash each file once; a worker given what the driver verified
     (`trust`) hashes nothing; a file damaged since is hashed again and refused."""

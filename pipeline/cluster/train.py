@@ -266,17 +266,27 @@ def report(
         raise
 
 
-def resume_checkpoint(damaged: list[str] | tuple[str, ...] = (), resume_from: str | None = None):
-    """Inside a worker: the checkpoint to resume from. Ray Train's own (the one reported last), unless the driver
-    found it damaged (`damaged`: checkpoint directory names): then `resume_from`, the newest intact checkpoint of
-    the run (a directory name beside it in storage), or None."""
+def resume_checkpoint(at_start: list[str] | tuple[str, ...] = (), resume_from: str | None = None):
+    """Inside a worker: the checkpoint to resume from. Ray Train's own (the one reported last) when this job reported
+    it (a retry after a worker failed: nothing is newer); else `resume_from`, the newest intact checkpoint the driver
+    found when the job started (its path or URI; None: start afresh). `at_start`: the names of the run's checkpoint
+    directories in storage then. The two differ when Ray's is damaged, and when the run was stopped between writing
+    a checkpoint and Ray Train's record of it (its run snapshot, `checkpoint_manager_snapshot.json`): Ray then hands
+    an older checkpoint, or none at all, and the run would redo those steps, or all of them, without a word (found
+    by a Ctrl-C a moment after a checkpoint: bench/gpu/gpu_e2e.sh's CPU dry run, 2026-11-29)."""
     import posixpath
 
     import ray.train
 
     ckpt = ray.train.get_checkpoint()
-    if ckpt is None or posixpath.basename(ckpt.path.rstrip("/")) not in damaged:
+    ours = None if ckpt is None else posixpath.basename(ckpt.path.rstrip("/"))
+    if ckpt is not None and ours not in at_start:
         return ckpt
     if resume_from is None:
         return None
-    return ray.train.Checkpoint(posixpath.join(posixpath.dirname(ckpt.path.rstrip("/")), resume_from), ckpt.filesystem)
+    name = posixpath.basename(resume_from.rstrip("/"))
+    if ckpt is None:
+        return ray.train.Checkpoint(resume_from)  # the filesystem from the URI, as Ray Train's storage finds it
+    if ours == name:
+        return ckpt
+    return ray.train.Checkpoint(posixpath.join(posixpath.dirname(ckpt.path.rstrip("/")), name), ckpt.filesystem)

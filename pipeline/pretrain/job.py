@@ -216,7 +216,7 @@ def run_training(
 
     tc = cfg.train
     vocab_sha = datasets[0].vocab_sha256
-    latest, damaged = resume_point(tc.storage_path, run_name)
+    latest, _ = resume_point(tc.storage_path, run_name)  # the damaged ones named there
     if latest is not None:
         check_vocab(latest[1], vocab_sha, latest[0])  # refuse before any worker starts
         check_run_init(tc.storage_path, run_name, init)
@@ -227,15 +227,17 @@ def run_training(
     exec_opts = ExecutionOptions(preserve_order=True, resource_limits=limits)
     cluster.quiet_ray_data()  # the datasets carry this context to the workers: no bars in the job log
     ray.data.DataContext.get_current().execution_options = exec_opts  # also for materialize() here
-    # Ray Train hands the workers the checkpoint reported last; they replace a damaged one (cluster.resume_checkpoint)
+    # Ray Train hands the workers the checkpoint its run snapshot names last: the workers take the driver's newest
+    # intact one instead unless this job reported Ray's (cluster.resume_checkpoint)
+    at_start = tuple(uri.rstrip("/").rsplit("/", 1)[-1] for uri, _, _ in cluster.checkpoints(tc.storage_path, run_name))
     handoff = PretrainHandoff(
         worker_config(cfg, init),
         plans,
         run_id,
         tracking_uri,
         vocab_sha,
-        damaged=tuple(d.rsplit("/", 1)[-1] for d in damaged),
-        resume_from=latest[0].rsplit("/", 1)[-1] if latest else None,
+        at_start=at_start,
+        resume_from=latest[0] if latest else None,
         verified=tuple(verified(latest[0])) if latest else (),  # the workers need not hash it again
         on_step=on_step,
     )

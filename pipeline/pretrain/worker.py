@@ -35,10 +35,10 @@ class PretrainHandoff:
     tracking_uri: str
     vocab_sha256: str
     """The vocabulary the data was prepared with: a checkpoint of another one is refused."""
-    damaged: tuple[str, ...] = ()
-    """Checkpoint directory names the driver found damaged: Ray Train's own resume point is replaced when it is one."""
+    at_start: tuple[str, ...] = ()
+    """The run's checkpoint directory names in storage when the job started (`cluster.resume_checkpoint`)."""
     resume_from: str | None = None
-    """The newest intact checkpoint's directory name (when Ray Train's is damaged)."""
+    """The newest intact checkpoint then (path or URI), the driver's choice; None: none yet."""
     verified: tuple = ()
     """The checkpoint files the driver hashed (`core.checkpoint.verified`): not read again while unchanged."""
     on_step: Callable[[int, int], None] | None = None
@@ -75,9 +75,9 @@ class Worker:
 
 
 def start_worker(h: PretrainHandoff) -> Worker:
-    """This worker's model, optimizer and logger, resumed from `ray.train.get_checkpoint()` (or, when the driver
-    found that one damaged, the newest intact one) exactly: weights, optimizer, step, and the RNGs when the
-    checkpoint was written by as many workers (`core.checkpoint.resume`)."""
+    """This worker's model, optimizer and logger, resumed exactly (weights, optimizer, step, and the RNGs when the
+    checkpoint was written by as many workers: `core.checkpoint.resume`) from the newest intact checkpoint: the
+    driver's choice at the job's start, or Ray Train's when this job reported it (`cluster.resume_checkpoint`)."""
     cfg, plans = h.cfg, h.plans
     tc = cfg.train
     cluster.quiet_ray_data()
@@ -93,7 +93,7 @@ def start_worker(h: PretrainHandoff) -> Worker:
     trust(h.verified)  # the files the driver hashed: not read again while unchanged
     # pending: the metrics rank 0 could not send before the checkpoint (the tracking server was away)
     state, pending = resume(
-        cluster.resume_checkpoint(h.damaged, h.resume_from),
+        cluster.resume_checkpoint(h.at_start, h.resume_from),
         rank,
         t,
         {"step": 0},
