@@ -682,3 +682,32 @@ def test_a_mixture_logs_each_sources_tokens_so_far_and_its_checkpoint_keeps_a_fi
     } == {2: (60, 20), 3: (90, 30), 4: (120, 40), 6: (180, 60)}
     states = [json.loads((d / "train_state.json").read_text()) for d in sorted(tmp_path.glob("checkpoint_*"))]
     assert [s.get("source_tokens_before") for s in states] == [{}, {"books": 180, "wiki": 60}] and saved == [3, 6]
+
+
+def test_fewer_training_rows_than_a_global_batch_is_one_line_naming_the_field():
+    """The plan of each phase (on the driver, before any worker starts): too little data for one global batch is a
+    ConfigError (one line, exit 1) naming the field that set the batch and the data, not an internal error."""
+    from types import SimpleNamespace
+
+    from pipeline.config import ConfigError, load_config
+    from pipeline.pretrain.job import phase_plans
+
+    big = SimpleNamespace(shards=[("a", 40), ("b", 40), ("c", 9)], output="/data/d-128")
+    small = SimpleNamespace(shards=[("a", 10), ("b", 15), ("c", 7)], output="/data/d-256")
+    args = ["--train.max_steps", "10", "--train.global_batch_size", "32", "--train.micro_batch_size", "8"]
+    cfg = load_config(None, [*args, "--train.phases", "[{fraction: 0.5}, {max_seq_length: 256}]"])
+    with pytest.raises(ConfigError) as e:
+        phase_plans(cfg, [big, small])
+    assert str(e.value) == (
+        "train.global_batch_size 32 is more than the 25 training rows of /data/d-256 (1 of its 3 shards held out: "
+        "train.num_eval_shards): give more input text, or a smaller global batch"
+    )
+    cfg = load_config(
+        None, [*args, "--train.phases", "[{fraction: 0.5}, {max_seq_length: 256, global_batch_size: 16}]"]
+    )
+    assert [p.train_rows for p in phase_plans(cfg, [big, small])] == [80, 25]
+    cfg = load_config(
+        None, [*args, "--train.phases", "[{fraction: 0.5}, {max_seq_length: 256, global_batch_size: 40}]"]
+    )
+    with pytest.raises(ConfigError, match=r"^train.phases\[1\].global_batch_size 40 is more than the 25 training rows"):
+        phase_plans(cfg, [big, small])

@@ -107,6 +107,7 @@ def phase_plans(cfg: Config, datasets: list[PreparedDataset]) -> list[PhasePlan]
             global_batch_size=gb,
             num_eval_shards=tc.num_eval_shards,
             materialized=tc.materialize_data,
+            field=f"train.phases[{i}].global_batch_size" if ph and ph.global_batch_size else "train.global_batch_size",
         )
         plans.append(
             dataclasses.replace(

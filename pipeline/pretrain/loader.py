@@ -434,15 +434,21 @@ class PhasePlan:
         global_batch_size: int,
         num_eval_shards: int,
         materialized: bool,
+        field: str = "train.global_batch_size",
     ) -> PhasePlan:
-        """The training shards (all but the last `num_eval_shards`) and the held-out ones."""
+        """The training shards (all but the last `num_eval_shards`) and the held-out ones. Fewer training rows than
+        one global batch is one ConfigError line naming `field` (the global batch's) and the data."""
+        from pipeline.config import ConfigError
+
         files = list(ds.shards)
         n_eval = min(num_eval_shards, max(0, len(files) - 1))
         train, held = files[: len(files) - n_eval], files[len(files) - n_eval :]
         rows = sum(r for _, r in train)
         if rows < global_batch_size:
-            raise ValueError(
-                f"{ds.output}: {rows} training rows are fewer than one global batch of {global_batch_size}"
+            kept = f" ({n_eval} of its {len(files)} shards held out: train.num_eval_shards)" if n_eval else ""
+            raise ConfigError(
+                f"{field} {global_batch_size} is more than the {rows} training rows of {ds.output}{kept}: "
+                "give more input text, or a smaller global batch"
             )
         return cls(
             ds,
