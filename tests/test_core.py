@@ -828,3 +828,32 @@ def test_check_local_gpu_before_a_private_cluster_starts(monkeypatch, address, u
             cluster.check_local_gpu("train", use_gpu)
     else:
         assert cluster.check_local_gpu("train", use_gpu) is None
+
+
+def test_checkpoint_dirs_a_dead_process_left_are_removed_by_the_next_one(tmp_path, monkeypatch):
+    """A worker stopped while it wrote a checkpoint (a Ctrl-C a moment after one, seen in bench/gpu/gpu_e2e.sh's dry
+    run: three 17 MB directories left in /tmp) never cleans up; the next process's first checkpoint directory removes
+    those whose process is gone, and keeps a live process's own and anything named otherwise."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from pipeline.cluster import train
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(train, "_swept", False)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    for name in (f"checkpoint-write-{pid}-a1", f"checkpoint-upload-{pid}-b2", f"checkpoint-upload-{os.getpid()}-c3"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"x")
+    (tmp_path / "tmpzz").mkdir()  # an unnamed one: not ours to judge
+    with train.checkpoint_dir(False) as d:
+        assert os.path.basename(d).startswith(f"checkpoint-write-{os.getpid()}-") and os.path.isdir(d)
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [f"checkpoint-upload-{os.getpid()}-c3", "tmpzz", os.path.basename(d)]
+        )
+    assert not os.path.exists(d)
+    with train.checkpoint_dir(True) as d:
+        assert os.path.basename(d).startswith(f"checkpoint-upload-{os.getpid()}-")
+    assert os.path.isdir(d)  # Ray Train deletes it after the upload

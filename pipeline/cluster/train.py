@@ -206,16 +206,53 @@ def uploads_in_background(mode: str, storage_path: str) -> bool:
     return mode == "async"
 
 
+_swept = False
+
+
+def sweep_checkpoint_dirs(tmp: str | None = None) -> list[str]:
+    """Remove the checkpoint directories (`checkpoint_dir`'s, named with their process id) that processes no longer
+    alive on this host left in the temporary directory: a worker stopped while it wrote one (a Ctrl-C, a kill) never
+    reaches its clean-up. Returns what it removed. A live process's own, and directories named otherwise, stay."""
+    import os
+    import re
+    import shutil
+
+    tmp = tmp or tempfile.gettempdir()
+    gone = []
+    for name in os.listdir(tmp):
+        m = re.fullmatch(r"checkpoint-(?:write|upload)-(\d+)-.+", name)
+        if m is None or not os.path.isdir(os.path.join(tmp, name)):
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue  # alive (or another user's: EPERM)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+        gone.append(name)
+    return gone
+
+
 @contextlib.contextmanager
 def checkpoint_dir(background: bool) -> Iterator[str]:
-    """A fresh local directory to write one checkpoint into before `report`. In the foreground it is deleted as
-    the block ends (the copy in storage is done by then); in the background Ray Train deletes it once its upload
-    is done (`report`), so it must outlive the block."""
+    """A fresh local directory to write one checkpoint into before `report`, named with this process's id
+    (`checkpoint-write-PID-*`, `checkpoint-upload-PID-*`). In the foreground it is deleted as the block ends (the
+    copy in storage is done by then); in the background Ray Train deletes it once its upload is done (`report`),
+    so it must outlive the block. A process's first call removes those of processes that died before their
+    clean-up (`sweep_checkpoint_dirs`)."""
+    import os
+
+    global _swept
+    if not _swept:
+        sweep_checkpoint_dirs()
+        _swept = True
     if not background:
-        with tempfile.TemporaryDirectory() as d:
+        with tempfile.TemporaryDirectory(prefix=f"checkpoint-write-{os.getpid()}-") as d:
             yield d
         return
-    yield tempfile.mkdtemp(prefix="checkpoint-upload-")
+    yield tempfile.mkdtemp(prefix=f"checkpoint-upload-{os.getpid()}-")
 
 
 def report(
