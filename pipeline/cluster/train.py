@@ -217,21 +217,22 @@ def sweep_checkpoint_dirs(tmp: str | None = None) -> list[str]:
     import re
     import shutil
 
+    def dead(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # alive, another user's
+            pass
+        return False
+
     tmp = tmp or tempfile.gettempdir()
     gone = []
     for name in os.listdir(tmp):
         m = re.fullmatch(r"checkpoint-(?:write|upload)-(\d+)-.+", name)
-        if m is None or not os.path.isdir(os.path.join(tmp, name)):
-            continue
-        try:
-            os.kill(int(m.group(1)), 0)
-            continue  # alive (or another user's: EPERM)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
-        gone.append(name)
+        if m and os.path.isdir(os.path.join(tmp, name)) and dead(int(m.group(1))):
+            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+            gone.append(name)
     return gone
 
 

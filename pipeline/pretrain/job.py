@@ -68,7 +68,7 @@ from pipeline.pretrain.metrics import MlmSums
 from pipeline.pretrain.mixture import phase_mixture
 from pipeline.pretrain.worker import PretrainHandoff
 from pipeline.runner.dag import Stage
-from pipeline.storage.io import exists, local_checkpoint_dir, read_bytes
+from pipeline.storage.io import local_checkpoint_dir, read_bytes
 from pipeline.tracking.outbox import read_pending
 from pipeline.tracking.wait import server_needed
 
@@ -90,6 +90,20 @@ def worker_config(cfg: Config, init: InitCheckpoint | None) -> Config:
     if init is None:
         return cfg
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init=init.local_dir))
+
+
+def copy_prepared(ds: PreparedDataset, names: tuple[str, ...], dst: str, optional: tuple[str, ...] = ()) -> None:
+    """Copy the files `names` beside a prepared dataset's shards into the local directory `dst`; one of `optional`
+    that the dataset lacks is left out (a missing other one raises FileNotFoundError)."""
+    for name in names:
+        try:
+            data = read_bytes(ds.file(name))
+        except FileNotFoundError:
+            if name in optional:
+                continue
+            raise
+        with open(os.path.join(dst, name), "wb") as f:
+            f.write(data)
 
 
 def phase_plans(cfg: Config, datasets: list[PreparedDataset]) -> list[PhasePlan]:
@@ -402,11 +416,8 @@ def train_stage(
         for i, ds in enumerate(datasets):
             sub = os.path.join(d, "data" if i == 0 else f"data_phase{i}")
             os.makedirs(sub)
-            for name in ("manifest.json", "vocab.txt", "tokenizer.json"):  # a BPE or Unigram is its tokenizer.json
-                if name == "tokenizer.json" and not exists(ds.file(name)):  # data prepared before it was written
-                    continue
-                with open(os.path.join(sub, name), "wb") as f:
-                    f.write(read_bytes(ds.file(name)))
+            # a BPE or Unigram is its tokenizer.json (data prepared before it was written has none)
+            copy_prepared(ds, ("manifest.json", "vocab.txt", "tokenizer.json"), sub, optional=("tokenizer.json",))
             if (mixed := mixture_manifest(plans[i])) is not None:  # what this run reads of each source
                 with open(os.path.join(sub, "mixture.json"), "w") as f:
                     json.dump(mixed, f, indent=2)
@@ -530,12 +541,7 @@ def register_stage(
     with tempfile.TemporaryDirectory() as d, server_needed(uri, cfg.tracking.server_wait_s, "register the model"):
         tok = os.path.join(d, "tokenizer")
         os.makedirs(tok)
-        for name in ("vocab.txt", "tokenizer.json"):
-            try:
-                with open(os.path.join(tok, name), "wb") as f:
-                    f.write(read_bytes(ds.file(name)))
-            except FileNotFoundError:
-                os.remove(os.path.join(tok, name))
+        copy_prepared(ds, ("vocab.txt", "tokenizer.json"), tok, optional=("vocab.txt", "tokenizer.json"))
         export = save_hf(model, os.path.join(d, "export"), tokenizer=tok)
         tracking.write_tokenizer_config(
             str(export),

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from model.family import BERT, ModelFamily
+from pipeline.config import ConfigError
 from pipeline.core.precision import HOST_ONLY
 from pipeline.data.dataset import PreparedDataset
 from pipeline.data.masking import MaskingPolicy, mask_batch
@@ -438,8 +439,6 @@ class PhasePlan:
     ) -> PhasePlan:
         """The training shards (all but the last `num_eval_shards`) and the held-out ones. Fewer training rows than
         one global batch is one ConfigError line naming `field` (the global batch's) and the data."""
-        from pipeline.config import ConfigError
-
         files = list(ds.shards)
         n_eval = min(num_eval_shards, max(0, len(files) - 1))
         train, held = files[: len(files) - n_eval], files[len(files) - n_eval :]
